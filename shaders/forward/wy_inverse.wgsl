@@ -1,0 +1,160 @@
+// wy_inverse: per (chunk, v-head) the gate-free WY inverse
+//     A = (I + strict_lower(diag(β) K Kᵀ))⁻¹          (64×64, unit lower triangular)
+// solved in 16×16 blocks: forward substitution on the four diagonal blocks, then block
+// back-substitution  A_ij = −A_ii · Σ_{m=j}^{i−1} L_im A_mj  for the six blocks below them.
+// The gate never enters A (it commutes with every factor and is re-applied as Γ ⊙ A in the
+// scan), so A has no exponentials at all. Rows past a partial chunk's end have k = 0 and
+// β = 0, so they neither contribute nor are stored.
+//
+// Workgroup memory: ten lower 16×16 blocks (block (bi, bj) at blk(bi, bj)) plus one scratch
+// block — 11 KiB, within every WebGPU device's 16 KiB. During the Gram accumulation the
+// first 1024 words stage 64×16 slices of K.
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> k_buf: array<Elem>;              // [B·T, H, K]
+@group(0) @binding(2) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
+@group(0) @binding(3) var<storage, read> chunks: array<u32>;              // per chunk: start, length
+@group(0) @binding(4) var<storage, read_write> a_out: array<f32>;         // [B·T, HV, 64]
+
+override K_DIM: u32;
+
+const K_SLICE: u32 = 16u;
+const SCRATCH: u32 = 2560u;
+
+var<workgroup> arena: array<f32, 2816>;
+var<workgroup> beta_s: array<f32, 64>;
+
+// Offset of lower block (bi, bj), bj ≤ bi, in the arena.
+fn blk(bi: u32, bj: u32) -> u32 {
+    return (bi * (bi + 1u) / 2u + bj) * 256u;
+}
+
+@compute @workgroup_size(256)
+fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let chunk = wid.x;
+    let hv = wid.y;
+    let start = chunks[2u * chunk];
+    let len = chunks[2u * chunk + 1u];
+    let hv_count = params.heads_v;
+    let h = hv / (hv_count / params.heads_qk);
+    let r = t / 16u;
+    let c = t % 16u;
+
+    if (t < CHUNK) {
+        var b = 0.0;
+        if (t < len) {
+            b = gate_beta[(start + t) * hv_count + hv].y;
+        }
+        beta_s[t] = b;
+    }
+
+    // Gram matrix K Kᵀ, lower blocks only; this invocation owns entry (r, c) of each block.
+    var acc: array<f32, 10>;
+    for (var b = 0u; b < 10u; b++) {
+        acc[b] = 0.0;
+    }
+    for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
+        workgroupBarrier();
+        for (var j = 0u; j < 4u; j++) {
+            let e = t + 256u * j;
+            let i = e / K_SLICE;
+            var x = 0.0;
+            if (i < len) {
+                x = elem_to_f32(k_buf[((start + i) * params.heads_qk + h) * K_DIM + k0 + e % K_SLICE]);
+            }
+            arena[e] = x;
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < K_SLICE; kk++) {
+            var kr: array<f32, 4>;
+            var kc: array<f32, 4>;
+            for (var q = 0u; q < 4u; q++) {
+                kr[q] = arena[(16u * q + r) * K_SLICE + kk];
+                kc[q] = arena[(16u * q + c) * K_SLICE + kk];
+            }
+            for (var bi = 0u; bi < 4u; bi++) {
+                for (var bj = 0u; bj <= bi; bj++) {
+                    let b = bi * (bi + 1u) / 2u + bj;
+                    acc[b] += kr[bi] * kc[bj];
+                }
+            }
+        }
+    }
+    workgroupBarrier();
+
+    // L = strict_lower(diag(β) K Kᵀ).
+    for (var bi = 0u; bi < 4u; bi++) {
+        for (var bj = 0u; bj <= bi; bj++) {
+            var l = beta_s[16u * bi + r] * acc[bi * (bi + 1u) / 2u + bj];
+            if (bi == bj && c >= r) {
+                l = 0.0;
+            }
+            arena[blk(bi, bj) + t] = l;
+        }
+    }
+    workgroupBarrier();
+
+    // Diagonal blocks: invocation (d, col) solves column col of (I + L_dd)⁻¹ by forward
+    // substitution, reading L only, then overwrites the block once everyone has read it.
+    var x: array<f32, 16>;
+    let d = t / 16u;
+    let col = t % 16u;
+    if (t < CHUNK) {
+        let base = blk(d, d);
+        for (var rr = 0u; rr < 16u; rr++) {
+            var v = select(0.0, 1.0, rr == col);
+            for (var m = 0u; m < rr; m++) {
+                v -= arena[base + rr * 16u + m] * x[m];
+            }
+            x[rr] = v;
+        }
+    }
+    workgroupBarrier();
+    if (t < CHUNK) {
+        let base = blk(d, d);
+        for (var rr = 0u; rr < 16u; rr++) {
+            arena[base + rr * 16u + col] = x[rr];
+        }
+    }
+    workgroupBarrier();
+
+    // Off-diagonal blocks, in an order where every L_im still read is not yet overwritten:
+    // A_ij = −A_ii · X,  X = Σ_{m=j}^{i−1} L_im A_mj.
+    var order_i = array<u32, 6>(1u, 2u, 2u, 3u, 3u, 3u);
+    var order_j = array<u32, 6>(0u, 0u, 1u, 0u, 1u, 2u);
+    for (var o = 0u; o < 6u; o++) {
+        let bi = order_i[o];
+        let bj = order_j[o];
+        var xs = 0.0;
+        for (var m = bj; m < bi; m++) {
+            let lb = blk(bi, m);
+            let ab = blk(m, bj);
+            for (var a = 0u; a < 16u; a++) {
+                xs += arena[lb + r * 16u + a] * arena[ab + a * 16u + c];
+            }
+        }
+        arena[SCRATCH + t] = xs;
+        workgroupBarrier();
+        let db = blk(bi, bi);
+        var y = 0.0;
+        for (var a = 0u; a < 16u; a++) {
+            y -= arena[db + r * 16u + a] * arena[SCRATCH + a * 16u + c];
+        }
+        arena[blk(bi, bj) + t] = y;
+        workgroupBarrier();
+    }
+
+    // Store the valid rows, zeros above the diagonal blocks.
+    for (var n = 0u; n < 16u; n++) {
+        let e = t + 256u * n;
+        let i = e / CHUNK;
+        let j = e % CHUNK;
+        if (i < len) {
+            var a = 0.0;
+            if (j / 16u <= i / 16u) {
+                a = arena[blk(i / 16u, j / 16u) + (i % 16u) * 16u + j % 16u];
+            }
+            a_out[((start + i) * hv_count + hv) * CHUNK + j] = a;
+        }
+    }
+}

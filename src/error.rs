@@ -1,0 +1,99 @@
+//! The one error type of the crate. Every variant names the parameter (tensor, option or
+//! resource) it is about, and says what was expected next to what was given.
+
+use std::fmt;
+
+/// Result alias used throughout the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong, typed so callers can match on the kind of mistake.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A tensor has the wrong shape.
+    #[error("{name}: expected shape {expected}, got {got}")]
+    Shape { name: String, expected: String, got: ShapeList },
+
+    /// A tensor has the wrong element type.
+    #[error("{name}: expected dtype {expected}, got {got}")]
+    DType { name: String, expected: String, got: String },
+
+    /// A value (an option, a size, a tensor entry) is out of its allowed range.
+    #[error("{name}: expected {expected}, got {got}")]
+    Value { name: String, expected: String, got: String },
+
+    /// A tensor or option the caller must give is missing.
+    #[error("{name}: required {why}")]
+    Missing { name: String, why: String },
+
+    /// Something valid that this build or this device does not support (yet).
+    #[error("{name}: {what} is not yet supported")]
+    Unsupported { name: String, what: String },
+
+    /// A buffer would exceed a device limit.
+    #[error("{name}: {bytes} bytes exceeds the device's {limit_name} of {limit} bytes")]
+    TooLarge { name: String, bytes: u64, limit_name: &'static str, limit: u64 },
+
+    /// No adapter could be found (no GPU, no driver).
+    #[error("no GPU adapter: {0}")]
+    NoAdapter(String),
+
+    /// The adapter refused the device request.
+    #[error("device request failed: {0}")]
+    RequestDevice(String),
+
+    /// A wgpu validation or out-of-memory error reported by the device.
+    #[error("GPU error: {0}")]
+    Gpu(String),
+
+    /// The device was lost; create a new `Context`.
+    #[error("GPU device lost: {0}")]
+    DeviceLost(String),
+
+    /// Reading or writing a file.
+    #[error("{path}: {source}")]
+    Io { path: String, source: std::io::Error },
+
+    /// A malformed safetensors file.
+    #[error("{path}: not a valid safetensors file: {msg}")]
+    Safetensors { path: String, msg: String },
+}
+
+/// A shape printed as `[a, b, c]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeList(pub Vec<usize>);
+
+impl fmt::Display for ShapeList {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
+impl Error {
+    pub(crate) fn shape(name: &str, expected: &[usize], got: &[usize]) -> Self {
+        Error::Shape { name: name.into(), expected: format!("{expected:?}"), got: ShapeList(got.to_vec()) }
+    }
+
+    pub(crate) fn value(name: &str, expected: impl Into<String>, got: impl fmt::Display) -> Self {
+        Error::Value { name: name.into(), expected: expected.into(), got: got.to_string() }
+    }
+
+    pub(crate) fn unsupported(name: &str, what: impl Into<String>) -> Self {
+        Error::Unsupported { name: name.into(), what: what.into() }
+    }
+
+    /// True for mistakes in what the caller passed (shapes, dtypes, values, files), as opposed
+    /// to device or environment failures. The CLI maps these to exit code 2.
+    pub fn is_input_error(&self) -> bool {
+        matches!(
+            self,
+            Error::Shape { .. }
+                | Error::DType { .. }
+                | Error::Value { .. }
+                | Error::Missing { .. }
+                | Error::Unsupported { .. }
+                | Error::TooLarge { .. }
+                | Error::Io { .. }
+                | Error::Safetensors { .. }
+        )
+    }
+}

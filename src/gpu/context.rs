@@ -1,0 +1,174 @@
+//! The wgpu context: adapter choice, device, queue, error capture and per-device tuning.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::gpu::pipelines::PipelineCache;
+use crate::gpu::tuning::Tuning;
+
+/// A device and queue plus everything the launchers need: capabilities, tile choices and the
+/// pipeline cache. Cheap to share by reference; create one per device.
+pub struct Context {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    /// Adapter description, when known (not for a caller-supplied device without it).
+    pub adapter_info: Option<wgpu::AdapterInfo>,
+    pub(crate) tuning: Tuning,
+    pub(crate) pipelines: PipelineCache,
+    errors: Arc<Mutex<Vec<String>>>,
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+/// Features the library uses when the adapter has them. Timestamps feed `gdn bench`.
+fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
+    adapter & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
+}
+
+/// Ranks adapters: real GPUs before virtual/CPU ones, and Vulkan/Metal/DX12 before GL (GL on
+/// the same hardware lacks features and compiles slowly).
+fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let ty = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let backend = match info.backend {
+        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 | wgpu::Backend::BrowserWebGpu => 0,
+        _ => 1,
+    };
+    (backend, ty)
+}
+
+/// Every adapter the instance can see, best first. `GDN_ADAPTER=substring` keeps only adapters
+/// whose name contains it (case-insensitive).
+pub async fn list_adapters() -> Vec<wgpu::Adapter> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    #[cfg(not(target_arch = "wasm32"))]
+    let mut adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+    #[cfg(target_arch = "wasm32")]
+    let mut adapters: Vec<wgpu::Adapter> = instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        })
+        .await
+        .into_iter()
+        .collect();
+    if let Ok(filter) = std::env::var("GDN_ADAPTER") {
+        let filter = filter.to_lowercase();
+        adapters.retain(|a| a.get_info().name.to_lowercase().contains(&filter));
+    }
+    adapters.sort_by_key(|a| adapter_rank(&a.get_info()));
+    adapters
+}
+
+impl Context {
+    /// A context on the best adapter (see [`list_adapters`]), requesting the adapter's limits
+    /// and the features the library uses.
+    pub async fn new() -> Result<Self> {
+        let adapter = list_adapters()
+            .await
+            .into_iter()
+            .next()
+            .ok_or_else(|| Error::NoAdapter("wgpu found no adapter (is a Vulkan/Metal/DX12 driver installed?)".into()))?;
+        Self::from_adapter(adapter).await
+    }
+
+    /// [`Context::new`], blocking (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new_blocking() -> Result<Self> {
+        pollster::block_on(Self::new())
+    }
+
+    /// A context on a given adapter.
+    pub async fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
+        let info = adapter.get_info();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("gdn-wgpu"),
+            required_features: wanted_features(adapter.features()),
+            // The defaults (16 KiB workgroup memory, 128 MiB bindings) are far below what
+            // desktop GPUs offer; the tile choice adapts to whatever is granted.
+            required_limits: adapter.limits(),
+            ..Default::default()
+        };
+        let (device, queue) = adapter.request_device(&desc).await.map_err(|e| Error::RequestDevice(e.to_string()))?;
+        log::debug!("gdn-wgpu: using adapter {} ({:?})", info.name, info.backend);
+        let ctx = Self::build(device, queue, Some(info))?;
+        // Errors on a device we own go to the context, never to wgpu's default panic handler.
+        let errors = ctx.errors.clone();
+        ctx.device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            log::debug!("gdn-wgpu: device error: {e}");
+            errors.lock().unwrap().push(e.to_string());
+        }));
+        let lost = ctx.lost.clone();
+        ctx.device.set_device_lost_callback(move |reason, msg| {
+            *lost.lock().unwrap() = Some(format!("{reason:?}: {msg}"));
+        });
+        Ok(ctx)
+    }
+
+    /// A context on the caller's own device and queue. The library uses whatever features and
+    /// limits the device was created with; device errors keep going to the caller's handler.
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, adapter_info: Option<wgpu::AdapterInfo>) -> Result<Self> {
+        Self::build(device, queue, adapter_info)
+    }
+
+    fn build(device: wgpu::Device, queue: wgpu::Queue, adapter_info: Option<wgpu::AdapterInfo>) -> Result<Self> {
+        let tuning = Tuning::for_device(&device.limits())?;
+        let pipelines = PipelineCache::new(device.clone());
+        Ok(Context {
+            device,
+            queue,
+            adapter_info,
+            tuning,
+            pipelines,
+            errors: Arc::default(),
+            lost: Arc::default(),
+        })
+    }
+
+    pub fn features(&self) -> wgpu::Features {
+        self.device.features()
+    }
+
+    pub fn limits(&self) -> wgpu::Limits {
+        self.device.limits()
+    }
+
+    /// The tile sizes and variants this context's launchers use.
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    /// Reports (and clears) device errors seen since the last check, and device loss.
+    pub fn check(&self) -> Result<()> {
+        if let Some(msg) = self.lost.lock().unwrap().clone() {
+            return Err(Error::DeviceLost(msg));
+        }
+        let mut errors = self.errors.lock().unwrap();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            let all = errors.join("; ");
+            errors.clear();
+            Err(Error::Gpu(all))
+        }
+    }
+
+    /// Submit `encoder` and block until the GPU has finished it (native), then report device
+    /// errors. For examples and host helpers; launchers never call it.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        let index = self.queue.submit(Some(encoder.finish()));
+        self.device
+            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+        self.check()
+    }
+
+    pub fn create_encoder(&self, label: &str) -> wgpu::CommandEncoder {
+        self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+    }
+}

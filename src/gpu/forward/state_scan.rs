@@ -1,0 +1,61 @@
+//! Launcher of `shaders/forward/state_scan.wgsl`: the sequential inter-chunk scan, writing o
+//! and leaving each segment's end state in its state slot.
+
+use crate::error::{Error, Result};
+use crate::gpu::params::{bind, dispatch};
+use crate::gpu::shaders::{Pass, source};
+use crate::gpu::tuning::state_scan_arena_words;
+use crate::gpu::{Context, GpuTensor};
+
+/// The tensors the scan reads and writes.
+pub struct ScanBuffers<'a> {
+    pub q: &'a GpuTensor,
+    pub k: &'a GpuTensor,
+    pub v: &'a GpuTensor,
+    pub gate_beta: &'a GpuTensor,
+    pub a: &'a GpuTensor,
+    /// Segment table: (start token, length, state slot) per segment.
+    pub segments: &'a wgpu::Buffer,
+    /// Start states on entry, end states on exit.
+    pub state: &'a GpuTensor,
+    pub o: &'a GpuTensor,
+}
+
+/// Record the scan over `num_segments` segments with V-block width `v_block`.
+#[allow(clippy::too_many_arguments)]
+pub fn state_scan(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    bufs: &ScanBuffers<'_>,
+    num_segments: usize,
+    heads_v: usize,
+    key_dim: usize,
+    value_dim: usize,
+    v_block: u32,
+) -> Result<()> {
+    let max = ctx.limits().max_compute_workgroups_per_dimension as usize;
+    if num_segments > max {
+        return Err(Error::TooLarge {
+            name: "segments".into(),
+            bytes: num_segments as u64,
+            limit_name: "max_compute_workgroups_per_dimension (segments)",
+            limit: max as u64,
+        });
+    }
+    let constants = [
+        ("K_DIM", key_dim as f64),
+        ("V_BLOCK", v_block as f64),
+        ("ARENA", state_scan_arena_words(v_block) as f64),
+    ];
+    let pipeline = ctx.pipelines.get(source(Pass::StateScan, bufs.q.dtype)?, "state_scan", &constants);
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "state_scan",
+        &[params, &bufs.q.buffer, &bufs.k.buffer, &bufs.v.buffer, &bufs.gate_beta.buffer, &bufs.a.buffer, bufs.segments, &bufs.state.buffer, &bufs.o.buffer],
+    );
+    let grid = (num_segments as u32, heads_v as u32, (value_dim as u32) / v_block);
+    dispatch(encoder, "state_scan", &pipeline, &bg, grid);
+    Ok(())
+}

@@ -1,0 +1,35 @@
+//! Launcher of `shaders/forward/wy_inverse.wgsl`: the gate-free WY inverse per chunk and v-head.
+
+use crate::error::{Error, Result};
+use crate::gpu::params::{bind, dispatch};
+use crate::gpu::shaders::{Pass, source};
+use crate::gpu::{Context, GpuTensor};
+
+/// Record `A = (I + strict_lower(diag(β) K Kᵀ))⁻¹` for every chunk; `a` is `[B·T, HV, 64]` f32.
+#[allow(clippy::too_many_arguments)]
+pub fn wy_inverse(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    k: &GpuTensor,
+    gate_beta: &GpuTensor,
+    chunks: &wgpu::Buffer,
+    num_chunks: usize,
+    heads_v: usize,
+    a: &GpuTensor,
+) -> Result<()> {
+    let max = ctx.limits().max_compute_workgroups_per_dimension as usize;
+    if num_chunks > max {
+        return Err(Error::TooLarge {
+            name: "chunks".into(),
+            bytes: num_chunks as u64,
+            limit_name: "max_compute_workgroups_per_dimension (chunks)",
+            limit: max as u64,
+        });
+    }
+    let key_dim = k.shape[k.shape.len() - 1];
+    let pipeline = ctx.pipelines.get(source(Pass::WyInverse, k.dtype)?, "wy_inverse", &[("K_DIM", key_dim as f64)]);
+    let bg = bind(ctx, &pipeline, "wy_inverse", &[params, &k.buffer, &gate_beta.buffer, chunks, &a.buffer]);
+    dispatch(encoder, "wy_inverse", &pipeline, &bg, (num_chunks as u32, heads_v as u32, 1));
+    Ok(())
+}

@@ -1,0 +1,17 @@
+//! The wgpu backend: context, pipeline cache, tensors, shader assembly and one launcher per
+//! WGSL pass. Launchers record into a caller's `wgpu::CommandEncoder` and never submit.
+
+mod context;
+pub mod forward;
+pub mod params;
+pub(crate) mod pipelines;
+pub mod shaders;
+mod tensor;
+pub mod tuning;
+
+pub use context::{Context, list_adapters};
+pub use forward::{Forward, Intermediates, forward, forward_into};
+#[cfg(not(target_arch = "wasm32"))]
+pub use forward::forward_host;
+pub use tensor::GpuTensor;
+pub use tuning::Tuning;

@@ -1,0 +1,78 @@
+//! WGSL sources. Each pass is one file under `shaders/`; the Rust side prepends the common
+//! snippets (the uniform parameter block and the storage-dtype load/store helpers). Tile sizes
+//! are `override` constants, set per pipeline.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Mutex, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// A pass's WGSL file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pass {
+    PrepareQk,
+    PrepareGate,
+    WyInverse,
+    StateScan,
+}
+
+impl Pass {
+    pub const ALL: [Pass; 4] = [Pass::PrepareQk, Pass::PrepareGate, Pass::WyInverse, Pass::StateScan];
+
+    /// Path under `shaders/`.
+    pub fn file(self) -> &'static str {
+        match self {
+            Pass::PrepareQk => "forward/prepare_qk.wgsl",
+            Pass::PrepareGate => "forward/prepare_gate.wgsl",
+            Pass::WyInverse => "forward/wy_inverse.wgsl",
+            Pass::StateScan => "forward/state_scan.wgsl",
+        }
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            Pass::PrepareQk => include_str!("../../shaders/forward/prepare_qk.wgsl"),
+            Pass::PrepareGate => include_str!("../../shaders/forward/prepare_gate.wgsl"),
+            Pass::WyInverse => include_str!("../../shaders/forward/wy_inverse.wgsl"),
+            Pass::StateScan => include_str!("../../shaders/forward/state_scan.wgsl"),
+        }
+    }
+}
+
+const PARAMS: &str = include_str!("../../shaders/common/params.wgsl");
+const DTYPE_F32: &str = include_str!("../../shaders/common/dtype_f32.wgsl");
+
+/// Storage dtypes that have a WGSL load/store snippet in this build.
+pub const STORAGE_DTYPES: [DType; 1] = [DType::F32];
+
+fn dtype_snippet(dtype: DType) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok(DTYPE_F32),
+        other => Err(Error::unsupported("storage dtype", format!("{other} storage in the WGSL kernels"))),
+    }
+}
+
+/// An assembled shader: its text and a hash of it, computed once.
+#[derive(Debug)]
+pub struct ShaderSource {
+    pub name: &'static str,
+    pub text: String,
+    pub hash: u64,
+}
+
+/// The assembled source of `pass` for storage `dtype`, built once per process.
+pub fn source(pass: Pass, dtype: DType) -> Result<&'static ShaderSource> {
+    static SOURCES: OnceLock<Mutex<HashMap<(Pass, DType), &'static ShaderSource>>> = OnceLock::new();
+    let mut map = SOURCES.get_or_init(Mutex::default).lock().unwrap();
+    if let Some(s) = map.get(&(pass, dtype)) {
+        return Ok(s);
+    }
+    let text = format!("{PARAMS}\n{}\n{}", dtype_snippet(dtype)?, pass.body());
+    let mut h = DefaultHasher::new();
+    text.hash(&mut h);
+    let s: &'static ShaderSource = Box::leak(Box::new(ShaderSource { name: pass.file(), text, hash: h.finish() }));
+    map.insert((pass, dtype), s);
+    Ok(s)
+}

@@ -1,0 +1,84 @@
+//! Tile choices from the device's limits. Kernels receive them as WGSL `override` constants
+//! (the pipeline cache key includes them); shader text is never edited at run time.
+
+use crate::error::{Error, Result};
+use crate::problem::Problem;
+
+/// Threads per workgroup of the chunk kernels (every WebGPU device allows 256).
+pub const WORKGROUP: u32 = 256;
+/// Storage buffers the widest pass (state_scan) binds.
+pub const STORAGE_BUFFERS: u32 = 8;
+
+/// Per-device tile choices.
+#[derive(Debug, Clone)]
+pub struct Tuning {
+    /// Bytes of workgroup memory the device grants.
+    pub workgroup_bytes: u32,
+    /// V-block widths of `state_scan` that fit, widest first.
+    pub v_blocks: Vec<u32>,
+    /// `GDN_V_BLOCK` forces a width (when it fits and divides V).
+    pub forced_v_block: Option<u32>,
+}
+
+/// f32 words of workgroup memory `state_scan` needs at V-block width `bv`.
+pub fn state_scan_arena_words(bv: u32) -> u32 {
+    let k_slice = WORKGROUP / bv;
+    let staging = 2 * 64 * k_slice + WORKGROUP; // K, Q slices + one state slice
+    let triangle = 64 * 65 / 2; // a packed lower-triangular 64×64 matrix
+    64 * bv + staging.max(triangle)
+}
+
+/// Total workgroup bytes of `state_scan` (arena + four 64-vectors).
+pub fn state_scan_bytes(bv: u32) -> u32 {
+    4 * (state_scan_arena_words(bv) + 4 * 64)
+}
+
+/// f32 words of workgroup memory of `wy_inverse`: ten 16×16 blocks plus one scratch block.
+pub const WY_INVERSE_WORDS: u32 = 11 * 256;
+
+impl Tuning {
+    pub fn for_device(limits: &wgpu::Limits) -> Result<Self> {
+        if limits.max_compute_invocations_per_workgroup < WORKGROUP || limits.max_compute_workgroup_size_x < WORKGROUP {
+            return Err(Error::unsupported(
+                "device",
+                format!("fewer than {WORKGROUP} invocations per workgroup ({})", limits.max_compute_invocations_per_workgroup),
+            ));
+        }
+        if limits.max_storage_buffers_per_shader_stage < STORAGE_BUFFERS {
+            return Err(Error::unsupported(
+                "device",
+                format!("fewer than {STORAGE_BUFFERS} storage buffers per stage ({})", limits.max_storage_buffers_per_shader_stage),
+            ));
+        }
+        let bytes = limits.max_compute_workgroup_storage_size;
+        let v_blocks: Vec<u32> = [64, 32, 16].into_iter().filter(|&bv| state_scan_bytes(bv) <= bytes).collect();
+        if v_blocks.is_empty() || 4 * WY_INVERSE_WORDS > bytes {
+            return Err(Error::unsupported(
+                "device",
+                format!("{bytes} bytes of workgroup memory (need {})", state_scan_bytes(16)),
+            ));
+        }
+        let forced_v_block = std::env::var("GDN_V_BLOCK").ok().and_then(|s| s.parse().ok());
+        Ok(Tuning { workgroup_bytes: bytes, v_blocks, forced_v_block })
+    }
+
+    /// V-block width for `state_scan`: the widest that fits and divides V, narrowed while the
+    /// grid (sequences × v-heads × V-blocks) has fewer than 256 workgroups, since the scan is
+    /// sequential per workgroup and a small grid leaves the GPU idle.
+    pub fn state_scan_v_block(&self, problem: &Problem) -> u32 {
+        let v = problem.value_dim as u32;
+        let fits: Vec<u32> = self.v_blocks.iter().copied().filter(|bv| v % bv == 0).collect();
+        if let Some(f) = self.forced_v_block.filter(|f| fits.contains(f)) {
+            return f;
+        }
+        let base = (problem.num_sequences() * problem.heads_v) as u32;
+        let mut choice = fits[0];
+        for &bv in &fits {
+            choice = bv;
+            if base * (v / bv) >= 256 {
+                break;
+            }
+        }
+        choice
+    }
+}

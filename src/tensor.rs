@@ -1,0 +1,109 @@
+//! Host tensors and element types shared by every backend.
+
+use std::fmt;
+
+/// Element type of a tensor in storage. Arithmetic is f32 (GPU) or f64 (oracle) whatever the
+/// storage type; states, gate cumsums and accumulators are always f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+}
+
+impl DType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+        }
+    }
+}
+
+impl fmt::Display for DType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// What validation needs to know about a tensor, on any backend.
+pub trait TensorMeta {
+    fn shape(&self) -> &[usize];
+    fn dtype(&self) -> DType;
+}
+
+/// A tensor in host memory. Values are held as f32 (f16 and bf16 convert to f32 exactly);
+/// `dtype` records the storage type the values came from or should be written as.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+    pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    /// An f32 tensor; `data.len()` must equal the product of `shape`.
+    pub fn new(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Self {
+        let shape = shape.into();
+        assert_eq!(shape.iter().product::<usize>(), data.len(), "HostTensor::new: shape and data length differ");
+        HostTensor { shape, dtype: DType::F32, data }
+    }
+
+    /// Same values, recorded as stored in `dtype` (values are rounded to it).
+    pub fn with_dtype(mut self, dtype: DType) -> Self {
+        self.dtype = dtype;
+        round_to_dtype(&mut self.data, dtype);
+        self
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+}
+
+impl TensorMeta for HostTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+/// Round f32 values to what `dtype` can hold (round to nearest even), in place.
+pub fn round_to_dtype(values: &mut [f32], dtype: DType) {
+    match dtype {
+        DType::F32 => {}
+        DType::F16 => values.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+        DType::BF16 => values.iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+    }
+}
+
+/// Relative L2 error `‖actual − expected‖₂ / ‖expected‖₂`, in f64. When `expected` is all zeros
+/// the absolute L2 norm of the difference is returned. NaN anywhere gives NaN (so tests fail).
+pub fn relative_l2(actual: &[f32], expected: &[f64]) -> f64 {
+    assert_eq!(actual.len(), expected.len(), "relative_l2: lengths differ");
+    let (mut num, mut den) = (0.0f64, 0.0f64);
+    for (&a, &e) in actual.iter().zip(expected) {
+        let d = a as f64 - e;
+        num += d * d;
+        den += e * e;
+    }
+    if actual.iter().any(|a| !a.is_finite()) {
+        return f64::NAN;
+    }
+    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+}
