@@ -1,0 +1,78 @@
+//! Shared test helpers: the GPU context (fails with GDN_REQUIRE_GPU=1 when there is none),
+//! random problems, poisoned outputs and relative-L2 checks against the f64 oracle.
+#![allow(dead_code)]
+
+use std::sync::OnceLock;
+
+use gdn_wgpu::gpu::{self, Context, GpuTensor};
+use gdn_wgpu::{DType, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec, reference, relative_l2};
+
+/// The tolerance for f32 storage: relative L2 of o and of the final state.
+pub const F32_TOL: f64 = 1e-5;
+
+/// The shared context, or `None` (with a loud message) when there is no adapter and
+/// `GDN_REQUIRE_GPU` is unset. With `GDN_REQUIRE_GPU=1` a missing adapter fails the test.
+pub fn gpu() -> Option<&'static Context> {
+    static CTX: OnceLock<Result<Context, String>> = OnceLock::new();
+    let ctx = CTX.get_or_init(|| Context::new_blocking().map_err(|e| e.to_string()));
+    match ctx {
+        Ok(c) => Some(c),
+        Err(e) => {
+            if std::env::var("GDN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("GDN_REQUIRE_GPU=1 but no GPU context: {e}");
+            }
+            eprintln!("SKIPPED (no GPU adapter; set GDN_REQUIRE_GPU=1 to fail instead): {e}");
+            None
+        }
+    }
+}
+
+pub fn upload_inputs(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> ForwardInputs<GpuTensor> {
+    let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t).unwrap();
+    ForwardInputs {
+        q: up("q", &inputs.q),
+        k: up("k", &inputs.k),
+        v: up("v", &inputs.v),
+        g: up("g", &inputs.g),
+        beta: up("beta", &inputs.beta),
+        initial_state: inputs.initial_state.as_ref().map(|t| up("initial_state", t)),
+        a_log: inputs.a_log.as_ref().map(|t| up("A_log", t)),
+        dt_bias: inputs.dt_bias.as_ref().map(|t| up("dt_bias", t)),
+    }
+}
+
+/// Errors of one GPU forward against the oracle.
+#[derive(Debug)]
+pub struct Errors {
+    pub o: f64,
+    pub state: f64,
+}
+
+/// Run the GPU forward into NaN-poisoned outputs and compare with the oracle.
+pub fn forward_errors(ctx: &Context, problem: &Problem, spec: &RandomSpec) -> Errors {
+    let inputs = spec.generate(problem);
+    let expected = reference::forward(problem, &inputs.as_ref()).unwrap();
+    let gpu_inputs = upload_inputs(ctx, &inputs);
+    let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), DType::F32, f32::NAN).unwrap();
+    let state = GpuTensor::filled(ctx, "final_state", &problem.state_shape(), DType::F32, f32::NAN).unwrap();
+    let mut encoder = ctx.create_encoder("test forward");
+    gpu::forward_into(ctx, &mut encoder, problem, &gpu_inputs.as_ref(), &ForwardOutputs { o: &o, final_state: &state }).unwrap();
+    ctx.submit_and_wait(encoder).unwrap();
+    let o = o.download_blocking(ctx).unwrap();
+    let state = state.download_blocking(ctx).unwrap();
+    Errors { o: relative_l2(&o.data, &expected.o), state: relative_l2(&state.data, &expected.final_state) }
+}
+
+/// Assert the GPU forward matches the oracle within `F32_TOL`.
+pub fn check_forward(problem: &Problem, spec: &RandomSpec) {
+    let Some(ctx) = gpu() else { return };
+    let e = forward_errors(ctx, problem, spec);
+    eprintln!("{problem:?}\n  rel-L2 o {:.3e}, state {:.3e}", e.o, e.state);
+    assert!(e.o <= F32_TOL, "o: rel-L2 {:e} > {F32_TOL:e} for {problem:?} {spec:?}", e.o);
+    assert!(e.state <= F32_TOL, "final state: rel-L2 {:e} > {F32_TOL:e} for {problem:?} {spec:?}", e.state);
+}
+
+/// A dense problem with default options.
+pub fn dense(b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize) -> Problem {
+    Problem::new(b, t, h, hv, k, v, None, Options::default()).unwrap()
+}
