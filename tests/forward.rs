@@ -1,17 +1,150 @@
-//! The GPU chunked forward against the f64 oracle, over the hard cases and every option.
+//! The GPU chunked forward against the f64 oracle (relative L2 ≤ 1e-5 for o and the final
+//! state, f32 storage), over the hard cases and every option. Outputs are NaN-poisoned before
+//! the kernels run, so an element a kernel fails to write fails the test.
 
 mod common;
 
-use common::{check_forward, dense};
+use common::{F32_TOL, check_forward, dense, forward_errors};
+use gdn_wgpu::gpu::Context;
 use gdn_wgpu::{Options, Problem, RandomSpec};
 
 fn spec(seed: u64) -> RandomSpec {
     RandomSpec { seed, ..RandomSpec::default() }
 }
 
+fn with(options: Options, b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize, cu: Option<Vec<usize>>) -> Problem {
+    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
+}
+
 #[test]
 fn t_around_the_chunk_size() {
-    for (i, t) in [1, 63, 64, 65].into_iter().enumerate() {
+    for (i, t) in [1, 2, 63, 64, 65, 130].into_iter().enumerate() {
         check_forward(&dense(1, t, 1, 2, 32, 32), &spec(i as u64));
     }
+}
+
+#[test]
+fn batch_of_several_sequences() {
+    check_forward(&dense(3, 65, 1, 1, 16, 32), &spec(10));
+}
+
+#[test]
+fn with_and_without_initial_state() {
+    for (i, h0) in [false, true].into_iter().enumerate() {
+        let s = RandomSpec { seed: 20 + i as u64, initial_state: h0, ..RandomSpec::default() };
+        check_forward(&dense(2, 70, 1, 2, 32, 32), &s);
+    }
+}
+
+#[test]
+fn varlen_with_length_one_sequences() {
+    let cu = vec![0, 1, 2, 67, 68, 131, 132];
+    check_forward(&with(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu.clone())), &spec(30));
+    let s = RandomSpec { seed: 31, initial_state: false, ..RandomSpec::default() };
+    check_forward(&with(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu)), &s);
+}
+
+#[test]
+fn varlen_with_an_empty_sequence_keeps_its_initial_state() {
+    // A zero-length sequence has no chunk: its final state must be exactly its initial state.
+    check_forward(&with(Options::default(), 1, 70, 1, 1, 16, 16, Some(vec![0, 5, 5, 70])), &spec(35));
+}
+
+#[test]
+fn gva_ratios_1_2_4() {
+    for (i, hv) in [2, 4, 8].into_iter().enumerate() {
+        check_forward(&dense(1, 65, 2, hv, 32, 32), &spec(40 + i as u64));
+    }
+}
+
+#[test]
+fn zero_gate_and_strong_gate_heads() {
+    let s = RandomSpec { seed: 50, zero_gate_heads: 2, strong_gate_heads: 1, ..RandomSpec::default() };
+    check_forward(&dense(1, 130, 1, 4, 32, 32), &s);
+}
+
+#[test]
+fn beta_near_zero_and_near_two() {
+    for (i, beta) in [(0.0, 1e-3), (1.95, 2.0)].into_iter().enumerate() {
+        let s = RandomSpec { seed: 60 + i as u64, beta, ..RandomSpec::default() };
+        check_forward(&dense(1, 100, 1, 2, 32, 32), &s);
+    }
+}
+
+#[test]
+fn key_dim_different_from_value_dim() {
+    for (i, (k, v)) in [(32, 48), (48, 16), (16, 64)].into_iter().enumerate() {
+        check_forward(&dense(1, 65, 1, 2, k, v), &spec(70 + i as u64));
+    }
+}
+
+#[test]
+fn head_dim_128() {
+    check_forward(&dense(1, 65, 1, 1, 128, 128), &spec(80));
+}
+
+#[test]
+fn head_dim_256() {
+    check_forward(&dense(1, 65, 1, 1, 256, 256), &spec(81));
+}
+
+#[test]
+fn state_v_first() {
+    let o = Options { state_v_first: true, ..Options::default() };
+    check_forward(&with(o, 1, 70, 1, 2, 32, 48, None), &spec(90));
+}
+
+#[test]
+fn each_option() {
+    let cases = [
+        Options { scale: Some(0.37), ..Options::default() },
+        Options { l2norm_qk: true, ..Options::default() },
+        Options { beta_sigmoid: true, ..Options::default() },
+        Options { beta_sigmoid: true, allow_neg_eigval: true, ..Options::default() },
+        Options { gate_in_kernel: true, ..Options::default() },
+    ];
+    for (i, o) in cases.into_iter().enumerate() {
+        let s = RandomSpec { seed: 100 + i as u64, zero_gate_heads: 1, strong_gate_heads: 1, ..RandomSpec::default() };
+        check_forward(&with(o, 1, 70, 1, 3, 32, 32, None), &s);
+    }
+}
+
+#[test]
+fn every_option_together_with_varlen_and_gva() {
+    let o = Options {
+        scale: Some(0.2),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let s = RandomSpec { seed: 110, zero_gate_heads: 1, strong_gate_heads: 1, ..RandomSpec::default() };
+    check_forward(&with(o, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140])), &s);
+}
+
+#[test]
+fn every_v_block_width_the_device_fits() {
+    let Some(shared) = common::gpu() else { return };
+    // A private context, so forcing a width does not affect tests running in parallel.
+    let mut ctx = Context::new_blocking().unwrap();
+    let widths = shared.tuning().v_blocks.clone();
+    assert!(widths.contains(&16), "V-block 16 must fit every device: {widths:?}");
+    for bv in widths {
+        ctx.tuning_mut().forced_v_block = Some(bv);
+        let problem = dense(1, 130, 1, 2, 32, 64);
+        let e = forward_errors(&ctx, &problem, &spec(120 + bv as u64));
+        eprintln!("V_BLOCK {bv}: {e:?}");
+        assert!(e.o <= F32_TOL && e.state <= F32_TOL, "V_BLOCK {bv}: {e:?}");
+    }
+}
+
+#[test]
+fn repeated_runs_are_bitwise_identical() {
+    let Some(ctx) = common::gpu() else { return };
+    let problem = dense(1, 100, 1, 2, 32, 32);
+    let a = forward_errors(ctx, &problem, &spec(130));
+    let b = forward_errors(ctx, &problem, &spec(130));
+    assert_eq!(a.o.to_bits(), b.o.to_bits());
+    assert_eq!(a.state.to_bits(), b.state.to_bits());
 }

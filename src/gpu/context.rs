@@ -142,6 +142,11 @@ impl Context {
         &self.tuning
     }
 
+    /// Change tile choices (e.g. force a V-block width to test or benchmark each variant).
+    pub fn tuning_mut(&mut self) -> &mut Tuning {
+        &mut self.tuning
+    }
+
     /// Reports (and clears) device errors seen since the last check, and device loss.
     pub fn check(&self) -> Result<()> {
         if let Some(msg) = self.lost.lock().unwrap().clone() {
