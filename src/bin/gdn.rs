@@ -1,1 +1,436 @@
-fn main() {}
+//! `gdn`: run the GDN kernels on safetensors files, and report what the GPUs offer.
+//!
+//! Exit codes: 0 success; 1 device or runtime failure; 2 bad input (file, tensor, flag).
+//! Every failure is one `error: …` line on stderr.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use gdn_wgpu::error::ShapeList;
+use gdn_wgpu::io::{IntTensor, TensorFile};
+use gdn_wgpu::{
+    DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, gpu, reference,
+};
+
+#[derive(Parser)]
+#[command(
+    name = "gdn",
+    version,
+    about = "Gated DeltaNet kernels on any GPU (wgpu), checked by an f64 CPU oracle"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List GPU adapters (features, limits) and the kernel variants the best one would use.
+    Info,
+    /// Run a kernel on tensors read from a safetensors file.
+    #[command(subcommand)]
+    Run(Kernel),
+}
+
+#[derive(Subcommand)]
+enum Kernel {
+    /// Chunked forward. Reads q, k, v, g, beta and optionally initial_state, cu_seqlens (I32 or
+    /// I64, with B = 1), A_log and dt_bias (with --gate-in-kernel); writes o and final_state.
+    Forward(RunArgs),
+}
+
+/// Files, backend and GDN flags, shared by every `run` kernel.
+#[derive(Args)]
+struct RunArgs {
+    /// safetensors file holding the kernel's input tensors, by name.
+    #[arg(long, value_name = "IN.safetensors")]
+    input: PathBuf,
+    /// safetensors file to write the outputs to (replaced if it exists).
+    #[arg(long, value_name = "OUT.safetensors")]
+    output: PathBuf,
+    /// What runs the kernel.
+    #[arg(long, value_enum, default_value_t = Backend::Auto)]
+    backend: Backend,
+    #[command(flatten)]
+    flags: GdnFlags,
+}
+
+/// The flags of FLA's `chunk_gated_delta_rule` (see [`Options`]).
+#[derive(Args)]
+struct GdnFlags {
+    /// Output scale [default: K^-1/2].
+    #[arg(long)]
+    scale: Option<f32>,
+    /// Normalize q and k per head in the kernel: x / sqrt(Σx² + 1e-6).
+    #[arg(long)]
+    l2norm_qk: bool,
+    /// beta holds logits; the kernel applies a sigmoid.
+    #[arg(long)]
+    beta_sigmoid: bool,
+    /// β = 2·sigmoid(beta) ∈ (0, 2); needs --beta-sigmoid.
+    #[arg(long)]
+    allow_neg_eigval: bool,
+    /// g is the raw gate: decay = −exp(A_log)·softplus(g + dt_bias); needs A_log and dt_bias.
+    #[arg(long)]
+    gate_in_kernel: bool,
+    /// States are [N, HV, V, K] instead of [N, HV, K, V].
+    #[arg(long)]
+    state_v_first: bool,
+}
+
+impl GdnFlags {
+    fn options(&self) -> Options {
+        Options {
+            scale: self.scale,
+            l2norm_qk: self.l2norm_qk,
+            beta_sigmoid: self.beta_sigmoid,
+            allow_neg_eigval: self.allow_neg_eigval,
+            gate_in_kernel: self.gate_in_kernel,
+            state_v_first: self.state_v_first,
+        }
+    }
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Backend {
+    /// wgpu when a GPU context can be created, else cpu
+    Auto,
+    /// The WGSL kernels through wgpu
+    Wgpu,
+    /// The f64 oracle (slow; for checking)
+    Cpu,
+}
+
+/// A failure and its exit code.
+struct Failure {
+    error: Error,
+    code: u8,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        let code = if error.is_input_error() { 2 } else { 1 };
+        Failure { error, code }
+    }
+}
+
+impl Failure {
+    /// Whatever the variant, failing to get a device is not the input's fault.
+    fn device(error: Error) -> Self {
+        Failure { error, code: 1 }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Info => info(),
+        Command::Run(Kernel::Forward(args)) => run_forward(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(Failure { error, code }) => {
+            // Device messages (wgpu validation errors) can span lines; keep the promise of one.
+            let message = error
+                .to_string()
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ");
+            eprintln!("error: {message}");
+            ExitCode::from(code)
+        }
+    }
+}
+
+/// The tensors `gdn run forward` reads; anything else in the input is ignored with a warning.
+const FORWARD_TENSORS: [&str; 9] = [
+    "q",
+    "k",
+    "v",
+    "g",
+    "beta",
+    "initial_state",
+    "cu_seqlens",
+    "A_log",
+    "dt_bias",
+];
+
+fn run_forward(args: &RunArgs) -> Result<(), Failure> {
+    let file = TensorFile::open(&args.input)?;
+    let (problem, inputs) = read_forward(&file, args.flags.options())?;
+    for name in file.names() {
+        if !FORWARD_TENSORS.contains(&name.as_str()) {
+            eprintln!(
+                "warning: ignoring tensor `{name}` in {}: not an input of forward",
+                file.path()
+            );
+        }
+    }
+    // Inputs are fully checked before any device work, so bad input never waits on a GPU.
+    let engine = Engine::new(args.backend)?;
+    let start = Instant::now();
+    let outputs = match &engine {
+        Engine::Gpu(ctx) => gpu::forward_host(ctx, &problem, &inputs.as_ref())?,
+        Engine::Cpu => forward_cpu(&problem, &inputs)?,
+    };
+    let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+    gdn_wgpu::io::write(
+        &args.output,
+        [
+            ("o", (&outputs.o).into()),
+            ("final_state", (&outputs.final_state).into()),
+        ],
+    )?;
+    let p = &problem;
+    eprintln!(
+        "gdn run forward: {} | B={} T={} H={} HV={} K={} V={} N={} | {elapsed_ms:.1} ms | wrote {}",
+        engine.describe(),
+        p.batch,
+        p.tokens,
+        p.heads_qk,
+        p.heads_v,
+        p.key_dim,
+        p.value_dim,
+        p.num_sequences(),
+        args.output.display()
+    );
+    Ok(())
+}
+
+/// Read and check the forward's tensors: the problem's sizes come from q `[B,T,H,K]` and
+/// v `[B,T,HV,V]`, and every other tensor must agree with them.
+fn read_forward(
+    file: &TensorFile,
+    options: Options,
+) -> gdn_wgpu::Result<(Problem, ForwardInputs<HostTensor>)> {
+    let required = |name: &str, layout: &str| {
+        file.float(name)?.ok_or_else(|| Error::Missing {
+            name: name.into(),
+            why: format!("tensor {layout} in {}", file.path()),
+        })
+    };
+    let inputs = ForwardInputs {
+        q: required("q", "[B,T,H,K]")?,
+        k: required("k", "[B,T,H,K]")?,
+        v: required("v", "[B,T,HV,V]")?,
+        g: required("g", "[B,T,HV]")?,
+        beta: required("beta", "[B,T,HV]")?,
+        initial_state: file.float("initial_state")?,
+        a_log: file.float("A_log")?,
+        dt_bias: file.float("dt_bias")?,
+    };
+    require_f32_storage(&inputs)?;
+    let cu_seqlens = file.int("cu_seqlens")?.map(cu_seqlens_values).transpose()?;
+    let problem = problem_from_shapes(&inputs.q, &inputs.v, cu_seqlens, options)?;
+    problem.check_inputs(&inputs.as_ref(), &[DType::F32])?;
+    gdn_wgpu::check_host_values(&problem, &inputs.as_ref())?;
+    Ok((problem, inputs))
+}
+
+/// Only F32 kernels exist yet. The oracle could read F16/BF16, but every backend should accept
+/// the same files, so they are refused everywhere for now.
+fn require_f32_storage(inputs: &ForwardInputs<HostTensor>) -> gdn_wgpu::Result<()> {
+    for (name, t) in [("q", &inputs.q), ("k", &inputs.k), ("v", &inputs.v)] {
+        if t.dtype != DType::F32 {
+            return Err(Error::DType {
+                name: name.into(),
+                expected: "F32 (F16/BF16 inputs are not yet supported)".into(),
+                got: t.dtype.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn cu_seqlens_values(t: IntTensor) -> gdn_wgpu::Result<Vec<usize>> {
+    const NAME: &str = "cu_seqlens";
+    if t.shape.len() != 1 {
+        return Err(Error::Shape {
+            name: NAME.into(),
+            expected: "[N + 1] (1-D)".into(),
+            got: ShapeList(t.shape),
+        });
+    }
+    let non_negative = |x: i64| {
+        usize::try_from(x).map_err(|_| Error::Value {
+            name: NAME.into(),
+            expected: "non-negative entries".into(),
+            got: x.to_string(),
+        })
+    };
+    t.data.into_iter().map(non_negative).collect()
+}
+
+fn problem_from_shapes(
+    q: &HostTensor,
+    v: &HostTensor,
+    cu_seqlens: Option<Vec<usize>>,
+    options: Options,
+) -> gdn_wgpu::Result<Problem> {
+    let rank_error = |name: &str, layout: &str, t: &HostTensor| Error::Shape {
+        name: name.into(),
+        expected: format!("{layout} (4-D)"),
+        got: ShapeList(t.shape.clone()),
+    };
+    let &[b, t, h, k] = q.shape.as_slice() else {
+        return Err(rank_error("q", "[B, T, H, K]", q));
+    };
+    let &[_, _, hv, vd] = v.shape.as_slice() else {
+        return Err(rank_error("v", "[B, T, HV, V]", v));
+    };
+    Problem::new(b, t, h, hv, k, vd, cu_seqlens, options).map_err(name_size_source)
+}
+
+/// `Problem::new` names sizes (e.g. "heads_v (HV)"); add the tensor each was read from.
+fn name_size_source(error: Error) -> Error {
+    let Error::Value {
+        name,
+        expected,
+        got,
+    } = error
+    else {
+        return error;
+    };
+    let source = match name.as_str() {
+        "batch (B)" | "tokens (T)" | "heads_qk (H)" | "key_dim (K)" => Some("q"),
+        "heads_v (HV)" | "value_dim (V)" => Some("v"),
+        _ => None,
+    };
+    let name = match source {
+        Some(tensor) => format!("{name} of {tensor}"),
+        None => name,
+    };
+    Error::Value {
+        name,
+        expected,
+        got,
+    }
+}
+
+fn forward_cpu(
+    problem: &Problem,
+    inputs: &ForwardInputs<HostTensor>,
+) -> gdn_wgpu::Result<ForwardOutputs<HostTensor>> {
+    let out = reference::forward(problem, &inputs.as_ref())?;
+    let narrow = |x: Vec<f64>| x.into_iter().map(|x| x as f32).collect();
+    Ok(ForwardOutputs {
+        o: HostTensor::new(problem.v_shape(), narrow(out.o)).with_dtype(inputs.v.dtype),
+        final_state: HostTensor::new(problem.state_shape(), narrow(out.final_state)),
+    })
+}
+
+/// What runs the kernels.
+enum Engine {
+    Gpu(Box<gpu::Context>),
+    Cpu,
+}
+
+impl Engine {
+    fn new(backend: Backend) -> Result<Self, Failure> {
+        let open_gpu = || gpu::Context::new_blocking().map(|ctx| Engine::Gpu(Box::new(ctx)));
+        match backend {
+            Backend::Cpu => Ok(Engine::Cpu),
+            Backend::Wgpu => open_gpu().map_err(Failure::device),
+            Backend::Auto => Ok(open_gpu().unwrap_or_else(|e| {
+                eprintln!("note: no usable GPU ({e}); using the cpu backend (f64 oracle)");
+                Engine::Cpu
+            })),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Engine::Gpu(ctx) => match &ctx.adapter_info {
+                Some(info) => format!("wgpu ({}, {:?})", info.name, info.backend),
+                None => "wgpu".into(),
+            },
+            Engine::Cpu => "cpu (f64 oracle)".into(),
+        }
+    }
+}
+
+/// Features worth knowing about for these kernels (f16 storage, subgroup reductions, GPU
+/// timing, tensor cores).
+const FEATURES_OF_INTEREST: [(&str, wgpu::Features); 4] = [
+    ("SHADER_F16", wgpu::Features::SHADER_F16),
+    ("SUBGROUP", wgpu::Features::SUBGROUP),
+    ("TIMESTAMP_QUERY", wgpu::Features::TIMESTAMP_QUERY),
+    (
+        "EXPERIMENTAL_COOPERATIVE_MATRIX",
+        wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+    ),
+];
+
+fn info() -> Result<(), Failure> {
+    let adapters = pollster::block_on(gpu::list_adapters());
+    let filter = std::env::var("GDN_ADAPTER")
+        .map(|f| format!(" matching GDN_ADAPTER={f:?}"))
+        .unwrap_or_default();
+    let Some(best) = adapters.first() else {
+        println!("no GPU adapter found{filter} (is a Vulkan, Metal or DX12 driver installed?)");
+        return Ok(());
+    };
+    println!("adapters{filter}, best first:");
+    for (i, adapter) in adapters.iter().enumerate() {
+        print_adapter(i, adapter);
+    }
+    println!("kernels on [0] {}:", best.get_info().name);
+    match pollster::block_on(gpu::Context::from_adapter(best.clone())) {
+        Ok(ctx) => {
+            let tuning = ctx.tuning();
+            println!("  workgroup memory: {} bytes", tuning.workgroup_bytes);
+            println!("  state_scan V-blocks that fit: {:?}", tuning.v_blocks);
+            if let Some(forced) = tuning.forced_v_block {
+                println!("  GDN_V_BLOCK={forced} (used when it fits and divides V)");
+            }
+            let dtypes: Vec<&str> = gpu::shaders::STORAGE_DTYPES
+                .iter()
+                .map(|d| d.name())
+                .collect();
+            println!("  storage dtypes: {}", dtypes.join(", "));
+        }
+        Err(e) => println!("  unavailable: {e}"),
+    }
+    Ok(())
+}
+
+fn print_adapter(index: usize, adapter: &wgpu::Adapter) {
+    let info = adapter.get_info();
+    let (features, limits) = (adapter.features(), adapter.limits());
+    println!("[{index}] {}", info.name);
+    println!(
+        "    backend {:?}, type {:?}, driver {} ({})",
+        info.backend, info.device_type, info.driver, info.driver_info
+    );
+    let flags: Vec<String> = FEATURES_OF_INTEREST
+        .iter()
+        .map(|(name, f)| {
+            format!(
+                "{name} {}",
+                if features.contains(*f) { "yes" } else { "no" }
+            )
+        })
+        .collect();
+    println!("    features: {}", flags.join(", "));
+    println!(
+        "    max_compute_workgroup_storage_size: {}",
+        limits.max_compute_workgroup_storage_size
+    );
+    println!(
+        "    max_compute_invocations_per_workgroup: {}",
+        limits.max_compute_invocations_per_workgroup
+    );
+    println!(
+        "    max_storage_buffer_binding_size: {}",
+        limits.max_storage_buffer_binding_size
+    );
+    println!("    max_buffer_size: {}", limits.max_buffer_size);
+    println!(
+        "    max_storage_buffers_per_shader_stage: {}",
+        limits.max_storage_buffers_per_shader_stage
+    );
+}

@@ -7,6 +7,7 @@ pub mod params;
 pub(crate) mod pipelines;
 pub mod shaders;
 mod tensor;
+pub mod timing;
 pub mod tuning;
 
 pub use context::{Context, list_adapters};
@@ -14,4 +15,5 @@ pub use forward::{Forward, Intermediates, forward, forward_into};
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;
 pub use tensor::GpuTensor;
+pub use timing::GpuTimer;
 pub use tuning::Tuning;

@@ -5,9 +5,11 @@
 //! `cpu` backend of the `gdn` CLI. Inputs are read as f32 (what any storage dtype widens to)
 //! and every operation runs in f64.
 
+mod backward;
 mod forward;
 
-pub use forward::forward;
+pub use backward::{Gradients, backward, backward_f64, forward_f64};
+pub use forward::{forward, forward_heads};
 
 use crate::problem::L2NORM_EPS;
 
@@ -29,4 +31,18 @@ pub fn softplus(x: f64) -> f64 {
 /// The in-kernel gate: `−exp(A_log)·softplus(g + dt_bias)`.
 pub fn gate(g_raw: f64, a_log: f64, dt_bias: f64) -> f64 {
     -a_log.exp() * softplus(g_raw + dt_bias)
+}
+
+/// The elements of the v-heads in `heads` from a tensor laid out `[outer, HV, inner]` (o is
+/// `[B·T, HV, V]`, states `[N, HV, K·V]`), in order.
+pub fn select_heads<T: Copy>(data: &[T], heads_v: usize, inner: usize, heads: &[usize]) -> Vec<T> {
+    let outer = data.len() / (heads_v * inner);
+    let mut out = Vec::with_capacity(outer * heads.len() * inner);
+    for o in 0..outer {
+        for &h in heads {
+            let start = (o * heads_v + h) * inner;
+            out.extend_from_slice(&data[start..start + inner]);
+        }
+    }
+    out
 }

@@ -5,7 +5,10 @@
 use std::sync::OnceLock;
 
 use gdn_wgpu::gpu::{self, Context, GpuTensor};
-use gdn_wgpu::{DType, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec, reference, relative_l2};
+use gdn_wgpu::{
+    DType, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec, reference,
+    relative_l2,
+};
 
 /// The tolerance for f32 storage: relative L2 of o and of the final state.
 pub const F32_TOL: f64 = 1e-5;
@@ -27,7 +30,10 @@ pub fn gpu() -> Option<&'static Context> {
     }
 }
 
-pub fn upload_inputs(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> ForwardInputs<GpuTensor> {
+pub fn upload_inputs(
+    ctx: &Context,
+    inputs: &ForwardInputs<HostTensor>,
+) -> ForwardInputs<GpuTensor> {
     let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t).unwrap();
     ForwardInputs {
         q: up("q", &inputs.q),
@@ -35,7 +41,10 @@ pub fn upload_inputs(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> Forwa
         v: up("v", &inputs.v),
         g: up("g", &inputs.g),
         beta: up("beta", &inputs.beta),
-        initial_state: inputs.initial_state.as_ref().map(|t| up("initial_state", t)),
+        initial_state: inputs
+            .initial_state
+            .as_ref()
+            .map(|t| up("initial_state", t)),
         a_log: inputs.a_log.as_ref().map(|t| up("A_log", t)),
         dt_bias: inputs.dt_bias.as_ref().map(|t| up("dt_bias", t)),
     }
@@ -54,13 +63,33 @@ pub fn forward_errors(ctx: &Context, problem: &Problem, spec: &RandomSpec) -> Er
     let expected = reference::forward(problem, &inputs.as_ref()).unwrap();
     let gpu_inputs = upload_inputs(ctx, &inputs);
     let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), DType::F32, f32::NAN).unwrap();
-    let state = GpuTensor::filled(ctx, "final_state", &problem.state_shape(), DType::F32, f32::NAN).unwrap();
+    let state = GpuTensor::filled(
+        ctx,
+        "final_state",
+        &problem.state_shape(),
+        DType::F32,
+        f32::NAN,
+    )
+    .unwrap();
     let mut encoder = ctx.create_encoder("test forward");
-    gpu::forward_into(ctx, &mut encoder, problem, &gpu_inputs.as_ref(), &ForwardOutputs { o: &o, final_state: &state }).unwrap();
+    gpu::forward_into(
+        ctx,
+        &mut encoder,
+        problem,
+        &gpu_inputs.as_ref(),
+        &ForwardOutputs {
+            o: &o,
+            final_state: &state,
+        },
+    )
+    .unwrap();
     ctx.submit_and_wait(encoder).unwrap();
     let o = o.download_blocking(ctx).unwrap();
     let state = state.download_blocking(ctx).unwrap();
-    Errors { o: relative_l2(&o.data, &expected.o), state: relative_l2(&state.data, &expected.final_state) }
+    Errors {
+        o: relative_l2(&o.data, &expected.o),
+        state: relative_l2(&state.data, &expected.final_state),
+    }
 }
 
 /// Assert the GPU forward matches the oracle within `F32_TOL`.
@@ -68,8 +97,16 @@ pub fn check_forward(problem: &Problem, spec: &RandomSpec) {
     let Some(ctx) = gpu() else { return };
     let e = forward_errors(ctx, problem, spec);
     eprintln!("{problem:?}\n  rel-L2 o {:.3e}, state {:.3e}", e.o, e.state);
-    assert!(e.o <= F32_TOL, "o: rel-L2 {:e} > {F32_TOL:e} for {problem:?} {spec:?}", e.o);
-    assert!(e.state <= F32_TOL, "final state: rel-L2 {:e} > {F32_TOL:e} for {problem:?} {spec:?}", e.state);
+    assert!(
+        e.o <= F32_TOL,
+        "o: rel-L2 {:e} > {F32_TOL:e} for {problem:?} {spec:?}",
+        e.o
+    );
+    assert!(
+        e.state <= F32_TOL,
+        "final state: rel-L2 {:e} > {F32_TOL:e} for {problem:?} {spec:?}",
+        e.state
+    );
 }
 
 /// A dense problem with default options.

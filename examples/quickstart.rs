@@ -1,0 +1,130 @@
+//! A random GDN problem on the best adapter, checked against the f64 oracle, with timings.
+//!
+//!     cargo run --release --example quickstart
+//!     cargo run --release --example quickstart -- --tokens 32768 --heads-qk 16 --heads-v 64 \
+//!         --key-dim 128 --value-dim 128 --check-heads 2
+//!
+//! Without a GPU adapter it says so and runs the CPU backend (the f64 oracle) instead.
+//! Exit code 1 when the GPU result is outside the f32 tolerance.
+
+use std::time::Instant;
+
+use clap::Parser;
+use gdn_wgpu::gpu::{self, Context, GpuTensor, GpuTimer};
+use gdn_wgpu::reference::{forward_heads, select_heads};
+use gdn_wgpu::{ForwardInputs, Options, Problem, RandomSpec, relative_l2};
+
+#[derive(Parser, Debug)]
+struct Args {
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value_t = 1024)]
+    tokens: usize,
+    #[arg(long, default_value_t = 2)]
+    heads_qk: usize,
+    #[arg(long, default_value_t = 4)]
+    heads_v: usize,
+    #[arg(long, default_value_t = 64)]
+    key_dim: usize,
+    #[arg(long, default_value_t = 64)]
+    value_dim: usize,
+    /// v-heads checked against the oracle, spread over all heads (0: all of them).
+    #[arg(long, default_value_t = 0)]
+    check_heads: usize,
+    /// Timed repetitions after one warm-up run.
+    #[arg(long, default_value_t = 5)]
+    reps: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+const TOLERANCE: f64 = 1e-5;
+
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args = Args::parse();
+    let problem = Problem::new(args.batch, args.tokens, args.heads_qk, args.heads_v, args.key_dim, args.value_dim, None, Options::default())?;
+    let spec = RandomSpec { seed: args.seed, zero_gate_heads: 0, strong_gate_heads: 0, ..RandomSpec::default() };
+    let inputs = spec.generate(&problem);
+    println!(
+        "problem: B={} T={} H={} HV={} K={} V={} (f32, with initial state)",
+        args.batch, args.tokens, args.heads_qk, args.heads_v, args.key_dim, args.value_dim
+    );
+    let heads: Vec<usize> = match args.check_heads {
+        0 => (0..problem.heads_v).collect(),
+        n => (0..n.min(problem.heads_v)).map(|i| i * problem.heads_v / n.min(problem.heads_v)).collect(),
+    };
+
+    let ctx = match Context::new_blocking() {
+        Ok(ctx) => ctx,
+        Err(e) => {
+            println!("no GPU: {e}\nrunning the CPU backend (f64 oracle) instead");
+            let start = Instant::now();
+            let out = gdn_wgpu::reference::forward(&problem, &inputs.as_ref())?;
+            let checksum: f64 = out.o.iter().sum();
+            println!("cpu forward: {:.1} ms, checksum of o {checksum:.6e}", start.elapsed().as_secs_f64() * 1e3);
+            return Ok(());
+        }
+    };
+    let info = ctx.adapter_info.clone().expect("context from an adapter");
+    println!("adapter: {} ({:?}, {:?}), V-block {}", info.name, info.backend, info.device_type, ctx.tuning().state_scan_v_block(&problem));
+
+    let up = |name: &str, t: &gdn_wgpu::HostTensor| GpuTensor::upload(&ctx, name, t);
+    let gpu_inputs = ForwardInputs {
+        q: up("q", &inputs.q)?,
+        k: up("k", &inputs.k)?,
+        v: up("v", &inputs.v)?,
+        g: up("g", &inputs.g)?,
+        beta: up("beta", &inputs.beta)?,
+        initial_state: inputs.initial_state.as_ref().map(|t| up("initial_state", t)).transpose()?,
+        a_log: None,
+        dt_bias: None,
+    };
+    let timer = GpuTimer::new(&ctx);
+    let (mut wall, mut gpu_ms) = (Vec::new(), Vec::new());
+    let mut last = None;
+    for rep in 0..=args.reps {
+        let start = Instant::now();
+        let mut encoder = ctx.create_encoder("quickstart");
+        if let Some(t) = &timer {
+            t.begin(&mut encoder);
+        }
+        let fwd = gpu::forward(&ctx, &mut encoder, &problem, &gpu_inputs.as_ref())?;
+        if let Some(t) = &timer {
+            t.end(&mut encoder);
+        }
+        ctx.submit_and_wait(encoder)?;
+        // Rep 0 compiles pipelines and warms up; it is not timed.
+        if rep > 0 {
+            wall.push(start.elapsed().as_secs_f64() * 1e3);
+            if let Some(t) = &timer {
+                gpu_ms.push(t.read_ms(&ctx)?);
+            }
+        }
+        last = Some(fwd);
+    }
+    let fwd = last.expect("at least one run");
+    let gpu_note = if gpu_ms.is_empty() { "no timestamp queries".to_string() } else { format!("{:.3} ms GPU", median(gpu_ms)) };
+    println!("gpu forward: median of {} runs: {:.3} ms wall (alloc + encode + submit + wait), {gpu_note}", args.reps, median(wall));
+
+    let o = fwd.o.download_blocking(&ctx)?;
+    let state = fwd.final_state.download_blocking(&ctx)?;
+    let start = Instant::now();
+    let expected = forward_heads(&problem, &inputs.as_ref(), &heads)?;
+    let cpu_ms = start.elapsed().as_secs_f64() * 1e3;
+    let (hv, v, kv) = (problem.heads_v, problem.value_dim, problem.key_dim * problem.value_dim);
+    let err_o = relative_l2(&select_heads(&o.data, hv, v, &heads), &select_heads(&expected.o, hv, v, &heads));
+    let err_s = relative_l2(&select_heads(&state.data, hv, kv, &heads), &select_heads(&expected.final_state, hv, kv, &heads));
+    println!("oracle (f64 CPU) on v-heads {heads:?}: {cpu_ms:.0} ms");
+    println!("rel-L2 vs oracle: o {err_o:.3e}, final state {err_s:.3e} (tolerance {TOLERANCE:e})");
+    if err_o.is_nan() || err_s.is_nan() || err_o > TOLERANCE || err_s > TOLERANCE {
+        println!("FAIL");
+        std::process::exit(1);
+    }
+    println!("PASS");
+    Ok(())
+}
