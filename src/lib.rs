@@ -30,3 +30,8 @@ pub use error::{Error, Result};
 pub use problem::{CHUNK, ForwardInputs, ForwardOutputs, Options, Problem, check_host_values};
 pub use random::RandomSpec;
 pub use tensor::{DType, HostTensor, TensorMeta, relative_l2};
+
+/// The README's Rust example is compiled as a doctest.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -45,8 +45,13 @@ fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
 /// whose name contains it (case-insensitive).
 pub async fn list_adapters() -> Vec<wgpu::Adapter> {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    // GL only when no Vulkan/Metal/DX12 adapter exists: on the same hardware it lacks
+    // features, compiles slowly, and its EGL probing prints noise on headless machines.
     #[cfg(not(target_arch = "wasm32"))]
-    let mut adapters = instance.enumerate_adapters(wgpu::Backends::all()).await;
+    let mut adapters = match instance.enumerate_adapters(wgpu::Backends::PRIMARY).await {
+        primary if !primary.is_empty() => primary,
+        _ => instance.enumerate_adapters(wgpu::Backends::all()).await,
+    };
     #[cfg(target_arch = "wasm32")]
     let mut adapters: Vec<wgpu::Adapter> = instance
         .request_adapter(&wgpu::RequestAdapterOptions {
@@ -140,6 +145,11 @@ impl Context {
     /// The tile sizes and variants this context's launchers use.
     pub fn tuning(&self) -> &Tuning {
         &self.tuning
+    }
+
+    /// Pipelines compiled so far (cached by source, entry point and constants).
+    pub fn compiled_pipelines(&self) -> usize {
+        self.pipelines.len()
     }
 
     /// Change tile choices (e.g. force a V-block width to test or benchmark each variant).
