@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::Parser;
 use gdn_wgpu::gpu::{self, Context, GpuTensor, GpuTimer};
 use gdn_wgpu::reference::{forward_heads, select_heads};
-use gdn_wgpu::{ForwardInputs, Options, Problem, RandomSpec, relative_l2};
+use gdn_wgpu::{DType, ForwardInputs, ForwardOutputs, Options, Problem, RandomSpec, relative_l2};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -84,35 +84,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         a_log: None,
         dt_bias: None,
     };
-    let timer = GpuTimer::new(&ctx);
-    let (mut wall, mut gpu_ms) = (Vec::new(), Vec::new());
-    let mut last = None;
+    let o_gpu = GpuTensor::empty(&ctx, "o", &problem.v_shape(), DType::F32)?;
+    let state_gpu = GpuTensor::empty(&ctx, "final_state", &problem.state_shape(), DType::F32)?;
+    let outputs = ForwardOutputs { o: &o_gpu, final_state: &state_gpu };
+    let timer = GpuTimer::new(&ctx, 8);
+    let (mut wall, mut spans) = (Vec::new(), Vec::new());
     for rep in 0..=args.reps {
         let start = Instant::now();
         let mut encoder = ctx.create_encoder("quickstart");
-        if let Some(t) = &timer {
-            t.begin(&mut encoder);
-        }
-        let fwd = gpu::forward(&ctx, &mut encoder, &problem, &gpu_inputs.as_ref())?;
-        if let Some(t) = &timer {
-            t.end(&mut encoder);
+        match &timer {
+            Some(t) => {
+                t.reset();
+                t.mark(&mut encoder, "start");
+                gpu::forward_into_profiled(&ctx, &mut encoder, &problem, &gpu_inputs.as_ref(), &outputs, t)?;
+                t.resolve(&mut encoder);
+            }
+            None => {
+                gpu::forward_into(&ctx, &mut encoder, &problem, &gpu_inputs.as_ref(), &outputs)?;
+            }
         }
         ctx.submit_and_wait(encoder)?;
         // Rep 0 compiles pipelines and warms up; it is not timed.
         if rep > 0 {
             wall.push(start.elapsed().as_secs_f64() * 1e3);
             if let Some(t) = &timer {
-                gpu_ms.push(t.read_ms(&ctx)?);
+                spans.push(t.read_spans(&ctx)?);
             }
         }
-        last = Some(fwd);
     }
-    let fwd = last.expect("at least one run");
-    let gpu_note = if gpu_ms.is_empty() { "no timestamp queries".to_string() } else { format!("{:.3} ms GPU", median(gpu_ms)) };
-    println!("gpu forward: median of {} runs: {:.3} ms wall (alloc + encode + submit + wait), {gpu_note}", args.reps, median(wall));
+    println!("gpu forward: median of {} runs: {:.3} ms wall (encode + submit + wait)", args.reps, median(wall));
+    if !spans.is_empty() {
+        let total = median(spans.iter().map(|s| s.iter().map(|(_, ms)| ms).sum()).collect());
+        let per_pass: Vec<String> = (0..spans[0].len())
+            .map(|i| format!("{} {:.3}", spans[0][i].0, median(spans.iter().map(|s| s[i].1).collect())))
+            .collect();
+        println!("  GPU {total:.3} ms = {} (ms, timestamp queries)", per_pass.join(" + "));
+    }
 
-    let o = fwd.o.download_blocking(&ctx)?;
-    let state = fwd.final_state.download_blocking(&ctx)?;
+    let o = o_gpu.download_blocking(&ctx)?;
+    let state = state_gpu.download_blocking(&ctx)?;
     let start = Instant::now();
     let expected = forward_heads(&problem, &inputs.as_ref(), &heads)?;
     let cpu_ms = start.elapsed().as_secs_f64() * 1e3;

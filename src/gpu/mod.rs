@@ -11,7 +11,7 @@ pub mod timing;
 pub mod tuning;
 
 pub use context::{Context, list_adapters};
-pub use forward::{Forward, Intermediates, forward, forward_into};
+pub use forward::{Forward, Intermediates, forward, forward_into, forward_into_profiled};
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;
 pub use tensor::GpuTensor;

@@ -15,7 +15,7 @@ pub use wy_inverse::wy_inverse;
 use crate::error::{Error, Result};
 use crate::gpu::params::{Params, upload_u32};
 use crate::gpu::shaders::STORAGE_DTYPES;
-use crate::gpu::{Context, GpuTensor};
+use crate::gpu::{Context, GpuTensor, GpuTimer};
 use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
 
@@ -72,6 +72,35 @@ pub fn forward_into(
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
 ) -> Result<Intermediates> {
+    record_forward(ctx, encoder, problem, inputs, outputs, None)
+}
+
+/// [`forward_into`] with a timestamp after each pass (labelled with the pass name) for a
+/// per-pass breakdown; mark the start yourself before calling.
+pub fn forward_into_profiled(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    timer: &GpuTimer,
+) -> Result<Intermediates> {
+    record_forward(ctx, encoder, problem, inputs, outputs, Some(timer))
+}
+
+fn record_forward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    timer: Option<&GpuTimer>,
+) -> Result<Intermediates> {
+    let mark = |encoder: &mut wgpu::CommandEncoder, label| {
+        if let Some(t) = timer {
+            t.mark(encoder, label);
+        }
+    };
     ctx.check()?;
     problem.check_inputs(inputs, &STORAGE_DTYPES)?;
     if outputs.o.shape() != problem.v_shape() {
@@ -107,6 +136,7 @@ pub fn forward_into(
         let kn = GpuTensor::empty(ctx, "k_normed", inputs.k.shape(), inputs.k.dtype)?;
         prepare_qk(ctx, encoder, &params, inputs.q, &qn)?;
         prepare_qk(ctx, encoder, &params, inputs.k, &kn)?;
+        mark(encoder, "prepare_qk");
         (Some(qn), Some(kn))
     } else {
         (None, None)
@@ -126,13 +156,16 @@ pub fn forward_into(
     }
     let gate_beta = GpuTensor::empty(ctx, "gate_beta", &[bt, hv, 2], DType::F32)?;
     prepare_gate(ctx, encoder, &params, inputs.g, inputs.beta, &gate_params, &chunks, num_chunks, hv, &gate_beta)?;
+    mark(encoder, "prepare_gate");
 
     let a = GpuTensor::empty(ctx, "wy_inverse", &[bt, hv, CHUNK], DType::F32)?;
     wy_inverse(ctx, encoder, &params, k, &gate_beta, &chunks, num_chunks, hv, &a)?;
+    mark(encoder, "wy_inverse");
 
     let v_block = ctx.tuning.state_scan_v_block(problem);
     let bufs = ScanBuffers { q, k, v: inputs.v, gate_beta: &gate_beta, a: &a, segments: &segments, state: outputs.final_state, o: outputs.o };
     state_scan(ctx, encoder, &params, &bufs, num_segments, hv, problem.key_dim, problem.value_dim, v_block)?;
+    mark(encoder, "state_scan");
 
     Ok(Intermediates { q_normed, k_normed, gate_beta, a })
 }
