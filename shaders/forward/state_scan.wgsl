@@ -1,21 +1,28 @@
-// state_scan: the sequential inter-chunk pass. One workgroup per (segment, v-head, V-block)
-// walks the segment's chunks with its f32 state slice S (K × V_BLOCK) held in registers, and
-// per chunk of ≤ 64 tokens computes (FlashQLA's form, no w/u materialisation):
-//     U  = K S,   QS = Q S,   P = Q Kᵀ                      (K streamed in slices)
+// state_scan: the sequential inter-chunk pass. One workgroup (256 invocations) per
+// (segment, v-head, V-block) walks the segment's chunks with its f32 state slice S
+// (K × V_BLOCK) in registers, and per chunk of ≤ 64 tokens computes (FlashQLA's form, no w/u
+// materialisation):
+//     U  = K S,   QS = Q S,   P = Q Kᵀ                      (K streamed in 16-column slices)
 //     W  = V − γ ⊙ U
 //     V' = (Γ ⊙ A ⊙ β_col) W                                 (A from wy_inverse)
 //     O  = scale · (γ ⊙ QS + (Γ ⊙ P) V')
-//     S  ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V')
+//     S  ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V')                         (K streamed in 8-token slices)
 // with γ = exp(G), Γ_ij = exp(G_i − G_j) for j ≤ i (exponentiated only there, so every
 // exponent is ≤ 0), γ_C = exp(G_last). A segment starts from the state in `state[slot]` and
 // leaves its end state there: a segment is the unit of sequence parallelism.
 //
-// Partial chunks: rows past the end load k = q = v = 0, A = 0, β = 0 and G = G_last, so
-// they contribute nothing and γ_C/γ = 1 there.
+// Register tiling: invocation (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 of every 64-row
+// tile and columns c + 16j (j < TC = V_BLOCK / 16) of the V-block, and rows 4r + ii + 64kb of
+// the state. Each shared-memory load feeds several FMAs.
 //
-// Workgroup memory (f32 words, `ARENA` from the host): W/V' tile 64 × V_BLOCK, then a region
-// shared by the K/Q/S slices of the GEMM phases and the packed lower triangle (2080 words)
-// of Γ⊙A⊙β and Γ⊙P. At V_BLOCK = 16 it is 14 KiB: within WebGPU's default 16 KiB.
+// Partial chunks: rows past the end load k = q = v = 0, A = 0, β = 0 and G = G_last, so
+// they contribute nothing and γ_C/γ = 1 there. Columns past V (when V is not a multiple of
+// V_BLOCK) are computed on zeros and never stored.
+//
+// Workgroup memory (f32 words, `ARENA` from the host, see `tuning::state_scan_arena_words`):
+// the W/V' tile (64 × V_BLOCK), then one region reused by the phases: the K/Q/S slices of the
+// first GEMMs, the packed lower triangle (2080 words) of Γ⊙A⊙β and of Γ⊙P, and the 8-token K
+// slices of the state update. At V_BLOCK = 16 it is under WebGPU's default 16 KiB.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Elem>;              // [B·T, H, K]
@@ -27,14 +34,15 @@
 @group(0) @binding(7) var<storage, read_write> state: array<f32>;         // [slots, HV, K, V] or V-first
 @group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;        // [B·T, HV, V]
 
-const WG: u32 = 256u;
 override K_DIM: u32;
-override V_BLOCK: u32;
+override V_BLOCK: u32;                    // 16, 32 or 64
 override ARENA: u32;
-// One state slice is K_SLICE × V_BLOCK = WG words: one per invocation.
-override K_SLICE: u32 = WG / V_BLOCK;
-override S_REGS: u32 = K_DIM / K_SLICE;
-override O_REGS: u32 = V_BLOCK / 4u;
+override TC: u32 = V_BLOCK / 16u;         // columns per invocation
+override KB: u32 = (K_DIM + 63u) / 64u;   // 64-row state blocks
+const K_SLICE: u32 = 16u;
+const K_PITCH: u32 = 17u;                 // padded row pitch of the K/Q slices (no bank conflicts)
+const T_SLICE: u32 = 8u;                  // tokens per K slice of the state update
+override T_PITCH: u32 = K_DIM + 1u;
 
 var<workgroup> arena: array<f32, ARENA>;
 var<workgroup> g_s: array<f32, 64>;    // G_i (padded with G_last)
@@ -67,28 +75,38 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     let h = hv / (hv_count / h_count);
     let v_first = has_flag(params.flags, FLAG_STATE_V_FIRST);
 
-    // Tile ownership: rows of the 64 × V_BLOCK tiles and of P (64 × 64), strided columns.
-    let row = t / 4u;
-    let cg = t % 4u;
-    // State ownership: element (m·K_SLICE + s_k, s_v) for every slice m.
-    let s_k = t / V_BLOCK;
-    let s_v = t % V_BLOCK;
+    let r = t / 16u;
+    let c = t % 16u;
+    let row0 = 4u * r;
 
     let ws = 0u;
     let kc = 64u * V_BLOCK;
-    let qc = kc + 64u * K_SLICE;
-    let ss = qc + 64u * K_SLICE;
+    let qc = kc + 64u * K_PITCH;
+    let ss = qc + 64u * K_PITCH;
     let tr = kc;
+    let kt = kc;
 
+    // State: s[(kb * 4 + ii) * 4 + j] = S[row0 + ii + 64 kb, v0 + c + 16 j].
     let state_base = (slot * hv_count + hv) * K_DIM * v_dim;
     var s: array<f32, 64>;
-    for (var m = 0u; m < S_REGS; m++) {
-        s[m] = state[state_index(state_base, m * K_SLICE + s_k, v0 + s_v, v_first)];
+    for (var kb = 0u; kb < KB; kb++) {
+        for (var ii = 0u; ii < 4u; ii++) {
+            for (var j = 0u; j < TC; j++) {
+                let k = row0 + ii + 64u * kb;
+                let v = v0 + c + 16u * j;
+                var x = 0.0;
+                if (k < K_DIM && v < v_dim) {
+                    x = state[state_index(state_base, k, v, v_first)];
+                }
+                s[(kb * 4u + ii) * 4u + j] = x;
+            }
+        }
     }
 
-    var u: array<f32, 16>;
-    var qs: array<f32, 16>;
-    var p: array<f32, 16>;
+    var u: array<f32, 16>;    // U, then V'
+    var qs: array<f32, 16>;   // Q S, then O
+    var p: array<f32, 16>;    // P = Q Kᵀ at rows row0.., columns c + 16 jj
+    var gam: array<f32, 16>;  // Γ at the same positions (0 above the diagonal)
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     for (var ci = 0u; ci < n_chunks; ci++) {
         let base = seg_start + ci * CHUNK;
@@ -109,123 +127,199 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             gam_s[t] = exp(g);
             dec_s[t] = exp(g_last - g);
         }
-
-        // U = K S, QS = Q S, P = Q Kᵀ, accumulated over K slices.
         for (var n = 0u; n < 16u; n++) {
             u[n] = 0.0;
             qs[n] = 0.0;
             p[n] = 0.0;
         }
-        for (var m = 0u; m < S_REGS; m++) {
+
+        // U = K S, QS = Q S, P = Q Kᵀ over 16-column slices of K.
+        for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
             workgroupBarrier();
-            arena[ss + t] = s[m];
-            for (var j = 0u; j < 64u / V_BLOCK; j++) {
-                let e = t + WG * j;
+            for (var e = t; e < 64u * K_SLICE; e += 256u) {
                 let i = e / K_SLICE;
+                let kk = e % K_SLICE;
                 var kx = 0.0;
                 var qx = 0.0;
                 if (i < len) {
-                    let gi = ((base + i) * h_count + h) * K_DIM + m * K_SLICE + e % K_SLICE;
+                    let gi = ((base + i) * h_count + h) * K_DIM + k0 + kk;
                     kx = elem_to_f32(k_buf[gi]);
                     qx = elem_to_f32(q_buf[gi]);
                 }
-                arena[kc + e] = kx;
-                arena[qc + e] = qx;
+                arena[kc + i * K_PITCH + kk] = kx;
+                arena[qc + i * K_PITCH + kk] = qx;
+            }
+            // The owners of state rows k0..k0+15 publish them.
+            let kb0 = k0 / 64u;
+            let rr = row0 - k0 % 64u;
+            if (row0 >= k0 % 64u && rr < K_SLICE) {
+                for (var ii = 0u; ii < 4u; ii++) {
+                    for (var j = 0u; j < TC; j++) {
+                        arena[ss + (rr + ii) * V_BLOCK + c + 16u * j] = s[(kb0 * 4u + ii) * 4u + j];
+                    }
+                }
             }
             workgroupBarrier();
             for (var kk = 0u; kk < K_SLICE; kk++) {
-                let kr = arena[kc + row * K_SLICE + kk];
-                let qr = arena[qc + row * K_SLICE + kk];
-                for (var n = 0u; n < O_REGS; n++) {
-                    let sv = arena[ss + kk * V_BLOCK + cg + 4u * n];
-                    u[n] += kr * sv;
-                    qs[n] += qr * sv;
+                var kr: array<f32, 4>;
+                var qr: array<f32, 4>;
+                var kcol: array<f32, 4>;
+                var sv: array<f32, 4>;
+                for (var ii = 0u; ii < 4u; ii++) {
+                    kr[ii] = arena[kc + (row0 + ii) * K_PITCH + kk];
+                    qr[ii] = arena[qc + (row0 + ii) * K_PITCH + kk];
+                    kcol[ii] = arena[kc + (c + 16u * ii) * K_PITCH + kk];
                 }
-                for (var n = 0u; n < 16u; n++) {
-                    p[n] += qr * arena[kc + (cg + 4u * n) * K_SLICE + kk];
+                for (var j = 0u; j < TC; j++) {
+                    sv[j] = arena[ss + kk * V_BLOCK + c + 16u * j];
+                }
+                for (var ii = 0u; ii < 4u; ii++) {
+                    for (var j = 0u; j < TC; j++) {
+                        u[ii * 4u + j] += kr[ii] * sv[j];
+                        qs[ii * 4u + j] += qr[ii] * sv[j];
+                    }
+                    for (var jj = 0u; jj < 4u; jj++) {
+                        p[ii * 4u + jj] += qr[ii] * kcol[jj];
+                    }
                 }
             }
         }
         workgroupBarrier();
 
         // W = V − γ ⊙ U into the tile; Γ ⊙ A ⊙ β_col into the triangle.
-        let gam_row = gam_s[row];
-        for (var n = 0u; n < O_REGS; n++) {
-            let col = cg + 4u * n;
-            var vx = 0.0;
-            if (row < len) {
-                vx = elem_to_f32(v_buf[((base + row) * hv_count + hv) * v_dim + v0 + col]);
-            }
-            arena[ws + row * V_BLOCK + col] = vx - gam_row * u[n];
-        }
-        let a_row = ((base + row) * hv_count + hv) * CHUNK;
-        for (var n = 0u; n < 16u; n++) {
-            let j = cg + 4u * n;
-            if (j <= row) {
-                var a = 0.0;
-                if (row < len) {
-                    a = a_buf[a_row + j];
+        for (var ii = 0u; ii < 4u; ii++) {
+            let i = row0 + ii;
+            let gi = gam_s[i];
+            for (var j = 0u; j < TC; j++) {
+                let col = c + 16u * j;
+                var vx = 0.0;
+                if (i < len && v0 + col < v_dim) {
+                    vx = elem_to_f32(v_buf[((base + i) * hv_count + hv) * v_dim + v0 + col]);
                 }
-                arena[tr + tri(row, j)] = a * exp(g_s[row] - g_s[j]) * b_s[j];
+                arena[ws + i * V_BLOCK + col] = vx - gi * u[ii * 4u + j];
+            }
+            for (var jj = 0u; jj < 4u; jj++) {
+                let j = c + 16u * jj;
+                var gm = 0.0;
+                if (j <= i) {
+                    gm = exp(g_s[i] - g_s[j]);
+                    var a = 0.0;
+                    if (i < len) {
+                        a = a_buf[((base + i) * hv_count + hv) * CHUNK + j];
+                    }
+                    arena[tr + tri(i, j)] = a * gm * b_s[j];
+                }
+                gam[ii * 4u + jj] = gm;
             }
         }
         workgroupBarrier();
 
-        // V' = (Γ ⊙ A ⊙ β_col) W, kept in u.
-        for (var n = 0u; n < O_REGS; n++) {
-            let col = cg + 4u * n;
-            var acc = 0.0;
-            for (var j = 0u; j <= row; j++) {
-                acc += arena[tr + tri(row, j)] * arena[ws + j * V_BLOCK + col];
+        // V' = (Γ ⊙ A ⊙ β_col) W over j ≤ i, kept in u.
+        for (var n = 0u; n < 16u; n++) {
+            u[n] = 0.0;
+        }
+        for (var j = 0u; j < row0 + 4u; j++) {
+            var a: array<f32, 4>;
+            for (var ii = 0u; ii < 4u; ii++) {
+                let i = row0 + ii;
+                a[ii] = select(0.0, arena[tr + tri(i, min(j, i))], j <= i);
             }
-            u[n] = acc;
+            for (var jc = 0u; jc < TC; jc++) {
+                let w = arena[ws + j * V_BLOCK + c + 16u * jc];
+                for (var ii = 0u; ii < 4u; ii++) {
+                    u[ii * 4u + jc] += a[ii] * w;
+                }
+            }
         }
         workgroupBarrier();
-        for (var n = 0u; n < O_REGS; n++) {
-            arena[ws + row * V_BLOCK + cg + 4u * n] = u[n];
-        }
-        for (var n = 0u; n < 16u; n++) {
-            let j = cg + 4u * n;
-            if (j <= row) {
-                arena[tr + tri(row, j)] = p[n] * exp(g_s[row] - g_s[j]);
+        for (var ii = 0u; ii < 4u; ii++) {
+            let i = row0 + ii;
+            for (var j = 0u; j < TC; j++) {
+                arena[ws + i * V_BLOCK + c + 16u * j] = u[ii * 4u + j];
+            }
+            for (var jj = 0u; jj < 4u; jj++) {
+                let j = c + 16u * jj;
+                if (j <= i) {
+                    arena[tr + tri(i, j)] = p[ii * 4u + jj] * gam[ii * 4u + jj];
+                }
             }
         }
         workgroupBarrier();
 
         // O = scale · (γ ⊙ QS + (Γ ⊙ P) V').
-        if (row < len) {
-            for (var n = 0u; n < O_REGS; n++) {
-                let col = cg + 4u * n;
-                var acc = gam_row * qs[n];
-                for (var j = 0u; j <= row; j++) {
-                    acc += arena[tr + tri(row, j)] * arena[ws + j * V_BLOCK + col];
+        for (var ii = 0u; ii < 4u; ii++) {
+            let gi = gam_s[row0 + ii];
+            for (var j = 0u; j < TC; j++) {
+                qs[ii * 4u + j] *= gi;
+            }
+        }
+        for (var j = 0u; j < row0 + 4u; j++) {
+            var pm: array<f32, 4>;
+            for (var ii = 0u; ii < 4u; ii++) {
+                let i = row0 + ii;
+                pm[ii] = select(0.0, arena[tr + tri(i, min(j, i))], j <= i);
+            }
+            for (var jc = 0u; jc < TC; jc++) {
+                let vd = arena[ws + j * V_BLOCK + c + 16u * jc];
+                for (var ii = 0u; ii < 4u; ii++) {
+                    qs[ii * 4u + jc] += pm[ii] * vd;
                 }
-                o_buf[((base + row) * hv_count + hv) * v_dim + v0 + col] = f32_to_elem(params.scale * acc);
+            }
+        }
+        for (var ii = 0u; ii < 4u; ii++) {
+            let i = row0 + ii;
+            for (var j = 0u; j < TC; j++) {
+                let col = c + 16u * j;
+                if (i < len && v0 + col < v_dim) {
+                    o_buf[((base + i) * hv_count + hv) * v_dim + v0 + col] = f32_to_elem(params.scale * qs[ii * 4u + j]);
+                }
             }
         }
 
-        // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'), K streamed in slices again.
-        for (var m = 0u; m < S_REGS; m++) {
+        // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'), K staged in 8-token slices.
+        for (var n = 0u; n < 64u; n++) {
+            s[n] *= gam_c;
+        }
+        for (var i0 = 0u; i0 < CHUNK; i0 += T_SLICE) {
             workgroupBarrier();
-            for (var j = 0u; j < 64u / V_BLOCK; j++) {
-                let e = t + WG * j;
-                let i = e / K_SLICE;
+            for (var e = t; e < T_SLICE * K_DIM; e += 256u) {
+                let i = i0 + e / K_DIM;
+                let k = e % K_DIM;
                 var kx = 0.0;
                 if (i < len) {
-                    kx = elem_to_f32(k_buf[((base + i) * h_count + h) * K_DIM + m * K_SLICE + e % K_SLICE]);
+                    kx = elem_to_f32(k_buf[((base + i) * h_count + h) * K_DIM + k]);
                 }
-                arena[kc + e] = kx;
+                arena[kt + (e / K_DIM) * T_PITCH + k] = kx;
             }
             workgroupBarrier();
-            var acc = 0.0;
-            for (var i = 0u; i < CHUNK; i++) {
-                acc += arena[kc + i * K_SLICE + s_k] * dec_s[i] * arena[ws + i * V_BLOCK + s_v];
+            for (var di = 0u; di < T_SLICE; di++) {
+                let d = dec_s[i0 + di];
+                var vd: array<f32, 4>;
+                for (var j = 0u; j < TC; j++) {
+                    vd[j] = d * arena[ws + (i0 + di) * V_BLOCK + c + 16u * j];
+                }
+                for (var kb = 0u; kb < KB; kb++) {
+                    for (var ii = 0u; ii < 4u; ii++) {
+                        let k = min(row0 + ii + 64u * kb, K_DIM - 1u);
+                        let kx = arena[kt + di * T_PITCH + k];
+                        for (var j = 0u; j < TC; j++) {
+                            s[(kb * 4u + ii) * 4u + j] += kx * vd[j];
+                        }
+                    }
+                }
             }
-            s[m] = gam_c * s[m] + acc;
         }
     }
 
-    for (var m = 0u; m < S_REGS; m++) {
-        state[state_index(state_base, m * K_SLICE + s_k, v0 + s_v, v_first)] = s[m];
+    for (var kb = 0u; kb < KB; kb++) {
+        for (var ii = 0u; ii < 4u; ii++) {
+            for (var j = 0u; j < TC; j++) {
+                let k = row0 + ii + 64u * kb;
+                let v = v0 + c + 16u * j;
+                if (k < K_DIM && v < v_dim) {
+                    state[state_index(state_base, k, v, v_first)] = s[(kb * 4u + ii) * 4u + j];
+                }
+            }
+        }
     }
 }

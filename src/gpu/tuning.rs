@@ -20,12 +20,15 @@ pub struct Tuning {
     pub forced_v_block: Option<u32>,
 }
 
-/// f32 words of workgroup memory `state_scan` needs at V-block width `bv`.
+/// f32 words of workgroup memory `state_scan` needs at V-block width `bv` (mirrors the
+/// layout in `shaders/forward/state_scan.wgsl`): the 64 × bv W/V' tile, then one region reused
+/// for the K/Q slices (64 × 17 each) plus a 16 × bv state slice, the packed 64×64 lower
+/// triangle, and the 8 × (K+1) token slices of the state update (≤ 2056 words for K ≤ 256).
 pub fn state_scan_arena_words(bv: u32) -> u32 {
-    let k_slice = WORKGROUP / bv;
-    let staging = 2 * 64 * k_slice + WORKGROUP; // K, Q slices + one state slice
-    let triangle = 64 * 65 / 2; // a packed lower-triangular 64×64 matrix
-    64 * bv + staging.max(triangle)
+    let slices = 2 * 64 * 17 + 16 * bv;
+    let triangle = 64 * 65 / 2;
+    let token_slices = 8 * (256 + 1);
+    64 * bv + slices.max(triangle).max(token_slices)
 }
 
 /// Total workgroup bytes of `state_scan` (arena + four 64-vectors).
@@ -64,16 +67,17 @@ impl Tuning {
 
     /// V-block width for `state_scan`: the widest that fits and divides V, narrowed while the
     /// grid (sequences × v-heads × V-blocks) has fewer than 256 workgroups, since the scan is
-    /// sequential per workgroup and a small grid leaves the GPU idle.
+    /// sequential per workgroup and a small grid leaves the GPU idle. A forced width that fits
+    /// is used even when it does not divide V (the kernel masks the columns past V).
     pub fn state_scan_v_block(&self, problem: &Problem) -> u32 {
         let v = problem.value_dim as u32;
-        let fits: Vec<u32> = self.v_blocks.iter().copied().filter(|bv| v % bv == 0).collect();
-        if let Some(f) = self.forced_v_block.filter(|f| fits.contains(f)) {
+        if let Some(f) = self.forced_v_block.filter(|f| self.v_blocks.contains(f)) {
             return f;
         }
+        let dividing: Vec<u32> = self.v_blocks.iter().copied().filter(|bv| v % bv == 0).collect();
         let base = (problem.num_sequences() * problem.heads_v) as u32;
-        let mut choice = fits[0];
-        for &bv in &fits {
+        let mut choice = dividing[0];
+        for &bv in &dividing {
             choice = bv;
             if base * (v / bv) >= 256 {
                 break;

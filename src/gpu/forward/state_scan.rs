@@ -55,7 +55,7 @@ pub fn state_scan(
         "state_scan",
         &[params, &bufs.q.buffer, &bufs.k.buffer, &bufs.v.buffer, &bufs.gate_beta.buffer, &bufs.a.buffer, bufs.segments, &bufs.state.buffer, &bufs.o.buffer],
     );
-    let grid = (num_segments as u32, heads_v as u32, (value_dim as u32) / v_block);
+    let grid = (num_segments as u32, heads_v as u32, (value_dim as u32).div_ceil(v_block));
     dispatch(encoder, "state_scan", &pipeline, &bg, grid);
     Ok(())
 }
