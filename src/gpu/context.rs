@@ -87,15 +87,23 @@ impl Context {
         pollster::block_on(Self::new())
     }
 
-    /// A context on a given adapter.
+    /// A context on a given adapter, requesting the adapter's limits.
     pub async fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
+        // The defaults (16 KiB workgroup memory, 128 MiB bindings) are far below what
+        // desktop GPUs offer; the tile choice adapts to whatever is granted.
+        let limits = adapter.limits();
+        Self::from_adapter_with_limits(adapter, limits).await
+    }
+
+    /// A context on a given adapter with the limits the caller asks for, e.g.
+    /// `wgpu::Limits::default()` (WebGPU's defaults, which every implementation grants): the
+    /// kernels pick their tiles from what the device ends up with.
+    pub async fn from_adapter_with_limits(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Self> {
         let info = adapter.get_info();
         let desc = wgpu::DeviceDescriptor {
             label: Some("gdn-wgpu"),
             required_features: wanted_features(adapter.features()),
-            // The defaults (16 KiB workgroup memory, 128 MiB bindings) are far below what
-            // desktop GPUs offer; the tile choice adapts to whatever is granted.
-            required_limits: adapter.limits(),
+            required_limits: limits,
             ..Default::default()
         };
         let (device, queue) = adapter.request_device(&desc).await.map_err(|e| Error::RequestDevice(e.to_string()))?;

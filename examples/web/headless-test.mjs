@@ -1,0 +1,84 @@
+// Headless check of the page: serve www/ on 127.0.0.1, open it in Debian's Chromium with
+// WebGPU enabled (playwright-core drives /usr/bin/chromium; it never downloads a browser), run a
+// fixed small problem, print the adapter and the errors, and exit 0 only when the page reports
+// a relative error under the tolerance.
+//     node headless-test.mjs [--chromium /usr/bin/chromium] [--timeout-s 300] [URL query, e.g. T=200&HV=4]
+import { chromium } from "playwright-core";
+import { serve } from "./serve.mjs";
+
+const args = process.argv.slice(2);
+const opt = (name, fallback) => {
+  const i = args.indexOf(name);
+  return i >= 0 ? args.splice(i, 2)[1] : fallback;
+};
+const executablePath = opt("--chromium", process.env.CHROMIUM ?? "/usr/bin/chromium");
+const timeoutMs = 1000 * Number(opt("--timeout-s", 300));
+// The fixed problem: GVA (HV = 2H), K != V, a partial last chunk (200 = 3·64 + 8), decode steps
+// continuing from the forward's state, WebGPU's default limits.
+const query = new URLSearchParams("T=200&H=2&HV=4&K=64&V=32&steps=3&seed=7&defaults=1&tol=1e-4");
+for (const [k, v] of new URLSearchParams(args[0] ?? "")) query.set(k, v);
+query.set("autorun", "1");
+
+const t0 = Date.now();
+const log = (msg) => console.log(`headless-test [${((Date.now() - t0) / 1000).toFixed(1)}s] ${msg}`);
+
+const server = await serve(0);
+const url = `http://127.0.0.1:${server.address().port}/?${query}`;
+// Flags: headless without a GPU, no network chatter on a closed network, and WebGPU (which
+// then comes from SwiftShader). playwright adds --headless, --no-sandbox and a fresh profile dir.
+const browser = await chromium.launch({
+  executablePath,
+  headless: true,
+  args: [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--enable-unsafe-webgpu",
+  ],
+});
+let code = 1;
+try {
+  log(`${browser.version()} at ${executablePath}`);
+  const page = await browser.newPage();
+  page.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") log(`page ${m.type()}: ${m.text()}`); });
+  page.on("pageerror", (e) => log(`page error: ${e.message}`));
+  log(`opening ${url}`);
+  await page.goto(url);
+  const adapter = (await page.locator("#adapter").innerText().catch(() => "")).trim();
+  // Wait on the result, not on load: the WebGPU work is asynchronous.
+  await page.waitForSelector("#status[data-state=done], #status[data-state=fail], #status[data-state=error], #status[data-state=no-webgpu]", { timeout: timeoutMs });
+  const result = await page.evaluate(() => window.gdnResult);
+  log(`browser adapter:\n${adapter.replace(/^/gm, "    ")}`);
+  if (result.report) {
+    const r = JSON.parse(result.report);
+    const ms = (x) => (x === null ? "n/a" : `${x.toFixed(2)} ms`);
+    log(`device: ${r.adapter || result.adapter} (wgpu: ${r.backend}, ${r.device_type}); limits: ${r.limits}, ` +
+      `workgroup memory ${r.workgroup_bytes} B, ${r.storage_buffers} storage buffers; V-block ${r.v_block}`);
+    log(`features: ${r.features.join(", ") || "none"}`);
+    log(`forward T=${r.forward.tokens}: checksum ${r.forward.checksum}, rel error o ${r.forward.rel_o}, GPU ${ms(r.forward.gpu_ms)}, wall ${ms(r.forward.wall_ms)}`);
+    if (r.decode) {
+      log(`decode ${r.decode.tokens} steps: checksum ${r.decode.checksum}, rel error o ${r.decode.rel_o}, state ${r.decode.rel_state}, GPU ${ms(r.decode.gpu_ms)}, wall ${ms(r.decode.wall_ms)}`);
+    }
+    log(`oracle (wasm): ${ms(r.oracle_ms)}`);
+  }
+  log(`page says: ${result.text}`);
+  code = result.state === "done" ? 0 : 1;
+
+  // The page must say plainly when WebGPU is missing: hide navigator.gpu and look.
+  const bare = await browser.newPage();
+  await bare.addInitScript(() => { delete Navigator.prototype.gpu; });
+  await bare.goto(url);
+  await bare.waitForSelector("#status:not([data-state=loading])", { timeout: 30000 });
+  const missing = await bare.evaluate(() => window.gdnResult ?? { state: document.getElementById("status").dataset.state });
+  log(`without navigator.gpu the page says (${missing.state}): ${missing.text}`);
+  if (missing.state !== "no-webgpu") {
+    log("expected the no-webgpu state");
+    code = 1;
+  }
+} catch (e) {
+  log(`failed: ${e.message}`);
+} finally {
+  await browser.close();
+  server.close();
+}
+log(code === 0 ? "PASS" : "FAIL");
+process.exit(code);

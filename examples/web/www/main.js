@@ -1,0 +1,125 @@
+// The page: checks for WebGPU, loads the wasm module built by build.sh, runs the demo with the
+// sizes from the form and shows the report. URL parameters fill the form (T, H, HV, K, V,
+// steps, seed, defaults=0|1, tol) and `autorun=1` runs at once (the headless test uses it).
+// The outcome is in #status: data-state = done | fail | error | no-webgpu, data-max-rel.
+
+const $ = (id) => document.getElementById(id);
+const form = $("form");
+const params = new URLSearchParams(location.search);
+const tolerance = Number(params.get("tol") ?? 1e-4);
+
+function setStatus(state, text, extra = {}) {
+  const el = $("status");
+  el.dataset.state = state;
+  el.textContent = text;
+  for (const [k, v] of Object.entries(extra)) el.dataset[k] = v;
+  window.gdnResult = { state, text, ...extra };
+}
+
+const fmt = (x, digits = 3) => (x === null || x === undefined ? "—" : Number(x).toPrecision(digits));
+const fmtMs = (x) => (x === null || x === undefined ? "n/a" : `${Number(x).toFixed(2)} ms`);
+
+for (const [name, value] of params) {
+  const input = form.elements[name];
+  if (!input) continue;
+  if (input.type === "checkbox") input.checked = value !== "0" && value !== "false";
+  else input.value = value;
+}
+
+async function describeAdapter() {
+  if (!("gpu" in navigator)) return null;
+  const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+  if (!adapter) return null;
+  const info = adapter.info ?? {};
+  const fallback = info.isFallbackAdapter ?? adapter.isFallbackAdapter ?? false;
+  const l = adapter.limits;
+  const name = [info.vendor, info.architecture, info.device, info.description].filter(Boolean).join(" / ") || "(no name given)";
+  $("adapter").innerHTML = `
+    <table>
+      <tr><th>adapter</th><td>${name}${fallback ? " (fallback adapter, e.g. SwiftShader on the CPU)" : ""}</td></tr>
+      <tr><th>features</th><td>${[...adapter.features].sort().join(", ") || "none"}</td></tr>
+      <tr><th>adapter limits</th><td>workgroup memory ${l.maxComputeWorkgroupStorageSize} B,
+        ${l.maxComputeInvocationsPerWorkgroup} invocations, ${l.maxStorageBuffersPerShaderStage} storage buffers per stage,
+        ${l.maxStorageBufferBindingSize} B per binding</td></tr>
+    </table>`;
+  return { name, fallback, features: [...adapter.features].sort() };
+}
+
+let adapterName = "the WebGPU adapter";
+
+function render(r, ok) {
+  const phase = (label, p) => p ? `
+    <tr><th>${label}</th><td class="num">${p.tokens}</td><td class="num">${fmt(p.checksum, 8)}</td>
+      <td class="num">${fmt(p.abs_sum, 8)}</td><td class="num">${fmt(p.rel_o)}</td>
+      <td class="num">${p.rel_state === null ? "—" : fmt(p.rel_state)}</td>
+      <td class="num">${fmtMs(p.gpu_ms)}</td><td class="num">${fmtMs(p.wall_ms)}</td></tr>` : "";
+  $("report").innerHTML = `
+    <table>
+      <tr><th></th><th>tokens</th><th>Σ o</th><th>Σ |o|</th><th>rel. error o</th><th>rel. error state</th><th>GPU time</th><th>wall time</th></tr>
+      ${phase("forward", r.forward)}
+      ${phase("decode steps", r.decode)}
+    </table>
+    <p>Largest relative L2 error against the f64 oracle: <b>${fmt(r.max_rel)}</b>
+      (${ok ? "within" : "NOT within"} tolerance ${tolerance}); the oracle checked
+      ${r.oracle_heads.length} v-head(s) in ${fmtMs(r.oracle_ms)} of wasm.</p>
+    <table>
+      <tr><th>device</th><td>${r.adapter || adapterName} — wgpu sees ${r.backend}, ${r.device_type}</td></tr>
+      <tr><th>limits requested</th><td>${r.limits}: workgroup memory ${r.workgroup_bytes} B, ${r.invocations} invocations,
+        ${r.storage_buffers} storage buffers per stage, ${r.binding_bytes} B per binding</td></tr>
+      <tr><th>features used</th><td>${r.features.join(", ") || "none"} (no shader-f16, no subgroups)</td></tr>
+      <tr><th>state_scan V-block</th><td>${r.v_block}</td></tr>
+    </table>
+    <p class="muted">GPU time: timestamp queries around the passes (needs the adapter's timestamp-query;
+      browsers may coarsen them). Wall time: performance.now() from recording to results back, including
+      first-use shader compilation. Decode steps currently run the chunked forward on one token each.</p>`;
+}
+
+async function run(wasm) {
+  const f = form.elements;
+  const n = (name) => Math.max(0, Math.floor(Number(f[name].value)));
+  $("run").disabled = true;
+  setStatus("running", "Running…");
+  try {
+    const json = await wasm.run_demo(n("T"), n("H"), n("HV"), n("K"), n("V"), n("steps"), n("seed"), f.defaults.checked);
+    const r = JSON.parse(json);
+    const ok = r.max_rel !== null && r.max_rel < tolerance;
+    render(r, ok);
+    setStatus(ok ? "done" : "fail",
+      `${ok ? "OK" : "FAILED"}: largest relative error ${fmt(r.max_rel)} (tolerance ${tolerance}) on ${r.adapter || adapterName}`,
+      { maxRel: String(r.max_rel), adapter: adapterName, report: json });
+  } catch (e) {
+    setStatus("error", `Error: ${e && e.message ? e.message : e}`);
+  } finally {
+    $("run").disabled = false;
+  }
+}
+
+async function main() {
+  if (!("gpu" in navigator)) {
+    setStatus("no-webgpu", "WebGPU is not available in this browser (navigator.gpu is missing). " +
+      "Use a browser with WebGPU (Chrome/Edge 113+, or Chromium started with --enable-unsafe-webgpu), " +
+      "over https or http://localhost.");
+    return;
+  }
+  const adapter = await describeAdapter();
+  if (!adapter) {
+    setStatus("no-webgpu", "WebGPU is present but the browser gave no adapter (navigator.gpu.requestAdapter() returned null): " +
+      "it may be disabled or blocklisted for this GPU. In Chromium, --enable-unsafe-webgpu enables it.");
+    return;
+  }
+  adapterName = adapter.name + (adapter.fallback ? " (fallback adapter)" : "");
+  let wasm;
+  try {
+    wasm = await import("./pkg/gdn_web.js");
+    await wasm.default();
+  } catch (e) {
+    setStatus("error", `Could not load the wasm module (build it with examples/web/build.sh): ${e}`);
+    return;
+  }
+  form.addEventListener("submit", (ev) => { ev.preventDefault(); run(wasm); });
+  $("run").disabled = false;
+  setStatus("ready", `Ready on ${adapter.name}. Choose sizes and press Run.`);
+  if (params.get("autorun") === "1") await run(wasm);
+}
+
+main();
