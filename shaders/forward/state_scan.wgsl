@@ -13,7 +13,9 @@
 //
 // Register tiling: invocation (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 of every 64-row
 // tile and columns c + 16j (j < TC = V_BLOCK / 16) of the V-block, and rows 4r + ii + 64kb of
-// the state. Each shared-memory load feeds several FMAs.
+// the state. Each shared-memory load feeds several FMAs. Tiles are named vec4 registers (one
+// per row, lanes = columns), never private arrays indexed in loops: drivers do not reliably
+// unroll naga's loops, and an indexed private array then lives in slow local memory.
 //
 // Partial chunks: rows past the end load k = q = v = 0, A = 0, β = 0 and G = G_last, so
 // they contribute nothing and γ_C/γ = 1 there. Columns past V (when V is not a multiple of
@@ -37,8 +39,8 @@
 override K_DIM: u32;
 override V_BLOCK: u32;                    // 16, 32 or 64
 override ARENA: u32;
-override TC: u32 = V_BLOCK / 16u;         // columns per invocation
-override KB: u32 = (K_DIM + 63u) / 64u;   // 64-row state blocks
+override TC: u32 = V_BLOCK / 16u;         // columns per invocation: 1, 2 or 4
+override KB: u32 = (K_DIM + 63u) / 64u;   // 64-row state blocks: 1..4
 const K_SLICE: u32 = 16u;
 const K_PITCH: u32 = 17u;                 // padded row pitch of the K/Q slices (no bank conflicts)
 const T_SLICE: u32 = 8u;                  // tokens per K slice of the state update
@@ -54,11 +56,141 @@ fn tri(i: u32, j: u32) -> u32 {
     return i * (i + 1u) / 2u + j;
 }
 
+// Entry (i, j) of a packed lower triangle at `base`, 0 above the diagonal.
+fn tri_or_zero(base: u32, i: u32, j: u32) -> f32 {
+    return select(0.0, arena[base + tri(i, min(j, i))], j <= i);
+}
+
+// The invocation's columns c + 16 j (j < TC) of a row starting at `base`; other lanes 0.
+fn cols4(base: u32, c: u32) -> vec4<f32> {
+    var x = vec4<f32>(arena[base + c], 0.0, 0.0, 0.0);
+    if (TC > 1u) {
+        x.y = arena[base + c + 16u];
+    }
+    if (TC > 2u) {
+        x.z = arena[base + c + 32u];
+        x.w = arena[base + c + 48u];
+    }
+    return x;
+}
+
+fn store_cols4(base: u32, c: u32, x: vec4<f32>) {
+    arena[base + c] = x.x;
+    if (TC > 1u) {
+        arena[base + c + 16u] = x.y;
+    }
+    if (TC > 2u) {
+        arena[base + c + 32u] = x.z;
+        arena[base + c + 48u] = x.w;
+    }
+}
+
+// Column `kk` of rows row0..row0+3 of a slice with row pitch `pitch`.
+fn rows4(base: u32, row0: u32, pitch: u32, kk: u32) -> vec4<f32> {
+    return vec4<f32>(arena[base + row0 * pitch + kk], arena[base + (row0 + 1u) * pitch + kk],
+                     arena[base + (row0 + 2u) * pitch + kk], arena[base + (row0 + 3u) * pitch + kk]);
+}
+
 fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
     if (v_first) {
         return base + v * K_DIM + k;
     }
     return base + k * params.value_dim + v;
+}
+
+// State row k at the invocation's columns (0 outside K × V).
+fn load_state(base: u32, k: u32, v0: u32, c: u32, v_first: bool) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    if (k < K_DIM) {
+        for (var j = 0u; j < TC; j++) {
+            let v = v0 + c + 16u * j;
+            if (v < params.value_dim) {
+                x[j] = state[state_index(base, k, v, v_first)];
+            }
+        }
+    }
+    return x;
+}
+
+fn store_state(base: u32, k: u32, v0: u32, c: u32, v_first: bool, x: vec4<f32>) {
+    if (k < K_DIM) {
+        for (var j = 0u; j < TC; j++) {
+            let v = v0 + c + 16u * j;
+            if (v < params.value_dim) {
+                state[state_index(base, k, v, v_first)] = x[j];
+            }
+        }
+    }
+}
+
+fn publish4(dst: u32, c: u32, a: vec4<f32>, b: vec4<f32>, d: vec4<f32>, e: vec4<f32>) {
+    store_cols4(dst, c, a);
+    store_cols4(dst + V_BLOCK, c, b);
+    store_cols4(dst + 2u * V_BLOCK, c, d);
+    store_cols4(dst + 3u * V_BLOCK, c, e);
+}
+
+// Rows row0..row0+3 of the token-slice row at `base` (the state update's K values).
+fn krow4(base: u32, k: u32) -> vec4<f32> {
+    return vec4<f32>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
+}
+
+// Γ at (i, c + 16 jj), 0 above the diagonal; the exponent is clamped so it is never > 0.
+fn gamma_row(i: u32, c: u32) -> vec4<f32> {
+    let j = vec4<u32>(c, c + 16u, c + 32u, c + 48u);
+    let gj = vec4<f32>(g_s[j.x], g_s[j.y], g_s[j.z], g_s[j.w]);
+    return select(vec4<f32>(0.0), exp(min(vec4<f32>(g_s[i]) - gj, vec4<f32>(0.0))), j <= vec4<u32>(i));
+}
+
+// Row i of v (its V-block columns), 0 past the chunk or past V.
+fn load_v(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    if (i < len) {
+        let row = ((base + i) * params.heads_v + hv) * params.value_dim;
+        for (var j = 0u; j < TC; j++) {
+            let v = v0 + c + 16u * j;
+            if (v < params.value_dim) {
+                x[j] = elem_to_f32(v_buf[row + v]);
+            }
+        }
+    }
+    return x;
+}
+
+fn store_o(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) {
+    if (i < len) {
+        let row = ((base + i) * params.heads_v + hv) * params.value_dim;
+        for (var j = 0u; j < TC; j++) {
+            let v = v0 + c + 16u * j;
+            if (v < params.value_dim) {
+                o_buf[row + v] = f32_to_elem(params.scale * x[j]);
+            }
+        }
+    }
+}
+
+// Γ ⊙ A ⊙ β_col at (i, c + 16 jj) for j ≤ i into the triangle at `tr`.
+fn store_gated_a(tr: u32, base: u32, i: u32, len: u32, hv: u32, c: u32, gm: vec4<f32>) {
+    for (var jj = 0u; jj < 4u; jj++) {
+        let j = c + 16u * jj;
+        if (j <= i) {
+            var a = 0.0;
+            if (i < len) {
+                a = a_buf[((base + i) * params.heads_v + hv) * CHUNK + j];
+            }
+            arena[tr + tri(i, j)] = a * gm[jj] * b_s[j];
+        }
+    }
+}
+
+// (Γ ⊙ P) at (i, c + 16 jj) for j ≤ i into the triangle at `tr`.
+fn store_gated_p(tr: u32, i: u32, c: u32, pg: vec4<f32>) {
+    for (var jj = 0u; jj < 4u; jj++) {
+        let j = c + 16u * jj;
+        if (j <= i) {
+            arena[tr + tri(i, j)] = pg[jj];
+        }
+    }
 }
 
 @compute @workgroup_size(256)
@@ -71,7 +203,6 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     let slot = segments[3u * seg + 2u];
     let hv_count = params.heads_v;
     let h_count = params.heads_qk;
-    let v_dim = params.value_dim;
     let h = hv / (hv_count / h_count);
     let v_first = has_flag(params.flags, FLAG_STATE_V_FIRST);
 
@@ -86,27 +217,25 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     let tr = kc;
     let kt = kc;
 
-    // State: s[(kb * 4 + ii) * 4 + j] = S[row0 + ii + 64 kb, v0 + c + 16 j].
-    let state_base = (slot * hv_count + hv) * K_DIM * v_dim;
-    var s: array<f32, 64>;
-    for (var kb = 0u; kb < KB; kb++) {
-        for (var ii = 0u; ii < 4u; ii++) {
-            for (var j = 0u; j < TC; j++) {
-                let k = row0 + ii + 64u * kb;
-                let v = v0 + c + 16u * j;
-                var x = 0.0;
-                if (k < K_DIM && v < v_dim) {
-                    x = state[state_index(state_base, k, v, v_first)];
-                }
-                s[(kb * 4u + ii) * 4u + j] = x;
-            }
-        }
-    }
+    // State rows row0 + ii + 64 kb: s[4 kb + ii].
+    let sb = (slot * hv_count + hv) * K_DIM * params.value_dim;
+    var s0 = load_state(sb, row0, v0, c, v_first);
+    var s1 = load_state(sb, row0 + 1u, v0, c, v_first);
+    var s2 = load_state(sb, row0 + 2u, v0, c, v_first);
+    var s3 = load_state(sb, row0 + 3u, v0, c, v_first);
+    var s4 = load_state(sb, row0 + 64u, v0, c, v_first);
+    var s5 = load_state(sb, row0 + 65u, v0, c, v_first);
+    var s6 = load_state(sb, row0 + 66u, v0, c, v_first);
+    var s7 = load_state(sb, row0 + 67u, v0, c, v_first);
+    var s8 = load_state(sb, row0 + 128u, v0, c, v_first);
+    var s9 = load_state(sb, row0 + 129u, v0, c, v_first);
+    var s10 = load_state(sb, row0 + 130u, v0, c, v_first);
+    var s11 = load_state(sb, row0 + 131u, v0, c, v_first);
+    var s12 = load_state(sb, row0 + 192u, v0, c, v_first);
+    var s13 = load_state(sb, row0 + 193u, v0, c, v_first);
+    var s14 = load_state(sb, row0 + 194u, v0, c, v_first);
+    var s15 = load_state(sb, row0 + 195u, v0, c, v_first);
 
-    var u: array<f32, 16>;    // U, then V'
-    var qs: array<f32, 16>;   // Q S, then O
-    var p: array<f32, 16>;    // P = Q Kᵀ at rows row0.., columns c + 16 jj
-    var gam: array<f32, 16>;  // Γ at the same positions (0 above the diagonal)
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     for (var ci = 0u; ci < n_chunks; ci++) {
         let base = seg_start + ci * CHUNK;
@@ -127,13 +256,11 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             gam_s[t] = exp(g);
             dec_s[t] = exp(g_last - g);
         }
-        for (var n = 0u; n < 16u; n++) {
-            u[n] = 0.0;
-            qs[n] = 0.0;
-            p[n] = 0.0;
-        }
 
-        // U = K S, QS = Q S, P = Q Kᵀ over 16-column slices of K.
+        // U = K S (u*), QS = Q S (o*), P = Q Kᵀ (p*) over 16-column slices of K.
+        var u0 = vec4<f32>(0.0); var u1 = vec4<f32>(0.0); var u2 = vec4<f32>(0.0); var u3 = vec4<f32>(0.0);
+        var o0 = vec4<f32>(0.0); var o1 = vec4<f32>(0.0); var o2 = vec4<f32>(0.0); var o3 = vec4<f32>(0.0);
+        var p0 = vec4<f32>(0.0); var p1 = vec4<f32>(0.0); var p2 = vec4<f32>(0.0); var p3 = vec4<f32>(0.0);
         for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
             workgroupBarrier();
             for (var e = t; e < 64u * K_SLICE; e += 256u) {
@@ -150,176 +277,144 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
                 arena[qc + i * K_PITCH + kk] = qx;
             }
             // The owners of state rows k0..k0+15 publish them.
-            let kb0 = k0 / 64u;
-            let rr = row0 - k0 % 64u;
-            if (row0 >= k0 % 64u && rr < K_SLICE) {
-                for (var ii = 0u; ii < 4u; ii++) {
-                    for (var j = 0u; j < TC; j++) {
-                        arena[ss + (rr + ii) * V_BLOCK + c + 16u * j] = s[(kb0 * 4u + ii) * 4u + j];
-                    }
+            let in_block = k0 % 64u;
+            if (row0 >= in_block && row0 - in_block < K_SLICE) {
+                let dst = ss + (row0 - in_block) * V_BLOCK;
+                switch (k0 / 64u) {
+                    case 0u: { publish4(dst, c, s0, s1, s2, s3); }
+                    case 1u: { publish4(dst, c, s4, s5, s6, s7); }
+                    case 2u: { publish4(dst, c, s8, s9, s10, s11); }
+                    default: { publish4(dst, c, s12, s13, s14, s15); }
                 }
             }
             workgroupBarrier();
             for (var kk = 0u; kk < K_SLICE; kk++) {
-                var kr: array<f32, 4>;
-                var qr: array<f32, 4>;
-                var kcol: array<f32, 4>;
-                var sv: array<f32, 4>;
-                for (var ii = 0u; ii < 4u; ii++) {
-                    kr[ii] = arena[kc + (row0 + ii) * K_PITCH + kk];
-                    qr[ii] = arena[qc + (row0 + ii) * K_PITCH + kk];
-                    kcol[ii] = arena[kc + (c + 16u * ii) * K_PITCH + kk];
-                }
-                for (var j = 0u; j < TC; j++) {
-                    sv[j] = arena[ss + kk * V_BLOCK + c + 16u * j];
-                }
-                for (var ii = 0u; ii < 4u; ii++) {
-                    for (var j = 0u; j < TC; j++) {
-                        u[ii * 4u + j] += kr[ii] * sv[j];
-                        qs[ii * 4u + j] += qr[ii] * sv[j];
-                    }
-                    for (var jj = 0u; jj < 4u; jj++) {
-                        p[ii * 4u + jj] += qr[ii] * kcol[jj];
-                    }
-                }
+                let kr = rows4(kc, row0, K_PITCH, kk);
+                let qr = rows4(qc, row0, K_PITCH, kk);
+                let kcol = vec4<f32>(arena[kc + c * K_PITCH + kk], arena[kc + (c + 16u) * K_PITCH + kk],
+                                     arena[kc + (c + 32u) * K_PITCH + kk], arena[kc + (c + 48u) * K_PITCH + kk]);
+                let sv = cols4(ss + kk * V_BLOCK, c);
+                u0 += kr.x * sv;
+                u1 += kr.y * sv;
+                u2 += kr.z * sv;
+                u3 += kr.w * sv;
+                o0 += qr.x * sv;
+                o1 += qr.y * sv;
+                o2 += qr.z * sv;
+                o3 += qr.w * sv;
+                p0 += qr.x * kcol;
+                p1 += qr.y * kcol;
+                p2 += qr.z * kcol;
+                p3 += qr.w * kcol;
             }
         }
         workgroupBarrier();
 
         // W = V − γ ⊙ U into the tile; Γ ⊙ A ⊙ β_col into the triangle.
-        for (var ii = 0u; ii < 4u; ii++) {
-            let i = row0 + ii;
-            let gi = gam_s[i];
-            for (var j = 0u; j < TC; j++) {
-                let col = c + 16u * j;
-                var vx = 0.0;
-                if (i < len && v0 + col < v_dim) {
-                    vx = elem_to_f32(v_buf[((base + i) * hv_count + hv) * v_dim + v0 + col]);
-                }
-                arena[ws + i * V_BLOCK + col] = vx - gi * u[ii * 4u + j];
-            }
-            for (var jj = 0u; jj < 4u; jj++) {
-                let j = c + 16u * jj;
-                var gm = 0.0;
-                if (j <= i) {
-                    gm = exp(g_s[i] - g_s[j]);
-                    var a = 0.0;
-                    if (i < len) {
-                        a = a_buf[((base + i) * hv_count + hv) * CHUNK + j];
-                    }
-                    arena[tr + tri(i, j)] = a * gm * b_s[j];
-                }
-                gam[ii * 4u + jj] = gm;
-            }
-        }
+        store_cols4(ws + row0 * V_BLOCK, c, load_v(base, row0, len, hv, v0, c) - gam_s[row0] * u0);
+        store_cols4(ws + (row0 + 1u) * V_BLOCK, c, load_v(base, row0 + 1u, len, hv, v0, c) - gam_s[row0 + 1u] * u1);
+        store_cols4(ws + (row0 + 2u) * V_BLOCK, c, load_v(base, row0 + 2u, len, hv, v0, c) - gam_s[row0 + 2u] * u2);
+        store_cols4(ws + (row0 + 3u) * V_BLOCK, c, load_v(base, row0 + 3u, len, hv, v0, c) - gam_s[row0 + 3u] * u3);
+        let gm0 = gamma_row(row0, c);
+        let gm1 = gamma_row(row0 + 1u, c);
+        let gm2 = gamma_row(row0 + 2u, c);
+        let gm3 = gamma_row(row0 + 3u, c);
+        store_gated_a(tr, base, row0, len, hv, c, gm0);
+        store_gated_a(tr, base, row0 + 1u, len, hv, c, gm1);
+        store_gated_a(tr, base, row0 + 2u, len, hv, c, gm2);
+        store_gated_a(tr, base, row0 + 3u, len, hv, c, gm3);
         workgroupBarrier();
 
-        // V' = (Γ ⊙ A ⊙ β_col) W over j ≤ i, kept in u.
-        for (var n = 0u; n < 16u; n++) {
-            u[n] = 0.0;
-        }
+        // V' = (Γ ⊙ A ⊙ β_col) W over j ≤ i, into u*.
+        u0 = vec4<f32>(0.0); u1 = vec4<f32>(0.0); u2 = vec4<f32>(0.0); u3 = vec4<f32>(0.0);
         for (var j = 0u; j < row0 + 4u; j++) {
-            var a: array<f32, 4>;
-            for (var ii = 0u; ii < 4u; ii++) {
-                let i = row0 + ii;
-                a[ii] = select(0.0, arena[tr + tri(i, min(j, i))], j <= i);
-            }
-            for (var jc = 0u; jc < TC; jc++) {
-                let w = arena[ws + j * V_BLOCK + c + 16u * jc];
-                for (var ii = 0u; ii < 4u; ii++) {
-                    u[ii * 4u + jc] += a[ii] * w;
-                }
-            }
+            let w = cols4(ws + j * V_BLOCK, c);
+            u0 += tri_or_zero(tr, row0, j) * w;
+            u1 += tri_or_zero(tr, row0 + 1u, j) * w;
+            u2 += tri_or_zero(tr, row0 + 2u, j) * w;
+            u3 += tri_or_zero(tr, row0 + 3u, j) * w;
         }
         workgroupBarrier();
-        for (var ii = 0u; ii < 4u; ii++) {
-            let i = row0 + ii;
-            for (var j = 0u; j < TC; j++) {
-                arena[ws + i * V_BLOCK + c + 16u * j] = u[ii * 4u + j];
-            }
-            for (var jj = 0u; jj < 4u; jj++) {
-                let j = c + 16u * jj;
-                if (j <= i) {
-                    arena[tr + tri(i, j)] = p[ii * 4u + jj] * gam[ii * 4u + jj];
-                }
-            }
-        }
+        store_cols4(ws + row0 * V_BLOCK, c, u0);
+        store_cols4(ws + (row0 + 1u) * V_BLOCK, c, u1);
+        store_cols4(ws + (row0 + 2u) * V_BLOCK, c, u2);
+        store_cols4(ws + (row0 + 3u) * V_BLOCK, c, u3);
+        store_gated_p(tr, row0, c, p0 * gm0);
+        store_gated_p(tr, row0 + 1u, c, p1 * gm1);
+        store_gated_p(tr, row0 + 2u, c, p2 * gm2);
+        store_gated_p(tr, row0 + 3u, c, p3 * gm3);
         workgroupBarrier();
 
         // O = scale · (γ ⊙ QS + (Γ ⊙ P) V').
-        for (var ii = 0u; ii < 4u; ii++) {
-            let gi = gam_s[row0 + ii];
-            for (var j = 0u; j < TC; j++) {
-                qs[ii * 4u + j] *= gi;
-            }
-        }
+        o0 *= gam_s[row0];
+        o1 *= gam_s[row0 + 1u];
+        o2 *= gam_s[row0 + 2u];
+        o3 *= gam_s[row0 + 3u];
         for (var j = 0u; j < row0 + 4u; j++) {
-            var pm: array<f32, 4>;
-            for (var ii = 0u; ii < 4u; ii++) {
-                let i = row0 + ii;
-                pm[ii] = select(0.0, arena[tr + tri(i, min(j, i))], j <= i);
-            }
-            for (var jc = 0u; jc < TC; jc++) {
-                let vd = arena[ws + j * V_BLOCK + c + 16u * jc];
-                for (var ii = 0u; ii < 4u; ii++) {
-                    qs[ii * 4u + jc] += pm[ii] * vd;
-                }
-            }
+            let vd = cols4(ws + j * V_BLOCK, c);
+            o0 += tri_or_zero(tr, row0, j) * vd;
+            o1 += tri_or_zero(tr, row0 + 1u, j) * vd;
+            o2 += tri_or_zero(tr, row0 + 2u, j) * vd;
+            o3 += tri_or_zero(tr, row0 + 3u, j) * vd;
         }
-        for (var ii = 0u; ii < 4u; ii++) {
-            let i = row0 + ii;
-            for (var j = 0u; j < TC; j++) {
-                let col = c + 16u * j;
-                if (i < len && v0 + col < v_dim) {
-                    o_buf[((base + i) * hv_count + hv) * v_dim + v0 + col] = f32_to_elem(params.scale * qs[ii * 4u + j]);
-                }
-            }
-        }
+        store_o(base, row0, len, hv, v0, c, o0);
+        store_o(base, row0 + 1u, len, hv, v0, c, o1);
+        store_o(base, row0 + 2u, len, hv, v0, c, o2);
+        store_o(base, row0 + 3u, len, hv, v0, c, o3);
 
         // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'), K staged in 8-token slices.
-        for (var n = 0u; n < 64u; n++) {
-            s[n] *= gam_c;
-        }
+        s0 *= gam_c; s1 *= gam_c; s2 *= gam_c; s3 *= gam_c;
+        s4 *= gam_c; s5 *= gam_c; s6 *= gam_c; s7 *= gam_c;
+        s8 *= gam_c; s9 *= gam_c; s10 *= gam_c; s11 *= gam_c;
+        s12 *= gam_c; s13 *= gam_c; s14 *= gam_c; s15 *= gam_c;
         for (var i0 = 0u; i0 < CHUNK; i0 += T_SLICE) {
             workgroupBarrier();
             for (var e = t; e < T_SLICE * K_DIM; e += 256u) {
                 let i = i0 + e / K_DIM;
-                let k = e % K_DIM;
                 var kx = 0.0;
                 if (i < len) {
-                    kx = elem_to_f32(k_buf[((base + i) * h_count + h) * K_DIM + k]);
+                    kx = elem_to_f32(k_buf[((base + i) * h_count + h) * K_DIM + e % K_DIM]);
                 }
-                arena[kt + (e / K_DIM) * T_PITCH + k] = kx;
+                arena[kt + (e / K_DIM) * T_PITCH + e % K_DIM] = kx;
             }
             workgroupBarrier();
             for (var di = 0u; di < T_SLICE; di++) {
-                let d = dec_s[i0 + di];
-                var vd: array<f32, 4>;
-                for (var j = 0u; j < TC; j++) {
-                    vd[j] = d * arena[ws + (i0 + di) * V_BLOCK + c + 16u * j];
+                let vd = dec_s[i0 + di] * cols4(ws + (i0 + di) * V_BLOCK, c);
+                let krow = kt + di * T_PITCH;
+                if (row0 < K_DIM) {
+                    let kx = krow4(krow, row0);
+                    s0 += kx.x * vd; s1 += kx.y * vd; s2 += kx.z * vd; s3 += kx.w * vd;
                 }
-                for (var kb = 0u; kb < KB; kb++) {
-                    for (var ii = 0u; ii < 4u; ii++) {
-                        let k = min(row0 + ii + 64u * kb, K_DIM - 1u);
-                        let kx = arena[kt + di * T_PITCH + k];
-                        for (var j = 0u; j < TC; j++) {
-                            s[(kb * 4u + ii) * 4u + j] += kx * vd[j];
-                        }
-                    }
+                if (KB > 1u && row0 + 64u < K_DIM) {
+                    let kx = krow4(krow, row0 + 64u);
+                    s4 += kx.x * vd; s5 += kx.y * vd; s6 += kx.z * vd; s7 += kx.w * vd;
+                }
+                if (KB > 2u && row0 + 128u < K_DIM) {
+                    let kx = krow4(krow, row0 + 128u);
+                    s8 += kx.x * vd; s9 += kx.y * vd; s10 += kx.z * vd; s11 += kx.w * vd;
+                }
+                if (KB > 3u && row0 + 192u < K_DIM) {
+                    let kx = krow4(krow, row0 + 192u);
+                    s12 += kx.x * vd; s13 += kx.y * vd; s14 += kx.z * vd; s15 += kx.w * vd;
                 }
             }
         }
     }
 
-    for (var kb = 0u; kb < KB; kb++) {
-        for (var ii = 0u; ii < 4u; ii++) {
-            for (var j = 0u; j < TC; j++) {
-                let k = row0 + ii + 64u * kb;
-                let v = v0 + c + 16u * j;
-                if (k < K_DIM && v < v_dim) {
-                    state[state_index(state_base, k, v, v_first)] = s[(kb * 4u + ii) * 4u + j];
-                }
-            }
-        }
-    }
+    store_state(sb, row0, v0, c, v_first, s0);
+    store_state(sb, row0 + 1u, v0, c, v_first, s1);
+    store_state(sb, row0 + 2u, v0, c, v_first, s2);
+    store_state(sb, row0 + 3u, v0, c, v_first, s3);
+    store_state(sb, row0 + 64u, v0, c, v_first, s4);
+    store_state(sb, row0 + 65u, v0, c, v_first, s5);
+    store_state(sb, row0 + 66u, v0, c, v_first, s6);
+    store_state(sb, row0 + 67u, v0, c, v_first, s7);
+    store_state(sb, row0 + 128u, v0, c, v_first, s8);
+    store_state(sb, row0 + 129u, v0, c, v_first, s9);
+    store_state(sb, row0 + 130u, v0, c, v_first, s10);
+    store_state(sb, row0 + 131u, v0, c, v_first, s11);
+    store_state(sb, row0 + 192u, v0, c, v_first, s12);
+    store_state(sb, row0 + 193u, v0, c, v_first, s13);
+    store_state(sb, row0 + 194u, v0, c, v_first, s14);
+    store_state(sb, row0 + 195u, v0, c, v_first, s15);
 }

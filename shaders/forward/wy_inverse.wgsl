@@ -49,10 +49,10 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     }
 
     // Gram matrix K Kᵀ, lower blocks only; this invocation owns entry (r, c) of each block.
-    var acc: array<f32, 10>;
-    for (var b = 0u; b < 10u; b++) {
-        acc[b] = 0.0;
-    }
+    // Named accumulators rather than an indexed array: drivers keep them in registers (an
+    // array indexed in a loop that is not unrolled lands in local memory).
+    var a00 = 0.0; var a10 = 0.0; var a11 = 0.0; var a20 = 0.0; var a21 = 0.0;
+    var a22 = 0.0; var a30 = 0.0; var a31 = 0.0; var a32 = 0.0; var a33 = 0.0;
     for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
         workgroupBarrier();
         for (var j = 0u; j < 4u; j++) {
@@ -66,54 +66,72 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         }
         workgroupBarrier();
         for (var kk = 0u; kk < K_SLICE; kk++) {
-            var kr: array<f32, 4>;
-            var kc: array<f32, 4>;
-            for (var q = 0u; q < 4u; q++) {
-                kr[q] = arena[(16u * q + r) * K_SLICE + kk];
-                kc[q] = arena[(16u * q + c) * K_SLICE + kk];
-            }
-            for (var bi = 0u; bi < 4u; bi++) {
-                for (var bj = 0u; bj <= bi; bj++) {
-                    let b = bi * (bi + 1u) / 2u + bj;
-                    acc[b] += kr[bi] * kc[bj];
-                }
-            }
+            let kr = vec4<f32>(arena[r * K_SLICE + kk], arena[(16u + r) * K_SLICE + kk],
+                               arena[(32u + r) * K_SLICE + kk], arena[(48u + r) * K_SLICE + kk]);
+            let kc = vec4<f32>(arena[c * K_SLICE + kk], arena[(16u + c) * K_SLICE + kk],
+                               arena[(32u + c) * K_SLICE + kk], arena[(48u + c) * K_SLICE + kk]);
+            a00 += kr.x * kc.x;
+            a10 += kr.y * kc.x;
+            a11 += kr.y * kc.y;
+            a20 += kr.z * kc.x;
+            a21 += kr.z * kc.y;
+            a22 += kr.z * kc.z;
+            a30 += kr.w * kc.x;
+            a31 += kr.w * kc.y;
+            a32 += kr.w * kc.z;
+            a33 += kr.w * kc.w;
         }
     }
     workgroupBarrier();
 
     // L = strict_lower(diag(β) K Kᵀ).
-    for (var bi = 0u; bi < 4u; bi++) {
-        for (var bj = 0u; bj <= bi; bj++) {
-            var l = beta_s[16u * bi + r] * acc[bi * (bi + 1u) / 2u + bj];
-            if (bi == bj && c >= r) {
-                l = 0.0;
-            }
-            arena[blk(bi, bj) + t] = l;
-        }
-    }
+    let strict = select(0.0, 1.0, c < r);
+    arena[blk(0u, 0u) + t] = beta_s[r] * a00 * strict;
+    arena[blk(1u, 0u) + t] = beta_s[16u + r] * a10;
+    arena[blk(1u, 1u) + t] = beta_s[16u + r] * a11 * strict;
+    arena[blk(2u, 0u) + t] = beta_s[32u + r] * a20;
+    arena[blk(2u, 1u) + t] = beta_s[32u + r] * a21;
+    arena[blk(2u, 2u) + t] = beta_s[32u + r] * a22 * strict;
+    arena[blk(3u, 0u) + t] = beta_s[48u + r] * a30;
+    arena[blk(3u, 1u) + t] = beta_s[48u + r] * a31;
+    arena[blk(3u, 2u) + t] = beta_s[48u + r] * a32;
+    arena[blk(3u, 3u) + t] = beta_s[48u + r] * a33 * strict;
     workgroupBarrier();
 
     // Diagonal blocks: invocation (d, col) solves column col of (I + L_dd)⁻¹ by forward
-    // substitution, reading L only, then overwrites the block once everyone has read it.
-    var x: array<f32, 16>;
+    // substitution, x_rr = δ(rr, col) − Σ_{m<rr} L[rr, m] x_m, reading L only (it is 0 for
+    // m ≥ rr, so whole rows can be dotted), then overwrites the block once everyone has read.
+    // x lives in four vec4 registers updated with lane masks (no indexed private array).
     let d = t / 16u;
     let col = t % 16u;
+    var x0 = vec4<f32>(0.0);
+    var x1 = vec4<f32>(0.0);
+    var x2 = vec4<f32>(0.0);
+    var x3 = vec4<f32>(0.0);
     if (t < CHUNK) {
         let base = blk(d, d);
         for (var rr = 0u; rr < 16u; rr++) {
-            var v = select(0.0, 1.0, rr == col);
-            for (var m = 0u; m < rr; m++) {
-                v -= arena[base + rr * 16u + m] * x[m];
-            }
-            x[rr] = v;
+            let row = base + rr * 16u;
+            let l0 = vec4<f32>(arena[row], arena[row + 1u], arena[row + 2u], arena[row + 3u]);
+            let l1 = vec4<f32>(arena[row + 4u], arena[row + 5u], arena[row + 6u], arena[row + 7u]);
+            let l2 = vec4<f32>(arena[row + 8u], arena[row + 9u], arena[row + 10u], arena[row + 11u]);
+            let l3 = vec4<f32>(arena[row + 12u], arena[row + 13u], arena[row + 14u], arena[row + 15u]);
+            let v = select(0.0, 1.0, rr == col) - dot(l0, x0) - dot(l1, x1) - dot(l2, x2) - dot(l3, x3);
+            let lane = vec4<u32>(0u, 1u, 2u, 3u);
+            x0 += select(vec4<f32>(0.0), vec4<f32>(v), lane == vec4<u32>(rr));
+            x1 += select(vec4<f32>(0.0), vec4<f32>(v), lane + 4u == vec4<u32>(rr));
+            x2 += select(vec4<f32>(0.0), vec4<f32>(v), lane + 8u == vec4<u32>(rr));
+            x3 += select(vec4<f32>(0.0), vec4<f32>(v), lane + 12u == vec4<u32>(rr));
         }
     }
     workgroupBarrier();
     if (t < CHUNK) {
-        let base = blk(d, d);
-        for (var rr = 0u; rr < 16u; rr++) {
-            arena[base + rr * 16u + col] = x[rr];
+        let base = blk(d, d) + col;
+        for (var q = 0u; q < 4u; q++) {
+            arena[base + (q) * 16u] = x0[q];
+            arena[base + (q + 4u) * 16u] = x1[q];
+            arena[base + (q + 8u) * 16u] = x2[q];
+            arena[base + (q + 12u) * 16u] = x3[q];
         }
     }
     workgroupBarrier();
