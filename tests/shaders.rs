@@ -16,6 +16,12 @@ fn constants(pass: Pass) -> Vec<Vec<(&'static str, f64)>> {
             .iter()
             .map(|&(bv, k)| vec![("K_DIM", k), ("V_BLOCK", bv as f64), ("ARENA", state_scan_arena_words(bv) as f64)])
             .collect(),
+        Pass::StateRecompute | Pass::DhScan => [(16u32, 16.0), (32, 128.0), (64, 256.0), (16, 256.0)]
+            .iter()
+            .map(|&(bv, k)| vec![("K_DIM", k), ("V_BLOCK", bv as f64), ("ARENA", gdn_wgpu::gpu::backward::scan_arena_words(bv) as f64)])
+            .collect(),
+        Pass::WyGrad | Pass::StateGrad | Pass::QkGrad => [16.0, 128.0, 256.0].iter().map(|&k| vec![("K_DIM", k)]).collect(),
+        Pass::ValueGrams | Pass::QkFinish | Pass::GateFinish => vec![vec![]],
     }
 }
 

@@ -1,6 +1,7 @@
 //! The wgpu backend: context, pipeline cache, tensors, shader assembly and one launcher per
 //! WGSL pass. Launchers record into a caller's `wgpu::CommandEncoder` and never submit.
 
+pub mod backward;
 mod context;
 pub mod forward;
 pub mod params;
@@ -10,6 +11,9 @@ mod tensor;
 pub mod timing;
 pub mod tuning;
 
+pub use backward::{Gradients, Saved, backward, backward_profiled, forward_backward, forward_saved};
+#[cfg(not(target_arch = "wasm32"))]
+pub use backward::backward_host;
 pub use context::{Context, list_adapters};
 pub use forward::{Forward, Intermediates, forward, forward_into, forward_into_profiled};
 #[cfg(not(target_arch = "wasm32"))]

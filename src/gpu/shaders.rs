@@ -16,10 +16,18 @@ pub enum Pass {
     PrepareGate,
     WyInverse,
     StateScan,
+    StateRecompute,
+    DhScan,
+    ValueGrams,
+    WyGrad,
+    StateGrad,
+    QkGrad,
+    QkFinish,
+    GateFinish,
 }
 
 impl Pass {
-    pub const ALL: [Pass; 4] = [Pass::PrepareQk, Pass::PrepareGate, Pass::WyInverse, Pass::StateScan];
+    pub const ALL: [Pass; 12] = [Pass::PrepareQk, Pass::PrepareGate, Pass::WyInverse, Pass::StateScan, Pass::StateRecompute, Pass::DhScan, Pass::ValueGrams, Pass::WyGrad, Pass::StateGrad, Pass::QkGrad, Pass::QkFinish, Pass::GateFinish];
 
     /// Path under `shaders/`.
     pub fn file(self) -> &'static str {
@@ -28,6 +36,14 @@ impl Pass {
             Pass::PrepareGate => "forward/prepare_gate.wgsl",
             Pass::WyInverse => "forward/wy_inverse.wgsl",
             Pass::StateScan => "forward/state_scan.wgsl",
+            Pass::StateRecompute => "backward/state_recompute.wgsl",
+            Pass::DhScan => "backward/dh_scan.wgsl",
+            Pass::ValueGrams => "backward/value_grams.wgsl",
+            Pass::WyGrad => "backward/wy_grad.wgsl",
+            Pass::StateGrad => "backward/state_grad.wgsl",
+            Pass::QkGrad => "backward/qk_grad.wgsl",
+            Pass::QkFinish => "backward/qk_finish.wgsl",
+            Pass::GateFinish => "backward/gate_finish.wgsl",
         }
     }
 
@@ -37,6 +53,14 @@ impl Pass {
             Pass::PrepareGate => include_str!("../../shaders/forward/prepare_gate.wgsl"),
             Pass::WyInverse => include_str!("../../shaders/forward/wy_inverse.wgsl"),
             Pass::StateScan => include_str!("../../shaders/forward/state_scan.wgsl"),
+            Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
+            Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
+            Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),
+            Pass::WyGrad => include_str!("../../shaders/backward/wy_grad.wgsl"),
+            Pass::StateGrad => include_str!("../../shaders/backward/state_grad.wgsl"),
+            Pass::QkGrad => include_str!("../../shaders/backward/qk_grad.wgsl"),
+            Pass::QkFinish => include_str!("../../shaders/backward/qk_finish.wgsl"),
+            Pass::GateFinish => include_str!("../../shaders/backward/gate_finish.wgsl"),
         }
     }
 }

@@ -1,0 +1,75 @@
+//! Launcher of `shaders/backward/dh_scan.wgsl`: the reverse inter-chunk scan of the state
+//! gradient, writing dh per chunk, dh0, dV' and dv.
+
+use crate::error::Result;
+use crate::gpu::backward::scan_arena_words;
+use crate::gpu::params::{bind, dispatch};
+use crate::gpu::shaders::{Pass, source};
+use crate::gpu::{Context, GpuTensor};
+
+/// The tensors the reverse scan reads and writes.
+pub struct DhScanBuffers<'a> {
+    pub q: &'a GpuTensor,
+    pub k: &'a GpuTensor,
+    pub gate_beta: &'a GpuTensor,
+    pub a: &'a GpuTensor,
+    pub d_o: &'a GpuTensor,
+    /// Segment table: (start token, length, first chunk, sequence) per segment.
+    pub segments: &'a wgpu::Buffer,
+    /// `[chunks + N, HV, K, V]`: dht (or 0) in the tail slots on entry, dh0 there on exit, and
+    /// the gradient w.r.t. each chunk's end state in its slot.
+    pub dstates: &'a GpuTensor,
+    /// `[2, B·T, HV, V]` f32: dV', then dv.
+    pub dvnew_dv: &'a GpuTensor,
+}
+
+/// Record the reverse scan over `num_segments` segments with V-block width `v_block`.
+#[allow(clippy::too_many_arguments)]
+pub fn dh_scan(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    bufs: &DhScanBuffers<'_>,
+    num_segments: usize,
+    heads_v: usize,
+    key_dim: usize,
+    value_dim: usize,
+    v_block: u32,
+) -> Result<()> {
+    let constants = [
+        ("K_DIM", key_dim as f64),
+        ("V_BLOCK", v_block as f64),
+        ("ARENA", scan_arena_words(v_block) as f64),
+    ];
+    let pipeline = ctx
+        .pipelines
+        .get(source(Pass::DhScan, bufs.q.dtype)?, "dh_scan", &constants);
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "dh_scan",
+        &[
+            params,
+            &bufs.q.buffer,
+            &bufs.k.buffer,
+            &bufs.gate_beta.buffer,
+            &bufs.a.buffer,
+            &bufs.d_o.buffer,
+            bufs.segments,
+            &bufs.dstates.buffer,
+            &bufs.dvnew_dv.buffer,
+        ],
+    );
+    dispatch(
+        encoder,
+        "dh_scan",
+        &pipeline,
+        &bg,
+        (
+            num_segments as u32,
+            heads_v as u32,
+            (value_dim as u32) / v_block,
+        ),
+    );
+    Ok(())
+}

@@ -1,0 +1,466 @@
+//! The GPU chunked backward against the f64 BPTT oracle (`reference::backward`): relative L2
+//! ≤ 1e-4 for every gradient (f32 storage) over the forward's hard cases and every option,
+//! plus directional finite differences of the f64 forward against the GPU gradients.
+
+mod common;
+
+use gdn_wgpu::gpu::{self, Context, GpuTensor};
+use gdn_wgpu::reference::{self, forward_f64};
+use gdn_wgpu::{
+    DType, Error, ForwardInputs, HostTensor, Options, Problem, RandomSpec, relative_l2,
+};
+use rand::{SeedableRng, rngs::SmallRng};
+use rand_distr::{Distribution, StandardNormal};
+
+/// Relative L2 tolerance of every gradient with f32 storage.
+const GRAD_TOL: f64 = 1e-4;
+
+fn normal(seed: u64, shape: &[usize], scale: f32) -> HostTensor {
+    let mut rng = SmallRng::seed_from_u64(seed);
+    let n = shape.iter().product();
+    let data = (0..n)
+        .map(|_| {
+            let z: f32 = StandardNormal.sample(&mut rng);
+            scale * z
+        })
+        .collect();
+    HostTensor::new(shape.to_vec(), data)
+}
+
+fn problem(
+    options: Options,
+    b: usize,
+    t: usize,
+    h: usize,
+    hv: usize,
+    k: usize,
+    v: usize,
+    cu: Option<Vec<usize>>,
+) -> Problem {
+    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
+}
+
+fn dense(b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize) -> Problem {
+    problem(Options::default(), b, t, h, hv, k, v, None)
+}
+
+/// The upstream gradients of a test: `do` ~ N(0, 1), `dht` ~ N(0, 0.5²) when asked for.
+fn upstream(problem: &Problem, seed: u64, with_dht: bool) -> (HostTensor, Option<HostTensor>) {
+    let d_o = normal(seed ^ 0xd0, &problem.v_shape(), 1.0);
+    let dht = with_dht.then(|| normal(seed ^ 0xd7, &problem.state_shape(), 0.5));
+    (d_o, dht)
+}
+
+/// Relative L2 of every gradient of the GPU backward against the oracle, by name.
+fn backward_errors(
+    ctx: &Context,
+    problem: &Problem,
+    spec: &RandomSpec,
+    with_dht: bool,
+) -> Vec<(&'static str, f64)> {
+    let inputs = spec.generate(problem);
+    let (d_o, dht) = upstream(problem, spec.seed, with_dht);
+    let expected = reference::backward(problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+    let (_, got) = gpu::backward_host(ctx, problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+    let mut errors = vec![
+        ("dq", relative_l2(&got.dq.data, &expected.dq)),
+        ("dk", relative_l2(&got.dk.data, &expected.dk)),
+        ("dv", relative_l2(&got.dv.data, &expected.dv)),
+        ("dg", relative_l2(&got.dg.data, &expected.dg)),
+        ("dbeta", relative_l2(&got.dbeta.data, &expected.dbeta)),
+    ];
+    assert_eq!(
+        got.dh0.is_some(),
+        expected.dh0.is_some(),
+        "dh0 present iff initial_state given"
+    );
+    if let (Some(g), Some(e)) = (&got.dh0, &expected.dh0) {
+        errors.push(("dh0", relative_l2(&g.data, e)));
+    }
+    assert_eq!(got.da_log.is_some(), problem.options.gate_in_kernel);
+    if let (Some(g), Some(e)) = (&got.da_log, &expected.da_log) {
+        errors.push(("dA_log", relative_l2(&g.data, e)));
+    }
+    if let (Some(g), Some(e)) = (&got.ddt_bias, &expected.ddt_bias) {
+        errors.push(("ddt_bias", relative_l2(&g.data, e)));
+    }
+    errors
+}
+
+fn check_backward(problem: &Problem, spec: &RandomSpec, with_dht: bool) {
+    let Some(ctx) = common::gpu() else { return };
+    check_backward_on(ctx, problem, spec, with_dht);
+}
+
+fn check_backward_on(ctx: &Context, problem: &Problem, spec: &RandomSpec, with_dht: bool) {
+    let errors = backward_errors(ctx, problem, spec, with_dht);
+    let line: Vec<String> = errors.iter().map(|(n, e)| format!("{n} {e:.2e}")).collect();
+    eprintln!(
+        "{problem:?} h0 {} dht {with_dht}\n  rel-L2 {}",
+        spec.initial_state,
+        line.join(", ")
+    );
+    for (name, e) in errors {
+        assert!(
+            e <= GRAD_TOL,
+            "{name}: rel-L2 {e:e} > {GRAD_TOL:e} for {problem:?} {spec:?} dht {with_dht}"
+        );
+    }
+}
+
+fn spec(seed: u64) -> RandomSpec {
+    RandomSpec {
+        seed,
+        ..RandomSpec::default()
+    }
+}
+
+#[test]
+fn t_around_the_chunk_size() {
+    for (i, t) in [1, 2, 63, 64, 65, 130].into_iter().enumerate() {
+        check_backward(&dense(1, t, 1, 2, 32, 32), &spec(i as u64), true);
+    }
+}
+
+#[test]
+fn with_and_without_initial_state_and_dht() {
+    for (i, (h0, dht)) in [(false, false), (false, true), (true, false), (true, true)]
+        .into_iter()
+        .enumerate()
+    {
+        let s = RandomSpec {
+            seed: 10 + i as u64,
+            initial_state: h0,
+            ..RandomSpec::default()
+        };
+        check_backward(&dense(2, 70, 1, 2, 32, 32), &s, dht);
+    }
+}
+
+#[test]
+fn varlen_with_length_one_and_empty_sequences() {
+    let cu = vec![0, 1, 2, 67, 67, 68, 131, 132];
+    check_backward(
+        &problem(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu.clone())),
+        &spec(20),
+        true,
+    );
+    let s = RandomSpec {
+        seed: 21,
+        initial_state: false,
+        ..RandomSpec::default()
+    };
+    check_backward(
+        &problem(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu)),
+        &s,
+        false,
+    );
+}
+
+#[test]
+fn gva_ratios_2_and_4() {
+    for (i, hv) in [4, 8].into_iter().enumerate() {
+        check_backward(&dense(1, 65, 2, hv, 32, 32), &spec(30 + i as u64), true);
+    }
+}
+
+#[test]
+fn zero_gate_and_strong_gate_heads() {
+    let s = RandomSpec {
+        seed: 40,
+        zero_gate_heads: 2,
+        strong_gate_heads: 2,
+        ..RandomSpec::default()
+    };
+    check_backward(&dense(1, 130, 1, 4, 32, 32), &s, true);
+}
+
+#[test]
+fn beta_near_zero_and_near_two() {
+    for (i, beta) in [(0.0, 1e-3), (1.95, 2.0)].into_iter().enumerate() {
+        let s = RandomSpec {
+            seed: 50 + i as u64,
+            beta,
+            ..RandomSpec::default()
+        };
+        check_backward(&dense(1, 100, 1, 2, 32, 32), &s, true);
+    }
+}
+
+#[test]
+fn key_dim_different_from_value_dim() {
+    for (i, (k, v)) in [(32, 48), (48, 16), (16, 64)].into_iter().enumerate() {
+        check_backward(&dense(1, 65, 1, 2, k, v), &spec(60 + i as u64), true);
+    }
+}
+
+#[test]
+fn head_dim_128() {
+    check_backward(&dense(1, 70, 1, 1, 128, 128), &spec(70), true);
+}
+
+#[test]
+fn each_option() {
+    let cases = [
+        Options {
+            scale: Some(0.37),
+            ..Options::default()
+        },
+        Options {
+            l2norm_qk: true,
+            ..Options::default()
+        },
+        Options {
+            beta_sigmoid: true,
+            ..Options::default()
+        },
+        Options {
+            beta_sigmoid: true,
+            allow_neg_eigval: true,
+            ..Options::default()
+        },
+        Options {
+            gate_in_kernel: true,
+            ..Options::default()
+        },
+        Options {
+            state_v_first: true,
+            ..Options::default()
+        },
+    ];
+    for (i, o) in cases.into_iter().enumerate() {
+        let s = RandomSpec {
+            seed: 80 + i as u64,
+            zero_gate_heads: 1,
+            strong_gate_heads: 1,
+            ..RandomSpec::default()
+        };
+        check_backward(&problem(o, 1, 70, 1, 3, 32, 32, None), &s, true);
+    }
+}
+
+#[test]
+fn every_option_together_with_varlen_and_gva() {
+    let o = Options {
+        scale: Some(0.2),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let cu = vec![0, 1, 66, 140];
+    for (i, (h0, dht)) in [(true, true), (false, false)].into_iter().enumerate() {
+        let s = RandomSpec {
+            seed: 90 + i as u64,
+            initial_state: h0,
+            zero_gate_heads: 1,
+            strong_gate_heads: 1,
+            ..RandomSpec::default()
+        };
+        check_backward(&problem(o, 1, 140, 2, 4, 32, 48, Some(cu.clone())), &s, dht);
+    }
+}
+
+#[test]
+fn every_v_block_width_the_device_fits() {
+    let Some(shared) = common::gpu() else { return };
+    // A private context, so forcing a width does not affect tests running in parallel.
+    let mut ctx = Context::new_blocking().unwrap();
+    let problem = dense(1, 130, 1, 2, 32, 64);
+    let widths: Vec<u32> = [16, 32, 64]
+        .into_iter()
+        .filter(|&bv| gpu::backward::scan_bytes(bv) <= shared.tuning().workgroup_bytes)
+        .collect();
+    assert!(
+        widths.contains(&16),
+        "V-block 16 of the backward scans must fit every device"
+    );
+    for bv in widths {
+        ctx.tuning_mut().forced_v_block = Some(bv);
+        assert_eq!(gpu::backward::scan_v_block(&ctx, &problem).unwrap(), bv);
+        eprintln!("V_BLOCK {bv}:");
+        check_backward_on(&ctx, &problem, &spec(100 + bv as u64), true);
+    }
+}
+
+#[test]
+fn repeated_runs_are_bitwise_identical() {
+    let Some(ctx) = common::gpu() else { return };
+    let o = Options {
+        gate_in_kernel: true,
+        ..Options::default()
+    };
+    let problem = problem(o, 1, 100, 1, 2, 32, 32, None);
+    let inputs = spec(110).generate(&problem);
+    let (d_o, dht) = upstream(&problem, 110, true);
+    let run = || {
+        gpu::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref())
+            .unwrap()
+            .1
+    };
+    let (a, b) = (run(), run());
+    assert_eq!(a.dq.data, b.dq.data);
+    assert_eq!(a.dk.data, b.dk.data);
+    assert_eq!(a.dg.data, b.dg.data);
+    assert_eq!(a.dbeta.data, b.dbeta.data);
+    assert_eq!(a.da_log.unwrap().data, b.da_log.unwrap().data);
+}
+
+/// Directional derivatives by central differences of the f64 forward, against the GPU
+/// gradients: for each input x and a random direction d, (L(x + εd) − L(x − εd)) / 2ε against
+/// Σ grad_x ⊙ d, with L = Σ o ⊙ do + Σ final_state ⊙ dht. Independent of the oracle backward.
+#[test]
+fn finite_differences_of_the_f64_forward_match_the_gpu_gradients() {
+    let Some(ctx) = common::gpu() else { return };
+    let o = Options {
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        ..Options::default()
+    };
+    for (i, (o, cu)) in [(Options::default(), None), (o, Some(vec![0, 3, 70]))]
+        .into_iter()
+        .enumerate()
+    {
+        let problem = problem(o, 1, 70, 1, 2, 16, 16, cu);
+        let seed = 120 + i as u64;
+        let inputs = spec(seed).generate(&problem);
+        let (d_o, dht) = upstream(&problem, seed, true);
+        let (_, grads) =
+            gpu::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+
+        let wide = |t: &HostTensor| -> Vec<f64> { t.data.iter().map(|&x| x as f64).collect() };
+        let base: ForwardInputs<Vec<f64>> = ForwardInputs {
+            q: wide(&inputs.q),
+            k: wide(&inputs.k),
+            v: wide(&inputs.v),
+            g: wide(&inputs.g),
+            beta: wide(&inputs.beta),
+            initial_state: inputs.initial_state.as_ref().map(wide),
+            a_log: inputs.a_log.as_ref().map(wide),
+            dt_bias: inputs.dt_bias.as_ref().map(wide),
+        };
+        let (d_o64, dht64) = (wide(&d_o), wide(dht.as_ref().unwrap()));
+        let loss = |x: &ForwardInputs<Vec<f64>>| -> f64 {
+            let out = forward_f64(&problem, x).unwrap();
+            let a: f64 = out.o.iter().zip(&d_o64).map(|(a, b)| a * b).sum();
+            let b: f64 = out.final_state.iter().zip(&dht64).map(|(a, b)| a * b).sum();
+            a + b
+        };
+        type Pick = fn(&mut ForwardInputs<Vec<f64>>) -> &mut Vec<f64>;
+        let mut cases: Vec<(&str, Pick, &HostTensor)> = vec![
+            ("q", |x| &mut x.q, &grads.dq),
+            ("k", |x| &mut x.k, &grads.dk),
+            ("v", |x| &mut x.v, &grads.dv),
+            ("g", |x| &mut x.g, &grads.dg),
+            ("beta", |x| &mut x.beta, &grads.dbeta),
+            (
+                "initial_state",
+                |x| x.initial_state.as_mut().unwrap(),
+                grads.dh0.as_ref().unwrap(),
+            ),
+        ];
+        if o.gate_in_kernel {
+            cases.push((
+                "A_log",
+                |x| x.a_log.as_mut().unwrap(),
+                grads.da_log.as_ref().unwrap(),
+            ));
+            cases.push((
+                "dt_bias",
+                |x| x.dt_bias.as_mut().unwrap(),
+                grads.ddt_bias.as_ref().unwrap(),
+            ));
+        }
+        for (j, (name, pick, grad)) in cases.into_iter().enumerate() {
+            let n = grad.data.len();
+            let dir = normal(seed * 100 + j as u64, &[n], 1.0);
+            let eps = 1e-4;
+            let shifted = |sign: f64| {
+                let mut x = base.clone();
+                pick(&mut x)
+                    .iter_mut()
+                    .zip(&dir.data)
+                    .for_each(|(a, &d)| *a += sign * eps * d as f64);
+                loss(&x)
+            };
+            let fd = (shifted(1.0) - shifted(-1.0)) / (2.0 * eps);
+            let analytic: f64 = grad
+                .data
+                .iter()
+                .zip(&dir.data)
+                .map(|(&a, &d)| a as f64 * d as f64)
+                .sum();
+            let err = (fd - analytic).abs() / fd.abs().max(1e-3);
+            eprintln!(
+                "{name}: finite difference {fd:.6e}, GPU gradient·d {analytic:.6e}, rel {err:.1e}"
+            );
+            assert!(
+                err < 1e-3,
+                "{name}: directional derivative {fd:e} (f64 FD) vs {analytic:e} (GPU) for {problem:?}"
+            );
+        }
+    }
+}
+
+#[test]
+fn bad_upstream_gradients_are_named() {
+    let Some(ctx) = common::gpu() else { return };
+    let problem = dense(1, 8, 1, 2, 16, 16);
+    let inputs = spec(130).generate(&problem);
+    let wrong = normal(1, &[1, 8, 2, 32], 1.0);
+    let err = gpu::backward_host(ctx, &problem, &inputs.as_ref(), &wrong, None).unwrap_err();
+    assert!(
+        matches!(&err, Error::Shape { name, .. } if name == "do"),
+        "{err}"
+    );
+    let (d_o, _) = upstream(&problem, 130, false);
+    let bad_dht = normal(2, &[1, 2, 16, 8], 1.0);
+    let err =
+        gpu::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, Some(&bad_dht)).unwrap_err();
+    assert!(
+        matches!(&err, Error::Shape { name, .. } if name == "dht"),
+        "{err}"
+    );
+    let mut nan = d_o.clone();
+    nan.data[3] = f32::NAN;
+    let err = gpu::backward_host(ctx, &problem, &inputs.as_ref(), &nan, None).unwrap_err();
+    assert!(
+        matches!(&err, Error::Value { name, .. } if name == "do"),
+        "{err}"
+    );
+    let half = d_o.clone().with_dtype(DType::F16);
+    let err = gpu::backward_host(ctx, &problem, &inputs.as_ref(), &half, None).unwrap_err();
+    assert!(
+        matches!(&err, Error::DType { name, .. } if name == "do"),
+        "{err}"
+    );
+    // A saved context from another problem is refused before any work is recorded.
+    let up = |n: &str, t: &HostTensor| GpuTensor::upload(ctx, n, t).unwrap();
+    let (q, k, v, g, beta) = (
+        up("q", &inputs.q),
+        up("k", &inputs.k),
+        up("v", &inputs.v),
+        up("g", &inputs.g),
+        up("beta", &inputs.beta),
+    );
+    let h0 = up("h0", inputs.initial_state.as_ref().unwrap());
+    let gpu_inputs = ForwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+        initial_state: Some(&h0),
+        a_log: None,
+        dt_bias: None,
+    };
+    let mut encoder = ctx.create_encoder("test");
+    let (_, mut saved) = gpu::forward_saved(ctx, &mut encoder, &problem, &gpu_inputs).unwrap();
+    saved.problem = dense(1, 8, 1, 2, 16, 32);
+    let d_o_gpu = up("do", &d_o);
+    let err = gpu::backward(ctx, &mut encoder, &saved, &d_o_gpu, None).unwrap_err();
+    assert!(err.is_input_error(), "{err}");
+}
