@@ -13,9 +13,10 @@ const opt = (name, fallback) => {
 };
 const executablePath = opt("--chromium", process.env.CHROMIUM ?? "/usr/bin/chromium");
 const timeoutMs = 1000 * Number(opt("--timeout-s", 300));
-// The fixed problem: GVA (HV = 2H), K != V, a partial last chunk (200 = 3·64 + 8), decode steps
-// continuing from the forward's state, WebGPU's default limits.
-const query = new URLSearchParams("T=200&H=2&HV=4&K=64&V=32&steps=3&seed=7&defaults=1&tol=1e-4");
+// The fixed problem: GVA (HV = 2H), K != V, a partial last chunk (200 = 3·64 + 8), in-kernel
+// l2norm (so Chrome compiles every forward pass), decode steps continuing from the forward's
+// state, WebGPU's default limits.
+const query = new URLSearchParams("T=200&H=2&HV=4&K=64&V=32&steps=3&seed=7&defaults=1&l2norm=1&tol=1e-4");
 for (const [k, v] of new URLSearchParams(args[0] ?? "")) query.set(k, v);
 query.set("autorun", "1");
 

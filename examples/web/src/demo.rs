@@ -20,6 +20,8 @@ pub struct Config {
     /// Request WebGPU's default limits (16 KiB workgroup memory, 256 invocations, 8 storage
     /// buffers per stage) instead of the adapter's: proves the kernels fit them.
     pub default_limits: bool,
+    /// Normalize q and k in the kernel (runs the `prepare_qk` pass too).
+    pub l2norm_qk: bool,
 }
 
 /// One phase (the forward, or all decode steps) compared with the oracle.
@@ -51,6 +53,7 @@ pub struct Report {
     pub binding_bytes: u64,
     pub features: Vec<String>,
     pub v_block: u32,
+    pub l2norm_qk: bool,
     pub forward: Phase,
     pub decode: Option<Phase>,
     /// v-heads the oracle checked (all of them unless the problem is large).
@@ -187,9 +190,10 @@ pub async fn context(default_limits: bool) -> Result<Context> {
 pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Report> {
     let c = config;
     let total = c.tokens + c.decode_steps;
-    let whole = Problem::new(1, total, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, Options::default())?;
-    let prefill = Problem::new(1, c.tokens, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, Options::default())?;
-    let step = Problem::new(1, 1, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, Options::default())?;
+    let options = Options { l2norm_qk: c.l2norm_qk, ..Options::default() };
+    let whole = Problem::new(1, total, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, options)?;
+    let prefill = Problem::new(1, c.tokens, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, options)?;
+    let step = Problem::new(1, 1, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, options)?;
     let inputs = RandomSpec { seed: c.seed, ..RandomSpec::default() }.generate(&whole);
     let state_shape = whole.state_shape();
 
@@ -310,6 +314,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         binding_bytes: limits.max_storage_buffer_binding_size as u64,
         features: ctx.features().iter_names().map(|(n, _)| n.to_string()).collect(),
         v_block: ctx.tuning().state_scan_v_block(&prefill),
+        l2norm_qk: c.l2norm_qk,
         forward,
         decode,
         oracle_heads,
@@ -361,7 +366,7 @@ impl Report {
         let features: Vec<String> = self.features.iter().map(|f| json_str(f)).collect();
         let heads: Vec<String> = self.oracle_heads.iter().map(|h| h.to_string()).collect();
         format!(
-            r#"{{"adapter":{},"backend":{},"device_type":{},"limits":{},"workgroup_bytes":{},"invocations":{},"storage_buffers":{},"binding_bytes":{},"features":[{}],"v_block":{},"forward":{},"decode":{},"oracle_heads":[{}],"oracle_ms":{},"max_rel":{}}}"#,
+            r#"{{"adapter":{},"backend":{},"device_type":{},"limits":{},"workgroup_bytes":{},"invocations":{},"storage_buffers":{},"binding_bytes":{},"features":[{}],"v_block":{},"l2norm_qk":{},"forward":{},"decode":{},"oracle_heads":[{}],"oracle_ms":{},"max_rel":{}}}"#,
             json_str(&self.adapter),
             json_str(&self.backend),
             json_str(&self.device_type),
@@ -372,6 +377,7 @@ impl Report {
             self.binding_bytes,
             features.join(","),
             self.v_block,
+            self.l2norm_qk,
             self.forward.to_json(),
             self.decode.as_ref().map_or("null".into(), Phase::to_json),
             heads.join(","),

@@ -33,6 +33,7 @@ mod web {
         decode_steps: u32,
         seed: u32,
         default_limits: bool,
+        l2norm_qk: bool,
     ) -> Result<String, JsError> {
         let config = Config {
             tokens: tokens as usize,
@@ -43,6 +44,7 @@ mod web {
             decode_steps: decode_steps as usize,
             seed: seed as u64,
             default_limits,
+            l2norm_qk,
         };
         let ctx = demo::context(default_limits).await?;
         let report = demo::run(&ctx, &config, now_ms).await?;

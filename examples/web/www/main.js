@@ -1,7 +1,8 @@
 // The page: checks for WebGPU, loads the wasm module built by build.sh, runs the demo with the
 // sizes from the form and shows the report. URL parameters fill the form (T, H, HV, K, V,
-// steps, seed, defaults=0|1, tol) and `autorun=1` runs at once (the headless test uses it).
-// The outcome is in #status: data-state = done | fail | error | no-webgpu, data-max-rel.
+// steps, seed, defaults=0|1, l2norm=0|1, tol) and `autorun=1` runs at once (the headless test
+// uses it). The outcome is in #status: data-state = done | fail | error | no-webgpu, and
+// window.gdnResult.
 
 const $ = (id) => document.getElementById(id);
 const form = $("form");
@@ -68,6 +69,7 @@ function render(r, ok) {
         ${r.storage_buffers} storage buffers per stage, ${r.binding_bytes} B per binding</td></tr>
       <tr><th>features used</th><td>${r.features.join(", ") || "none"} (no shader-f16, no subgroups)</td></tr>
       <tr><th>state_scan V-block</th><td>${r.v_block}</td></tr>
+      <tr><th>options</th><td>${r.l2norm_qk ? "in-kernel l2norm of q, k" : "defaults"}</td></tr>
     </table>
     <p class="muted">GPU time: timestamp queries around the passes (needs the adapter's timestamp-query;
       browsers may coarsen them). Wall time: performance.now() from recording to results back, including
@@ -80,7 +82,7 @@ async function run(wasm) {
   $("run").disabled = true;
   setStatus("running", "Running…");
   try {
-    const json = await wasm.run_demo(n("T"), n("H"), n("HV"), n("K"), n("V"), n("steps"), n("seed"), f.defaults.checked);
+    const json = await wasm.run_demo(n("T"), n("H"), n("HV"), n("K"), n("V"), n("steps"), n("seed"), f.defaults.checked, f.l2norm.checked);
     const r = JSON.parse(json);
     const ok = r.max_rel !== null && r.max_rel < tolerance;
     render(r, ok);
