@@ -39,6 +39,10 @@ enum Kernel {
     /// Chunked forward. Reads q, k, v, g, beta and optionally initial_state, cu_seqlens (I32 or
     /// I64, with B = 1), A_log and dt_bias (with --gate-in-kernel); writes o and final_state.
     Forward(RunArgs),
+    /// Chunked backward (the forward is replayed first). Reads the forward's tensors plus `do`
+    /// [B,T,HV,V] and optionally `dht` (the state shape, F32); writes dq dk dv dg dbeta, dh0
+    /// when initial_state is given, and dA_log ddt_bias with --gate-in-kernel.
+    Backward(RunArgs),
 }
 
 /// Files, backend and GDN flags, shared by every `run` kernel.
@@ -128,6 +132,7 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::Info => info(),
         Command::Run(Kernel::Forward(args)) => run_forward(args),
+        Command::Run(Kernel::Backward(args)) => run_backward(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -199,6 +204,95 @@ fn run_forward(args: &RunArgs) -> Result<(), Failure> {
         args.output.display()
     );
     Ok(())
+}
+
+/// The tensors `gdn run backward` reads besides the forward's.
+const BACKWARD_TENSORS: [&str; 2] = ["do", "dht"];
+
+fn run_backward(args: &RunArgs) -> Result<(), Failure> {
+    let file = TensorFile::open(&args.input)?;
+    let (problem, inputs) = read_forward(&file, args.flags.options())?;
+    let d_o = file.float("do")?.ok_or_else(|| Error::Missing {
+        name: "do".into(),
+        why: format!("tensor [B,T,HV,V] (the gradient of o) in {}", file.path()),
+    })?;
+    let dht = file.float("dht")?;
+    gpu::backward::check_host_gradients(&problem, inputs.v.dtype, &d_o, dht.as_ref())?;
+    for name in file.names() {
+        if !FORWARD_TENSORS.contains(&name.as_str()) && !BACKWARD_TENSORS.contains(&name.as_str()) {
+            eprintln!(
+                "warning: ignoring tensor `{name}` in {}: not an input of backward",
+                file.path()
+            );
+        }
+    }
+    // Inputs are fully checked before any device work, so bad input never waits on a GPU.
+    let engine = Engine::new(args.backend)?;
+    let start = Instant::now();
+    let grads = match &engine {
+        Engine::Gpu(ctx) => {
+            gpu::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref())?.1
+        }
+        Engine::Cpu => backward_cpu(&problem, &inputs, &d_o, dht.as_ref())?,
+    };
+    let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut outputs: Vec<(&str, &HostTensor)> = vec![
+        ("dq", &grads.dq),
+        ("dk", &grads.dk),
+        ("dv", &grads.dv),
+        ("dg", &grads.dg),
+        ("dbeta", &grads.dbeta),
+    ];
+    let optional = [
+        ("dh0", &grads.dh0),
+        ("dA_log", &grads.da_log),
+        ("ddt_bias", &grads.ddt_bias),
+    ];
+    outputs.extend(optional.iter().filter_map(|(n, t)| t.as_ref().map(|t| (*n, t))));
+    gdn_wgpu::io::write(&args.output, outputs.into_iter().map(|(n, t)| (n, t.into())))?;
+    let p = &problem;
+    eprintln!(
+        "gdn run backward: {} | B={} T={} H={} HV={} K={} V={} N={} | {elapsed_ms:.1} ms (forward + backward) | wrote {}",
+        engine.describe(),
+        p.batch,
+        p.tokens,
+        p.heads_qk,
+        p.heads_v,
+        p.key_dim,
+        p.value_dim,
+        p.num_sequences(),
+        args.output.display()
+    );
+    Ok(())
+}
+
+fn backward_cpu(
+    problem: &Problem,
+    inputs: &ForwardInputs<HostTensor>,
+    d_o: &HostTensor,
+    dht: Option<&HostTensor>,
+) -> gdn_wgpu::Result<gpu::Gradients<HostTensor>> {
+    let g = reference::backward(problem, &inputs.as_ref(), d_o, dht)?;
+    let narrow = |shape: &[usize], x: Vec<f64>, dtype: DType| {
+        HostTensor::new(shape.to_vec(), x.into_iter().map(|x| x as f32).collect()).with_dtype(dtype)
+    };
+    let (qk, v, gate, state, hv) = (
+        problem.qk_shape(),
+        problem.v_shape(),
+        problem.gate_shape(),
+        problem.state_shape(),
+        [problem.heads_v],
+    );
+    Ok(gpu::Gradients {
+        dq: narrow(&qk, g.dq, inputs.q.dtype),
+        dk: narrow(&qk, g.dk, inputs.k.dtype),
+        dv: narrow(&v, g.dv, inputs.v.dtype),
+        dg: narrow(&gate, g.dg, DType::F32),
+        dbeta: narrow(&gate, g.dbeta, DType::F32),
+        dh0: g.dh0.map(|x| narrow(&state, x, DType::F32)),
+        da_log: g.da_log.map(|x| narrow(&hv, x, DType::F32)),
+        ddt_bias: g.ddt_bias.map(|x| narrow(&hv, x, DType::F32)),
+    })
 }
 
 /// Read and check the forward's tensors: the problem's sizes come from q `[B,T,H,K]` and

@@ -59,6 +59,34 @@ pub fn backward(
     d_o: &HostTensor,
     dht: Option<&HostTensor>,
 ) -> Result<Gradients> {
+    let all: Vec<usize> = (0..problem.heads_v).collect();
+    backward_impl(problem, inputs, d_o, dht, &all)
+}
+
+/// [`backward`] restricted to the v-heads in `heads`: dv, dg, dbeta, dh0, dA_log and ddt_bias
+/// are computed for those heads only (0 elsewhere), and dq, dk hold only those heads'
+/// contributions — equal to the full gradient at q/k heads whose whole GVA group is listed.
+/// Checks large problems on a sample of heads.
+pub fn backward_heads(
+    problem: &Problem,
+    inputs: &ForwardInputs<&HostTensor>,
+    d_o: &HostTensor,
+    dht: Option<&HostTensor>,
+    heads: &[usize],
+) -> Result<Gradients> {
+    if let Some(&bad) = heads.iter().find(|&&h| h >= problem.heads_v) {
+        return Err(Error::value("heads", format!("v-head indices below HV = {}", problem.heads_v), bad));
+    }
+    backward_impl(problem, inputs, d_o, dht, heads)
+}
+
+fn backward_impl(
+    problem: &Problem,
+    inputs: &ForwardInputs<&HostTensor>,
+    d_o: &HostTensor,
+    dht: Option<&HostTensor>,
+    heads: &[usize],
+) -> Result<Gradients> {
     use DType::*;
     problem.check_inputs(inputs, &[F32, F16, BF16])?;
     check_shape("d_o", &d_o.shape, &problem.v_shape())?;
@@ -76,7 +104,7 @@ pub fn backward(
         a_log: inputs.a_log.map(wide),
         dt_bias: inputs.dt_bias.map(wide),
     };
-    backward_f64(problem, &inputs, &wide(d_o), dht.map(wide).as_deref())
+    backward_f64_heads(problem, &inputs, &wide(d_o), dht.map(wide).as_deref(), heads)
 }
 
 /// [`backward`] on flat f64 inputs (row-major, the same shapes). Lengths are validated.
@@ -85,6 +113,17 @@ pub fn backward_f64<T: AsRef<[f64]>>(
     inputs: &ForwardInputs<T>,
     d_o: &[f64],
     dht: Option<&[f64]>,
+) -> Result<Gradients> {
+    let all: Vec<usize> = (0..problem.heads_v).collect();
+    backward_f64_heads(problem, inputs, d_o, dht, &all)
+}
+
+fn backward_f64_heads<T: AsRef<[f64]>>(
+    problem: &Problem,
+    inputs: &ForwardInputs<T>,
+    d_o: &[f64],
+    dht: Option<&[f64]>,
+    heads: &[usize],
 ) -> Result<Gradients> {
     let p = problem;
     check_lengths(p, inputs)?;
@@ -110,7 +149,7 @@ pub fn backward_f64<T: AsRef<[f64]>>(
     };
 
     for (n, seq) in p.sequences().into_iter().enumerate() {
-        for hv in 0..hv_n {
+        for &hv in heads {
             let h = hv / p.group();
             let tokens: Vec<Token> = seq.clone().map(|t| Token::new(p, inputs, t, hv)).collect();
             let s0 = load_state(p, inputs.initial_state.as_ref().map(AsRef::as_ref), n, hv);

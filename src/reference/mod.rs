@@ -8,7 +8,7 @@
 mod backward;
 mod forward;
 
-pub use backward::{Gradients, backward, backward_f64, forward_f64};
+pub use backward::{Gradients, backward, backward_f64, backward_heads, forward_f64};
 pub use forward::{forward, forward_heads};
 
 use crate::problem::L2NORM_EPS;
