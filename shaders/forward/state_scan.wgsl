@@ -2,10 +2,12 @@
 // (segment, v-head, V-block) walks the segment's chunks with its f32 state slice S
 // (K × V_BLOCK) in registers, and per chunk of ≤ 64 tokens computes (FlashQLA's form, no w/u
 // materialisation):
-//     U  = K S,   QS = Q S,   P = Q Kᵀ                      (K streamed in 16-column slices)
+//     U  = K S,   QS = Q S                                  (K, Q streamed in 16-column slices)
 //     W  = V − γ ⊙ U
-//     V' = (Γ ⊙ A ⊙ β_col) W                                 (A from wy_inverse)
-//     O  = scale · (γ ⊙ QS + (Γ ⊙ P) V')
+//     V' = (Γ ⊙ A ⊙ β_col) W
+//     O  = scale · (γ ⊙ QS + (Γ ⊙ Q Kᵀ) V')
+// where Γ ⊙ A ⊙ β_col and Γ ⊙ Q Kᵀ come precomputed from wy_inverse (parallel over chunks),
+// so the sequential path holds only the state-dependent work.
 //     S  ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V')                         (K streamed in 8-token slices)
 // with γ = exp(G), Γ_ij = exp(G_i − G_j) for j ≤ i (exponentiated only there, so every
 // exponent is ≤ 0), γ_C = exp(G_last). A segment starts from the state in `state[slot]` and
@@ -17,13 +19,13 @@
 // per row, lanes = columns), never private arrays indexed in loops: drivers do not reliably
 // unroll naga's loops, and an indexed private array then lives in slow local memory.
 //
-// Partial chunks: rows past the end load k = q = v = 0, A = 0, β = 0 and G = G_last, so
-// they contribute nothing and γ_C/γ = 1 there. Columns past V (when V is not a multiple of
+// Partial chunks: rows past the end load k = q = v = 0 and zero gated matrices, with
+// G = G_last, so they contribute nothing and γ_C/γ = 1 there. Columns past V (when V is not a multiple of
 // V_BLOCK) are computed on zeros and never stored.
 //
 // Workgroup memory (f32 words, `ARENA` from the host, see `tuning::state_scan_arena_words`):
 // the W/V' tile (64 × V_BLOCK), then one region reused by the phases: the K/Q/S slices of the
-// first GEMMs, the packed lower triangle (2080 words) of Γ⊙A⊙β and of Γ⊙P, and the 8-token K
+// first GEMMs, the packed lower triangle (2080 words) of Γ⊙A⊙β and of Γ⊙QKᵀ, and the 8-token K
 // slices of the state update. At V_BLOCK = 16 it is under WebGPU's default 16 KiB.
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -31,7 +33,7 @@
 @group(0) @binding(2) var<storage, read> k_buf: array<Elem>;              // [B·T, H, K]
 @group(0) @binding(3) var<storage, read> v_buf: array<Elem>;              // [B·T, HV, V]
 @group(0) @binding(4) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
-@group(0) @binding(5) var<storage, read> a_buf: array<f32>;               // [B·T, HV, 64]
+@group(0) @binding(5) var<storage, read> gated: array<f32>;               // [B·T, HV, 128]: Γ⊙A⊙β | Γ⊙QKᵀ
 @group(0) @binding(6) var<storage, read> segments: array<u32>;            // start, length, state slot
 @group(0) @binding(7) var<storage, read_write> state: array<f32>;         // [slots, HV, K, V] or V-first
 @group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;        // [B·T, HV, V]
@@ -47,8 +49,6 @@ const T_SLICE: u32 = 8u;                  // tokens per K slice of the state upd
 override T_PITCH: u32 = K_DIM + 1u;
 
 var<workgroup> arena: array<f32, ARENA>;
-var<workgroup> g_s: array<f32, 64>;    // G_i (padded with G_last)
-var<workgroup> b_s: array<f32, 64>;    // β_i (0 past the end)
 var<workgroup> gam_s: array<f32, 64>;  // γ_i = exp(G_i)
 var<workgroup> dec_s: array<f32, 64>;  // γ_C/γ_i = exp(G_last − G_i)
 
@@ -135,13 +135,6 @@ fn krow4(base: u32, k: u32) -> vec4<f32> {
     return vec4<f32>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
 }
 
-// Γ at (i, c + 16 jj), 0 above the diagonal; the exponent is clamped so it is never > 0.
-fn gamma_row(i: u32, c: u32) -> vec4<f32> {
-    let j = vec4<u32>(c, c + 16u, c + 32u, c + 48u);
-    let gj = vec4<f32>(g_s[j.x], g_s[j.y], g_s[j.z], g_s[j.w]);
-    return select(vec4<f32>(0.0), exp(min(vec4<f32>(g_s[i]) - gj, vec4<f32>(0.0))), j <= vec4<u32>(i));
-}
-
 // Row i of v (its V-block columns), 0 past the chunk or past V.
 fn load_v(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32) -> vec4<f32> {
     var x = vec4<f32>(0.0);
@@ -169,26 +162,18 @@ fn store_o(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) 
     }
 }
 
-// Γ ⊙ A ⊙ β_col at (i, c + 16 jj) for j ≤ i into the triangle at `tr`.
-fn store_gated_a(tr: u32, base: u32, i: u32, len: u32, hv: u32, c: u32, gm: vec4<f32>) {
+// Row i of a precomputed gated matrix (`half` 0: Γ⊙A⊙β, 1: Γ⊙QKᵀ), entries j = c + 16 jj ≤ i,
+// into the triangle at `tr` (rows past the chunk are 0).
+fn load_gated(tr: u32, base: u32, i: u32, len: u32, hv: u32, c: u32, half: u32) {
+    let row = ((base + i) * params.heads_v + hv) * 2u * CHUNK + half * CHUNK;
     for (var jj = 0u; jj < 4u; jj++) {
         let j = c + 16u * jj;
         if (j <= i) {
-            var a = 0.0;
+            var x = 0.0;
             if (i < len) {
-                a = a_buf[((base + i) * params.heads_v + hv) * CHUNK + j];
+                x = gated[row + j];
             }
-            arena[tr + tri(i, j)] = a * gm[jj] * b_s[j];
-        }
-    }
-}
-
-// (Γ ⊙ P) at (i, c + 16 jj) for j ≤ i into the triangle at `tr`.
-fn store_gated_p(tr: u32, i: u32, c: u32, pg: vec4<f32>) {
-    for (var jj = 0u; jj < 4u; jj++) {
-        let j = c + 16u * jj;
-        if (j <= i) {
-            arena[tr + tri(i, j)] = pg[jj];
+            arena[tr + tri(i, j)] = x;
         }
     }
 }
@@ -245,22 +230,16 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         workgroupBarrier();
         if (t < CHUNK) {
             var g = g_last;
-            var b = 0.0;
             if (t < len) {
-                let gb = gate_beta[(base + t) * hv_count + hv];
-                g = gb.x;
-                b = gb.y;
+                g = gate_beta[(base + t) * hv_count + hv].x;
             }
-            g_s[t] = g;
-            b_s[t] = b;
             gam_s[t] = exp(g);
             dec_s[t] = exp(g_last - g);
         }
 
-        // U = K S (u*), QS = Q S (o*), P = Q Kᵀ (p*) over 16-column slices of K.
+        // U = K S (u*), QS = Q S (o*) over 16-column slices of K and Q.
         var u0 = vec4<f32>(0.0); var u1 = vec4<f32>(0.0); var u2 = vec4<f32>(0.0); var u3 = vec4<f32>(0.0);
         var o0 = vec4<f32>(0.0); var o1 = vec4<f32>(0.0); var o2 = vec4<f32>(0.0); var o3 = vec4<f32>(0.0);
-        var p0 = vec4<f32>(0.0); var p1 = vec4<f32>(0.0); var p2 = vec4<f32>(0.0); var p3 = vec4<f32>(0.0);
         for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
             workgroupBarrier();
             for (var e = t; e < 64u * K_SLICE; e += 256u) {
@@ -291,8 +270,6 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             for (var kk = 0u; kk < K_SLICE; kk++) {
                 let kr = rows4(kc, row0, K_PITCH, kk);
                 let qr = rows4(qc, row0, K_PITCH, kk);
-                let kcol = vec4<f32>(arena[kc + c * K_PITCH + kk], arena[kc + (c + 16u) * K_PITCH + kk],
-                                     arena[kc + (c + 32u) * K_PITCH + kk], arena[kc + (c + 48u) * K_PITCH + kk]);
                 let sv = cols4(ss + kk * V_BLOCK, c);
                 u0 += kr.x * sv;
                 u1 += kr.y * sv;
@@ -302,10 +279,6 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
                 o1 += qr.y * sv;
                 o2 += qr.z * sv;
                 o3 += qr.w * sv;
-                p0 += qr.x * kcol;
-                p1 += qr.y * kcol;
-                p2 += qr.z * kcol;
-                p3 += qr.w * kcol;
             }
         }
         workgroupBarrier();
@@ -315,14 +288,10 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         store_cols4(ws + (row0 + 1u) * V_BLOCK, c, load_v(base, row0 + 1u, len, hv, v0, c) - gam_s[row0 + 1u] * u1);
         store_cols4(ws + (row0 + 2u) * V_BLOCK, c, load_v(base, row0 + 2u, len, hv, v0, c) - gam_s[row0 + 2u] * u2);
         store_cols4(ws + (row0 + 3u) * V_BLOCK, c, load_v(base, row0 + 3u, len, hv, v0, c) - gam_s[row0 + 3u] * u3);
-        let gm0 = gamma_row(row0, c);
-        let gm1 = gamma_row(row0 + 1u, c);
-        let gm2 = gamma_row(row0 + 2u, c);
-        let gm3 = gamma_row(row0 + 3u, c);
-        store_gated_a(tr, base, row0, len, hv, c, gm0);
-        store_gated_a(tr, base, row0 + 1u, len, hv, c, gm1);
-        store_gated_a(tr, base, row0 + 2u, len, hv, c, gm2);
-        store_gated_a(tr, base, row0 + 3u, len, hv, c, gm3);
+        load_gated(tr, base, row0, len, hv, c, 0u);
+        load_gated(tr, base, row0 + 1u, len, hv, c, 0u);
+        load_gated(tr, base, row0 + 2u, len, hv, c, 0u);
+        load_gated(tr, base, row0 + 3u, len, hv, c, 0u);
         workgroupBarrier();
 
         // V' = (Γ ⊙ A ⊙ β_col) W over j ≤ i, into u*.
@@ -339,13 +308,13 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         store_cols4(ws + (row0 + 1u) * V_BLOCK, c, u1);
         store_cols4(ws + (row0 + 2u) * V_BLOCK, c, u2);
         store_cols4(ws + (row0 + 3u) * V_BLOCK, c, u3);
-        store_gated_p(tr, row0, c, p0 * gm0);
-        store_gated_p(tr, row0 + 1u, c, p1 * gm1);
-        store_gated_p(tr, row0 + 2u, c, p2 * gm2);
-        store_gated_p(tr, row0 + 3u, c, p3 * gm3);
+        load_gated(tr, base, row0, len, hv, c, 1u);
+        load_gated(tr, base, row0 + 1u, len, hv, c, 1u);
+        load_gated(tr, base, row0 + 2u, len, hv, c, 1u);
+        load_gated(tr, base, row0 + 3u, len, hv, c, 1u);
         workgroupBarrier();
 
-        // O = scale · (γ ⊙ QS + (Γ ⊙ P) V').
+        // O = scale · (γ ⊙ QS + (Γ ⊙ Q Kᵀ) V').
         o0 *= gam_s[row0];
         o1 *= gam_s[row0 + 1u];
         o2 *= gam_s[row0 + 2u];

@@ -6,23 +6,34 @@
 // scan), so A has no exponentials at all. Rows past a partial chunk's end have k = 0 and
 // β = 0, so they neither contribute nor are stored.
 //
+//
+// The pass also takes the gate-dependent, state-independent work off the scan's sequential
+// path (it is parallel over chunks here): per token row it writes
+//     gated[i, 0..64)   = Γ ⊙ A ⊙ β_col       (the scan's V' = gated_A · W)
+//     gated[i, 64..128) = Γ ⊙ Q Kᵀ            (the scan's intra-chunk output term)
+// both 0 above the diagonal, every exponent ≤ 0. A itself is kept for the backward.
+//
 // Workgroup memory: ten lower 16×16 blocks (block (bi, bj) at blk(bi, bj)) plus one scratch
 // block — 11 KiB, within every WebGPU device's 16 KiB. During the Gram accumulation the
-// first 1024 words stage 64×16 slices of K.
+// first 2048 words stage 64×16 slices of K and Q.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> k_buf: array<Elem>;              // [B·T, H, K]
-@group(0) @binding(2) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
-@group(0) @binding(3) var<storage, read> chunks: array<u32>;              // per chunk: start, length
-@group(0) @binding(4) var<storage, read_write> a_out: array<f32>;         // [B·T, HV, 64]
+@group(0) @binding(2) var<storage, read> q_buf: array<Elem>;              // [B·T, H, K]
+@group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
+@group(0) @binding(4) var<storage, read> chunks: array<u32>;              // per chunk: start, length
+@group(0) @binding(5) var<storage, read_write> a_out: array<f32>;         // [B·T, HV, 64]
+@group(0) @binding(6) var<storage, read_write> gated_out: array<f32>;     // [B·T, HV, 128]
 
 override K_DIM: u32;
 
 const K_SLICE: u32 = 16u;
 const SCRATCH: u32 = 2560u;
+const Q_STAGE: u32 = 1024u;
 
 var<workgroup> arena: array<f32, 2816>;
 var<workgroup> beta_s: array<f32, 64>;
+var<workgroup> g_s: array<f32, 64>;
 
 // Offset of lower block (bi, bj), bj ≤ bi, in the arena.
 fn blk(bi: u32, bj: u32) -> u32 {
@@ -41,11 +52,13 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     let c = t % 16u;
 
     if (t < CHUNK) {
-        var b = 0.0;
+        // Padded rows: β = 0, G = G_last (so Γ never sees a positive exponent).
+        var gb = vec2<f32>(gate_beta[(start + len - 1u) * hv_count + hv].x, 0.0);
         if (t < len) {
-            b = gate_beta[(start + t) * hv_count + hv].y;
+            gb = gate_beta[(start + t) * hv_count + hv];
         }
-        beta_s[t] = b;
+        g_s[t] = gb.x;
+        beta_s[t] = gb.y;
     }
 
     // Gram matrix K Kᵀ, lower blocks only; this invocation owns entry (r, c) of each block.
@@ -53,16 +66,23 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     // array indexed in a loop that is not unrolled lands in local memory).
     var a00 = 0.0; var a10 = 0.0; var a11 = 0.0; var a20 = 0.0; var a21 = 0.0;
     var a22 = 0.0; var a30 = 0.0; var a31 = 0.0; var a32 = 0.0; var a33 = 0.0;
+    // Q Kᵀ, same blocks.
+    var p00 = 0.0; var p10 = 0.0; var p11 = 0.0; var p20 = 0.0; var p21 = 0.0;
+    var p22 = 0.0; var p30 = 0.0; var p31 = 0.0; var p32 = 0.0; var p33 = 0.0;
     for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
         workgroupBarrier();
         for (var j = 0u; j < 4u; j++) {
             let e = t + 256u * j;
             let i = e / K_SLICE;
             var x = 0.0;
+            var y = 0.0;
             if (i < len) {
-                x = elem_to_f32(k_buf[((start + i) * params.heads_qk + h) * K_DIM + k0 + e % K_SLICE]);
+                let gi = ((start + i) * params.heads_qk + h) * K_DIM + k0 + e % K_SLICE;
+                x = elem_to_f32(k_buf[gi]);
+                y = elem_to_f32(q_buf[gi]);
             }
             arena[e] = x;
+            arena[Q_STAGE + e] = y;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < K_SLICE; kk++) {
@@ -80,9 +100,38 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             a31 += kr.w * kc.y;
             a32 += kr.w * kc.z;
             a33 += kr.w * kc.w;
+            let qr = vec4<f32>(arena[Q_STAGE + r * K_SLICE + kk], arena[Q_STAGE + (16u + r) * K_SLICE + kk],
+                               arena[Q_STAGE + (32u + r) * K_SLICE + kk], arena[Q_STAGE + (48u + r) * K_SLICE + kk]);
+            p00 += qr.x * kc.x;
+            p10 += qr.y * kc.x;
+            p11 += qr.y * kc.y;
+            p20 += qr.z * kc.x;
+            p21 += qr.z * kc.y;
+            p22 += qr.z * kc.z;
+            p30 += qr.w * kc.x;
+            p31 += qr.w * kc.y;
+            p32 += qr.w * kc.z;
+            p33 += qr.w * kc.w;
         }
     }
     workgroupBarrier();
+
+    // Γ ⊙ Q Kᵀ straight from the accumulators; blocks above the diagonal are 0.
+    let pq = array<f32, 10>(p00, p10, p11, p20, p21, p22, p30, p31, p32, p33);
+    for (var bi = 0u; bi < 4u; bi++) {
+        let i = 16u * bi + r;
+        if (i < len) {
+            let row = ((start + i) * hv_count + hv) * 2u * CHUNK + CHUNK;
+            for (var bj = 0u; bj < 4u; bj++) {
+                let j = 16u * bj + c;
+                var v = 0.0;
+                if (j <= i) {
+                    v = pq[bi * (bi + 1u) / 2u + bj] * exp(g_s[i] - g_s[j]);
+                }
+                gated_out[row + j] = v;
+            }
+        }
+    }
 
     // L = strict_lower(diag(β) K Kᵀ).
     let strict = select(0.0, 1.0, c < r);
@@ -173,6 +222,11 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
                 a = arena[blk(i / 16u, j / 16u) + (i % 16u) * 16u + j % 16u];
             }
             a_out[((start + i) * hv_count + hv) * CHUNK + j] = a;
+            var ag = 0.0;
+            if (j <= i) {
+                ag = a * exp(g_s[i] - g_s[j]) * beta_s[j];
+            }
+            gated_out[((start + i) * hv_count + hv) * 2u * CHUNK + j] = ag;
         }
     }
 }

@@ -31,9 +31,9 @@ pub fn state_scan_arena_words(bv: u32) -> u32 {
     64 * bv + slices.max(triangle).max(token_slices)
 }
 
-/// Total workgroup bytes of `state_scan` (arena + four 64-vectors).
+/// Total workgroup bytes of `state_scan` (arena + two 64-vectors).
 pub fn state_scan_bytes(bv: u32) -> u32 {
-    4 * (state_scan_arena_words(bv) + 4 * 64)
+    4 * (state_scan_arena_words(bv) + 2 * 64)
 }
 
 /// f32 words of workgroup memory of `wy_inverse`: ten 16×16 blocks plus one scratch block.

@@ -159,11 +159,13 @@ fn record_forward(
     mark(encoder, "prepare_gate");
 
     let a = GpuTensor::empty(ctx, "wy_inverse", &[bt, hv, CHUNK], DType::F32)?;
-    wy_inverse(ctx, encoder, &params, k, &gate_beta, &chunks, num_chunks, hv, &a)?;
+    // Forward-only scratch (not kept for the backward): the scan's gated matrices.
+    let gated = GpuTensor::empty(ctx, "gated", &[bt, hv, 2 * CHUNK], DType::F32)?;
+    wy_inverse(ctx, encoder, &params, k, q, &gate_beta, &chunks, num_chunks, hv, &a, &gated)?;
     mark(encoder, "wy_inverse");
 
     let v_block = ctx.tuning.state_scan_v_block(problem);
-    let bufs = ScanBuffers { q, k, v: inputs.v, gate_beta: &gate_beta, a: &a, segments: &segments, state: outputs.final_state, o: outputs.o };
+    let bufs = ScanBuffers { q, k, v: inputs.v, gate_beta: &gate_beta, gated: &gated, segments: &segments, state: outputs.final_state, o: outputs.o };
     state_scan(ctx, encoder, &params, &bufs, num_segments, hv, problem.key_dim, problem.value_dim, v_block)?;
     mark(encoder, "state_scan");
 

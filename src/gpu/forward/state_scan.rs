@@ -13,7 +13,8 @@ pub struct ScanBuffers<'a> {
     pub k: &'a GpuTensor,
     pub v: &'a GpuTensor,
     pub gate_beta: &'a GpuTensor,
-    pub a: &'a GpuTensor,
+    /// `[B·T, HV, 128]`: Γ⊙A⊙β and Γ⊙QKᵀ rows from `wy_inverse`.
+    pub gated: &'a GpuTensor,
     /// Segment table: (start token, length, state slot) per segment.
     pub segments: &'a wgpu::Buffer,
     /// Start states on entry, end states on exit.
@@ -53,7 +54,7 @@ pub fn state_scan(
         ctx,
         &pipeline,
         "state_scan",
-        &[params, &bufs.q.buffer, &bufs.k.buffer, &bufs.v.buffer, &bufs.gate_beta.buffer, &bufs.a.buffer, bufs.segments, &bufs.state.buffer, &bufs.o.buffer],
+        &[params, &bufs.q.buffer, &bufs.k.buffer, &bufs.v.buffer, &bufs.gate_beta.buffer, &bufs.gated.buffer, bufs.segments, &bufs.state.buffer, &bufs.o.buffer],
     );
     let grid = (num_segments as u32, heads_v as u32, (value_dim as u32).div_ceil(v_block));
     dispatch(encoder, "state_scan", &pipeline, &bg, grid);

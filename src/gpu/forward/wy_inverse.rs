@@ -5,18 +5,21 @@ use crate::gpu::params::{bind, dispatch};
 use crate::gpu::shaders::{Pass, source};
 use crate::gpu::{Context, GpuTensor};
 
-/// Record `A = (I + strict_lower(diag(β) K Kᵀ))⁻¹` for every chunk; `a` is `[B·T, HV, 64]` f32.
+/// Record `A = (I + strict_lower(diag(β) K Kᵀ))⁻¹` for every chunk (`a`: `[B·T, HV, 64]` f32)
+/// and the scan's gated matrices (`gated`: `[B·T, HV, 128]` f32, rows of Γ⊙A⊙β then Γ⊙QKᵀ).
 #[allow(clippy::too_many_arguments)]
 pub fn wy_inverse(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
     k: &GpuTensor,
+    q: &GpuTensor,
     gate_beta: &GpuTensor,
     chunks: &wgpu::Buffer,
     num_chunks: usize,
     heads_v: usize,
     a: &GpuTensor,
+    gated: &GpuTensor,
 ) -> Result<()> {
     let max = ctx.limits().max_compute_workgroups_per_dimension as usize;
     if num_chunks > max {
@@ -29,7 +32,7 @@ pub fn wy_inverse(
     }
     let key_dim = k.shape[k.shape.len() - 1];
     let pipeline = ctx.pipelines.get(source(Pass::WyInverse, k.dtype)?, "wy_inverse", &[("K_DIM", key_dim as f64)]);
-    let bg = bind(ctx, &pipeline, "wy_inverse", &[params, &k.buffer, &gate_beta.buffer, chunks, &a.buffer]);
+    let bg = bind(ctx, &pipeline, "wy_inverse", &[params, &k.buffer, &q.buffer, &gate_beta.buffer, chunks, &a.buffer, &gated.buffer]);
     dispatch(encoder, "wy_inverse", &pipeline, &bg, (num_chunks as u32, heads_v as u32, 1));
     Ok(())
 }
