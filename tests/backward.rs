@@ -27,6 +27,7 @@ fn normal(seed: u64, shape: &[usize], scale: f32) -> HostTensor {
     HostTensor::new(shape.to_vec(), data)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn problem(
     options: Options,
     b: usize,
@@ -472,7 +473,8 @@ struct Scratch(std::path::PathBuf);
 
 impl Scratch {
     fn new(test: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("gdn-backward-test-{}-{test}", std::process::id()));
+        let dir =
+            std::env::temp_dir().join(format!("gdn-backward-test-{}-{test}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         Scratch(dir)
     }
@@ -489,12 +491,20 @@ impl Drop for Scratch {
 }
 
 fn gdn(args: &[&str]) -> std::process::Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_gdn")).args(args).output().expect("run the gdn binary")
+    std::process::Command::new(env!("CARGO_BIN_EXE_gdn"))
+        .args(args)
+        .output()
+        .expect("run the gdn binary")
 }
 
 /// Write the forward's inputs (with `cu_seqlens` as I32 when the problem has them) plus the
 /// given extra tensors.
-fn write_backward_inputs(path: &str, problem: &Problem, inputs: &ForwardInputs<HostTensor>, extra: &[(&'static str, &HostTensor)]) {
+fn write_backward_inputs(
+    path: &str,
+    problem: &Problem,
+    inputs: &ForwardInputs<HostTensor>,
+    extra: &[(&'static str, &HostTensor)],
+) {
     use gdn_wgpu::io::{IntDType, IntTensor, TensorRef};
     let cu = problem.cu_seqlens.as_ref().map(|cu| IntTensor {
         shape: vec![cu.len()],
@@ -508,7 +518,11 @@ fn write_backward_inputs(path: &str, problem: &Problem, inputs: &ForwardInputs<H
         ("g", (&inputs.g).into()),
         ("beta", (&inputs.beta).into()),
     ];
-    for (name, t) in [("initial_state", &inputs.initial_state), ("A_log", &inputs.a_log), ("dt_bias", &inputs.dt_bias)] {
+    for (name, t) in [
+        ("initial_state", &inputs.initial_state),
+        ("A_log", &inputs.a_log),
+        ("dt_bias", &inputs.dt_bias),
+    ] {
         if let Some(t) = t {
             tensors.push((name, t.into()));
         }
@@ -522,7 +536,12 @@ fn write_backward_inputs(path: &str, problem: &Problem, inputs: &ForwardInputs<H
 
 #[test]
 fn cli_backward_matches_the_oracle_on_both_backends() {
-    let o = Options { l2norm_qk: true, beta_sigmoid: true, gate_in_kernel: true, ..Options::default() };
+    let o = Options {
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        gate_in_kernel: true,
+        ..Options::default()
+    };
     let problem = problem(o, 1, 80, 1, 2, 16, 32, Some(vec![0, 9, 80]));
     let inputs = spec(140).generate(&problem);
     let (d_o, dht) = upstream(&problem, 140, true);
@@ -537,11 +556,30 @@ fn cli_backward_matches_the_oracle_on_both_backends() {
     }
     for backend in backends {
         let output = dir.path(&format!("out-{backend}.safetensors"));
-        let args = ["run", "backward", "--input", &input, "--output", &output, "--backend", backend, "--l2norm-qk", "--beta-sigmoid", "--gate-in-kernel"];
+        let args = [
+            "run",
+            "backward",
+            "--input",
+            &input,
+            "--output",
+            &output,
+            "--backend",
+            backend,
+            "--l2norm-qk",
+            "--beta-sigmoid",
+            "--gate-in-kernel",
+        ];
         let out = gdn(&args);
-        assert!(out.status.success(), "{backend}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{backend}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let file = gdn_wgpu::io::TensorFile::open(&output).unwrap();
-        assert_eq!(file.names(), ["dA_log", "dbeta", "ddt_bias", "dg", "dh0", "dk", "dq", "dv"]);
+        assert_eq!(
+            file.names(),
+            ["dA_log", "dbeta", "ddt_bias", "dg", "dh0", "dk", "dq", "dv"]
+        );
         let pairs: [(&str, &Vec<f64>); 8] = [
             ("dq", &expected.dq),
             ("dk", &expected.dk),
@@ -567,14 +605,33 @@ fn cli_backward_names_a_malformed_gradient_and_exits_2() {
     let inputs = spec(150).generate(&problem);
     let dir = Scratch::new("cli-bad");
     let wrong = normal(3, &[1, 8, 2, 32], 1.0);
-    let cases: [(&str, Vec<(&'static str, &HostTensor)>, &str); 2] =
-        [("missing", vec![], "error: do: required"), ("shape", vec![("do", &wrong)], "error: do: expected shape [1, 8, 2, 16]")];
+    type Extra<'a> = Vec<(&'static str, &'a HostTensor)>;
+    let cases: [(&str, Extra, &str); 2] = [
+        ("missing", vec![], "error: do: required"),
+        (
+            "shape",
+            vec![("do", &wrong)],
+            "error: do: expected shape [1, 8, 2, 16]",
+        ),
+    ];
     for (label, extra, message) in cases {
         let input = dir.path(&format!("{label}.safetensors"));
         write_backward_inputs(&input, &problem, &inputs, &extra);
-        let out = gdn(&["run", "backward", "--input", &input, "--output", &dir.path("out.safetensors"), "--backend", "cpu"]);
+        let out = gdn(&[
+            "run",
+            "backward",
+            "--input",
+            &input,
+            "--output",
+            &dir.path("out.safetensors"),
+            "--backend",
+            "cpu",
+        ]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(2), "{label}: {stderr}");
-        assert!(stderr.starts_with(message) && stderr.lines().count() == 1, "{label}: {stderr}");
+        assert!(
+            stderr.starts_with(message) && stderr.lines().count() == 1,
+            "{label}: {stderr}"
+        );
     }
 }

@@ -64,7 +64,7 @@ pub fn scan_v_block(ctx: &Context, problem: &Problem) -> Result<u32> {
     let tuning = ctx.tuning();
     let fits: Vec<u32> = [64, 32, 16]
         .into_iter()
-        .filter(|&bv| scan_bytes(bv) <= tuning.workgroup_bytes && v % bv == 0)
+        .filter(|&bv| scan_bytes(bv) <= tuning.workgroup_bytes && v.is_multiple_of(bv))
         .collect();
     let Some(&widest) = fits.first() else {
         return Err(Error::unsupported(
