@@ -201,6 +201,33 @@ fn head_dim_128() {
 }
 
 #[test]
+fn head_dim_256() {
+    check_backward(&dense(1, 65, 1, 1, 256, 256), &spec(71), true);
+}
+
+/// Every backward pass within WebGPU's default limits (16 KiB of workgroup memory, 8 storage
+/// buffers per stage, 128 MiB bindings): a device requested with `Limits::default()`. A pass
+/// over a limit fails pipeline or bind-group validation, which panics in wgpu's default
+/// error handler.
+#[test]
+fn within_webgpu_default_limits() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let adapter = pollster::block_on(gpu::list_adapters()).into_iter().next().unwrap();
+    let desc = wgpu::DeviceDescriptor { label: Some("default limits"), required_limits: wgpu::Limits::default(), ..Default::default() };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+    let ctx = Context::from_device(device, queue, Some(adapter.get_info())).unwrap();
+    assert_eq!(ctx.tuning().workgroup_bytes, 16384);
+    let o = Options { l2norm_qk: true, beta_sigmoid: true, gate_in_kernel: true, ..Options::default() };
+    for (i, (k, v)) in [(64, 64), (256, 256)].into_iter().enumerate() {
+        let problem = problem(o, 1, 70, 1, 2, k, v, None);
+        assert_eq!(gpu::backward::scan_v_block(&ctx, &problem).unwrap(), 16);
+        check_backward_on(&ctx, &problem, &spec(75 + i as u64), true);
+    }
+}
+
+#[test]
 fn each_option() {
     let cases = [
         Options {
