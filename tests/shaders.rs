@@ -22,6 +22,15 @@ fn constants(pass: Pass) -> Vec<Vec<(&'static str, f64)>> {
             .collect(),
         Pass::WyGrad | Pass::StateGrad | Pass::QkGrad => [16.0, 128.0, 256.0].iter().map(|&k| vec![("K_DIM", k)]).collect(),
         Pass::ValueGrams | Pass::QkFinish | Pass::GateFinish => vec![vec![]],
+        Pass::RecurrentStep => [(16, 16, false), (128, 128, false), (128, 128, true), (256, 64, true), (48, 32, true)]
+            .into_iter()
+            .flat_map(|(k, v, v_first)| {
+                let options = gdn_wgpu::Options { state_v_first: v_first, ..Default::default() };
+                let problem = gdn_wgpu::Problem::new(1, 1, 1, 1, k, v, None, options).unwrap();
+                gdn_wgpu::gpu::decode::RecurrentStepTiles::candidates(&wgpu::Limits::default(), &problem)
+            })
+            .flat_map(|t| [t.pipeline_constants(false).to_vec(), t.pipeline_constants(true).to_vec()])
+            .collect(),
     }
 }
 

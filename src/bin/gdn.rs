@@ -43,6 +43,9 @@ enum Kernel {
     /// [B,T,HV,V] and optionally `dht` (the state shape, F32); writes dq dk dv dg dbeta, dh0
     /// when initial_state is given, and dA_log ddt_bias with --gate-in-kernel.
     Backward(RunArgs),
+    /// The same inputs and outputs as `forward`, computed token by token by the recurrent
+    /// decode kernel over a state pool (one decode step per token); agrees with `forward`.
+    Decode(RunArgs),
 }
 
 /// Files, backend and GDN flags, shared by every `run` kernel.
@@ -131,8 +134,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Info => info(),
-        Command::Run(Kernel::Forward(args)) => run_forward(args),
+        Command::Run(Kernel::Forward(args)) => run_forward(args, GpuPath::Chunked),
         Command::Run(Kernel::Backward(args)) => run_backward(args),
+        Command::Run(Kernel::Decode(args)) => run_forward(args, GpuPath::TokenByToken),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -164,14 +168,33 @@ const FORWARD_TENSORS: [&str; 9] = [
     "dt_bias",
 ];
 
-fn run_forward(args: &RunArgs) -> Result<(), Failure> {
+/// How the GPU computes a forward: `gdn run forward` or `gdn run decode`.
+#[derive(Clone, Copy)]
+enum GpuPath {
+    /// The chunked kernels.
+    Chunked,
+    /// The recurrent decode kernel, one token per sequence per step.
+    TokenByToken,
+}
+
+impl GpuPath {
+    fn command(self) -> &'static str {
+        match self {
+            GpuPath::Chunked => "forward",
+            GpuPath::TokenByToken => "decode",
+        }
+    }
+}
+
+fn run_forward(args: &RunArgs, path: GpuPath) -> Result<(), Failure> {
     let file = TensorFile::open(&args.input)?;
     let (problem, inputs) = read_forward(&file, args.flags.options())?;
     for name in file.names() {
         if !FORWARD_TENSORS.contains(&name.as_str()) {
             eprintln!(
-                "warning: ignoring tensor `{name}` in {}: not an input of forward",
-                file.path()
+                "warning: ignoring tensor `{name}` in {}: not an input of {}",
+                file.path(),
+                path.command()
             );
         }
     }
@@ -179,7 +202,10 @@ fn run_forward(args: &RunArgs) -> Result<(), Failure> {
     let engine = Engine::new(args.backend)?;
     let start = Instant::now();
     let outputs = match &engine {
-        Engine::Gpu(ctx) => gpu::forward_host(ctx, &problem, &inputs.as_ref())?,
+        Engine::Gpu(ctx) => match path {
+            GpuPath::Chunked => gpu::forward_host(ctx, &problem, &inputs.as_ref())?,
+            GpuPath::TokenByToken => gpu::decode::decode_host(ctx, &problem, &inputs.as_ref(), 1)?,
+        },
         Engine::Cpu => forward_cpu(&problem, &inputs)?,
     };
     let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -192,7 +218,8 @@ fn run_forward(args: &RunArgs) -> Result<(), Failure> {
     )?;
     let p = &problem;
     eprintln!(
-        "gdn run forward: {} | B={} T={} H={} HV={} K={} V={} N={} | {elapsed_ms:.1} ms | wrote {}",
+        "gdn run {}: {} | B={} T={} H={} HV={} K={} V={} N={} | {elapsed_ms:.1} ms | wrote {}",
+        path.command(),
         engine.describe(),
         p.batch,
         p.tokens,

@@ -3,6 +3,7 @@
 
 pub mod backward;
 mod context;
+pub mod decode;
 pub mod forward;
 pub mod params;
 pub(crate) mod pipelines;
@@ -15,6 +16,7 @@ pub use backward::{Gradients, Saved, backward, backward_profiled, forward_backwa
 #[cfg(not(target_arch = "wasm32"))]
 pub use backward::backward_host;
 pub use context::{Context, list_adapters};
+pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, decode_step};
 pub use forward::{Forward, Intermediates, forward, forward_into, forward_into_profiled};
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;

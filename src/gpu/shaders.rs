@@ -24,10 +24,11 @@ pub enum Pass {
     QkGrad,
     QkFinish,
     GateFinish,
+    RecurrentStep,
 }
 
 impl Pass {
-    pub const ALL: [Pass; 12] = [Pass::PrepareQk, Pass::PrepareGate, Pass::WyInverse, Pass::StateScan, Pass::StateRecompute, Pass::DhScan, Pass::ValueGrams, Pass::WyGrad, Pass::StateGrad, Pass::QkGrad, Pass::QkFinish, Pass::GateFinish];
+    pub const ALL: [Pass; 13] = [Pass::PrepareQk, Pass::PrepareGate, Pass::WyInverse, Pass::StateScan, Pass::StateRecompute, Pass::DhScan, Pass::ValueGrams, Pass::WyGrad, Pass::StateGrad, Pass::QkGrad, Pass::QkFinish, Pass::GateFinish, Pass::RecurrentStep];
 
     /// Path under `shaders/`.
     pub fn file(self) -> &'static str {
@@ -44,6 +45,7 @@ impl Pass {
             Pass::QkGrad => "backward/qk_grad.wgsl",
             Pass::QkFinish => "backward/qk_finish.wgsl",
             Pass::GateFinish => "backward/gate_finish.wgsl",
+            Pass::RecurrentStep => "decode/recurrent_step.wgsl",
         }
     }
 
@@ -61,6 +63,7 @@ impl Pass {
             Pass::QkGrad => include_str!("../../shaders/backward/qk_grad.wgsl"),
             Pass::QkFinish => include_str!("../../shaders/backward/qk_finish.wgsl"),
             Pass::GateFinish => include_str!("../../shaders/backward/gate_finish.wgsl"),
+            Pass::RecurrentStep => include_str!("../../shaders/decode/recurrent_step.wgsl"),
         }
     }
 }

@@ -1,0 +1,1263 @@
+//! The recurrent decode path against the f64 oracle (relative L2 ≤ 1e-5, f32 storage): T = 1
+//! decode and T = 16 verification over a state pool, every option, varlen, fresh and padding
+//! slots, per-token states, prefill → decode continuity, every tiling, typed errors that
+//! leave the pool untouched, and `gdn run decode`. Outputs are NaN-poisoned before kernels
+//! run; pools start random, so a state that is not written back shows up.
+
+mod common;
+
+use std::ops::Range;
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{F32_TOL, gpu, upload_inputs};
+use gdn_wgpu::gpu::decode::{RecurrentStepTiles, StateLayout, StatePool, StateSlot, decode_host};
+use gdn_wgpu::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, decode_step};
+use gdn_wgpu::io::{self, TensorFile};
+use gdn_wgpu::{
+    DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec,
+    reference, relative_l2,
+};
+
+use StateSlot::{Fresh, Padding, Resume};
+
+#[allow(clippy::too_many_arguments)]
+fn problem(
+    b: usize,
+    t: usize,
+    h: usize,
+    hv: usize,
+    k: usize,
+    v: usize,
+    cu: Option<Vec<usize>>,
+    options: Options,
+) -> Problem {
+    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
+}
+
+fn dense(b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize) -> Problem {
+    problem(b, t, h, hv, k, v, None, Options::default())
+}
+
+fn spec(seed: u64) -> RandomSpec {
+    RandomSpec {
+        seed,
+        initial_state: false,
+        ..RandomSpec::default()
+    }
+}
+
+fn state_len(p: &Problem) -> usize {
+    p.heads_v * p.key_dim * p.value_dim
+}
+
+/// A pool of `slots` random states (N(0, 0.25) entries) in `p`'s layout.
+fn random_pool(p: &Problem, slots: usize, seed: u64) -> HostTensor {
+    let pool_problem = problem(
+        slots,
+        1,
+        p.heads_qk,
+        p.heads_v,
+        p.key_dim,
+        p.value_dim,
+        None,
+        p.options,
+    );
+    RandomSpec {
+        seed: seed + 1000,
+        initial_state: true,
+        ..RandomSpec::default()
+    }
+    .generate(&pool_problem)
+    .initial_state
+    .unwrap()
+}
+
+/// The sequences' starting states as the oracle's initial_state: a resumed slot's state, zero
+/// for fresh and padding.
+fn starting_states(p: &Problem, pool: &HostTensor, slots: &[StateSlot]) -> HostTensor {
+    let len = state_len(p);
+    let data = slots
+        .iter()
+        .flat_map(|s| match s {
+            Resume(slot) => pool.data[*slot as usize * len..(*slot as usize + 1) * len].to_vec(),
+            Fresh(_) | Padding => vec![0.0; len],
+        })
+        .collect();
+    HostTensor::new(p.state_shape(), data)
+}
+
+struct DecodeRun {
+    o: HostTensor,
+    pool: HostTensor,
+    per_token_states: Option<HostTensor>,
+}
+
+/// One decode call on the GPU into NaN-poisoned outputs, from a pool holding `pool`.
+fn run_decode(
+    ctx: &Context,
+    p: &Problem,
+    inputs: &ForwardInputs<HostTensor>,
+    pool: &HostTensor,
+    slots: &[StateSlot],
+    per_token: bool,
+    tiles: Option<RecurrentStepTiles>,
+) -> DecodeRun {
+    let mut gpu_inputs = upload_inputs(ctx, inputs);
+    gpu_inputs.initial_state = None;
+    let pool_gpu = StatePool::from_tensor(
+        GpuTensor::upload(ctx, "pool", pool).unwrap(),
+        StateLayout::of(p),
+    )
+    .unwrap();
+    let o = GpuTensor::filled(ctx, "o", &p.v_shape(), DType::F32, f32::NAN).unwrap();
+    let [a, b] = StateLayout::of(p).inner_shape(p.key_dim, p.value_dim);
+    let states_shape = [p.total_tokens(), p.heads_v, a, b];
+    let per_token_states = per_token.then(|| {
+        GpuTensor::filled(ctx, "per_token_states", &states_shape, DType::F32, f32::NAN).unwrap()
+    });
+    let outputs = DecodeOutputs {
+        o: &o,
+        per_token_states: per_token_states.as_ref(),
+    };
+    let plan = match tiles {
+        Some(t) => {
+            DecodePlan::with_tiles(ctx, p, &gpu_inputs.as_ref(), &pool_gpu, slots, &outputs, t)
+        }
+        None => DecodePlan::new(ctx, p, &gpu_inputs.as_ref(), &pool_gpu, slots, &outputs),
+    }
+    .unwrap();
+    let mut encoder = ctx.create_encoder("test decode");
+    plan.record(&mut encoder);
+    ctx.submit_and_wait(encoder).unwrap();
+    DecodeRun {
+        o: o.download_blocking(ctx).unwrap(),
+        pool: pool_gpu.tensor().download_blocking(ctx).unwrap(),
+        per_token_states: per_token_states.map(|t| t.download_blocking(ctx).unwrap()),
+    }
+}
+
+/// Assert the pool after a call: slots written by a sequence hold its oracle final state (to
+/// the tolerance), every other slot is bitwise unchanged.
+fn assert_pool(
+    p: &Problem,
+    before: &HostTensor,
+    after: &HostTensor,
+    final_states: &[f64],
+    slots: &[StateSlot],
+    what: &str,
+) {
+    let len = state_len(p);
+    let (mut got, mut want) = (Vec::new(), Vec::new());
+    let mut written = vec![false; before.shape[0]];
+    for (n, s) in slots.iter().enumerate() {
+        if let Some(slot) = s.slot() {
+            let slot = slot as usize;
+            written[slot] = true;
+            got.extend_from_slice(&after.data[slot * len..(slot + 1) * len]);
+            want.extend_from_slice(&final_states[n * len..(n + 1) * len]);
+        }
+    }
+    if !got.is_empty() {
+        let e = relative_l2(&got, &want);
+        assert!(
+            e <= F32_TOL,
+            "{what}: written pool slots rel-L2 {e:e} > {F32_TOL:e}"
+        );
+    }
+    for (slot, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
+        let range = slot * len..(slot + 1) * len;
+        let same = before.data[range.clone()]
+            .iter()
+            .zip(&after.data[range])
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(
+            same,
+            "{what}: pool slot {slot} was not addressed but changed"
+        );
+    }
+}
+
+/// The inputs of the tokens in `ranges` (on `p`'s packed token axis) as a new problem: dense
+/// `[ranges.len(), L]` when `dense_rows` (all ranges of length L), else `cu_seqlens`. The
+/// initial state is left out.
+fn select_tokens(
+    p: &Problem,
+    inputs: &ForwardInputs<HostTensor>,
+    ranges: &[Range<usize>],
+    dense_rows: bool,
+) -> (Problem, ForwardInputs<HostTensor>) {
+    let total: usize = ranges.iter().map(|r| r.len()).sum();
+    let sub = if dense_rows {
+        let len = ranges[0].len();
+        assert!(
+            ranges.iter().all(|r| r.len() == len),
+            "dense selection needs equal lengths"
+        );
+        problem(
+            ranges.len(),
+            len,
+            p.heads_qk,
+            p.heads_v,
+            p.key_dim,
+            p.value_dim,
+            None,
+            p.options,
+        )
+    } else {
+        let mut cu = vec![0];
+        for r in ranges {
+            cu.push(cu.last().unwrap() + r.len());
+        }
+        problem(
+            1,
+            total,
+            p.heads_qk,
+            p.heads_v,
+            p.key_dim,
+            p.value_dim,
+            Some(cu),
+            p.options,
+        )
+    };
+    let take = |t: &HostTensor, shape: Vec<usize>| {
+        let row = t.len() / p.total_tokens();
+        HostTensor::new(
+            shape,
+            ranges
+                .iter()
+                .flat_map(|r| t.data[r.start * row..r.end * row].iter().copied())
+                .collect(),
+        )
+    };
+    let selected = ForwardInputs {
+        q: take(&inputs.q, sub.qk_shape().to_vec()),
+        k: take(&inputs.k, sub.qk_shape().to_vec()),
+        v: take(&inputs.v, sub.v_shape().to_vec()),
+        g: take(&inputs.g, sub.gate_shape().to_vec()),
+        beta: take(&inputs.beta, sub.gate_shape().to_vec()),
+        initial_state: None,
+        a_log: inputs.a_log.clone(),
+        dt_bias: inputs.dt_bias.clone(),
+    };
+    (sub, selected)
+}
+
+/// The decode call against the oracle: o, the pool (written slots and untouched ones), and
+/// with `per_token` the state after every token against the oracle run prefix by prefix.
+fn check_decode_with(
+    ctx: &Context,
+    p: &Problem,
+    seed: u64,
+    pool_slots: usize,
+    slots: &[StateSlot],
+    per_token: bool,
+    tiles: Option<RecurrentStepTiles>,
+) {
+    let what = format!("{p:?} slots {slots:?} tiles {tiles:?}");
+    let special = if p.heads_v >= 3 { (1, 1) } else { (0, 0) };
+    let s = RandomSpec {
+        zero_gate_heads: special.0,
+        strong_gate_heads: special.1,
+        ..spec(seed)
+    };
+    let inputs = s.generate(p);
+    let pool = random_pool(p, pool_slots, seed);
+    let mut oracle_inputs = inputs.clone();
+    oracle_inputs.initial_state = Some(starting_states(p, &pool, slots));
+    let expected = reference::forward(p, &oracle_inputs.as_ref()).unwrap();
+
+    let run = run_decode(ctx, p, &inputs, &pool, slots, per_token, tiles);
+    let e_o = relative_l2(&run.o.data, &expected.o);
+    eprintln!("{what}\n  rel-L2 o {e_o:.3e}");
+    assert!(e_o <= F32_TOL, "{what}: o rel-L2 {e_o:e} > {F32_TOL:e}");
+    assert_pool(p, &pool, &run.pool, &expected.final_state, slots, &what);
+
+    if let Some(states) = run.per_token_states {
+        let sequences = p.sequences();
+        let longest = sequences.iter().map(|r| r.len()).max().unwrap();
+        let len = state_len(p);
+        let mut want = vec![f64::NAN; p.total_tokens() * len];
+        for j in 1..=longest {
+            let prefixes: Vec<Range<usize>> = sequences
+                .iter()
+                .map(|r| r.start..(r.start + j).min(r.end))
+                .collect();
+            let (sub, mut sub_inputs) = select_tokens(p, &oracle_inputs, &prefixes, false);
+            sub_inputs.initial_state = oracle_inputs
+                .initial_state
+                .clone()
+                .map(|h| HostTensor::new(sub.state_shape(), h.data));
+            let out = reference::forward(&sub, &sub_inputs.as_ref()).unwrap();
+            for (n, r) in sequences.iter().enumerate().filter(|(_, r)| r.len() >= j) {
+                let token = r.start + j - 1;
+                want[token * len..(token + 1) * len]
+                    .copy_from_slice(&out.final_state[n * len..(n + 1) * len]);
+            }
+        }
+        let e = relative_l2(&states.data, &want);
+        eprintln!("  rel-L2 per-token states {e:.3e}");
+        assert!(
+            e <= F32_TOL,
+            "{what}: per-token states rel-L2 {e:e} > {F32_TOL:e}"
+        );
+    }
+}
+
+fn check_decode(p: &Problem, seed: u64, pool_slots: usize, slots: &[StateSlot], per_token: bool) {
+    let Some(ctx) = gpu() else { return };
+    check_decode_with(ctx, p, seed, pool_slots, slots, per_token, None);
+}
+
+#[test]
+fn decode_one_token_per_sequence() {
+    check_decode(
+        &dense(3, 1, 1, 2, 32, 32),
+        1,
+        5,
+        &[Resume(4), Resume(0), Resume(2)],
+        false,
+    );
+}
+
+#[test]
+fn verification_of_16_tokens_with_per_token_states() {
+    check_decode(
+        &dense(2, 16, 1, 2, 32, 48),
+        2,
+        3,
+        &[Resume(2), Resume(0)],
+        true,
+    );
+}
+
+#[test]
+fn gva_ratios_1_2_4() {
+    for (i, hv) in [2, 4, 8].into_iter().enumerate() {
+        check_decode(
+            &dense(2, 2, 2, hv, 32, 32),
+            10 + i as u64,
+            2,
+            &[Resume(1), Resume(0)],
+            false,
+        );
+    }
+}
+
+#[test]
+fn each_option() {
+    let cases = [
+        Options {
+            scale: Some(0.37),
+            ..Options::default()
+        },
+        Options {
+            l2norm_qk: true,
+            ..Options::default()
+        },
+        Options {
+            beta_sigmoid: true,
+            ..Options::default()
+        },
+        Options {
+            beta_sigmoid: true,
+            allow_neg_eigval: true,
+            ..Options::default()
+        },
+        Options {
+            gate_in_kernel: true,
+            ..Options::default()
+        },
+    ];
+    for (i, o) in cases.into_iter().enumerate() {
+        check_decode(
+            &problem(2, 3, 1, 3, 32, 32, None, o),
+            20 + i as u64,
+            3,
+            &[Resume(0), Resume(2)],
+            false,
+        );
+    }
+}
+
+#[test]
+fn state_v_first() {
+    let o = Options {
+        state_v_first: true,
+        ..Options::default()
+    };
+    check_decode(
+        &problem(2, 3, 1, 2, 32, 48, None, o),
+        30,
+        3,
+        &[Resume(1), Resume(2)],
+        true,
+    );
+    check_decode(
+        &problem(2, 1, 1, 2, 48, 32, None, o),
+        31,
+        2,
+        &[Resume(1), Resume(0)],
+        false,
+    );
+    check_decode(
+        &problem(1, 2, 1, 1, 64, 64, None, o),
+        32,
+        1,
+        &[Resume(0)],
+        false,
+    );
+}
+
+#[test]
+fn head_dim_128_both_layouts() {
+    for (i, v_first) in [false, true].into_iter().enumerate() {
+        let o = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        check_decode(
+            &problem(2, 1, 1, 1, 128, 128, None, o),
+            40 + i as u64,
+            3,
+            &[Resume(2), Resume(0)],
+            false,
+        );
+    }
+}
+
+#[test]
+fn varlen_with_lengths_one_and_zero() {
+    let cu = vec![0, 1, 5, 5, 21];
+    let p = problem(1, 21, 1, 2, 32, 32, Some(cu), Options::default());
+    check_decode(
+        &p,
+        50,
+        6,
+        &[Resume(3), Fresh(0), Resume(5), Resume(1)],
+        true,
+    );
+}
+
+#[test]
+fn fresh_and_padding_mixed_with_resumed_slots() {
+    // Fresh(1) overwrites a slot holding a random state; padding writes nothing; slots 2 and
+    // 5 are addressed by nobody and must keep their bits.
+    let p = dense(4, 2, 1, 2, 32, 32);
+    check_decode(&p, 60, 6, &[Resume(3), Fresh(1), Padding, Resume(0)], true);
+    check_decode(&p, 61, 6, &[Fresh(4), Fresh(0), Fresh(5), Padding], false);
+}
+
+#[test]
+fn every_option_together_with_varlen_gva_and_v_first() {
+    let o = Options {
+        scale: Some(0.2),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let p = problem(1, 9, 2, 4, 32, 48, Some(vec![0, 1, 9]), o);
+    check_decode(&p, 70, 4, &[Fresh(2), Resume(0)], true);
+}
+
+#[test]
+fn every_tiling_the_device_fits() {
+    let Some(ctx) = gpu() else { return };
+    let cases = [
+        (32, 64, false),
+        (64, 32, true),
+        (48, 32, false),
+        (48, 16, true),
+    ];
+    for (i, (k, v, v_first)) in cases.into_iter().enumerate() {
+        let o = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        let p = problem(2, 2, 1, 2, k, v, None, o);
+        let tiles = RecurrentStepTiles::candidates(&ctx.limits(), &p);
+        assert!(!tiles.is_empty(), "no tiling for {p:?}");
+        for t in tiles {
+            check_decode_with(
+                ctx,
+                &p,
+                80 + i as u64,
+                3,
+                &[Resume(2), Fresh(0)],
+                false,
+                Some(t),
+            );
+        }
+    }
+}
+
+/// WebGPU's default limits (16 KiB workgroup memory, 8 storage buffers): what a browser grants.
+#[test]
+fn webgpu_default_limits() {
+    if gpu().is_none() {
+        return;
+    }
+    let adapter = pollster::block_on(gpu::list_adapters())
+        .into_iter()
+        .next()
+        .unwrap();
+    let info = adapter.get_info();
+    let desc = wgpu::DeviceDescriptor {
+        required_limits: wgpu::Limits::default(),
+        ..Default::default()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+    let ctx = Context::from_device(device, queue, Some(info)).unwrap();
+    for (i, v_first) in [false, true].into_iter().enumerate() {
+        let o = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        for (k, v) in [(128, 128), (256, 256)] {
+            let p = problem(1, 2, 1, 1, k, v, None, o);
+            let tiles = RecurrentStepTiles::choose(&ctx.limits(), &p).unwrap();
+            assert!(tiles.workgroup_bytes() <= 16384, "{tiles:?}");
+            check_decode_with(&ctx, &p, 90 + i as u64, 1, &[Resume(0)], false, None);
+        }
+    }
+}
+
+/// The GPU chunked forward of `p` from `initial_state` (or zeros).
+fn gpu_forward(
+    ctx: &Context,
+    p: &Problem,
+    inputs: &ForwardInputs<HostTensor>,
+) -> (GpuTensor, GpuTensor) {
+    let gpu_inputs = upload_inputs(ctx, inputs);
+    let mut encoder = ctx.create_encoder("test forward");
+    let fwd = gpu::forward(ctx, &mut encoder, p, &gpu_inputs.as_ref()).unwrap();
+    ctx.submit_and_wait(encoder).unwrap();
+    (fwd.o, fwd.final_state)
+}
+
+/// Chunked prefill of each sequence's first `prompt[n]` tokens (`gpu::forward`, its final
+/// state copied into the pool), then decode calls of `steps[i]` tokens per sequence; o and the
+/// final states must equal one chunked forward — and the oracle — over the whole sequences.
+/// A sequence with an empty prompt starts its first decode call as `Fresh`.
+fn check_prefill_then_decode(
+    options: Options,
+    lengths: &[usize],
+    prompts: &[usize],
+    steps: &[usize],
+    seed: u64,
+) {
+    let Some(ctx) = gpu() else { return };
+    let n = lengths.len();
+    let mut cu = vec![0];
+    for l in lengths {
+        cu.push(cu.last().unwrap() + l);
+    }
+    let whole = problem(1, cu[n], 1, 2, 32, 32, Some(cu.clone()), options);
+    let s = RandomSpec {
+        zero_gate_heads: 0,
+        strong_gate_heads: 0,
+        ..spec(seed)
+    };
+    let inputs = s.generate(&whole);
+    let expected = reference::forward(&whole, &inputs.as_ref()).unwrap();
+    let (whole_o, whole_state) = gpu_forward(ctx, &whole, &inputs);
+    let (whole_o, whole_state) = (
+        whole_o.download_blocking(ctx).unwrap(),
+        whole_state.download_blocking(ctx).unwrap(),
+    );
+
+    // Slots in reverse order in a pool with a spare slot, so slot ≠ sequence index.
+    let pool_problem = problem(1, 1, 1, 2, 32, 32, None, options);
+    let pool = StatePool::for_problem(ctx, &pool_problem, n + 1).unwrap();
+    let slot_of = |i: usize| (n - i) as u32;
+    let o = GpuTensor::filled(ctx, "o", &whole.v_shape(), DType::F32, f32::NAN).unwrap();
+    let o_row = 4 * (whole.heads_v * whole.value_dim) as u64;
+    let mut encoder = ctx.create_encoder("prefill");
+    let prefilled: Vec<usize> = (0..n).filter(|&i| prompts[i] > 0).collect();
+    if !prefilled.is_empty() {
+        let ranges: Vec<Range<usize>> = prefilled
+            .iter()
+            .map(|&i| cu[i]..cu[i] + prompts[i])
+            .collect();
+        let (prefix, prefix_inputs) = select_tokens(&whole, &inputs, &ranges, false);
+        let (prefix_o, prefix_state) = gpu_forward(ctx, &prefix, &prefix_inputs);
+        for (entry, (&i, r)) in prefilled.iter().zip(&ranges).enumerate() {
+            pool.copy_into_slot(&mut encoder, &prefix_state, entry, slot_of(i) as usize)
+                .unwrap();
+            let from = prefix.sequences()[entry].start as u64 * o_row;
+            encoder.copy_buffer_to_buffer(
+                &prefix_o.buffer,
+                from,
+                &o.buffer,
+                r.start as u64 * o_row,
+                r.len() as u64 * o_row,
+            );
+        }
+    }
+    ctx.submit_and_wait(encoder).unwrap();
+
+    let mut done = prompts.to_vec();
+    for &step in steps {
+        let ranges: Vec<Range<usize>> = (0..n)
+            .map(|i| (cu[i] + done[i]).min(cu[i + 1])..(cu[i] + done[i] + step).min(cu[i + 1]))
+            .collect();
+        let all_equal = ranges.iter().all(|r| r.len() == ranges[0].len()) && !ranges[0].is_empty();
+        let (sub, sub_inputs) = select_tokens(&whole, &inputs, &ranges, all_equal);
+        let slots: Vec<StateSlot> = (0..n)
+            .map(|i| match (ranges[i].is_empty(), done[i]) {
+                (true, _) => Padding,
+                (false, 0) => Fresh(slot_of(i)),
+                (false, _) => Resume(slot_of(i)),
+            })
+            .collect();
+        let gpu_inputs = upload_inputs(ctx, &sub_inputs);
+        let step_o = GpuTensor::empty(ctx, "o of a step", &sub.v_shape(), DType::F32).unwrap();
+        let mut encoder = ctx.create_encoder("decode");
+        decode_step(
+            ctx,
+            &mut encoder,
+            &sub,
+            &gpu_inputs.as_ref(),
+            &pool,
+            &slots,
+            &DecodeOutputs {
+                o: &step_o,
+                per_token_states: None,
+            },
+        )
+        .unwrap();
+        for (r, seq) in ranges.iter().zip(sub.sequences()) {
+            if !r.is_empty() {
+                encoder.copy_buffer_to_buffer(
+                    &step_o.buffer,
+                    seq.start as u64 * o_row,
+                    &o.buffer,
+                    r.start as u64 * o_row,
+                    r.len() as u64 * o_row,
+                );
+            }
+        }
+        ctx.submit_and_wait(encoder).unwrap();
+        for (i, r) in ranges.iter().enumerate() {
+            done[i] += r.len();
+        }
+    }
+    assert_eq!(done, lengths, "the steps must cover every token");
+
+    let o = o.download_blocking(ctx).unwrap();
+    let pool_host = pool.tensor().download_blocking(ctx).unwrap();
+    let len = state_len(&whole);
+    let states: Vec<f32> = (0..n)
+        .flat_map(|i| {
+            pool_host.data[slot_of(i) as usize * len..(slot_of(i) as usize + 1) * len].to_vec()
+        })
+        .collect();
+    let as_f64 = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let errors = [
+        (
+            "o vs one chunked forward",
+            relative_l2(&o.data, &as_f64(&whole_o.data)),
+        ),
+        (
+            "final state vs one chunked forward",
+            relative_l2(&states, &as_f64(&whole_state.data)),
+        ),
+        ("o vs oracle", relative_l2(&o.data, &expected.o)),
+        (
+            "final state vs oracle",
+            relative_l2(&states, &expected.final_state),
+        ),
+    ];
+    let shown: Vec<String> = errors
+        .iter()
+        .map(|(name, e)| format!("{name} {e:.3e}"))
+        .collect();
+    eprintln!(
+        "{options:?} lengths {lengths:?} prompts {prompts:?} steps {steps:?}: {}",
+        shown.join(", ")
+    );
+    for (name, e) in errors {
+        assert!(
+            e <= F32_TOL,
+            "{name}: rel-L2 {e:e} > {F32_TOL:e} ({options:?}, prompts {prompts:?})"
+        );
+    }
+}
+
+#[test]
+fn prefill_then_decode_equals_one_forward() {
+    // Prompts of 70 tokens (two chunks), then 4 single-token steps.
+    check_prefill_then_decode(Options::default(), &[74, 74], &[70, 70], &[1, 1, 1, 1], 100);
+}
+
+#[test]
+fn prefill_then_decode_with_every_flag_and_v_first() {
+    let o = Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    check_prefill_then_decode(o, &[69, 8], &[64, 5], &[1, 3, 1], 101);
+}
+
+#[test]
+fn prefill_then_decode_mixed_with_fresh_sequences() {
+    // The second and fourth sequences have no prompt: their first decode call starts fresh;
+    // the last verification step (T = 4) runs past the end of the shorter sequences.
+    check_prefill_then_decode(
+        Options::default(),
+        &[70, 6, 9, 3],
+        &[65, 0, 3, 0],
+        &[1, 1, 4],
+        102,
+    );
+}
+
+/// One plan, reused for every step: inputs rewritten through the queue, slots switched from
+/// fresh to resumed — the decode loop of a server.
+#[test]
+fn one_plan_reused_for_every_step() {
+    let Some(ctx) = gpu() else { return };
+    let (n, steps) = (3, 5);
+    let whole = dense(n, steps, 1, 2, 32, 32);
+    let inputs = spec(110).generate(&whole);
+    let expected = reference::forward(&whole, &inputs.as_ref()).unwrap();
+
+    let step_problem = dense(n, 1, 1, 2, 32, 32);
+    let column = |t: usize| -> Vec<Range<usize>> {
+        (0..n).map(|b| b * steps + t..b * steps + t + 1).collect()
+    };
+    let (_, first) = select_tokens(&whole, &inputs, &column(0), true);
+    let buffers = upload_inputs(ctx, &first);
+    let pool = StatePool::for_problem(ctx, &step_problem, 4).unwrap();
+    let o = GpuTensor::filled(ctx, "o", &step_problem.v_shape(), DType::F32, f32::NAN).unwrap();
+    let all_o = GpuTensor::filled(ctx, "all o", &whole.v_shape(), DType::F32, f32::NAN).unwrap();
+    let slots = [1u32, 3, 0];
+    let fresh: Vec<StateSlot> = slots.iter().map(|&s| Fresh(s)).collect();
+    let resume: Vec<StateSlot> = slots.iter().map(|&s| Resume(s)).collect();
+    let mut plan = DecodePlan::new(
+        ctx,
+        &step_problem,
+        &buffers.as_ref(),
+        &pool,
+        &fresh,
+        &DecodeOutputs {
+            o: &o,
+            per_token_states: None,
+        },
+    )
+    .unwrap();
+    let row = 4 * (whole.heads_v * whole.value_dim) as u64;
+    for t in 0..steps {
+        let (_, step_inputs) = select_tokens(&whole, &inputs, &column(t), true);
+        for (buffer, host) in [
+            (&buffers.q, &step_inputs.q),
+            (&buffers.k, &step_inputs.k),
+            (&buffers.v, &step_inputs.v),
+            (&buffers.g, &step_inputs.g),
+            (&buffers.beta, &step_inputs.beta),
+        ] {
+            ctx.queue
+                .write_buffer(&buffer.buffer, 0, bytemuck::cast_slice(&host.data));
+        }
+        plan.set_slots(ctx, if t == 0 { &fresh } else { &resume })
+            .unwrap();
+        let mut encoder = ctx.create_encoder("step");
+        plan.record(&mut encoder);
+        for b in 0..n {
+            encoder.copy_buffer_to_buffer(
+                &o.buffer,
+                b as u64 * row,
+                &all_o.buffer,
+                (b * steps + t) as u64 * row,
+                row,
+            );
+        }
+        ctx.queue.submit([encoder.finish()]);
+    }
+    let all_o = all_o.download_blocking(ctx).unwrap();
+    let pool_host = pool.tensor().download_blocking(ctx).unwrap();
+    let len = state_len(&whole);
+    let states: Vec<f32> = slots
+        .iter()
+        .flat_map(|&s| pool_host.data[s as usize * len..(s as usize + 1) * len].to_vec())
+        .collect();
+    let (e_o, e_s) = (
+        relative_l2(&all_o.data, &expected.o),
+        relative_l2(&states, &expected.final_state),
+    );
+    eprintln!("plan reused for {steps} steps: rel-L2 o {e_o:.3e}, states {e_s:.3e}");
+    assert!(
+        e_o <= F32_TOL && e_s <= F32_TOL,
+        "o {e_o:e}, states {e_s:e}"
+    );
+    assert!(
+        pool_host.data[2 * len..3 * len].iter().all(|&x| x == 0.0),
+        "unaddressed slot 2 changed"
+    );
+}
+
+#[test]
+fn decode_host_token_by_token_matches_the_oracle() {
+    let Some(ctx) = gpu() else { return };
+    let o = Options {
+        gate_in_kernel: true,
+        beta_sigmoid: true,
+        ..Options::default()
+    };
+    let cases = [
+        (
+            problem(1, 12, 1, 2, 32, 32, Some(vec![0, 5, 5, 6, 12]), o),
+            true,
+        ),
+        (
+            problem(
+                2,
+                4,
+                1,
+                2,
+                16,
+                32,
+                None,
+                Options {
+                    state_v_first: true,
+                    ..Options::default()
+                },
+            ),
+            false,
+        ),
+    ];
+    for (i, (p, h0)) in cases.into_iter().enumerate() {
+        let inputs = RandomSpec {
+            initial_state: h0,
+            ..spec(120 + i as u64)
+        }
+        .generate(&p);
+        let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
+        for tokens_per_step in [1, 3] {
+            let out = decode_host(ctx, &p, &inputs.as_ref(), tokens_per_step).unwrap();
+            let (e_o, e_s) = (
+                relative_l2(&out.o.data, &expected.o),
+                relative_l2(&out.final_state.data, &expected.final_state),
+            );
+            eprintln!(
+                "decode_host {tokens_per_step} tokens per step: o {e_o:.3e}, state {e_s:.3e}"
+            );
+            assert!(
+                e_o <= F32_TOL && e_s <= F32_TOL,
+                "{p:?}: o {e_o:e}, state {e_s:e}"
+            );
+        }
+    }
+}
+
+// ---- bad input: a typed error naming the tensor, and the pool untouched ----
+
+/// A valid call's pieces; each error test breaks one.
+struct Valid {
+    p: Problem,
+    inputs: ForwardInputs<GpuTensor>,
+    pool: StatePool,
+    pool_before: HostTensor,
+    o: GpuTensor,
+}
+
+fn valid(ctx: &Context, options: Options) -> Valid {
+    let p = problem(2, 1, 1, 2, 16, 16, None, options);
+    let mut inputs = upload_inputs(ctx, &spec(130).generate(&p));
+    inputs.initial_state = None;
+    let pool_before = random_pool(&p, 3, 130);
+    let pool = StatePool::from_tensor(
+        GpuTensor::upload(ctx, "pool", &pool_before).unwrap(),
+        StateLayout::of(&p),
+    )
+    .unwrap();
+    let o = GpuTensor::empty(ctx, "o", &p.v_shape(), DType::F32).unwrap();
+    Valid {
+        p,
+        inputs,
+        pool,
+        pool_before,
+        o,
+    }
+}
+
+/// Record a call that must fail: check the error kind names `name`, then submit whatever was
+/// recorded and compare the pool bitwise with its content before.
+fn expect_rejected(
+    ctx: &Context,
+    valid: &Valid,
+    result: impl FnOnce(&mut wgpu::CommandEncoder) -> gdn_wgpu::Result<()>,
+    name: &str,
+) -> Error {
+    let mut encoder = ctx.create_encoder("rejected");
+    let err = result(&mut encoder).expect_err("the call should be rejected");
+    let msg = err.to_string();
+    assert!(msg.contains(name), "error {msg:?} does not name {name:?}");
+    assert!(err.is_input_error(), "{msg:?} should be an input error");
+    ctx.submit_and_wait(encoder).unwrap();
+    let after = valid.pool.tensor().download_blocking(ctx).unwrap();
+    let same = valid
+        .pool_before
+        .data
+        .iter()
+        .zip(&after.data)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same, "the pool changed after a rejected call ({msg})");
+    err
+}
+
+fn call(
+    ctx: &Context,
+    valid: &Valid,
+    pool: &StatePool,
+    slots: &[StateSlot],
+    outputs: &DecodeOutputs<'_>,
+    encoder: &mut wgpu::CommandEncoder,
+) -> gdn_wgpu::Result<()> {
+    decode_step(
+        ctx,
+        encoder,
+        &valid.p,
+        &valid.inputs.as_ref(),
+        pool,
+        slots,
+        outputs,
+    )
+}
+
+#[test]
+fn error_slot_out_of_range() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let out = DecodeOutputs {
+        o: &v.o,
+        per_token_states: None,
+    };
+    for slots in [[Resume(0), Resume(3)], [Fresh(7), Resume(0)]] {
+        let e = expect_rejected(
+            ctx,
+            &v,
+            |enc| call(ctx, &v, &v.pool, &slots, &out, enc),
+            "slots",
+        );
+        assert!(
+            matches!(e, Error::Value { .. }) && e.to_string().contains("0..3"),
+            "{e}"
+        );
+    }
+}
+
+#[test]
+fn error_same_slot_twice() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let out = DecodeOutputs {
+        o: &v.o,
+        per_token_states: None,
+    };
+    for slots in [[Resume(1), Resume(1)], [Fresh(2), Resume(2)]] {
+        let e = expect_rejected(
+            ctx,
+            &v,
+            |enc| call(ctx, &v, &v.pool, &slots, &out, enc),
+            "slots",
+        );
+        assert!(e.to_string().contains("sequences 0 and 1"), "{e}");
+    }
+}
+
+#[test]
+fn error_wrong_number_of_slots() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let out = DecodeOutputs {
+        o: &v.o,
+        per_token_states: None,
+    };
+    expect_rejected(
+        ctx,
+        &v,
+        |enc| call(ctx, &v, &v.pool, &[Resume(0)], &out, enc),
+        "slots",
+    );
+}
+
+#[test]
+fn error_pool_shape_mismatch() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let out = DecodeOutputs {
+        o: &v.o,
+        per_token_states: None,
+    };
+    // HV = 1 instead of 2.
+    let other = StatePool::zeros(ctx, 3, 1, 16, 16, StateLayout::KFirst).unwrap();
+    let e = expect_rejected(
+        ctx,
+        &v,
+        |enc| call(ctx, &v, &other, &[Resume(0), Resume(1)], &out, enc),
+        "pool",
+    );
+    assert!(matches!(e, Error::Shape { .. }), "{e}");
+}
+
+#[test]
+fn error_pool_layout_mismatch() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let out = DecodeOutputs {
+        o: &v.o,
+        per_token_states: None,
+    };
+    // K = V: the shapes agree, only the recorded layout tells them apart.
+    let v_first = StatePool::from_tensor(v.pool.tensor().clone(), StateLayout::VFirst).unwrap();
+    let e = expect_rejected(
+        ctx,
+        &v,
+        |enc| call(ctx, &v, &v_first, &[Resume(0), Resume(1)], &out, enc),
+        "pool",
+    );
+    assert!(e.to_string().contains("V-first"), "{e}");
+}
+
+#[test]
+fn error_pool_tensor_not_f32_or_not_4d() {
+    let Some(ctx) = gpu() else { return };
+    let flat = GpuTensor::empty(ctx, "flat", &[3, 512], DType::F32).unwrap();
+    let e = StatePool::from_tensor(flat, StateLayout::KFirst).unwrap_err();
+    assert!(
+        matches!(e, Error::Shape { .. }) && e.to_string().contains("pool"),
+        "{e}"
+    );
+    let half = GpuTensor::empty(ctx, "half", &[3, 2, 16, 16], DType::F16).unwrap();
+    let e = StatePool::from_tensor(half, StateLayout::KFirst).unwrap_err();
+    assert!(
+        matches!(e, Error::DType { .. }) && e.to_string().contains("pool"),
+        "{e}"
+    );
+}
+
+#[test]
+fn error_initial_state_given() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let out = DecodeOutputs {
+        o: &v.o,
+        per_token_states: None,
+    };
+    let h0 = GpuTensor::empty(ctx, "h0", &v.p.state_shape(), DType::F32).unwrap();
+    let inputs = ForwardInputs {
+        initial_state: Some(&h0),
+        ..v.inputs.as_ref()
+    };
+    expect_rejected(
+        ctx,
+        &v,
+        |enc| {
+            decode_step(
+                ctx,
+                enc,
+                &v.p,
+                &inputs,
+                &v.pool,
+                &[Resume(0), Resume(1)],
+                &out,
+            )
+        },
+        "initial_state",
+    );
+}
+
+#[test]
+fn error_input_shape() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let out = DecodeOutputs {
+        o: &v.o,
+        per_token_states: None,
+    };
+    let q = GpuTensor::empty(ctx, "q", &[2, 1, 1, 32], DType::F32).unwrap();
+    let inputs = ForwardInputs {
+        q: &q,
+        ..v.inputs.as_ref()
+    };
+    expect_rejected(
+        ctx,
+        &v,
+        |enc| {
+            decode_step(
+                ctx,
+                enc,
+                &v.p,
+                &inputs,
+                &v.pool,
+                &[Resume(0), Resume(1)],
+                &out,
+            )
+        },
+        "q",
+    );
+}
+
+#[test]
+fn error_o_shape() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let o = GpuTensor::empty(ctx, "o", &[2, 2, 2, 16], DType::F32).unwrap();
+    let out = DecodeOutputs {
+        o: &o,
+        per_token_states: None,
+    };
+    expect_rejected(
+        ctx,
+        &v,
+        |enc| call(ctx, &v, &v.pool, &[Resume(0), Resume(1)], &out, enc),
+        "o",
+    );
+}
+
+#[test]
+fn error_per_token_states_shape() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    // One state per sequence instead of one per token and v-head.
+    let states = GpuTensor::empty(ctx, "per_token_states", &[2, 1, 16, 16], DType::F32).unwrap();
+    let out = DecodeOutputs {
+        o: &v.o,
+        per_token_states: Some(&states),
+    };
+    expect_rejected(
+        ctx,
+        &v,
+        |enc| call(ctx, &v, &v.pool, &[Resume(0), Resume(1)], &out, enc),
+        "per_token_states",
+    );
+}
+
+#[test]
+fn error_set_slots_keeps_the_plan() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let out = DecodeOutputs {
+        o: &v.o,
+        per_token_states: None,
+    };
+    let mut plan = DecodePlan::new(
+        ctx,
+        &v.p,
+        &v.inputs.as_ref(),
+        &v.pool,
+        &[Resume(0), Resume(1)],
+        &out,
+    )
+    .unwrap();
+    let e = plan.set_slots(ctx, &[Resume(2), Resume(2)]).unwrap_err();
+    assert!(e.to_string().contains("slots"), "{e}");
+    assert_eq!(plan.slots(), &[Resume(0), Resume(1)]);
+}
+
+#[test]
+fn error_copy_into_slot_out_of_range() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let states = GpuTensor::empty(ctx, "final_state", &v.p.state_shape(), DType::F32).unwrap();
+    expect_rejected(
+        ctx,
+        &v,
+        |enc| v.pool.copy_into_slot(enc, &states, 0, 3),
+        "slot",
+    );
+    expect_rejected(
+        ctx,
+        &v,
+        |enc| v.pool.copy_into_slot(enc, &states, 2, 0),
+        "states",
+    );
+}
+
+// ---- the CLI ----
+
+fn gdn(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gdn"))
+        .args(args)
+        .output()
+        .expect("run the gdn binary")
+}
+
+#[test]
+fn cli_run_decode_agrees_with_forward() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gdn-decode-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |f: &str| -> PathBuf { dir.join(f) };
+    let o = Options {
+        beta_sigmoid: true,
+        state_v_first: true,
+        ..Options::default()
+    };
+    let p = problem(1, 11, 1, 2, 16, 32, Some(vec![0, 1, 4, 11]), o);
+    let inputs = spec(140).generate(&p);
+    let cu = io::IntTensor {
+        shape: vec![4],
+        dtype: io::IntDType::I32,
+        data: vec![0i64, 1, 4, 11],
+    };
+    let tensors: Vec<(&str, io::TensorRef)> = vec![
+        ("q", (&inputs.q).into()),
+        ("k", (&inputs.k).into()),
+        ("v", (&inputs.v).into()),
+        ("g", (&inputs.g).into()),
+        ("beta", (&inputs.beta).into()),
+        ("cu_seqlens", (&cu).into()),
+    ];
+    io::write(path("in.safetensors"), tensors).unwrap();
+    let input = path("in.safetensors").display().to_string();
+    let mut outputs = Vec::new();
+    for kernel in ["decode", "forward"] {
+        let output = path(&format!("{kernel}.safetensors")).display().to_string();
+        let out = gdn(&[
+            "run",
+            kernel,
+            "--input",
+            &input,
+            "--output",
+            &output,
+            "--backend",
+            "wgpu",
+            "--beta-sigmoid",
+            "--state-v-first",
+        ]);
+        assert!(
+            out.status.success(),
+            "gdn run {kernel}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file = TensorFile::open(&output).unwrap();
+        outputs.push(ForwardOutputs {
+            o: file.float("o").unwrap().unwrap(),
+            final_state: file.float("final_state").unwrap().unwrap(),
+        });
+    }
+    let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
+    let (decode, forward) = (&outputs[0], &outputs[1]);
+    assert_eq!(decode.o.shape, forward.o.shape);
+    assert_eq!(decode.final_state.shape, forward.final_state.shape);
+    let as_f64 = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let errors = [
+        relative_l2(&decode.o.data, &as_f64(&forward.o.data)),
+        relative_l2(&decode.final_state.data, &as_f64(&forward.final_state.data)),
+        relative_l2(&decode.o.data, &expected.o),
+        relative_l2(&decode.final_state.data, &expected.final_state),
+    ];
+    eprintln!("gdn run decode vs forward (o, state), vs oracle (o, state): {errors:?}");
+    assert!(errors.iter().all(|&e| e <= F32_TOL), "{errors:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
