@@ -25,8 +25,12 @@
 //
 // Workgroup memory (f32 words, `ARENA` from the host, see `tuning::state_scan_arena_words`):
 // the W/V' tile (64 × V_BLOCK), then one region reused by the phases: the K/Q/S slices of the
-// first GEMMs, the packed lower triangle (2080 words) of Γ⊙A⊙β and of Γ⊙QKᵀ, and the 8-token K
-// slices of the state update. At V_BLOCK = 16 it is under WebGPU's default 16 KiB.
+// first GEMMs, the packed lower triangle (2080 words) of Γ⊙A⊙β and of Γ⊙QKᵀ, and the
+// T_SLICE-token K slices of the state update (T_SLICE·K ≤ 1024).
+//
+// Latency: global loads are issued in batches (clamped indices, masked results) and the next
+// K/Q slice is fetched into registers while the current one is used, because the scan is
+// latency-bound: one workgroup per SM walks its chunks one after another. At V_BLOCK = 16 it is under WebGPU's default 16 KiB.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Elem>;              // [B·T, H, K]
@@ -45,7 +49,7 @@ override TC: u32 = V_BLOCK / 16u;         // columns per invocation: 1, 2 or 4
 override KB: u32 = (K_DIM + 63u) / 64u;   // 64-row state blocks: 1..4
 const K_SLICE: u32 = 16u;
 const K_PITCH: u32 = 17u;                 // padded row pitch of the K/Q slices (no bank conflicts)
-const T_SLICE: u32 = 8u;                  // tokens per K slice of the state update
+override T_SLICE: u32;                   // tokens per K slice of the state update (T_SLICE·K ≤ 1024)
 override T_PITCH: u32 = K_DIM + 1u;
 
 var<workgroup> arena: array<f32, ARENA>;
@@ -135,19 +139,17 @@ fn krow4(base: u32, k: u32) -> vec4<f32> {
     return vec4<f32>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
 }
 
-// Row i of v (its V-block columns), 0 past the chunk or past V.
+// Row i of v at the invocation's columns, 0 past the chunk or past V. The loads are
+// independent and unconditional (indices clamped in range, results masked) so they issue
+// back to back instead of one round trip each.
 fn load_v(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32) -> vec4<f32> {
-    var x = vec4<f32>(0.0);
-    if (i < len) {
-        let row = ((base + i) * params.heads_v + hv) * params.value_dim;
-        for (var j = 0u; j < TC; j++) {
-            let v = v0 + c + 16u * j;
-            if (v < params.value_dim) {
-                x[j] = elem_to_f32(v_buf[row + v]);
-            }
-        }
-    }
-    return x;
+    let vd = params.value_dim;
+    let row = ((base + min(i, len - 1u)) * params.heads_v + hv) * vd;
+    let v = vec4<u32>(v0 + c, v0 + c + 16u, v0 + c + 32u, v0 + c + 48u);
+    let x = vec4<f32>(elem_to_f32(v_buf[row + min(v.x, vd - 1u)]), elem_to_f32(v_buf[row + min(v.y, vd - 1u)]),
+                      elem_to_f32(v_buf[row + min(v.z, vd - 1u)]), elem_to_f32(v_buf[row + min(v.w, vd - 1u)]));
+    let keep = (v < vec4<u32>(vd)) & (vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(TC)) & vec4<bool>(i < len);
+    return select(vec4<f32>(0.0), x, keep);
 }
 
 fn store_o(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) {
@@ -162,19 +164,67 @@ fn store_o(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) 
     }
 }
 
-// Row i of a precomputed gated matrix (`half` 0: Γ⊙A⊙β, 1: Γ⊙QKᵀ), entries j = c + 16 jj ≤ i,
-// into the triangle at `tr` (rows past the chunk are 0).
-fn load_gated(tr: u32, base: u32, i: u32, len: u32, hv: u32, c: u32, half: u32) {
-    let row = ((base + i) * params.heads_v + hv) * 2u * CHUNK + half * CHUNK;
+// Row i of a precomputed gated matrix (`half` 0: Γ⊙A⊙β, 1: Γ⊙QKᵀ) at columns c + 16 jj,
+// 0 past the chunk (batched loads as in `load_v`).
+fn load_gated(base: u32, i: u32, len: u32, hv: u32, c: u32, half: u32) -> vec4<f32> {
+    let row = ((base + min(i, len - 1u)) * params.heads_v + hv) * 2u * CHUNK + half * CHUNK + c;
+    let x = vec4<f32>(gated[row], gated[row + 16u], gated[row + 32u], gated[row + 48u]);
+    return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
+}
+
+// Entries j = c + 16 jj ≤ i of row i into the packed triangle at `tr`.
+fn store_tri_row(tr: u32, i: u32, c: u32, x: vec4<f32>) {
     for (var jj = 0u; jj < 4u; jj++) {
         let j = c + 16u * jj;
         if (j <= i) {
-            var x = 0.0;
-            if (i < len) {
-                x = gated[row + j];
-            }
-            arena[tr + tri(i, j)] = x;
+            arena[tr + tri(i, j)] = x[jj];
         }
+    }
+}
+
+// Four consecutive K (or Q) values of the 64 × 16 slice at column k0: row t / 4, columns
+// (t % 4)·4 … +3; 0 past the chunk.
+fn load_k4(base: u32, len: u32, h: u32, k0: u32, t: u32) -> vec4<f32> {
+    let i = t / 4u;
+    let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + k0 + (t % 4u) * 4u;
+    let x = vec4<f32>(elem_to_f32(k_buf[gi]), elem_to_f32(k_buf[gi + 1u]), elem_to_f32(k_buf[gi + 2u]), elem_to_f32(k_buf[gi + 3u]));
+    return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
+}
+
+fn load_q4(base: u32, len: u32, h: u32, k0: u32, t: u32) -> vec4<f32> {
+    let i = t / 4u;
+    let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + k0 + (t % 4u) * 4u;
+    let x = vec4<f32>(elem_to_f32(q_buf[gi]), elem_to_f32(q_buf[gi + 1u]), elem_to_f32(q_buf[gi + 2u]), elem_to_f32(q_buf[gi + 3u]));
+    return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
+}
+
+fn store_slice4(dst: u32, t: u32, x: vec4<f32>) {
+    let at = dst + (t / 4u) * K_PITCH + (t % 4u) * 4u;
+    arena[at] = x.x;
+    arena[at + 1u] = x.y;
+    arena[at + 2u] = x.z;
+    arena[at + 3u] = x.w;
+}
+
+// Four consecutive K values of the state update's T_SLICE × K token slice starting at token
+// i0 (element 4t of the slice); 0 past the chunk or past the slice.
+fn load_kt4(base: u32, len: u32, h: u32, i0: u32, t: u32) -> vec4<f32> {
+    let e = 4u * t;
+    let i = i0 + e / K_DIM;
+    let ok = e < T_SLICE * K_DIM && i < len;
+    let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + min(e % K_DIM, K_DIM - 4u);
+    let x = vec4<f32>(elem_to_f32(k_buf[gi]), elem_to_f32(k_buf[gi + 1u]), elem_to_f32(k_buf[gi + 2u]), elem_to_f32(k_buf[gi + 3u]));
+    return select(vec4<f32>(0.0), x, vec4<bool>(ok));
+}
+
+fn store_kt4(kt: u32, t: u32, x: vec4<f32>) {
+    let e = 4u * t;
+    if (e < T_SLICE * K_DIM) {
+        let at = kt + (e / K_DIM) * T_PITCH + e % K_DIM;
+        arena[at] = x.x;
+        arena[at + 1u] = x.y;
+        arena[at + 2u] = x.z;
+        arena[at + 3u] = x.w;
     }
 }
 
@@ -237,23 +287,33 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             dec_s[t] = exp(g_last - g);
         }
 
-        // U = K S (u*), QS = Q S (o*) over 16-column slices of K and Q.
+        // Loads for after the GEMMs, issued now so their latency hides behind them.
+        let va0 = load_v(base, row0, len, hv, v0, c);
+        let va1 = load_v(base, row0 + 1u, len, hv, v0, c);
+        let va2 = load_v(base, row0 + 2u, len, hv, v0, c);
+        let va3 = load_v(base, row0 + 3u, len, hv, v0, c);
+        let ga0 = load_gated(base, row0, len, hv, c, 0u);
+        let ga1 = load_gated(base, row0 + 1u, len, hv, c, 0u);
+        let ga2 = load_gated(base, row0 + 2u, len, hv, c, 0u);
+        let ga3 = load_gated(base, row0 + 3u, len, hv, c, 0u);
+        let gp0 = load_gated(base, row0, len, hv, c, 1u);
+        let gp1 = load_gated(base, row0 + 1u, len, hv, c, 1u);
+        let gp2 = load_gated(base, row0 + 2u, len, hv, c, 1u);
+        let gp3 = load_gated(base, row0 + 3u, len, hv, c, 1u);
+
+        // U = K S (u*), QS = Q S (o*) over 16-column slices of K and Q; the next slice is
+        // loaded into registers while this one is used.
         var u0 = vec4<f32>(0.0); var u1 = vec4<f32>(0.0); var u2 = vec4<f32>(0.0); var u3 = vec4<f32>(0.0);
         var o0 = vec4<f32>(0.0); var o1 = vec4<f32>(0.0); var o2 = vec4<f32>(0.0); var o3 = vec4<f32>(0.0);
+        var k_next = load_k4(base, len, h, 0u, t);
+        var q_next = load_q4(base, len, h, 0u, t);
         for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
             workgroupBarrier();
-            for (var e = t; e < 64u * K_SLICE; e += 256u) {
-                let i = e / K_SLICE;
-                let kk = e % K_SLICE;
-                var kx = 0.0;
-                var qx = 0.0;
-                if (i < len) {
-                    let gi = ((base + i) * h_count + h) * K_DIM + k0 + kk;
-                    kx = elem_to_f32(k_buf[gi]);
-                    qx = elem_to_f32(q_buf[gi]);
-                }
-                arena[kc + i * K_PITCH + kk] = kx;
-                arena[qc + i * K_PITCH + kk] = qx;
+            store_slice4(kc, t, k_next);
+            store_slice4(qc, t, q_next);
+            if (k0 + K_SLICE < K_DIM) {
+                k_next = load_k4(base, len, h, k0 + K_SLICE, t);
+                q_next = load_q4(base, len, h, k0 + K_SLICE, t);
             }
             // The owners of state rows k0..k0+15 publish them.
             let in_block = k0 % 64u;
@@ -284,14 +344,14 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         workgroupBarrier();
 
         // W = V − γ ⊙ U into the tile; Γ ⊙ A ⊙ β_col into the triangle.
-        store_cols4(ws + row0 * V_BLOCK, c, load_v(base, row0, len, hv, v0, c) - gam_s[row0] * u0);
-        store_cols4(ws + (row0 + 1u) * V_BLOCK, c, load_v(base, row0 + 1u, len, hv, v0, c) - gam_s[row0 + 1u] * u1);
-        store_cols4(ws + (row0 + 2u) * V_BLOCK, c, load_v(base, row0 + 2u, len, hv, v0, c) - gam_s[row0 + 2u] * u2);
-        store_cols4(ws + (row0 + 3u) * V_BLOCK, c, load_v(base, row0 + 3u, len, hv, v0, c) - gam_s[row0 + 3u] * u3);
-        load_gated(tr, base, row0, len, hv, c, 0u);
-        load_gated(tr, base, row0 + 1u, len, hv, c, 0u);
-        load_gated(tr, base, row0 + 2u, len, hv, c, 0u);
-        load_gated(tr, base, row0 + 3u, len, hv, c, 0u);
+        store_cols4(ws + row0 * V_BLOCK, c, va0 - gam_s[row0] * u0);
+        store_cols4(ws + (row0 + 1u) * V_BLOCK, c, va1 - gam_s[row0 + 1u] * u1);
+        store_cols4(ws + (row0 + 2u) * V_BLOCK, c, va2 - gam_s[row0 + 2u] * u2);
+        store_cols4(ws + (row0 + 3u) * V_BLOCK, c, va3 - gam_s[row0 + 3u] * u3);
+        store_tri_row(tr, row0, c, ga0);
+        store_tri_row(tr, row0 + 1u, c, ga1);
+        store_tri_row(tr, row0 + 2u, c, ga2);
+        store_tri_row(tr, row0 + 3u, c, ga3);
         workgroupBarrier();
 
         // V' = (Γ ⊙ A ⊙ β_col) W over j ≤ i, into u*.
@@ -308,10 +368,10 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         store_cols4(ws + (row0 + 1u) * V_BLOCK, c, u1);
         store_cols4(ws + (row0 + 2u) * V_BLOCK, c, u2);
         store_cols4(ws + (row0 + 3u) * V_BLOCK, c, u3);
-        load_gated(tr, base, row0, len, hv, c, 1u);
-        load_gated(tr, base, row0 + 1u, len, hv, c, 1u);
-        load_gated(tr, base, row0 + 2u, len, hv, c, 1u);
-        load_gated(tr, base, row0 + 3u, len, hv, c, 1u);
+        store_tri_row(tr, row0, c, gp0);
+        store_tri_row(tr, row0 + 1u, c, gp1);
+        store_tri_row(tr, row0 + 2u, c, gp2);
+        store_tri_row(tr, row0 + 3u, c, gp3);
         workgroupBarrier();
 
         // O = scale · (γ ⊙ QS + (Γ ⊙ Q Kᵀ) V').
@@ -336,15 +396,12 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         s4 *= gam_c; s5 *= gam_c; s6 *= gam_c; s7 *= gam_c;
         s8 *= gam_c; s9 *= gam_c; s10 *= gam_c; s11 *= gam_c;
         s12 *= gam_c; s13 *= gam_c; s14 *= gam_c; s15 *= gam_c;
+        var kt_next = load_kt4(base, len, h, 0u, t);
         for (var i0 = 0u; i0 < CHUNK; i0 += T_SLICE) {
             workgroupBarrier();
-            for (var e = t; e < T_SLICE * K_DIM; e += 256u) {
-                let i = i0 + e / K_DIM;
-                var kx = 0.0;
-                if (i < len) {
-                    kx = elem_to_f32(k_buf[((base + i) * h_count + h) * K_DIM + e % K_DIM]);
-                }
-                arena[kt + (e / K_DIM) * T_PITCH + e % K_DIM] = kx;
+            store_kt4(kt, t, kt_next);
+            if (i0 + T_SLICE < CHUNK) {
+                kt_next = load_kt4(base, len, h, i0 + T_SLICE, t);
             }
             workgroupBarrier();
             for (var di = 0u; di < T_SLICE; di++) {

@@ -23,12 +23,19 @@ pub struct Tuning {
 /// f32 words of workgroup memory `state_scan` needs at V-block width `bv` (mirrors the
 /// layout in `shaders/forward/state_scan.wgsl`): the 64 × bv W/V' tile, then one region reused
 /// for the K/Q slices (64 × 17 each) plus a 16 × bv state slice, the packed 64×64 lower
-/// triangle, and the 8 × (K+1) token slices of the state update (≤ 2056 words for K ≤ 256).
+/// triangle, and the token slices of the state update (T_SLICE·(K+1) ≤ 1088 words).
 pub fn state_scan_arena_words(bv: u32) -> u32 {
     let slices = 2 * 64 * 17 + 16 * bv;
     let triangle = 64 * 65 / 2;
-    let token_slices = 8 * (256 + 1);
+    let token_slices = 1024 + 64;
     64 * bv + slices.max(triangle).max(token_slices)
+}
+
+/// Tokens per K slice in the scan's state update: the largest power of two with
+/// `T_SLICE · K ≤ 1024` (one vec4 per invocation), at most a chunk.
+pub fn state_scan_token_slice(key_dim: u32) -> u32 {
+    let fit = (1024 / key_dim).min(64);
+    1 << (31 - fit.leading_zeros())
 }
 
 /// Total workgroup bytes of `state_scan` (arena + two 64-vectors).

@@ -4,7 +4,7 @@
 use crate::error::{Error, Result};
 use crate::gpu::params::{bind, dispatch};
 use crate::gpu::shaders::{Pass, source};
-use crate::gpu::tuning::state_scan_arena_words;
+use crate::gpu::tuning::{state_scan_arena_words, state_scan_token_slice};
 use crate::gpu::{Context, GpuTensor};
 
 /// The tensors the scan reads and writes.
@@ -48,6 +48,7 @@ pub fn state_scan(
         ("K_DIM", key_dim as f64),
         ("V_BLOCK", v_block as f64),
         ("ARENA", state_scan_arena_words(v_block) as f64),
+        ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
     ];
     let pipeline = ctx.pipelines.get(source(Pass::StateScan, bufs.q.dtype)?, "state_scan", &constants);
     let bg = bind(
