@@ -351,11 +351,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let us = 1e3 * median(gpu_ms_per_step(&ctx, &candidate, reps)?);
         if args.sweep {
             println!(
-                "  v_block {:>3} row_lanes {:>3} rows/thread {:>2} workgroup {:>3}: {us:>9.2} µs  {:>6.3} TB/s",
+                "  v_block {:>3} row_lanes {:>3} rows/thread {:>2} workgroup {:>3} {}: {us:>9.2} µs  {:>6.3} TB/s",
                 tiles.v_block,
                 tiles.row_lanes,
                 tiles.rows_per_thread,
                 tiles.workgroup(),
+                if tiles == plan.tiles() {
+                    "(default)"
+                } else {
+                    "         "
+                },
                 state_bytes / (us * 1e-6) / 1e12
             );
         }

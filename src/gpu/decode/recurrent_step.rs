@@ -13,8 +13,8 @@ use crate::problem::{ForwardInputs, Problem};
 
 /// u32 words of the kernel's uniform `tables` (64 KiB: WebGPU's default uniform binding size).
 pub const TABLE_WORDS: usize = 16384;
-/// vec4 registers of state per invocation the kernel is compiled for (`MAX_ROWS_PER_THREAD`).
-pub const MAX_ROWS_PER_THREAD: u32 = 16;
+/// vec4 registers of state per invocation: the kernel's eight named registers s0..s7.
+pub const MAX_ROWS_PER_THREAD: u32 = 8;
 /// Largest workgroup the tile choice uses (every WebGPU device allows 256).
 pub const MAX_WORKGROUP: u32 = 256;
 
@@ -158,7 +158,7 @@ impl RecurrentStepTiles {
     }
 
     /// The pipeline's override constants (public so the shader tests specialize every tiling).
-    pub fn pipeline_constants(&self, per_token_states: bool) -> [(&'static str, f64); 8] {
+    pub fn pipeline_constants(&self, per_token_states: bool) -> [(&'static str, f64); 9] {
         let bool_constant = |b: bool| if b { 1.0 } else { 0.0 };
         [
             ("WG", self.workgroup() as f64),
@@ -167,6 +167,7 @@ impl RecurrentStepTiles {
             ("ROW_LANES", self.row_lanes as f64),
             ("V_FIRST", bool_constant(self.v_first)),
             ("PER_TOKEN_STATES", bool_constant(per_token_states)),
+            ("K_WORDS", (2 * self.key_dim) as f64),
             ("PARTIAL_WORDS", (self.lanes() * self.results()) as f64),
             ("RESULTS", self.results() as f64),
         ]
