@@ -1261,3 +1261,57 @@ fn cli_run_decode_agrees_with_forward() {
     assert!(errors.iter().all(|&e| e <= F32_TOL), "{errors:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The host's workgroup-memory figure (which filters tilings against the device limit) is
+/// what the specialized shader declares, for every tiling WebGPU's default limits admit.
+#[test]
+fn workgroup_bytes_cover_the_shader() {
+    use gdn_wgpu::gpu::shaders::{Pass, source};
+    let text = &source(Pass::RecurrentStep, DType::F32).unwrap().text;
+    let module = naga::front::wgsl::parse_str(text).unwrap();
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::empty(),
+    )
+    .validate(&module)
+    .unwrap();
+    let mut checked = 0;
+    for (k, v, v_first) in [
+        (128, 128, false),
+        (128, 128, true),
+        (48, 32, false),
+        (256, 64, true),
+    ] {
+        let o = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        let p = problem(1, 1, 1, 1, k, v, None, o);
+        for t in RecurrentStepTiles::candidates(&wgpu::Limits::default(), &p) {
+            let constants: naga::back::PipelineConstants = t
+                .pipeline_constants(false)
+                .iter()
+                .map(|&(n, x)| (n.to_string(), x))
+                .collect();
+            let (specialized, _) =
+                naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
+                    .unwrap();
+            let declared: u32 = specialized
+                .global_variables
+                .iter()
+                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+                .map(|(_, g)| specialized.types[g.ty].inner.size(specialized.to_ctx()))
+                .sum();
+            assert_eq!(
+                declared,
+                t.workgroup_bytes(),
+                "{t:?}: shader declares {declared} B"
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > 20,
+        "only {checked} tilings fit WebGPU's default limits"
+    );
+}

@@ -89,9 +89,9 @@ impl RecurrentStepTiles {
         2 * self.v_block + 3
     }
 
-    /// Bytes of workgroup memory (k, q, v, u, partials, sums, gate).
+    /// Bytes of workgroup memory (k of two tokens, q, v, u, partials, sums, gate).
     pub fn workgroup_bytes(&self) -> u32 {
-        4 * (2 * self.key_dim
+        4 * (3 * self.key_dim
             + 2 * self.v_block
             + self.lanes() * self.results()
             + self.results()
