@@ -173,6 +173,37 @@ fn gpu_ms_per_step(ctx: &Context, plan: &DecodePlan, reps: usize) -> gdn_wgpu::R
     }
 }
 
+/// GPU µs of copying the whole pool into a scratch buffer (the same bytes read and written as
+/// a decode step over every slot): the bandwidth ceiling to compare against. `None` without
+/// timestamps.
+fn copy_ceiling(ctx: &Context, pool: &StatePool, reps: usize) -> gdn_wgpu::Result<Option<f64>> {
+    let bytes = pool.tensor().bytes();
+    let scratch = GpuTensor::empty(
+        ctx,
+        "copy scratch",
+        &pool.tensor().shape,
+        gdn_wgpu::DType::F32,
+    )?;
+    let Some(timer) = GpuTimer::new(ctx, reps as u32 + 1) else {
+        return Ok(None);
+    };
+    let mut encoder = ctx.create_encoder("copy ceiling");
+    timer.reset();
+    timer.mark(&mut encoder, "start");
+    for _ in 0..reps {
+        encoder.copy_buffer_to_buffer(&pool.tensor().buffer, 0, &scratch.buffer, 0, bytes);
+        timer.mark(&mut encoder, "copy");
+    }
+    timer.resolve(&mut encoder);
+    ctx.submit_and_wait(encoder)?;
+    let spans: Vec<f64> = timer
+        .read_spans(ctx)?
+        .into_iter()
+        .map(|(_, ms)| 1e3 * ms)
+        .collect();
+    Ok(Some(median(spans)))
+}
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
     let options = Options {
@@ -379,6 +410,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tiles,
     )?;
     let tb_per_s = state_bytes / (gpu_us * 1e-6) / 1e12;
+    let copy_tb_per_s =
+        copy_ceiling(&ctx, &pool, reps.min(50))?.map(|us| state_bytes / (us * 1e-6) / 1e12);
 
     // Host time of the decode loop: encode and submit per step, no waits inside the loop.
     let (mut encode_us, mut submit_us) = (
@@ -428,6 +461,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         state_bytes / 2.0 / (1 << 20) as f64
     );
     println!("effective state traffic: {tb_per_s:.3} TB/s (B·HV·K·V·4 B·2 / GPU time)");
+    if let Some(copy) = copy_tb_per_s {
+        println!(
+            "copy ceiling: {copy:.3} TB/s (copy_buffer_to_buffer of the pool, read + write); decode at {:.0}% of it",
+            100.0 * tb_per_s / copy
+        );
+    }
     println!(
         "host per step: encode {encode:.2} µs + submit {submit:.2} µs = {host:.2} µs (medians, no waits)"
     );
@@ -439,7 +478,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         loop_s * 1e6 / args.steps as f64
     );
     println!(
-        "RESULT decode B={b} T={tps} H={h} HV={hv} K={kd} V={vd} {} | v_block {} row_lanes {} wg {} | gpu {gpu_us:.2} us/step | {tb_per_s:.3} TB/s | host {host:.2} us (encode {encode:.2} + submit {submit:.2}) | wait {round_trip:.1} us | {tokens_per_s:.0} tok/s | prefill {prefill_ms:.1} ms | rel-L2 o {err_o:.2e} state {err_s:.2e} {}",
+        "RESULT decode B={b} T={tps} H={h} HV={hv} K={kd} V={vd} {} | v_block {} row_lanes {} wg {} | gpu {gpu_us:.2} us/step | {tb_per_s:.3} TB/s (copy {}) | host {host:.2} us (encode {encode:.2} + submit {submit:.2}) | wait {round_trip:.1} us | {tokens_per_s:.0} tok/s | prefill {prefill_ms:.1} ms | rel-L2 o {err_o:.2e} state {err_s:.2e} {}",
         if args.state_v_first {
             "v-first"
         } else {
@@ -448,6 +487,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         tiles.v_block,
         tiles.row_lanes,
         tiles.workgroup(),
+        copy_tb_per_s.map_or("n/a".to_string(), |c| format!("{c:.3}")),
         if passed { "PASS" } else { "FAIL" }
     );
     if !passed {
