@@ -151,3 +151,29 @@ fn repeated_runs_are_bitwise_identical() {
     assert_eq!(a.o.to_bits(), b.o.to_bits());
     assert_eq!(a.state.to_bits(), b.state.to_bits());
 }
+
+/// f16 and bf16 storage of q, k, v, o against the oracle on the same rounded inputs: o carries
+/// one rounding to the storage dtype; the f32 state carries none unless q, k are normalized in
+/// the kernel (their normalized copies are stored in the storage dtype, as FLA does).
+#[test]
+fn half_precision_storage() {
+    let Some(ctx) = common::gpu() else { return };
+    let full = Options { scale: Some(0.2), l2norm_qk: true, beta_sigmoid: true, allow_neg_eigval: true, gate_in_kernel: true, state_v_first: true };
+    let cases = [
+        ("plain", with(Options::default(), 1, 130, 1, 2, 32, 48, None)),
+        ("T=1", with(Options::default(), 1, 1, 1, 1, 16, 16, None)),
+        ("every option, varlen, GVA", with(full, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140]))),
+    ];
+    // (dtype, o tolerance, state tolerance without / with in-kernel l2norm)
+    let dtypes = [(gdn_wgpu::DType::BF16, 3e-3, 1e-5, 5e-3), (gdn_wgpu::DType::F16, 5e-4, 1e-5, 1e-3)];
+    for (dtype, tol_o, tol_state, tol_state_l2) in dtypes {
+        for (i, (name, problem)) in cases.iter().enumerate() {
+            let s = RandomSpec { seed: 200 + i as u64, zero_gate_heads: 1, strong_gate_heads: 1, ..RandomSpec::default() };
+            let Some(e) = common::forward_errors_dtype(ctx, problem, &s, dtype) else { continue };
+            let tol_s = if problem.options.l2norm_qk { tol_state_l2 } else { tol_state };
+            eprintln!("{dtype} {name}: {e:?}");
+            assert!(e.o <= tol_o, "{dtype} {name}: o rel-L2 {:e} > {tol_o:e}", e.o);
+            assert!(e.state <= tol_s, "{dtype} {name}: state rel-L2 {:e} > {tol_s:e}", e.state);
+        }
+    }
+}

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use gdn_wgpu::gpu::shaders::{Pass, STORAGE_DTYPES, source};
+use gdn_wgpu::gpu::shaders::{Pass, source};
 use gdn_wgpu::gpu::tuning::{state_scan_arena_words, state_scan_token_slice};
 
 fn constants(pass: Pass) -> Vec<Vec<(&'static str, f64)>> {
@@ -55,7 +55,7 @@ fn validate(name: &str, text: &str, constants: &[(&'static str, f64)]) {
 #[test]
 fn every_pass_validates_with_every_storage_dtype() {
     for pass in Pass::ALL {
-        for dtype in STORAGE_DTYPES {
+        for &dtype in pass.storage_dtypes() {
             let src = source(pass, dtype).unwrap();
             for c in constants(pass) {
                 validate(pass.file(), &src.text, &c);

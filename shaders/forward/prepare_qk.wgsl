@@ -16,11 +16,19 @@ fn prepare_qk(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgr
     let base = row * dim;
     var ss = 0.0;
     for (var i = 0u; i < dim; i++) {
-        let x = elem_to_f32(x_in[base + i]);
+        let x = load_elem(x_in[elem_word(base + i)], base + i);
         ss += x * x;
     }
     let r = 1.0 / sqrt(ss + 1e-6);
-    for (var i = 0u; i < dim; i++) {
-        x_out[base + i] = f32_to_elem(elem_to_f32(x_in[base + i]) * r);
+    // Element pairs (dim is even), so packed storage writes whole words.
+    for (var i = 0u; i < dim; i += 2u) {
+        let a = load_elem(x_in[elem_word(base + i)], base + i) * r;
+        let b = load_elem(x_in[elem_word(base + i + 1u)], base + i + 1u) * r;
+        if (ELEMS_PER_WORD == 2u) {
+            x_out[elem_word(base + i)] = pack_pair(a, b);
+        } else {
+            x_out[base + i] = pack_elem(a);
+            x_out[base + i + 1u] = pack_elem(b);
+        }
     }
 }

@@ -56,6 +56,19 @@ var<workgroup> arena: array<f32, ARENA>;
 var<workgroup> gam_s: array<f32, 64>;  // γ_i = exp(G_i)
 var<workgroup> dec_s: array<f32, 64>;  // γ_C/γ_i = exp(G_last − G_i)
 
+// Element i of q, k, v as f32, whatever the storage dtype.
+fn q_at(i: u32) -> f32 {
+    return load_elem(q_buf[elem_word(i)], i);
+}
+
+fn k_at(i: u32) -> f32 {
+    return load_elem(k_buf[elem_word(i)], i);
+}
+
+fn v_at(i: u32) -> f32 {
+    return load_elem(v_buf[elem_word(i)], i);
+}
+
 fn tri(i: u32, j: u32) -> u32 {
     return i * (i + 1u) / 2u + j;
 }
@@ -146,19 +159,43 @@ fn load_v(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32) -> vec4<f32> {
     let vd = params.value_dim;
     let row = ((base + min(i, len - 1u)) * params.heads_v + hv) * vd;
     let v = vec4<u32>(v0 + c, v0 + c + 16u, v0 + c + 32u, v0 + c + 48u);
-    let x = vec4<f32>(elem_to_f32(v_buf[row + min(v.x, vd - 1u)]), elem_to_f32(v_buf[row + min(v.y, vd - 1u)]),
-                      elem_to_f32(v_buf[row + min(v.z, vd - 1u)]), elem_to_f32(v_buf[row + min(v.w, vd - 1u)]));
+    let x = vec4<f32>(v_at(row + min(v.x, vd - 1u)), v_at(row + min(v.y, vd - 1u)),
+                      v_at(row + min(v.z, vd - 1u)), v_at(row + min(v.w, vd - 1u)));
     let keep = (v < vec4<u32>(vd)) & (vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(TC)) & vec4<bool>(i < len);
     return select(vec4<f32>(0.0), x, keep);
 }
 
+// Writes o at row i, columns c + 16 j, one element per word (f32, f16).
 fn store_o(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) {
     if (i < len) {
         let row = ((base + i) * params.heads_v + hv) * params.value_dim;
         for (var j = 0u; j < TC; j++) {
             let v = v0 + c + 16u * j;
             if (v < params.value_dim) {
-                o_buf[row + v] = f32_to_elem(params.scale * x[j]);
+                o_buf[row + v] = pack_elem(params.scale * x[j]);
+            }
+        }
+    }
+}
+
+// Packed storage (two elements per word): the invocation of an even column c writes the
+// pair (c, c + 1); its odd neighbour's values come through workgroup memory at `xchg`.
+fn share_odd_o(xchg: u32, i: u32, c: u32, x: vec4<f32>) {
+    if ((c & 1u) == 1u) {
+        for (var j = 0u; j < TC; j++) {
+            arena[xchg + i * (V_BLOCK / 2u) + c / 2u + 8u * j] = x[j];
+        }
+    }
+}
+
+fn store_o_pairs(xchg: u32, base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) {
+    if ((c & 1u) == 0u && i < len) {
+        let row = ((base + i) * params.heads_v + hv) * params.value_dim;
+        for (var j = 0u; j < TC; j++) {
+            let v = v0 + c + 16u * j;
+            if (v < params.value_dim) {
+                let odd = arena[xchg + i * (V_BLOCK / 2u) + c / 2u + 8u * j];
+                o_buf[elem_word(row + v)] = pack_pair(params.scale * x[j], params.scale * odd);
             }
         }
     }
@@ -187,14 +224,14 @@ fn store_tri_row(tr: u32, i: u32, c: u32, x: vec4<f32>) {
 fn load_k4(base: u32, len: u32, h: u32, k0: u32, t: u32) -> vec4<f32> {
     let i = t / 4u;
     let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + k0 + (t % 4u) * 4u;
-    let x = vec4<f32>(elem_to_f32(k_buf[gi]), elem_to_f32(k_buf[gi + 1u]), elem_to_f32(k_buf[gi + 2u]), elem_to_f32(k_buf[gi + 3u]));
+    let x = vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u));
     return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
 }
 
 fn load_q4(base: u32, len: u32, h: u32, k0: u32, t: u32) -> vec4<f32> {
     let i = t / 4u;
     let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + k0 + (t % 4u) * 4u;
-    let x = vec4<f32>(elem_to_f32(q_buf[gi]), elem_to_f32(q_buf[gi + 1u]), elem_to_f32(q_buf[gi + 2u]), elem_to_f32(q_buf[gi + 3u]));
+    let x = vec4<f32>(q_at(gi), q_at(gi + 1u), q_at(gi + 2u), q_at(gi + 3u));
     return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
 }
 
@@ -213,7 +250,7 @@ fn load_kt4(base: u32, len: u32, h: u32, i0: u32, t: u32) -> vec4<f32> {
     let i = i0 + e / K_DIM;
     let ok = e < T_SLICE * K_DIM && i < len;
     let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + min(e % K_DIM, K_DIM - 4u);
-    let x = vec4<f32>(elem_to_f32(k_buf[gi]), elem_to_f32(k_buf[gi + 1u]), elem_to_f32(k_buf[gi + 2u]), elem_to_f32(k_buf[gi + 3u]));
+    let x = vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u));
     return select(vec4<f32>(0.0), x, vec4<bool>(ok));
 }
 
@@ -386,10 +423,24 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             o2 += tri_or_zero(tr, row0 + 2u, j) * vd;
             o3 += tri_or_zero(tr, row0 + 3u, j) * vd;
         }
-        store_o(base, row0, len, hv, v0, c, o0);
-        store_o(base, row0 + 1u, len, hv, v0, c, o1);
-        store_o(base, row0 + 2u, len, hv, v0, c, o2);
-        store_o(base, row0 + 3u, len, hv, v0, c, o3);
+        if (ELEMS_PER_WORD == 2u) {
+            // The triangle is free once everyone has finished reading it.
+            workgroupBarrier();
+            share_odd_o(tr, row0, c, o0);
+            share_odd_o(tr, row0 + 1u, c, o1);
+            share_odd_o(tr, row0 + 2u, c, o2);
+            share_odd_o(tr, row0 + 3u, c, o3);
+            workgroupBarrier();
+            store_o_pairs(tr, base, row0, len, hv, v0, c, o0);
+            store_o_pairs(tr, base, row0 + 1u, len, hv, v0, c, o1);
+            store_o_pairs(tr, base, row0 + 2u, len, hv, v0, c, o2);
+            store_o_pairs(tr, base, row0 + 3u, len, hv, v0, c, o3);
+        } else {
+            store_o(base, row0, len, hv, v0, c, o0);
+            store_o(base, row0 + 1u, len, hv, v0, c, o1);
+            store_o(base, row0 + 2u, len, hv, v0, c, o2);
+            store_o(base, row0 + 3u, len, hv, v0, c, o3);
+        }
 
         // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'), K staged in 8-token slices.
         s0 *= gam_c; s1 *= gam_c; s2 *= gam_c; s3 *= gam_c;

@@ -78,8 +78,8 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             var y = 0.0;
             if (i < len) {
                 let gi = ((start + i) * params.heads_qk + h) * K_DIM + k0 + e % K_SLICE;
-                x = elem_to_f32(k_buf[gi]);
-                y = elem_to_f32(q_buf[gi]);
+                x = load_elem(k_buf[elem_word(gi)], gi);
+                y = load_elem(q_buf[elem_word(gi)], gi);
             }
             arena[e] = x;
             arena[Q_STAGE + e] = y;

@@ -19,9 +19,13 @@ pub struct Context {
     lost: Arc<Mutex<Option<String>>>,
 }
 
-/// Features the library uses when the adapter has them. Timestamps feed `gdn bench`.
+/// Features the library uses when the adapter has them: timestamps feed `gdn bench`,
+/// SHADER_F16 enables f16 storage.
 fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
-    adapter & (wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS)
+    adapter
+        & (wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::SHADER_F16)
 }
 
 /// Ranks adapters: real GPUs before virtual/CPU ones, and Vulkan/Metal/DX12 before GL (GL on
@@ -153,6 +157,16 @@ impl Context {
     /// The tile sizes and variants this context's launchers use.
     pub fn tuning(&self) -> &Tuning {
         &self.tuning
+    }
+
+    /// Storage dtypes the forward takes on this device: f32 and bf16 everywhere, f16 where the
+    /// device has SHADER_F16.
+    pub fn forward_storage_dtypes(&self) -> Vec<crate::DType> {
+        let f16 = self.features().contains(wgpu::Features::SHADER_F16);
+        crate::gpu::shaders::FORWARD_STORAGE_DTYPES
+            .into_iter()
+            .filter(|&d| d != crate::DType::F16 || f16)
+            .collect()
     }
 
     /// Pipelines compiled so far (cached by source, entry point and constants).

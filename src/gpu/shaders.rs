@@ -70,14 +70,32 @@ impl Pass {
 
 const PARAMS: &str = include_str!("../../shaders/common/params.wgsl");
 const DTYPE_F32: &str = include_str!("../../shaders/common/dtype_f32.wgsl");
+const DTYPE_F16: &str = include_str!("../../shaders/common/dtype_f16.wgsl");
+const DTYPE_BF16: &str = include_str!("../../shaders/common/dtype_bf16.wgsl");
 
-/// Storage dtypes that have a WGSL load/store snippet in this build.
+/// Storage dtypes every kernel family (forward, backward, decode) takes in this build.
 pub const STORAGE_DTYPES: [DType; 1] = [DType::F32];
 
-fn dtype_snippet(dtype: DType) -> Result<&'static str> {
+/// Storage dtypes of the forward passes. F16 also needs the device's `SHADER_F16`
+/// (see [`crate::gpu::Context::forward_storage_dtypes`]); bf16 is packed in u32 words and runs
+/// everywhere.
+pub const FORWARD_STORAGE_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+impl Pass {
+    /// Storage dtypes this pass has been written (and tested) for.
+    pub fn storage_dtypes(self) -> &'static [DType] {
+        match self {
+            Pass::PrepareQk | Pass::PrepareGate | Pass::WyInverse | Pass::StateScan => &FORWARD_STORAGE_DTYPES,
+            _ => &STORAGE_DTYPES,
+        }
+    }
+}
+
+fn dtype_snippet(dtype: DType) -> &'static str {
     match dtype {
-        DType::F32 => Ok(DTYPE_F32),
-        other => Err(Error::unsupported("storage dtype", format!("{other} storage in the WGSL kernels"))),
+        DType::F32 => DTYPE_F32,
+        DType::F16 => DTYPE_F16,
+        DType::BF16 => DTYPE_BF16,
     }
 }
 
@@ -96,7 +114,11 @@ pub fn source(pass: Pass, dtype: DType) -> Result<&'static ShaderSource> {
     if let Some(s) = map.get(&(pass, dtype)) {
         return Ok(s);
     }
-    let text = format!("{PARAMS}\n{}\n{}", dtype_snippet(dtype)?, pass.body());
+    if !pass.storage_dtypes().contains(&dtype) {
+        return Err(Error::unsupported("storage dtype", format!("{dtype} storage in {}", pass.file())));
+    }
+    // The dtype snippet goes first: `enable f16;` must precede every declaration.
+    let text = format!("{}\n{PARAMS}\n{}", dtype_snippet(dtype), pass.body());
     let mut h = DefaultHasher::new();
     text.hash(&mut h);
     let s: &'static ShaderSource = Box::leak(Box::new(ShaderSource { name: pass.file(), text, hash: h.finish() }));

@@ -14,7 +14,6 @@ pub use wy_inverse::wy_inverse;
 
 use crate::error::{Error, Result};
 use crate::gpu::params::{Params, upload_u32};
-use crate::gpu::shaders::STORAGE_DTYPES;
 use crate::gpu::{Context, GpuTensor, GpuTimer};
 use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
@@ -102,7 +101,7 @@ fn record_forward(
         }
     };
     ctx.check()?;
-    problem.check_inputs(inputs, &STORAGE_DTYPES)?;
+    problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
     if outputs.o.shape() != problem.v_shape() {
         return Err(Error::shape("o", &problem.v_shape(), outputs.o.shape()));
     }
@@ -177,7 +176,7 @@ fn record_forward(
 /// examples, not for hot paths.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn forward_host(ctx: &Context, problem: &Problem, inputs: &ForwardInputs<&HostTensor>) -> Result<ForwardOutputs<HostTensor>> {
-    problem.check_inputs(inputs, &STORAGE_DTYPES)?;
+    problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
     crate::problem::check_host_values(problem, inputs)?;
     let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t);
     let up_opt = |name: &str, t: Option<&HostTensor>| t.map(|t| up(name, t)).transpose();
