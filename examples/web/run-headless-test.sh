@@ -50,8 +50,10 @@ have_wb=$(wasm-bindgen --version 2>/dev/null | awk '{print $2}' || true)
 if [[ "$have_wb" != "$want_wb" ]]; then
     step "installing wasm-bindgen-cli $want_wb (cargo install, several minutes on 2 cores)"
     # --locked first; a registry mirror that lacks a locked version gets a fresh resolution.
-    cargo install -q wasm-bindgen-cli --version "$want_wb" --locked \
-        || cargo install -q wasm-bindgen-cli --version "$want_wb"
+    # --force: cargo's records may claim it is installed when the binary is gone or another.
+    cargo install -q --force wasm-bindgen-cli --version "$want_wb" --locked \
+        || cargo install -q --force wasm-bindgen-cli --version "$want_wb"
+    step "$(wasm-bindgen --version)"
 fi
 
 step "building the page (examples/web/build.sh)"

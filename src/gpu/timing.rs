@@ -2,6 +2,7 @@
 
 use std::sync::Mutex;
 
+#[cfg(not(target_arch = "wasm32"))]
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 
@@ -13,6 +14,7 @@ pub struct GpuTimer {
     set: wgpu::QuerySet,
     resolve: wgpu::Buffer,
     readback: wgpu::Buffer,
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))] // read natively only, for now
     period_ns: f64,
     capacity: u32,
     labels: Mutex<Vec<&'static str>>,

@@ -38,7 +38,9 @@ use crate::gpu::forward::{Forward, Intermediates, tables};
 use crate::gpu::params::{Params, upload_u32};
 use crate::gpu::shaders::STORAGE_DTYPES;
 use crate::gpu::{Context, GpuTensor, GpuTimer};
-use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::problem::ForwardOutputs;
+use crate::problem::{CHUNK, ForwardInputs, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
 
 /// f32 words of workgroup memory of `state_recompute` and `dh_scan` at V-block width `bv`:

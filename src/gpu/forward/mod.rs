@@ -16,7 +16,9 @@ use crate::error::{Error, Result};
 use crate::gpu::params::{Params, upload_u32};
 use crate::gpu::{Context, GpuTensor, GpuTimer};
 use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
-use crate::tensor::{DType, HostTensor, TensorMeta};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::tensor::HostTensor;
+use crate::tensor::{DType, TensorMeta};
 
 /// What the forward keeps for the backward: the normalized q and k (with `l2norm_qk`), the
 /// packed (G, β) per token and v-head, and the gate-free inverse A `[B·T, HV, 64]`.
