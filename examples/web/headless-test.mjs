@@ -14,8 +14,8 @@ const opt = (name, fallback) => {
 const executablePath = opt("--chromium", process.env.CHROMIUM ?? "/usr/bin/chromium");
 const timeoutMs = 1000 * Number(opt("--timeout-s", 300));
 // The fixed problem: GVA (HV = 2H), K != V, a partial last chunk (200 = 3·64 + 8), in-kernel
-// l2norm (so Chrome compiles every forward pass), decode steps continuing from the forward's
-// state, WebGPU's default limits.
+// l2norm (so Chrome compiles every forward pass), decode steps (the recurrent kernel) continuing
+// from the forward's state, WebGPU's default limits.
 const query = new URLSearchParams("T=200&H=2&HV=4&K=64&V=32&steps=3&seed=7&defaults=1&l2norm=1&tol=1e-4");
 for (const [k, v] of new URLSearchParams(args[0] ?? "")) query.set(k, v);
 query.set("autorun", "1");
@@ -54,7 +54,7 @@ try {
     const ms = (x) => (x === null ? "n/a" : `${x.toFixed(2)} ms`);
     log(`device: ${r.adapter || result.adapter} (wgpu: ${r.backend}, ${r.device_type}); limits: ${r.limits}, ` +
       `workgroup memory ${r.workgroup_bytes} B, ${r.storage_buffers} storage buffers; V-block ${r.v_block}`);
-    log(`features: ${r.features.join(", ") || "none"}`);
+    log(`features: ${r.features.join(", ") || "none"}; decode tiling: ${r.decode_tiles ?? "-"}`);
     log(`forward T=${r.forward.tokens}: checksum ${r.forward.checksum}, rel error o ${r.forward.rel_o}, GPU ${ms(r.forward.gpu_ms)}, wall ${ms(r.forward.wall_ms)}`);
     if (r.decode) {
       log(`decode ${r.decode.tokens} steps: checksum ${r.decode.checksum}, rel error o ${r.decode.rel_o}, state ${r.decode.rel_state}, GPU ${ms(r.decode.gpu_ms)}, wall ${ms(r.decode.wall_ms)}`);

@@ -1,11 +1,12 @@
-//! The demo itself, free of JavaScript: draw a random problem, run the chunked forward on the
-//! first T tokens and then a few decode steps (one token each, continuing from the previous
-//! state) on the GPU, and check everything against the f64 oracle over all T + steps tokens.
-//! `lib.rs` is the wasm-bindgen glue around it.
+//! The demo itself, free of JavaScript: draw a random problem, run the chunked forward
+//! (`gpu::forward`) on the first T tokens and then a few decode steps (`gpu::DecodePlan`, the
+//! recurrent kernel, one token each) continuing from its final state on the GPU, and check
+//! everything against the f64 oracle over all T + steps tokens. `lib.rs` is the wasm-bindgen
+//! glue around it.
 
-use gdn_wgpu::gpu::{self, Context, GpuTensor};
+use gdn_wgpu::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, StateLayout, StatePool, StateSlot};
 use gdn_wgpu::reference::{self, select_heads};
-use gdn_wgpu::{Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec, Result, relative_l2};
+use gdn_wgpu::{DType, Error, ForwardInputs, HostTensor, Options, Problem, RandomSpec, Result, relative_l2};
 
 /// What the user chose on the page.
 #[derive(Debug, Clone)]
@@ -53,6 +54,8 @@ pub struct Report {
     pub binding_bytes: u64,
     pub features: Vec<String>,
     pub v_block: u32,
+    /// The decode kernel's tiling, in words.
+    pub decode_tiles: Option<String>,
     pub l2norm_qk: bool,
     pub forward: Phase,
     pub decode: Option<Phase>,
@@ -89,27 +92,47 @@ impl Uploaded {
         Ok(Uploaded { q: up("q", &all.q)?, k: up("k", &all.k)?, v: up("v", &all.v)?, g: up("g", &all.g)?, beta: up("beta", &all.beta)? })
     }
 
-    fn inputs<'a>(&'a self, initial_state: &'a GpuTensor) -> ForwardInputs<&'a GpuTensor> {
-        ForwardInputs { q: &self.q, k: &self.k, v: &self.v, g: &self.g, beta: &self.beta, initial_state: Some(initial_state), a_log: None, dt_bias: None }
+    fn inputs<'a>(&'a self, initial_state: Option<&'a GpuTensor>) -> ForwardInputs<&'a GpuTensor> {
+        ForwardInputs { q: &self.q, k: &self.k, v: &self.v, g: &self.g, beta: &self.beta, initial_state, a_log: None, dt_bias: None }
     }
 }
 
-/// One decode step: a single token continuing from `state_in`, writing `o` and `state_out`.
-///
-/// Until the dedicated decode kernel (`gpu::decode`) lands, a step is the chunked forward on a
-/// one-token problem (a single partial chunk). Switching to the decode kernel changes only this
-/// function's body.
-fn decode_step(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    step_problem: &Problem,
-    token: &Uploaded,
-    state_in: &GpuTensor,
-    o: &GpuTensor,
-    state_out: &GpuTensor,
-) -> Result<()> {
-    gpu::forward_into(ctx, encoder, step_problem, &token.inputs(state_in), &ForwardOutputs { o, final_state: state_out })?;
-    Ok(())
+/// The decode loop, as a server runs it: a [`DecodePlan`] prepared once over one token's input
+/// tensors and a state pool, here the forward's final state (slot 0, continued in place). Each
+/// step copies the next token's inputs into the bound tensors, records the plan's one compute
+/// pass and copies o out: no allocation per step, and every step goes into one encoder.
+struct Decoder {
+    plan: DecodePlan,
+    /// The tensors the plan reads: one token.
+    token: Uploaded,
+    o: GpuTensor,
+}
+
+impl Decoder {
+    fn new(ctx: &Context, step_problem: &Problem, pool: &StatePool) -> Result<Self> {
+        let zeros = |name: &str, shape: &[usize]| GpuTensor::empty(ctx, name, shape, DType::F32);
+        let (qk, gate) = (step_problem.qk_shape(), step_problem.gate_shape());
+        let token = Uploaded { q: zeros("q", &qk)?, k: zeros("k", &qk)?, v: zeros("v", &step_problem.v_shape())?, g: zeros("g", &gate)?, beta: zeros("beta", &gate)? };
+        let o = zeros("o", &step_problem.v_shape())?;
+        let plan = DecodePlan::new(ctx, step_problem, &token.inputs(None), pool, &[StateSlot::Resume(0)], &DecodeOutputs { o: &o, per_token_states: None })?;
+        Ok(Decoder { plan, token, o })
+    }
+
+    /// Record step `i` over token `i` of `tokens` (`[1, steps, ..]` tensors), writing its o
+    /// into row `i` of `o_all`.
+    fn step(&self, encoder: &mut wgpu::CommandEncoder, tokens: &Uploaded, i: usize, o_all: &GpuTensor) {
+        let copy = |encoder: &mut wgpu::CommandEncoder, from: &GpuTensor, to: &GpuTensor, i: usize| {
+            let bytes = to.bytes();
+            encoder.copy_buffer_to_buffer(&from.buffer, i as u64 * bytes, &to.buffer, 0, bytes);
+        };
+        let (t, u) = (tokens, &self.token);
+        for (from, to) in [(&t.q, &u.q), (&t.k, &u.k), (&t.v, &u.v), (&t.g, &u.g), (&t.beta, &u.beta)] {
+            copy(encoder, from, to, i);
+        }
+        self.plan.record(encoder);
+        let bytes = self.o.bytes();
+        encoder.copy_buffer_to_buffer(&self.o.buffer, 0, &o_all.buffer, i as u64 * bytes, bytes);
+    }
 }
 
 /// GPU time of a span from two timestamps, each written by an empty compute pass: WebGPU has
@@ -195,7 +218,6 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     let prefill = Problem::new(1, c.tokens, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, options)?;
     let step = Problem::new(1, 1, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, options)?;
     let inputs = RandomSpec { seed: c.seed, ..RandomSpec::default() }.generate(&whole);
-    let state_shape = whole.state_shape();
 
     // The forward over the first T tokens, from the random initial state.
     let t0 = now();
@@ -206,7 +228,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     if let Some(t) = &timer {
         t.mark(&mut encoder, 0);
     }
-    let fwd = gpu::forward(ctx, &mut encoder, &prefill, &prefix.inputs(&h0))?;
+    let fwd = gpu::forward(ctx, &mut encoder, &prefill, &prefix.inputs(Some(&h0)))?;
     if let Some(t) = &timer {
         t.mark(&mut encoder, 1);
         t.resolve(&mut encoder);
@@ -220,34 +242,30 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     };
     let fwd_wall = now() - t0;
 
-    // Decode steps, all recorded into one encoder (no readback between steps), ping-ponging
-    // two state buffers; the first continues from the forward's final state.
+    // Decode steps with the recurrent kernel, continuing the forward's final state in place.
     let mut decode = None;
+    let mut decode_tiles = None;
     if c.decode_steps > 0 {
         let t0 = now();
-        let tokens: Vec<Uploaded> = (c.tokens..total).map(|t| Uploaded::new(ctx, &inputs, t..t + 1)).collect::<Result<_>>()?;
-        let outs: Vec<GpuTensor> = (0..c.decode_steps).map(|_| GpuTensor::empty(ctx, "o step", &step.v_shape(), gdn_wgpu::DType::F32)).collect::<Result<_>>()?;
-        let states = [GpuTensor::empty(ctx, "state a", &state_shape, gdn_wgpu::DType::F32)?, GpuTensor::empty(ctx, "state b", &state_shape, gdn_wgpu::DType::F32)?];
+        let pool = StatePool::from_tensor(fwd.final_state.clone(), StateLayout::of(&step))?;
+        let decoder = Decoder::new(ctx, &step, &pool)?;
+        decode_tiles = Some(decoder.plan.tiles());
+        let tokens = Uploaded::new(ctx, &inputs, c.tokens..total)?;
+        let o_all = GpuTensor::empty(ctx, "o decode", &[1, c.decode_steps, c.heads_v, c.value_dim], DType::F32)?;
         let mut encoder = ctx.create_encoder("demo decode");
         if let Some(t) = &timer {
             t.mark(&mut encoder, 0);
         }
-        let mut state_in = &fwd.final_state;
-        for (i, (token, o)) in tokens.iter().zip(&outs).enumerate() {
-            let state_out = &states[i % 2];
-            decode_step(ctx, &mut encoder, &step, token, state_in, o, state_out)?;
-            state_in = state_out;
+        for i in 0..c.decode_steps {
+            decoder.step(&mut encoder, &tokens, i, &o_all);
         }
         if let Some(t) = &timer {
             t.mark(&mut encoder, 1);
             t.resolve(&mut encoder);
         }
         ctx.queue.submit([encoder.finish()]);
-        let mut o = Vec::new();
-        for step_o in &outs {
-            o.extend(step_o.download(ctx).await?.data);
-        }
-        let state = state_in.download(ctx).await?;
+        let o = o_all.download(ctx).await?.data;
+        let state = pool.tensor().download(ctx).await?;
         let gpu_ms = match &timer {
             Some(t) => Some(t.read_ms(ctx).await?),
             None => None,
@@ -314,6 +332,9 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         binding_bytes: limits.max_storage_buffer_binding_size as u64,
         features: ctx.features().iter_names().map(|(n, _)| n.to_string()).collect(),
         v_block: ctx.tuning().state_scan_v_block(&prefill),
+        decode_tiles: decode_tiles.map(|t| {
+            format!("V-block {}, {} invocations, {} B of workgroup memory", t.v_block, t.workgroup(), t.workgroup_bytes())
+        }),
         l2norm_qk: c.l2norm_qk,
         forward,
         decode,
@@ -366,7 +387,7 @@ impl Report {
         let features: Vec<String> = self.features.iter().map(|f| json_str(f)).collect();
         let heads: Vec<String> = self.oracle_heads.iter().map(|h| h.to_string()).collect();
         format!(
-            r#"{{"adapter":{},"backend":{},"device_type":{},"limits":{},"workgroup_bytes":{},"invocations":{},"storage_buffers":{},"binding_bytes":{},"features":[{}],"v_block":{},"l2norm_qk":{},"forward":{},"decode":{},"oracle_heads":[{}],"oracle_ms":{},"max_rel":{}}}"#,
+            r#"{{"adapter":{},"backend":{},"device_type":{},"limits":{},"workgroup_bytes":{},"invocations":{},"storage_buffers":{},"binding_bytes":{},"features":[{}],"v_block":{},"decode_tiles":{},"l2norm_qk":{},"forward":{},"decode":{},"oracle_heads":[{}],"oracle_ms":{},"max_rel":{}}}"#,
             json_str(&self.adapter),
             json_str(&self.backend),
             json_str(&self.device_type),
@@ -377,6 +398,7 @@ impl Report {
             self.binding_bytes,
             features.join(","),
             self.v_block,
+            self.decode_tiles.as_deref().map_or("null".into(), json_str),
             self.l2norm_qk,
             self.forward.to_json(),
             self.decode.as_ref().map_or("null".into(), Phase::to_json),

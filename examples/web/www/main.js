@@ -68,12 +68,14 @@ function render(r, ok) {
       <tr><th>limits requested</th><td>${r.limits}: workgroup memory ${r.workgroup_bytes} B, ${r.invocations} invocations,
         ${r.storage_buffers} storage buffers per stage, ${r.binding_bytes} B per binding</td></tr>
       <tr><th>features used</th><td>${r.features.join(", ") || "none"} (no shader-f16, no subgroups)</td></tr>
-      <tr><th>state_scan V-block</th><td>${r.v_block}</td></tr>
+      <tr><th>forward (state_scan)</th><td>V-block ${r.v_block}</td></tr>
+      <tr><th>decode (recurrent_step)</th><td>${r.decode_tiles ?? "—"}</td></tr>
       <tr><th>options</th><td>${r.l2norm_qk ? "in-kernel l2norm of q, k" : "defaults"}</td></tr>
     </table>
     <p class="muted">GPU time: timestamp queries around the passes (needs the adapter's timestamp-query;
       browsers may coarsen them). Wall time: performance.now() from recording to results back, including
-      first-use shader compilation. Decode steps currently run the chunked forward on one token each.</p>`;
+      first-use shader compilation. Decode steps run the recurrent decode kernel (a prepared DecodePlan,
+      one compute pass per token) on the forward's final state, in place.</p>`;
 }
 
 async function run(wasm) {
