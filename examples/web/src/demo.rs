@@ -4,9 +4,13 @@
 //! everything against the f64 oracle over all T + steps tokens. `lib.rs` is the wasm-bindgen
 //! glue around it.
 
-use gdn_wgpu::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, StateLayout, StatePool, StateSlot};
+use gdn_wgpu::gpu::{
+    self, Context, DecodeOutputs, DecodePlan, GpuTensor, StateLayout, StatePool, StateSlot,
+};
 use gdn_wgpu::reference::{self, select_heads};
-use gdn_wgpu::{DType, Error, ForwardInputs, HostTensor, Options, Problem, RandomSpec, Result, relative_l2};
+use gdn_wgpu::{
+    DType, Error, ForwardInputs, HostTensor, Options, Problem, RandomSpec, Result, relative_l2,
+};
 
 /// What the user chose on the page.
 #[derive(Debug, Clone)]
@@ -75,7 +79,11 @@ fn tokens_of(t: &HostTensor, range: std::ops::Range<usize>) -> HostTensor {
     let per_token: usize = t.shape[2..].iter().product();
     let mut shape = t.shape.clone();
     shape[1] = range.len();
-    HostTensor { shape, dtype: t.dtype, data: t.data[range.start * per_token..range.end * per_token].to_vec() }
+    HostTensor {
+        shape,
+        dtype: t.dtype,
+        data: t.data[range.start * per_token..range.end * per_token].to_vec(),
+    }
 }
 
 struct Uploaded {
@@ -87,13 +95,33 @@ struct Uploaded {
 }
 
 impl Uploaded {
-    fn new(ctx: &Context, all: &ForwardInputs<HostTensor>, range: std::ops::Range<usize>) -> Result<Self> {
-        let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, &tokens_of(t, range.clone()));
-        Ok(Uploaded { q: up("q", &all.q)?, k: up("k", &all.k)?, v: up("v", &all.v)?, g: up("g", &all.g)?, beta: up("beta", &all.beta)? })
+    fn new(
+        ctx: &Context,
+        all: &ForwardInputs<HostTensor>,
+        range: std::ops::Range<usize>,
+    ) -> Result<Self> {
+        let up =
+            |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, &tokens_of(t, range.clone()));
+        Ok(Uploaded {
+            q: up("q", &all.q)?,
+            k: up("k", &all.k)?,
+            v: up("v", &all.v)?,
+            g: up("g", &all.g)?,
+            beta: up("beta", &all.beta)?,
+        })
     }
 
     fn inputs<'a>(&'a self, initial_state: Option<&'a GpuTensor>) -> ForwardInputs<&'a GpuTensor> {
-        ForwardInputs { q: &self.q, k: &self.k, v: &self.v, g: &self.g, beta: &self.beta, initial_state, a_log: None, dt_bias: None }
+        ForwardInputs {
+            q: &self.q,
+            k: &self.k,
+            v: &self.v,
+            g: &self.g,
+            beta: &self.beta,
+            initial_state,
+            a_log: None,
+            dt_bias: None,
+        }
     }
 }
 
@@ -112,21 +140,50 @@ impl Decoder {
     fn new(ctx: &Context, step_problem: &Problem, pool: &StatePool) -> Result<Self> {
         let zeros = |name: &str, shape: &[usize]| GpuTensor::empty(ctx, name, shape, DType::F32);
         let (qk, gate) = (step_problem.qk_shape(), step_problem.gate_shape());
-        let token = Uploaded { q: zeros("q", &qk)?, k: zeros("k", &qk)?, v: zeros("v", &step_problem.v_shape())?, g: zeros("g", &gate)?, beta: zeros("beta", &gate)? };
+        let token = Uploaded {
+            q: zeros("q", &qk)?,
+            k: zeros("k", &qk)?,
+            v: zeros("v", &step_problem.v_shape())?,
+            g: zeros("g", &gate)?,
+            beta: zeros("beta", &gate)?,
+        };
         let o = zeros("o", &step_problem.v_shape())?;
-        let plan = DecodePlan::new(ctx, step_problem, &token.inputs(None), pool, &[StateSlot::Resume(0)], &DecodeOutputs { o: &o, per_token_states: None })?;
+        let plan = DecodePlan::new(
+            ctx,
+            step_problem,
+            &token.inputs(None),
+            pool,
+            &[StateSlot::Resume(0)],
+            &DecodeOutputs {
+                o: &o,
+                per_token_states: None,
+            },
+        )?;
         Ok(Decoder { plan, token, o })
     }
 
     /// Record step `i` over token `i` of `tokens` (`[1, steps, ..]` tensors), writing its o
     /// into row `i` of `o_all`.
-    fn step(&self, encoder: &mut wgpu::CommandEncoder, tokens: &Uploaded, i: usize, o_all: &GpuTensor) {
-        let copy = |encoder: &mut wgpu::CommandEncoder, from: &GpuTensor, to: &GpuTensor, i: usize| {
-            let bytes = to.bytes();
-            encoder.copy_buffer_to_buffer(&from.buffer, i as u64 * bytes, &to.buffer, 0, bytes);
-        };
+    fn step(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        tokens: &Uploaded,
+        i: usize,
+        o_all: &GpuTensor,
+    ) {
+        let copy =
+            |encoder: &mut wgpu::CommandEncoder, from: &GpuTensor, to: &GpuTensor, i: usize| {
+                let bytes = to.bytes();
+                encoder.copy_buffer_to_buffer(&from.buffer, i as u64 * bytes, &to.buffer, 0, bytes);
+            };
         let (t, u) = (tokens, &self.token);
-        for (from, to) in [(&t.q, &u.q), (&t.k, &u.k), (&t.v, &u.v), (&t.g, &u.g), (&t.beta, &u.beta)] {
+        for (from, to) in [
+            (&t.q, &u.q),
+            (&t.k, &u.k),
+            (&t.v, &u.v),
+            (&t.g, &u.g),
+            (&t.beta, &u.beta),
+        ] {
             copy(encoder, from, to, i);
         }
         self.plan.record(encoder);
@@ -150,8 +207,19 @@ impl PassTimer {
         if !ctx.features().contains(wgpu::Features::TIMESTAMP_QUERY) {
             return None;
         }
-        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("demo timer"), ty: wgpu::QueryType::Timestamp, count: 2 });
-        let buffer = |usage| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some("demo timer"), size: 16, usage, mapped_at_creation: false });
+        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("demo timer"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2,
+        });
+        let buffer = |usage| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("demo timer"),
+                size: 16,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
         Some(PassTimer {
             set,
             resolve: buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
@@ -161,8 +229,15 @@ impl PassTimer {
     }
 
     fn mark(&self, encoder: &mut wgpu::CommandEncoder, index: u32) {
-        let writes = wgpu::ComputePassTimestampWrites { query_set: &self.set, beginning_of_pass_write_index: Some(index), end_of_pass_write_index: None };
-        encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("demo timestamp"), timestamp_writes: Some(writes) });
+        let writes = wgpu::ComputePassTimestampWrites {
+            query_set: &self.set,
+            beginning_of_pass_write_index: Some(index),
+            end_of_pass_write_index: None,
+        };
+        encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("demo timestamp"),
+            timestamp_writes: Some(writes),
+        });
     }
 
     fn resolve(&self, encoder: &mut wgpu::CommandEncoder) {
@@ -174,14 +249,27 @@ impl PassTimer {
     #[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
     async fn read_ms(&self, ctx: &Context) -> Result<f64> {
         let (tx, rx) = futures_channel::oneshot::channel();
-        self.readback.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
+        self.readback
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
         #[cfg(not(target_arch = "wasm32"))]
-        ctx.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).map_err(|e| Error::Gpu(e.to_string()))?;
-        rx.await.map_err(|_| Error::Gpu("timestamp readback cancelled".into()))?.map_err(|e| Error::Gpu(e.to_string()))?;
+        ctx.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+        rx.await
+            .map_err(|_| Error::Gpu("timestamp readback cancelled".into()))?
+            .map_err(|e| Error::Gpu(e.to_string()))?;
         let ticks: [u64; 2] = {
-            let view = self.readback.slice(..).get_mapped_range().map_err(|e| Error::Gpu(e.to_string()))?;
+            let view = self
+                .readback
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| Error::Gpu(e.to_string()))?;
             read_ticks(&view)
         };
         self.readback.unmap();
@@ -195,7 +283,9 @@ fn read_ticks(bytes: &[u8]) -> [u64; 2] {
 }
 
 fn sums(values: &[f32]) -> (f64, f64) {
-    values.iter().fold((0.0, 0.0), |(s, a), &x| (s + x as f64, a + (x as f64).abs()))
+    values.iter().fold((0.0, 0.0), |(s, a), &x| {
+        (s + x as f64, a + (x as f64).abs())
+    })
 }
 
 /// The best adapter with the requested limits.
@@ -205,7 +295,11 @@ pub async fn context(default_limits: bool) -> Result<Context> {
         .into_iter()
         .next()
         .ok_or_else(|| Error::NoAdapter("WebGPU gave no adapter".into()))?;
-    let limits = if default_limits { wgpu::Limits::default() } else { adapter.limits() };
+    let limits = if default_limits {
+        wgpu::Limits::default()
+    } else {
+        adapter.limits()
+    };
     Context::from_adapter_with_limits(adapter, limits).await
 }
 
@@ -213,15 +307,56 @@ pub async fn context(default_limits: bool) -> Result<Context> {
 pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Report> {
     let c = config;
     let total = c.tokens + c.decode_steps;
-    let options = Options { l2norm_qk: c.l2norm_qk, ..Options::default() };
-    let whole = Problem::new(1, total, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, options)?;
-    let prefill = Problem::new(1, c.tokens, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, options)?;
-    let step = Problem::new(1, 1, c.heads_qk, c.heads_v, c.key_dim, c.value_dim, None, options)?;
-    let inputs = RandomSpec { seed: c.seed, ..RandomSpec::default() }.generate(&whole);
+    let options = Options {
+        l2norm_qk: c.l2norm_qk,
+        ..Options::default()
+    };
+    let whole = Problem::new(
+        1,
+        total,
+        c.heads_qk,
+        c.heads_v,
+        c.key_dim,
+        c.value_dim,
+        None,
+        options,
+    )?;
+    let prefill = Problem::new(
+        1,
+        c.tokens,
+        c.heads_qk,
+        c.heads_v,
+        c.key_dim,
+        c.value_dim,
+        None,
+        options,
+    )?;
+    let step = Problem::new(
+        1,
+        1,
+        c.heads_qk,
+        c.heads_v,
+        c.key_dim,
+        c.value_dim,
+        None,
+        options,
+    )?;
+    let inputs = RandomSpec {
+        seed: c.seed,
+        ..RandomSpec::default()
+    }
+    .generate(&whole);
 
     // The forward over the first T tokens, from the random initial state.
     let t0 = now();
-    let h0 = GpuTensor::upload(ctx, "initial_state", inputs.initial_state.as_ref().expect("RandomSpec draws an initial state"))?;
+    let h0 = GpuTensor::upload(
+        ctx,
+        "initial_state",
+        inputs
+            .initial_state
+            .as_ref()
+            .expect("RandomSpec draws an initial state"),
+    )?;
     let prefix = Uploaded::new(ctx, &inputs, 0..c.tokens)?;
     let timer = PassTimer::new(ctx);
     let mut encoder = ctx.create_encoder("demo forward");
@@ -251,7 +386,12 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         let decoder = Decoder::new(ctx, &step, &pool)?;
         decode_tiles = Some(decoder.plan.tiles());
         let tokens = Uploaded::new(ctx, &inputs, c.tokens..total)?;
-        let o_all = GpuTensor::empty(ctx, "o decode", &[1, c.decode_steps, c.heads_v, c.value_dim], DType::F32)?;
+        let o_all = GpuTensor::empty(
+            ctx,
+            "o decode",
+            &[1, c.decode_steps, c.heads_v, c.value_dim],
+            DType::F32,
+        )?;
         let mut encoder = ctx.create_encoder("demo decode");
         if let Some(t) = &timer {
             t.mark(&mut encoder, 0);
@@ -278,7 +418,11 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     let t0 = now();
     let hv = c.heads_v;
     let oracle_heads: Vec<usize> =
-        if total * hv * c.key_dim * c.value_dim <= ORACLE_FULL_WORK || hv <= 2 { (0..hv).collect() } else { vec![0, hv - 1] };
+        if total * hv * c.key_dim * c.value_dim <= ORACLE_FULL_WORK || hv <= 2 {
+            (0..hv).collect()
+        } else {
+            vec![0, hv - 1]
+        };
     let oracle = reference::forward_heads(&whole, &inputs.as_ref(), &oracle_heads)?;
     let oracle_ms = now() - t0;
 
@@ -286,7 +430,10 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     let (vd, kv) = (c.value_dim, c.key_dim * c.value_dim);
     let split = c.tokens * hv * vd;
     let rel = |gpu: &[f32], oracle: &[f64], inner: usize| {
-        relative_l2(&select_heads(gpu, hv, inner, &oracle_heads), &select_heads(oracle, hv, inner, &oracle_heads))
+        relative_l2(
+            &select_heads(gpu, hv, inner, &oracle_heads),
+            &select_heads(oracle, hv, inner, &oracle_heads),
+        )
     };
     let (checksum, abs_sum) = sums(&o_fwd.data);
     let forward = Phase {
@@ -295,7 +442,11 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         abs_sum,
         rel_o: rel(&o_fwd.data, &oracle.o[..split], vd),
         // The forward's final state is the oracle's only without decode steps after it.
-        rel_state: if c.decode_steps == 0 { rel(&state_fwd.data, &oracle.final_state, kv) } else { f64::NAN },
+        rel_state: if c.decode_steps == 0 {
+            rel(&state_fwd.data, &oracle.final_state, kv)
+        } else {
+            f64::NAN
+        },
         gpu_ms: fwd_gpu_ms,
         wall_ms: fwd_wall,
     };
@@ -317,7 +468,13 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         None => errors.push(forward.rel_state),
     }
     // NaN (non-finite output) must fail, so it wins over every number.
-    let max_rel = errors.iter().copied().fold(0.0, |m: f64, e| if e.is_nan() || m.is_nan() { f64::NAN } else { m.max(e) });
+    let max_rel = errors.iter().copied().fold(0.0, |m: f64, e| {
+        if e.is_nan() || m.is_nan() {
+            f64::NAN
+        } else {
+            m.max(e)
+        }
+    });
 
     let info = ctx.adapter_info.as_ref();
     let limits = ctx.limits();
@@ -325,15 +482,28 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         adapter: info.map_or("(unknown)".into(), |i| i.name.clone()),
         backend: info.map_or("(unknown)".into(), |i| format!("{:?}", i.backend)),
         device_type: info.map_or("(unknown)".into(), |i| format!("{:?}", i.device_type)),
-        limits: if c.default_limits { "WebGPU defaults" } else { "adapter's" },
+        limits: if c.default_limits {
+            "WebGPU defaults"
+        } else {
+            "adapter's"
+        },
         workgroup_bytes: limits.max_compute_workgroup_storage_size,
         invocations: limits.max_compute_invocations_per_workgroup,
         storage_buffers: limits.max_storage_buffers_per_shader_stage,
         binding_bytes: limits.max_storage_buffer_binding_size as u64,
-        features: ctx.features().iter_names().map(|(n, _)| n.to_string()).collect(),
+        features: ctx
+            .features()
+            .iter_names()
+            .map(|(n, _)| n.to_string())
+            .collect(),
         v_block: ctx.tuning().state_scan_v_block(&prefill),
         decode_tiles: decode_tiles.map(|t| {
-            format!("V-block {}, {} invocations, {} B of workgroup memory", t.v_block, t.workgroup(), t.workgroup_bytes())
+            format!(
+                "V-block {}, {} invocations, {} B of workgroup memory",
+                t.v_block,
+                t.workgroup(),
+                t.workgroup_bytes()
+            )
         }),
         l2norm_qk: c.l2norm_qk,
         forward,
@@ -360,7 +530,11 @@ fn json_str(s: &str) -> String {
 
 /// JSON numbers cannot be NaN or infinite: those become null.
 fn json_num(x: f64) -> String {
-    if x.is_finite() { format!("{x:e}") } else { "null".into() }
+    if x.is_finite() {
+        format!("{x:e}")
+    } else {
+        "null".into()
+    }
 }
 
 fn json_opt(x: Option<f64>) -> String {

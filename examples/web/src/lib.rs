@@ -10,13 +10,17 @@ mod web {
     use crate::demo::{self, Config};
 
     fn now_ms() -> f64 {
-        web_sys::window().and_then(|w| w.performance()).map_or(0.0, |p| p.now())
+        web_sys::window()
+            .and_then(|w| w.performance())
+            .map_or(0.0, |p| p.now())
     }
 
     /// Panics go to the console with their message (the page shows the failed promise).
     #[wasm_bindgen(start)]
     pub fn start() {
-        std::panic::set_hook(Box::new(|info| web_sys::console::error_1(&info.to_string().into())));
+        std::panic::set_hook(Box::new(|info| {
+            web_sys::console::error_1(&info.to_string().into())
+        }));
     }
 
     /// Run the forward on `tokens` tokens and `decode_steps` decode steps on the browser's
