@@ -18,6 +18,8 @@
 //! # Ok::<(), gdn_wgpu::Error>(())
 //! ```
 
+#[cfg(all(feature = "cli", not(target_arch = "wasm32")))]
+pub mod bench;
 pub mod error;
 pub mod gpu;
 pub mod io;

@@ -32,6 +32,8 @@ enum Command {
     /// Run a kernel on tensors read from a safetensors file.
     #[command(subcommand)]
     Run(Kernel),
+    /// Benchmark sweep of forward, backward and decode (oracle-checked first); see BENCHMARKS.md.
+    Bench(Box<gdn_wgpu::bench::BenchArgs>),
 }
 
 #[derive(Subcommand)]
@@ -137,6 +139,7 @@ fn main() -> ExitCode {
         Command::Run(Kernel::Forward(args)) => run_forward(args, GpuPath::Chunked),
         Command::Run(Kernel::Backward(args)) => run_backward(args),
         Command::Run(Kernel::Decode(args)) => run_forward(args, GpuPath::TokenByToken),
+        Command::Bench(args) => return gdn_wgpu::bench::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,240 @@
+//! One timed case per op and backend: buffers prepared once (pipelines compile on the first
+//! warm-up run and stay cached), then `record` per repetition. Each op is one `prepare_*`
+//! function; wiring a new op or backend means adding one here and one check in `check.rs`.
+
+use crate::bench::BenchError;
+use crate::bench::inputs::{gpu_inputs, host_inputs, normal};
+use crate::gpu::decode::{RecurrentStepTiles, StatePool, StateSlot};
+use crate::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, GpuTimer, Saved};
+use crate::reference;
+use crate::tensor::{DType, HostTensor};
+use crate::{ForwardInputs, ForwardOutputs, Problem};
+
+/// A prepared GPU case.
+pub trait GpuCase {
+    /// Copies of the inputs that repetitions rotate through.
+    fn sets(&self) -> usize;
+    /// Record one run on input set `set` (timestamps after each pass when `timer` is given).
+    fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        set: usize,
+        timer: Option<&GpuTimer>,
+    ) -> crate::Result<()>;
+}
+
+/// Host inputs of one (heads, sequences) shape, generated once and shared by forward and
+/// backward.
+pub struct HostCase {
+    pub problem: Problem,
+    pub inputs: ForwardInputs<HostTensor>,
+    pub dtype: DType,
+}
+
+impl HostCase {
+    pub fn new(problem: Problem, dtype: DType, seed: u64) -> Self {
+        let inputs = host_inputs(&problem, dtype, seed);
+        HostCase {
+            problem,
+            inputs,
+            dtype,
+        }
+    }
+}
+
+struct ForwardCase<'a> {
+    ctx: &'a Context,
+    problem: Problem,
+    sets: Vec<ForwardInputs<GpuTensor>>,
+    o: GpuTensor,
+    state: GpuTensor,
+}
+
+impl GpuCase for ForwardCase<'_> {
+    fn sets(&self) -> usize {
+        self.sets.len()
+    }
+
+    fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        set: usize,
+        timer: Option<&GpuTimer>,
+    ) -> crate::Result<()> {
+        let inputs = self.sets[set].as_ref();
+        let outputs = ForwardOutputs {
+            o: &self.o,
+            final_state: &self.state,
+        };
+        match timer {
+            Some(t) => {
+                gpu::forward_into_profiled(self.ctx, encoder, &self.problem, &inputs, &outputs, t)?
+            }
+            None => gpu::forward_into(self.ctx, encoder, &self.problem, &inputs, &outputs)?,
+        };
+        Ok(())
+    }
+}
+
+/// The chunked forward into preallocated o and final state (`gpu::forward_into`; its scratch
+/// is allocated per call, as for any caller).
+pub fn prepare_forward<'a>(
+    ctx: &'a Context,
+    host: &HostCase,
+    sets: usize,
+) -> Result<Box<dyn GpuCase + 'a>, BenchError> {
+    let p = &host.problem;
+    let sets = (0..sets)
+        .map(|_| gpu_inputs(ctx, &host.inputs))
+        .collect::<crate::Result<Vec<_>>>()?;
+    let o = GpuTensor::empty(ctx, "o", &p.v_shape(), host.dtype)?;
+    let state = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F32)?;
+    Ok(Box::new(ForwardCase {
+        ctx,
+        problem: p.clone(),
+        sets,
+        o,
+        state,
+    }))
+}
+
+struct BackwardCase<'a> {
+    ctx: &'a Context,
+    sets: Vec<(Saved, GpuTensor, GpuTensor)>,
+}
+
+impl GpuCase for BackwardCase<'_> {
+    fn sets(&self) -> usize {
+        self.sets.len()
+    }
+
+    fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        set: usize,
+        timer: Option<&GpuTimer>,
+    ) -> crate::Result<()> {
+        let (saved, d_o, dht) = &self.sets[set];
+        match timer {
+            Some(t) => gpu::backward_profiled(self.ctx, encoder, saved, d_o, Some(dht), t)?,
+            None => gpu::backward(self.ctx, encoder, saved, d_o, Some(dht))?,
+        };
+        Ok(())
+    }
+}
+
+/// The backward alone: the forward that produces its saved context runs once per input set
+/// during preparation (not timed); each repetition records `gpu::backward` (which allocates
+/// its workspace and gradients per call).
+pub fn prepare_backward<'a>(
+    ctx: &'a Context,
+    host: &HostCase,
+    sets: usize,
+    seed: u64,
+) -> Result<Box<dyn GpuCase + 'a>, BenchError> {
+    let p = &host.problem;
+    let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0).with_dtype(host.dtype);
+    let dht = normal(&p.state_shape(), 0.5, seed ^ 0xd7);
+    let mut prepared = Vec::with_capacity(sets);
+    for _ in 0..sets {
+        let inputs = gpu_inputs(ctx, &host.inputs)?;
+        let mut encoder = ctx.create_encoder("bench backward setup");
+        let (_, saved) = gpu::forward_saved(ctx, &mut encoder, p, &inputs.as_ref())?;
+        ctx.submit_and_wait(encoder)?;
+        prepared.push((
+            saved,
+            GpuTensor::upload(ctx, "do", &d_o)?,
+            GpuTensor::upload(ctx, "dht", &dht)?,
+        ));
+    }
+    Ok(Box::new(BackwardCase {
+        ctx,
+        sets: prepared,
+    }))
+}
+
+struct DecodeCase {
+    /// Each plan binds its own inputs, pool and o (the bind groups keep the buffers alive).
+    plans: Vec<DecodePlan>,
+}
+
+impl GpuCase for DecodeCase {
+    fn sets(&self) -> usize {
+        self.plans.len()
+    }
+
+    fn record(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        set: usize,
+        timer: Option<&GpuTimer>,
+    ) -> crate::Result<()> {
+        self.plans[set].record(encoder);
+        if let Some(t) = timer {
+            t.mark(encoder, "recurrent_step");
+        }
+        Ok(())
+    }
+}
+
+/// One decode step (`problem`: B sequences × 1 token) over a pool of B slots holding random
+/// states, every sequence resuming its slot in place; a `DecodePlan` per input set, so a
+/// repetition is one compute pass, as in a serving loop.
+pub fn prepare_decode(
+    ctx: &Context,
+    host: &HostCase,
+    tiles: RecurrentStepTiles,
+    sets: usize,
+) -> Result<Box<dyn GpuCase>, BenchError> {
+    let p = &host.problem;
+    let h0 = host
+        .inputs
+        .initial_state
+        .as_ref()
+        .expect("bench inputs have an initial state");
+    let step = ForwardInputs {
+        initial_state: None,
+        ..host.inputs.clone()
+    };
+    let slots: Vec<StateSlot> = (0..p.num_sequences() as u32)
+        .map(StateSlot::Resume)
+        .collect();
+    let mut plans = Vec::with_capacity(sets);
+    for _ in 0..sets {
+        let inputs = gpu_inputs(ctx, &step)?;
+        let pool =
+            StatePool::from_tensor(GpuTensor::upload(ctx, "pool", h0)?, gpu::StateLayout::of(p))?;
+        let o = GpuTensor::empty(ctx, "o", &p.v_shape(), host.dtype)?;
+        let outputs = DecodeOutputs {
+            o: &o,
+            per_token_states: None,
+        };
+        plans.push(DecodePlan::with_tiles(
+            ctx,
+            p,
+            &inputs.as_ref(),
+            &pool,
+            &slots,
+            &outputs,
+            tiles,
+        )?);
+    }
+    Ok(Box::new(DecodeCase { plans }))
+}
+
+/// The CPU backend: the f64 oracle itself (wall clock only; no correctness gate, it is the
+/// reference).
+pub fn run_cpu(op: crate::bench::Op, host: &HostCase, seed: u64) -> crate::Result<()> {
+    let p = &host.problem;
+    match op {
+        crate::bench::Op::Forward | crate::bench::Op::Decode => {
+            reference::forward(p, &host.inputs.as_ref())?;
+        }
+        crate::bench::Op::Backward => {
+            let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0);
+            let dht = normal(&p.state_shape(), 0.5, seed ^ 0xd7);
+            reference::backward(p, &host.inputs.as_ref(), &d_o, Some(&dht))?;
+        }
+    }
+    Ok(())
+}

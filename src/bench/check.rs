@@ -1,0 +1,312 @@
+//! The correctness gate: before an op is timed, its kernels run on a small shape with the
+//! same heads, K, V, storage dtype and kernel variant (V-block, decode tiling) as the timed
+//! shape and are compared with the f64 oracle on sampled heads. A wrong kernel gives an error,
+//! never a number. The oracle never runs on the big shapes.
+
+use crate::bench::BenchError;
+use crate::bench::inputs::{gpu_inputs, host_inputs, normal};
+use crate::bench::metrics::Op;
+use crate::gpu::decode::{RecurrentStepTiles, StatePool, StateSlot};
+use crate::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor};
+use crate::reference::{self, select_heads};
+use crate::tensor::{DType, relative_l2};
+use crate::{ForwardInputs, ForwardOutputs, Problem};
+
+/// Tokens per sequence of the check shape: two full chunks and a partial one.
+pub const CHECK_TOKENS: usize = 131;
+/// Sequences of the decode check.
+pub const CHECK_DECODE_BATCH: usize = 4;
+const SEED: u64 = 0x5eed_c4ec;
+
+/// Relative-L2 tolerance against the f64 oracle, by op and storage dtype (f32: what the test
+/// suite asserts; f16/bf16: the storage rounding of o).
+pub fn tolerance(op: Op, dtype: DType) -> f64 {
+    match (op, dtype) {
+        (Op::Backward, DType::F32) => 1e-4,
+        (_, DType::F32) => 1e-5,
+        (_, DType::F16) => 3e-3,
+        (_, DType::BF16) => 2e-2,
+    }
+}
+
+/// One output of a kernel next to the oracle's.
+#[derive(Debug, Clone)]
+pub struct Compared {
+    pub name: String,
+    pub got: Vec<f32>,
+    pub want: Vec<f64>,
+    pub tolerance: f64,
+}
+
+/// The outputs of one check run, before they are judged by [`verify`].
+#[derive(Debug, Clone)]
+pub struct CheckCase {
+    pub op: Op,
+    /// The check shape and kernel variant, for messages.
+    pub shape: String,
+    pub compared: Vec<Compared>,
+}
+
+/// What a passed check measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckSummary {
+    pub shape: String,
+    /// The largest relative L2 error over the outputs.
+    pub worst: f64,
+    pub tolerance: f64,
+}
+
+/// Judge a check: every output within its tolerance (NaN or Inf fails), else
+/// [`BenchError::CheckFailed`] naming the first bad output.
+pub fn verify(case: &CheckCase) -> Result<CheckSummary, BenchError> {
+    let mut worst = 0.0f64;
+    let mut tol = 0.0f64;
+    for c in &case.compared {
+        let err = relative_l2(&c.got, &c.want);
+        // NaN compares false: a NaN error fails too.
+        if err.is_nan() || err > c.tolerance {
+            return Err(BenchError::CheckFailed {
+                op: case.op.name(),
+                shape: case.shape.clone(),
+                output: c.name.clone(),
+                error: err,
+                tolerance: c.tolerance,
+            });
+        }
+        worst = worst.max(err);
+        tol = tol.max(c.tolerance);
+    }
+    Ok(CheckSummary {
+        shape: case.shape.clone(),
+        worst,
+        tolerance: tol,
+    })
+}
+
+/// v-heads the oracle checks: the first and the last.
+fn sample_heads(heads_v: usize) -> Vec<usize> {
+    if heads_v == 1 {
+        vec![0]
+    } else {
+        vec![0, heads_v - 1]
+    }
+}
+
+fn describe(p: &Problem, variant: &str) -> String {
+    let seqs: Vec<String> = p.sequences().iter().map(|s| s.len().to_string()).collect();
+    format!(
+        "{} sequence(s) of {} tokens, H={} HV={} K={} V={} ({variant})",
+        p.num_sequences(),
+        seqs.join("/"),
+        p.heads_qk,
+        p.heads_v,
+        p.key_dim,
+        p.value_dim
+    )
+}
+
+/// Run `f` with `GDN_V_BLOCK`-style forcing of `v_block`, restoring the previous setting.
+fn with_v_block<T>(ctx: &mut Context, v_block: u32, f: impl FnOnce(&Context) -> T) -> T {
+    let before = ctx.tuning().forced_v_block;
+    ctx.tuning_mut().forced_v_block = Some(v_block);
+    let out = f(ctx);
+    ctx.tuning_mut().forced_v_block = before;
+    out
+}
+
+/// The forward on `problem` (small) at state_scan V-block `v_block`, against the oracle.
+pub fn check_forward(
+    ctx: &mut Context,
+    problem: &Problem,
+    dtype: DType,
+    v_block: u32,
+) -> Result<CheckCase, BenchError> {
+    let p = problem;
+    let inputs = host_inputs(p, dtype, SEED);
+    let heads = sample_heads(p.heads_v);
+    let expected = reference::forward_heads(p, &inputs.as_ref(), &heads)?;
+    let (o, state) = with_v_block(ctx, v_block, |ctx| -> crate::Result<_> {
+        let gpu = gpu_inputs(ctx, &inputs)?;
+        let o = GpuTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN)?;
+        let state = GpuTensor::filled(ctx, "final_state", &p.state_shape(), DType::F32, f32::NAN)?;
+        let mut encoder = ctx.create_encoder("bench check forward");
+        gpu::forward_into(
+            ctx,
+            &mut encoder,
+            p,
+            &gpu.as_ref(),
+            &ForwardOutputs {
+                o: &o,
+                final_state: &state,
+            },
+        )?;
+        ctx.submit_and_wait(encoder)?;
+        Ok((o.download_blocking(ctx)?, state.download_blocking(ctx)?))
+    })?;
+    let (hv, kv) = (p.heads_v, p.key_dim * p.value_dim);
+    let tol = tolerance(Op::Forward, dtype);
+    Ok(CheckCase {
+        op: Op::Forward,
+        shape: describe(p, &format!("state_scan V-block {v_block}")),
+        compared: vec![
+            Compared {
+                name: "o".into(),
+                got: select_heads(&o.data, hv, p.value_dim, &heads),
+                want: select_heads(&expected.o, hv, p.value_dim, &heads),
+                tolerance: tol,
+            },
+            Compared {
+                name: "final_state".into(),
+                got: select_heads(&state.data, hv, kv, &heads),
+                want: select_heads(&expected.final_state, hv, kv, &heads),
+                tolerance: tol,
+            },
+        ],
+    })
+}
+
+/// The backward (after a forward) on `problem` (small) with the backward scans at V-block
+/// `v_block`, against the f64 BPTT oracle on the GVA group of q/k head 0.
+pub fn check_backward(
+    ctx: &mut Context,
+    problem: &Problem,
+    dtype: DType,
+    v_block: u32,
+) -> Result<CheckCase, BenchError> {
+    let p = problem;
+    let inputs = host_inputs(p, dtype, SEED);
+    let d_o = normal(&p.v_shape(), 1.0, SEED ^ 0xd0).with_dtype(dtype);
+    let dht = normal(&p.state_shape(), 0.5, SEED ^ 0xd7);
+    let heads: Vec<usize> = (0..p.group()).collect();
+    let expected = reference::backward_heads(p, &inputs.as_ref(), &d_o, Some(&dht), &heads)?;
+    let grads = with_v_block(ctx, v_block, |ctx| -> crate::Result<_> {
+        let gpu = gpu_inputs(ctx, &inputs)?;
+        let d_o = GpuTensor::upload(ctx, "do", &d_o)?;
+        let dht = GpuTensor::upload(ctx, "dht", &dht)?;
+        let mut encoder = ctx.create_encoder("bench check backward");
+        let (_, grads) =
+            gpu::forward_backward(ctx, &mut encoder, p, &gpu.as_ref(), &d_o, Some(&dht))?;
+        ctx.submit_and_wait(encoder)?;
+        let down = |t: &GpuTensor| t.download_blocking(ctx).map(|t| t.data);
+        let dh0 = grads.dh0.as_ref().map(down).transpose()?;
+        Ok([
+            down(&grads.dq)?,
+            down(&grads.dk)?,
+            down(&grads.dv)?,
+            down(&grads.dg)?,
+            down(&grads.dbeta)?,
+            dh0.unwrap_or_default(),
+        ])
+    })?;
+    let [dq, dk, dv, dg, dbeta, dh0] = grads;
+    let (h, hv, kd, vd) = (p.heads_qk, p.heads_v, p.key_dim, p.value_dim);
+    let tol = tolerance(Op::Backward, dtype);
+    let c = |name: &str, got: Vec<f32>, want: Vec<f64>| Compared {
+        name: name.into(),
+        got,
+        want,
+        tolerance: tol,
+    };
+    let mut compared = vec![
+        c(
+            "dq",
+            select_heads(&dq, h, kd, &[0]),
+            select_heads(&expected.dq, h, kd, &[0]),
+        ),
+        c(
+            "dk",
+            select_heads(&dk, h, kd, &[0]),
+            select_heads(&expected.dk, h, kd, &[0]),
+        ),
+        c(
+            "dv",
+            select_heads(&dv, hv, vd, &heads),
+            select_heads(&expected.dv, hv, vd, &heads),
+        ),
+        c(
+            "dg",
+            select_heads(&dg, hv, 1, &heads),
+            select_heads(&expected.dg, hv, 1, &heads),
+        ),
+        c(
+            "dbeta",
+            select_heads(&dbeta, hv, 1, &heads),
+            select_heads(&expected.dbeta, hv, 1, &heads),
+        ),
+    ];
+    if let Some(want) = &expected.dh0 {
+        compared.push(c(
+            "dh0",
+            select_heads(&dh0, hv, kd * vd, &heads),
+            select_heads(want, hv, kd * vd, &heads),
+        ));
+    }
+    Ok(CheckCase {
+        op: Op::Backward,
+        shape: describe(p, &format!("backward scan V-block {v_block}")),
+        compared,
+    })
+}
+
+/// One decode step (T = 1 per sequence, resuming every sequence's state from the pool) with
+/// the tiling `tiles`, against the oracle forward from the same initial states.
+pub fn check_decode(
+    ctx: &Context,
+    problem: &Problem,
+    dtype: DType,
+    tiles: RecurrentStepTiles,
+) -> Result<CheckCase, BenchError> {
+    let p = problem;
+    let inputs = host_inputs(p, dtype, SEED);
+    let heads = sample_heads(p.heads_v);
+    let expected = reference::forward_heads(p, &inputs.as_ref(), &heads)?;
+    let h0 = inputs
+        .initial_state
+        .as_ref()
+        .expect("bench inputs have an initial state");
+    let step = ForwardInputs {
+        initial_state: None,
+        ..inputs.clone()
+    };
+    let gpu = gpu_inputs(ctx, &step)?;
+    let pool = StatePool::from_tensor(
+        GpuTensor::upload(ctx, "pool", h0)?,
+        crate::gpu::StateLayout::of(p),
+    )?;
+    let o = GpuTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN)?;
+    let slots: Vec<StateSlot> = (0..p.num_sequences() as u32)
+        .map(StateSlot::Resume)
+        .collect();
+    let outputs = DecodeOutputs {
+        o: &o,
+        per_token_states: None,
+    };
+    let plan = DecodePlan::with_tiles(ctx, p, &gpu.as_ref(), &pool, &slots, &outputs, tiles)?;
+    let mut encoder = ctx.create_encoder("bench check decode");
+    plan.record(&mut encoder);
+    ctx.submit_and_wait(encoder)?;
+    let (o, state) = (
+        o.download_blocking(ctx)?,
+        pool.tensor().download_blocking(ctx)?,
+    );
+    let (hv, kv) = (p.heads_v, p.key_dim * p.value_dim);
+    let tol = tolerance(Op::Decode, dtype);
+    Ok(CheckCase {
+        op: Op::Decode,
+        shape: describe(p, &super::inputs::tiles_name(&tiles)),
+        compared: vec![
+            Compared {
+                name: "o".into(),
+                got: select_heads(&o.data, hv, p.value_dim, &heads),
+                want: select_heads(&expected.o, hv, p.value_dim, &heads),
+                tolerance: tol,
+            },
+            Compared {
+                name: "state".into(),
+                got: select_heads(&state.data, hv, kv, &heads),
+                want: select_heads(&expected.final_state, hv, kv, &heads),
+                tolerance: tol,
+            },
+        ],
+    })
+}

@@ -1,0 +1,872 @@
+//! `gdn bench`: sweeps of forward, backward and decode on one backend and storage dtype.
+//!
+//! Method (BENCHMARKS.md, "Method"): every op is first checked against the f64 oracle on a
+//! small shape with the timed shape's heads, K, V, dtype and kernel variant — a wrong kernel
+//! is an error, not a number; then per shape: buffers prepared once, warm-up runs (the first
+//! compiles the pipelines, which stay cached), repetitions rotating among copies of the inputs
+//! when one copy would fit in the GPU's cache, and the median, minimum and maximum of the GPU
+//! time (timestamp queries, with a per-pass breakdown) and of the wall clock (encode, submit,
+//! wait). Rates use the formulas of [`metrics`]; memory is the bytes of the buffers the op
+//! allocates.
+
+mod cases;
+pub mod check;
+mod inputs;
+pub mod metrics;
+mod plot;
+pub mod report;
+pub mod shapes;
+
+use std::collections::HashMap;
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+
+pub use check::{CheckCase, CheckSummary, Compared, verify};
+pub use metrics::Op;
+pub use report::{Record, Report, Stats, Status};
+pub use shapes::{HeadConfig, SeqSet};
+
+use crate::error::Error;
+use crate::gpu::decode::RecurrentStepTiles;
+use crate::gpu::{Context, GpuTimer};
+use crate::tensor::DType;
+use crate::{Options, Problem};
+use cases::{GpuCase, HostCase};
+use report::{AdapterRecord, CheckRecord, PassTime, ShapeRecord};
+
+/// Everything `gdn bench` can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error(transparent)]
+    Gdn(#[from] Error),
+    /// The correctness gate: a kernel's output on the check shape is off.
+    #[error(
+        "{op} check failed before timing, on {shape}: {output} has relative L2 error {error:.3e} against the f64 oracle (tolerance {tolerance:.0e}); the kernel is wrong, so it is not timed"
+    )]
+    CheckFailed {
+        op: &'static str,
+        shape: String,
+        output: String,
+        error: f64,
+        tolerance: f64,
+    },
+    /// Bad flags.
+    #[error("{0}")]
+    Usage(String),
+    /// Nothing of what was asked can run in this build.
+    #[error("{0}")]
+    Unsupported(String),
+    /// Writing `--json` or `--plot`.
+    #[error("{path}: {msg}")]
+    Output { path: String, msg: String },
+}
+
+impl BenchError {
+    /// Exit code: 2 for bad flags and unsupported requests, 1 otherwise.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            BenchError::Usage(_) | BenchError::Unsupported(_) => 2,
+            BenchError::Gdn(e) if e.is_input_error() => 2,
+            _ => 1,
+        }
+    }
+
+    /// The kernels of this build do not take the dtype or option (the check said so).
+    fn is_unsupported(&self) -> bool {
+        matches!(
+            self,
+            BenchError::Gdn(Error::Unsupported { .. } | Error::DType { .. })
+        )
+    }
+
+    fn is_too_large(&self) -> bool {
+        matches!(self, BenchError::Gdn(Error::TooLarge { .. }))
+    }
+}
+
+/// Where the kernels run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchBackend {
+    /// The WGSL kernels through wgpu.
+    Wgpu,
+    /// The f64 oracle (wall clock only; slow: small shapes).
+    Cpu,
+}
+
+/// Storage dtype of q, k, v and o.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchDType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl BenchDType {
+    pub fn dtype(self) -> DType {
+        match self {
+            BenchDType::F32 => DType::F32,
+            BenchDType::F16 => DType::F16,
+            BenchDType::Bf16 => DType::BF16,
+        }
+    }
+}
+
+/// Flags of `gdn bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// A tiny sweep of all three ops (K = V = 32, heads 1/2 and 2/4, ≤ 256 tokens, decode
+    /// B = 1, 4; 1 warm-up, 5 repetitions): seconds on a software GPU.
+    #[arg(long)]
+    pub quick: bool,
+    /// Ops to run, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "forward,backward,decode")]
+    pub ops: Vec<String>,
+    /// Head configs H/HV, comma-separated [default: 16/64,16/32,8/32,4/16,2/8].
+    #[arg(long, value_delimiter = ',')]
+    pub heads: Vec<String>,
+    /// Sequence sets, comma-separated: LEN or 1xLEN (one sequence), LENxCOUNT (a dense batch),
+    /// L1+L2+… (packed with cu_seqlens) [default: 1x32768,1x8192,1x2048,4096x8,1024x8,
+    /// 28672+4096,16384+16384].
+    #[arg(long, value_delimiter = ',')]
+    pub seqs: Vec<String>,
+    /// Decode batch sizes (sequences per step, one token each) [default: 1,64,256].
+    #[arg(long, value_delimiter = ',')]
+    pub decode_batch: Vec<usize>,
+    /// K [default: 128; --quick: 32].
+    #[arg(long)]
+    pub key_dim: Option<usize>,
+    /// V [default: 128; --quick: 32].
+    #[arg(long)]
+    pub value_dim: Option<usize>,
+    #[arg(long, value_enum, default_value_t = BenchBackend::Wgpu)]
+    pub backend: BenchBackend,
+    /// Storage dtype of q, k, v, o.
+    #[arg(long, value_enum, default_value_t = BenchDType::F32)]
+    pub dtype: BenchDType,
+    /// Use the first adapter whose name contains this (case-insensitive; like GDN_ADAPTER).
+    #[arg(long)]
+    pub adapter: Option<String>,
+    /// Untimed runs per case before timing [default: 3; --quick: 1].
+    #[arg(long)]
+    pub warmup: Option<usize>,
+    /// Timed repetitions per case [default: 20; --quick: 5].
+    #[arg(long)]
+    pub reps: Option<usize>,
+    /// Fewer repetitions (at least 3) when they would take longer than this per case.
+    #[arg(long, default_value_t = 10.0)]
+    pub max_seconds: f64,
+    /// Rotate among copies of a case's inputs until they exceed this many MiB (above the
+    /// last-level cache: 50 MiB on an H200); 0 times one copy.
+    #[arg(long, default_value_t = 128.0)]
+    pub rotate_mib: f64,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Write the records as JSON.
+    #[arg(long, value_name = "PATH")]
+    pub json: Option<String>,
+    /// Draw latency against tokens per head config (SVG).
+    #[arg(long, value_name = "PATH.svg")]
+    pub plot: Option<String>,
+    /// No progress bar (plain progress lines go to stderr when it is not a terminal anyway).
+    #[arg(long)]
+    pub no_progress: bool,
+}
+
+/// A resolved sweep.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub ops: Vec<Op>,
+    pub backend: BenchBackend,
+    pub dtype: DType,
+    pub adapter: Option<String>,
+    pub heads: Vec<HeadConfig>,
+    pub seqs: Vec<SeqSet>,
+    pub decode_batches: Vec<usize>,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    pub warmup: usize,
+    pub reps: usize,
+    pub max_seconds: f64,
+    pub rotate_bytes: f64,
+    /// At most this many input copies.
+    pub max_sets: usize,
+    pub seed: u64,
+    pub progress: bool,
+}
+
+impl BenchArgs {
+    /// Resolve defaults and parse the shape lists.
+    pub fn config(&self) -> Result<Config, BenchError> {
+        let usage = BenchError::Usage;
+        let mut ops = Vec::new();
+        for s in &self.ops {
+            let op = Op::parse(s).map_err(usage)?;
+            if !ops.contains(&op) {
+                ops.push(op);
+            }
+        }
+        let heads = if self.heads.is_empty() {
+            if self.quick {
+                shapes::quick_heads()
+            } else {
+                shapes::default_heads()
+            }
+        } else {
+            self.heads
+                .iter()
+                .map(|s| HeadConfig::parse(s))
+                .collect::<Result<_, _>>()
+                .map_err(usage)?
+        };
+        let seqs = if self.seqs.is_empty() {
+            if self.quick {
+                shapes::quick_seqs()
+            } else {
+                shapes::default_seqs()
+            }
+        } else {
+            self.seqs
+                .iter()
+                .map(|s| SeqSet::parse(s))
+                .collect::<Result<_, _>>()
+                .map_err(usage)?
+        };
+        let decode_batches = match (self.decode_batch.is_empty(), self.quick) {
+            (false, _) => self.decode_batch.clone(),
+            (true, true) => shapes::QUICK_DECODE_BATCHES.to_vec(),
+            (true, false) => shapes::DEFAULT_DECODE_BATCHES.to_vec(),
+        };
+        if decode_batches.contains(&0) {
+            return Err(usage(
+                "--decode-batch: batch sizes must be at least 1".into(),
+            ));
+        }
+        let dim = if self.quick {
+            shapes::QUICK_HEAD_DIM
+        } else {
+            128
+        };
+        if self.max_seconds.is_nan()
+            || self.max_seconds <= 0.0
+            || self.rotate_mib.is_nan()
+            || self.rotate_mib < 0.0
+        {
+            return Err(usage(
+                "--max-seconds must be positive and --rotate-mib non-negative".into(),
+            ));
+        }
+        Ok(Config {
+            ops,
+            backend: self.backend,
+            dtype: self.dtype.dtype(),
+            adapter: self.adapter.clone(),
+            heads,
+            seqs,
+            decode_batches,
+            key_dim: self.key_dim.unwrap_or(dim),
+            value_dim: self.value_dim.unwrap_or(dim),
+            warmup: self.warmup.unwrap_or(if self.quick { 1 } else { 3 }),
+            reps: self.reps.unwrap_or(if self.quick { 5 } else { 20 }).max(1),
+            max_seconds: if self.quick {
+                self.max_seconds.min(2.0)
+            } else {
+                self.max_seconds
+            },
+            rotate_bytes: self.rotate_mib * 1024.0 * 1024.0,
+            max_sets: 64,
+            seed: self.seed,
+            progress: !self.no_progress,
+        })
+    }
+}
+
+/// `gdn bench`: run, print the table, write `--json` / `--plot`. Errors are one
+/// `error: …` line on stderr; exit code 2 for bad flags or requests this build cannot run,
+/// 1 for device errors and failed correctness checks (the other cases are still reported).
+pub fn main(args: &BenchArgs) -> ExitCode {
+    match main_inner(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&e.to_string()));
+            ExitCode::from(e.exit_code())
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn main_inner(args: &BenchArgs) -> Result<ExitCode, BenchError> {
+    let config = args.config()?;
+    let command = std::env::args()
+        .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
+        .collect::<Vec<_>>()
+        .join(" ");
+    let report = run(&config, &command)?;
+    println!("{}", report::table(&report));
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&report).map_err(|e| BenchError::Output {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
+        std::fs::write(path, text + "\n").map_err(|e| BenchError::Output {
+            path: path.clone(),
+            msg: e.to_string(),
+        })?;
+        eprintln!("wrote {path}");
+    }
+    if let Some(path) = &args.plot {
+        plot::write_svg(&report, path).map_err(|msg| BenchError::Output {
+            path: path.clone(),
+            msg,
+        })?;
+        eprintln!("wrote {path}");
+    }
+    let count = |s: Status| report.records.iter().filter(|r| r.status == s).count();
+    let (failed, errors, ok) = (
+        count(Status::CheckFailed),
+        count(Status::Error),
+        count(Status::Ok),
+    );
+    if failed + errors > 0 {
+        eprintln!(
+            "error: {failed} case(s) failed the correctness check and {errors} hit errors (see the table); their numbers are not reported"
+        );
+        return Ok(ExitCode::from(1));
+    }
+    if ok == 0 && count(Status::Unsupported) > 0 {
+        let notes: Vec<String> = report
+            .records
+            .iter()
+            .filter_map(|r| r.note.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        return Err(BenchError::Unsupported(format!(
+            "nothing to time: {}",
+            notes.join("; ")
+        )));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The commit the binary runs from: `git rev-parse --short HEAD` in the working directory,
+/// else `GDN_GIT_COMMIT` at build time.
+fn commit() -> Option<String> {
+    let git = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .stderr(std::process::Stdio::null())
+        .output();
+    match git {
+        Ok(out) if out.status.success() => {
+            Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        }
+        _ => option_env!("GDN_GIT_COMMIT").map(String::from),
+    }
+}
+
+fn open_context(filter: Option<&str>) -> Result<Context, BenchError> {
+    match filter {
+        None => Ok(Context::new_blocking()?),
+        Some(f) => {
+            let adapters = pollster::block_on(crate::gpu::list_adapters());
+            let wanted = f.to_lowercase();
+            let adapter = adapters
+                .into_iter()
+                .find(|a| a.get_info().name.to_lowercase().contains(&wanted))
+                .ok_or_else(|| {
+                    BenchError::Usage(format!(
+                        "--adapter {f}: no adapter whose name contains it (see `gdn info`)"
+                    ))
+                })?;
+            Ok(pollster::block_on(Context::from_adapter(adapter))?)
+        }
+    }
+}
+
+/// One case of the sweep, before it runs.
+struct Planned {
+    op: Op,
+    heads: HeadConfig,
+    /// Forward/backward: the sequence set; decode: None (see `batch`).
+    seqs: Option<SeqSet>,
+    batch: usize,
+}
+
+impl Planned {
+    fn problem(&self, c: &Config) -> crate::Result<Problem> {
+        match &self.seqs {
+            Some(s) => s.problem(self.heads, c.key_dim, c.value_dim),
+            None => Problem::new(
+                self.batch,
+                1,
+                self.heads.heads_qk,
+                self.heads.heads_v,
+                c.key_dim,
+                c.value_dim,
+                None,
+                Options::default(),
+            ),
+        }
+    }
+
+    fn seqs_label(&self) -> String {
+        match &self.seqs {
+            Some(s) => s.to_string(),
+            None => format!("B={}", self.batch),
+        }
+    }
+
+    fn label(&self) -> String {
+        format!("{} {}", self.heads, self.seqs_label())
+    }
+}
+
+fn plan(c: &Config) -> Vec<Planned> {
+    let mut out = Vec::new();
+    for &heads in &c.heads {
+        for seqs in &c.seqs {
+            for op in [Op::Forward, Op::Backward]
+                .into_iter()
+                .filter(|op| c.ops.contains(op))
+            {
+                out.push(Planned {
+                    op,
+                    heads,
+                    seqs: Some(seqs.clone()),
+                    batch: 1,
+                });
+            }
+        }
+    }
+    if c.ops.contains(&Op::Decode) {
+        for &heads in &c.heads {
+            for &batch in &c.decode_batches {
+                out.push(Planned {
+                    op: Op::Decode,
+                    heads,
+                    seqs: None,
+                    batch,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// Measured times of one case.
+#[derive(Default)]
+struct Timing {
+    gpu: Vec<f64>,
+    wall: Vec<f64>,
+    host: Vec<f64>,
+    passes: Vec<(String, Vec<f64>)>,
+    reps: usize,
+}
+
+/// Warm up, then time `reps` repetitions (fewer when they would exceed `max_seconds`).
+fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> crate::Result<Timing> {
+    let timer = GpuTimer::new(ctx, 16);
+    let mut t = Timing::default();
+    let mut last_wall = 0.0;
+    let mut i = 0usize;
+    let mut reps = c.reps;
+    let run = |i: usize, record: bool, t: &mut Timing| -> crate::Result<f64> {
+        let set = i % case.sets();
+        let start = Instant::now();
+        let mut encoder = ctx.create_encoder("gdn bench");
+        if let Some(timer) = &timer {
+            timer.reset();
+            timer.mark(&mut encoder, "start");
+        }
+        case.record(&mut encoder, set, timer.as_ref())?;
+        if let Some(timer) = &timer {
+            timer.mark(&mut encoder, "tail");
+            timer.resolve(&mut encoder);
+        }
+        let index = ctx.queue.submit([encoder.finish()]);
+        let submitted = Instant::now();
+        ctx.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+        ctx.check()?;
+        let done = Instant::now();
+        let wall = (done - start).as_secs_f64() * 1e3;
+        if record {
+            t.wall.push(wall);
+            t.host.push((submitted - start).as_secs_f64() * 1e3);
+            if let Some(timer) = &timer {
+                let spans = timer.read_spans(ctx)?;
+                t.gpu.push(spans.iter().map(|(_, ms)| ms).sum());
+                if t.passes.is_empty() {
+                    t.passes = spans
+                        .iter()
+                        .map(|(l, _)| (l.to_string(), Vec::new()))
+                        .collect();
+                }
+                for (slot, (_, ms)) in t.passes.iter_mut().zip(&spans) {
+                    slot.1.push(*ms);
+                }
+            }
+        }
+        Ok(wall)
+    };
+    for _ in 0..c.warmup.max(1) {
+        last_wall = run(i, false, &mut t)?;
+        i += 1;
+    }
+    if last_wall > 0.0 {
+        let fit = (c.max_seconds * 1e3 / last_wall).floor() as usize;
+        reps = reps.min(fit.max(3));
+    }
+    for _ in 0..reps {
+        run(i, true, &mut t)?;
+        i += 1;
+    }
+    t.reps = reps;
+    Ok(t)
+}
+
+fn time_cpu(c: &Config, op: Op, host: &HostCase) -> crate::Result<Timing> {
+    let mut t = Timing::default();
+    let start = Instant::now();
+    cases::run_cpu(op, host, c.seed)?;
+    let first = start.elapsed().as_secs_f64() * 1e3;
+    let reps = c
+        .reps
+        .min(((c.max_seconds * 1e3 / first.max(1e-3)).floor() as usize).max(1));
+    for _ in 0..reps {
+        let start = Instant::now();
+        cases::run_cpu(op, host, c.seed)?;
+        t.wall.push(start.elapsed().as_secs_f64() * 1e3);
+    }
+    t.reps = reps;
+    Ok(t)
+}
+
+/// The kernel variant the timed shape uses (the check runs the same one).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Variant {
+    VBlock(u32),
+    Tiles(String),
+}
+
+fn variant(
+    ctx: &Context,
+    op: Op,
+    p: &Problem,
+) -> crate::Result<(Variant, String, Option<RecurrentStepTiles>)> {
+    Ok(match op {
+        Op::Forward => {
+            let vb = ctx.tuning().state_scan_v_block(p);
+            (
+                Variant::VBlock(vb),
+                format!("state_scan V-block {vb}"),
+                None,
+            )
+        }
+        Op::Backward => {
+            let vb = crate::gpu::backward::scan_v_block(ctx, p)?;
+            (
+                Variant::VBlock(vb),
+                format!("backward scans V-block {vb}"),
+                None,
+            )
+        }
+        Op::Decode => {
+            let tiles = RecurrentStepTiles::choose(&ctx.limits(), p)?;
+            let name = inputs::tiles_name(&tiles);
+            (Variant::Tiles(name.clone()), name, Some(tiles))
+        }
+    })
+}
+
+/// Run the gate for `op` on the small version of `planned` at `variant`.
+fn run_check(
+    ctx: &mut Context,
+    c: &Config,
+    planned: &Planned,
+    big: &Problem,
+    tiles: Option<RecurrentStepTiles>,
+    v: &Variant,
+) -> Result<CheckSummary, BenchError> {
+    let case = match (planned.op, v) {
+        (Op::Forward | Op::Backward, Variant::VBlock(vb)) => {
+            let small = planned
+                .seqs
+                .as_ref()
+                .expect("forward/backward cases have sequences")
+                .truncated(check::CHECK_TOKENS);
+            let p = small.problem(planned.heads, c.key_dim, c.value_dim)?;
+            if planned.op == Op::Forward {
+                check::check_forward(ctx, &p, c.dtype, *vb)?
+            } else {
+                check::check_backward(ctx, &p, c.dtype, *vb)?
+            }
+        }
+        _ => {
+            let n = big.num_sequences().min(check::CHECK_DECODE_BATCH);
+            let p = Problem::new(
+                n,
+                1,
+                big.heads_qk,
+                big.heads_v,
+                big.key_dim,
+                big.value_dim,
+                None,
+                Options::default(),
+            )?;
+            check::check_decode(ctx, &p, c.dtype, tiles.expect("decode has tiles"))?
+        }
+    };
+    verify(&case)
+}
+
+/// A check's result, shared by every case with the same op, heads and kernel variant.
+type CheckOutcome = Result<CheckSummary, (Status, String)>;
+
+/// Run a sweep. Per-case failures become records (status and note); only failing to open a
+/// device is an error.
+pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
+    let mut ctx = match c.backend {
+        BenchBackend::Wgpu => Some(open_context(c.adapter.as_deref())?),
+        BenchBackend::Cpu => None,
+    };
+    let adapter = ctx.as_ref().and_then(|ctx| {
+        ctx.adapter_info.as_ref().map(|i| AdapterRecord {
+            name: i.name.clone(),
+            backend: format!("{:?}", i.backend),
+            device_type: format!("{:?}", i.device_type),
+            driver: i.driver.clone(),
+            driver_info: i.driver_info.clone(),
+            timestamp_queries: GpuTimer::new(ctx, 2).is_some(),
+        })
+    });
+    let adapter_name = match (&adapter, c.backend) {
+        (Some(a), _) => format!("{} ({})", a.name, a.backend),
+        (None, BenchBackend::Wgpu) => "wgpu (unknown adapter)".into(),
+        (None, BenchBackend::Cpu) => "cpu (f64 oracle)".into(),
+    };
+    let backend_name = match c.backend {
+        BenchBackend::Wgpu => "wgpu",
+        BenchBackend::Cpu => "cpu",
+    };
+    if let Some(a) = &adapter {
+        eprintln!(
+            "gdn bench: {} ({}, {}), {} storage, timestamps {}",
+            a.name,
+            a.backend,
+            a.device_type,
+            c.dtype,
+            if a.timestamp_queries {
+                "yes"
+            } else {
+                "no (wall clock only)"
+            }
+        );
+    }
+
+    let planned = plan(c);
+    let bar = if c.progress && std::io::stderr().is_terminal() {
+        let bar = ProgressBar::new(planned.len() as u64);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:30} {pos}/{len} [{elapsed} < {eta}] {msg}")
+                .expect("static template"),
+        );
+        bar
+    } else {
+        ProgressBar::hidden()
+    };
+    let mut checks: HashMap<(Op, HeadConfig, Variant), CheckOutcome> = HashMap::new();
+    let mut unsupported: HashMap<Op, String> = HashMap::new();
+    let mut host: Option<(HeadConfig, Option<SeqSet>, usize, HostCase)> = None;
+    let mut records = Vec::new();
+
+    for (index, pc) in planned.iter().enumerate() {
+        let label = pc.label();
+        bar.set_message(format!("{} {label}", pc.op.name()));
+        let problem = pc.problem(c);
+        let mut record = Record {
+            op: pc.op.name().into(),
+            backend: backend_name.into(),
+            dtype: c.dtype.name().into(),
+            adapter: adapter_name.clone(),
+            shape: ShapeRecord {
+                label: label.clone(),
+                seqs: pc.seqs_label(),
+                heads_qk: pc.heads.heads_qk,
+                heads_v: pc.heads.heads_v,
+                key_dim: c.key_dim,
+                value_dim: c.value_dim,
+                batch: problem.as_ref().map_or(0, |p| p.batch),
+                sequences: problem.as_ref().map_or(0, |p| p.num_sequences()),
+                total_tokens: problem.as_ref().map_or(0, |p| p.total_tokens()),
+            },
+            status: Status::Ok,
+            note: None,
+            variant: None,
+            warmup: c.warmup,
+            reps: 0,
+            input_sets: 1,
+            gpu_ms: None,
+            wall_ms: None,
+            host_ms: None,
+            passes: Vec::new(),
+            flops: 0.0,
+            bytes: 0.0,
+            tflops: None,
+            gbps: None,
+            rate_basis: None,
+            peak_memory_bytes: 0,
+            check: None,
+        };
+        let outcome = (|| -> Result<(), (Status, String)> {
+            let err = |e: BenchError| {
+                let status = if e.is_unsupported() {
+                    Status::Unsupported
+                } else if e.is_too_large() {
+                    Status::Skipped
+                } else if matches!(e, BenchError::CheckFailed { .. }) {
+                    Status::CheckFailed
+                } else {
+                    Status::Error
+                };
+                (status, one_line(&e.to_string()))
+            };
+            let p = problem.map_err(|e| err(e.into()))?;
+            record.flops = metrics::flops(pc.op, &p);
+            record.bytes = metrics::bytes(pc.op, &p, c.dtype);
+            record.peak_memory_bytes = metrics::peak_memory(pc.op, &p, c.dtype);
+            if let Some(why) = unsupported.get(&pc.op) {
+                return Err((Status::Unsupported, why.clone()));
+            }
+            let fresh = !matches!(&host, Some((h, s, b, _)) if *h == pc.heads && *s == pc.seqs && *b == pc.batch);
+            if fresh {
+                drop(host.take()); // free the previous shape's host inputs first
+                host = Some((
+                    pc.heads,
+                    pc.seqs.clone(),
+                    pc.batch,
+                    HostCase::new(p.clone(), c.dtype, c.seed),
+                ));
+            }
+            let hc = &host.as_ref().expect("just set").3;
+            let timing = match ctx.as_mut() {
+                None => time_cpu(c, pc.op, hc).map_err(|e| err(e.into()))?,
+                Some(ctx) => {
+                    let (v, vname, tiles) = variant(ctx, pc.op, &p).map_err(|e| err(e.into()))?;
+                    record.variant = Some(vname);
+                    let key = (pc.op, pc.heads, v.clone());
+                    if !checks.contains_key(&key) {
+                        let mut result = run_check(ctx, c, pc, &p, tiles, &v).map_err(err);
+                        if let Err((Status::Unsupported, why)) = &mut result {
+                            *why = format!("{}: {why}", pc.op.name());
+                            bar.suspend(|| eprintln!("note: {why}; its cases are skipped"));
+                            unsupported.insert(pc.op, why.clone());
+                        }
+                        checks.insert(key.clone(), result);
+                    }
+                    let summary = checks[&key].clone()?;
+                    record.check = Some(CheckRecord {
+                        shape: summary.shape,
+                        max_rel_l2: summary.worst,
+                        tolerance: summary.tolerance,
+                    });
+                    let sets = if c.rotate_bytes > 0.0 {
+                        inputs::input_sets(record.bytes, c.rotate_bytes, c.max_sets)
+                    } else {
+                        1
+                    };
+                    record.input_sets = sets;
+                    let ctx = &*ctx;
+                    let case = match pc.op {
+                        Op::Forward => cases::prepare_forward(ctx, hc, sets),
+                        Op::Backward => cases::prepare_backward(ctx, hc, sets, c.seed),
+                        Op::Decode => {
+                            cases::prepare_decode(ctx, hc, tiles.expect("decode has tiles"), sets)
+                        }
+                    }
+                    .map_err(err)?;
+                    time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?
+                }
+            };
+            record.reps = timing.reps;
+            record.gpu_ms = Stats::of(&timing.gpu);
+            record.wall_ms = Stats::of(&timing.wall);
+            record.host_ms = Stats::of(&timing.host);
+            // The tail span (copies after the last pass, e.g. the backward's dv and dh0) is
+            // listed only when it is more than 2 % of the GPU time.
+            let total = record.gpu_ms.map_or(0.0, |s| s.median);
+            record.passes = timing
+                .passes
+                .iter()
+                .filter_map(|(name, ms)| {
+                    let median = Stats::of(ms)?.median;
+                    (name != "tail" || median > 0.02 * total).then(|| PassTime {
+                        name: name.clone(),
+                        median_ms: median,
+                    })
+                })
+                .collect();
+            let (time, basis) = match (record.gpu_ms, record.wall_ms) {
+                (Some(g), _) => (g.median, "gpu"),
+                (None, Some(w)) => (w.median, "wall"),
+                _ => return Ok(()),
+            };
+            if time > 0.0 {
+                record.tflops = Some(record.flops / (time * 1e-3) / 1e12);
+                record.gbps = Some(record.bytes / (time * 1e-3) / 1e9);
+                record.rate_basis = Some(basis.into());
+            }
+            Ok(())
+        })();
+        if let Err((status, note)) = outcome {
+            record.status = status;
+            record.note = Some(note);
+        }
+        let summary = match (&record.status, record.time_ms()) {
+            (Status::Ok, Some(ms)) => format!("{ms:.4} ms"),
+            (s, _) => s.name().to_string(),
+        };
+        if bar.is_hidden() {
+            eprintln!(
+                "[{}/{}] {} {} {label}: {summary}",
+                index + 1,
+                planned.len(),
+                record.op,
+                record.dtype
+            );
+        } else {
+            bar.println(format!("{} {label}: {summary}", record.op));
+        }
+        bar.inc(1);
+        records.push(record);
+    }
+    bar.finish_and_clear();
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(Report {
+        tool: "gdn bench".into(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        date_utc: report::iso_utc(now),
+        commit: commit(),
+        command: command.into(),
+        adapter,
+        rotate_bytes: c.rotate_bytes,
+        records,
+    })
+}
