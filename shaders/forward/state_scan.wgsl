@@ -48,9 +48,9 @@ override ARENA: u32;
 override TC: u32 = V_BLOCK / 16u;         // columns per invocation: 1, 2 or 4
 override KB: u32 = (K_DIM + 63u) / 64u;   // 64-row state blocks: 1..4
 const K_SLICE: u32 = 16u;
-const K_PITCH: u32 = 17u;                 // padded row pitch of the K/Q slices (no bank conflicts)
+const K_PITCH: u32 = 68u;                 // pitch of the transposed K/Q slices ([kk][row], 16-byte aligned)
 override T_SLICE: u32;                   // tokens per K slice of the state update (T_SLICE·K ≤ 1024)
-override T_PITCH: u32 = K_DIM + 1u;
+override T_PITCH: u32 = K_DIM + 4u;      // 16-byte aligned rows
 
 var<workgroup> arena: array<f32, ARENA>;
 var<workgroup> gam_s: array<f32, 64>;  // γ_i = exp(G_i)
@@ -78,34 +78,38 @@ fn tri_or_zero(base: u32, i: u32, j: u32) -> f32 {
     return select(0.0, arena[base + tri(i, min(j, i))], j <= i);
 }
 
-// The invocation's columns c + 16 j (j < TC) of a row starting at `base`; other lanes 0.
+// The invocation's columns c + 16 j (j < TC) of a V-block row at `base`; other lanes 0.
+// Rows of V-block tiles in workgroup memory are stored column-permuted (column c + 16 j at
+// c·TC + j), so an invocation's TC columns are adjacent and read as one wide load.
 fn cols4(base: u32, c: u32) -> vec4<f32> {
-    var x = vec4<f32>(arena[base + c], 0.0, 0.0, 0.0);
+    let at = base + c * TC;
+    var x = vec4<f32>(arena[at], 0.0, 0.0, 0.0);
     if (TC > 1u) {
-        x.y = arena[base + c + 16u];
+        x.y = arena[at + 1u];
     }
     if (TC > 2u) {
-        x.z = arena[base + c + 32u];
-        x.w = arena[base + c + 48u];
+        x.z = arena[at + 2u];
+        x.w = arena[at + 3u];
     }
     return x;
 }
 
 fn store_cols4(base: u32, c: u32, x: vec4<f32>) {
-    arena[base + c] = x.x;
+    let at = base + c * TC;
+    arena[at] = x.x;
     if (TC > 1u) {
-        arena[base + c + 16u] = x.y;
+        arena[at + 1u] = x.y;
     }
     if (TC > 2u) {
-        arena[base + c + 32u] = x.z;
-        arena[base + c + 48u] = x.w;
+        arena[at + 2u] = x.z;
+        arena[at + 3u] = x.w;
     }
 }
 
-// Column `kk` of rows row0..row0+3 of a slice with row pitch `pitch`.
-fn rows4(base: u32, row0: u32, pitch: u32, kk: u32) -> vec4<f32> {
-    return vec4<f32>(arena[base + row0 * pitch + kk], arena[base + (row0 + 1u) * pitch + kk],
-                     arena[base + (row0 + 2u) * pitch + kk], arena[base + (row0 + 3u) * pitch + kk]);
+// Rows row0..row0+3 at column kk of a transposed slice ([kk][row], pitch K_PITCH): adjacent.
+fn rows4(base: u32, row0: u32, kk: u32) -> vec4<f32> {
+    let at = base + kk * K_PITCH + row0;
+    return vec4<f32>(arena[at], arena[at + 1u], arena[at + 2u], arena[at + 3u]);
 }
 
 fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
@@ -236,11 +240,12 @@ fn load_q4(base: u32, len: u32, h: u32, k0: u32, t: u32) -> vec4<f32> {
 }
 
 fn store_slice4(dst: u32, t: u32, x: vec4<f32>) {
-    let at = dst + (t / 4u) * K_PITCH + (t % 4u) * 4u;
+    // Element (row t / 4, column (t % 4)·4 + q) goes to [column][row].
+    let at = dst + (t % 4u) * 4u * K_PITCH + t / 4u;
     arena[at] = x.x;
-    arena[at + 1u] = x.y;
-    arena[at + 2u] = x.z;
-    arena[at + 3u] = x.w;
+    arena[at + K_PITCH] = x.y;
+    arena[at + 2u * K_PITCH] = x.z;
+    arena[at + 3u * K_PITCH] = x.w;
 }
 
 // Four consecutive K values of the state update's T_SLICE × K token slice starting at token
@@ -284,8 +289,8 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
 
     let ws = 0u;
     let kc = 64u * V_BLOCK;
-    let qc = kc + 64u * K_PITCH;
-    let ss = qc + 64u * K_PITCH;
+    let qc = kc + K_SLICE * K_PITCH;
+    let ss = qc + K_SLICE * K_PITCH;
     let tr = kc;
     let kt = kc;
 
@@ -364,18 +369,23 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
                 }
             }
             workgroupBarrier();
-            for (var kk = 0u; kk < K_SLICE; kk++) {
-                let kr = rows4(kc, row0, K_PITCH, kk);
-                let qr = rows4(qc, row0, K_PITCH, kk);
-                let sv = cols4(ss + kk * V_BLOCK, c);
-                u0 += kr.x * sv;
-                u1 += kr.y * sv;
-                u2 += kr.z * sv;
-                u3 += kr.w * sv;
-                o0 += qr.x * sv;
-                o1 += qr.y * sv;
-                o2 += qr.z * sv;
-                o3 += qr.w * sv;
+            // Four columns at a time: all loads first, then 4×4×4 products as matrices
+            // (column ii of U is row row0 + ii of the tile): more independent work per step.
+            for (var kk = 0u; kk < K_SLICE; kk += 4u) {
+                let kr = mat4x4<f32>(rows4(kc, row0, kk), rows4(kc, row0, kk + 1u), rows4(kc, row0, kk + 2u), rows4(kc, row0, kk + 3u));
+                let qr = mat4x4<f32>(rows4(qc, row0, kk), rows4(qc, row0, kk + 1u), rows4(qc, row0, kk + 2u), rows4(qc, row0, kk + 3u));
+                let sv = mat4x4<f32>(cols4(ss + kk * V_BLOCK, c), cols4(ss + (kk + 1u) * V_BLOCK, c),
+                                     cols4(ss + (kk + 2u) * V_BLOCK, c), cols4(ss + (kk + 3u) * V_BLOCK, c));
+                let du = sv * transpose(kr);
+                let dq = sv * transpose(qr);
+                u0 += du[0];
+                u1 += du[1];
+                u2 += du[2];
+                u3 += du[3];
+                o0 += dq[0];
+                o1 += dq[1];
+                o2 += dq[2];
+                o3 += dq[3];
             }
         }
         workgroupBarrier();

@@ -22,12 +22,12 @@ pub struct Tuning {
 
 /// f32 words of workgroup memory `state_scan` needs at V-block width `bv` (mirrors the
 /// layout in `shaders/forward/state_scan.wgsl`): the 64 × bv W/V' tile, then one region reused
-/// for the K/Q slices (64 × 17 each) plus a 16 × bv state slice, the packed 64×64 lower
-/// triangle, and the token slices of the state update (T_SLICE·(K+1) ≤ 1088 words).
+/// for the transposed K/Q slices (16 × 68 each) plus a 16 × bv state slice, the packed 64×64
+/// lower triangle, and the token slices of the state update (T_SLICE·(K+4) ≤ 1280 words).
 pub fn state_scan_arena_words(bv: u32) -> u32 {
-    let slices = 2 * 64 * 17 + 16 * bv;
+    let slices = 2 * 16 * 68 + 16 * bv;
     let triangle = 64 * 65 / 2;
-    let token_slices = 1024 + 64;
+    let token_slices = 1024 + 4 * 64;
     64 * bv + slices.max(triangle).max(token_slices)
 }
 
