@@ -124,7 +124,7 @@ impl Problem {
         if self.heads_qk == 0 {
             return Err(Error::value("heads_qk (H)", "at least 1", self.heads_qk));
         }
-        if self.heads_v == 0 || self.heads_v % self.heads_qk != 0 {
+        if self.heads_v == 0 || !self.heads_v.is_multiple_of(self.heads_qk) {
             return Err(Error::value(
                 "heads_v (HV)",
                 format!("a positive multiple of H = {} (GVA)", self.heads_qk),
@@ -136,11 +136,10 @@ impl Problem {
                 return Err(Error::value(name, format!("a multiple of 16 in 16..={MAX_HEAD_DIM}"), d));
             }
         }
-        if let Some(s) = self.options.scale {
-            if !s.is_finite() {
+        if let Some(s) = self.options.scale
+            && !s.is_finite() {
                 return Err(Error::value("scale", "a finite number", s));
             }
-        }
         if self.options.allow_neg_eigval && !self.options.beta_sigmoid {
             return Err(Error::value(
                 "allow_neg_eigval",
@@ -302,16 +301,14 @@ pub fn check_host_values(problem: &Problem, inputs: &ForwardInputs<&crate::HostT
         ("dt_bias", inputs.dt_bias),
     ];
     for (name, t) in named {
-        if let Some(t) = t {
-            if let Some(i) = t.data.iter().position(|x| !x.is_finite()) {
+        if let Some(t) = t
+            && let Some(i) = t.data.iter().position(|x| !x.is_finite()) {
                 return Err(Error::value(name, "finite values", format!("{} at flat index {i}", t.data[i])));
             }
-        }
     }
-    if !problem.options.gate_in_kernel {
-        if let Some(i) = inputs.g.data.iter().position(|&x| x > 0.0) {
+    if !problem.options.gate_in_kernel
+        && let Some(i) = inputs.g.data.iter().position(|&x| x > 0.0) {
             return Err(Error::value("g", "log-space decays ≤ 0", format!("{} at flat index {i}", inputs.g.data[i])));
         }
-    }
     Ok(())
 }

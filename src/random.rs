@@ -67,15 +67,14 @@ impl RandomSpec {
         let (mut a_log, mut dt_bias) = (None, None);
         if opt.gate_in_kernel {
             // Raw gate pre-activations; per-head A_log sets the decay strength.
-            let mut al = vec![0.0f32; hv];
             let dt: Vec<f32> = (0..hv).map(|_| rng.random_range(-1.0..1.0)).collect();
-            for head in 0..hv {
-                al[head] = match special(head) {
+            let al: Vec<f32> = (0..hv)
+                .map(|head| match special(head) {
                     Some(0.0) => -30.0, // exp(−30)·softplus ≈ 0: effectively no decay
                     Some(_) => 16f32.ln(),
                     _ => rng.random_range(-2.0..0.5),
-                };
-            }
+                })
+                .collect();
             for (i, x) in g.iter_mut().enumerate() {
                 let head = i % hv;
                 *x = if special(head) == Some(-20.0) { rng.random_range(0.5..1.5) } else { StandardNormal.sample(&mut rng) };

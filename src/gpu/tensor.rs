@@ -66,7 +66,7 @@ impl GpuTensor {
 
     fn check_size(ctx: &Context, name: &str, bytes: u64) -> Result<()> {
         let limits = ctx.limits();
-        let binding = limits.max_storage_buffer_binding_size as u64;
+        let binding = limits.max_storage_buffer_binding_size;
         if bytes > binding {
             return Err(Error::TooLarge { name: name.into(), bytes, limit_name: "max_storage_buffer_binding_size", limit: binding });
         }

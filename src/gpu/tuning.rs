@@ -81,7 +81,7 @@ impl Tuning {
         if let Some(f) = self.forced_v_block.filter(|f| self.v_blocks.contains(f)) {
             return f;
         }
-        let dividing: Vec<u32> = self.v_blocks.iter().copied().filter(|bv| v % bv == 0).collect();
+        let dividing: Vec<u32> = self.v_blocks.iter().copied().filter(|bv| v.is_multiple_of(*bv)).collect();
         let base = (problem.num_sequences() * problem.heads_v) as u32;
         let mut choice = dividing[0];
         for &bv in &dividing {
