@@ -5,20 +5,22 @@
 #
 #   bash benches/compare/run.sh [all|ours|fla|xcheck|report|ours-backward]...   (default: all)
 #
-# all = ours fla xcheck report. Results go to $OUT (the device tool's output folder; default
-# /tmp/gdn-compare): ours.json ours.svg fla.json compare.md compare.json versions.txt run.log.
-# Environment: GDN (binary, default .carry/gdn), BENCH_ARGS (extra `gdn bench` flags, e.g.
-# "--heads 2/8 --seqs 1x8192 --decode-batch 1" for a smoke run), XCHECK_DIR (default
-# /tmp/gdn-xcheck).
+# all = ours fla xcheck report. Phases keep their results in $WORK (default /tmp/gdn-compare,
+# so later calls on a still-warm machine find earlier phases' files) and copy the small ones
+# (ours*.json/svg, fla.json, compare.md/json, versions.txt, run.log) to $OUT when it is set
+# (the device tool's output folder). Environment: GDN (binary, default .carry/gdn), BENCH_ARGS
+# (extra `gdn bench` flags, e.g. "--heads 2/8 --seqs 1x8192 --decode-batch 1" for a smoke
+# run), WORK.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/gdn-compare}
+WORK=${WORK:-/tmp/gdn-compare}
+OUT=${OUT:-}
 GDN=${GDN:-.carry/gdn}
-XCHECK_DIR=${XCHECK_DIR:-/tmp/gdn-xcheck}
+XCHECK_DIR=$WORK/xcheck
 BENCH_ARGS=${BENCH_ARGS:-}
 HERE=benches/compare
-mkdir -p "$OUT"
-exec > >(tee -a "$OUT/run.log") 2>&1
+mkdir -p "$WORK"
+exec > >(tee -a "$WORK/run.log") 2>&1
 status=0
 t0=$(date +%s)
 log() { echo "== [$(( $(date +%s) - t0 ))s] $*"; }
@@ -59,29 +61,29 @@ versions() {
         python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)' 2>/dev/null || echo "torch: n/a"
         python3 -c 'import fla; print("fla", getattr(fla, "__version__", "?"))' 2>/dev/null || echo "fla: n/a"
         "$GDN" info
-    } > "$OUT/versions.txt" 2>&1
-    cat "$OUT/versions.txt"
+    } > "$WORK/versions.txt" 2>&1
+    cat "$WORK/versions.txt"
 }
 
 phase_ours() {
     log "ours: gdn bench --ops forward,decode"
     # shellcheck disable=SC2086
     "$GDN" bench --ops forward,decode --max-seconds 4 --no-progress \
-        --json "$OUT/ours.json" --plot "$OUT/ours.svg" $BENCH_ARGS || status=1
+        --json "$WORK/ours.json" --plot "$WORK/ours.svg" $BENCH_ARGS || status=1
 }
 
 phase_ours_backward() {
     log "ours: gdn bench --ops backward"
     # shellcheck disable=SC2086
     "$GDN" bench --ops backward --max-seconds 4 --no-progress \
-        --json "$OUT/ours_backward.json" --plot "$OUT/ours_backward.svg" $BENCH_ARGS || status=1
+        --json "$WORK/ours_backward.json" --plot "$WORK/ours_backward.svg" $BENCH_ARGS || status=1
 }
 
 phase_fla() {
     log "FLA: chunk_gated_delta_rule + fused_recurrent_gated_delta_rule (CUDA graphs)"
     setup_fla || { status=1; return; }
-    [ -f "$OUT/ours.json" ] || { echo "error: $OUT/ours.json missing: run the 'ours' phase first" >&2; status=1; return; }
-    python3 "$HERE/compare.py" fla --ours "$OUT/ours.json" --out "$OUT/fla.json" || status=1
+    [ -f "$WORK/ours.json" ] || { echo "error: $WORK/ours.json missing: run the 'ours' phase first" >&2; status=1; return; }
+    python3 "$HERE/compare.py" fla --ours "$WORK/ours.json" --out "$WORK/fla.json" || status=1
 }
 
 phase_xcheck() {
@@ -99,7 +101,7 @@ phase_xcheck() {
 
 phase_report() {
     log "report"
-    args=(report --ours "$OUT/ours.json" --fla "$OUT/fla.json" --out-md "$OUT/compare.md" --out-json "$OUT/compare.json")
+    args=(report --ours "$WORK/ours.json" --fla "$WORK/fla.json" --out-md "$WORK/compare.md" --out-json "$WORK/compare.json")
     [ -d "$XCHECK_DIR" ] && args+=(--xcheck "$XCHECK_DIR")
     python3 "$HERE/compare.py" "${args[@]}" || status=1
 }
@@ -118,5 +120,11 @@ for phase in "${phases[@]}"; do
         *) echo "error: unknown phase $phase (all ours fla xcheck report ours-backward)" >&2; exit 2 ;;
     esac
 done
-log "done (status $status); results in $OUT"
+if [ -n "$OUT" ] && [ "$OUT" != "$WORK" ]; then
+    mkdir -p "$OUT"
+    for f in "$WORK"/*.json "$WORK"/*.svg "$WORK"/*.md "$WORK"/*.txt "$WORK"/run.log; do
+        [ -f "$f" ] && cp "$f" "$OUT/"
+    done
+fi
+log "done (status $status); results in $WORK${OUT:+ and $OUT}"
 exit "$status"
