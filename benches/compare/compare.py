@@ -13,7 +13,7 @@ Run by run.sh on the GPU machine; see README.md beside this file. Subcommands:
           outputs (DIR/fla_<case>.safetensors) and an f64 PyTorch reference of the recurrence
           (DIR/ref_<case>.safetensors). run.sh then runs `gdn run forward|decode` on each input.
           Needs torch + FLA.
-  report  --ours OURS.json --fla FLA.json [--xcheck DIR] [--out-md PATH] [--out-json PATH]
+  report  --ours OURS.json [MORE.json] --fla FLA.json [--xcheck DIR] [--out-md PATH] [--out-json PATH]
           Prints one table (ours, FLA, ratio) and the numerics cross-check. Pure Python.
 
 Only the Python standard library is needed for `report`; safetensors files are read and written
@@ -123,10 +123,12 @@ def _torch():
     return torch
 
 
-def make_inputs(torch, lens, H, HV, K, V, dtype, dense_batch, seed):
+def make_inputs(torch, lens, H, HV, K, V, dtype, dense_batch, seed, cu=None):
     """Our bench's distributions: q ~ N(0,1), unit-norm k, v ~ N(0,1), g = logsigmoid(N(0,1)),
     beta ~ U(0,1), h0 ~ 0.5·N(0,1) (fp32); q, k, v in `dtype`. Uniform sets are a dense batch,
-    mixed lengths are packed (B = 1, cu_seqlens)."""
+    mixed lengths are packed (B = 1, cu_seqlens; pass `cu` to share one cu_seqlens tensor among
+    copies: FLA caches what it derives from cu_seqlens by tensor identity, and a cache miss
+    inside CUDA-graph capture would need a host sync)."""
     import torch.nn.functional as F
     gen = torch.Generator(device="cuda").manual_seed(seed)
     dev = "cuda"
@@ -134,7 +136,8 @@ def make_inputs(torch, lens, H, HV, K, V, dtype, dense_batch, seed):
         B, T, cu = len(lens), lens[0], None
     else:
         B, T = 1, sum(lens)
-        cu = torch.tensor([0] + list(_cumsum(lens)), dtype=torch.long, device=dev)
+        if cu is None:
+            cu = torch.tensor([0] + list(_cumsum(lens)), dtype=torch.long, device=dev)
     N = len(lens)
     q = torch.randn(B, T, H, K, device=dev, generator=gen).to(dtype)
     k = F.normalize(torch.randn(B, T, H, K, device=dev, generator=gen), dim=-1).to(dtype)
@@ -157,7 +160,7 @@ def cmd_fla(args):
     import triton
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     import fla
-    ours = json.load(open(args.ours))
+    ours = load_ours(args.ours)
     versions = dict(torch=torch.__version__, triton=triton.__version__, fla=getattr(fla, "__version__", "?"),
                     device=torch.cuda.get_device_name(), cuda=torch.version.cuda)
     print("FLA side:", versions, flush=True)
@@ -176,7 +179,8 @@ def cmd_fla(args):
         row = dict(key=case_key(rec), op=rec["op"], input_sets=sets)
         for name, dt in dtypes:
             try:
-                copies = [make_inputs(torch, lens, H, HV, K, V, dt, dense, seed=17 + i) for i in range(sets)]
+                cu = None if dense else torch.tensor([0] + list(_cumsum(lens)), dtype=torch.long, device="cuda")
+                copies = [make_inputs(torch, lens, H, HV, K, V, dt, dense, seed=17 + i, cu=cu) for i in range(sets)]
                 state = {"i": 0}
                 if rec["op"] == "forward":
                     def f():
@@ -297,11 +301,15 @@ def cmd_xcheck_inputs(args):
 # ---------------------------------------------------------------------------------------------
 # Report (pure Python).
 
-# FlashQLA's published H200 forward table (bf16, ms; gdn-algorithm.md §8.2), for reference.
-FLASHQLA_PUBLISHED = {
-    ("2/8", "1x32768"): 0.320, ("2/8", "1x8192"): 0.119, ("2/8", "4096x8"): 0.203, ("2/8", "1024x8"): 0.061,
-    ("4/16", "1x32768"): 0.496, ("16/32", "1x32768"): 0.877, ("16/32", "4096x8"): 0.619,
-    ("16/64", "1x32768"): 1.521, ("16/64", "1x8192"): 0.397, ("16/64", "4096x8"): 1.217,
+# FlashQLA's published H200 tables (bf16, ms; FlashQLA's benchmark_results_H200.txt, quoted in
+# shared/docs/gdn-algorithm.md §8.2), for reference: (op, heads, seqs) -> (FlashQLA, FLA).
+PUBLISHED = {
+    ("forward", "2/8", "1x32768"): (0.320, 0.902), ("forward", "2/8", "1x8192"): (0.119, 0.234),
+    ("forward", "2/8", "4096x8"): (0.203, 0.471), ("forward", "2/8", "1024x8"): (0.061, 0.131),
+    ("forward", "4/16", "1x32768"): (0.496, 1.241), ("forward", "16/32", "1x32768"): (0.877, 1.890),
+    ("forward", "16/32", "4096x8"): (0.619, 1.914), ("forward", "16/64", "1x32768"): (1.521, 3.331),
+    ("forward", "16/64", "1x8192"): (0.397, 0.814), ("forward", "16/64", "4096x8"): (1.217, 3.390),
+    ("backward", "16/32", "1x8192"): (0.789, 1.444), ("backward", "16/32", "1x32768"): (2.515, 5.697),
 }
 
 
@@ -344,8 +352,16 @@ def xcheck_rows(d):
     return rows
 
 
+def load_ours(paths):
+    """One or more `gdn bench --json` files: the first one's header, every file's records."""
+    docs = [json.load(open(p)) for p in paths]
+    merged = dict(docs[0])
+    merged["records"] = [r for d in docs for r in d["records"]]
+    return merged
+
+
 def cmd_report(args):
-    ours = json.load(open(args.ours))
+    ours = load_ours(args.ours)
     fla = json.load(open(args.fla)) if args.fla and os.path.exists(args.fla) else dict(rows=[], versions={})
     fla_rows = {r["key"]: r for r in fla["rows"]}
     adapter = ours.get("adapter") or {}
@@ -357,7 +373,7 @@ def cmd_report(args):
         say(f"FLA {v.get('fla')} (Triton {v.get('triton')}, torch {v.get('torch')}, CUDA {v.get('cuda')}) on {v.get('device')}")
     say("ours: f32 storage (WGSL compute, no tensor cores), GPU time by timestamp queries, median; "
         "FLA: Triton, CUDA-graph replay, median; both rotate the same number of input copies. "
-        "ratio = ours / FLA (> 1: we are slower).")
+        "ratio = ours / FLA (> 1: we are slower). (pub.) = FlashQLA's published H200 table (bf16), not measured here.")
     say()
     header = ["op", "heads", "seqs", "tokens", "ours ms", "FLA bf16 ms", "ratio", "FLA fp32 ms", "ratio", "FlashQLA pub. bf16"]
     say("| " + " | ".join(header) + " |")
@@ -374,19 +390,23 @@ def cmd_report(args):
         cells = [rec["op"], heads, s["seqs"], str(s["total_tokens"]),
                  fmt(ours_ms) if ours_ms is not None else rec["status"]]
         entry = dict(key=case_key(rec), ours_ms=ours_ms)
+        pub = PUBLISHED.get((rec["op"], heads, s["seqs"]))
         for name in ("bf16", "fp32"):
             ms = (f.get(name) or {}).get("ms")
             err = (f.get(name) or {}).get("error")
             if rec["op"] == "backward":
-                cells += ["n/a (FLA bwd refuses Triton 3.6)" if name == "bf16" else "—", "—"]
+                # FLA's backward refuses that machine's Triton 3.6: its published bf16 time.
+                ms = pub[1] if (pub and name == "bf16") else None
+                ratio = ours_ms / ms if (ours_ms and ms) else None
+                cells += [f"{fmt(ms)} (pub.)" if ms else ("n/a (Triton 3.6)" if name == "bf16" else "—"), f"{ratio:.1f}×" if ratio else "—"]
+                entry[f"fla_{name}_published_ms"], entry[f"ratio_{name}"] = ms, ratio
                 continue
             ratio = ours_ms / ms if (ours_ms and ms) else None
             cells += [fmt(ms) if ms is not None else ("error" if err else "—"), f"{ratio:.1f}×" if ratio else "—"]
             entry[f"fla_{name}_ms"], entry[f"ratio_{name}"] = ms, ratio
             if err:
                 entry[f"fla_{name}_error"] = err
-        pub = FLASHQLA_PUBLISHED.get((heads, s["seqs"])) if rec["op"] == "forward" else None
-        cells.append(fmt(pub) if pub else "—")
+        cells.append(fmt(pub[0]) if pub else "—")
         say("| " + " | ".join(cells) + " |")
         table.append(entry)
     errors = {}
@@ -435,12 +455,12 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("fla")
-    p.add_argument("--ours", required=True)
+    p.add_argument("--ours", required=True, nargs="+")
     p.add_argument("--out", required=True)
     p = sub.add_parser("xcheck-inputs")
     p.add_argument("--dir", required=True)
     p = sub.add_parser("report")
-    p.add_argument("--ours", required=True)
+    p.add_argument("--ours", required=True, nargs="+", help="gdn bench --json files (records merged)")
     p.add_argument("--fla")
     p.add_argument("--xcheck")
     p.add_argument("--out-md")

@@ -101,7 +101,9 @@ phase_xcheck() {
 
 phase_report() {
     log "report"
-    args=(report --ours "$WORK/ours.json" --fla "$WORK/fla.json" --out-md "$WORK/compare.md" --out-json "$WORK/compare.json")
+    ours=("$WORK/ours.json")
+    [ -f "$WORK/ours_backward.json" ] && ours+=("$WORK/ours_backward.json")
+    args=(report --ours "${ours[@]}" --fla "$WORK/fla.json" --out-md "$WORK/compare.md" --out-json "$WORK/compare.json")
     [ -d "$XCHECK_DIR" ] && args+=(--xcheck "$XCHECK_DIR")
     python3 "$HERE/compare.py" "${args[@]}" || status=1
 }
