@@ -150,7 +150,8 @@ pub struct BenchArgs {
     /// Use the first adapter whose name contains this (case-insensitive; like GDN_ADAPTER).
     #[arg(long)]
     pub adapter: Option<String>,
-    /// Untimed runs per case before timing [default: 3; --quick: 1].
+    /// Untimed runs per case before timing, at least 1 (it compiles the pipelines) [default:
+    /// 3; --quick: 1].
     #[arg(long)]
     pub warmup: Option<usize>,
     /// Timed repetitions per case [default: 20; --quick: 5].
@@ -718,7 +719,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             status: Status::Ok,
             note: None,
             variant: None,
-            warmup: c.warmup,
+            warmup: c.warmup.max(1),
             reps: 0,
             input_sets: 1,
             gpu_ms: None,
