@@ -174,7 +174,8 @@ def cmd_fla(args):
         s = rec["shape"]
         H, HV, K, V = s["heads_qk"], s["heads_v"], s["key_dim"], s["value_dim"]
         lens = seq_lens(rec)
-        dense = rec["op"] == "decode" or len(set(lens)) == 1
+        # As ours: LENxCOUNT is a dense batch, L1+L2 is packed with cu_seqlens even when equal.
+        dense = rec["op"] == "decode" or "+" not in s["seqs"]
         sets = max(1, int(rec.get("input_sets") or 1))
         row = dict(key=case_key(rec), op=rec["op"], input_sets=sets)
         for name, dt in dtypes:
