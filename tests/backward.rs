@@ -214,12 +214,24 @@ fn within_webgpu_default_limits() {
     if common::gpu().is_none() {
         return;
     }
-    let adapter = pollster::block_on(gpu::list_adapters()).into_iter().next().unwrap();
-    let desc = wgpu::DeviceDescriptor { label: Some("default limits"), required_limits: wgpu::Limits::default(), ..Default::default() };
+    let adapter = pollster::block_on(gpu::list_adapters())
+        .into_iter()
+        .next()
+        .unwrap();
+    let desc = wgpu::DeviceDescriptor {
+        label: Some("default limits"),
+        required_limits: wgpu::Limits::default(),
+        ..Default::default()
+    };
     let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
     let ctx = Context::from_device(device, queue, Some(adapter.get_info())).unwrap();
     assert_eq!(ctx.tuning().workgroup_bytes, 16384);
-    let o = Options { l2norm_qk: true, beta_sigmoid: true, gate_in_kernel: true, ..Options::default() };
+    let o = Options {
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        gate_in_kernel: true,
+        ..Options::default()
+    };
     for (i, (k, v)) in [(64, 64), (256, 256)].into_iter().enumerate() {
         let problem = problem(o, 1, 70, 1, 2, k, v, None);
         assert_eq!(gpu::backward::scan_v_block(&ctx, &problem).unwrap(), 16);

@@ -1,47 +1,101 @@
 // state_recompute: the backward's replay of the forward scan. The forward keeps no per-chunk
-// state, so one workgroup per (segment, v-head, V-block) walks the segment's chunks again with
-// its f32 state slice S (K × V_BLOCK) in registers, and per chunk of ≤ 64 tokens:
+// state, so one workgroup (256 invocations) per (segment, v-head, V-block) walks the segment's
+// chunks again with its f32 state slice S (K × V_BLOCK) in registers, and per chunk of ≤ 64
+// tokens:
 //     states[chunk] ← S                                       (the chunk-start state)
-//     U  = K S                                                (K streamed in slices)
+//     U  = K S                                                (K streamed in 16-column slices)
 //     W  = V − γ ⊙ U,   V' = (Γ ⊙ A ⊙ β_col) W                 (both kept for the gradients)
-//     S  ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V')
+//     S  ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V')                          (K streamed in token slices)
 // with γ = exp(G), Γ_ij = exp(G_i − G_j) for j ≤ i only, γ_C = exp(G_last): every exponent
-// is ≤ 0. The start state of sequence n is read from the tail slot `num_chunks + n` (a copy of
-// h0, or zeros). No output is computed: this is the forward scan minus Q.
+// is ≤ 0. Γ ⊙ A ⊙ β_col comes precomputed (the forward's wy_inverse, run again by the backward
+// in parallel over chunks: `gated` rows, first half), so the sequential path holds only the
+// state-dependent work. The start state of sequence n is read from the tail slot
+// `num_chunks + n` (a copy of h0, or zeros).
 //
-// Partial chunks: rows past the end load k = v = 0, A = 0, β = 0 and G = G_last, so they
-// contribute nothing and γ_C/γ = 1 there; they are never stored.
+// The layout and the latency measures are the forward scan's (shaders/forward/state_scan.wgsl):
+// invocation (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 of every 64-row tile, columns
+// c + 16j (j < TC = V_BLOCK / 16) of the V-block, and state rows 4r + ii + 64kb; tiles are
+// named vec4 registers (lanes = columns), never private arrays indexed in loops (drivers do not
+// reliably unroll naga's loops, and an indexed private array then lives in local memory);
+// global loads are issued in batches (clamped indices, masked results) and the next K slice is
+// fetched into registers while the current one is used.
+//
+// Partial chunks: rows past the end load k = v = 0 and zero gated rows, with G = G_last, so
+// they contribute nothing and γ_C/γ = 1 there; they are never stored. V_BLOCK divides V.
 //
 // Workgroup memory (f32 words, `ARENA` from the host, `backward::scan_arena_words`): the W/V'
-// tile (64 × V_BLOCK), then one region shared by the K/S slices of U = K S and the packed
-// lower triangle (2080 words) of Γ⊙A⊙β. At V_BLOCK = 16 it is 14 KiB.
+// tile (64 × V_BLOCK), then one region reused by the phases: the K slice (64 × 17) and state
+// slice (16 × V_BLOCK) of U = K S, the packed lower triangle (2080 words) of Γ⊙A⊙β, and the
+// T_SLICE-token K slice of the state update (T_SLICE·K ≤ 1024). At V_BLOCK = 16 it is 12.6 KiB.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> k_buf: array<Elem>;              // [B·T, H, K]
 @group(0) @binding(2) var<storage, read> v_buf: array<Elem>;              // [B·T, HV, V]
 @group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
-@group(0) @binding(4) var<storage, read> a_buf: array<f32>;               // [B·T, HV, 64]
+@group(0) @binding(4) var<storage, read> gated: array<f32>;               // [B·T, HV, 128]: Γ⊙A⊙β | Γ⊙QKᵀ
 @group(0) @binding(5) var<storage, read> segments: array<u32>;            // start, length, first chunk, sequence
 @group(0) @binding(6) var<storage, read_write> states: array<f32>;        // [chunks + N, HV, K, V] (or V-first)
 @group(0) @binding(7) var<storage, read_write> w_vnew: array<f32>;        // [2, B·T, HV, V]: W, then V'
 
-const WG: u32 = 256u;
 override K_DIM: u32;
-override V_BLOCK: u32;
+override V_BLOCK: u32;                    // 16, 32 or 64
 override ARENA: u32;
-// One state slice is K_SLICE × V_BLOCK = WG words: one per invocation.
-override K_SLICE: u32 = WG / V_BLOCK;
-override S_REGS: u32 = K_DIM / K_SLICE;
-override O_REGS: u32 = V_BLOCK / 4u;
+override TC: u32 = V_BLOCK / 16u;         // columns per invocation: 1, 2 or 4
+override KB: u32 = (K_DIM + 63u) / 64u;   // 64-row state blocks: 1..4
+const K_SLICE: u32 = 16u;
+const K_PITCH: u32 = 17u;                 // padded row pitch of the K slice (no bank conflicts)
+override T_SLICE: u32 = 4u;               // tokens per K slice of the state update (T_SLICE·K ≤ 1024)
+override T_PITCH: u32 = K_DIM + 1u;
 
 var<workgroup> arena: array<f32, ARENA>;
-var<workgroup> g_s: array<f32, 64>;    // G_i (padded with G_last)
-var<workgroup> b_s: array<f32, 64>;    // β_i (0 past the end)
 var<workgroup> gam_s: array<f32, 64>;  // γ_i = exp(G_i)
 var<workgroup> dec_s: array<f32, 64>;  // γ_C/γ_i = exp(G_last − G_i)
 
+fn k_at(i: u32) -> f32 {
+    return load_elem(k_buf[elem_word(i)], i);
+}
+
+fn v_at(i: u32) -> f32 {
+    return load_elem(v_buf[elem_word(i)], i);
+}
+
 fn tri(i: u32, j: u32) -> u32 {
     return i * (i + 1u) / 2u + j;
+}
+
+// Entry (i, j) of the packed lower triangle at `base`, 0 above the diagonal.
+fn tri_or_zero(base: u32, i: u32, j: u32) -> f32 {
+    return select(0.0, arena[base + tri(i, min(j, i))], j <= i);
+}
+
+// The invocation's columns c + 16 j (j < TC) of a row starting at `base`; other lanes 0.
+fn cols4(base: u32, c: u32) -> vec4<f32> {
+    var x = vec4<f32>(arena[base + c], 0.0, 0.0, 0.0);
+    if (TC > 1u) {
+        x.y = arena[base + c + 16u];
+    }
+    if (TC > 2u) {
+        x.z = arena[base + c + 32u];
+        x.w = arena[base + c + 48u];
+    }
+    return x;
+}
+
+fn store_cols4(base: u32, c: u32, x: vec4<f32>) {
+    arena[base + c] = x.x;
+    if (TC > 1u) {
+        arena[base + c + 16u] = x.y;
+    }
+    if (TC > 2u) {
+        arena[base + c + 32u] = x.z;
+        arena[base + c + 48u] = x.w;
+    }
+}
+
+// Column `kk` of rows row0..row0+3 of a slice with row pitch `pitch`.
+fn rows4(base: u32, row0: u32, pitch: u32, kk: u32) -> vec4<f32> {
+    return vec4<f32>(arena[base + row0 * pitch + kk], arena[base + (row0 + 1u) * pitch + kk],
+                     arena[base + (row0 + 2u) * pitch + kk], arena[base + (row0 + 3u) * pitch + kk]);
 }
 
 fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
@@ -49,6 +103,136 @@ fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
         return base + v * K_DIM + k;
     }
     return base + k * params.value_dim + v;
+}
+
+// State row k at the invocation's columns (0 past K).
+fn load_state(base: u32, k: u32, v0: u32, c: u32, v_first: bool) -> vec4<f32> {
+    let kc = min(k, K_DIM - 1u);
+    let v = v0 + c;
+    var x = vec4<f32>(states[state_index(base, kc, v, v_first)], 0.0, 0.0, 0.0);
+    if (TC > 1u) {
+        x.y = states[state_index(base, kc, v + 16u, v_first)];
+    }
+    if (TC > 2u) {
+        x.z = states[state_index(base, kc, v + 32u, v_first)];
+        x.w = states[state_index(base, kc, v + 48u, v_first)];
+    }
+    return select(vec4<f32>(0.0), x, vec4<bool>(k < K_DIM));
+}
+
+fn store_state(base: u32, k: u32, v0: u32, c: u32, v_first: bool, x: vec4<f32>) {
+    if (k < K_DIM) {
+        let v = v0 + c;
+        states[state_index(base, k, v, v_first)] = x.x;
+        if (TC > 1u) {
+            states[state_index(base, k, v + 16u, v_first)] = x.y;
+        }
+        if (TC > 2u) {
+            states[state_index(base, k, v + 32u, v_first)] = x.z;
+            states[state_index(base, k, v + 48u, v_first)] = x.w;
+        }
+    }
+}
+
+// Row i of W (half 0) or V' (half 1) at the invocation's columns, when i is in the chunk.
+fn store_w_row(half: u32, base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) {
+    if (i < len) {
+        let at = half * params.total_tokens * params.heads_v * params.value_dim
+            + ((base + i) * params.heads_v + hv) * params.value_dim + v0 + c;
+        w_vnew[at] = x.x;
+        if (TC > 1u) {
+            w_vnew[at + 16u] = x.y;
+        }
+        if (TC > 2u) {
+            w_vnew[at + 32u] = x.z;
+            w_vnew[at + 48u] = x.w;
+        }
+    }
+}
+
+fn publish4(dst: u32, c: u32, a: vec4<f32>, b: vec4<f32>, d: vec4<f32>, e: vec4<f32>) {
+    store_cols4(dst, c, a);
+    store_cols4(dst + V_BLOCK, c, b);
+    store_cols4(dst + 2u * V_BLOCK, c, d);
+    store_cols4(dst + 3u * V_BLOCK, c, e);
+}
+
+// Rows k..k+3 of the token-slice row at `base` (the state update's K values).
+fn krow4(base: u32, k: u32) -> vec4<f32> {
+    return vec4<f32>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
+}
+
+// Row i of v at the invocation's columns, 0 past the chunk (independent, unconditional loads:
+// clamped indices, masked results).
+fn load_v(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32) -> vec4<f32> {
+    let at = ((base + min(i, len - 1u)) * params.heads_v + hv) * params.value_dim + v0 + c;
+    // Lanes past TC reload column c (in range) and are masked.
+    let x = vec4<f32>(v_at(at), v_at(at + select(0u, 16u, TC > 1u)), v_at(at + select(0u, 32u, TC > 2u)),
+                      v_at(at + select(0u, 48u, TC > 2u)));
+    let keep = (vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(TC)) & vec4<bool>(i < len);
+    return select(vec4<f32>(0.0), x, keep);
+}
+
+// Row i of Γ⊙A⊙β at columns c + 16 jj, 0 past the chunk.
+fn load_gated(base: u32, i: u32, len: u32, hv: u32, c: u32) -> vec4<f32> {
+    let row = ((base + min(i, len - 1u)) * params.heads_v + hv) * 2u * CHUNK + c;
+    let x = vec4<f32>(gated[row], gated[row + 16u], gated[row + 32u], gated[row + 48u]);
+    return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
+}
+
+// Entries j = c + 16 jj ≤ i of row i into the packed triangle at `tr`.
+fn store_tri_row(tr: u32, i: u32, c: u32, x: vec4<f32>) {
+    if (c <= i) {
+        arena[tr + tri(i, c)] = x.x;
+    }
+    if (c + 16u <= i) {
+        arena[tr + tri(i, c + 16u)] = x.y;
+    }
+    if (c + 32u <= i) {
+        arena[tr + tri(i, c + 32u)] = x.z;
+    }
+    if (c + 48u <= i) {
+        arena[tr + tri(i, c + 48u)] = x.w;
+    }
+}
+
+// Four consecutive K values of the 64 × 16 slice at column k0: row t / 4, columns
+// (t % 4)·4 … +3; 0 past the chunk.
+fn load_k4(base: u32, len: u32, h: u32, k0: u32, t: u32) -> vec4<f32> {
+    let i = t / 4u;
+    let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + k0 + (t % 4u) * 4u;
+    let x = vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u));
+    return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
+}
+
+fn store_slice4(dst: u32, t: u32, x: vec4<f32>) {
+    let at = dst + (t / 4u) * K_PITCH + (t % 4u) * 4u;
+    arena[at] = x.x;
+    arena[at + 1u] = x.y;
+    arena[at + 2u] = x.z;
+    arena[at + 3u] = x.w;
+}
+
+// Four consecutive K values of the state update's T_SLICE × K token slice starting at token
+// i0 (element 4t of the slice); 0 past the chunk or past the slice.
+fn load_kt4(base: u32, len: u32, h: u32, i0: u32, t: u32) -> vec4<f32> {
+    let e = 4u * t;
+    let i = i0 + e / K_DIM;
+    let ok = e < T_SLICE * K_DIM && i < len;
+    let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + min(e % K_DIM, K_DIM - 4u);
+    let x = vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u));
+    return select(vec4<f32>(0.0), x, vec4<bool>(ok));
+}
+
+fn store_kt4(kt: u32, t: u32, x: vec4<f32>) {
+    let e = 4u * t;
+    if (e < T_SLICE * K_DIM) {
+        let at = kt + (e / K_DIM) * T_PITCH + e % K_DIM;
+        arena[at] = x.x;
+        arena[at + 1u] = x.y;
+        arena[at + 2u] = x.z;
+        arena[at + 3u] = x.w;
+    }
 }
 
 @compute @workgroup_size(256)
@@ -61,147 +245,189 @@ fn state_recompute(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let first_chunk = segments[4u * seg + 2u];
     let sequence = segments[4u * seg + 3u];
     let hv_count = params.heads_v;
-    let h_count = params.heads_qk;
-    let v_dim = params.value_dim;
-    let h = hv / (hv_count / h_count);
+    let h = hv / (hv_count / params.heads_qk);
     let v_first = has_flag(params.flags, FLAG_STATE_V_FIRST);
-    let kv = K_DIM * v_dim;
-    // Offset of V' in w_vnew (W comes first).
-    let vnew_offset = params.total_tokens * hv_count * v_dim;
+    let kv = K_DIM * params.value_dim;
 
-    // Tile ownership: rows of the 64 × V_BLOCK tiles, strided columns.
-    let row = t / 4u;
-    let cg = t % 4u;
-    // State ownership: element (m·K_SLICE + s_k, s_v) for every slice m.
-    let s_k = t / V_BLOCK;
-    let s_v = t % V_BLOCK;
+    let r = t / 16u;
+    let c = t % 16u;
+    let row0 = 4u * r;
 
     let ws = 0u;
     let kc = 64u * V_BLOCK;
-    let ss = kc + 64u * K_SLICE;
+    let ss = kc + 64u * K_PITCH;
     let tr = kc;
+    let kt = kc;
 
-    let start_base = ((params.num_chunks + sequence) * hv_count + hv) * kv;
-    var s: array<f32, 64>;
-    for (var m = 0u; m < S_REGS; m++) {
-        s[m] = states[state_index(start_base, m * K_SLICE + s_k, v0 + s_v, v_first)];
-    }
+    // State rows row0 + ii + 64 kb: s[4 kb + ii].
+    let sb = ((params.num_chunks + sequence) * hv_count + hv) * kv;
+    var s0 = load_state(sb, row0, v0, c, v_first);
+    var s1 = load_state(sb, row0 + 1u, v0, c, v_first);
+    var s2 = load_state(sb, row0 + 2u, v0, c, v_first);
+    var s3 = load_state(sb, row0 + 3u, v0, c, v_first);
+    var s4 = load_state(sb, row0 + 64u, v0, c, v_first);
+    var s5 = load_state(sb, row0 + 65u, v0, c, v_first);
+    var s6 = load_state(sb, row0 + 66u, v0, c, v_first);
+    var s7 = load_state(sb, row0 + 67u, v0, c, v_first);
+    var s8 = load_state(sb, row0 + 128u, v0, c, v_first);
+    var s9 = load_state(sb, row0 + 129u, v0, c, v_first);
+    var s10 = load_state(sb, row0 + 130u, v0, c, v_first);
+    var s11 = load_state(sb, row0 + 131u, v0, c, v_first);
+    var s12 = load_state(sb, row0 + 192u, v0, c, v_first);
+    var s13 = load_state(sb, row0 + 193u, v0, c, v_first);
+    var s14 = load_state(sb, row0 + 194u, v0, c, v_first);
+    var s15 = load_state(sb, row0 + 195u, v0, c, v_first);
 
-    var u: array<f32, 16>;
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     for (var ci = 0u; ci < n_chunks; ci++) {
         let base = seg_start + ci * CHUNK;
         let len = min(CHUNK, seg_len - ci * CHUNK);
-        let chunk_base = ((first_chunk + ci) * hv_count + hv) * kv;
-        for (var m = 0u; m < S_REGS; m++) {
-            states[state_index(chunk_base, m * K_SLICE + s_k, v0 + s_v, v_first)] = s[m];
+        let cb = ((first_chunk + ci) * hv_count + hv) * kv;
+        store_state(cb, row0, v0, c, v_first, s0);
+        store_state(cb, row0 + 1u, v0, c, v_first, s1);
+        store_state(cb, row0 + 2u, v0, c, v_first, s2);
+        store_state(cb, row0 + 3u, v0, c, v_first, s3);
+        if (KB > 1u) {
+            store_state(cb, row0 + 64u, v0, c, v_first, s4);
+            store_state(cb, row0 + 65u, v0, c, v_first, s5);
+            store_state(cb, row0 + 66u, v0, c, v_first, s6);
+            store_state(cb, row0 + 67u, v0, c, v_first, s7);
+        }
+        if (KB > 2u) {
+            store_state(cb, row0 + 128u, v0, c, v_first, s8);
+            store_state(cb, row0 + 129u, v0, c, v_first, s9);
+            store_state(cb, row0 + 130u, v0, c, v_first, s10);
+            store_state(cb, row0 + 131u, v0, c, v_first, s11);
+        }
+        if (KB > 3u) {
+            store_state(cb, row0 + 192u, v0, c, v_first, s12);
+            store_state(cb, row0 + 193u, v0, c, v_first, s13);
+            store_state(cb, row0 + 194u, v0, c, v_first, s14);
+            store_state(cb, row0 + 195u, v0, c, v_first, s15);
         }
         let g_last = gate_beta[(base + len - 1u) * hv_count + hv].x;
         let gam_c = exp(g_last);
         workgroupBarrier();
         if (t < CHUNK) {
-            var g = g_last;
-            var b = 0.0;
-            if (t < len) {
-                let gb = gate_beta[(base + t) * hv_count + hv];
-                g = gb.x;
-                b = gb.y;
-            }
-            g_s[t] = g;
-            b_s[t] = b;
+            let g = select(g_last, gate_beta[(base + min(t, len - 1u)) * hv_count + hv].x, t < len);
             gam_s[t] = exp(g);
             dec_s[t] = exp(g_last - g);
         }
 
-        // U = K S, accumulated over K slices.
-        for (var n = 0u; n < 16u; n++) {
-            u[n] = 0.0;
-        }
-        for (var m = 0u; m < S_REGS; m++) {
+        // Loads for after the GEMM, issued now so their latency hides behind it.
+        let va0 = load_v(base, row0, len, hv, v0, c);
+        let va1 = load_v(base, row0 + 1u, len, hv, v0, c);
+        let va2 = load_v(base, row0 + 2u, len, hv, v0, c);
+        let va3 = load_v(base, row0 + 3u, len, hv, v0, c);
+        let ga0 = load_gated(base, row0, len, hv, c);
+        let ga1 = load_gated(base, row0 + 1u, len, hv, c);
+        let ga2 = load_gated(base, row0 + 2u, len, hv, c);
+        let ga3 = load_gated(base, row0 + 3u, len, hv, c);
+
+        // U = K S over 16-column slices of K; the next slice is loaded into registers while
+        // this one is used.
+        var u0 = vec4<f32>(0.0); var u1 = vec4<f32>(0.0); var u2 = vec4<f32>(0.0); var u3 = vec4<f32>(0.0);
+        var k_next = load_k4(base, len, h, 0u, t);
+        for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
             workgroupBarrier();
-            arena[ss + t] = s[m];
-            for (var j = 0u; j < 64u / V_BLOCK; j++) {
-                let e = t + WG * j;
-                let i = e / K_SLICE;
-                var kx = 0.0;
-                if (i < len) {
-                    kx = elem_to_f32(k_buf[((base + i) * h_count + h) * K_DIM + m * K_SLICE + e % K_SLICE]);
+            store_slice4(kc, t, k_next);
+            if (k0 + K_SLICE < K_DIM) {
+                k_next = load_k4(base, len, h, k0 + K_SLICE, t);
+            }
+            // The owners of state rows k0..k0+15 publish them.
+            let in_block = k0 % 64u;
+            if (row0 >= in_block && row0 - in_block < K_SLICE) {
+                let dst = ss + (row0 - in_block) * V_BLOCK;
+                switch (k0 / 64u) {
+                    case 0u: { publish4(dst, c, s0, s1, s2, s3); }
+                    case 1u: { publish4(dst, c, s4, s5, s6, s7); }
+                    case 2u: { publish4(dst, c, s8, s9, s10, s11); }
+                    default: { publish4(dst, c, s12, s13, s14, s15); }
                 }
-                arena[kc + e] = kx;
             }
             workgroupBarrier();
             for (var kk = 0u; kk < K_SLICE; kk++) {
-                let kr = arena[kc + row * K_SLICE + kk];
-                for (var n = 0u; n < O_REGS; n++) {
-                    u[n] += kr * arena[ss + kk * V_BLOCK + cg + 4u * n];
-                }
+                let kr = rows4(kc, row0, K_PITCH, kk);
+                let sv = cols4(ss + kk * V_BLOCK, c);
+                u0 += kr.x * sv;
+                u1 += kr.y * sv;
+                u2 += kr.z * sv;
+                u3 += kr.w * sv;
             }
         }
         workgroupBarrier();
 
         // W = V − γ ⊙ U into the tile (and kept); Γ ⊙ A ⊙ β_col into the triangle.
-        let gam_row = gam_s[row];
-        let token_row = ((base + row) * hv_count + hv) * v_dim + v0;
-        for (var n = 0u; n < O_REGS; n++) {
-            let col = cg + 4u * n;
-            var vx = 0.0;
-            if (row < len) {
-                vx = elem_to_f32(v_buf[token_row + col]);
-            }
-            let w = vx - gam_row * u[n];
-            arena[ws + row * V_BLOCK + col] = w;
-            if (row < len) {
-                w_vnew[token_row + col] = w;
-            }
-        }
-        let a_row = ((base + row) * hv_count + hv) * CHUNK;
-        for (var n = 0u; n < 16u; n++) {
-            let j = cg + 4u * n;
-            if (j <= row) {
-                var a = 0.0;
-                if (row < len) {
-                    a = a_buf[a_row + j];
-                }
-                arena[tr + tri(row, j)] = a * exp(g_s[row] - g_s[j]) * b_s[j];
-            }
-        }
+        let w0 = va0 - gam_s[row0] * u0;
+        let w1 = va1 - gam_s[row0 + 1u] * u1;
+        let w2 = va2 - gam_s[row0 + 2u] * u2;
+        let w3 = va3 - gam_s[row0 + 3u] * u3;
+        store_cols4(ws + row0 * V_BLOCK, c, w0);
+        store_cols4(ws + (row0 + 1u) * V_BLOCK, c, w1);
+        store_cols4(ws + (row0 + 2u) * V_BLOCK, c, w2);
+        store_cols4(ws + (row0 + 3u) * V_BLOCK, c, w3);
+        store_tri_row(tr, row0, c, ga0);
+        store_tri_row(tr, row0 + 1u, c, ga1);
+        store_tri_row(tr, row0 + 2u, c, ga2);
+        store_tri_row(tr, row0 + 3u, c, ga3);
+        store_w_row(0u, base, row0, len, hv, v0, c, w0);
+        store_w_row(0u, base, row0 + 1u, len, hv, v0, c, w1);
+        store_w_row(0u, base, row0 + 2u, len, hv, v0, c, w2);
+        store_w_row(0u, base, row0 + 3u, len, hv, v0, c, w3);
         workgroupBarrier();
 
-        // V' = (Γ ⊙ A ⊙ β_col) W, kept in u and stored.
-        for (var n = 0u; n < O_REGS; n++) {
-            let col = cg + 4u * n;
-            var acc = 0.0;
-            for (var j = 0u; j <= row; j++) {
-                acc += arena[tr + tri(row, j)] * arena[ws + j * V_BLOCK + col];
-            }
-            u[n] = acc;
-            if (row < len) {
-                w_vnew[vnew_offset + token_row + col] = acc;
-            }
+        // V' = (Γ ⊙ A ⊙ β_col) W over j ≤ i, into u* (and kept).
+        u0 = vec4<f32>(0.0); u1 = vec4<f32>(0.0); u2 = vec4<f32>(0.0); u3 = vec4<f32>(0.0);
+        for (var j = 0u; j < row0 + 4u; j++) {
+            let w = cols4(ws + j * V_BLOCK, c);
+            u0 += tri_or_zero(tr, row0, j) * w;
+            u1 += tri_or_zero(tr, row0 + 1u, j) * w;
+            u2 += tri_or_zero(tr, row0 + 2u, j) * w;
+            u3 += tri_or_zero(tr, row0 + 3u, j) * w;
         }
+        store_w_row(1u, base, row0, len, hv, v0, c, u0);
+        store_w_row(1u, base, row0 + 1u, len, hv, v0, c, u1);
+        store_w_row(1u, base, row0 + 2u, len, hv, v0, c, u2);
+        store_w_row(1u, base, row0 + 3u, len, hv, v0, c, u3);
         workgroupBarrier();
-        for (var n = 0u; n < O_REGS; n++) {
-            arena[ws + row * V_BLOCK + cg + 4u * n] = u[n];
-        }
+        store_cols4(ws + row0 * V_BLOCK, c, u0);
+        store_cols4(ws + (row0 + 1u) * V_BLOCK, c, u1);
+        store_cols4(ws + (row0 + 2u) * V_BLOCK, c, u2);
+        store_cols4(ws + (row0 + 3u) * V_BLOCK, c, u3);
 
-        // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'), K streamed in slices again.
-        for (var m = 0u; m < S_REGS; m++) {
+        // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'), K staged in T_SLICE-token slices.
+        s0 *= gam_c; s1 *= gam_c; s2 *= gam_c; s3 *= gam_c;
+        s4 *= gam_c; s5 *= gam_c; s6 *= gam_c; s7 *= gam_c;
+        s8 *= gam_c; s9 *= gam_c; s10 *= gam_c; s11 *= gam_c;
+        s12 *= gam_c; s13 *= gam_c; s14 *= gam_c; s15 *= gam_c;
+        var kt_next = load_kt4(base, len, h, 0u, t);
+        for (var i0 = 0u; i0 < CHUNK; i0 += T_SLICE) {
             workgroupBarrier();
-            for (var j = 0u; j < 64u / V_BLOCK; j++) {
-                let e = t + WG * j;
-                let i = e / K_SLICE;
-                var kx = 0.0;
-                if (i < len) {
-                    kx = elem_to_f32(k_buf[((base + i) * h_count + h) * K_DIM + m * K_SLICE + e % K_SLICE]);
+            store_kt4(kt, t, kt_next);
+            if (i0 + T_SLICE < CHUNK) {
+                kt_next = load_kt4(base, len, h, i0 + T_SLICE, t);
+            }
+            workgroupBarrier();
+            for (var di = 0u; di < T_SLICE; di++) {
+                let vd = dec_s[i0 + di] * cols4(ws + (i0 + di) * V_BLOCK, c);
+                let krow = kt + di * T_PITCH;
+                if (row0 < K_DIM) {
+                    let kx = krow4(krow, row0);
+                    s0 += kx.x * vd; s1 += kx.y * vd; s2 += kx.z * vd; s3 += kx.w * vd;
                 }
-                arena[kc + e] = kx;
+                if (KB > 1u && row0 + 64u < K_DIM) {
+                    let kx = krow4(krow, row0 + 64u);
+                    s4 += kx.x * vd; s5 += kx.y * vd; s6 += kx.z * vd; s7 += kx.w * vd;
+                }
+                if (KB > 2u && row0 + 128u < K_DIM) {
+                    let kx = krow4(krow, row0 + 128u);
+                    s8 += kx.x * vd; s9 += kx.y * vd; s10 += kx.z * vd; s11 += kx.w * vd;
+                }
+                if (KB > 3u && row0 + 192u < K_DIM) {
+                    let kx = krow4(krow, row0 + 192u);
+                    s12 += kx.x * vd; s13 += kx.y * vd; s14 += kx.z * vd; s15 += kx.w * vd;
+                }
             }
-            workgroupBarrier();
-            var acc = 0.0;
-            for (var i = 0u; i < CHUNK; i++) {
-                acc += arena[kc + i * K_SLICE + s_k] * dec_s[i] * arena[ws + i * V_BLOCK + s_v];
-            }
-            s[m] = gam_c * s[m] + acc;
         }
     }
 }

@@ -2,7 +2,7 @@
 //! gradient, writing dh per chunk, dh0, dV' and dv.
 
 use crate::error::Result;
-use crate::gpu::backward::scan_arena_words;
+use crate::gpu::backward::{dh_scan_token_slice, scan_arena_words};
 use crate::gpu::params::{bind, dispatch};
 use crate::gpu::shaders::{Pass, source};
 use crate::gpu::{Context, GpuTensor};
@@ -12,7 +12,8 @@ pub struct DhScanBuffers<'a> {
     pub q: &'a GpuTensor,
     pub k: &'a GpuTensor,
     pub gate_beta: &'a GpuTensor,
-    pub a: &'a GpuTensor,
+    /// `[B·T, HV, 128]` f32: rows of Γ⊙A⊙β, then Γ⊙QKᵀ (the forward's `wy_inverse` output).
+    pub gated: &'a GpuTensor,
     pub d_o: &'a GpuTensor,
     /// Segment table: (start token, length, first chunk, sequence) per segment.
     pub segments: &'a wgpu::Buffer,
@@ -40,6 +41,7 @@ pub fn dh_scan(
         ("K_DIM", key_dim as f64),
         ("V_BLOCK", v_block as f64),
         ("ARENA", scan_arena_words(v_block) as f64),
+        ("T_SLICE", dh_scan_token_slice(key_dim as u32) as f64),
     ];
     let pipeline = ctx
         .pipelines
@@ -53,7 +55,7 @@ pub fn dh_scan(
             &bufs.q.buffer,
             &bufs.k.buffer,
             &bufs.gate_beta.buffer,
-            &bufs.a.buffer,
+            &bufs.gated.buffer,
             &bufs.d_o.buffer,
             bufs.segments,
             &bufs.dstates.buffer,

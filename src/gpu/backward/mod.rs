@@ -43,18 +43,28 @@ use crate::problem::ForwardOutputs;
 use crate::problem::{CHUNK, ForwardInputs, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
 
-/// f32 words of workgroup memory of `state_recompute` and `dh_scan` at V-block width `bv`:
-/// the 64 × bv tile, then the larger of the K/Q/state slices and a packed 64×64 triangle.
+/// f32 words of workgroup memory of `state_recompute` and `dh_scan` at V-block width `bv`
+/// (mirrors the layouts in their headers): the 64 × bv tile, then one region reused by the
+/// phases — the K slice (64 × 17) plus a 16 × bv state slice; the packed 64×64 lower triangle;
+/// `state_recompute`'s K token slice (`T·(K+1)` ≤ 1088 words) or `dh_scan`'s second 64 × bv
+/// tile plus K and Q token slices (`2·T·(K+1)` ≤ 1088 words).
 pub fn scan_arena_words(bv: u32) -> u32 {
-    let k_slice = 256 / bv;
-    let slices = 2 * 64 * k_slice + 256;
+    let slices = 64 * 17 + 16 * bv;
     let triangle = 64 * 65 / 2;
-    64 * bv + slices.max(triangle)
+    let update = 64 * bv + 1088;
+    64 * bv + slices.max(triangle).max(update)
 }
 
-/// Total workgroup bytes of the backward scans (arena + four 64-vectors).
+/// Total workgroup bytes of the backward scans (arena + two 64-vectors).
 pub fn scan_bytes(bv: u32) -> u32 {
-    4 * (scan_arena_words(bv) + 4 * 64)
+    4 * (scan_arena_words(bv) + 2 * 64)
+}
+
+/// Tokens per K and Q slice in `dh_scan`'s state update: the largest power of two with
+/// `T · K ≤ 512` (one vec4 per invocation for K and Q together), at most 32.
+pub fn dh_scan_token_slice(key_dim: u32) -> u32 {
+    let fit = (512 / key_dim).clamp(1, 32);
+    1 << (31 - fit.leading_zeros())
 }
 
 /// V-block width of the two backward scans: the widest that fits the device's workgroup
@@ -161,14 +171,15 @@ pub fn saved_bytes(problem: &Problem, dtype: DType) -> u64 {
 
 /// Scratch bytes the backward allocates besides its outputs: chunk-start states and their
 /// gradients (`[chunks + N, HV, K, V]` f32 each), W, V', dV', dv (`[B·T, HV, V]` f32 each), dP
-/// and dA (`[B·T, HV, 64]` f32 each), the per-v-head dq/dk terms (`[B·T, HV, 3K + 1]` f32) and
-/// (dg, dβ) (`[B·T, HV, 2]` f32).
+/// and dA (`[B·T, HV, 64]` f32 each), the per-v-head dq/dk terms (`[B·T, HV, 3K + 1]` f32,
+/// sharing their memory with the scans' gated matrices, `[B·T, HV, 128]`) and (dg, dβ)
+/// (`[B·T, HV, 2]` f32).
 pub fn workspace_bytes(problem: &Problem) -> u64 {
     let (bt, hv) = (problem.total_tokens() as u64, problem.heads_v as u64);
     let (kd, vd) = (problem.key_dim as u64, problem.value_dim as u64);
     let slots = (problem.chunks().len() + problem.num_sequences()) as u64;
     let states = 2 * slots * hv * kd * vd;
-    let per_token = 4 * vd + 2 * CHUNK as u64 + 3 * kd + 1 + 2;
+    let per_token = 4 * vd + 2 * CHUNK as u64 + (3 * kd + 1).max(2 * CHUNK as u64) + 2;
     4 * (states + bt * hv * per_token)
 }
 
@@ -331,7 +342,21 @@ fn record_backward(
     let w_vnew = GpuTensor::empty(ctx, "W and V'", &[2, bt, hv, vd], DType::F32)?;
     let dvnew_dv = GpuTensor::empty(ctx, "dV' and dv", &[2, bt, hv, vd], DType::F32)?;
     let mats = GpuTensor::empty(ctx, "dP and dA", &[2, bt, hv, CHUNK], DType::F32)?;
-    let dqk_parts = GpuTensor::empty(ctx, "dq dk per v-head", &[bt, hv, 3 * kd + 1], DType::F32)?;
+    // The per-v-head dq/dk terms (written from state_grad on) share their memory with the
+    // scans' gated matrices (read up to dh_scan).
+    let union = GpuTensor::empty(
+        ctx,
+        "dq dk per v-head | gated matrices",
+        &[bt, hv, (3 * kd + 1).max(2 * CHUNK)],
+        DType::F32,
+    )?;
+    let view = |t: &GpuTensor, shape: &[usize]| GpuTensor {
+        buffer: t.buffer.clone(),
+        shape: shape.to_vec(),
+        dtype: DType::F32,
+    };
+    let dqk_parts = view(&union, &[bt, hv, 3 * kd + 1]);
+    let gated = view(&union, &[bt, hv, 2 * CHUNK]);
     let dg_dbeta = GpuTensor::empty(ctx, "dg and dbeta", &[bt, hv, 2], DType::F32)?;
 
     let tail_offset = (num_chunks * hv * kd * vd * 4) as u64;
@@ -349,12 +374,29 @@ fn record_backward(
         None => encoder.clear_buffer(&dstates.buffer, tail_offset, Some(tail_bytes)),
     }
 
+    // Γ⊙A⊙β and Γ⊙QKᵀ per chunk, parallel over chunks: the forward's wy_inverse again (its A
+    // goes to scratch: the first half of `mats`, written next by value_grams).
+    crate::gpu::forward::wy_inverse(
+        ctx,
+        encoder,
+        &params,
+        k,
+        q,
+        &inter.gate_beta,
+        &chunks,
+        num_chunks,
+        hv,
+        &view(&mats, &[bt, hv, CHUNK]),
+        &gated,
+    )?;
+    mark(encoder, "gated_matrices");
+
     let v_block = scan_v_block(ctx, p)?;
     let recompute = RecomputeBuffers {
         k,
         v: inputs.v,
         gate_beta: &inter.gate_beta,
-        a: &inter.a,
+        gated: &gated,
         segments: &segments,
         states: &states,
         w_vnew: &w_vnew,
@@ -375,7 +417,7 @@ fn record_backward(
         q,
         k,
         gate_beta: &inter.gate_beta,
-        a: &inter.a,
+        gated: &gated,
         d_o,
         segments: &segments,
         dstates: &dstates,

@@ -5,6 +5,7 @@ use crate::error::Result;
 use crate::gpu::backward::scan_arena_words;
 use crate::gpu::params::{bind, dispatch};
 use crate::gpu::shaders::{Pass, source};
+use crate::gpu::tuning::state_scan_token_slice;
 use crate::gpu::{Context, GpuTensor};
 
 /// The tensors the replay reads and writes.
@@ -12,7 +13,8 @@ pub struct RecomputeBuffers<'a> {
     pub k: &'a GpuTensor,
     pub v: &'a GpuTensor,
     pub gate_beta: &'a GpuTensor,
-    pub a: &'a GpuTensor,
+    /// `[B·T, HV, 128]` f32: rows of Γ⊙A⊙β, then Γ⊙QKᵀ (the forward's `wy_inverse` output).
+    pub gated: &'a GpuTensor,
     /// Segment table: (start token, length, first chunk, sequence) per segment.
     pub segments: &'a wgpu::Buffer,
     /// `[chunks + N, HV, K, V]`: start states in the tail slots on entry, chunk-start states out.
@@ -38,6 +40,7 @@ pub fn state_recompute(
         ("K_DIM", key_dim as f64),
         ("V_BLOCK", v_block as f64),
         ("ARENA", scan_arena_words(v_block) as f64),
+        ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
     ];
     let pipeline = ctx.pipelines.get(
         source(Pass::StateRecompute, bufs.k.dtype)?,
@@ -53,7 +56,7 @@ pub fn state_recompute(
             &bufs.k.buffer,
             &bufs.v.buffer,
             &bufs.gate_beta.buffer,
-            &bufs.a.buffer,
+            &bufs.gated.buffer,
             bufs.segments,
             &bufs.states.buffer,
             &bufs.w_vnew.buffer,
