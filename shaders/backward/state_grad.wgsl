@@ -7,8 +7,11 @@
 //     c   = γ_C · Σ S0 ⊙ dS1              (a cumulative-gate term of the chunk's last token)
 // stored per token as [dQs | dKs | X | c] (3K + 1 floats; c is 0 except on the last token).
 //
-// Invocation t owns row t/4 and columns t%4 + 4n (n < 4) of each 16-column block of K;
-// V is streamed in 16-wide slices (14 KiB of workgroup memory).
+// Register tiles: invocation (r, c) = (t / 16, t % 16) owns token rows 4r..4r+3 and K columns
+// kb + c + 16jj (jj < 4) of each 64-wide K block, as named vec4 accumulators (lanes = K
+// columns; no private arrays indexed in loops). V is streamed in 8-wide slices of the five
+// operands (row pitch 9), the next slice loaded into registers while the current one is used;
+// 12 KiB of workgroup memory.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> do_buf: array<Elem>;             // [B·T, HV, V]
@@ -21,25 +24,108 @@
 @group(0) @binding(8) var<storage, read_write> dqk_parts: array<f32>;     // [B·T, HV, 3K + 1]
 
 override K_DIM: u32;
-const K_BLOCK: u32 = 16u;
-const V_SLICE: u32 = 16u;
-// Offsets in the arena: S0 and dS1 blocks (K_BLOCK × V_SLICE), dO, V', dv tiles (64 × V_SLICE).
-const S0_AT: u32 = 0u;
-const DS1_AT: u32 = 256u;
-const DO_AT: u32 = 512u;
-const VNEW_AT: u32 = 1536u;
-const DV_AT: u32 = 2560u;
+const V_SLICE: u32 = 8u;
+const PITCH: u32 = 9u;
+// Tiles of 64 rows × V_SLICE (pitch 9): dO, V', dv (token rows), S0, dS1 (K rows).
+const DO_AT: u32 = 0u;
+const VNEW_AT: u32 = 576u;
+const DV_AT: u32 = 1152u;
+const S0_AT: u32 = 1728u;
+const DS1_AT: u32 = 2304u;
 
-var<workgroup> arena: array<f32, 3584>;
+var<workgroup> arena: array<f32, 2880>;
 var<workgroup> partial: array<f32, 256>;
 var<workgroup> gam_s: array<f32, 64>;
 var<workgroup> dec_s: array<f32, 64>;
+
+fn do_at(i: u32) -> f32 {
+    return load_elem(do_buf[elem_word(i)], i);
+}
 
 fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
     if (v_first) {
         return base + v * K_DIM + k;
     }
     return base + k * params.value_dim + v;
+}
+
+fn rows4(base: u32, row0: u32, vv: u32) -> vec4<f32> {
+    return vec4<f32>(arena[base + row0 * PITCH + vv], arena[base + (row0 + 1u) * PITCH + vv],
+                     arena[base + (row0 + 2u) * PITCH + vv], arena[base + (row0 + 3u) * PITCH + vv]);
+}
+
+fn cols4(base: u32, c: u32, vv: u32) -> vec4<f32> {
+    return vec4<f32>(arena[base + c * PITCH + vv], arena[base + (c + 16u) * PITCH + vv],
+                     arena[base + (c + 32u) * PITCH + vv], arena[base + (c + 48u) * PITCH + vv]);
+}
+
+// One slice's operands for invocation t: row t / 4, columns v0 + 2 (t % 4) and + 1: dO, V',
+// dv of token row t / 4 (0 past the chunk), S0, dS1 of K row k0 + t / 4 (0 past K).
+struct Slice {
+    tok: vec4<f32>,   // dO (x, y), V' (z, w)
+    dv: vec2<f32>,
+    s0: vec2<f32>,
+    ds1: vec2<f32>,
+}
+
+fn load_slice(start: u32, len: u32, hv: u32, state_base: u32, k0: u32, v0: u32, t: u32, v_first: bool) -> Slice {
+    let i = t / 4u;
+    let v = v0 + 2u * (t % 4u);
+    let at = ((start + min(i, len - 1u)) * params.heads_v + hv) * params.value_dim + v;
+    let half = params.total_tokens * params.heads_v * params.value_dim;
+    let tok = vec4<f32>(do_at(at), do_at(at + 1u), w_vnew[half + at], w_vnew[half + at + 1u]);
+    let dv = vec2<f32>(dvnew_dv[half + at], dvnew_dv[half + at + 1u]);
+    let k = k0 + i;
+    let s_at0 = state_index(state_base, min(k, K_DIM - 1u), v, v_first);
+    let s_at1 = state_index(state_base, min(k, K_DIM - 1u), v + 1u, v_first);
+    let s0 = vec2<f32>(states[s_at0], states[s_at1]);
+    let ds1 = vec2<f32>(dstates[s_at0], dstates[s_at1]);
+    let tok_ok = i < len;
+    let k_ok = k < K_DIM;
+    return Slice(select(vec4<f32>(0.0), tok, vec4<bool>(tok_ok)), select(vec2<f32>(0.0), dv, vec2<bool>(tok_ok)),
+                 select(vec2<f32>(0.0), s0, vec2<bool>(k_ok)), select(vec2<f32>(0.0), ds1, vec2<bool>(k_ok)));
+}
+
+fn store_slice(t: u32, s: Slice) {
+    let at = (t / 4u) * PITCH + 2u * (t % 4u);
+    arena[DO_AT + at] = s.tok.x;
+    arena[DO_AT + at + 1u] = s.tok.y;
+    arena[VNEW_AT + at] = s.tok.z;
+    arena[VNEW_AT + at + 1u] = s.tok.w;
+    arena[DV_AT + at] = s.dv.x;
+    arena[DV_AT + at + 1u] = s.dv.y;
+    arena[S0_AT + at] = s.s0.x;
+    arena[S0_AT + at + 1u] = s.s0.y;
+    arena[DS1_AT + at] = s.ds1.x;
+    arena[DS1_AT + at + 1u] = s.ds1.y;
+}
+
+// Row i's dQs, dKs and X at K columns k0 + c + 16 jj (those < K).
+fn store_row(i: u32, len: u32, start: u32, hv: u32, k0: u32, c: u32, q: vec4<f32>, k: vec4<f32>, x: vec4<f32>) {
+    if (i < len) {
+        let out = ((start + i) * params.heads_v + hv) * (3u * K_DIM + 1u) + k0 + c;
+        let dq = params.scale * gam_s[i] * q;
+        let dk = dec_s[i] * k;
+        let dx = -gam_s[i] * x;
+        dqk_parts[out] = dq.x;
+        dqk_parts[out + K_DIM] = dk.x;
+        dqk_parts[out + 2u * K_DIM] = dx.x;
+        if (k0 + c + 16u < K_DIM) {
+            dqk_parts[out + 16u] = dq.y;
+            dqk_parts[out + K_DIM + 16u] = dk.y;
+            dqk_parts[out + 2u * K_DIM + 16u] = dx.y;
+        }
+        if (k0 + c + 32u < K_DIM) {
+            dqk_parts[out + 32u] = dq.z;
+            dqk_parts[out + K_DIM + 32u] = dk.z;
+            dqk_parts[out + 2u * K_DIM + 32u] = dx.z;
+        }
+        if (k0 + c + 48u < K_DIM) {
+            dqk_parts[out + 48u] = dq.w;
+            dqk_parts[out + K_DIM + 48u] = dk.w;
+            dqk_parts[out + 2u * K_DIM + 48u] = dx.w;
+        }
+    }
 }
 
 @compute @workgroup_size(256)
@@ -51,11 +137,10 @@ fn state_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     let hv_count = params.heads_v;
     let v_dim = params.value_dim;
     let v_first = has_flag(params.flags, FLAG_STATE_V_FIRST);
-    let half = params.total_tokens * hv_count * v_dim;
     let state_base = (chunk * hv_count + hv) * K_DIM * v_dim;
-    let stride = 3u * K_DIM + 1u;
-    let row = t / 4u;
-    let cg = t % 4u;
+    let r = t / 16u;
+    let c = t % 16u;
+    let row0 = 4u * r;
 
     let g_last = gate_beta[(start + len - 1u) * hv_count + hv].x;
     if (t < CHUNK) {
@@ -64,65 +149,36 @@ fn state_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         dec_s[t] = exp(g_last - g);
     }
 
-    // Σ S0 ⊙ dS1: invocation t adds element t of every staged block (each once).
+    // Σ S0 ⊙ dS1: invocation t adds the elements it stages (each element once).
     var state_dot = 0.0;
-    for (var k0 = 0u; k0 < K_DIM; k0 += K_BLOCK) {
-        var acc_q: array<f32, 4>;
-        var acc_k: array<f32, 4>;
-        var acc_x: array<f32, 4>;
-        for (var n = 0u; n < 4u; n++) {
-            acc_q[n] = 0.0;
-            acc_k[n] = 0.0;
-            acc_x[n] = 0.0;
-        }
+    for (var k0 = 0u; k0 < K_DIM; k0 += 64u) {
+        var q0 = vec4<f32>(0.0); var q1 = vec4<f32>(0.0); var q2 = vec4<f32>(0.0); var q3 = vec4<f32>(0.0);
+        var k0a = vec4<f32>(0.0); var k1a = vec4<f32>(0.0); var k2a = vec4<f32>(0.0); var k3a = vec4<f32>(0.0);
+        var x0 = vec4<f32>(0.0); var x1 = vec4<f32>(0.0); var x2 = vec4<f32>(0.0); var x3 = vec4<f32>(0.0);
+        var next = load_slice(start, len, hv, state_base, k0, 0u, t, v_first);
         for (var v0 = 0u; v0 < v_dim; v0 += V_SLICE) {
             workgroupBarrier();
-            {
-                let kk = t / V_SLICE;
-                let vv = t % V_SLICE;
-                let at = state_index(state_base, k0 + kk, v0 + vv, v_first);
-                arena[S0_AT + t] = states[at];
-                arena[DS1_AT + t] = dstates[at];
-            }
-            for (var e = t; e < 64u * V_SLICE; e += 256u) {
-                let i = e / V_SLICE;
-                var dox = 0.0;
-                var vnew = 0.0;
-                var dv = 0.0;
-                if (i < len) {
-                    let at = ((start + i) * hv_count + hv) * v_dim + v0 + e % V_SLICE;
-                    dox = elem_to_f32(do_buf[at]);
-                    vnew = w_vnew[half + at];
-                    dv = dvnew_dv[half + at];
-                }
-                arena[DO_AT + e] = dox;
-                arena[VNEW_AT + e] = vnew;
-                arena[DV_AT + e] = dv;
+            store_slice(t, next);
+            state_dot += dot(next.s0, next.ds1);
+            if (v0 + V_SLICE < v_dim) {
+                next = load_slice(start, len, hv, state_base, k0, v0 + V_SLICE, t, v_first);
             }
             workgroupBarrier();
-            state_dot += arena[S0_AT + t] * arena[DS1_AT + t];
             for (var vv = 0u; vv < V_SLICE; vv++) {
-                let dox = arena[DO_AT + row * V_SLICE + vv];
-                let vnew = arena[VNEW_AT + row * V_SLICE + vv];
-                let dv = arena[DV_AT + row * V_SLICE + vv];
-                for (var n = 0u; n < 4u; n++) {
-                    let kk = cg + 4u * n;
-                    let s0 = arena[S0_AT + kk * V_SLICE + vv];
-                    acc_q[n] += dox * s0;
-                    acc_k[n] += vnew * arena[DS1_AT + kk * V_SLICE + vv];
-                    acc_x[n] += dv * s0;
-                }
+                let d = rows4(DO_AT, row0, vv);
+                let vn = rows4(VNEW_AT, row0, vv);
+                let dv = rows4(DV_AT, row0, vv);
+                let s = cols4(S0_AT, c, vv);
+                let ds = cols4(DS1_AT, c, vv);
+                q0 += d.x * s; q1 += d.y * s; q2 += d.z * s; q3 += d.w * s;
+                k0a += vn.x * ds; k1a += vn.y * ds; k2a += vn.z * ds; k3a += vn.w * ds;
+                x0 += dv.x * s; x1 += dv.y * s; x2 += dv.z * s; x3 += dv.w * s;
             }
         }
-        if (row < len) {
-            let out = ((start + row) * hv_count + hv) * stride;
-            for (var n = 0u; n < 4u; n++) {
-                let col = k0 + cg + 4u * n;
-                dqk_parts[out + col] = params.scale * gam_s[row] * acc_q[n];
-                dqk_parts[out + K_DIM + col] = dec_s[row] * acc_k[n];
-                dqk_parts[out + 2u * K_DIM + col] = -gam_s[row] * acc_x[n];
-            }
-        }
+        store_row(row0, len, start, hv, k0, c, q0, k0a, x0);
+        store_row(row0 + 1u, len, start, hv, k0, c, q1, k1a, x1);
+        store_row(row0 + 2u, len, start, hv, k0, c, q2, k2a, x2);
+        store_row(row0 + 3u, len, start, hv, k0, c, q3, k3a, x3);
     }
 
     // Tree reduction in a fixed order (deterministic).
@@ -135,10 +191,10 @@ fn state_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     }
     workgroupBarrier();
     if (t < len) {
-        var c = 0.0;
+        var cc = 0.0;
         if (t == len - 1u) {
-            c = exp(g_last) * partial[0];
+            cc = exp(g_last) * partial[0];
         }
-        dqk_parts[((start + t) * hv_count + hv) * stride + 3u * K_DIM] = c;
+        dqk_parts[((start + t) * hv_count + hv) * (3u * K_DIM + 1u) + 3u * K_DIM] = cc;
     }
 }

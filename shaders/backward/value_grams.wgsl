@@ -5,8 +5,11 @@
 // with V', W from state_recompute and dV' from dh_scan. Γ_ij = exp(G_i − G_j) is only taken
 // for j ≤ i (exponent ≤ 0). Rows past a partial chunk's end are neither read nor stored.
 //
-// Invocation t owns row t/4 and columns t%4 + 4n (n < 16) of both matrices. V is streamed in
-// 8-wide slices of the four operands (8 KiB of workgroup memory).
+// Register tiles: invocation (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 and columns
+// c + 16jj (jj < 4) of both matrices, as named vec4 accumulators (one per row, lanes =
+// columns; no private arrays indexed in loops). V is streamed in 8-wide slices of the four
+// operands (row pitch 9: no bank conflicts), the next slice loaded into registers while the
+// current one is used; 9 KiB of workgroup memory.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> do_buf: array<Elem>;             // [B·T, HV, V]
@@ -17,11 +20,81 @@
 @group(0) @binding(6) var<storage, read_write> mats: array<f32>;          // [2, B·T, HV, 64]: dP, dAb
 
 const V_SLICE: u32 = 8u;
-const TILE: u32 = 512u; // 64 × V_SLICE
+const PITCH: u32 = 9u;
+const TILE: u32 = 576u;  // 64 × PITCH
+const DO_AT: u32 = 0u;
+const VNEW_AT: u32 = 576u;
+const DVNEW_AT: u32 = 1152u;
+const W_AT: u32 = 1728u;
 
-// dO, V', dV', W slices, one after the other.
-var<workgroup> tiles: array<f32, 2048>;
+var<workgroup> tiles: array<f32, 2304>;
 var<workgroup> g_s: array<f32, 64>;
+
+fn do_at(i: u32) -> f32 {
+    return load_elem(do_buf[elem_word(i)], i);
+}
+
+// Column vv of rows row0..row0+3 of a tile.
+fn rows4(base: u32, row0: u32, vv: u32) -> vec4<f32> {
+    return vec4<f32>(tiles[base + row0 * PITCH + vv], tiles[base + (row0 + 1u) * PITCH + vv],
+                     tiles[base + (row0 + 2u) * PITCH + vv], tiles[base + (row0 + 3u) * PITCH + vv]);
+}
+
+// Column vv of rows c, c + 16, c + 32, c + 48 of a tile.
+fn cols4(base: u32, c: u32, vv: u32) -> vec4<f32> {
+    return vec4<f32>(tiles[base + c * PITCH + vv], tiles[base + (c + 16u) * PITCH + vv],
+                     tiles[base + (c + 32u) * PITCH + vv], tiles[base + (c + 48u) * PITCH + vv]);
+}
+
+// One slice's operands for invocation t: row t / 4, columns 2 (t % 4) and + 1, of dO, V', dV'
+// and W, as (dO, V') and (dV', W) pairs; 0 past the chunk.
+struct Slice {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+fn load_slice(start: u32, len: u32, hv: u32, v0: u32, t: u32) -> Slice {
+    let i = t / 4u;
+    let at = ((start + min(i, len - 1u)) * params.heads_v + hv) * params.value_dim + v0 + 2u * (t % 4u);
+    let half = params.total_tokens * params.heads_v * params.value_dim;
+    let a = vec4<f32>(do_at(at), do_at(at + 1u), w_vnew[half + at], w_vnew[half + at + 1u]);
+    let b = vec4<f32>(dvnew_dv[at], dvnew_dv[at + 1u], w_vnew[at], w_vnew[at + 1u]);
+    let keep = vec4<bool>(i < len);
+    return Slice(select(vec4<f32>(0.0), a, keep), select(vec4<f32>(0.0), b, keep));
+}
+
+fn store_slice(t: u32, s: Slice) {
+    let at = (t / 4u) * PITCH + 2u * (t % 4u);
+    tiles[DO_AT + at] = s.a.x;
+    tiles[DO_AT + at + 1u] = s.a.y;
+    tiles[VNEW_AT + at] = s.a.z;
+    tiles[VNEW_AT + at + 1u] = s.a.w;
+    tiles[DVNEW_AT + at] = s.b.x;
+    tiles[DVNEW_AT + at + 1u] = s.b.y;
+    tiles[W_AT + at] = s.b.z;
+    tiles[W_AT + at + 1u] = s.b.w;
+}
+
+// Row i of dP and dAb from the accumulators, gated and masked to j ≤ i.
+fn store_row(i: u32, len: u32, start: u32, hv: u32, c: u32, p: vec4<f32>, a: vec4<f32>) {
+    if (i < len) {
+        let j = vec4<u32>(c, c + 16u, c + 32u, c + 48u);
+        let gj = vec4<f32>(g_s[c], g_s[c + 16u], g_s[c + 32u], g_s[c + 48u]);
+        let decay = select(vec4<f32>(0.0), exp(min(vec4<f32>(g_s[i]) - gj, vec4<f32>(0.0))), j <= vec4<u32>(i));
+        let dp = params.scale * decay * p;
+        let dab = decay * a;
+        let out = ((start + i) * params.heads_v + hv) * CHUNK + c;
+        let half = params.total_tokens * params.heads_v * CHUNK;
+        mats[out] = dp.x;
+        mats[out + 16u] = dp.y;
+        mats[out + 32u] = dp.z;
+        mats[out + 48u] = dp.w;
+        mats[half + out] = dab.x;
+        mats[half + out + 16u] = dab.y;
+        mats[half + out + 32u] = dab.z;
+        mats[half + out + 48u] = dab.w;
+    }
+}
 
 @compute @workgroup_size(256)
 fn value_grams(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -29,70 +102,42 @@ fn value_grams(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
     let hv = wid.y;
     let start = chunks[2u * chunk];
     let len = chunks[2u * chunk + 1u];
-    let hv_count = params.heads_v;
-    let v_dim = params.value_dim;
-    let half = params.total_tokens * hv_count * v_dim;
-    let row = t / 4u;
-    let cg = t % 4u;
+    let r = t / 16u;
+    let c = t % 16u;
+    let row0 = 4u * r;
 
     if (t < CHUNK) {
-        let i = min(t, len - 1u);
-        g_s[t] = gate_beta[(start + i) * hv_count + hv].x;
+        g_s[t] = gate_beta[(start + min(t, len - 1u)) * params.heads_v + hv].x;
     }
 
-    var acc_p: array<f32, 16>;
-    var acc_a: array<f32, 16>;
-    for (var n = 0u; n < 16u; n++) {
-        acc_p[n] = 0.0;
-        acc_a[n] = 0.0;
-    }
-    for (var v0 = 0u; v0 < v_dim; v0 += V_SLICE) {
+    var p0 = vec4<f32>(0.0); var p1 = vec4<f32>(0.0); var p2 = vec4<f32>(0.0); var p3 = vec4<f32>(0.0);
+    var a0 = vec4<f32>(0.0); var a1 = vec4<f32>(0.0); var a2 = vec4<f32>(0.0); var a3 = vec4<f32>(0.0);
+    var next = load_slice(start, len, hv, 0u, t);
+    for (var v0 = 0u; v0 < params.value_dim; v0 += V_SLICE) {
         workgroupBarrier();
-        for (var e = t; e < TILE; e += 256u) {
-            let i = e / V_SLICE;
-            var dox = 0.0;
-            var vnew = 0.0;
-            var dvnew = 0.0;
-            var w = 0.0;
-            if (i < len) {
-                let at = ((start + i) * hv_count + hv) * v_dim + v0 + e % V_SLICE;
-                dox = elem_to_f32(do_buf[at]);
-                vnew = w_vnew[half + at];
-                dvnew = dvnew_dv[at];
-                w = w_vnew[at];
-            }
-            tiles[e] = dox;
-            tiles[TILE + e] = vnew;
-            tiles[2u * TILE + e] = dvnew;
-            tiles[3u * TILE + e] = w;
+        store_slice(t, next);
+        if (v0 + V_SLICE < params.value_dim) {
+            next = load_slice(start, len, hv, v0 + V_SLICE, t);
         }
         workgroupBarrier();
         for (var vv = 0u; vv < V_SLICE; vv++) {
-            let dox = tiles[row * V_SLICE + vv];
-            let dvnew = tiles[2u * TILE + row * V_SLICE + vv];
-            for (var n = 0u; n < 16u; n++) {
-                let j = cg + 4u * n;
-                acc_p[n] += dox * tiles[TILE + j * V_SLICE + vv];
-                acc_a[n] += dvnew * tiles[3u * TILE + j * V_SLICE + vv];
-            }
+            let d = rows4(DO_AT, row0, vv);
+            let dn = rows4(DVNEW_AT, row0, vv);
+            let vn = cols4(VNEW_AT, c, vv);
+            let w = cols4(W_AT, c, vv);
+            p0 += d.x * vn;
+            p1 += d.y * vn;
+            p2 += d.z * vn;
+            p3 += d.w * vn;
+            a0 += dn.x * w;
+            a1 += dn.y * w;
+            a2 += dn.z * w;
+            a3 += dn.w * w;
         }
     }
-    workgroupBarrier();
 
-    if (row < len) {
-        let out_row = ((start + row) * hv_count + hv) * CHUNK;
-        let mats_half = params.total_tokens * hv_count * CHUNK;
-        for (var n = 0u; n < 16u; n++) {
-            let j = cg + 4u * n;
-            var dp = 0.0;
-            var dab = 0.0;
-            if (j <= row) {
-                let decay = exp(g_s[row] - g_s[j]);
-                dp = params.scale * decay * acc_p[n];
-                dab = decay * acc_a[n];
-            }
-            mats[out_row + j] = dp;
-            mats[mats_half + out_row + j] = dab;
-        }
-    }
+    store_row(row0, len, start, hv, c, p0, a0);
+    store_row(row0 + 1u, len, start, hv, c, p1, a1);
+    store_row(row0 + 2u, len, start, hv, c, p2, a2);
+    store_row(row0 + 3u, len, start, hv, c, p3, a3);
 }
