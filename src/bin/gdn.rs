@@ -504,11 +504,39 @@ fn info() -> Result<(), Failure> {
             if let Some(forced) = tuning.forced_v_block {
                 println!("  GDN_V_BLOCK={forced} (used when it fits and divides V)");
             }
-            let dtypes: Vec<&str> = gpu::shaders::STORAGE_DTYPES
-                .iter()
-                .map(|d| d.name())
-                .collect();
-            println!("  storage dtypes: {}", dtypes.join(", "));
+            let names = |ds: &[DType]| ds.iter().map(|d| d.name()).collect::<Vec<_>>().join(", ");
+            let f16 = if ctx.features().contains(wgpu::Features::SHADER_F16) {
+                "F16 storage possible: the device has SHADER_F16"
+            } else {
+                "no F16 storage: the device lacks SHADER_F16"
+            };
+            let has_f16 = ctx.features().contains(wgpu::Features::SHADER_F16);
+            for (family, pass) in [
+                ("forward", gpu::shaders::Pass::StateScan),
+                ("backward", gpu::shaders::Pass::DhScan),
+                ("decode", gpu::shaders::Pass::RecurrentStep),
+            ] {
+                let usable: Vec<DType> = pass
+                    .storage_dtypes()
+                    .iter()
+                    .copied()
+                    .filter(|&d| d != DType::F16 || has_f16)
+                    .collect();
+                println!("  storage dtypes, {family}: {}", names(&usable));
+            }
+            println!("  {f16}");
+            // Only one arithmetic path exists so far; say so rather than imply a choice.
+            let coop = ctx
+                .features()
+                .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+            println!(
+                "  compute path: f32 scalar (the only one implemented; f16 math and cooperative-matrix GEMMs are not implemented yet{})",
+                if coop {
+                    ", although this adapter reports cooperative matrices"
+                } else {
+                    ""
+                }
+            );
         }
         Err(e) => println!("  unavailable: {e}"),
     }
