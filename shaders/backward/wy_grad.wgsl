@@ -8,12 +8,14 @@
 // per token — dG is the Γ-mask part of the cumulative-gate gradient; dβ is complete (w.r.t.
 // the activated β) — and replaces dAb by dAt in `mats`.
 //
-// The products with A use only the lower triangles they need: X = dAr Aᵀ is needed at m > j
-// only (X_mj = Σ_{p≤j} dAr_mp A_jp), and (Aᵀ X)_ij = Σ_{m≥i} A_mi X_mj for i > j. Row and
-// column sums go through a packed triangle in workgroup memory, summed in a fixed order.
+// The products with A are dense 64×64×64 GEMMs (A is exactly 0 above its diagonal, so the
+// triangular structure comes for free): X = dAr Aᵀ, then dL = −Aᵀ X masked to j < i.
 //
-// Invocation t owns row t/4 and columns t%4 + 4n (n < 16). Workgroup memory: the 64×16 Q and
-// K slices of the Gram products, then the packed triangle (2080 words): 8.5 KiB.
+// Register tiles: invocation (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 and columns
+// c + 16jj (jj < 4) of every 64×64 matrix, as named vec4 registers (lanes = columns; no private
+// arrays indexed in loops). Operands are staged in 16-wide slices (64 × 16, pitch 17, or
+// 16 × 64, pitch 65) with the next slice prefetched into registers. Row and column sums go
+// through workgroup memory in a fixed order (deterministic). 12 KiB of workgroup memory.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Elem>;              // [B·T, H, K]
@@ -25,13 +27,111 @@
 @group(0) @binding(7) var<storage, read_write> dg_dbeta: array<vec2<f32>>; // [B·T, HV]: (dG, dβ)
 
 override K_DIM: u32;
-const K_SLICE: u32 = 16u;
+const SLICE: u32 = 16u;
+const PITCH: u32 = 17u;        // 64 × 16 slices
+const ROW_PITCH: u32 = 65u;    // 16 × 64 slices
+const S1: u32 = 1088u;         // second 64 × 16 slice
+const S2: u32 = 1040u;         // second 16 × 64 slice
 
-var<workgroup> arena: array<f32, 2080>;
+var<workgroup> arena: array<f32, 3072>;
 var<workgroup> b_s: array<f32, 64>;
 
-fn tri(i: u32, j: u32) -> u32 {
-    return i * (i + 1u) / 2u + j;
+fn q_at(i: u32) -> f32 {
+    return load_elem(q_buf[elem_word(i)], i);
+}
+
+fn k_at(i: u32) -> f32 {
+    return load_elem(k_buf[elem_word(i)], i);
+}
+
+fn rows4(base: u32, row0: u32, kk: u32) -> vec4<f32> {
+    return vec4<f32>(arena[base + row0 * PITCH + kk], arena[base + (row0 + 1u) * PITCH + kk],
+                     arena[base + (row0 + 2u) * PITCH + kk], arena[base + (row0 + 3u) * PITCH + kk]);
+}
+
+fn cols4(base: u32, c: u32, kk: u32) -> vec4<f32> {
+    return vec4<f32>(arena[base + c * PITCH + kk], arena[base + (c + 16u) * PITCH + kk],
+                     arena[base + (c + 32u) * PITCH + kk], arena[base + (c + 48u) * PITCH + kk]);
+}
+
+fn store4(at: u32, x: vec4<f32>) {
+    arena[at] = x.x;
+    arena[at + 1u] = x.y;
+    arena[at + 2u] = x.z;
+    arena[at + 3u] = x.w;
+}
+
+fn mats_row(start: u32, i: u32, hv: u32) -> u32 {
+    return ((start + i) * params.heads_v + hv) * CHUNK;
+}
+
+// Entries c + 16 jj of row i of A (`a_buf`) or of a `mats` half; 0 past the chunk.
+fn a_row4(start: u32, len: u32, hv: u32, i: u32, c: u32) -> vec4<f32> {
+    let at = mats_row(start, min(i, len - 1u), hv) + c;
+    let x = vec4<f32>(a_buf[at], a_buf[at + 16u], a_buf[at + 32u], a_buf[at + 48u]);
+    return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
+}
+
+fn mats_row4(half: u32, start: u32, len: u32, hv: u32, i: u32, c: u32) -> vec4<f32> {
+    let at = half + mats_row(start, min(i, len - 1u), hv) + c;
+    let x = vec4<f32>(mats[at], mats[at + 16u], mats[at + 32u], mats[at + 48u]);
+    return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
+}
+
+// Four consecutive entries (row t / 4, columns col0 + 4 (t % 4) …) of a 64 × 16 slice.
+struct Pair {
+    a: vec4<f32>,
+    b: vec4<f32>,
+}
+
+// Q and K, columns k0.. of the chunk's rows (0 past the chunk).
+fn load_qk(start: u32, len: u32, h: u32, k0: u32, t: u32) -> Pair {
+    let i = t / 4u;
+    let gi = ((start + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + k0 + 4u * (t % 4u);
+    let q = vec4<f32>(q_at(gi), q_at(gi + 1u), q_at(gi + 2u), q_at(gi + 3u));
+    let k = vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u));
+    let keep = vec4<bool>(i < len);
+    return Pair(select(vec4<f32>(0.0), q, keep), select(vec4<f32>(0.0), k, keep));
+}
+
+// dAr = dAb·diag(β) and A, columns p0.. of the chunk's rows.
+fn load_dar_a(start: u32, len: u32, hv: u32, p0: u32, t: u32) -> Pair {
+    let i = t / 4u;
+    let p = p0 + 4u * (t % 4u);
+    let at = mats_row(start, min(i, len - 1u), hv) + p;
+    let half = params.total_tokens * params.heads_v * CHUNK;
+    let b = vec4<f32>(b_s[p], b_s[p + 1u], b_s[p + 2u], b_s[p + 3u]);
+    let dar = b * vec4<f32>(mats[half + at], mats[half + at + 1u], mats[half + at + 2u], mats[half + at + 3u]);
+    let a = vec4<f32>(a_buf[at], a_buf[at + 1u], a_buf[at + 2u], a_buf[at + 3u]);
+    let keep = vec4<bool>(i < len);
+    return Pair(select(vec4<f32>(0.0), dar, keep), select(vec4<f32>(0.0), a, keep));
+}
+
+// Row m0 + t / 16 of A, columns 4 (t % 16) … + 3 (a 16 × 64 slice); 0 past the chunk.
+fn load_a_rows(start: u32, len: u32, hv: u32, m0: u32, t: u32) -> vec4<f32> {
+    let m = m0 + t / 16u;
+    let at = mats_row(start, min(m, len - 1u), hv) + 4u * (t % 16u);
+    let x = vec4<f32>(a_buf[at], a_buf[at + 1u], a_buf[at + 2u], a_buf[at + 3u]);
+    return select(vec4<f32>(0.0), x, vec4<bool>(m < len));
+}
+
+fn hsum(x: vec4<f32>) -> f32 {
+    return (x.x + x.y) + (x.z + x.w);
+}
+
+// Row sums of this invocation's 4 columns (at `rs`, 64 × 16) and column sums of its 4 rows
+// (at `cs`, 16 × 64) of a register tile.
+fn partial_sums(rs: u32, cs: u32, r: u32, c: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) {
+    let row0 = 4u * r;
+    arena[rs + row0 * 16u + c] = hsum(x0);
+    arena[rs + (row0 + 1u) * 16u + c] = hsum(x1);
+    arena[rs + (row0 + 2u) * 16u + c] = hsum(x2);
+    arena[rs + (row0 + 3u) * 16u + c] = hsum(x3);
+    let col = (x0 + x1) + (x2 + x3);
+    arena[cs + r * 64u + c] = col.x;
+    arena[cs + r * 64u + c + 16u] = col.y;
+    arena[cs + r * 64u + c + 32u] = col.z;
+    arena[cs + r * 64u + c + 48u] = col.w;
 }
 
 @compute @workgroup_size(256)
@@ -41,169 +141,162 @@ fn wy_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
     let start = chunks[2u * chunk];
     let len = chunks[2u * chunk + 1u];
     let hv_count = params.heads_v;
-    let h_count = params.heads_qk;
-    let h = hv / (hv_count / h_count);
-    let row = t / 4u;
-    let cg = t % 4u;
-    let mats_half = params.total_tokens * hv_count * CHUNK;
+    let h = hv / (hv_count / params.heads_qk);
+    let half = params.total_tokens * hv_count * CHUNK;
+    let r = t / 16u;
+    let c = t % 16u;
+    let row0 = 4u * r;
+    let cols = vec4<u32>(c, c + 16u, c + 32u, c + 48u);
 
     if (t < CHUNK) {
-        var b = 0.0;
-        if (t < len) {
-            b = gate_beta[(start + t) * hv_count + hv].y;
-        }
-        b_s[t] = b;
-    }
-
-    // P = Q Kᵀ and K Kᵀ at (row, j), over 16-column slices of K.
-    var p: array<f32, 16>;
-    var kk: array<f32, 16>;
-    for (var n = 0u; n < 16u; n++) {
-        p[n] = 0.0;
-        kk[n] = 0.0;
-    }
-    for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
-        workgroupBarrier();
-        for (var e = t; e < 64u * K_SLICE; e += 256u) {
-            let i = e / K_SLICE;
-            var qx = 0.0;
-            var kx = 0.0;
-            if (i < len) {
-                let gi = ((start + i) * h_count + h) * K_DIM + k0 + e % K_SLICE;
-                qx = elem_to_f32(q_buf[gi]);
-                kx = elem_to_f32(k_buf[gi]);
-            }
-            arena[e] = qx;
-            arena[1024u + e] = kx;
-        }
-        workgroupBarrier();
-        for (var c = 0u; c < K_SLICE; c++) {
-            let qr = arena[row * K_SLICE + c];
-            let kr = arena[1024u + row * K_SLICE + c];
-            for (var n = 0u; n < 16u; n++) {
-                let kj = arena[1024u + (cg + 4u * n) * K_SLICE + c];
-                p[n] += qr * kj;
-                kk[n] += kr * kj;
-            }
-        }
+        b_s[t] = select(0.0, gate_beta[(start + min(t, len - 1u)) * hv_count + hv].y, t < len);
     }
 
     // This invocation's entries of A, dP, dAb (zero outside the chunk's lower triangle).
-    let valid_row = row < len;
-    let own_row = ((start + row) * hv_count + hv) * CHUNK;
-    var a: array<f32, 16>;
-    var dab: array<f32, 16>;
-    var e: array<f32, 16>;
-    for (var n = 0u; n < 16u; n++) {
-        let j = cg + 4u * n;
-        a[n] = 0.0;
-        dab[n] = 0.0;
-        e[n] = 0.0;
-        if (valid_row && j <= row) {
-            a[n] = a_buf[own_row + j];
-            dab[n] = mats[mats_half + own_row + j];
-            if (j < row) {
-                e[n] = p[n] * mats[own_row + j] + a[n] * b_s[j] * dab[n];
-            }
-        }
-    }
+    let a0 = a_row4(start, len, hv, row0, c);
+    let a1 = a_row4(start, len, hv, row0 + 1u, c);
+    let a2 = a_row4(start, len, hv, row0 + 2u, c);
+    let a3 = a_row4(start, len, hv, row0 + 3u, c);
+    let dp0 = mats_row4(0u, start, len, hv, row0, c);
+    let dp1 = mats_row4(0u, start, len, hv, row0 + 1u, c);
+    let dp2 = mats_row4(0u, start, len, hv, row0 + 2u, c);
+    let dp3 = mats_row4(0u, start, len, hv, row0 + 3u, c);
+    let db0 = mats_row4(half, start, len, hv, row0, c);
+    let db1 = mats_row4(half, start, len, hv, row0 + 1u, c);
+    let db2 = mats_row4(half, start, len, hv, row0 + 2u, c);
+    let db3 = mats_row4(half, start, len, hv, row0 + 3u, c);
 
-    // dG_i = rowsum(E)_i − colsum(E)_i.
-    workgroupBarrier();
-    for (var n = 0u; n < 16u; n++) {
-        let j = cg + 4u * n;
-        if (j <= row) {
-            arena[tri(row, j)] = e[n];
+    // P = Q Kᵀ and K Kᵀ over 16-column slices of K.
+    var p0 = vec4<f32>(0.0); var p1 = vec4<f32>(0.0); var p2 = vec4<f32>(0.0); var p3 = vec4<f32>(0.0);
+    var g0 = vec4<f32>(0.0); var g1 = vec4<f32>(0.0); var g2 = vec4<f32>(0.0); var g3 = vec4<f32>(0.0);
+    var qk_next = load_qk(start, len, h, 0u, t);
+    for (var k0 = 0u; k0 < K_DIM; k0 += SLICE) {
+        workgroupBarrier();
+        let at = (t / 4u) * PITCH + 4u * (t % 4u);
+        store4(at, qk_next.a);
+        store4(S1 + at, qk_next.b);
+        if (k0 + SLICE < K_DIM) {
+            qk_next = load_qk(start, len, h, k0 + SLICE, t);
+        }
+        workgroupBarrier();
+        for (var kk = 0u; kk < SLICE; kk++) {
+            let qr = rows4(0u, row0, kk);
+            let kr = rows4(S1, row0, kk);
+            let kc = cols4(S1, c, kk);
+            p0 += qr.x * kc; p1 += qr.y * kc; p2 += qr.z * kc; p3 += qr.w * kc;
+            g0 += kr.x * kc; g1 += kr.y * kc; g2 += kr.z * kc; g3 += kr.w * kc;
         }
     }
+    workgroupBarrier();
+
+    // E (strictly lower) and dAb ⊙ A; dG = rowsum(E) − colsum(E), dβ = colsum(dAb ⊙ A).
+    let bcol = vec4<f32>(b_s[c], b_s[c + 16u], b_s[c + 32u], b_s[c + 48u]);
+    let zero = vec4<f32>(0.0);
+    let e0 = select(zero, p0 * dp0 + a0 * bcol * db0, cols < vec4<u32>(row0));
+    let e1 = select(zero, p1 * dp1 + a1 * bcol * db1, cols < vec4<u32>(row0 + 1u));
+    let e2 = select(zero, p2 * dp2 + a2 * bcol * db2, cols < vec4<u32>(row0 + 2u));
+    let e3 = select(zero, p3 * dp3 + a3 * bcol * db3, cols < vec4<u32>(row0 + 3u));
+    partial_sums(0u, 1024u, r, c, e0, e1, e2, e3);
+    let f = (db0 * a0 + db1 * a1) + (db2 * a2 + db3 * a3);
+    arena[2048u + r * 64u + c] = f.x;
+    arena[2048u + r * 64u + c + 16u] = f.y;
+    arena[2048u + r * 64u + c + 32u] = f.z;
+    arena[2048u + r * 64u + c + 48u] = f.w;
     workgroupBarrier();
     var dg = 0.0;
     var db = 0.0;
     if (t < CHUNK) {
-        for (var j = 0u; j <= t; j++) {
-            dg += arena[tri(t, j)];
-        }
-        for (var i = t; i < CHUNK; i++) {
-            dg -= arena[tri(i, t)];
+        for (var k = 0u; k < 16u; k++) {
+            dg += arena[t * 16u + k] - arena[1024u + k * 64u + t];
+            db += arena[2048u + k * 64u + t];
         }
     }
 
-    // dβ_j = colsum(dAb ⊙ A)_j (the diagonal included: Ab_jj = β_j).
-    workgroupBarrier();
-    for (var n = 0u; n < 16u; n++) {
-        let j = cg + 4u * n;
-        if (j <= row) {
-            arena[tri(row, j)] = dab[n] * a[n];
+    // X = dAr Aᵀ (rows m, columns j), over 16-column slices p.
+    var x0 = vec4<f32>(0.0); var x1 = vec4<f32>(0.0); var x2 = vec4<f32>(0.0); var x3 = vec4<f32>(0.0);
+    var da_next = load_dar_a(start, len, hv, 0u, t);
+    for (var p0s = 0u; p0s < CHUNK; p0s += SLICE) {
+        workgroupBarrier();
+        let at = (t / 4u) * PITCH + 4u * (t % 4u);
+        store4(at, da_next.a);
+        store4(S1 + at, da_next.b);
+        if (p0s + SLICE < CHUNK) {
+            da_next = load_dar_a(start, len, hv, p0s + SLICE, t);
         }
-    }
-    workgroupBarrier();
-    if (t < CHUNK) {
-        for (var i = t; i < CHUNK; i++) {
-            db += arena[tri(i, t)];
+        workgroupBarrier();
+        for (var pp = 0u; pp < SLICE; pp++) {
+            let dr = rows4(0u, row0, pp);
+            let ac = cols4(S1, c, pp);
+            x0 += dr.x * ac; x1 += dr.y * ac; x2 += dr.z * ac; x3 += dr.w * ac;
         }
     }
 
-    // dAr = dAb · diag(β) into the triangle.
-    workgroupBarrier();
-    for (var n = 0u; n < 16u; n++) {
-        let j = cg + 4u * n;
-        if (j <= row) {
-            arena[tri(row, j)] = dab[n] * b_s[j];
+    // dL = −Aᵀ X (rows i, columns j) over 16-row slices m: the owners of X rows m0..m0+15
+    // publish them, A rows m0..m0+15 are staged whole.
+    var l0 = vec4<f32>(0.0); var l1 = vec4<f32>(0.0); var l2 = vec4<f32>(0.0); var l3 = vec4<f32>(0.0);
+    var a_next = load_a_rows(start, len, hv, 0u, t);
+    for (var m0 = 0u; m0 < CHUNK; m0 += SLICE) {
+        workgroupBarrier();
+        store4((t / 16u) * ROW_PITCH + 4u * (t % 16u), a_next);
+        if (m0 + SLICE < CHUNK) {
+            a_next = load_a_rows(start, len, hv, m0 + SLICE, t);
+        }
+        if (row0 >= m0 && row0 < m0 + SLICE) {
+            let at = S2 + (row0 - m0) * ROW_PITCH + c;
+            arena[at] = x0.x; arena[at + 16u] = x0.y; arena[at + 32u] = x0.z; arena[at + 48u] = x0.w;
+            arena[at + ROW_PITCH] = x1.x; arena[at + ROW_PITCH + 16u] = x1.y;
+            arena[at + ROW_PITCH + 32u] = x1.z; arena[at + ROW_PITCH + 48u] = x1.w;
+            arena[at + 2u * ROW_PITCH] = x2.x; arena[at + 2u * ROW_PITCH + 16u] = x2.y;
+            arena[at + 2u * ROW_PITCH + 32u] = x2.z; arena[at + 2u * ROW_PITCH + 48u] = x2.w;
+            arena[at + 3u * ROW_PITCH] = x3.x; arena[at + 3u * ROW_PITCH + 16u] = x3.y;
+            arena[at + 3u * ROW_PITCH + 32u] = x3.z; arena[at + 3u * ROW_PITCH + 48u] = x3.w;
+        }
+        workgroupBarrier();
+        for (var mm = 0u; mm < SLICE; mm++) {
+            let ar = mm * ROW_PITCH + row0;
+            let a = vec4<f32>(arena[ar], arena[ar + 1u], arena[ar + 2u], arena[ar + 3u]);
+            let xr = S2 + mm * ROW_PITCH + c;
+            let xv = vec4<f32>(arena[xr], arena[xr + 16u], arena[xr + 32u], arena[xr + 48u]);
+            l0 += a.x * xv; l1 += a.y * xv; l2 += a.z * xv; l3 += a.w * xv;
         }
     }
-    workgroupBarrier();
+    l0 = select(zero, -l0, cols < vec4<u32>(row0));
+    l1 = select(zero, -l1, cols < vec4<u32>(row0 + 1u));
+    l2 = select(zero, -l2, cols < vec4<u32>(row0 + 2u));
+    l3 = select(zero, -l3, cols < vec4<u32>(row0 + 3u));
 
-    // X_ij = Σ_{p≤j} dAr_ip A_jp for j < i (rows j < i < len are valid).
-    var x: array<f32, 16>;
-    for (var n = 0u; n < 16u; n++) {
-        let j = cg + 4u * n;
-        var acc = 0.0;
-        if (valid_row && j < row) {
-            let a_row_j = ((start + j) * hv_count + hv) * CHUNK;
-            for (var q = 0u; q <= j; q++) {
-                acc += arena[tri(row, q)] * a_buf[a_row_j + q];
-            }
-        }
-        x[n] = acc;
+    // dAt = diag(β) dL replaces dAb (every read of dAb is behind the barriers above).
+    if (row0 < len) {
+        let at = half + mats_row(start, row0, hv) + c;
+        let y = b_s[row0] * l0;
+        mats[at] = y.x; mats[at + 16u] = y.y; mats[at + 32u] = y.z; mats[at + 48u] = y.w;
     }
-    workgroupBarrier();
-    for (var n = 0u; n < 16u; n++) {
-        let j = cg + 4u * n;
-        if (j <= row) {
-            arena[tri(row, j)] = x[n];
-        }
+    if (row0 + 1u < len) {
+        let at = half + mats_row(start, row0 + 1u, hv) + c;
+        let y = b_s[row0 + 1u] * l1;
+        mats[at] = y.x; mats[at + 16u] = y.y; mats[at + 32u] = y.z; mats[at + 48u] = y.w;
     }
-    workgroupBarrier();
+    if (row0 + 2u < len) {
+        let at = half + mats_row(start, row0 + 2u, hv) + c;
+        let y = b_s[row0 + 2u] * l2;
+        mats[at] = y.x; mats[at + 16u] = y.y; mats[at + 32u] = y.z; mats[at + 48u] = y.w;
+    }
+    if (row0 + 3u < len) {
+        let at = half + mats_row(start, row0 + 3u, hv) + c;
+        let y = b_s[row0 + 3u] * l3;
+        mats[at] = y.x; mats[at + 16u] = y.y; mats[at + 32u] = y.z; mats[at + 48u] = y.w;
+    }
 
-    // dL_ij = −Σ_{m=i}^{len−1} A_mi X_mj for j < i; dAt = diag(β) dL; dL ⊙ KKᵀ for dβ.
-    var dl: array<f32, 16>;
-    for (var n = 0u; n < 16u; n++) {
-        let j = cg + 4u * n;
-        var acc = 0.0;
-        if (valid_row && j < row) {
-            for (var m = row; m < len; m++) {
-                acc += a_buf[((start + m) * hv_count + hv) * CHUNK + row] * arena[tri(m, j)];
-            }
-        }
-        dl[n] = -acc;
-    }
-    if (valid_row) {
-        for (var n = 0u; n < 16u; n++) {
-            let j = cg + 4u * n;
-            mats[mats_half + own_row + j] = b_s[row] * dl[n];
-        }
-    }
+    // dβ_i += Σ_j dL_ij (k_i·k_j).
     workgroupBarrier();
-    for (var n = 0u; n < 16u; n++) {
-        let j = cg + 4u * n;
-        if (j <= row) {
-            arena[tri(row, j)] = dl[n] * kk[n];
-        }
-    }
+    arena[row0 * 16u + c] = hsum(l0 * g0);
+    arena[(row0 + 1u) * 16u + c] = hsum(l1 * g1);
+    arena[(row0 + 2u) * 16u + c] = hsum(l2 * g2);
+    arena[(row0 + 3u) * 16u + c] = hsum(l3 * g3);
     workgroupBarrier();
     if (t < len) {
-        for (var j = 0u; j < t; j++) {
-            db += arena[tri(t, j)];
+        for (var k = 0u; k < 16u; k++) {
+            db += arena[t * 16u + k];
         }
         dg_dbeta[(start + t) * hv_count + hv] = vec2<f32>(dg, db);
     }
