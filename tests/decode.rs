@@ -110,7 +110,7 @@ fn run_decode(
         StateLayout::of(p),
     )
     .unwrap();
-    let o = GpuTensor::filled(ctx, "o", &p.v_shape(), DType::F32, f32::NAN).unwrap();
+    let o = GpuTensor::filled(ctx, "o", &p.v_shape(), inputs.v.dtype, f32::NAN).unwrap();
     let [a, b] = StateLayout::of(p).inner_shape(p.key_dim, p.value_dim);
     let states_shape = [p.total_tokens(), p.heads_v, a, b];
     let per_token_states = per_token.then(|| {
@@ -254,23 +254,54 @@ fn check_decode_with(
     per_token: bool,
     tiles: Option<RecurrentStepTiles>,
 ) {
-    let what = format!("{p:?} slots {slots:?} tiles {tiles:?}");
+    let storage = Storage {
+        dtype: DType::F32,
+        tol_o: F32_TOL,
+    };
+    check_decode_stored(ctx, p, seed, pool_slots, slots, per_token, tiles, storage);
+}
+
+/// q, k, v (and so o) stored as `dtype`; o is compared with the oracle on the same rounded
+/// inputs at `tol_o` (one rounding of o to the dtype), the f32 states at `F32_TOL`.
+#[derive(Debug, Clone, Copy)]
+struct Storage {
+    dtype: DType,
+    tol_o: f64,
+}
+
+#[allow(clippy::too_many_arguments)]
+fn check_decode_stored(
+    ctx: &Context,
+    p: &Problem,
+    seed: u64,
+    pool_slots: usize,
+    slots: &[StateSlot],
+    per_token: bool,
+    tiles: Option<RecurrentStepTiles>,
+    storage: Storage,
+) {
+    let Storage { dtype, tol_o } = storage;
+    let what = format!("{dtype} {p:?} slots {slots:?} tiles {tiles:?}");
     let special = if p.heads_v >= 3 { (1, 1) } else { (0, 0) };
     let s = RandomSpec {
         zero_gate_heads: special.0,
         strong_gate_heads: special.1,
         ..spec(seed)
     };
-    let inputs = s.generate(p);
+    let mut inputs = s.generate(p);
+    for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
+        *t = t.clone().with_dtype(dtype);
+    }
     let pool = random_pool(p, pool_slots, seed);
     let mut oracle_inputs = inputs.clone();
     oracle_inputs.initial_state = Some(starting_states(p, &pool, slots));
     let expected = reference::forward(p, &oracle_inputs.as_ref()).unwrap();
 
     let run = run_decode(ctx, p, &inputs, &pool, slots, per_token, tiles);
+    assert_eq!(run.o.dtype, dtype, "{what}: o in the dtype of v");
     let e_o = relative_l2(&run.o.data, &expected.o);
     eprintln!("{what}\n  rel-L2 o {e_o:.3e}");
-    assert!(e_o <= F32_TOL, "{what}: o rel-L2 {e_o:e} > {F32_TOL:e}");
+    assert!(e_o <= tol_o, "{what}: o rel-L2 {e_o:e} > {tol_o:e}");
     assert_pool(p, &pool, &run.pool, &expected.final_state, slots, &what);
 
     if let Some(states) = run.per_token_states {
@@ -493,6 +524,40 @@ fn every_tiling_the_device_fits() {
     }
 }
 
+/// The default tiling does what `RecurrentStepTiles::choose` documents, on a big GPU's limits
+/// (no adapter needed): 16 vec4s per invocation and 128-invocation workgroups for B = 256,
+/// HV = 32, K = V = 128 (K-first: 64-column V-blocks, 256-byte row segments), 8 for B = 1.
+#[test]
+fn default_tiling_follows_the_state_size() {
+    let limits = wgpu::Limits {
+        max_compute_workgroup_storage_size: 49152,
+        max_compute_invocations_per_workgroup: 1024,
+        max_compute_workgroup_size_x: 1024,
+        ..wgpu::Limits::default()
+    };
+    for v_first in [false, true] {
+        let o = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        let big = RecurrentStepTiles::choose(&limits, &problem(256, 1, 16, 32, 128, 128, None, o))
+            .unwrap();
+        eprintln!("B = 256: {big:?}");
+        assert_eq!(
+            (big.vec4s_per_thread, big.workgroup()),
+            (16, 128),
+            "{big:?}"
+        );
+        if !v_first {
+            assert_eq!(big.v_block, 64, "{big:?}");
+        }
+        let one =
+            RecurrentStepTiles::choose(&limits, &problem(1, 1, 16, 32, 128, 128, None, o)).unwrap();
+        eprintln!("B = 1: {one:?}");
+        assert_eq!(one.vec4s_per_thread, 8, "{one:?}");
+    }
+}
+
 /// WebGPU's default limits (16 KiB workgroup memory, 8 storage buffers): what a browser grants.
 #[test]
 fn webgpu_default_limits() {
@@ -522,6 +587,137 @@ fn webgpu_default_limits() {
             check_decode_with(&ctx, &p, 90 + i as u64, 1, &[Resume(0)], false, None);
         }
     }
+}
+
+// ---- f16 and bf16 storage of q, k, v, o (the state stays f32) ----
+
+/// The 16-bit storage dtypes the device takes for decode, with their o tolerances (one
+/// rounding of o to the dtype; the oracle runs on the same rounded inputs).
+fn half_storages(ctx: &Context) -> Vec<Storage> {
+    let available = gpu::decode::decode_storage_dtypes(ctx);
+    [(DType::BF16, 3e-3), (DType::F16, 5e-4)]
+        .into_iter()
+        .filter(|(dtype, _)| {
+            let ok = available.contains(dtype);
+            if !ok {
+                eprintln!("{dtype} storage not available on this device: not run");
+            }
+            ok
+        })
+        .map(|(dtype, tol_o)| Storage { dtype, tol_o })
+        .collect()
+}
+
+#[test]
+fn half_storage_decode_and_verification() {
+    let Some(ctx) = gpu() else { return };
+    let storages = half_storages(ctx);
+    assert!(
+        storages.iter().any(|s| s.dtype == DType::BF16),
+        "bf16 runs on every device"
+    );
+    for (i, storage) in storages.into_iter().enumerate() {
+        let seed = 200 + 10 * i as u64;
+        // T = 1 at head dim 128 with the default tilings, both layouts.
+        for (j, v_first) in [false, true].into_iter().enumerate() {
+            let o = Options {
+                state_v_first: v_first,
+                ..Options::default()
+            };
+            check_decode_stored(
+                ctx,
+                &problem(2, 1, 1, 2, 128, 128, None, o),
+                seed + j as u64,
+                3,
+                &[Resume(2), Resume(0)],
+                false,
+                None,
+                storage,
+            );
+        }
+        // Verification with per-token states, varlen with lengths 1 and 0, fresh and padding
+        // slots, GVA and every option (l2norm uses the raw q, k: the state stays exact).
+        let all = Options {
+            scale: Some(0.2),
+            l2norm_qk: true,
+            beta_sigmoid: true,
+            allow_neg_eigval: true,
+            gate_in_kernel: true,
+            state_v_first: true,
+        };
+        check_decode_stored(
+            ctx,
+            &problem(1, 9, 2, 4, 32, 48, Some(vec![0, 1, 9]), all),
+            seed + 2,
+            4,
+            &[Fresh(2), Resume(0)],
+            true,
+            None,
+            storage,
+        );
+        let k_first = Options {
+            state_v_first: false,
+            ..all
+        };
+        check_decode_stored(
+            ctx,
+            &problem(1, 21, 1, 2, 48, 32, Some(vec![0, 1, 5, 5, 21]), k_first),
+            seed + 3,
+            6,
+            &[Resume(3), Fresh(0), Padding, Resume(1)],
+            true,
+            None,
+            storage,
+        );
+    }
+}
+
+/// Every tiling with packed (bf16) and f16 o stores: K-first pairs within an invocation's
+/// four columns, V-first pairs of neighbouring rows written by the even row's lane 0.
+#[test]
+fn half_storage_every_tiling() {
+    let Some(ctx) = gpu() else { return };
+    for (i, storage) in half_storages(ctx).into_iter().enumerate() {
+        for (j, v_first) in [false, true].into_iter().enumerate() {
+            let o = Options {
+                state_v_first: v_first,
+                ..Options::default()
+            };
+            let p = problem(2, 2, 1, 2, 32, 32, None, o);
+            let tiles = RecurrentStepTiles::candidates(&ctx.limits(), &p);
+            assert!(!tiles.is_empty(), "no tiling for {p:?}");
+            for t in tiles {
+                check_decode_stored(
+                    ctx,
+                    &p,
+                    220 + (2 * i + j) as u64,
+                    3,
+                    &[Resume(2), Fresh(0)],
+                    false,
+                    Some(t),
+                    storage,
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn error_o_dtype_differs_from_v() {
+    let Some(ctx) = gpu() else { return };
+    let v = valid(ctx, Options::default());
+    let o = GpuTensor::empty(ctx, "o", &v.p.v_shape(), DType::BF16).unwrap();
+    let out = DecodeOutputs {
+        o: &o,
+        per_token_states: None,
+    };
+    let e = expect_rejected(
+        ctx,
+        &v,
+        |enc| call(ctx, &v, &v.pool, &[Resume(0), Resume(1)], &out, enc),
+        "o",
+    );
+    assert!(matches!(e, Error::DType { .. }), "{e}");
 }
 
 /// The GPU chunked forward of `p` from `initial_state` (or zeros).
@@ -1259,6 +1455,82 @@ fn cli_run_decode_agrees_with_forward() {
     ];
     eprintln!("gdn run decode vs forward (o, state), vs oracle (o, state): {errors:?}");
     assert!(errors.iter().all(|&e| e <= F32_TOL), "{errors:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `gdn run decode` on a bf16 file: o comes back as bf16 and agrees with `gdn run forward`
+/// on the same file and with the oracle on the rounded inputs; the f32 final state to 1e-5.
+#[test]
+fn cli_run_decode_bf16_file() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gdn-decode-cli-bf16-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |f: &str| -> PathBuf { dir.join(f) };
+    let o = Options {
+        beta_sigmoid: true,
+        ..Options::default()
+    };
+    let p = problem(2, 5, 1, 2, 32, 32, None, o);
+    let mut inputs = spec(150).generate(&p);
+    for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
+        *t = t.clone().with_dtype(DType::BF16);
+    }
+    let tensors: Vec<(&str, io::TensorRef)> = vec![
+        ("q", (&inputs.q).into()),
+        ("k", (&inputs.k).into()),
+        ("v", (&inputs.v).into()),
+        ("g", (&inputs.g).into()),
+        ("beta", (&inputs.beta).into()),
+    ];
+    io::write(path("in.safetensors"), tensors).unwrap();
+    let input = path("in.safetensors").display().to_string();
+    let mut outputs = Vec::new();
+    for kernel in ["decode", "forward"] {
+        let output = path(&format!("{kernel}.safetensors")).display().to_string();
+        let out = gdn(&[
+            "run",
+            kernel,
+            "--input",
+            &input,
+            "--output",
+            &output,
+            "--backend",
+            "wgpu",
+            "--beta-sigmoid",
+        ]);
+        assert!(
+            out.status.success(),
+            "gdn run {kernel}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file = TensorFile::open(&output).unwrap();
+        let o = file.float("o").unwrap().unwrap();
+        assert_eq!(
+            o.dtype,
+            DType::BF16,
+            "gdn run {kernel}: o in the dtype of v"
+        );
+        outputs.push(ForwardOutputs {
+            o,
+            final_state: file.float("final_state").unwrap().unwrap(),
+        });
+    }
+    let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
+    let (decode, forward) = (&outputs[0], &outputs[1]);
+    let as_f64 = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let e_o = relative_l2(&decode.o.data, &expected.o);
+    let e_s = relative_l2(&decode.final_state.data, &expected.final_state);
+    let e_fwd = relative_l2(&decode.o.data, &as_f64(&forward.o.data));
+    eprintln!(
+        "gdn run decode bf16: o {e_o:.3e}, state {e_s:.3e} vs oracle; o {e_fwd:.3e} vs forward"
+    );
+    assert!(e_o <= 3e-3, "o vs oracle {e_o:e}");
+    assert!(e_s <= F32_TOL, "final state vs oracle {e_s:e}");
+    // Both round an f32 o to bf16 once: they differ only where the two f32 results straddle
+    // a rounding boundary (one bf16 ulp, 2⁻⁸ relative, at a few elements).
+    assert!(e_fwd <= 3e-3, "o vs gdn run forward {e_fwd:e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -9,18 +9,38 @@
 // With l2norm the raw q, k are used and the norms enter as factors (rk, rq), so Σk², Σq²
 // and k·q ride along in the same reduction: one workgroup reduction per token.
 //
-// Thread layout: each invocation owns ROWS_PER_THREAD vec4s of the slice, the vec4 taken
-// along the storage-contiguous axis so that consecutive invocations read consecutive 16 B
-// (coalesced for either layout):
-//   K-first [K,V]: slice rows are k (K of them), a row is V_BLOCK/4 vec4s of v;
-//   V-first [V,K]: slice rows are v (V_BLOCK of them), a row is K/4 vec4s of k.
-// An invocation is (lane_vec = t % ROW_VECS, row_lane = t / ROW_VECS) and owns rows
-// row_lane + ROW_LANES·r, r < ROWS_PER_THREAD ≤ 8, held in eight named vec4 registers s0..s7
-// (never a private array indexed in a loop: drivers do not reliably unroll naga's loops, and
-// such an array then lives in local memory); a row helper called with a constant r and a
-// guard `r < ROWS_PER_THREAD` folds away after specialization. Partial sums go through
-// workgroup memory (no subgroups: this must run in browsers), LANES partials per result,
-// summed by RESULTS invocations.
+// The kernel is bandwidth-bound (at T = 1 every state byte is read once and written once and
+// there are ~2 FLOPs per byte), so the design is about bytes in flight and a short life per
+// workgroup:
+// - Every invocation owns VEC4S (≤ 32) vec4s of the slice, held in named registers (eight
+//   `Quad`s of four vec4s; never a private array indexed in a loop: drivers do not reliably
+//   unroll naga's loops, and such an array then lives in local memory). Helpers take a
+//   constant register index and a guard `r < VEC4S` that folds away after specialization.
+// - Every global load of a token (the state, its share of k and q, its own v, g and β) is
+//   issued in straight-line code before any of them is used: one memory latency per
+//   workgroup, not a chain of them.
+// - Two barriers per token: after staging k and q in workgroup memory, and after the partial
+//   sums. After the second, every invocation sums the partials *it* needs itself (a few vec4
+//   loads, unrolled by four), computes u for its own columns (K-first) or row (V-first) and
+//   updates its registers: no third barrier, no u in workgroup memory.
+// - Coalesced vec4 accesses along the storage-contiguous axis: consecutive invocations read
+//   consecutive 16 B of a row.
+// No subgroup operations: this runs in browsers too.
+//
+// Thread layout, t = lane_vec + ROW_VECS · row_lane:
+//   K-first [K, V]: the slice's rows are k, a row holds V_BLOCK / 4 vec4s of v. An invocation
+//     owns one vec4 column (lane_vec < ROW_VECS = V_BLOCK / 4) of rows row_lane + LANES · r
+//     (r < VEC4S; LANES = K / VEC4S row lanes). a, b are summed over k: in registers over the
+//     invocation's rows, then over the LANES row lanes.
+//   V-first [V, K]: the slice's rows are v, one per row lane (V_BLOCK of them); a row holds
+//     K / 4 vec4s of k. An invocation owns vec4s lane_vec + ROW_VECS · r of its row
+//     (ROW_VECS = LANES = K / (4 VEC4S)). a, b are dot products along k: in registers, then
+//     over the ROW_VECS lanes of the row.
+//
+// Storage dtypes: q, k, v, o in `Elem` (f32, f16, or bf16 packed two per u32 word, see
+// shaders/common/dtype_*.wgsl); the state is always f32. Packed o is written as element pairs
+// from one invocation: K-first invocations own four consecutive columns; in V-first the lane-0
+// invocation of an even row also computes its odd neighbour's o.
 //
 // Slot codes (one i32 per sequence, built by the host): c ≥ 0 resumes from pool slot c and
 // writes it back; c = -1 is padding (zero state, the pool is not written); c ≤ -2 starts
@@ -43,29 +63,25 @@ const SLOT_PADDING: i32 = -1;
 override WG: u32;
 override K_DIM: u32;
 override V_BLOCK: u32;
-override ROW_LANES: u32;
+override VEC4S: u32;              // vec4 registers of state per invocation, ≤ 32
+override ROW_VECS: u32;           // invocations along the storage-contiguous axis
+override LANES: u32;              // partial sums per result (K-first row lanes, V-first ROW_VECS)
+override STAGE: u32;              // words of a k (q) row each invocation stages, ≤ 8
 override V_FIRST: bool;
 override PER_TOKEN_STATES: bool;
-// Sizes of workgroup arrays must be plain overrides: 2·K_DIM, LANES × RESULTS, RESULTS.
-override K_WORDS: u32;
-override PARTIAL_WORDS: u32;
-override RESULTS: u32;
+// Sizes of workgroup arrays must be plain overrides: 2 K / 4, K / 4, WG (K-first) or 1.
+override K2_VEC4S: u32;
+override K_VEC4S: u32;
+override PB_VEC4S: u32;
 
-override ROW_VECS: u32 = select(V_BLOCK / 4u, K_DIM / 4u, V_FIRST);
-override ROWS_PER_THREAD: u32 = select(K_DIM, V_BLOCK, V_FIRST) / ROW_LANES;
-// Partials per result: K-first sums over row lanes (k), V-first over vec4 lanes (k).
-override LANES: u32 = select(ROW_LANES, ROW_VECS, V_FIRST);
-
-// k of two consecutive tokens (by parity): the state update reads the current token's k
-// while invocations that ran ahead already stage the next one.
-var<workgroup> k_s: array<f32, K_WORDS>;
-var<workgroup> q_s: array<f32, K_DIM>;
-var<workgroup> v_s: array<f32, V_BLOCK>;
-var<workgroup> u_s: array<f32, V_BLOCK>;
-var<workgroup> partials: array<f32, PARTIAL_WORDS>;  // [LANES][RESULTS]
-// a = S_oldᵀk [V_BLOCK], b = S_oldᵀq [V_BLOCK], then Σk², Σq², k·q.
-var<workgroup> sums: array<f32, RESULTS>;
-var<workgroup> gate_s: vec2<f32>;                     // (α, β) of the current token
+// k of two consecutive tokens (by parity): the state update of one token reads its k while
+// invocations that ran ahead already stage the next one. q is read before the second barrier
+// only, so one copy suffices; likewise the partials.
+var<workgroup> k_s: array<vec4<f32>, K2_VEC4S>;
+var<workgroup> q_s: array<vec4<f32>, K_VEC4S>;
+var<workgroup> pa: array<vec4<f32>, WG>;          // K-first: a per invocation; V-first: (a, b, 0, 0)
+var<workgroup> pb: array<vec4<f32>, PB_VEC4S>;    // K-first: b per invocation
+var<workgroup> pc: array<vec4<f32>, LANES>;       // (Σk², Σq², k·q, 0) per reduction lane
 
 // Where an invocation sits in the workgroup's state slice.
 struct Place {
@@ -74,13 +90,27 @@ struct Place {
     v0: u32,
 }
 
-// K-first partial sums of one invocation.
-struct RowSums {
+// Four vec4 registers of state: r = 4 g .. 4 g + 3 of quad g.
+struct Quad {
+    x0: vec4<f32>,
+    x1: vec4<f32>,
+    x2: vec4<f32>,
+    x3: vec4<f32>,
+}
+
+// Partial sums of one invocation. K-first: a, b per column, c = (Σk², Σq², k·q, 0) over its
+// rows. V-first: a = (a, b, 0, 0) of its row, c over its k.
+struct Sums {
     a: vec4<f32>,
     b: vec4<f32>,
-    kk: f32,
-    qq: f32,
-    kq: f32,
+    c: vec4<f32>,
+}
+
+// A token's inputs, loaded before any is used.
+struct Inputs {
+    v: vec4<f32>,        // K-first: the invocation's 4 columns; V-first: x = its row, y = the next row
+    alpha: f32,
+    beta: f32,
 }
 
 fn table_word(i: u32) -> u32 {
@@ -94,75 +124,199 @@ fn softplus(x: f32) -> f32 {
     return log(1.0 + exp(x));
 }
 
-fn row_of(p: Place, r: u32) -> u32 {
-    return p.row_lane + ROW_LANES * r;
+fn v_at(i: u32) -> f32 {
+    return load_elem(v_buf[elem_word(i)], i);
 }
 
-// vec4 index of row r of the invocation in the slice whose state starts at vec4 `base`.
+fn zero_quad() -> Quad {
+    return Quad(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+}
+
+// vec4 index of register r of the invocation in the slice whose state starts at vec4 `base`.
 fn slice_vec(base: u32, p: Place, r: u32) -> u32 {
     if (V_FIRST) {
-        return base + (p.v0 + row_of(p, r)) * (K_DIM / 4u) + p.lane_vec;
+        return base + (p.v0 + p.row_lane) * (K_DIM / 4u) + p.lane_vec + ROW_VECS * r;
     }
-    return base + row_of(p, r) * (params.value_dim / 4u) + p.v0 / 4u + p.lane_vec;
+    return base + (p.row_lane + LANES * r) * (params.value_dim / 4u) + p.v0 / 4u + p.lane_vec;
 }
 
-fn load_row(base: u32, p: Place, r: u32) -> vec4<f32> {
-    if (r >= ROWS_PER_THREAD) {
+fn load_reg(base: u32, p: Place, r: u32) -> vec4<f32> {
+    if (r >= VEC4S) {
         return vec4<f32>(0.0);
     }
     return pool[slice_vec(base, p, r)];
 }
 
-fn store_pool_row(base: u32, p: Place, r: u32, x: vec4<f32>) {
-    if (r < ROWS_PER_THREAD) {
-        pool[slice_vec(base, p, r)] = x;
+fn load_quad(base: u32, p: Place, g: u32) -> Quad {
+    if (4u * g >= VEC4S) {
+        return zero_quad();
+    }
+    let r = 4u * g;
+    return Quad(load_reg(base, p, r), load_reg(base, p, r + 1u), load_reg(base, p, r + 2u),
+                load_reg(base, p, r + 3u));
+}
+
+fn store_reg(to_pool: bool, base: u32, p: Place, r: u32, x: vec4<f32>) {
+    if (r < VEC4S) {
+        if (to_pool) {
+            pool[slice_vec(base, p, r)] = x;
+        } else {
+            token_states[slice_vec(base, p, r)] = x;
+        }
     }
 }
 
-fn store_token_row(base: u32, p: Place, r: u32, x: vec4<f32>) {
-    if (r < ROWS_PER_THREAD) {
-        token_states[slice_vec(base, p, r)] = x;
+fn store_quad(to_pool: bool, base: u32, p: Place, g: u32, q: Quad) {
+    if (4u * g < VEC4S) {
+        let r = 4u * g;
+        store_reg(to_pool, base, p, r, q.x0);
+        store_reg(to_pool, base, p, r + 1u, q.x1);
+        store_reg(to_pool, base, p, r + 2u, q.x2);
+        store_reg(to_pool, base, p, r + 3u, q.x3);
     }
 }
 
-fn vec4_at(buffer_is_k: bool, i: u32) -> vec4<f32> {
-    if (buffer_is_k) {
-        return vec4<f32>(k_s[i], k_s[i + 1u], k_s[i + 2u], k_s[i + 3u]);
+// Word j of the invocation's share of a k or q row (0 past the row).
+fn load_word(is_k: bool, row_word: u32, t: u32, j: u32) -> Elem {
+    let w = t + WG * j;
+    if (j >= STAGE || w >= K_DIM / ELEMS_PER_WORD) {
+        return Elem();
     }
-    return vec4<f32>(q_s[i], q_s[i + 1u], q_s[i + 2u], q_s[i + 3u]);
+    if (is_k) {
+        return k_buf[row_word + w];
+    }
+    return q_buf[row_word + w];
 }
 
-// K-first: row r holds 4 columns at one k; accumulate its products with k and q.
-fn k_first_sums(acc: RowSums, s: vec4<f32>, p: Place, r: u32, k_base: u32) -> RowSums {
-    if (r >= ROWS_PER_THREAD) {
+// Element i of k (this token's half, `kb` = parity · K / 4) or of q in workgroup memory.
+fn k_elem(kb: u32, i: u32) -> f32 {
+    return k_s[kb + i / 4u][i % 4u];
+}
+
+fn q_elem(i: u32) -> f32 {
+    return q_s[i / 4u][i % 4u];
+}
+
+// Unpack word j of the invocation's share into workgroup memory.
+fn stage_word(is_k: bool, kb: u32, t: u32, j: u32, word: Elem) {
+    let w = t + WG * j;
+    if (j < STAGE && w < K_DIM / ELEMS_PER_WORD) {
+        for (var e = 0u; e < ELEMS_PER_WORD; e++) {
+            let i = w * ELEMS_PER_WORD + e;
+            let x = load_elem(word, i);
+            if (is_k) {
+                k_s[kb + i / 4u][i % 4u] = x;
+            } else {
+                q_s[i / 4u][i % 4u] = x;
+            }
+        }
+    }
+}
+
+// K-first: register r holds 4 columns at k = row; accumulate its products with k and q.
+// V-first: register r holds 4 k of the row; accumulate its dot products.
+fn reg_sums(acc: Sums, x: vec4<f32>, p: Place, r: u32, kb: u32) -> Sums {
+    if (r >= VEC4S) {
         return acc;
     }
-    let row = row_of(p, r);
-    let kx = k_s[k_base + row];
-    let qx = q_s[row];
-    return RowSums(acc.a + s * kx, acc.b + s * qx, acc.kk + kx * kx, acc.qq + qx * qx, acc.kq + kx * qx);
-}
-
-// V-first: row r holds 4 k of one column; its dot products are that column's partials.
-fn v_first_partials(s: vec4<f32>, p: Place, r: u32, out: u32, k_vec: vec4<f32>, q_vec: vec4<f32>) {
-    if (r < ROWS_PER_THREAD) {
-        let row = row_of(p, r);
-        partials[out + row] = dot(s, k_vec);
-        partials[out + V_BLOCK + row] = dot(s, q_vec);
-    }
-}
-
-// S ← α S + k uᵀ on row r. K-first: k is one scalar of the row, u a vec4 of columns;
-// V-first: k is the vec4 of the row, u one scalar.
-fn update_row(s: vec4<f32>, p: Place, r: u32, k_base: u32, alpha: f32, rk: f32, u_vec: vec4<f32>, k_normed: vec4<f32>) -> vec4<f32> {
-    if (r >= ROWS_PER_THREAD) {
-        return s;
-    }
-    let row = row_of(p, r);
     if (V_FIRST) {
-        return alpha * s + k_normed * u_s[row];
+        let j = p.lane_vec + ROW_VECS * r;
+        let kv = k_s[kb + j];
+        let qv = q_s[j];
+        return Sums(acc.a + vec4<f32>(dot(x, kv), dot(x, qv), 0.0, 0.0), acc.b,
+                    acc.c + vec4<f32>(dot(kv, kv), dot(qv, qv), dot(kv, qv), 0.0));
     }
-    return alpha * s + (k_s[k_base + row] * rk) * u_vec;
+    let row = p.row_lane + LANES * r;
+    let kx = k_elem(kb, row);
+    let qx = q_elem(row);
+    return Sums(acc.a + x * kx, acc.b + x * qx, acc.c + vec4<f32>(kx * kx, qx * qx, kx * qx, 0.0));
+}
+
+fn quad_sums(acc: Sums, q: Quad, p: Place, g: u32, kb: u32) -> Sums {
+    if (4u * g >= VEC4S) {
+        return acc;
+    }
+    let r = 4u * g;
+    var s = reg_sums(acc, q.x0, p, r, kb);
+    s = reg_sums(s, q.x1, p, r + 1u, kb);
+    s = reg_sums(s, q.x2, p, r + 2u, kb);
+    return reg_sums(s, q.x3, p, r + 3u, kb);
+}
+
+// S ← α S + k uᵀ on register r, with rk the k norm factor. K-first: k is the scalar of the
+// row and u the vec4 of the invocation's columns (`u4`); V-first: k is a vec4 of the row and
+// u the row's scalar (u4.x).
+fn reg_update(x: vec4<f32>, p: Place, r: u32, kb: u32, alpha: f32, rk: f32, u4: vec4<f32>) -> vec4<f32> {
+    if (r >= VEC4S) {
+        return x;
+    }
+    if (V_FIRST) {
+        return alpha * x + k_s[kb + p.lane_vec + ROW_VECS * r] * (rk * u4.x);
+    }
+    return alpha * x + (k_elem(kb, p.row_lane + LANES * r) * rk) * u4;
+}
+
+fn quad_update(q: Quad, p: Place, g: u32, kb: u32, alpha: f32, rk: f32, u4: vec4<f32>) -> Quad {
+    if (4u * g >= VEC4S) {
+        return q;
+    }
+    let r = 4u * g;
+    return Quad(reg_update(q.x0, p, r, kb, alpha, rk, u4), reg_update(q.x1, p, r + 1u, kb, alpha, rk, u4),
+                reg_update(q.x2, p, r + 2u, kb, alpha, rk, u4), reg_update(q.x3, p, r + 3u, kb, alpha, rk, u4));
+}
+
+// Σ over `count` partials of array `which` (0: pa, 1: pb, 2: pc) at first + stride · l,
+// four independent loads per step.
+fn partial_at(which: u32, i: u32) -> vec4<f32> {
+    if (which == 0u) {
+        return pa[i];
+    }
+    if (which == 1u) {
+        return pb[i];
+    }
+    return pc[i];
+}
+
+fn sum_partials(which: u32, first: u32, stride: u32, count: u32) -> vec4<f32> {
+    var s0 = vec4<f32>(0.0);
+    var s1 = vec4<f32>(0.0);
+    var s2 = vec4<f32>(0.0);
+    var s3 = vec4<f32>(0.0);
+    for (var l = 0u; l < count; l += 4u) {
+        s0 += partial_at(which, first + stride * l);
+        if (l + 1u < count) {
+            s1 += partial_at(which, first + stride * (l + 1u));
+        }
+        if (l + 2u < count) {
+            s2 += partial_at(which, first + stride * (l + 2u));
+        }
+        if (l + 3u < count) {
+            s3 += partial_at(which, first + stride * (l + 3u));
+        }
+    }
+    return (s0 + s1) + (s2 + s3);
+}
+
+// o, u of a V-first row from its summed (a, b), the shared sums c and the token's inputs.
+fn v_first_u(ab: vec4<f32>, v: f32, alpha: f32, beta: f32, rk: f32) -> f32 {
+    return beta * (v - alpha * rk * ab.x);
+}
+
+fn gate_of(tok: u32, hv: u32, a_log: f32, dt_bias: f32) -> vec2<f32> {
+    let flags = params.flags;
+    let gi = tok * params.heads_v + hv;
+    var g = g_buf[gi];
+    var beta = beta_buf[gi];
+    if (has_flag(flags, FLAG_GATE_IN_KERNEL)) {
+        g = -exp(a_log) * softplus(g + dt_bias);
+    }
+    if (has_flag(flags, FLAG_BETA_SIGMOID)) {
+        beta = 1.0 / (1.0 + exp(-beta));
+    }
+    if (has_flag(flags, FLAG_NEG_EIGVAL)) {
+        beta = 2.0 * beta;
+    }
+    return vec2<f32>(exp(g), beta);
 }
 
 @compute @workgroup_size(WG)
@@ -173,7 +327,6 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
     let hv_count = params.heads_v;
     let h = hv / (hv_count / params.heads_qk);
     let v_dim = params.value_dim;
-    let flags = params.flags;
     let start = table_word(n);
     let end = table_word(n + 1u);
     let code = bitcast<i32>(table_word(sequences + 1u + n));
@@ -194,166 +347,181 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
     let p = Place(t % ROW_VECS, t / ROW_VECS, wid.x * V_BLOCK);
     let slice_words = K_DIM * v_dim / 4u;
 
-    var s0 = vec4<f32>(0.0);
-    var s1 = vec4<f32>(0.0);
-    var s2 = vec4<f32>(0.0);
-    var s3 = vec4<f32>(0.0);
-    var s4 = vec4<f32>(0.0);
-    var s5 = vec4<f32>(0.0);
-    var s6 = vec4<f32>(0.0);
-    var s7 = vec4<f32>(0.0);
+    // The whole slice in flight at once.
+    var s0 = zero_quad();
+    var s1 = zero_quad();
+    var s2 = zero_quad();
+    var s3 = zero_quad();
+    var s4 = zero_quad();
+    var s5 = zero_quad();
+    var s6 = zero_quad();
+    var s7 = zero_quad();
     if (code >= 0 && write_slot >= 0) {
         let base = (u32(code) * hv_count + hv) * slice_words;
-        s0 = load_row(base, p, 0u);
-        s1 = load_row(base, p, 1u);
-        s2 = load_row(base, p, 2u);
-        s3 = load_row(base, p, 3u);
-        s4 = load_row(base, p, 4u);
-        s5 = load_row(base, p, 5u);
-        s6 = load_row(base, p, 6u);
-        s7 = load_row(base, p, 7u);
+        s0 = load_quad(base, p, 0u);
+        s1 = load_quad(base, p, 1u);
+        s2 = load_quad(base, p, 2u);
+        s3 = load_quad(base, p, 3u);
+        s4 = load_quad(base, p, 4u);
+        s5 = load_quad(base, p, 5u);
+        s6 = load_quad(base, p, 6u);
+        s7 = load_quad(base, p, 7u);
     }
 
     for (var tok = start; tok < end; tok++) {
-        // Stage the token's inputs. Every reader of the previous token's q_s, v_s and gate_s
-        // passed at least one barrier since; k_s alternates halves by token parity.
-        let k_base = (tok % 2u) * K_DIM;
-        let qk_row = (tok * params.heads_qk + h) * K_DIM;
-        for (var i = t; i < K_DIM; i += WG) {
-            k_s[k_base + i] = elem_to_f32(k_buf[qk_row + i]);
-            q_s[i] = elem_to_f32(q_buf[qk_row + i]);
-        }
+        let kb = (tok % 2u) * K_VEC4S;
+        // The token's loads, all issued before any is used: this invocation's words of the k
+        // and q rows, its v, g and β.
+        let row_word = (tok * params.heads_qk + h) * (K_DIM / ELEMS_PER_WORD);
+        let kw0 = load_word(true, row_word, t, 0u);
+        let kw1 = load_word(true, row_word, t, 1u);
+        let kw2 = load_word(true, row_word, t, 2u);
+        let kw3 = load_word(true, row_word, t, 3u);
+        let kw4 = load_word(true, row_word, t, 4u);
+        let kw5 = load_word(true, row_word, t, 5u);
+        let kw6 = load_word(true, row_word, t, 6u);
+        let kw7 = load_word(true, row_word, t, 7u);
+        let qw0 = load_word(false, row_word, t, 0u);
+        let qw1 = load_word(false, row_word, t, 1u);
+        let qw2 = load_word(false, row_word, t, 2u);
+        let qw3 = load_word(false, row_word, t, 3u);
+        let qw4 = load_word(false, row_word, t, 4u);
+        let qw5 = load_word(false, row_word, t, 5u);
+        let qw6 = load_word(false, row_word, t, 6u);
+        let qw7 = load_word(false, row_word, t, 7u);
         let v_row = (tok * hv_count + hv) * v_dim + p.v0;
-        for (var i = t; i < V_BLOCK; i += WG) {
-            v_s[i] = elem_to_f32(v_buf[v_row + i]);
-        }
-        if (t == 0u) {
-            let gi = tok * hv_count + hv;
-            var g = g_buf[gi];
-            if (has_flag(flags, FLAG_GATE_IN_KERNEL)) {
-                g = -exp(a_log) * softplus(g + dt_bias);
-            }
-            var beta = beta_buf[gi];
-            if (has_flag(flags, FLAG_BETA_SIGMOID)) {
-                beta = 1.0 / (1.0 + exp(-beta));
-            }
-            if (has_flag(flags, FLAG_NEG_EIGVAL)) {
-                beta = 2.0 * beta;
-            }
-            gate_s = vec2<f32>(exp(g), beta);
-        }
-        workgroupBarrier();
-
-        // Partial a, b (per column) and Σk², Σq², k·q over the invocation's share of K.
-        let gate = gate_s;
-        var k_vec = vec4<f32>(0.0);
+        var v = vec4<f32>(0.0);
         if (V_FIRST) {
-            k_vec = vec4_at(true, k_base + 4u * p.lane_vec);
-            let q_vec = vec4_at(false, 4u * p.lane_vec);
-            let out = p.lane_vec * RESULTS;
-            v_first_partials(s0, p, 0u, out, k_vec, q_vec);
-            v_first_partials(s1, p, 1u, out, k_vec, q_vec);
-            v_first_partials(s2, p, 2u, out, k_vec, q_vec);
-            v_first_partials(s3, p, 3u, out, k_vec, q_vec);
-            v_first_partials(s4, p, 4u, out, k_vec, q_vec);
-            v_first_partials(s5, p, 5u, out, k_vec, q_vec);
-            v_first_partials(s6, p, 6u, out, k_vec, q_vec);
-            v_first_partials(s7, p, 7u, out, k_vec, q_vec);
-            if (p.row_lane == 0u) {
-                partials[out + 2u * V_BLOCK] = dot(k_vec, k_vec);
-                partials[out + 2u * V_BLOCK + 1u] = dot(q_vec, q_vec);
-                partials[out + 2u * V_BLOCK + 2u] = dot(k_vec, q_vec);
+            v.x = v_at(v_row + p.row_lane);
+            if (ELEMS_PER_WORD == 2u) {
+                v.y = v_at(v_row + min(p.row_lane + 1u, V_BLOCK - 1u));
             }
         } else {
-            var acc = RowSums(vec4<f32>(0.0), vec4<f32>(0.0), 0.0, 0.0, 0.0);
-            acc = k_first_sums(acc, s0, p, 0u, k_base);
-            acc = k_first_sums(acc, s1, p, 1u, k_base);
-            acc = k_first_sums(acc, s2, p, 2u, k_base);
-            acc = k_first_sums(acc, s3, p, 3u, k_base);
-            acc = k_first_sums(acc, s4, p, 4u, k_base);
-            acc = k_first_sums(acc, s5, p, 5u, k_base);
-            acc = k_first_sums(acc, s6, p, 6u, k_base);
-            acc = k_first_sums(acc, s7, p, 7u, k_base);
-            let out = p.row_lane * RESULTS + 4u * p.lane_vec;
-            partials[out] = acc.a.x;
-            partials[out + 1u] = acc.a.y;
-            partials[out + 2u] = acc.a.z;
-            partials[out + 3u] = acc.a.w;
-            partials[out + V_BLOCK] = acc.b.x;
-            partials[out + V_BLOCK + 1u] = acc.b.y;
-            partials[out + V_BLOCK + 2u] = acc.b.z;
-            partials[out + V_BLOCK + 3u] = acc.b.w;
+            let c = v_row + 4u * p.lane_vec;
+            v = vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
+        }
+        let gate = gate_of(tok, hv, a_log, dt_bias);
+
+        stage_word(true, kb, t, 0u, kw0);
+        stage_word(true, kb, t, 1u, kw1);
+        stage_word(true, kb, t, 2u, kw2);
+        stage_word(true, kb, t, 3u, kw3);
+        stage_word(true, kb, t, 4u, kw4);
+        stage_word(true, kb, t, 5u, kw5);
+        stage_word(true, kb, t, 6u, kw6);
+        stage_word(true, kb, t, 7u, kw7);
+        stage_word(false, kb, t, 0u, qw0);
+        stage_word(false, kb, t, 1u, qw1);
+        stage_word(false, kb, t, 2u, qw2);
+        stage_word(false, kb, t, 3u, qw3);
+        stage_word(false, kb, t, 4u, qw4);
+        stage_word(false, kb, t, 5u, qw5);
+        stage_word(false, kb, t, 6u, qw6);
+        stage_word(false, kb, t, 7u, qw7);
+        workgroupBarrier();
+
+        // Partial a, b and (Σk², Σq², k·q) over the invocation's registers.
+        var acc = Sums(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        acc = quad_sums(acc, s0, p, 0u, kb);
+        acc = quad_sums(acc, s1, p, 1u, kb);
+        acc = quad_sums(acc, s2, p, 2u, kb);
+        acc = quad_sums(acc, s3, p, 3u, kb);
+        acc = quad_sums(acc, s4, p, 4u, kb);
+        acc = quad_sums(acc, s5, p, 5u, kb);
+        acc = quad_sums(acc, s6, p, 6u, kb);
+        acc = quad_sums(acc, s7, p, 7u, kb);
+        pa[t] = acc.a;
+        if (V_FIRST) {
+            if (p.row_lane == 0u) {
+                pc[p.lane_vec] = acc.c;
+            }
+        } else {
+            pb[t] = acc.b;
             if (p.lane_vec == 0u) {
-                let tail = p.row_lane * RESULTS + 2u * V_BLOCK;
-                partials[tail] = acc.kk;
-                partials[tail + 1u] = acc.qq;
-                partials[tail + 2u] = acc.kq;
+                pc[p.row_lane] = acc.c;
             }
         }
         workgroupBarrier();
 
-        for (var i = t; i < RESULTS; i += WG) {
-            var total = 0.0;
-            for (var l = 0u; l < LANES; l++) {
-                total += partials[l * RESULTS + i];
-            }
-            sums[i] = total;
-        }
-        workgroupBarrier();
-
+        // Every invocation sums what it needs: its columns' (K-first) or row's (V-first) a, b.
+        let c = sum_partials(2u, 0u, 1u, LANES);
         var rk = 1.0;
         var rq = 1.0;
-        if (has_flag(flags, FLAG_L2NORM)) {
-            rk = 1.0 / sqrt(sums[2u * V_BLOCK] + 1e-6);
-            rq = 1.0 / sqrt(sums[2u * V_BLOCK + 1u] + 1e-6);
+        if (has_flag(params.flags, FLAG_L2NORM)) {
+            rk = 1.0 / sqrt(c.x + 1e-6);
+            rq = 1.0 / sqrt(c.y + 1e-6);
         }
         let alpha = gate.x;
-        let kq_normed = sums[2u * V_BLOCK + 2u] * rk * rq;
-        for (var i = t; i < V_BLOCK; i += WG) {
-            let u = gate.y * (v_s[i] - alpha * rk * sums[i]);
-            u_s[i] = u;
-            let o = params.scale * (alpha * rq * sums[V_BLOCK + i] + u * kq_normed);
-            o_buf[v_row + i] = f32_to_elem(o);
+        let beta = gate.y;
+        let kq = c.z * rk * rq;
+        var u4 = vec4<f32>(0.0);
+        if (V_FIRST) {
+            let ab = sum_partials(0u, ROW_VECS * p.row_lane, 1u, ROW_VECS);
+            u4.x = v_first_u(ab, v.x, alpha, beta, rk);
+            if (p.lane_vec == 0u) {
+                let o = params.scale * (alpha * rq * ab.y + u4.x * kq);
+                let i = v_row + p.row_lane;
+                if (ELEMS_PER_WORD == 2u) {
+                    if ((p.row_lane & 1u) == 0u) {
+                        let ab1 = sum_partials(0u, ROW_VECS * (p.row_lane + 1u), 1u, ROW_VECS);
+                        let u1 = v_first_u(ab1, v.y, alpha, beta, rk);
+                        let o1 = params.scale * (alpha * rq * ab1.y + u1 * kq);
+                        o_buf[elem_word(i)] = pack_pair(o, o1);
+                    }
+                } else {
+                    o_buf[i] = pack_elem(o);
+                }
+            }
+        } else {
+            let a = sum_partials(0u, p.lane_vec, ROW_VECS, LANES);
+            let b = sum_partials(1u, p.lane_vec, ROW_VECS, LANES);
+            u4 = beta * (v - alpha * rk * a);
+            if (p.row_lane == 0u) {
+                let o = params.scale * (alpha * rq * b + u4 * kq);
+                let i = v_row + 4u * p.lane_vec;
+                if (ELEMS_PER_WORD == 2u) {
+                    o_buf[elem_word(i)] = pack_pair(o.x, o.y);
+                    o_buf[elem_word(i + 2u)] = pack_pair(o.z, o.w);
+                } else {
+                    o_buf[i] = pack_elem(o.x);
+                    o_buf[i + 1u] = pack_elem(o.y);
+                    o_buf[i + 2u] = pack_elem(o.z);
+                    o_buf[i + 3u] = pack_elem(o.w);
+                }
+            }
         }
-        workgroupBarrier();
 
-        // S ← α S + k uᵀ from registers, u_s and this token's half of k_s.
-        var u_vec = vec4<f32>(0.0);
-        if (!V_FIRST) {
-            let u0 = 4u * p.lane_vec;
-            u_vec = vec4<f32>(u_s[u0], u_s[u0 + 1u], u_s[u0 + 2u], u_s[u0 + 3u]);
-        }
-        let k_normed = k_vec * rk;
-        s0 = update_row(s0, p, 0u, k_base, alpha, rk, u_vec, k_normed);
-        s1 = update_row(s1, p, 1u, k_base, alpha, rk, u_vec, k_normed);
-        s2 = update_row(s2, p, 2u, k_base, alpha, rk, u_vec, k_normed);
-        s3 = update_row(s3, p, 3u, k_base, alpha, rk, u_vec, k_normed);
-        s4 = update_row(s4, p, 4u, k_base, alpha, rk, u_vec, k_normed);
-        s5 = update_row(s5, p, 5u, k_base, alpha, rk, u_vec, k_normed);
-        s6 = update_row(s6, p, 6u, k_base, alpha, rk, u_vec, k_normed);
-        s7 = update_row(s7, p, 7u, k_base, alpha, rk, u_vec, k_normed);
+        // S ← α S + k uᵀ in registers.
+        s0 = quad_update(s0, p, 0u, kb, alpha, rk, u4);
+        s1 = quad_update(s1, p, 1u, kb, alpha, rk, u4);
+        s2 = quad_update(s2, p, 2u, kb, alpha, rk, u4);
+        s3 = quad_update(s3, p, 3u, kb, alpha, rk, u4);
+        s4 = quad_update(s4, p, 4u, kb, alpha, rk, u4);
+        s5 = quad_update(s5, p, 5u, kb, alpha, rk, u4);
+        s6 = quad_update(s6, p, 6u, kb, alpha, rk, u4);
+        s7 = quad_update(s7, p, 7u, kb, alpha, rk, u4);
         if (PER_TOKEN_STATES) {
             let base = (tok * hv_count + hv) * slice_words;
-            store_token_row(base, p, 0u, s0);
-            store_token_row(base, p, 1u, s1);
-            store_token_row(base, p, 2u, s2);
-            store_token_row(base, p, 3u, s3);
-            store_token_row(base, p, 4u, s4);
-            store_token_row(base, p, 5u, s5);
-            store_token_row(base, p, 6u, s6);
-            store_token_row(base, p, 7u, s7);
+            store_quad(false, base, p, 0u, s0);
+            store_quad(false, base, p, 1u, s1);
+            store_quad(false, base, p, 2u, s2);
+            store_quad(false, base, p, 3u, s3);
+            store_quad(false, base, p, 4u, s4);
+            store_quad(false, base, p, 5u, s5);
+            store_quad(false, base, p, 6u, s6);
+            store_quad(false, base, p, 7u, s7);
         }
     }
 
     if (write_slot >= 0) {
         let base = (u32(write_slot) * hv_count + hv) * slice_words;
-        store_pool_row(base, p, 0u, s0);
-        store_pool_row(base, p, 1u, s1);
-        store_pool_row(base, p, 2u, s2);
-        store_pool_row(base, p, 3u, s3);
-        store_pool_row(base, p, 4u, s4);
-        store_pool_row(base, p, 5u, s5);
-        store_pool_row(base, p, 6u, s6);
-        store_pool_row(base, p, 7u, s7);
+        store_quad(true, base, p, 0u, s0);
+        store_quad(true, base, p, 1u, s1);
+        store_quad(true, base, p, 2u, s2);
+        store_quad(true, base, p, 3u, s3);
+        store_quad(true, base, p, 4u, s4);
+        store_quad(true, base, p, 5u, s5);
+        store_quad(true, base, p, 6u, s6);
+        store_quad(true, base, p, 7u, s7);
     }
 }

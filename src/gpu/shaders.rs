@@ -86,6 +86,7 @@ impl Pass {
     pub fn storage_dtypes(self) -> &'static [DType] {
         match self {
             Pass::PrepareQk | Pass::PrepareGate | Pass::WyInverse | Pass::StateScan => &FORWARD_STORAGE_DTYPES,
+            Pass::RecurrentStep => &FORWARD_STORAGE_DTYPES,
             _ => &STORAGE_DTYPES,
         }
     }

@@ -4,7 +4,8 @@
 //! and, per step, runs B sequences × T new tokens (T = 1 to decode, a few more to verify
 //! speculative drafts; or `cu_seqlens` for differing lengths) through the recurrent kernel
 //! `recurrent_step`, which reads each sequence's state from its slot once, walks its tokens in
-//! FLA's order and writes the state back once. Every forward option applies.
+//! FLA's order and writes the state back once. Every forward option applies; q, k, v and o may
+//! be stored as f32, bf16 or f16 ([`decode_storage_dtypes`]), the state is always f32.
 //!
 //! - Each sequence names a [`StateSlot`]: `Resume(s)` continues slot s in place, `Fresh(s)`
 //!   starts from zero and leaves its state in slot s, `Padding` starts from zero and writes no
@@ -23,12 +24,12 @@ mod recurrent_step;
 
 pub use pool::{StateLayout, StatePool, StateSlot, check_slots};
 pub use recurrent_step::{
-    DecodeOutputs, DecodePlan, MAX_ROWS_PER_THREAD, MAX_WORKGROUP, RecurrentStepTiles, TABLE_WORDS,
-    max_sequences,
+    DecodeOutputs, DecodePlan, MAX_VEC4S_PER_THREAD, MAX_WORKGROUP, RecurrentStepTiles,
+    TABLE_WORDS, max_sequences,
 };
 
 use crate::error::{Error, Result};
-use crate::gpu::shaders::STORAGE_DTYPES;
+use crate::gpu::shaders::Pass;
 use crate::gpu::{Context, GpuTensor};
 use crate::problem::{ForwardInputs, Problem};
 use crate::tensor::{DType, TensorMeta};
@@ -52,6 +53,18 @@ pub fn decode_step(
     Ok(())
 }
 
+/// Storage dtypes of q, k, v (and o) the decode kernel takes on this device: f32 and bf16
+/// (packed in u32 words) everywhere, f16 where the device has SHADER_F16. The state is f32.
+pub fn decode_storage_dtypes(ctx: &Context) -> Vec<DType> {
+    let f16 = ctx.features().contains(wgpu::Features::SHADER_F16);
+    Pass::RecurrentStep
+        .storage_dtypes()
+        .iter()
+        .copied()
+        .filter(|&d| d != DType::F16 || f16)
+        .collect()
+}
+
 /// Everything a decode call checks before recording: inputs like the forward's, the pool's
 /// layout and shape, the slots, the outputs and the device limits the kernel relies on.
 pub(crate) fn check_decode(
@@ -62,7 +75,7 @@ pub(crate) fn check_decode(
     slots: &[StateSlot],
     outputs: &DecodeOutputs<'_>,
 ) -> Result<()> {
-    problem.check_inputs(inputs, &STORAGE_DTYPES)?;
+    problem.check_inputs(inputs, &decode_storage_dtypes(ctx))?;
     if inputs.initial_state.is_some() {
         return Err(Error::value(
             "initial_state",
@@ -142,7 +155,7 @@ pub fn decode_host(
 ) -> Result<crate::ForwardOutputs<crate::HostTensor>> {
     use crate::HostTensor;
 
-    problem.check_inputs(inputs, &STORAGE_DTYPES)?;
+    problem.check_inputs(inputs, &decode_storage_dtypes(ctx))?;
     crate::problem::check_host_values(problem, inputs)?;
     if tokens_per_step == 0 {
         return Err(Error::value("tokens_per_step", "at least 1", 0));

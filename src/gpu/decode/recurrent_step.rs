@@ -13,10 +13,12 @@ use crate::problem::{ForwardInputs, Problem};
 
 /// u32 words of the kernel's uniform `tables` (64 KiB: WebGPU's default uniform binding size).
 pub const TABLE_WORDS: usize = 16384;
-/// vec4 registers of state per invocation: the kernel's eight named registers s0..s7.
-pub const MAX_ROWS_PER_THREAD: u32 = 8;
+/// vec4 registers of state per invocation: the kernel's eight named quads of four.
+pub const MAX_VEC4S_PER_THREAD: u32 = 32;
 /// Largest workgroup the tile choice uses (every WebGPU device allows 256).
 pub const MAX_WORKGROUP: u32 = 256;
+/// Words of a k (q) row one invocation stages per token (the kernel's named registers).
+const MAX_STAGE: u32 = 8;
 
 /// The largest number of sequences one call can address: the tables hold N + 1 token
 /// starts, N slot codes and A_log, dt_bias (HV each).
@@ -34,40 +36,54 @@ pub struct DecodeOutputs<'a> {
     pub per_token_states: Option<&'a GpuTensor>,
 }
 
-/// Tile sizes of `recurrent_step` (WGSL override constants). An invocation owns
-/// `rows_per_thread` vec4s of a K × `v_block` state slice; see the shader's header.
+/// Tile sizes of `recurrent_step` (WGSL override constants): a workgroup owns a K × `v_block`
+/// state slice, an invocation `vec4s_per_thread` vec4s of it; see the shader's header.
+///
+/// K-first: invocations are `row_vecs = v_block / 4` (one vec4 column each) × `row_lanes =
+/// K / vec4s_per_thread` (k rows `row_lane + row_lanes·r`). V-first: `row_lanes = v_block`
+/// (one v row each) × `row_vecs = K / (4·vec4s_per_thread)` (vec4s `lane_vec + row_vecs·r` of
+/// the row along k).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecurrentStepTiles {
     pub v_block: u32,
     /// Invocations along the slice's non-contiguous axis (k rows for K-first, v rows for
-    /// V-first); the contiguous axis takes `row_vecs` invocations of one vec4 each.
+    /// V-first).
     pub row_lanes: u32,
+    /// Invocations along the storage-contiguous axis, one vec4 wide each.
     pub row_vecs: u32,
-    pub rows_per_thread: u32,
+    /// vec4 registers of state per invocation.
+    pub vec4s_per_thread: u32,
     pub v_first: bool,
     key_dim: u32,
 }
 
 impl RecurrentStepTiles {
-    fn new(key_dim: u32, v_block: u32, row_lanes: u32, v_first: bool) -> Option<Self> {
-        let (row_vecs, rows) = if v_first {
-            (key_dim / 4, v_block)
-        } else {
-            (v_block / 4, key_dim)
-        };
-        if !v_block.is_multiple_of(4) || !rows.is_multiple_of(row_lanes) {
+    /// The tiling with `vec4s` registers per invocation, if it exists and fits the kernel.
+    fn new(key_dim: u32, v_block: u32, vec4s: u32, v_first: bool) -> Option<Self> {
+        if !v_block.is_multiple_of(4) || vec4s == 0 || vec4s > MAX_VEC4S_PER_THREAD {
             return None;
         }
+        let (row_vecs, row_lanes) = if v_first {
+            let row = key_dim / 4;
+            if !row.is_multiple_of(vec4s) {
+                return None;
+            }
+            (row / vec4s, v_block)
+        } else {
+            if !key_dim.is_multiple_of(vec4s) {
+                return None;
+            }
+            (v_block / 4, key_dim / vec4s)
+        };
         let tiles = RecurrentStepTiles {
             v_block,
             row_lanes,
             row_vecs,
-            rows_per_thread: rows / row_lanes,
+            vec4s_per_thread: vec4s,
             v_first,
             key_dim,
         };
-        (tiles.rows_per_thread <= MAX_ROWS_PER_THREAD && tiles.workgroup() <= MAX_WORKGROUP)
-            .then_some(tiles)
+        (tiles.workgroup() <= MAX_WORKGROUP && tiles.stage() <= MAX_STAGE).then_some(tiles)
     }
 
     /// Invocations per workgroup.
@@ -84,21 +100,24 @@ impl RecurrentStepTiles {
         }
     }
 
-    /// Results of the per-token reduction: a and b per column, then Σk², Σq², k·q.
-    fn results(&self) -> u32 {
-        2 * self.v_block + 3
+    /// Elements of a k (q) row each invocation stages per token (f32: one per word).
+    fn stage(&self) -> u32 {
+        self.key_dim.div_ceil(self.workgroup())
     }
 
-    /// Bytes of workgroup memory (k of two tokens, q, v, u, partials, sums, gate).
+    /// vec4s of the per-invocation b partials (K-first only; the array needs one entry).
+    fn pb_vec4s(&self) -> u32 {
+        if self.v_first { 1 } else { self.workgroup() }
+    }
+
+    /// Bytes of workgroup memory: k of two tokens and q (vec4s), the a, b partials per
+    /// invocation and (Σk², Σq², k·q) per reduction lane.
     pub fn workgroup_bytes(&self) -> u32 {
-        4 * (3 * self.key_dim
-            + 2 * self.v_block
-            + self.lanes() * self.results()
-            + self.results()
-            + 2)
+        16 * (3 * self.key_dim / 4 + self.workgroup() + self.pb_vec4s() + self.lanes())
     }
 
-    /// Every tiling of `problem` the device fits, for tests and benchmarks.
+    /// Every tiling of `problem` the device fits, for tests and benchmarks: V-blocks of 4 to
+    /// 128 columns and 1 to 32 vec4s per invocation (powers of two).
     pub fn candidates(limits: &wgpu::Limits, problem: &Problem) -> Vec<Self> {
         let (k, v) = (problem.key_dim as u32, problem.value_dim as u32);
         let v_first = problem.options.state_v_first;
@@ -110,8 +129,8 @@ impl RecurrentStepTiles {
             if v % v_block != 0 {
                 continue;
             }
-            for row_lanes in (0..9).map(|i| 1u32 << i) {
-                let Some(t) = Self::new(k, v_block, row_lanes, v_first) else {
+            for vec4s in (0..6).map(|i| 1u32 << i) {
+                let Some(t) = Self::new(k, v_block, vec4s, v_first) else {
                     continue;
                 };
                 if t.workgroup() <= max_wg
@@ -124,24 +143,37 @@ impl RecurrentStepTiles {
         out
     }
 
-    /// The default tiling: about 8 vec4s of state per invocation (32 registers) when there is
-    /// enough state to keep the GPU's memory system busy, fewer — spreading the state over
-    /// more invocations — when there is not (B = 1), and workgroups near 128 invocations.
-    /// K-first prefers slices of ≥ 32 columns (128-byte row segments).
+    /// The default tiling. Decode moves every state byte once in and once out with ~2 FLOPs
+    /// per byte, so it is bound by memory bandwidth, and what matters is how many bytes each
+    /// SM keeps in flight and how short a workgroup's life is beyond its one memory latency:
+    /// - 16 vec4s (64 registers) of state per invocation when the state is large (≥ 16 MiB,
+    ///   e.g. B = 256, HV = 32, K = V = 128): most of the register file then holds state in
+    ///   flight, and per-invocation overheads (staging, the partial sums — K / 16 = 8 lanes
+    ///   at K = 128 — addresses) are spread over 256 B. 32 would leave too few invocations
+    ///   per SM to overlap one workgroup's reduction with another's loads, 8 doubles the
+    ///   reduction lanes for the same bytes.
+    /// - 8 when the state is small (B = 1): all of it is one wave of loads; more invocations
+    ///   with fewer registers each spread it over more SMs.
+    /// - Workgroups near 128 invocations; K-first V-blocks of ≥ 32 columns (a warp reads
+    ///   128-byte row segments, full cache lines), V-first ≥ 4 invocations along a row (64 B);
+    ///   when the grid would have fewer than ~256 workgroups, narrower V-blocks to spread
+    ///   over the SMs.
     pub fn choose(limits: &wgpu::Limits, problem: &Problem) -> Result<Self> {
         let total_vec4s =
             problem.num_sequences() * problem.heads_v * problem.key_dim * problem.value_dim / 4;
-        // 65536 invocations is a fraction of a big GPU but already far more than B = 1 fills.
-        let target = (total_vec4s / 65536).clamp(1, 8).next_power_of_two().min(8) as f64;
+        let target = if total_vec4s >= 1 << 20 { 16.0 } else { 8.0 };
+        let blocks = problem.num_sequences() * problem.heads_v;
         let score = |t: &Self| {
-            let registers = (t.rows_per_thread as f64 / target).log2().abs();
+            let registers = (t.vec4s_per_thread as f64 / target).log2().abs();
             let size = (t.workgroup() as f64 / 128.0).log2().abs();
-            let short_rows = if !t.v_first && t.row_vecs < 8 {
-                0.5
-            } else {
-                0.0
+            let short_rows = match t.v_first {
+                false if t.row_vecs < 8 => 0.5,
+                true if t.row_vecs < 4 => 0.5,
+                _ => 0.0,
             };
-            registers + 0.5 * size + short_rows
+            let grid = (blocks * problem.value_dim / t.v_block as usize) as f64;
+            let few = (256.0 / grid).log2().max(0.0);
+            registers + 0.5 * size + short_rows + 0.5 * few
         };
         Self::candidates(limits, problem)
             .into_iter()
@@ -158,18 +190,21 @@ impl RecurrentStepTiles {
     }
 
     /// The pipeline's override constants (public so the shader tests specialize every tiling).
-    pub fn pipeline_constants(&self, per_token_states: bool) -> [(&'static str, f64); 9] {
+    pub fn pipeline_constants(&self, per_token_states: bool) -> [(&'static str, f64); 12] {
         let bool_constant = |b: bool| if b { 1.0 } else { 0.0 };
         [
             ("WG", self.workgroup() as f64),
             ("K_DIM", self.key_dim as f64),
             ("V_BLOCK", self.v_block as f64),
-            ("ROW_LANES", self.row_lanes as f64),
+            ("VEC4S", self.vec4s_per_thread as f64),
+            ("ROW_VECS", self.row_vecs as f64),
+            ("LANES", self.lanes() as f64),
+            ("STAGE", self.stage() as f64),
             ("V_FIRST", bool_constant(self.v_first)),
             ("PER_TOKEN_STATES", bool_constant(per_token_states)),
-            ("K_WORDS", (2 * self.key_dim) as f64),
-            ("PARTIAL_WORDS", (self.lanes() * self.results()) as f64),
-            ("RESULTS", self.results() as f64),
+            ("K2_VEC4S", (2 * self.key_dim / 4) as f64),
+            ("K_VEC4S", (self.key_dim / 4) as f64),
+            ("PB_VEC4S", self.pb_vec4s() as f64),
         ]
     }
 }
