@@ -3,13 +3,17 @@
 //     dq = dQs + dP K
 //     dk = dKs + X + dPᵀ Q + (dAt + dAtᵀ) K
 //     dG_i = dG_wy,i + q_i·dQs_i − k_i·dKs_i + k_i·X_i + c_i,  dG_last += Σ_i k_i·dKs_i
+//     (the last row's k·dKs cancels exactly and is left out of both)
 //     dg_i = Σ_{s ≥ i in the chunk} dG_s      (reverse chunk-local cumsum: G restarts per chunk)
 // dq, dk overwrite dQs, dKs in `dqk_parts` (each entry is read and written by one invocation);
 // dg overwrites dG in `dg_dbeta` (w.r.t. the applied log-decay; dβ is left as it is).
 //
-// Invocation t owns row t/4 and columns t%4 + 4n (n < 4) of each 16-column block of K; dP and
-// dAt are read from memory (rows past the chunk's end are skipped: they belong to the next
-// chunk). 8 KiB of workgroup memory.
+// Register tiles: invocation (r, c) = (t / 16, t % 16) owns token rows 4r..4r+3 and K columns
+// k0 + c + 16jj (jj < 4) of each 64-wide K block, as named vec4 registers (lanes = K columns).
+// The token axis j of the 64×64 products is streamed in 8-token slices: dP and dAt + dAtᵀ at
+// columns j (64 × 8), dP at rows j (8 × 64), and K, Q at rows j (8 × 64 of the K block), the
+// next slice prefetched into registers. 11 KiB of workgroup memory. Rows past the chunk's end
+// read as 0 (they belong to the next chunk) and are never stored.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Elem>;              // [B·T, H, K]
@@ -20,13 +24,157 @@
 @group(0) @binding(6) var<storage, read_write> dg_dbeta: array<vec2<f32>>; // [B·T, HV]: (dG, dβ)
 
 override K_DIM: u32;
-const K_BLOCK: u32 = 16u;
+const J_SLICE: u32 = 8u;
+const PITCH: u32 = 9u;        // 64 × 8 slices
+const ROW_PITCH: u32 = 65u;   // 8 × 64 slices
+const DPC_AT: u32 = 0u;       // dP[i, j]
+const SC_AT: u32 = 576u;      // dAt[i, j] + dAt[j, i]
+const DPR_AT: u32 = 1152u;    // dP[j, i]
+const KS_AT: u32 = 1672u;     // K[j, k]
+const QS_AT: u32 = 2192u;     // Q[j, k]
 
-var<workgroup> q_s: array<f32, 1024>;   // 64 × K_BLOCK
-var<workgroup> k_s: array<f32, 1024>;
-var<workgroup> row_part: array<f32, 256>;
-var<workgroup> last_part: array<f32, 256>;
+const ROW_PART: u32 = 0u;     // after the products: 64 × 16 row partial sums
+const LAST_PART: u32 = 1024u; // and 256 partial sums of Σ k·dKs
+
+var<workgroup> arena: array<f32, 2712>;
 var<workgroup> dg_s: array<f32, 64>;
+
+fn q_at(i: u32) -> f32 {
+    return load_elem(q_buf[elem_word(i)], i);
+}
+
+fn k_at(i: u32) -> f32 {
+    return load_elem(k_buf[elem_word(i)], i);
+}
+
+fn mats_row(start: u32, i: u32, hv: u32) -> u32 {
+    return ((start + i) * params.heads_v + hv) * CHUNK;
+}
+
+// Invocation t's share of one slice: dP[i, j..j+1], dAt[i, j..j+1] + dAt[j..j+1, i] for
+// i = t / 4, j = j0 + 2 (t % 4); dP[j, kk..kk+1], K and Q [j, k0 + kk..] for j = j0 + t / 32,
+// kk = 2 (t % 32). Zero past the chunk (or past K).
+struct Slice {
+    dpc: vec2<f32>,
+    sc: vec2<f32>,
+    dpr: vec2<f32>,
+    k: vec2<f32>,
+    q: vec2<f32>,
+}
+
+fn load_slice(start: u32, len: u32, hv: u32, h: u32, j0: u32, k0: u32, t: u32) -> Slice {
+    let half = params.total_tokens * params.heads_v * CHUNK;
+    let i = t / 4u;
+    let j = j0 + 2u * (t % 4u);
+    let last = len - 1u;
+    let row_i = mats_row(start, min(i, last), hv);
+    let row_j0 = mats_row(start, min(j, last), hv);
+    let row_j1 = mats_row(start, min(j + 1u, last), hv);
+    let dpc = vec2<f32>(mats[row_i + j], mats[row_i + j + 1u]);
+    let sc = vec2<f32>(mats[half + row_i + j], mats[half + row_i + j + 1u])
+        + select(vec2<f32>(0.0), vec2<f32>(mats[half + row_j0 + i], mats[half + row_j1 + i]), vec2<u32>(j, j + 1u) < vec2<u32>(len));
+    let jr = j0 + t / 32u;
+    let kk = 2u * (t % 32u);
+    let row_jr = mats_row(start, min(jr, last), hv);
+    let dpr = vec2<f32>(mats[row_jr + kk], mats[row_jr + kk + 1u]);
+    let col = min(k0 + kk, K_DIM - 2u);
+    let gi = ((start + min(jr, last)) * params.heads_qk + h) * K_DIM + col;
+    let kx = vec2<f32>(k_at(gi), k_at(gi + 1u));
+    let qx = vec2<f32>(q_at(gi), q_at(gi + 1u));
+    let i_ok = vec2<bool>(i < len);
+    let jr_ok = vec2<bool>(jr < len);
+    let kq_ok = vec2<bool>(jr < len && k0 + kk < K_DIM);
+    return Slice(select(vec2<f32>(0.0), dpc, i_ok), select(vec2<f32>(0.0), sc, i_ok),
+                 select(vec2<f32>(0.0), dpr, jr_ok), select(vec2<f32>(0.0), kx, kq_ok),
+                 select(vec2<f32>(0.0), qx, kq_ok));
+}
+
+fn store_slice(t: u32, s: Slice) {
+    let a = (t / 4u) * PITCH + 2u * (t % 4u);
+    arena[DPC_AT + a] = s.dpc.x;
+    arena[DPC_AT + a + 1u] = s.dpc.y;
+    arena[SC_AT + a] = s.sc.x;
+    arena[SC_AT + a + 1u] = s.sc.y;
+    let b = (t / 32u) * ROW_PITCH + 2u * (t % 32u);
+    arena[DPR_AT + b] = s.dpr.x;
+    arena[DPR_AT + b + 1u] = s.dpr.y;
+    arena[KS_AT + b] = s.k.x;
+    arena[KS_AT + b + 1u] = s.k.y;
+    arena[QS_AT + b] = s.q.x;
+    arena[QS_AT + b + 1u] = s.q.y;
+}
+
+fn rows4(base: u32, row0: u32, jj: u32) -> vec4<f32> {
+    return vec4<f32>(arena[base + row0 * PITCH + jj], arena[base + (row0 + 1u) * PITCH + jj],
+                     arena[base + (row0 + 2u) * PITCH + jj], arena[base + (row0 + 3u) * PITCH + jj]);
+}
+
+fn row_cols4(base: u32, jj: u32, c: u32) -> vec4<f32> {
+    let at = base + jj * ROW_PITCH + c;
+    return vec4<f32>(arena[at], arena[at + 16u], arena[at + 32u], arena[at + 48u]);
+}
+
+// Entries k0 + c + 16 jj (0 past K) of part `part` (0: dQs, 1: dKs, 2: X) of row i.
+fn part4(out: u32, part: u32, k0: u32, c: u32) -> vec4<f32> {
+    let at = out + part * K_DIM;
+    let kc = vec4<u32>(k0 + c, k0 + c + 16u, k0 + c + 32u, k0 + c + 48u);
+    let m = vec4<u32>(K_DIM - 1u);
+    let x = vec4<f32>(dqk_parts[at + min(kc.x, m.x)], dqk_parts[at + min(kc.y, m.y)],
+                      dqk_parts[at + min(kc.z, m.z)], dqk_parts[at + min(kc.w, m.w)]);
+    return select(vec4<f32>(0.0), x, kc < vec4<u32>(K_DIM));
+}
+
+fn qk4(start: u32, i: u32, h: u32, k0: u32, c: u32, from_q: bool) -> vec4<f32> {
+    let base = ((start + i) * params.heads_qk + h) * K_DIM;
+    let kc = vec4<u32>(k0 + c, k0 + c + 16u, k0 + c + 32u, k0 + c + 48u);
+    let at = vec4<u32>(base) + min(kc, vec4<u32>(K_DIM - 1u));
+    var x: vec4<f32>;
+    if (from_q) {
+        x = vec4<f32>(q_at(at.x), q_at(at.y), q_at(at.z), q_at(at.w));
+    } else {
+        x = vec4<f32>(k_at(at.x), k_at(at.y), k_at(at.z), k_at(at.w));
+    }
+    return select(vec4<f32>(0.0), x, kc < vec4<u32>(K_DIM));
+}
+
+fn store_part(out: u32, part: u32, k0: u32, c: u32, x: vec4<f32>) {
+    let at = out + part * K_DIM + k0 + c;
+    dqk_parts[at] = x.x;
+    if (k0 + c + 16u < K_DIM) {
+        dqk_parts[at + 16u] = x.y;
+    }
+    if (k0 + c + 32u < K_DIM) {
+        dqk_parts[at + 32u] = x.z;
+    }
+    if (k0 + c + 48u < K_DIM) {
+        dqk_parts[at + 48u] = x.w;
+    }
+}
+
+struct RowOut {
+    gate_row: f32,   // q·dQs − k·dKs + k·X over this invocation's columns
+    gate_last: f32,  // k·dKs over them (both without k·dKs on the chunk's last row)
+}
+
+// Finish row i at this K block: add the state terms to dq, dk, store them, and return the
+// row's gate contributions.
+fn finish_row(start: u32, len: u32, hv: u32, h: u32, i: u32, k0: u32, c: u32, dq: vec4<f32>, dk: vec4<f32>) -> RowOut {
+    if (i >= len) {
+        return RowOut(0.0, 0.0);
+    }
+    let out = ((start + i) * params.heads_v + hv) * (3u * K_DIM + 1u);
+    let dqs = part4(out, 0u, k0, c);
+    let dks = part4(out, 1u, k0, c);
+    let x = part4(out, 2u, k0, c);
+    let qx = qk4(start, i, h, k0, c, true);
+    let kx = qk4(start, i, h, k0, c, false);
+    store_part(out, 0u, k0, c, dqs + dq);
+    store_part(out, 1u, k0, c, dks + x + dk);
+    // The last row's −k·dKs and its share of Σ k·dKs cancel exactly: both are left out (at a
+    // strongly decaying head they are large, and the rest of dG_last is tiny).
+    let kd = select(dot(kx, dks), 0.0, i == len - 1u);
+    return RowOut(dot(qx, dqs) + dot(kx, x) - kd, kd);
+}
 
 @compute @workgroup_size(256)
 fn qk_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -35,91 +183,69 @@ fn qk_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
     let start = chunks[2u * chunk];
     let len = chunks[2u * chunk + 1u];
     let hv_count = params.heads_v;
-    let h_count = params.heads_qk;
-    let h = hv / (hv_count / h_count);
-    let stride = 3u * K_DIM + 1u;
-    let mats_half = params.total_tokens * hv_count * CHUNK;
-    let row = t / 4u;
-    let cg = t % 4u;
-    let valid_row = row < len;
-    let out = ((start + row) * hv_count + hv) * stride;
-    let mats_row = ((start + row) * hv_count + hv) * CHUNK;
+    let h = hv / (hv_count / params.heads_qk);
+    let r = t / 16u;
+    let c = t % 16u;
+    let row0 = 4u * r;
 
-    var gate_row = 0.0;   // this invocation's share of q·dQs − k·dKs + k·X
-    var gate_last = 0.0;  // its share of Σ k·dKs
-    for (var k0 = 0u; k0 < K_DIM; k0 += K_BLOCK) {
-        workgroupBarrier();
-        for (var e = t; e < 64u * K_BLOCK; e += 256u) {
-            let i = e / K_BLOCK;
-            var qx = 0.0;
-            var kx = 0.0;
-            if (i < len) {
-                let gi = ((start + i) * h_count + h) * K_DIM + k0 + e % K_BLOCK;
-                qx = elem_to_f32(q_buf[gi]);
-                kx = elem_to_f32(k_buf[gi]);
+    var gate_row = vec4<f32>(0.0);  // lanes: rows row0..row0+3
+    var gate_last = 0.0;
+    for (var k0 = 0u; k0 < K_DIM; k0 += 64u) {
+        var q0 = vec4<f32>(0.0); var q1 = vec4<f32>(0.0); var q2 = vec4<f32>(0.0); var q3 = vec4<f32>(0.0);
+        var d0 = vec4<f32>(0.0); var d1 = vec4<f32>(0.0); var d2 = vec4<f32>(0.0); var d3 = vec4<f32>(0.0);
+        var next = load_slice(start, len, hv, h, 0u, k0, t);
+        for (var j0 = 0u; j0 < CHUNK; j0 += J_SLICE) {
+            workgroupBarrier();
+            store_slice(t, next);
+            if (j0 + J_SLICE < CHUNK) {
+                next = load_slice(start, len, hv, h, j0 + J_SLICE, k0, t);
             }
-            q_s[e] = qx;
-            k_s[e] = kx;
-        }
-        workgroupBarrier();
-        if (valid_row) {
-            var dq: array<f32, 4>;
-            var dk: array<f32, 4>;
-            for (var n = 0u; n < 4u; n++) {
-                let c = cg + 4u * n;
-                let col = k0 + c;
-                let dqs = dqk_parts[out + col];
-                let dks = dqk_parts[out + K_DIM + col];
-                let x = dqk_parts[out + 2u * K_DIM + col];
-                let qx = q_s[row * K_BLOCK + c];
-                let kx = k_s[row * K_BLOCK + c];
-                gate_row += qx * dqs - kx * dks + kx * x;
-                gate_last += kx * dks;
-                dq[n] = dqs;
-                dk[n] = dks + x;
-            }
-            for (var j = 0u; j < len; j++) {
-                let jrow = ((start + j) * hv_count + hv) * CHUNK;
-                var dp_rj = 0.0;
-                if (j <= row) {
-                    dp_rj = mats[mats_row + j];
-                }
-                var dp_jr = 0.0;
-                if (j >= row) {
-                    dp_jr = mats[jrow + row];
-                }
-                let at_sym = mats[mats_half + mats_row + j] + mats[mats_half + jrow + row];
-                for (var n = 0u; n < 4u; n++) {
-                    let c = cg + 4u * n;
-                    let kj = k_s[j * K_BLOCK + c];
-                    dq[n] += dp_rj * kj;
-                    dk[n] += dp_jr * q_s[j * K_BLOCK + c] + at_sym * kj;
-                }
-            }
-            for (var n = 0u; n < 4u; n++) {
-                let col = k0 + cg + 4u * n;
-                dqk_parts[out + col] = dq[n];
-                dqk_parts[out + K_DIM + col] = dk[n];
+            workgroupBarrier();
+            for (var jj = 0u; jj < J_SLICE; jj++) {
+                let dpc = rows4(DPC_AT, row0, jj);
+                let sc = rows4(SC_AT, row0, jj);
+                let pr = DPR_AT + jj * ROW_PITCH + row0;
+                let dpr = vec4<f32>(arena[pr], arena[pr + 1u], arena[pr + 2u], arena[pr + 3u]);
+                let kv = row_cols4(KS_AT, jj, c);
+                let qv = row_cols4(QS_AT, jj, c);
+                q0 += dpc.x * kv; q1 += dpc.y * kv; q2 += dpc.z * kv; q3 += dpc.w * kv;
+                d0 += dpr.x * qv + sc.x * kv;
+                d1 += dpr.y * qv + sc.y * kv;
+                d2 += dpr.z * qv + sc.z * kv;
+                d3 += dpr.w * qv + sc.w * kv;
             }
         }
+        let f0 = finish_row(start, len, hv, h, row0, k0, c, q0, d0);
+        let f1 = finish_row(start, len, hv, h, row0 + 1u, k0, c, q1, d1);
+        let f2 = finish_row(start, len, hv, h, row0 + 2u, k0, c, q2, d2);
+        let f3 = finish_row(start, len, hv, h, row0 + 3u, k0, c, q3, d3);
+        gate_row += vec4<f32>(f0.gate_row, f1.gate_row, f2.gate_row, f3.gate_row);
+        gate_last += (f0.gate_last + f1.gate_last) + (f2.gate_last + f3.gate_last);
     }
 
-    // Row sums over the 4 invocations of a row, and the chunk-wide Σ k·dKs, in a fixed order.
-    row_part[t] = gate_row;
-    last_part[t] = gate_last;
+    // Row sums over the 16 invocations of a row, and the chunk-wide Σ k·dKs, in a fixed order.
+    workgroupBarrier();
+    arena[ROW_PART + row0 * 16u + c] = gate_row.x;
+    arena[ROW_PART + (row0 + 1u) * 16u + c] = gate_row.y;
+    arena[ROW_PART + (row0 + 2u) * 16u + c] = gate_row.z;
+    arena[ROW_PART + (row0 + 3u) * 16u + c] = gate_row.w;
+    arena[LAST_PART + t] = gate_last;
     for (var width = 128u; width > 0u; width /= 2u) {
         workgroupBarrier();
         if (t < width) {
-            last_part[t] += last_part[t + width];
+            arena[LAST_PART + t] += arena[LAST_PART + t + width];
         }
     }
     workgroupBarrier();
     if (t < len) {
         let at = (start + t) * hv_count + hv;
-        var dg = dg_dbeta[at].x + row_part[4u * t] + row_part[4u * t + 1u] + row_part[4u * t + 2u] + row_part[4u * t + 3u];
-        dg += dqk_parts[((start + t) * hv_count + hv) * stride + 3u * K_DIM];
+        var dg = dg_dbeta[at].x;
+        for (var k = 0u; k < 16u; k++) {
+            dg += arena[ROW_PART + t * 16u + k];
+        }
+        dg += dqk_parts[at * (3u * K_DIM + 1u) + 3u * K_DIM];
         if (t == len - 1u) {
-            dg += last_part[0];
+            dg += arena[LAST_PART];
         }
         dg_s[t] = dg;
     }
