@@ -86,6 +86,10 @@ impl Pass {
     pub fn storage_dtypes(self) -> &'static [DType] {
         match self {
             Pass::PrepareQk | Pass::PrepareGate | Pass::WyInverse | Pass::StateScan => &FORWARD_STORAGE_DTYPES,
+            // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
+            Pass::StateRecompute | Pass::DhScan | Pass::ValueGrams | Pass::WyGrad | Pass::StateGrad | Pass::QkGrad | Pass::QkFinish => {
+                &FORWARD_STORAGE_DTYPES
+            }
             Pass::RecurrentStep => &FORWARD_STORAGE_DTYPES,
             _ => &STORAGE_DTYPES,
         }

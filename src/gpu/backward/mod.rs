@@ -26,7 +26,7 @@ mod wy_grad;
 
 pub use dh_scan::{DhScanBuffers, dh_scan};
 pub use gate_finish::gate_finish;
-pub use qk_finish::qk_finish;
+pub use qk_finish::{dv_finish, qk_finish};
 pub use qk_grad::qk_grad;
 pub use state_grad::{StateGradBuffers, state_grad};
 pub use state_recompute::{RecomputeBuffers, state_recompute};
@@ -36,7 +36,7 @@ pub use wy_grad::wy_grad;
 use crate::error::{Error, Result};
 use crate::gpu::forward::{Forward, Intermediates, tables};
 use crate::gpu::params::{Params, upload_u32};
-use crate::gpu::shaders::STORAGE_DTYPES;
+use crate::gpu::shaders::Pass;
 use crate::gpu::{Context, GpuTensor, GpuTimer};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::problem::ForwardOutputs;
@@ -65,6 +65,31 @@ pub fn scan_bytes(bv: u32) -> u32 {
 pub fn dh_scan_token_slice(key_dim: u32) -> u32 {
     let fit = (512 / key_dim).clamp(1, 32);
     1 << (31 - fit.leading_zeros())
+}
+
+/// The backward's passes that read or write q, k, v, do, dq, dk or dv (`gate_finish` reads f32
+/// tensors only), besides the forward's `wy_inverse`, which it runs again.
+const STORAGE_PASSES: [Pass; 7] = [
+    Pass::StateRecompute,
+    Pass::DhScan,
+    Pass::ValueGrams,
+    Pass::WyGrad,
+    Pass::StateGrad,
+    Pass::QkGrad,
+    Pass::QkFinish,
+];
+
+/// Storage dtypes of q, k, v (and do, dq, dk, dv) the backward takes on this device: those
+/// of the forward (f16 needs `SHADER_F16`) that every backward pass has kernels for.
+pub fn storage_dtypes(ctx: &Context) -> Vec<DType> {
+    ctx.forward_storage_dtypes()
+        .into_iter()
+        .filter(|d| {
+            STORAGE_PASSES
+                .iter()
+                .all(|p| p.storage_dtypes().contains(d))
+        })
+        .collect()
 }
 
 /// V-block width of the two backward scans: the widest that fits the device's workgroup
@@ -237,9 +262,14 @@ pub fn backward_profiled(
     record_backward(ctx, encoder, saved, d_o, dht, Some(timer))
 }
 
-fn check_saved(saved: &Saved, d_o: &GpuTensor, dht: Option<&GpuTensor>) -> Result<()> {
+fn check_saved(
+    ctx: &Context,
+    saved: &Saved,
+    d_o: &GpuTensor,
+    dht: Option<&GpuTensor>,
+) -> Result<()> {
     let p = &saved.problem;
-    p.check_inputs(&saved.inputs.as_ref(), &STORAGE_DTYPES)?;
+    p.check_inputs(&saved.inputs.as_ref(), &storage_dtypes(ctx))?;
     if d_o.shape() != p.v_shape() {
         return Err(Error::shape("do", &p.v_shape(), d_o.shape()));
     }
@@ -301,7 +331,7 @@ fn record_backward(
         }
     };
     ctx.check()?;
-    check_saved(saved, d_o, dht)?;
+    check_saved(ctx, saved, d_o, dht)?;
     let p = &saved.problem;
     let inputs = saved.inputs.as_ref();
     let inter = &saved.intermediates;
@@ -527,17 +557,15 @@ fn record_backward(
     )?;
     mark(encoder, "gate_finish");
 
-    // dv is the second half of `dvnew_dv`; f32 storage is the only one today, so it is a copy
-    // (other storage dtypes will need a converting pass here).
-    if inputs.v.dtype != DType::F32 {
-        return Err(Error::unsupported(
-            "v",
-            format!("{} storage in the backward", inputs.v.dtype),
-        ));
-    }
+    // dv is the second half of `dvnew_dv`: a copy for f32 storage, else converted.
     let dv = GpuTensor::empty(ctx, "dv", &p.v_shape(), inputs.v.dtype)?;
-    let dv_bytes = (bt * hv * vd * 4) as u64;
-    encoder.copy_buffer_to_buffer(&dvnew_dv.buffer, dv_bytes, &dv.buffer, 0, dv_bytes);
+    if dv.dtype == DType::F32 {
+        let dv_bytes = (bt * hv * vd * 4) as u64;
+        encoder.copy_buffer_to_buffer(&dvnew_dv.buffer, dv_bytes, &dv.buffer, 0, dv_bytes);
+    } else {
+        dv_finish(ctx, encoder, &params, &dvnew_dv, &dv)?;
+    }
+    mark(encoder, "dv_finish");
     let dh0 = match inputs.initial_state {
         Some(_) => {
             let dh0 = GpuTensor::empty(ctx, "dh0", &p.state_shape(), DType::F32)?;
@@ -630,7 +658,7 @@ pub fn backward_host(
     d_o: &HostTensor,
     dht: Option<&HostTensor>,
 ) -> Result<(ForwardOutputs<HostTensor>, Gradients<HostTensor>)> {
-    problem.check_inputs(inputs, &STORAGE_DTYPES)?;
+    problem.check_inputs(inputs, &storage_dtypes(ctx))?;
     crate::problem::check_host_values(problem, inputs)?;
     check_host_gradients(problem, inputs.v.dtype, d_o, dht)?;
     let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t);
