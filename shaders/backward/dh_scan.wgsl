@@ -22,8 +22,9 @@
 // Workgroup memory (`backward::scan_arena_words`): tile X (64 × V_BLOCK: scale·dO, then dV',
 // then −γ⊙dv), then one region reused by the phases: the K slice (64 × 17) and dS slice
 // (16 × V_BLOCK) of K dS; the packed triangle (2080 words) of Pg, then Ag; tile Y
-// (64 × V_BLOCK: γ⊙scale·dO) plus T_SLICE-token slices of K and Q (T_SLICE·K ≤ 512 each) for
-// the state update. At V_BLOCK = 16 it is 12.8 KiB.
+// (64 × V_BLOCK: γ⊙scale·dO) plus T_SLICE-token slices of K and Q (T_SLICE·K ≤ 1024 each,
+// ≤ 512 where the device's workgroup memory is short) for the state update. At V_BLOCK = 16
+// and T_SLICE·K = 512 it is 12.8 KiB.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Elem>;              // [B·T, H, K]
@@ -42,7 +43,7 @@ override TC: u32 = V_BLOCK / 16u;
 override KB: u32 = (K_DIM + 63u) / 64u;
 const K_SLICE: u32 = 16u;
 const K_PITCH: u32 = 17u;
-override T_SLICE: u32 = 2u;               // tokens per K/Q slice of the state update (T_SLICE·K ≤ 512)
+override T_SLICE: u32 = 2u;               // tokens per K/Q slice of the state update (T_SLICE·K ≤ 1024)
 override T_PITCH: u32 = K_DIM + 1u;
 
 var<workgroup> arena: array<f32, ARENA>;
@@ -206,30 +207,35 @@ fn store_slice4(dst: u32, t: u32, x: vec4<f32>) {
     arena[at + 3u] = x.w;
 }
 
-// The state update's token slices: invocations 0..127 load four consecutive K values, 128..255
-// four Q values, of the T_SLICE × K slice starting at token i0; 0 past the chunk or the slice.
-fn load_kq4(base: u32, len: u32, h: u32, i0: u32, t: u32) -> vec4<f32> {
-    let e = 4u * (t % 128u);
-    let i = i0 + e / K_DIM;
-    let ok = e < T_SLICE * K_DIM && i < len;
-    let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + min(e % K_DIM, K_DIM - 4u);
-    var x: vec4<f32>;
-    if (t < 128u) {
-        x = vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u));
-    } else {
-        x = vec4<f32>(q_at(gi), q_at(gi + 1u), q_at(gi + 2u), q_at(gi + 3u));
-    }
-    return select(vec4<f32>(0.0), x, vec4<bool>(ok));
+// The state update's token slices: invocation t loads elements 4t..4t+3 of the T_SLICE × K
+// slices of K and of Q starting at token i0; 0 past the chunk or the slice.
+struct KQ {
+    k: vec4<f32>,
+    q: vec4<f32>,
 }
 
-fn store_kq4(ks: u32, qs: u32, t: u32, x: vec4<f32>) {
-    let e = 4u * (t % 128u);
+fn load_kq4(base: u32, len: u32, h: u32, i0: u32, t: u32) -> KQ {
+    let e = 4u * t;
+    let i = i0 + e / K_DIM;
+    let ok = vec4<bool>(e < T_SLICE * K_DIM && i < len);
+    let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + min(e % K_DIM, K_DIM - 4u);
+    let k = vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u));
+    let q = vec4<f32>(q_at(gi), q_at(gi + 1u), q_at(gi + 2u), q_at(gi + 3u));
+    return KQ(select(vec4<f32>(0.0), k, ok), select(vec4<f32>(0.0), q, ok));
+}
+
+fn store_kq4(ks: u32, qs: u32, t: u32, x: KQ) {
+    let e = 4u * t;
     if (e < T_SLICE * K_DIM) {
-        let at = select(ks, qs, t >= 128u) + (e / K_DIM) * T_PITCH + e % K_DIM;
-        arena[at] = x.x;
-        arena[at + 1u] = x.y;
-        arena[at + 2u] = x.z;
-        arena[at + 3u] = x.w;
+        let at = (e / K_DIM) * T_PITCH + e % K_DIM;
+        arena[ks + at] = x.k.x;
+        arena[ks + at + 1u] = x.k.y;
+        arena[ks + at + 2u] = x.k.z;
+        arena[ks + at + 3u] = x.k.w;
+        arena[qs + at] = x.q.x;
+        arena[qs + at + 1u] = x.q.y;
+        arena[qs + at + 2u] = x.q.z;
+        arena[qs + at + 3u] = x.q.w;
     }
 }
 

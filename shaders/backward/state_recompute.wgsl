@@ -26,7 +26,8 @@
 // Workgroup memory (f32 words, `ARENA` from the host, `backward::scan_arena_words`): the W/V'
 // tile (64 × V_BLOCK), then one region reused by the phases: the K slice (64 × 17) and state
 // slice (16 × V_BLOCK) of U = K S, the packed lower triangle (2080 words) of Γ⊙A⊙β, and the
-// T_SLICE-token K slice of the state update (T_SLICE·K ≤ 1024). At V_BLOCK = 16 it is 12.6 KiB.
+// T_SLICE-token K slice of the state update (T_SLICE·(K+1) ≤ 2080, two vec4 loads per
+// invocation). At V_BLOCK = 16 it is 12.8 KiB.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> k_buf: array<Elem>;              // [B·T, H, K]
@@ -44,7 +45,7 @@ override TC: u32 = V_BLOCK / 16u;         // columns per invocation: 1, 2 or 4
 override KB: u32 = (K_DIM + 63u) / 64u;   // 64-row state blocks: 1..4
 const K_SLICE: u32 = 16u;
 const K_PITCH: u32 = 17u;                 // padded row pitch of the K slice (no bank conflicts)
-override T_SLICE: u32 = 4u;               // tokens per K slice of the state update (T_SLICE·K ≤ 1024)
+override T_SLICE: u32 = 4u;               // tokens per K slice of the state update (T_SLICE·K ≤ 2048)
 override T_PITCH: u32 = K_DIM + 1u;
 
 var<workgroup> arena: array<f32, ARENA>;
@@ -213,10 +214,10 @@ fn store_slice4(dst: u32, t: u32, x: vec4<f32>) {
     arena[at + 3u] = x.w;
 }
 
-// Four consecutive K values of the state update's T_SLICE × K token slice starting at token
-// i0 (element 4t of the slice); 0 past the chunk or past the slice.
-fn load_kt4(base: u32, len: u32, h: u32, i0: u32, t: u32) -> vec4<f32> {
-    let e = 4u * t;
+// Four consecutive K values (elements e..e+3) of the state update's T_SLICE × K token slice
+// starting at token i0; 0 past the chunk or past the slice. Invocation t loads e = 4t and
+// 4t + 1024.
+fn load_kt4(base: u32, len: u32, h: u32, i0: u32, e: u32) -> vec4<f32> {
     let i = i0 + e / K_DIM;
     let ok = e < T_SLICE * K_DIM && i < len;
     let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + min(e % K_DIM, K_DIM - 4u);
@@ -224,8 +225,7 @@ fn load_kt4(base: u32, len: u32, h: u32, i0: u32, t: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x, vec4<bool>(ok));
 }
 
-fn store_kt4(kt: u32, t: u32, x: vec4<f32>) {
-    let e = 4u * t;
+fn store_kt4(kt: u32, e: u32, x: vec4<f32>) {
     if (e < T_SLICE * K_DIM) {
         let at = kt + (e / K_DIM) * T_PITCH + e % K_DIM;
         arena[at] = x.x;
@@ -400,12 +400,15 @@ fn state_recompute(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         s4 *= gam_c; s5 *= gam_c; s6 *= gam_c; s7 *= gam_c;
         s8 *= gam_c; s9 *= gam_c; s10 *= gam_c; s11 *= gam_c;
         s12 *= gam_c; s13 *= gam_c; s14 *= gam_c; s15 *= gam_c;
-        var kt_next = load_kt4(base, len, h, 0u, t);
+        var kt_a = load_kt4(base, len, h, 0u, 4u * t);
+        var kt_b = load_kt4(base, len, h, 0u, 4u * t + 1024u);
         for (var i0 = 0u; i0 < CHUNK; i0 += T_SLICE) {
             workgroupBarrier();
-            store_kt4(kt, t, kt_next);
+            store_kt4(kt, 4u * t, kt_a);
+            store_kt4(kt, 4u * t + 1024u, kt_b);
             if (i0 + T_SLICE < CHUNK) {
-                kt_next = load_kt4(base, len, h, i0 + T_SLICE, t);
+                kt_a = load_kt4(base, len, h, i0 + T_SLICE, 4u * t);
+                kt_b = load_kt4(base, len, h, i0 + T_SLICE, 4u * t + 1024u);
             }
             workgroupBarrier();
             for (var di = 0u; di < T_SLICE; di++) {

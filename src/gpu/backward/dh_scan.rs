@@ -2,7 +2,7 @@
 //! gradient, writing dh per chunk, dh0, dV' and dv.
 
 use crate::error::Result;
-use crate::gpu::backward::{dh_scan_token_slice, scan_arena_words};
+use crate::gpu::backward::dh_scan_tiling;
 use crate::gpu::params::{bind, dispatch};
 use crate::gpu::shaders::{Pass, source};
 use crate::gpu::{Context, GpuTensor};
@@ -37,11 +37,12 @@ pub fn dh_scan(
     value_dim: usize,
     v_block: u32,
 ) -> Result<()> {
+    let (t_slice, arena) = dh_scan_tiling(v_block, key_dim as u32, ctx.tuning().workgroup_bytes);
     let constants = [
         ("K_DIM", key_dim as f64),
         ("V_BLOCK", v_block as f64),
-        ("ARENA", scan_arena_words(v_block) as f64),
-        ("T_SLICE", dh_scan_token_slice(key_dim as u32) as f64),
+        ("ARENA", arena as f64),
+        ("T_SLICE", t_slice as f64),
     ];
     let pipeline = ctx
         .pipelines

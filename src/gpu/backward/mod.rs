@@ -44,10 +44,11 @@ use crate::problem::{CHUNK, ForwardInputs, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
 
 /// f32 words of workgroup memory of `state_recompute` and `dh_scan` at V-block width `bv`
-/// (mirrors the layouts in their headers): the 64 × bv tile, then one region reused by the
-/// phases — the K slice (64 × 17) plus a 16 × bv state slice; the packed 64×64 lower triangle;
-/// `state_recompute`'s K token slice (`T·(K+1)` ≤ 1088 words) or `dh_scan`'s second 64 × bv
-/// tile plus K and Q token slices (`2·T·(K+1)` ≤ 1088 words).
+/// (mirrors the layouts in their headers), the least either needs: the 64 × bv tile, then one
+/// region reused by the phases — the K slice (64 × 17) plus a 16 × bv state slice; the packed
+/// 64×64 lower triangle (which also holds `state_recompute`'s K token slice, `T·(K+1)` ≤ 2080
+/// words); `dh_scan`'s second 64 × bv tile plus K and Q token slices (`2·T·(K+1)` ≤ 1088 words
+/// at `T·K` ≤ 512; [`dh_scan_tiling`] widens them where the device has the memory).
 pub fn scan_arena_words(bv: u32) -> u32 {
     let slices = 64 * 17 + 16 * bv;
     let triangle = 64 * 65 / 2;
@@ -55,16 +56,41 @@ pub fn scan_arena_words(bv: u32) -> u32 {
     64 * bv + slices.max(triangle).max(update)
 }
 
-/// Total workgroup bytes of the backward scans (arena + two 64-vectors).
+/// Total workgroup bytes of the backward scans at their least (arena + two 64-vectors).
 pub fn scan_bytes(bv: u32) -> u32 {
     4 * (scan_arena_words(bv) + 2 * 64)
 }
 
-/// Tokens per K and Q slice in `dh_scan`'s state update: the largest power of two with
-/// `T · K ≤ 512` (one vec4 per invocation for K and Q together), at most 32.
-pub fn dh_scan_token_slice(key_dim: u32) -> u32 {
-    let fit = (512 / key_dim).clamp(1, 32);
+/// The largest power of two `t` ≤ `max` with `t · k ≤ elems` (at least 1).
+fn token_slice(k: u32, elems: u32, max: u32) -> u32 {
+    let fit = (elems / k).clamp(1, max);
     1 << (31 - fit.leading_zeros())
+}
+
+/// Tokens per K slice in `state_recompute`'s state update: `T·K` ≤ 2048 (two vec4 loads per
+/// invocation) with the slice (`T·(K+1)` words) inside the triangle's 2080 words.
+pub fn recompute_token_slice(key_dim: u32) -> u32 {
+    let mut t = token_slice(key_dim, 2048, 64);
+    while t > 1 && t * (key_dim + 1) > 64 * 65 / 2 {
+        t /= 2;
+    }
+    t
+}
+
+/// Tokens per K and Q slice of `dh_scan`'s state update, and its arena words, on a device
+/// with `workgroup_bytes`: `T·K` ≤ 1024 (one vec4 of K and of Q per invocation) where that
+/// fits, else `T·K` ≤ 512 (within [`scan_arena_words`]; 16 KiB at V-block 16).
+pub fn dh_scan_tiling(bv: u32, key_dim: u32, workgroup_bytes: u32) -> (u32, u32) {
+    let words = |t: u32| {
+        let update = 64 * bv + 2 * t * (key_dim + 1);
+        64 * bv + (64 * 17 + 16 * bv).max(64 * 65 / 2).max(update)
+    };
+    let wide = token_slice(key_dim, 1024, 32);
+    if 4 * (words(wide) + 2 * 64) <= workgroup_bytes {
+        return (wide, words(wide));
+    }
+    let narrow = token_slice(key_dim, 512, 32);
+    (narrow, words(narrow))
 }
 
 /// The backward's passes that read or write q, k, v, do, dq, dk or dv (`gate_finish` reads f32

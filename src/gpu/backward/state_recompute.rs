@@ -2,10 +2,9 @@
 //! chunk-start states and W, V' per token.
 
 use crate::error::Result;
-use crate::gpu::backward::scan_arena_words;
+use crate::gpu::backward::{recompute_token_slice, scan_arena_words};
 use crate::gpu::params::{bind, dispatch};
 use crate::gpu::shaders::{Pass, source};
-use crate::gpu::tuning::state_scan_token_slice;
 use crate::gpu::{Context, GpuTensor};
 
 /// The tensors the replay reads and writes.
@@ -40,7 +39,7 @@ pub fn state_recompute(
         ("K_DIM", key_dim as f64),
         ("V_BLOCK", v_block as f64),
         ("ARENA", scan_arena_words(v_block) as f64),
-        ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
+        ("T_SLICE", recompute_token_slice(key_dim as u32) as f64),
     ];
     let pipeline = ctx.pipelines.get(
         source(Pass::StateRecompute, bufs.k.dtype)?,
