@@ -11,10 +11,11 @@
 // S belong to the parallel gradient passes. Every exponent is ≤ 0.
 //
 // Layout and latency measures as in state_recompute (and the forward scan): invocation
-// (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 of the 64-row tiles, columns c + 16j
-// (j < TC), and dS rows 4r + ii + 64kb, all in named vec4 registers; loads are batched and
-// the next K slice is prefetched into registers. The transposed products (Pgᵀ, Agᵀ) read the
-// packed lower triangle by columns: entry (j, i) for j ≥ i.
+// (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 of the 64-row tiles and of the dS blocks at
+// columns c + 16j (j < TC), in named vec4 registers with lanes = rows (all lanes live at every
+// V-block width); loads are batched and the next K slice is prefetched into registers. The
+// transposed products (Pgᵀ, Agᵀ) read the packed lower triangle by columns: entry (j, i) for
+// j ≥ i.
 //
 // Partial chunks: rows past the end load q = k = dO = 0 and zero gated rows, G = G_last, so
 // they contribute nothing; they are never stored. V_BLOCK divides V.
@@ -83,17 +84,6 @@ fn cols4(base: u32, c: u32) -> vec4<f32> {
     return x;
 }
 
-fn store_cols4(base: u32, c: u32, x: vec4<f32>) {
-    arena[base + c] = x.x;
-    if (TC > 1u) {
-        arena[base + c + 16u] = x.y;
-    }
-    if (TC > 2u) {
-        arena[base + c + 32u] = x.z;
-        arena[base + c + 48u] = x.w;
-    }
-}
-
 fn rows4(base: u32, row0: u32, pitch: u32, kk: u32) -> vec4<f32> {
     return vec4<f32>(arena[base + row0 * pitch + kk], arena[base + (row0 + 1u) * pitch + kk],
                      arena[base + (row0 + 2u) * pitch + kk], arena[base + (row0 + 3u) * pitch + kk]);
@@ -106,68 +96,69 @@ fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
     return base + k * params.value_dim + v;
 }
 
-fn load_state(base: u32, k: u32, v0: u32, c: u32, v_first: bool) -> vec4<f32> {
-    let kc = min(k, K_DIM - 1u);
-    let v = v0 + c;
-    var x = vec4<f32>(dstates[state_index(base, kc, v, v_first)], 0.0, 0.0, 0.0);
-    if (TC > 1u) {
-        x.y = dstates[state_index(base, kc, v + 16u, v_first)];
-    }
-    if (TC > 2u) {
-        x.z = dstates[state_index(base, kc, v + 32u, v_first)];
-        x.w = dstates[state_index(base, kc, v + 48u, v_first)];
-    }
+// dS rows k..k+3 at column v (lanes = rows; 0 past K; K is a multiple of 16).
+fn load_state_rows(base: u32, k: u32, v: u32, v_first: bool) -> vec4<f32> {
+    let kc = min(k, K_DIM - 4u);
+    let x = vec4<f32>(dstates[state_index(base, kc, v, v_first)], dstates[state_index(base, kc + 1u, v, v_first)],
+                      dstates[state_index(base, kc + 2u, v, v_first)], dstates[state_index(base, kc + 3u, v, v_first)]);
     return select(vec4<f32>(0.0), x, vec4<bool>(k < K_DIM));
 }
 
-fn store_state(base: u32, k: u32, v0: u32, c: u32, v_first: bool, x: vec4<f32>) {
+fn store_state_rows(base: u32, k: u32, v: u32, v_first: bool, x: vec4<f32>) {
     if (k < K_DIM) {
-        let v = v0 + c;
         dstates[state_index(base, k, v, v_first)] = x.x;
-        if (TC > 1u) {
-            dstates[state_index(base, k, v + 16u, v_first)] = x.y;
-        }
-        if (TC > 2u) {
-            dstates[state_index(base, k, v + 32u, v_first)] = x.z;
-            dstates[state_index(base, k, v + 48u, v_first)] = x.w;
-        }
+        dstates[state_index(base, k + 1u, v, v_first)] = x.y;
+        dstates[state_index(base, k + 2u, v, v_first)] = x.z;
+        dstates[state_index(base, k + 3u, v, v_first)] = x.w;
     }
 }
 
-// Row i of dV' (half 0) or dv (half 1) at the invocation's columns, when i is in the chunk.
-fn store_row(half: u32, base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) {
+// Rows i..i+3 of dO at column v (lanes = rows), 0 past the chunk (batched, clamped, masked).
+fn load_do_rows(base: u32, i: u32, len: u32, hv: u32, v: u32) -> vec4<f32> {
+    let last = len - 1u;
+    let hvc = params.heads_v;
+    let vd = params.value_dim;
+    let x = vec4<f32>(do_at(((base + min(i, last)) * hvc + hv) * vd + v), do_at(((base + min(i + 1u, last)) * hvc + hv) * vd + v),
+                      do_at(((base + min(i + 2u, last)) * hvc + hv) * vd + v), do_at(((base + min(i + 3u, last)) * hvc + hv) * vd + v));
+    return select(vec4<f32>(0.0), x, vec4<u32>(i, i + 1u, i + 2u, i + 3u) < vec4<u32>(len));
+}
+
+// Rows i..i+3 of dV' (half 0) or dv (half 1) at column v, those in the chunk.
+fn store_rows(half: u32, base: u32, i: u32, len: u32, hv: u32, v: u32, x: vec4<f32>) {
+    let at = half * params.total_tokens * params.heads_v * params.value_dim
+        + ((base + i) * params.heads_v + hv) * params.value_dim + v;
+    let step = params.heads_v * params.value_dim;
     if (i < len) {
-        let at = half * params.total_tokens * params.heads_v * params.value_dim
-            + ((base + i) * params.heads_v + hv) * params.value_dim + v0 + c;
         dvnew_dv[at] = x.x;
-        if (TC > 1u) {
-            dvnew_dv[at + 16u] = x.y;
-        }
-        if (TC > 2u) {
-            dvnew_dv[at + 32u] = x.z;
-            dvnew_dv[at + 48u] = x.w;
-        }
+    }
+    if (i + 1u < len) {
+        dvnew_dv[at + step] = x.y;
+    }
+    if (i + 2u < len) {
+        dvnew_dv[at + 2u * step] = x.z;
+    }
+    if (i + 3u < len) {
+        dvnew_dv[at + 3u * step] = x.w;
     }
 }
 
-fn publish4(dst: u32, c: u32, a: vec4<f32>, b: vec4<f32>, d: vec4<f32>, e: vec4<f32>) {
-    store_cols4(dst, c, a);
-    store_cols4(dst + V_BLOCK, c, b);
-    store_cols4(dst + 2u * V_BLOCK, c, d);
-    store_cols4(dst + 3u * V_BLOCK, c, e);
+// Rows i..i+3 (from `at`, pitch V_BLOCK) of a workgroup tile at column `col`.
+fn store_tile_rows(at: u32, col: u32, x: vec4<f32>) {
+    arena[at + col] = x.x;
+    arena[at + V_BLOCK + col] = x.y;
+    arena[at + 2u * V_BLOCK + col] = x.z;
+    arena[at + 3u * V_BLOCK + col] = x.w;
+}
+
+// Entries (j, i..i+3) of the packed lower triangle at `tr` (column i.., row j; lanes = the
+// columns), 0 where j < i.
+fn tri_t_rows(tr: u32, j: u32, i: u32) -> vec4<f32> {
+    return vec4<f32>(tri_t_or_zero(tr, j, i), tri_t_or_zero(tr, j, i + 1u), tri_t_or_zero(tr, j, i + 2u),
+                     tri_t_or_zero(tr, j, i + 3u));
 }
 
 fn krow4(base: u32, k: u32) -> vec4<f32> {
     return vec4<f32>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
-}
-
-// Row i of dO at the invocation's columns, 0 past the chunk (batched, clamped, masked).
-fn load_do(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32) -> vec4<f32> {
-    let at = ((base + min(i, len - 1u)) * params.heads_v + hv) * params.value_dim + v0 + c;
-    let x = vec4<f32>(do_at(at), do_at(at + select(0u, 16u, TC > 1u)), do_at(at + select(0u, 32u, TC > 2u)),
-                      do_at(at + select(0u, 48u, TC > 2u)));
-    let keep = (vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(TC)) & vec4<bool>(i < len);
-    return select(vec4<f32>(0.0), x, keep);
 }
 
 // Row i of a gated matrix (`half` 0: Γ⊙A⊙β, 1: Γ⊙QKᵀ) at columns c + 16 jj, 0 past the chunk.
@@ -266,23 +257,29 @@ fn dh_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
     let ks = ys + 64u * V_BLOCK;          // token slice of K
     let qs = ks + T_SLICE * T_PITCH;      // token slice of Q
 
+    // dS rows row0 + 64 kb .. + 3 at column c + 16 j: s{kb}{j} (lanes = rows). Registers
+    // past KB or TC are never touched, so they cost nothing.
     let sb = ((params.num_chunks + sequence) * hv_count + hv) * kv;
-    var s0 = load_state(sb, row0, v0, c, v_first);
-    var s1 = load_state(sb, row0 + 1u, v0, c, v_first);
-    var s2 = load_state(sb, row0 + 2u, v0, c, v_first);
-    var s3 = load_state(sb, row0 + 3u, v0, c, v_first);
-    var s4 = load_state(sb, row0 + 64u, v0, c, v_first);
-    var s5 = load_state(sb, row0 + 65u, v0, c, v_first);
-    var s6 = load_state(sb, row0 + 66u, v0, c, v_first);
-    var s7 = load_state(sb, row0 + 67u, v0, c, v_first);
-    var s8 = load_state(sb, row0 + 128u, v0, c, v_first);
-    var s9 = load_state(sb, row0 + 129u, v0, c, v_first);
-    var s10 = load_state(sb, row0 + 130u, v0, c, v_first);
-    var s11 = load_state(sb, row0 + 131u, v0, c, v_first);
-    var s12 = load_state(sb, row0 + 192u, v0, c, v_first);
-    var s13 = load_state(sb, row0 + 193u, v0, c, v_first);
-    var s14 = load_state(sb, row0 + 194u, v0, c, v_first);
-    var s15 = load_state(sb, row0 + 195u, v0, c, v_first);
+    var s00 = vec4<f32>(0.0); var s01 = vec4<f32>(0.0); var s02 = vec4<f32>(0.0); var s03 = vec4<f32>(0.0);
+    var s10 = vec4<f32>(0.0); var s11 = vec4<f32>(0.0); var s12 = vec4<f32>(0.0); var s13 = vec4<f32>(0.0);
+    var s20 = vec4<f32>(0.0); var s21 = vec4<f32>(0.0); var s22 = vec4<f32>(0.0); var s23 = vec4<f32>(0.0);
+    var s30 = vec4<f32>(0.0); var s31 = vec4<f32>(0.0); var s32 = vec4<f32>(0.0); var s33 = vec4<f32>(0.0);
+    s00 = load_state_rows(sb, row0 + 0u, v0 + c + 0u, v_first);
+    if (TC > 1u) { s01 = load_state_rows(sb, row0 + 0u, v0 + c + 16u, v_first); }
+    if (TC > 2u) { s02 = load_state_rows(sb, row0 + 0u, v0 + c + 32u, v_first); }
+    if (TC > 3u) { s03 = load_state_rows(sb, row0 + 0u, v0 + c + 48u, v_first); }
+    if (KB > 1u) { s10 = load_state_rows(sb, row0 + 64u, v0 + c + 0u, v_first); }
+    if (KB > 1u && TC > 1u) { s11 = load_state_rows(sb, row0 + 64u, v0 + c + 16u, v_first); }
+    if (KB > 1u && TC > 2u) { s12 = load_state_rows(sb, row0 + 64u, v0 + c + 32u, v_first); }
+    if (KB > 1u && TC > 3u) { s13 = load_state_rows(sb, row0 + 64u, v0 + c + 48u, v_first); }
+    if (KB > 2u) { s20 = load_state_rows(sb, row0 + 128u, v0 + c + 0u, v_first); }
+    if (KB > 2u && TC > 1u) { s21 = load_state_rows(sb, row0 + 128u, v0 + c + 16u, v_first); }
+    if (KB > 2u && TC > 2u) { s22 = load_state_rows(sb, row0 + 128u, v0 + c + 32u, v_first); }
+    if (KB > 2u && TC > 3u) { s23 = load_state_rows(sb, row0 + 128u, v0 + c + 48u, v_first); }
+    if (KB > 3u) { s30 = load_state_rows(sb, row0 + 192u, v0 + c + 0u, v_first); }
+    if (KB > 3u && TC > 1u) { s31 = load_state_rows(sb, row0 + 192u, v0 + c + 16u, v_first); }
+    if (KB > 3u && TC > 2u) { s32 = load_state_rows(sb, row0 + 192u, v0 + c + 32u, v_first); }
+    if (KB > 3u && TC > 3u) { s33 = load_state_rows(sb, row0 + 192u, v0 + c + 48u, v_first); }
 
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     for (var cr = 0u; cr < n_chunks; cr++) {
@@ -290,28 +287,22 @@ fn dh_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
         let base = seg_start + ci * CHUNK;
         let len = min(CHUNK, seg_len - ci * CHUNK);
         let cb = ((first_chunk + ci) * hv_count + hv) * kv;
-        store_state(cb, row0, v0, c, v_first, s0);
-        store_state(cb, row0 + 1u, v0, c, v_first, s1);
-        store_state(cb, row0 + 2u, v0, c, v_first, s2);
-        store_state(cb, row0 + 3u, v0, c, v_first, s3);
-        if (KB > 1u) {
-            store_state(cb, row0 + 64u, v0, c, v_first, s4);
-            store_state(cb, row0 + 65u, v0, c, v_first, s5);
-            store_state(cb, row0 + 66u, v0, c, v_first, s6);
-            store_state(cb, row0 + 67u, v0, c, v_first, s7);
-        }
-        if (KB > 2u) {
-            store_state(cb, row0 + 128u, v0, c, v_first, s8);
-            store_state(cb, row0 + 129u, v0, c, v_first, s9);
-            store_state(cb, row0 + 130u, v0, c, v_first, s10);
-            store_state(cb, row0 + 131u, v0, c, v_first, s11);
-        }
-        if (KB > 3u) {
-            store_state(cb, row0 + 192u, v0, c, v_first, s12);
-            store_state(cb, row0 + 193u, v0, c, v_first, s13);
-            store_state(cb, row0 + 194u, v0, c, v_first, s14);
-            store_state(cb, row0 + 195u, v0, c, v_first, s15);
-        }
+        store_state_rows(cb, row0 + 0u, v0 + c + 0u, v_first, s00);
+        if (TC > 1u) { store_state_rows(cb, row0 + 0u, v0 + c + 16u, v_first, s01); }
+        if (TC > 2u) { store_state_rows(cb, row0 + 0u, v0 + c + 32u, v_first, s02); }
+        if (TC > 3u) { store_state_rows(cb, row0 + 0u, v0 + c + 48u, v_first, s03); }
+        if (KB > 1u) { store_state_rows(cb, row0 + 64u, v0 + c + 0u, v_first, s10); }
+        if (KB > 1u && TC > 1u) { store_state_rows(cb, row0 + 64u, v0 + c + 16u, v_first, s11); }
+        if (KB > 1u && TC > 2u) { store_state_rows(cb, row0 + 64u, v0 + c + 32u, v_first, s12); }
+        if (KB > 1u && TC > 3u) { store_state_rows(cb, row0 + 64u, v0 + c + 48u, v_first, s13); }
+        if (KB > 2u) { store_state_rows(cb, row0 + 128u, v0 + c + 0u, v_first, s20); }
+        if (KB > 2u && TC > 1u) { store_state_rows(cb, row0 + 128u, v0 + c + 16u, v_first, s21); }
+        if (KB > 2u && TC > 2u) { store_state_rows(cb, row0 + 128u, v0 + c + 32u, v_first, s22); }
+        if (KB > 2u && TC > 3u) { store_state_rows(cb, row0 + 128u, v0 + c + 48u, v_first, s23); }
+        if (KB > 3u) { store_state_rows(cb, row0 + 192u, v0 + c + 0u, v_first, s30); }
+        if (KB > 3u && TC > 1u) { store_state_rows(cb, row0 + 192u, v0 + c + 16u, v_first, s31); }
+        if (KB > 3u && TC > 2u) { store_state_rows(cb, row0 + 192u, v0 + c + 32u, v_first, s32); }
+        if (KB > 3u && TC > 3u) { store_state_rows(cb, row0 + 192u, v0 + c + 48u, v_first, s33); }
         let g_last = gate_beta[(base + len - 1u) * hv_count + hv].x;
         let gam_c = exp(g_last);
         workgroupBarrier();
@@ -321,11 +312,13 @@ fn dh_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
             dec_s[t] = exp(g_last - g);
         }
 
-        // Loads for after the GEMM, issued now so their latency hides behind it.
-        let d0 = scale * load_do(base, row0, len, hv, v0, c);
-        let d1 = scale * load_do(base, row0 + 1u, len, hv, v0, c);
-        let d2 = scale * load_do(base, row0 + 2u, len, hv, v0, c);
-        let d3 = scale * load_do(base, row0 + 3u, len, hv, v0, c);
+        // Loads for after the GEMM, issued now so their latency hides behind it: scale·dO
+        // (d{j}: column c + 16 j, lanes = rows) and the rows of Pg and Ag.
+        var d0 = vec4<f32>(0.0); var d1 = vec4<f32>(0.0); var d2 = vec4<f32>(0.0); var d3 = vec4<f32>(0.0);
+        d0 = scale * load_do_rows(base, row0, len, hv, v0 + c + 0u);
+        if (TC > 1u) { d1 = scale * load_do_rows(base, row0, len, hv, v0 + c + 16u); }
+        if (TC > 2u) { d2 = scale * load_do_rows(base, row0, len, hv, v0 + c + 32u); }
+        if (TC > 3u) { d3 = scale * load_do_rows(base, row0, len, hv, v0 + c + 48u); }
         let gp0 = load_gated(base, row0, len, hv, c, 1u);
         let gp1 = load_gated(base, row0 + 1u, len, hv, c, 1u);
         let gp2 = load_gated(base, row0 + 2u, len, hv, c, 1u);
@@ -348,29 +341,49 @@ fn dh_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
             if (row0 >= in_block && row0 - in_block < K_SLICE) {
                 let dst = ss + (row0 - in_block) * V_BLOCK;
                 switch (k0 / 64u) {
-                    case 0u: { publish4(dst, c, s0, s1, s2, s3); }
-                    case 1u: { publish4(dst, c, s4, s5, s6, s7); }
-                    case 2u: { publish4(dst, c, s8, s9, s10, s11); }
-                    default: { publish4(dst, c, s12, s13, s14, s15); }
+                    case 0u: {
+                        store_tile_rows(dst, c + 0u, s00);
+                        if (TC > 1u) { store_tile_rows(dst, c + 16u, s01); }
+                        if (TC > 2u) { store_tile_rows(dst, c + 32u, s02); }
+                        if (TC > 3u) { store_tile_rows(dst, c + 48u, s03); }
+                    }
+                    case 1u: {
+                        store_tile_rows(dst, c + 0u, s10);
+                        if (TC > 1u) { store_tile_rows(dst, c + 16u, s11); }
+                        if (TC > 2u) { store_tile_rows(dst, c + 32u, s12); }
+                        if (TC > 3u) { store_tile_rows(dst, c + 48u, s13); }
+                    }
+                    case 2u: {
+                        store_tile_rows(dst, c + 0u, s20);
+                        if (TC > 1u) { store_tile_rows(dst, c + 16u, s21); }
+                        if (TC > 2u) { store_tile_rows(dst, c + 32u, s22); }
+                        if (TC > 3u) { store_tile_rows(dst, c + 48u, s23); }
+                    }
+                    default: {
+                        store_tile_rows(dst, c + 0u, s30);
+                        if (TC > 1u) { store_tile_rows(dst, c + 16u, s31); }
+                        if (TC > 2u) { store_tile_rows(dst, c + 32u, s32); }
+                        if (TC > 3u) { store_tile_rows(dst, c + 48u, s33); }
+                    }
                 }
             }
             workgroupBarrier();
             for (var kk = 0u; kk < K_SLICE; kk++) {
                 let kr = rows4(kc, row0, K_PITCH, kk);
                 let sv = cols4(ss + kk * V_BLOCK, c);
-                u0 += kr.x * sv;
-                u1 += kr.y * sv;
-                u2 += kr.z * sv;
-                u3 += kr.w * sv;
+                u0 += kr * sv.x;
+                if (TC > 1u) { u1 += kr * sv.y; }
+                if (TC > 2u) { u2 += kr * sv.z; }
+                if (TC > 3u) { u3 += kr * sv.w; }
             }
         }
         workgroupBarrier();
 
         // scale·dO into tile X, Pg into the triangle.
-        store_cols4(xs + row0 * V_BLOCK, c, d0);
-        store_cols4(xs + (row0 + 1u) * V_BLOCK, c, d1);
-        store_cols4(xs + (row0 + 2u) * V_BLOCK, c, d2);
-        store_cols4(xs + (row0 + 3u) * V_BLOCK, c, d3);
+        store_tile_rows(xs + row0 * V_BLOCK, c + 0u, d0);
+        if (TC > 1u) { store_tile_rows(xs + row0 * V_BLOCK, c + 16u, d1); }
+        if (TC > 2u) { store_tile_rows(xs + row0 * V_BLOCK, c + 32u, d2); }
+        if (TC > 3u) { store_tile_rows(xs + row0 * V_BLOCK, c + 48u, d3); }
         store_tri_row(tr, row0, c, gp0);
         store_tri_row(tr, row0 + 1u, c, gp1);
         store_tri_row(tr, row0 + 2u, c, gp2);
@@ -378,28 +391,30 @@ fn dh_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
         workgroupBarrier();
 
         // dV'_i = (γ_C/γ_i) U_i + Σ_{j ≥ i} Pg_ji scale·dO_j, into u* (and kept).
-        u0 *= dec_s[row0];
-        u1 *= dec_s[row0 + 1u];
-        u2 *= dec_s[row0 + 2u];
-        u3 *= dec_s[row0 + 3u];
-        for (var j = row0; j < CHUNK; j++) {
-            let x = cols4(xs + j * V_BLOCK, c);
-            u0 += tri_t_or_zero(tr, j, row0) * x;
-            u1 += tri_t_or_zero(tr, j, row0 + 1u) * x;
-            u2 += tri_t_or_zero(tr, j, row0 + 2u) * x;
-            u3 += tri_t_or_zero(tr, j, row0 + 3u) * x;
+        let dec4 = vec4<f32>(dec_s[row0], dec_s[row0 + 1u], dec_s[row0 + 2u], dec_s[row0 + 3u]);
+        u0 *= dec4;
+        if (TC > 1u) { u1 *= dec4; }
+        if (TC > 2u) { u2 *= dec4; }
+        if (TC > 3u) { u3 *= dec4; }
+        for (var jp = row0; jp < CHUNK; jp++) {
+            let a = tri_t_rows(tr, jp, row0);
+            let x = cols4(xs + jp * V_BLOCK, c);
+            u0 += a * x.x;
+            if (TC > 1u) { u1 += a * x.y; }
+            if (TC > 2u) { u2 += a * x.z; }
+            if (TC > 3u) { u3 += a * x.w; }
         }
-        store_row(0u, base, row0, len, hv, v0, c, u0);
-        store_row(0u, base, row0 + 1u, len, hv, v0, c, u1);
-        store_row(0u, base, row0 + 2u, len, hv, v0, c, u2);
-        store_row(0u, base, row0 + 3u, len, hv, v0, c, u3);
+        store_rows(0u, base, row0, len, hv, v0 + c + 0u, u0);
+        if (TC > 1u) { store_rows(0u, base, row0, len, hv, v0 + c + 16u, u1); }
+        if (TC > 2u) { store_rows(0u, base, row0, len, hv, v0 + c + 32u, u2); }
+        if (TC > 3u) { store_rows(0u, base, row0, len, hv, v0 + c + 48u, u3); }
         workgroupBarrier();
 
         // dV' into tile X, Ag into the triangle.
-        store_cols4(xs + row0 * V_BLOCK, c, u0);
-        store_cols4(xs + (row0 + 1u) * V_BLOCK, c, u1);
-        store_cols4(xs + (row0 + 2u) * V_BLOCK, c, u2);
-        store_cols4(xs + (row0 + 3u) * V_BLOCK, c, u3);
+        store_tile_rows(xs + row0 * V_BLOCK, c + 0u, u0);
+        if (TC > 1u) { store_tile_rows(xs + row0 * V_BLOCK, c + 16u, u1); }
+        if (TC > 2u) { store_tile_rows(xs + row0 * V_BLOCK, c + 32u, u2); }
+        if (TC > 3u) { store_tile_rows(xs + row0 * V_BLOCK, c + 48u, u3); }
         store_tri_row(tr, row0, c, ga0);
         store_tri_row(tr, row0 + 1u, c, ga1);
         store_tri_row(tr, row0 + 2u, c, ga2);
@@ -408,38 +423,48 @@ fn dh_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
 
         // dv_i = Σ_{j ≥ i} Ag_ji dV'_j.
         var e0 = vec4<f32>(0.0); var e1 = vec4<f32>(0.0); var e2 = vec4<f32>(0.0); var e3 = vec4<f32>(0.0);
-        for (var j = row0; j < CHUNK; j++) {
-            let x = cols4(xs + j * V_BLOCK, c);
-            e0 += tri_t_or_zero(tr, j, row0) * x;
-            e1 += tri_t_or_zero(tr, j, row0 + 1u) * x;
-            e2 += tri_t_or_zero(tr, j, row0 + 2u) * x;
-            e3 += tri_t_or_zero(tr, j, row0 + 3u) * x;
+        for (var jp = row0; jp < CHUNK; jp++) {
+            let a = tri_t_rows(tr, jp, row0);
+            let x = cols4(xs + jp * V_BLOCK, c);
+            e0 += a * x.x;
+            if (TC > 1u) { e1 += a * x.y; }
+            if (TC > 2u) { e2 += a * x.z; }
+            if (TC > 3u) { e3 += a * x.w; }
         }
-        store_row(1u, base, row0, len, hv, v0, c, e0);
-        store_row(1u, base, row0 + 1u, len, hv, v0, c, e1);
-        store_row(1u, base, row0 + 2u, len, hv, v0, c, e2);
-        store_row(1u, base, row0 + 3u, len, hv, v0, c, e3);
+        store_rows(1u, base, row0, len, hv, v0 + c + 0u, e0);
+        if (TC > 1u) { store_rows(1u, base, row0, len, hv, v0 + c + 16u, e1); }
+        if (TC > 2u) { store_rows(1u, base, row0, len, hv, v0 + c + 32u, e2); }
+        if (TC > 3u) { store_rows(1u, base, row0, len, hv, v0 + c + 48u, e3); }
         workgroupBarrier();
 
         // −γ ⊙ dv into tile X, γ ⊙ scale·dO into tile Y.
-        let gm0 = gam_s[row0];
-        let gm1 = gam_s[row0 + 1u];
-        let gm2 = gam_s[row0 + 2u];
-        let gm3 = gam_s[row0 + 3u];
-        store_cols4(xs + row0 * V_BLOCK, c, -gm0 * e0);
-        store_cols4(xs + (row0 + 1u) * V_BLOCK, c, -gm1 * e1);
-        store_cols4(xs + (row0 + 2u) * V_BLOCK, c, -gm2 * e2);
-        store_cols4(xs + (row0 + 3u) * V_BLOCK, c, -gm3 * e3);
-        store_cols4(ys + row0 * V_BLOCK, c, gm0 * d0);
-        store_cols4(ys + (row0 + 1u) * V_BLOCK, c, gm1 * d1);
-        store_cols4(ys + (row0 + 2u) * V_BLOCK, c, gm2 * d2);
-        store_cols4(ys + (row0 + 3u) * V_BLOCK, c, gm3 * d3);
+        let gam4 = vec4<f32>(gam_s[row0], gam_s[row0 + 1u], gam_s[row0 + 2u], gam_s[row0 + 3u]);
+        store_tile_rows(xs + row0 * V_BLOCK, c + 0u, -gam4 * e0);
+        if (TC > 1u) { store_tile_rows(xs + row0 * V_BLOCK, c + 16u, -gam4 * e1); }
+        if (TC > 2u) { store_tile_rows(xs + row0 * V_BLOCK, c + 32u, -gam4 * e2); }
+        if (TC > 3u) { store_tile_rows(xs + row0 * V_BLOCK, c + 48u, -gam4 * e3); }
+        store_tile_rows(ys + row0 * V_BLOCK, c + 0u, gam4 * d0);
+        if (TC > 1u) { store_tile_rows(ys + row0 * V_BLOCK, c + 16u, gam4 * d1); }
+        if (TC > 2u) { store_tile_rows(ys + row0 * V_BLOCK, c + 32u, gam4 * d2); }
+        if (TC > 3u) { store_tile_rows(ys + row0 * V_BLOCK, c + 48u, gam4 * d3); }
 
         // dS ← γ_C dS + Kᵀ X + Qᵀ Y, K and Q staged in T_SLICE-token slices.
-        s0 *= gam_c; s1 *= gam_c; s2 *= gam_c; s3 *= gam_c;
-        s4 *= gam_c; s5 *= gam_c; s6 *= gam_c; s7 *= gam_c;
-        s8 *= gam_c; s9 *= gam_c; s10 *= gam_c; s11 *= gam_c;
-        s12 *= gam_c; s13 *= gam_c; s14 *= gam_c; s15 *= gam_c;
+        s00 *= gam_c;
+        if (TC > 1u) { s01 *= gam_c; }
+        if (TC > 2u) { s02 *= gam_c; }
+        if (TC > 3u) { s03 *= gam_c; }
+        if (KB > 1u) { s10 *= gam_c; }
+        if (KB > 1u && TC > 1u) { s11 *= gam_c; }
+        if (KB > 1u && TC > 2u) { s12 *= gam_c; }
+        if (KB > 1u && TC > 3u) { s13 *= gam_c; }
+        if (KB > 2u) { s20 *= gam_c; }
+        if (KB > 2u && TC > 1u) { s21 *= gam_c; }
+        if (KB > 2u && TC > 2u) { s22 *= gam_c; }
+        if (KB > 2u && TC > 3u) { s23 *= gam_c; }
+        if (KB > 3u) { s30 *= gam_c; }
+        if (KB > 3u && TC > 1u) { s31 *= gam_c; }
+        if (KB > 3u && TC > 2u) { s32 *= gam_c; }
+        if (KB > 3u && TC > 3u) { s33 *= gam_c; }
         var kq_next = load_kq4(base, len, h, 0u, t);
         for (var i0 = 0u; i0 < CHUNK; i0 += T_SLICE) {
             workgroupBarrier();
@@ -454,47 +479,55 @@ fn dh_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
                 let krow = ks + di * T_PITCH;
                 let qrow = qs + di * T_PITCH;
                 if (row0 < K_DIM) {
-                    let kx = krow4(krow, row0);
-                    let qx = krow4(qrow, row0);
-                    s0 += kx.x * x + qx.x * y; s1 += kx.y * x + qx.y * y;
-                    s2 += kx.z * x + qx.z * y; s3 += kx.w * x + qx.w * y;
+                    let kx = krow4(krow, row0 + 0u);
+                    let qx = krow4(qrow, row0 + 0u);
+                    s00 += kx * x.x + qx * y.x;
+                    if (TC > 1u) { s01 += kx * x.y + qx * y.y; }
+                    if (TC > 2u) { s02 += kx * x.z + qx * y.z; }
+                    if (TC > 3u) { s03 += kx * x.w + qx * y.w; }
                 }
                 if (KB > 1u && row0 + 64u < K_DIM) {
                     let kx = krow4(krow, row0 + 64u);
                     let qx = krow4(qrow, row0 + 64u);
-                    s4 += kx.x * x + qx.x * y; s5 += kx.y * x + qx.y * y;
-                    s6 += kx.z * x + qx.z * y; s7 += kx.w * x + qx.w * y;
+                    s10 += kx * x.x + qx * y.x;
+                    if (TC > 1u) { s11 += kx * x.y + qx * y.y; }
+                    if (TC > 2u) { s12 += kx * x.z + qx * y.z; }
+                    if (TC > 3u) { s13 += kx * x.w + qx * y.w; }
                 }
                 if (KB > 2u && row0 + 128u < K_DIM) {
                     let kx = krow4(krow, row0 + 128u);
                     let qx = krow4(qrow, row0 + 128u);
-                    s8 += kx.x * x + qx.x * y; s9 += kx.y * x + qx.y * y;
-                    s10 += kx.z * x + qx.z * y; s11 += kx.w * x + qx.w * y;
+                    s20 += kx * x.x + qx * y.x;
+                    if (TC > 1u) { s21 += kx * x.y + qx * y.y; }
+                    if (TC > 2u) { s22 += kx * x.z + qx * y.z; }
+                    if (TC > 3u) { s23 += kx * x.w + qx * y.w; }
                 }
                 if (KB > 3u && row0 + 192u < K_DIM) {
                     let kx = krow4(krow, row0 + 192u);
                     let qx = krow4(qrow, row0 + 192u);
-                    s12 += kx.x * x + qx.x * y; s13 += kx.y * x + qx.y * y;
-                    s14 += kx.z * x + qx.z * y; s15 += kx.w * x + qx.w * y;
+                    s30 += kx * x.x + qx * y.x;
+                    if (TC > 1u) { s31 += kx * x.y + qx * y.y; }
+                    if (TC > 2u) { s32 += kx * x.z + qx * y.z; }
+                    if (TC > 3u) { s33 += kx * x.w + qx * y.w; }
                 }
             }
         }
     }
 
-    store_state(sb, row0, v0, c, v_first, s0);
-    store_state(sb, row0 + 1u, v0, c, v_first, s1);
-    store_state(sb, row0 + 2u, v0, c, v_first, s2);
-    store_state(sb, row0 + 3u, v0, c, v_first, s3);
-    store_state(sb, row0 + 64u, v0, c, v_first, s4);
-    store_state(sb, row0 + 65u, v0, c, v_first, s5);
-    store_state(sb, row0 + 66u, v0, c, v_first, s6);
-    store_state(sb, row0 + 67u, v0, c, v_first, s7);
-    store_state(sb, row0 + 128u, v0, c, v_first, s8);
-    store_state(sb, row0 + 129u, v0, c, v_first, s9);
-    store_state(sb, row0 + 130u, v0, c, v_first, s10);
-    store_state(sb, row0 + 131u, v0, c, v_first, s11);
-    store_state(sb, row0 + 192u, v0, c, v_first, s12);
-    store_state(sb, row0 + 193u, v0, c, v_first, s13);
-    store_state(sb, row0 + 194u, v0, c, v_first, s14);
-    store_state(sb, row0 + 195u, v0, c, v_first, s15);
+    store_state_rows(sb, row0 + 0u, v0 + c + 0u, v_first, s00);
+    if (TC > 1u) { store_state_rows(sb, row0 + 0u, v0 + c + 16u, v_first, s01); }
+    if (TC > 2u) { store_state_rows(sb, row0 + 0u, v0 + c + 32u, v_first, s02); }
+    if (TC > 3u) { store_state_rows(sb, row0 + 0u, v0 + c + 48u, v_first, s03); }
+    if (KB > 1u) { store_state_rows(sb, row0 + 64u, v0 + c + 0u, v_first, s10); }
+    if (KB > 1u && TC > 1u) { store_state_rows(sb, row0 + 64u, v0 + c + 16u, v_first, s11); }
+    if (KB > 1u && TC > 2u) { store_state_rows(sb, row0 + 64u, v0 + c + 32u, v_first, s12); }
+    if (KB > 1u && TC > 3u) { store_state_rows(sb, row0 + 64u, v0 + c + 48u, v_first, s13); }
+    if (KB > 2u) { store_state_rows(sb, row0 + 128u, v0 + c + 0u, v_first, s20); }
+    if (KB > 2u && TC > 1u) { store_state_rows(sb, row0 + 128u, v0 + c + 16u, v_first, s21); }
+    if (KB > 2u && TC > 2u) { store_state_rows(sb, row0 + 128u, v0 + c + 32u, v_first, s22); }
+    if (KB > 2u && TC > 3u) { store_state_rows(sb, row0 + 128u, v0 + c + 48u, v_first, s23); }
+    if (KB > 3u) { store_state_rows(sb, row0 + 192u, v0 + c + 0u, v_first, s30); }
+    if (KB > 3u && TC > 1u) { store_state_rows(sb, row0 + 192u, v0 + c + 16u, v_first, s31); }
+    if (KB > 3u && TC > 2u) { store_state_rows(sb, row0 + 192u, v0 + c + 32u, v_first, s32); }
+    if (KB > 3u && TC > 3u) { store_state_rows(sb, row0 + 192u, v0 + c + 48u, v_first, s33); }
 }

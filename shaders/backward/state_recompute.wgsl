@@ -12,13 +12,16 @@
 // state-dependent work. The start state of sequence n is read from the tail slot
 // `num_chunks + n` (a copy of h0, or zeros).
 //
-// The layout and the latency measures are the forward scan's (shaders/forward/state_scan.wgsl):
-// invocation (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 of every 64-row tile, columns
-// c + 16j (j < TC = V_BLOCK / 16) of the V-block, and state rows 4r + ii + 64kb; tiles are
-// named vec4 registers (lanes = columns), never private arrays indexed in loops (drivers do not
-// reliably unroll naga's loops, and an indexed private array then lives in local memory);
-// global loads are issued in batches (clamped indices, masked results) and the next K slice is
-// fetched into registers while the current one is used.
+// The latency measures are the forward scan's (shaders/forward/state_scan.wgsl): global loads
+// are issued in batches (clamped indices, masked results) and the next K slice is fetched into
+// registers while the current one is used. Register tiles: invocation (r, c) = (t / 16, t % 16)
+// owns rows 4r..4r+3 of every 64-row tile and of every 64-row state block, at columns c + 16j
+// (j < TC = V_BLOCK / 16) of the V-block; each (block, column) is one named vec4 register whose
+// lanes are the four ROWS. With lanes = columns, V_BLOCK = 16 (the usual choice: it gives the
+// most workgroups) would leave three lanes of every register and FMA on zeros; with lanes =
+// rows every lane is live at every width, and the registers past KB or TC are never touched.
+// No private array is indexed in a loop (drivers do not reliably unroll naga's loops, and an
+// indexed private array then lives in local memory).
 //
 // Partial chunks: rows past the end load k = v = 0 and zero gated rows, with G = G_last, so
 // they contribute nothing and γ_C/γ = 1 there; they are never stored. V_BLOCK divides V.
@@ -82,17 +85,6 @@ fn cols4(base: u32, c: u32) -> vec4<f32> {
     return x;
 }
 
-fn store_cols4(base: u32, c: u32, x: vec4<f32>) {
-    arena[base + c] = x.x;
-    if (TC > 1u) {
-        arena[base + c + 16u] = x.y;
-    }
-    if (TC > 2u) {
-        arena[base + c + 32u] = x.z;
-        arena[base + c + 48u] = x.w;
-    }
-}
-
 // Column `kk` of rows row0..row0+3 of a slice with row pitch `pitch`.
 fn rows4(base: u32, row0: u32, pitch: u32, kk: u32) -> vec4<f32> {
     return vec4<f32>(arena[base + row0 * pitch + kk], arena[base + (row0 + 1u) * pitch + kk],
@@ -106,72 +98,71 @@ fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
     return base + k * params.value_dim + v;
 }
 
-// State row k at the invocation's columns (0 past K).
-fn load_state(base: u32, k: u32, v0: u32, c: u32, v_first: bool) -> vec4<f32> {
-    let kc = min(k, K_DIM - 1u);
-    let v = v0 + c;
-    var x = vec4<f32>(states[state_index(base, kc, v, v_first)], 0.0, 0.0, 0.0);
-    if (TC > 1u) {
-        x.y = states[state_index(base, kc, v + 16u, v_first)];
-    }
-    if (TC > 2u) {
-        x.z = states[state_index(base, kc, v + 32u, v_first)];
-        x.w = states[state_index(base, kc, v + 48u, v_first)];
-    }
+// State rows k..k+3 at column v (lanes = rows; 0 past K). K is a multiple of 16, so four
+// rows from a multiple of 4 are all in range or all out.
+fn load_state_rows(base: u32, k: u32, v: u32, v_first: bool) -> vec4<f32> {
+    let kc = min(k, K_DIM - 4u);
+    let x = vec4<f32>(states[state_index(base, kc, v, v_first)], states[state_index(base, kc + 1u, v, v_first)],
+                      states[state_index(base, kc + 2u, v, v_first)], states[state_index(base, kc + 3u, v, v_first)]);
     return select(vec4<f32>(0.0), x, vec4<bool>(k < K_DIM));
 }
 
-fn store_state(base: u32, k: u32, v0: u32, c: u32, v_first: bool, x: vec4<f32>) {
+fn store_state_rows(base: u32, k: u32, v: u32, v_first: bool, x: vec4<f32>) {
     if (k < K_DIM) {
-        let v = v0 + c;
         states[state_index(base, k, v, v_first)] = x.x;
-        if (TC > 1u) {
-            states[state_index(base, k, v + 16u, v_first)] = x.y;
-        }
-        if (TC > 2u) {
-            states[state_index(base, k, v + 32u, v_first)] = x.z;
-            states[state_index(base, k, v + 48u, v_first)] = x.w;
-        }
+        states[state_index(base, k + 1u, v, v_first)] = x.y;
+        states[state_index(base, k + 2u, v, v_first)] = x.z;
+        states[state_index(base, k + 3u, v, v_first)] = x.w;
     }
 }
 
-// Row i of W (half 0) or V' (half 1) at the invocation's columns, when i is in the chunk.
-fn store_w_row(half: u32, base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) {
+// Rows i..i+3 of v at column v (lanes = rows), 0 past the chunk: independent, unconditional
+// loads (clamped indices, masked results).
+fn load_v_rows(base: u32, i: u32, len: u32, hv: u32, v: u32) -> vec4<f32> {
+    let last = len - 1u;
+    let hvc = params.heads_v;
+    let vd = params.value_dim;
+    let x = vec4<f32>(v_at(((base + min(i, last)) * hvc + hv) * vd + v), v_at(((base + min(i + 1u, last)) * hvc + hv) * vd + v),
+                      v_at(((base + min(i + 2u, last)) * hvc + hv) * vd + v), v_at(((base + min(i + 3u, last)) * hvc + hv) * vd + v));
+    return select(vec4<f32>(0.0), x, vec4<u32>(i, i + 1u, i + 2u, i + 3u) < vec4<u32>(len));
+}
+
+// Rows i..i+3 of W (half 0) or V' (half 1) at column v, those in the chunk.
+fn store_w_rows(half: u32, base: u32, i: u32, len: u32, hv: u32, v: u32, x: vec4<f32>) {
+    let at = half * params.total_tokens * params.heads_v * params.value_dim
+        + ((base + i) * params.heads_v + hv) * params.value_dim + v;
+    let step = params.heads_v * params.value_dim;
     if (i < len) {
-        let at = half * params.total_tokens * params.heads_v * params.value_dim
-            + ((base + i) * params.heads_v + hv) * params.value_dim + v0 + c;
         w_vnew[at] = x.x;
-        if (TC > 1u) {
-            w_vnew[at + 16u] = x.y;
-        }
-        if (TC > 2u) {
-            w_vnew[at + 32u] = x.z;
-            w_vnew[at + 48u] = x.w;
-        }
+    }
+    if (i + 1u < len) {
+        w_vnew[at + step] = x.y;
+    }
+    if (i + 2u < len) {
+        w_vnew[at + 2u * step] = x.z;
+    }
+    if (i + 3u < len) {
+        w_vnew[at + 3u * step] = x.w;
     }
 }
 
-fn publish4(dst: u32, c: u32, a: vec4<f32>, b: vec4<f32>, d: vec4<f32>, e: vec4<f32>) {
-    store_cols4(dst, c, a);
-    store_cols4(dst + V_BLOCK, c, b);
-    store_cols4(dst + 2u * V_BLOCK, c, d);
-    store_cols4(dst + 3u * V_BLOCK, c, e);
+// Rows i..i+3 (from `at`, pitch V_BLOCK) of a workgroup tile at column `col`.
+fn store_tile_rows(at: u32, col: u32, x: vec4<f32>) {
+    arena[at + col] = x.x;
+    arena[at + V_BLOCK + col] = x.y;
+    arena[at + 2u * V_BLOCK + col] = x.z;
+    arena[at + 3u * V_BLOCK + col] = x.w;
+}
+
+// Entries (i..i+3, j) of the packed lower triangle at `tr` (lanes = rows), 0 above it.
+fn tri_rows(tr: u32, i: u32, j: u32) -> vec4<f32> {
+    return vec4<f32>(tri_or_zero(tr, i, j), tri_or_zero(tr, i + 1u, j), tri_or_zero(tr, i + 2u, j),
+                     tri_or_zero(tr, i + 3u, j));
 }
 
 // Rows k..k+3 of the token-slice row at `base` (the state update's K values).
 fn krow4(base: u32, k: u32) -> vec4<f32> {
     return vec4<f32>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
-}
-
-// Row i of v at the invocation's columns, 0 past the chunk (independent, unconditional loads:
-// clamped indices, masked results).
-fn load_v(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32) -> vec4<f32> {
-    let at = ((base + min(i, len - 1u)) * params.heads_v + hv) * params.value_dim + v0 + c;
-    // Lanes past TC reload column c (in range) and are masked.
-    let x = vec4<f32>(v_at(at), v_at(at + select(0u, 16u, TC > 1u)), v_at(at + select(0u, 32u, TC > 2u)),
-                      v_at(at + select(0u, 48u, TC > 2u)));
-    let keep = (vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(TC)) & vec4<bool>(i < len);
-    return select(vec4<f32>(0.0), x, keep);
 }
 
 // Row i of Γ⊙A⊙β at columns c + 16 jj, 0 past the chunk.
@@ -259,52 +250,51 @@ fn state_recompute(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let tr = kc;
     let kt = kc;
 
-    // State rows row0 + ii + 64 kb: s[4 kb + ii].
+    // State rows row0 + 64 kb .. + 3 at column c + 16 j: s{kb}{j} (lanes = rows). Registers
+    // past KB or TC are never touched, so they cost nothing.
     let sb = ((params.num_chunks + sequence) * hv_count + hv) * kv;
-    var s0 = load_state(sb, row0, v0, c, v_first);
-    var s1 = load_state(sb, row0 + 1u, v0, c, v_first);
-    var s2 = load_state(sb, row0 + 2u, v0, c, v_first);
-    var s3 = load_state(sb, row0 + 3u, v0, c, v_first);
-    var s4 = load_state(sb, row0 + 64u, v0, c, v_first);
-    var s5 = load_state(sb, row0 + 65u, v0, c, v_first);
-    var s6 = load_state(sb, row0 + 66u, v0, c, v_first);
-    var s7 = load_state(sb, row0 + 67u, v0, c, v_first);
-    var s8 = load_state(sb, row0 + 128u, v0, c, v_first);
-    var s9 = load_state(sb, row0 + 129u, v0, c, v_first);
-    var s10 = load_state(sb, row0 + 130u, v0, c, v_first);
-    var s11 = load_state(sb, row0 + 131u, v0, c, v_first);
-    var s12 = load_state(sb, row0 + 192u, v0, c, v_first);
-    var s13 = load_state(sb, row0 + 193u, v0, c, v_first);
-    var s14 = load_state(sb, row0 + 194u, v0, c, v_first);
-    var s15 = load_state(sb, row0 + 195u, v0, c, v_first);
+    var s00 = vec4<f32>(0.0); var s01 = vec4<f32>(0.0); var s02 = vec4<f32>(0.0); var s03 = vec4<f32>(0.0);
+    var s10 = vec4<f32>(0.0); var s11 = vec4<f32>(0.0); var s12 = vec4<f32>(0.0); var s13 = vec4<f32>(0.0);
+    var s20 = vec4<f32>(0.0); var s21 = vec4<f32>(0.0); var s22 = vec4<f32>(0.0); var s23 = vec4<f32>(0.0);
+    var s30 = vec4<f32>(0.0); var s31 = vec4<f32>(0.0); var s32 = vec4<f32>(0.0); var s33 = vec4<f32>(0.0);
+    s00 = load_state_rows(sb, row0 + 0u, v0 + c + 0u, v_first);
+    if (TC > 1u) { s01 = load_state_rows(sb, row0 + 0u, v0 + c + 16u, v_first); }
+    if (TC > 2u) { s02 = load_state_rows(sb, row0 + 0u, v0 + c + 32u, v_first); }
+    if (TC > 3u) { s03 = load_state_rows(sb, row0 + 0u, v0 + c + 48u, v_first); }
+    if (KB > 1u) { s10 = load_state_rows(sb, row0 + 64u, v0 + c + 0u, v_first); }
+    if (KB > 1u && TC > 1u) { s11 = load_state_rows(sb, row0 + 64u, v0 + c + 16u, v_first); }
+    if (KB > 1u && TC > 2u) { s12 = load_state_rows(sb, row0 + 64u, v0 + c + 32u, v_first); }
+    if (KB > 1u && TC > 3u) { s13 = load_state_rows(sb, row0 + 64u, v0 + c + 48u, v_first); }
+    if (KB > 2u) { s20 = load_state_rows(sb, row0 + 128u, v0 + c + 0u, v_first); }
+    if (KB > 2u && TC > 1u) { s21 = load_state_rows(sb, row0 + 128u, v0 + c + 16u, v_first); }
+    if (KB > 2u && TC > 2u) { s22 = load_state_rows(sb, row0 + 128u, v0 + c + 32u, v_first); }
+    if (KB > 2u && TC > 3u) { s23 = load_state_rows(sb, row0 + 128u, v0 + c + 48u, v_first); }
+    if (KB > 3u) { s30 = load_state_rows(sb, row0 + 192u, v0 + c + 0u, v_first); }
+    if (KB > 3u && TC > 1u) { s31 = load_state_rows(sb, row0 + 192u, v0 + c + 16u, v_first); }
+    if (KB > 3u && TC > 2u) { s32 = load_state_rows(sb, row0 + 192u, v0 + c + 32u, v_first); }
+    if (KB > 3u && TC > 3u) { s33 = load_state_rows(sb, row0 + 192u, v0 + c + 48u, v_first); }
 
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     for (var ci = 0u; ci < n_chunks; ci++) {
         let base = seg_start + ci * CHUNK;
         let len = min(CHUNK, seg_len - ci * CHUNK);
         let cb = ((first_chunk + ci) * hv_count + hv) * kv;
-        store_state(cb, row0, v0, c, v_first, s0);
-        store_state(cb, row0 + 1u, v0, c, v_first, s1);
-        store_state(cb, row0 + 2u, v0, c, v_first, s2);
-        store_state(cb, row0 + 3u, v0, c, v_first, s3);
-        if (KB > 1u) {
-            store_state(cb, row0 + 64u, v0, c, v_first, s4);
-            store_state(cb, row0 + 65u, v0, c, v_first, s5);
-            store_state(cb, row0 + 66u, v0, c, v_first, s6);
-            store_state(cb, row0 + 67u, v0, c, v_first, s7);
-        }
-        if (KB > 2u) {
-            store_state(cb, row0 + 128u, v0, c, v_first, s8);
-            store_state(cb, row0 + 129u, v0, c, v_first, s9);
-            store_state(cb, row0 + 130u, v0, c, v_first, s10);
-            store_state(cb, row0 + 131u, v0, c, v_first, s11);
-        }
-        if (KB > 3u) {
-            store_state(cb, row0 + 192u, v0, c, v_first, s12);
-            store_state(cb, row0 + 193u, v0, c, v_first, s13);
-            store_state(cb, row0 + 194u, v0, c, v_first, s14);
-            store_state(cb, row0 + 195u, v0, c, v_first, s15);
-        }
+        store_state_rows(cb, row0 + 0u, v0 + c + 0u, v_first, s00);
+        if (TC > 1u) { store_state_rows(cb, row0 + 0u, v0 + c + 16u, v_first, s01); }
+        if (TC > 2u) { store_state_rows(cb, row0 + 0u, v0 + c + 32u, v_first, s02); }
+        if (TC > 3u) { store_state_rows(cb, row0 + 0u, v0 + c + 48u, v_first, s03); }
+        if (KB > 1u) { store_state_rows(cb, row0 + 64u, v0 + c + 0u, v_first, s10); }
+        if (KB > 1u && TC > 1u) { store_state_rows(cb, row0 + 64u, v0 + c + 16u, v_first, s11); }
+        if (KB > 1u && TC > 2u) { store_state_rows(cb, row0 + 64u, v0 + c + 32u, v_first, s12); }
+        if (KB > 1u && TC > 3u) { store_state_rows(cb, row0 + 64u, v0 + c + 48u, v_first, s13); }
+        if (KB > 2u) { store_state_rows(cb, row0 + 128u, v0 + c + 0u, v_first, s20); }
+        if (KB > 2u && TC > 1u) { store_state_rows(cb, row0 + 128u, v0 + c + 16u, v_first, s21); }
+        if (KB > 2u && TC > 2u) { store_state_rows(cb, row0 + 128u, v0 + c + 32u, v_first, s22); }
+        if (KB > 2u && TC > 3u) { store_state_rows(cb, row0 + 128u, v0 + c + 48u, v_first, s23); }
+        if (KB > 3u) { store_state_rows(cb, row0 + 192u, v0 + c + 0u, v_first, s30); }
+        if (KB > 3u && TC > 1u) { store_state_rows(cb, row0 + 192u, v0 + c + 16u, v_first, s31); }
+        if (KB > 3u && TC > 2u) { store_state_rows(cb, row0 + 192u, v0 + c + 32u, v_first, s32); }
+        if (KB > 3u && TC > 3u) { store_state_rows(cb, row0 + 192u, v0 + c + 48u, v_first, s33); }
         let g_last = gate_beta[(base + len - 1u) * hv_count + hv].x;
         let gam_c = exp(g_last);
         workgroupBarrier();
@@ -315,17 +305,18 @@ fn state_recompute(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         }
 
         // Loads for after the GEMM, issued now so their latency hides behind it.
-        let va0 = load_v(base, row0, len, hv, v0, c);
-        let va1 = load_v(base, row0 + 1u, len, hv, v0, c);
-        let va2 = load_v(base, row0 + 2u, len, hv, v0, c);
-        let va3 = load_v(base, row0 + 3u, len, hv, v0, c);
+        var va0 = vec4<f32>(0.0); var va1 = vec4<f32>(0.0); var va2 = vec4<f32>(0.0); var va3 = vec4<f32>(0.0);
+        va0 = load_v_rows(base, row0, len, hv, v0 + c + 0u);
+        if (TC > 1u) { va1 = load_v_rows(base, row0, len, hv, v0 + c + 16u); }
+        if (TC > 2u) { va2 = load_v_rows(base, row0, len, hv, v0 + c + 32u); }
+        if (TC > 3u) { va3 = load_v_rows(base, row0, len, hv, v0 + c + 48u); }
         let ga0 = load_gated(base, row0, len, hv, c);
         let ga1 = load_gated(base, row0 + 1u, len, hv, c);
         let ga2 = load_gated(base, row0 + 2u, len, hv, c);
         let ga3 = load_gated(base, row0 + 3u, len, hv, c);
 
-        // U = K S over 16-column slices of K; the next slice is loaded into registers while
-        // this one is used.
+        // U = K S over 16-column slices of K (u{j}: column c + 16 j, lanes = rows); the next
+        // slice is loaded into registers while this one is used.
         var u0 = vec4<f32>(0.0); var u1 = vec4<f32>(0.0); var u2 = vec4<f32>(0.0); var u3 = vec4<f32>(0.0);
         var k_next = load_k4(base, len, h, 0u, t);
         for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
@@ -339,67 +330,102 @@ fn state_recompute(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
             if (row0 >= in_block && row0 - in_block < K_SLICE) {
                 let dst = ss + (row0 - in_block) * V_BLOCK;
                 switch (k0 / 64u) {
-                    case 0u: { publish4(dst, c, s0, s1, s2, s3); }
-                    case 1u: { publish4(dst, c, s4, s5, s6, s7); }
-                    case 2u: { publish4(dst, c, s8, s9, s10, s11); }
-                    default: { publish4(dst, c, s12, s13, s14, s15); }
+                    case 0u: {
+                        store_tile_rows(dst, c + 0u, s00);
+                        if (TC > 1u) { store_tile_rows(dst, c + 16u, s01); }
+                        if (TC > 2u) { store_tile_rows(dst, c + 32u, s02); }
+                        if (TC > 3u) { store_tile_rows(dst, c + 48u, s03); }
+                    }
+                    case 1u: {
+                        store_tile_rows(dst, c + 0u, s10);
+                        if (TC > 1u) { store_tile_rows(dst, c + 16u, s11); }
+                        if (TC > 2u) { store_tile_rows(dst, c + 32u, s12); }
+                        if (TC > 3u) { store_tile_rows(dst, c + 48u, s13); }
+                    }
+                    case 2u: {
+                        store_tile_rows(dst, c + 0u, s20);
+                        if (TC > 1u) { store_tile_rows(dst, c + 16u, s21); }
+                        if (TC > 2u) { store_tile_rows(dst, c + 32u, s22); }
+                        if (TC > 3u) { store_tile_rows(dst, c + 48u, s23); }
+                    }
+                    default: {
+                        store_tile_rows(dst, c + 0u, s30);
+                        if (TC > 1u) { store_tile_rows(dst, c + 16u, s31); }
+                        if (TC > 2u) { store_tile_rows(dst, c + 32u, s32); }
+                        if (TC > 3u) { store_tile_rows(dst, c + 48u, s33); }
+                    }
                 }
             }
             workgroupBarrier();
             for (var kk = 0u; kk < K_SLICE; kk++) {
                 let kr = rows4(kc, row0, K_PITCH, kk);
                 let sv = cols4(ss + kk * V_BLOCK, c);
-                u0 += kr.x * sv;
-                u1 += kr.y * sv;
-                u2 += kr.z * sv;
-                u3 += kr.w * sv;
+                u0 += kr * sv.x;
+                if (TC > 1u) { u1 += kr * sv.y; }
+                if (TC > 2u) { u2 += kr * sv.z; }
+                if (TC > 3u) { u3 += kr * sv.w; }
             }
         }
         workgroupBarrier();
 
         // W = V − γ ⊙ U into the tile (and kept); Γ ⊙ A ⊙ β_col into the triangle.
-        let w0 = va0 - gam_s[row0] * u0;
-        let w1 = va1 - gam_s[row0 + 1u] * u1;
-        let w2 = va2 - gam_s[row0 + 2u] * u2;
-        let w3 = va3 - gam_s[row0 + 3u] * u3;
-        store_cols4(ws + row0 * V_BLOCK, c, w0);
-        store_cols4(ws + (row0 + 1u) * V_BLOCK, c, w1);
-        store_cols4(ws + (row0 + 2u) * V_BLOCK, c, w2);
-        store_cols4(ws + (row0 + 3u) * V_BLOCK, c, w3);
+        let gam4 = vec4<f32>(gam_s[row0], gam_s[row0 + 1u], gam_s[row0 + 2u], gam_s[row0 + 3u]);
+        var w0 = vec4<f32>(0.0); var w1 = vec4<f32>(0.0); var w2 = vec4<f32>(0.0); var w3 = vec4<f32>(0.0);
+        w0 = va0 - gam4 * u0;
+        if (TC > 1u) { w1 = va1 - gam4 * u1; }
+        if (TC > 2u) { w2 = va2 - gam4 * u2; }
+        if (TC > 3u) { w3 = va3 - gam4 * u3; }
+        store_tile_rows(ws + row0 * V_BLOCK, c + 0u, w0);
+        if (TC > 1u) { store_tile_rows(ws + row0 * V_BLOCK, c + 16u, w1); }
+        if (TC > 2u) { store_tile_rows(ws + row0 * V_BLOCK, c + 32u, w2); }
+        if (TC > 3u) { store_tile_rows(ws + row0 * V_BLOCK, c + 48u, w3); }
+        store_w_rows(0u, base, row0, len, hv, v0 + c + 0u, w0);
+        if (TC > 1u) { store_w_rows(0u, base, row0, len, hv, v0 + c + 16u, w1); }
+        if (TC > 2u) { store_w_rows(0u, base, row0, len, hv, v0 + c + 32u, w2); }
+        if (TC > 3u) { store_w_rows(0u, base, row0, len, hv, v0 + c + 48u, w3); }
         store_tri_row(tr, row0, c, ga0);
         store_tri_row(tr, row0 + 1u, c, ga1);
         store_tri_row(tr, row0 + 2u, c, ga2);
         store_tri_row(tr, row0 + 3u, c, ga3);
-        store_w_row(0u, base, row0, len, hv, v0, c, w0);
-        store_w_row(0u, base, row0 + 1u, len, hv, v0, c, w1);
-        store_w_row(0u, base, row0 + 2u, len, hv, v0, c, w2);
-        store_w_row(0u, base, row0 + 3u, len, hv, v0, c, w3);
         workgroupBarrier();
 
         // V' = (Γ ⊙ A ⊙ β_col) W over j ≤ i, into u* (and kept).
         u0 = vec4<f32>(0.0); u1 = vec4<f32>(0.0); u2 = vec4<f32>(0.0); u3 = vec4<f32>(0.0);
-        for (var j = 0u; j < row0 + 4u; j++) {
-            let w = cols4(ws + j * V_BLOCK, c);
-            u0 += tri_or_zero(tr, row0, j) * w;
-            u1 += tri_or_zero(tr, row0 + 1u, j) * w;
-            u2 += tri_or_zero(tr, row0 + 2u, j) * w;
-            u3 += tri_or_zero(tr, row0 + 3u, j) * w;
+        for (var jp = 0u; jp < row0 + 4u; jp++) {
+            let a = tri_rows(tr, row0, jp);
+            let w = cols4(ws + jp * V_BLOCK, c);
+            u0 += a * w.x;
+            if (TC > 1u) { u1 += a * w.y; }
+            if (TC > 2u) { u2 += a * w.z; }
+            if (TC > 3u) { u3 += a * w.w; }
         }
-        store_w_row(1u, base, row0, len, hv, v0, c, u0);
-        store_w_row(1u, base, row0 + 1u, len, hv, v0, c, u1);
-        store_w_row(1u, base, row0 + 2u, len, hv, v0, c, u2);
-        store_w_row(1u, base, row0 + 3u, len, hv, v0, c, u3);
+        store_w_rows(1u, base, row0, len, hv, v0 + c + 0u, u0);
+        if (TC > 1u) { store_w_rows(1u, base, row0, len, hv, v0 + c + 16u, u1); }
+        if (TC > 2u) { store_w_rows(1u, base, row0, len, hv, v0 + c + 32u, u2); }
+        if (TC > 3u) { store_w_rows(1u, base, row0, len, hv, v0 + c + 48u, u3); }
         workgroupBarrier();
-        store_cols4(ws + row0 * V_BLOCK, c, u0);
-        store_cols4(ws + (row0 + 1u) * V_BLOCK, c, u1);
-        store_cols4(ws + (row0 + 2u) * V_BLOCK, c, u2);
-        store_cols4(ws + (row0 + 3u) * V_BLOCK, c, u3);
+        store_tile_rows(ws + row0 * V_BLOCK, c + 0u, u0);
+        if (TC > 1u) { store_tile_rows(ws + row0 * V_BLOCK, c + 16u, u1); }
+        if (TC > 2u) { store_tile_rows(ws + row0 * V_BLOCK, c + 32u, u2); }
+        if (TC > 3u) { store_tile_rows(ws + row0 * V_BLOCK, c + 48u, u3); }
 
         // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'), K staged in T_SLICE-token slices.
-        s0 *= gam_c; s1 *= gam_c; s2 *= gam_c; s3 *= gam_c;
-        s4 *= gam_c; s5 *= gam_c; s6 *= gam_c; s7 *= gam_c;
-        s8 *= gam_c; s9 *= gam_c; s10 *= gam_c; s11 *= gam_c;
-        s12 *= gam_c; s13 *= gam_c; s14 *= gam_c; s15 *= gam_c;
+        s00 *= gam_c;
+        if (TC > 1u) { s01 *= gam_c; }
+        if (TC > 2u) { s02 *= gam_c; }
+        if (TC > 3u) { s03 *= gam_c; }
+        if (KB > 1u) { s10 *= gam_c; }
+        if (KB > 1u && TC > 1u) { s11 *= gam_c; }
+        if (KB > 1u && TC > 2u) { s12 *= gam_c; }
+        if (KB > 1u && TC > 3u) { s13 *= gam_c; }
+        if (KB > 2u) { s20 *= gam_c; }
+        if (KB > 2u && TC > 1u) { s21 *= gam_c; }
+        if (KB > 2u && TC > 2u) { s22 *= gam_c; }
+        if (KB > 2u && TC > 3u) { s23 *= gam_c; }
+        if (KB > 3u) { s30 *= gam_c; }
+        if (KB > 3u && TC > 1u) { s31 *= gam_c; }
+        if (KB > 3u && TC > 2u) { s32 *= gam_c; }
+        if (KB > 3u && TC > 3u) { s33 *= gam_c; }
         var kt_a = load_kt4(base, len, h, 0u, 4u * t);
         var kt_b = load_kt4(base, len, h, 0u, 4u * t + 1024u);
         for (var i0 = 0u; i0 < CHUNK; i0 += T_SLICE) {
@@ -415,20 +441,32 @@ fn state_recompute(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
                 let vd = dec_s[i0 + di] * cols4(ws + (i0 + di) * V_BLOCK, c);
                 let krow = kt + di * T_PITCH;
                 if (row0 < K_DIM) {
-                    let kx = krow4(krow, row0);
-                    s0 += kx.x * vd; s1 += kx.y * vd; s2 += kx.z * vd; s3 += kx.w * vd;
+                    let kx = krow4(krow, row0 + 0u);
+                    s00 += kx * vd.x;
+                    if (TC > 1u) { s01 += kx * vd.y; }
+                    if (TC > 2u) { s02 += kx * vd.z; }
+                    if (TC > 3u) { s03 += kx * vd.w; }
                 }
                 if (KB > 1u && row0 + 64u < K_DIM) {
                     let kx = krow4(krow, row0 + 64u);
-                    s4 += kx.x * vd; s5 += kx.y * vd; s6 += kx.z * vd; s7 += kx.w * vd;
+                    s10 += kx * vd.x;
+                    if (TC > 1u) { s11 += kx * vd.y; }
+                    if (TC > 2u) { s12 += kx * vd.z; }
+                    if (TC > 3u) { s13 += kx * vd.w; }
                 }
                 if (KB > 2u && row0 + 128u < K_DIM) {
                     let kx = krow4(krow, row0 + 128u);
-                    s8 += kx.x * vd; s9 += kx.y * vd; s10 += kx.z * vd; s11 += kx.w * vd;
+                    s20 += kx * vd.x;
+                    if (TC > 1u) { s21 += kx * vd.y; }
+                    if (TC > 2u) { s22 += kx * vd.z; }
+                    if (TC > 3u) { s23 += kx * vd.w; }
                 }
                 if (KB > 3u && row0 + 192u < K_DIM) {
                     let kx = krow4(krow, row0 + 192u);
-                    s12 += kx.x * vd; s13 += kx.y * vd; s14 += kx.z * vd; s15 += kx.w * vd;
+                    s30 += kx * vd.x;
+                    if (TC > 1u) { s31 += kx * vd.y; }
+                    if (TC > 2u) { s32 += kx * vd.z; }
+                    if (TC > 3u) { s33 += kx * vd.w; }
                 }
             }
         }
