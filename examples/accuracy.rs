@@ -13,11 +13,20 @@ use gdn_wgpu::{Options, Problem, RandomSpec, reference, relative_l2};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let problem = Problem::new(1, 2048, 2, 4, 128, 128, None, Options::default())?;
     // sigmoid(U[0, 1)) lies in [0.5, 0.731).
-    let spec = RandomSpec { seed: 42, initial_state: false, beta: (0.5, 0.731), ..RandomSpec::default() };
+    let spec = RandomSpec {
+        seed: 42,
+        initial_state: false,
+        beta: (0.5, 0.731),
+        ..RandomSpec::default()
+    };
     let exact = spec.generate(&problem);
     let expected_exact = reference::forward(&problem, &exact.as_ref())?;
     let ctx = Context::new_blocking()?;
-    let adapter = ctx.adapter_info.as_ref().map(|i| i.name.clone()).unwrap_or_default();
+    let adapter = ctx
+        .adapter_info
+        .as_ref()
+        .map(|i| i.name.clone())
+        .unwrap_or_default();
     println!("adapter: {adapter}");
     println!("| dtype | path | o vs exact | state vs exact | o vs rounded | state vs rounded |");
     println!("|---|---|---|---|---|---|");

@@ -66,8 +66,22 @@ fn median(mut xs: Vec<f64>) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let problem = Problem::new(args.batch, args.tokens, args.heads_qk, args.heads_v, args.key_dim, args.value_dim, None, Options::default())?;
-    let spec = RandomSpec { seed: args.seed, zero_gate_heads: 0, strong_gate_heads: 0, ..RandomSpec::default() };
+    let problem = Problem::new(
+        args.batch,
+        args.tokens,
+        args.heads_qk,
+        args.heads_v,
+        args.key_dim,
+        args.value_dim,
+        None,
+        Options::default(),
+    )?;
+    let spec = RandomSpec {
+        seed: args.seed,
+        zero_gate_heads: 0,
+        strong_gate_heads: 0,
+        ..RandomSpec::default()
+    };
     let dtype = match args.dtype {
         Storage::F32 => DType::F32,
         Storage::F16 => DType::F16,
@@ -83,7 +97,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let heads: Vec<usize> = match args.check_heads {
         0 => (0..problem.heads_v).collect(),
-        n => (0..n.min(problem.heads_v)).map(|i| i * problem.heads_v / n.min(problem.heads_v)).collect(),
+        n => (0..n.min(problem.heads_v))
+            .map(|i| i * problem.heads_v / n.min(problem.heads_v))
+            .collect(),
     };
 
     let ctx = match Context::new_blocking() {
@@ -93,12 +109,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let start = Instant::now();
             let out = gdn_wgpu::reference::forward(&problem, &inputs.as_ref())?;
             let checksum: f64 = out.o.iter().sum();
-            println!("cpu forward: {:.1} ms, checksum of o {checksum:.6e}", start.elapsed().as_secs_f64() * 1e3);
+            println!(
+                "cpu forward: {:.1} ms, checksum of o {checksum:.6e}",
+                start.elapsed().as_secs_f64() * 1e3
+            );
             return Ok(());
         }
     };
     let info = ctx.adapter_info.clone().expect("context from an adapter");
-    println!("adapter: {} ({:?}, {:?}), V-block {}", info.name, info.backend, info.device_type, ctx.tuning().state_scan_v_block(&problem));
+    println!(
+        "adapter: {} ({:?}, {:?}), V-block {}",
+        info.name,
+        info.backend,
+        info.device_type,
+        ctx.tuning().state_scan_v_block(&problem)
+    );
 
     let up = |name: &str, t: &gdn_wgpu::HostTensor| GpuTensor::upload(&ctx, name, t);
     let gpu_inputs = ForwardInputs {
@@ -107,13 +132,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         v: up("v", &inputs.v)?,
         g: up("g", &inputs.g)?,
         beta: up("beta", &inputs.beta)?,
-        initial_state: inputs.initial_state.as_ref().map(|t| up("initial_state", t)).transpose()?,
+        initial_state: inputs
+            .initial_state
+            .as_ref()
+            .map(|t| up("initial_state", t))
+            .transpose()?,
         a_log: None,
         dt_bias: None,
     };
     let o_gpu = GpuTensor::empty(&ctx, "o", &problem.v_shape(), dtype)?;
     let state_gpu = GpuTensor::empty(&ctx, "final_state", &problem.state_shape(), DType::F32)?;
-    let outputs = ForwardOutputs { o: &o_gpu, final_state: &state_gpu };
+    let outputs = ForwardOutputs {
+        o: &o_gpu,
+        final_state: &state_gpu,
+    };
     let timer = GpuTimer::new(&ctx, 8);
     let (mut wall, mut spans) = (Vec::new(), Vec::new());
     for rep in 0..=args.reps {
@@ -123,7 +155,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some(t) => {
                 t.reset();
                 t.mark(&mut encoder, "start");
-                gpu::forward_into_profiled(&ctx, &mut encoder, &problem, &gpu_inputs.as_ref(), &outputs, t)?;
+                gpu::forward_into_profiled(
+                    &ctx,
+                    &mut encoder,
+                    &problem,
+                    &gpu_inputs.as_ref(),
+                    &outputs,
+                    t,
+                )?;
                 t.resolve(&mut encoder);
             }
             None => {
@@ -139,13 +178,31 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
     }
-    println!("gpu forward: median of {} runs: {:.3} ms wall (encode + submit + wait)", args.reps, median(wall));
+    println!(
+        "gpu forward: median of {} runs: {:.3} ms wall (encode + submit + wait)",
+        args.reps,
+        median(wall)
+    );
     if !spans.is_empty() {
-        let total = median(spans.iter().map(|s| s.iter().map(|(_, ms)| ms).sum()).collect());
+        let total = median(
+            spans
+                .iter()
+                .map(|s| s.iter().map(|(_, ms)| ms).sum())
+                .collect(),
+        );
         let per_pass: Vec<String> = (0..spans[0].len())
-            .map(|i| format!("{} {:.3}", spans[0][i].0, median(spans.iter().map(|s| s[i].1).collect())))
+            .map(|i| {
+                format!(
+                    "{} {:.3}",
+                    spans[0][i].0,
+                    median(spans.iter().map(|s| s[i].1).collect())
+                )
+            })
             .collect();
-        println!("  GPU {total:.3} ms = {} (ms, timestamp queries)", per_pass.join(" + "));
+        println!(
+            "  GPU {total:.3} ms = {} (ms, timestamp queries)",
+            per_pass.join(" + ")
+        );
     }
 
     let o = o_gpu.download_blocking(&ctx)?;
@@ -153,12 +210,24 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     let expected = forward_heads(&problem, &inputs.as_ref(), &heads)?;
     let cpu_ms = start.elapsed().as_secs_f64() * 1e3;
-    let (hv, v, kv) = (problem.heads_v, problem.value_dim, problem.key_dim * problem.value_dim);
-    let err_o = relative_l2(&select_heads(&o.data, hv, v, &heads), &select_heads(&expected.o, hv, v, &heads));
-    let err_s = relative_l2(&select_heads(&state.data, hv, kv, &heads), &select_heads(&expected.final_state, hv, kv, &heads));
+    let (hv, v, kv) = (
+        problem.heads_v,
+        problem.value_dim,
+        problem.key_dim * problem.value_dim,
+    );
+    let err_o = relative_l2(
+        &select_heads(&o.data, hv, v, &heads),
+        &select_heads(&expected.o, hv, v, &heads),
+    );
+    let err_s = relative_l2(
+        &select_heads(&state.data, hv, kv, &heads),
+        &select_heads(&expected.final_state, hv, kv, &heads),
+    );
     println!("oracle (f64 CPU) on v-heads {heads:?}: {cpu_ms:.0} ms");
     let tol = tolerance(dtype);
-    println!("rel-L2 vs oracle (same rounded inputs): o {err_o:.3e} (tolerance {tol:e}), final state {err_s:.3e} (tolerance {STATE_TOLERANCE:e})");
+    println!(
+        "rel-L2 vs oracle (same rounded inputs): o {err_o:.3e} (tolerance {tol:e}), final state {err_s:.3e} (tolerance {STATE_TOLERANCE:e})"
+    );
     if err_o.is_nan() || err_s.is_nan() || err_o > tol || err_s > STATE_TOLERANCE {
         println!("FAIL");
         std::process::exit(1);

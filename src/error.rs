@@ -11,15 +11,27 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A tensor has the wrong shape.
     #[error("{name}: expected shape {expected}, got {got}")]
-    Shape { name: String, expected: String, got: ShapeList },
+    Shape {
+        name: String,
+        expected: String,
+        got: ShapeList,
+    },
 
     /// A tensor has the wrong element type.
     #[error("{name}: expected dtype {expected}, got {got}")]
-    DType { name: String, expected: String, got: String },
+    DType {
+        name: String,
+        expected: String,
+        got: String,
+    },
 
     /// A value (an option, a size, a tensor entry) is out of its allowed range.
     #[error("{name}: expected {expected}, got {got}")]
-    Value { name: String, expected: String, got: String },
+    Value {
+        name: String,
+        expected: String,
+        got: String,
+    },
 
     /// A tensor or option the caller must give is missing.
     #[error("{name}: required {why}")]
@@ -31,7 +43,12 @@ pub enum Error {
 
     /// A buffer would exceed a device limit.
     #[error("{name}: {bytes} bytes exceeds the device's {limit_name} of {limit} bytes")]
-    TooLarge { name: String, bytes: u64, limit_name: &'static str, limit: u64 },
+    TooLarge {
+        name: String,
+        bytes: u64,
+        limit_name: &'static str,
+        limit: u64,
+    },
 
     /// No adapter could be found (no GPU, no driver).
     #[error("no GPU adapter: {0}")]
@@ -51,7 +68,10 @@ pub enum Error {
 
     /// Reading or writing a file.
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 
     /// A malformed safetensors file.
     #[error("{path}: not a valid safetensors file: {msg}")]
@@ -70,15 +90,26 @@ impl fmt::Display for ShapeList {
 
 impl Error {
     pub(crate) fn shape(name: &str, expected: &[usize], got: &[usize]) -> Self {
-        Error::Shape { name: name.into(), expected: format!("{expected:?}"), got: ShapeList(got.to_vec()) }
+        Error::Shape {
+            name: name.into(),
+            expected: format!("{expected:?}"),
+            got: ShapeList(got.to_vec()),
+        }
     }
 
     pub(crate) fn value(name: &str, expected: impl Into<String>, got: impl fmt::Display) -> Self {
-        Error::Value { name: name.into(), expected: expected.into(), got: got.to_string() }
+        Error::Value {
+            name: name.into(),
+            expected: expected.into(),
+            got: got.to_string(),
+        }
     }
 
     pub(crate) fn unsupported(name: &str, what: impl Into<String>) -> Self {
-        Error::Unsupported { name: name.into(), what: what.into() }
+        Error::Unsupported {
+            name: name.into(),
+            what: what.into(),
+        }
     }
 
     /// True for mistakes in what the caller passed (shapes, dtypes, values, files), as opposed

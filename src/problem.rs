@@ -109,7 +109,16 @@ impl Problem {
         cu_seqlens: Option<Vec<usize>>,
         options: Options,
     ) -> Result<Self> {
-        let p = Problem { batch, tokens, heads_qk, heads_v, key_dim, value_dim, cu_seqlens, options };
+        let p = Problem {
+            batch,
+            tokens,
+            heads_qk,
+            heads_v,
+            key_dim,
+            value_dim,
+            cu_seqlens,
+            options,
+        };
         p.validate()?;
         Ok(p)
     }
@@ -131,15 +140,23 @@ impl Problem {
                 self.heads_v,
             ));
         }
-        for (name, d) in [("key_dim (K)", self.key_dim), ("value_dim (V)", self.value_dim)] {
+        for (name, d) in [
+            ("key_dim (K)", self.key_dim),
+            ("value_dim (V)", self.value_dim),
+        ] {
             if d == 0 || d % 16 != 0 || d > MAX_HEAD_DIM {
-                return Err(Error::value(name, format!("a multiple of 16 in 16..={MAX_HEAD_DIM}"), d));
+                return Err(Error::value(
+                    name,
+                    format!("a multiple of 16 in 16..={MAX_HEAD_DIM}"),
+                    d,
+                ));
             }
         }
         if let Some(s) = self.options.scale
-            && !s.is_finite() {
-                return Err(Error::value("scale", "a finite number", s));
-            }
+            && !s.is_finite()
+        {
+            return Err(Error::value("scale", "a finite number", s));
+        }
         if self.options.allow_neg_eigval && !self.options.beta_sigmoid {
             return Err(Error::value(
                 "allow_neg_eigval",
@@ -149,20 +166,36 @@ impl Problem {
         }
         if let Some(cu) = &self.cu_seqlens {
             if self.batch != 1 {
-                return Err(Error::value("cu_seqlens", "batch (B) == 1 when cu_seqlens is given", format!("B = {}", self.batch)));
+                return Err(Error::value(
+                    "cu_seqlens",
+                    "batch (B) == 1 when cu_seqlens is given",
+                    format!("B = {}", self.batch),
+                ));
             }
             if cu.len() < 2 {
-                return Err(Error::value("cu_seqlens", "at least 2 entries [0, .., T]", format!("{} entries", cu.len())));
+                return Err(Error::value(
+                    "cu_seqlens",
+                    "at least 2 entries [0, .., T]",
+                    format!("{} entries", cu.len()),
+                ));
             }
             if cu[0] != 0 {
                 return Err(Error::value("cu_seqlens", "first entry 0", cu[0]));
             }
             if let Some(w) = cu.windows(2).find(|w| w[1] < w[0]) {
-                return Err(Error::value("cu_seqlens", "non-decreasing entries", format!("{} followed by {}", w[0], w[1])));
+                return Err(Error::value(
+                    "cu_seqlens",
+                    "non-decreasing entries",
+                    format!("{} followed by {}", w[0], w[1]),
+                ));
             }
             let last = *cu.last().unwrap();
             if last != self.tokens {
-                return Err(Error::value("cu_seqlens", format!("last entry equal to T = {}", self.tokens), last));
+                return Err(Error::value(
+                    "cu_seqlens",
+                    format!("last entry equal to T = {}", self.tokens),
+                    last,
+                ));
             }
         }
         Ok(())
@@ -185,7 +218,9 @@ impl Problem {
     pub fn sequences(&self) -> Vec<Range<usize>> {
         match &self.cu_seqlens {
             Some(cu) => cu.windows(2).map(|w| w[0]..w[1]).collect(),
-            None => (0..self.batch).map(|b| b * self.tokens..(b + 1) * self.tokens).collect(),
+            None => (0..self.batch)
+                .map(|b| b * self.tokens..(b + 1) * self.tokens)
+                .collect(),
         }
     }
 
@@ -193,7 +228,11 @@ impl Problem {
     pub fn chunks(&self) -> Vec<Range<usize>> {
         self.sequences()
             .into_iter()
-            .flat_map(|s| (s.start..s.end).step_by(CHUNK).map(move |c| c..(c + CHUNK).min(s.end)))
+            .flat_map(|s| {
+                (s.start..s.end)
+                    .step_by(CHUNK)
+                    .map(move |c| c..(c + CHUNK).min(s.end))
+            })
             .collect()
     }
 
@@ -204,7 +243,9 @@ impl Problem {
 
     /// The output scale (default `K^-1/2`).
     pub fn scale(&self) -> f32 {
-        self.options.scale.unwrap_or(1.0 / (self.key_dim as f32).sqrt())
+        self.options
+            .scale
+            .unwrap_or(1.0 / (self.key_dim as f32).sqrt())
     }
 
     pub fn qk_shape(&self) -> [usize; 4] {
@@ -229,12 +270,20 @@ impl Problem {
     /// Index of state element (k, v) of sequence n, v-head hv, in the problem's state layout.
     pub fn state_index(&self, n: usize, hv: usize, k: usize, v: usize) -> usize {
         let base = (n * self.heads_v + hv) * self.key_dim * self.value_dim;
-        if self.options.state_v_first { base + v * self.key_dim + k } else { base + k * self.value_dim + v }
+        if self.options.state_v_first {
+            base + v * self.key_dim + k
+        } else {
+            base + k * self.value_dim + v
+        }
     }
 
     /// Check the inputs' shapes and dtypes against the problem. `storage` lists the dtypes the
     /// backend can take for q, k, v.
-    pub fn check_inputs<T: TensorMeta>(&self, inputs: &ForwardInputs<&T>, storage: &[DType]) -> Result<()> {
+    pub fn check_inputs<T: TensorMeta>(
+        &self,
+        inputs: &ForwardInputs<&T>,
+        storage: &[DType],
+    ) -> Result<()> {
         let qk = self.qk_shape();
         check_shape("q", inputs.q, &qk)?;
         check_shape("k", inputs.k, &qk)?;
@@ -244,11 +293,18 @@ impl Problem {
         let dtype = inputs.q.dtype();
         for (name, t) in [("k", inputs.k), ("v", inputs.v)] {
             if t.dtype() != dtype {
-                return Err(Error::DType { name: name.into(), expected: format!("{dtype} (the dtype of q)"), got: t.dtype().to_string() });
+                return Err(Error::DType {
+                    name: name.into(),
+                    expected: format!("{dtype} (the dtype of q)"),
+                    got: t.dtype().to_string(),
+                });
             }
         }
         if !storage.contains(&dtype) {
-            return Err(Error::unsupported("q", format!("{dtype} storage on this backend")));
+            return Err(Error::unsupported(
+                "q",
+                format!("{dtype} storage on this backend"),
+            ));
         }
         check_f32("g", inputs.g)?;
         check_f32("beta", inputs.beta)?;
@@ -264,10 +320,32 @@ impl Problem {
                 check_shape("dt_bias", d, &hv)?;
                 check_f32("dt_bias", d)?;
             }
-            (true, None, _) => return Err(Error::Missing { name: "A_log".into(), why: "with gate_in_kernel, shape [HV]".into() }),
-            (true, _, None) => return Err(Error::Missing { name: "dt_bias".into(), why: "with gate_in_kernel, shape [HV]".into() }),
-            (false, Some(_), _) => return Err(Error::value("A_log", "no A_log unless gate_in_kernel is set", "a tensor")),
-            (false, _, Some(_)) => return Err(Error::value("dt_bias", "no dt_bias unless gate_in_kernel is set", "a tensor")),
+            (true, None, _) => {
+                return Err(Error::Missing {
+                    name: "A_log".into(),
+                    why: "with gate_in_kernel, shape [HV]".into(),
+                });
+            }
+            (true, _, None) => {
+                return Err(Error::Missing {
+                    name: "dt_bias".into(),
+                    why: "with gate_in_kernel, shape [HV]".into(),
+                });
+            }
+            (false, Some(_), _) => {
+                return Err(Error::value(
+                    "A_log",
+                    "no A_log unless gate_in_kernel is set",
+                    "a tensor",
+                ));
+            }
+            (false, _, Some(_)) => {
+                return Err(Error::value(
+                    "dt_bias",
+                    "no dt_bias unless gate_in_kernel is set",
+                    "a tensor",
+                ));
+            }
             (false, None, None) => {}
         }
         Ok(())
@@ -275,12 +353,20 @@ impl Problem {
 }
 
 fn check_shape<T: TensorMeta>(name: &str, t: &T, expected: &[usize]) -> Result<()> {
-    if t.shape() != expected { Err(Error::shape(name, expected, t.shape())) } else { Ok(()) }
+    if t.shape() != expected {
+        Err(Error::shape(name, expected, t.shape()))
+    } else {
+        Ok(())
+    }
 }
 
 fn check_f32<T: TensorMeta>(name: &str, t: &T) -> Result<()> {
     if t.dtype() != DType::F32 {
-        return Err(Error::DType { name: name.into(), expected: "F32".into(), got: t.dtype().to_string() });
+        return Err(Error::DType {
+            name: name.into(),
+            expected: "F32".into(),
+            got: t.dtype().to_string(),
+        });
     }
     Ok(())
 }
@@ -289,7 +375,10 @@ fn check_f32<T: TensorMeta>(name: &str, t: &T) -> Result<()> {
 /// `gate_in_kernel`) every log-decay `g ≤ 0`, so that every exponent the kernels take is ≤ 0.
 /// GPU tensors cannot be checked without a readback; the GPU API documents this precondition
 /// and the CLI and host helpers call this.
-pub fn check_host_values(problem: &Problem, inputs: &ForwardInputs<&crate::HostTensor>) -> Result<()> {
+pub fn check_host_values(
+    problem: &Problem,
+    inputs: &ForwardInputs<&crate::HostTensor>,
+) -> Result<()> {
     let named = [
         ("q", Some(inputs.q)),
         ("k", Some(inputs.k)),
@@ -302,13 +391,23 @@ pub fn check_host_values(problem: &Problem, inputs: &ForwardInputs<&crate::HostT
     ];
     for (name, t) in named {
         if let Some(t) = t
-            && let Some(i) = t.data.iter().position(|x| !x.is_finite()) {
-                return Err(Error::value(name, "finite values", format!("{} at flat index {i}", t.data[i])));
-            }
+            && let Some(i) = t.data.iter().position(|x| !x.is_finite())
+        {
+            return Err(Error::value(
+                name,
+                "finite values",
+                format!("{} at flat index {i}", t.data[i]),
+            ));
+        }
     }
     if !problem.options.gate_in_kernel
-        && let Some(i) = inputs.g.data.iter().position(|&x| x > 0.0) {
-            return Err(Error::value("g", "log-space decays ≤ 0", format!("{} at flat index {i}", inputs.g.data[i])));
-        }
+        && let Some(i) = inputs.g.data.iter().position(|&x| x > 0.0)
+    {
+        return Err(Error::value(
+            "g",
+            "log-space decays ≤ 0",
+            format!("{} at flat index {i}", inputs.g.data[i]),
+        ));
+    }
     Ok(())
 }

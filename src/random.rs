@@ -23,7 +23,13 @@ pub struct RandomSpec {
 
 impl Default for RandomSpec {
     fn default() -> Self {
-        RandomSpec { seed: 0, initial_state: true, beta: (0.0, 1.0), zero_gate_heads: 0, strong_gate_heads: 0 }
+        RandomSpec {
+            seed: 0,
+            initial_state: true,
+            beta: (0.0, 1.0),
+            zero_gate_heads: 0,
+            strong_gate_heads: 0,
+        }
     }
 }
 
@@ -77,7 +83,11 @@ impl RandomSpec {
                 .collect();
             for (i, x) in g.iter_mut().enumerate() {
                 let head = i % hv;
-                *x = if special(head) == Some(-20.0) { rng.random_range(0.5..1.5) } else { StandardNormal.sample(&mut rng) };
+                *x = if special(head) == Some(-20.0) {
+                    rng.random_range(0.5..1.5)
+                } else {
+                    StandardNormal.sample(&mut rng)
+                };
             }
             a_log = Some(HostTensor::new([hv], al));
             dt_bias = Some(HostTensor::new([hv], dt));
@@ -94,7 +104,11 @@ impl RandomSpec {
         let (lo, hi) = self.beta;
         let beta: Vec<f32> = (0..bt * hv)
             .map(|_| {
-                let b = if lo == hi { lo } else { rng.random_range(lo..hi) };
+                let b = if lo == hi {
+                    lo
+                } else {
+                    rng.random_range(lo..hi)
+                };
                 if opt.beta_sigmoid {
                     let target = if opt.allow_neg_eigval { b / 2.0 } else { b };
                     logit(target.clamp(1e-6, 1.0 - 1e-6))
@@ -106,7 +120,10 @@ impl RandomSpec {
         let initial_state = self.initial_state.then(|| {
             let shape = p.state_shape();
             let n = shape.iter().product();
-            HostTensor::new(shape, normal(&mut rng, n).into_iter().map(|x| 0.5 * x).collect())
+            HostTensor::new(
+                shape,
+                normal(&mut rng, n).into_iter().map(|x| 0.5 * x).collect(),
+            )
         });
         ForwardInputs {
             q: HostTensor::new(p.qk_shape(), q),

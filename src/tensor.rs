@@ -54,8 +54,16 @@ impl HostTensor {
     /// An f32 tensor; `data.len()` must equal the product of `shape`.
     pub fn new(shape: impl Into<Vec<usize>>, data: Vec<f32>) -> Self {
         let shape = shape.into();
-        assert_eq!(shape.iter().product::<usize>(), data.len(), "HostTensor::new: shape and data length differ");
-        HostTensor { shape, dtype: DType::F32, data }
+        assert_eq!(
+            shape.iter().product::<usize>(),
+            data.len(),
+            "HostTensor::new: shape and data length differ"
+        );
+        HostTensor {
+            shape,
+            dtype: DType::F32,
+            data,
+        }
     }
 
     /// Same values, recorded as stored in `dtype` (values are rounded to it).
@@ -87,8 +95,12 @@ impl TensorMeta for HostTensor {
 pub fn round_to_dtype(values: &mut [f32], dtype: DType) {
     match dtype {
         DType::F32 => {}
-        DType::F16 => values.iter_mut().for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
-        DType::BF16 => values.iter_mut().for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
+        DType::F16 => values
+            .iter_mut()
+            .for_each(|x| *x = half::f16::from_f32(*x).to_f32()),
+        DType::BF16 => values
+            .iter_mut()
+            .for_each(|x| *x = half::bf16::from_f32(*x).to_f32()),
     }
 }
 
@@ -105,5 +117,9 @@ pub fn relative_l2(actual: &[f32], expected: &[f64]) -> f64 {
     if actual.iter().any(|a| !a.is_finite()) {
         return f64::NAN;
     }
-    if den == 0.0 { num.sqrt() } else { (num / den).sqrt() }
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
 }

@@ -3,9 +3,21 @@
 mod common;
 
 use gdn_wgpu::gpu::{self, GpuTensor};
-use gdn_wgpu::{DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec, check_host_values};
+use gdn_wgpu::{
+    DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec,
+    check_host_values,
+};
 
-fn problem_err(b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize, cu: Option<Vec<usize>>, o: Options) -> Error {
+fn problem_err(
+    b: usize,
+    t: usize,
+    h: usize,
+    hv: usize,
+    k: usize,
+    v: usize,
+    cu: Option<Vec<usize>>,
+    o: Options,
+) -> Error {
     Problem::new(b, t, h, hv, k, v, cu, o).expect_err("problem should be rejected")
 }
 
@@ -19,7 +31,10 @@ fn assert_names(err: &Error, name: &str) {
 #[test]
 fn problem_sizes() {
     let d = Options::default();
-    assert!(matches!(problem_err(0, 8, 1, 1, 16, 16, None, d), Error::Value { .. }));
+    assert!(matches!(
+        problem_err(0, 8, 1, 1, 16, 16, None, d),
+        Error::Value { .. }
+    ));
     assert_names(&problem_err(0, 8, 1, 1, 16, 16, None, d), "batch");
     assert_names(&problem_err(1, 0, 1, 1, 16, 16, None, d), "tokens");
     assert_names(&problem_err(1, 8, 0, 1, 16, 16, None, d), "heads_qk");
@@ -31,20 +46,44 @@ fn problem_sizes() {
 
 #[test]
 fn options() {
-    let nan_scale = Options { scale: Some(f32::NAN), ..Options::default() };
+    let nan_scale = Options {
+        scale: Some(f32::NAN),
+        ..Options::default()
+    };
     assert_names(&problem_err(1, 8, 1, 1, 16, 16, None, nan_scale), "scale");
-    let neg = Options { allow_neg_eigval: true, ..Options::default() };
-    assert_names(&problem_err(1, 8, 1, 1, 16, 16, None, neg), "allow_neg_eigval");
+    let neg = Options {
+        allow_neg_eigval: true,
+        ..Options::default()
+    };
+    assert_names(
+        &problem_err(1, 8, 1, 1, 16, 16, None, neg),
+        "allow_neg_eigval",
+    );
 }
 
 #[test]
 fn cu_seqlens() {
     let d = Options::default();
-    assert_names(&problem_err(2, 8, 1, 1, 16, 16, Some(vec![0, 8]), d), "cu_seqlens");
-    assert_names(&problem_err(1, 8, 1, 1, 16, 16, Some(vec![8]), d), "cu_seqlens");
-    assert_names(&problem_err(1, 8, 1, 1, 16, 16, Some(vec![1, 8]), d), "cu_seqlens");
-    assert_names(&problem_err(1, 8, 1, 1, 16, 16, Some(vec![0, 5, 3, 8]), d), "cu_seqlens");
-    assert_names(&problem_err(1, 8, 1, 1, 16, 16, Some(vec![0, 4, 7]), d), "cu_seqlens");
+    assert_names(
+        &problem_err(2, 8, 1, 1, 16, 16, Some(vec![0, 8]), d),
+        "cu_seqlens",
+    );
+    assert_names(
+        &problem_err(1, 8, 1, 1, 16, 16, Some(vec![8]), d),
+        "cu_seqlens",
+    );
+    assert_names(
+        &problem_err(1, 8, 1, 1, 16, 16, Some(vec![1, 8]), d),
+        "cu_seqlens",
+    );
+    assert_names(
+        &problem_err(1, 8, 1, 1, 16, 16, Some(vec![0, 5, 3, 8]), d),
+        "cu_seqlens",
+    );
+    assert_names(
+        &problem_err(1, 8, 1, 1, 16, 16, Some(vec![0, 4, 7]), d),
+        "cu_seqlens",
+    );
 }
 
 fn small() -> (Problem, ForwardInputs<HostTensor>) {
@@ -54,7 +93,8 @@ fn small() -> (Problem, ForwardInputs<HostTensor>) {
 }
 
 fn check(p: &Problem, inputs: &ForwardInputs<HostTensor>) -> Error {
-    p.check_inputs(&inputs.as_ref(), &[DType::F32]).expect_err("inputs should be rejected")
+    p.check_inputs(&inputs.as_ref(), &[DType::F32])
+        .expect_err("inputs should be rejected")
 }
 
 #[test]
@@ -99,7 +139,20 @@ fn tensor_dtypes() {
 #[test]
 fn gate_parameters() {
     let (p, base) = small();
-    let gated = Problem::new(1, 10, 1, 2, 16, 16, None, Options { gate_in_kernel: true, ..Options::default() }).unwrap();
+    let gated = Problem::new(
+        1,
+        10,
+        1,
+        2,
+        16,
+        16,
+        None,
+        Options {
+            gate_in_kernel: true,
+            ..Options::default()
+        },
+    )
+    .unwrap();
     let e = check(&gated, &base);
     assert!(matches!(e, Error::Missing { .. }), "{e}");
     assert_names(&e, "A_log");
@@ -130,11 +183,31 @@ fn gpu_outputs_and_sizes() {
     let o_bad = GpuTensor::empty(ctx, "o", &[1, 10, 2, 32], DType::F32).unwrap();
     let state = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F32).unwrap();
     let mut enc = ctx.create_encoder("errors");
-    let e = gpu::forward_into(ctx, &mut enc, &p, &inputs.as_ref(), &ForwardOutputs { o: &o_bad, final_state: &state }).unwrap_err();
+    let e = gpu::forward_into(
+        ctx,
+        &mut enc,
+        &p,
+        &inputs.as_ref(),
+        &ForwardOutputs {
+            o: &o_bad,
+            final_state: &state,
+        },
+    )
+    .unwrap_err();
     assert_names(&e, "o");
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), DType::F32).unwrap();
     let state_f16 = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F16).unwrap();
-    let e = gpu::forward_into(ctx, &mut enc, &p, &inputs.as_ref(), &ForwardOutputs { o: &o, final_state: &state_f16 }).unwrap_err();
+    let e = gpu::forward_into(
+        ctx,
+        &mut enc,
+        &p,
+        &inputs.as_ref(),
+        &ForwardOutputs {
+            o: &o,
+            final_state: &state_f16,
+        },
+    )
+    .unwrap_err();
     assert_names(&e, "final_state");
     // Larger than any binding the device allows: refused before allocation.
     let limit = ctx.limits().max_storage_buffer_binding_size as usize;

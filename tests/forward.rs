@@ -9,10 +9,22 @@ use gdn_wgpu::gpu::Context;
 use gdn_wgpu::{Options, Problem, RandomSpec};
 
 fn spec(seed: u64) -> RandomSpec {
-    RandomSpec { seed, ..RandomSpec::default() }
+    RandomSpec {
+        seed,
+        ..RandomSpec::default()
+    }
 }
 
-fn with(options: Options, b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize, cu: Option<Vec<usize>>) -> Problem {
+fn with(
+    options: Options,
+    b: usize,
+    t: usize,
+    h: usize,
+    hv: usize,
+    k: usize,
+    v: usize,
+    cu: Option<Vec<usize>>,
+) -> Problem {
     Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
 }
 
@@ -31,7 +43,11 @@ fn batch_of_several_sequences() {
 #[test]
 fn with_and_without_initial_state() {
     for (i, h0) in [false, true].into_iter().enumerate() {
-        let s = RandomSpec { seed: 20 + i as u64, initial_state: h0, ..RandomSpec::default() };
+        let s = RandomSpec {
+            seed: 20 + i as u64,
+            initial_state: h0,
+            ..RandomSpec::default()
+        };
         check_forward(&dense(2, 70, 1, 2, 32, 32), &s);
     }
 }
@@ -39,15 +55,37 @@ fn with_and_without_initial_state() {
 #[test]
 fn varlen_with_length_one_sequences() {
     let cu = vec![0, 1, 2, 67, 68, 131, 132];
-    check_forward(&with(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu.clone())), &spec(30));
-    let s = RandomSpec { seed: 31, initial_state: false, ..RandomSpec::default() };
-    check_forward(&with(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu)), &s);
+    check_forward(
+        &with(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu.clone())),
+        &spec(30),
+    );
+    let s = RandomSpec {
+        seed: 31,
+        initial_state: false,
+        ..RandomSpec::default()
+    };
+    check_forward(
+        &with(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu)),
+        &s,
+    );
 }
 
 #[test]
 fn varlen_with_an_empty_sequence_keeps_its_initial_state() {
     // A zero-length sequence has no chunk: its final state must be exactly its initial state.
-    check_forward(&with(Options::default(), 1, 70, 1, 1, 16, 16, Some(vec![0, 5, 5, 70])), &spec(35));
+    check_forward(
+        &with(
+            Options::default(),
+            1,
+            70,
+            1,
+            1,
+            16,
+            16,
+            Some(vec![0, 5, 5, 70]),
+        ),
+        &spec(35),
+    );
 }
 
 #[test]
@@ -59,14 +97,23 @@ fn gva_ratios_1_2_4() {
 
 #[test]
 fn zero_gate_and_strong_gate_heads() {
-    let s = RandomSpec { seed: 50, zero_gate_heads: 2, strong_gate_heads: 1, ..RandomSpec::default() };
+    let s = RandomSpec {
+        seed: 50,
+        zero_gate_heads: 2,
+        strong_gate_heads: 1,
+        ..RandomSpec::default()
+    };
     check_forward(&dense(1, 130, 1, 4, 32, 32), &s);
 }
 
 #[test]
 fn beta_near_zero_and_near_two() {
     for (i, beta) in [(0.0, 1e-3), (1.95, 2.0)].into_iter().enumerate() {
-        let s = RandomSpec { seed: 60 + i as u64, beta, ..RandomSpec::default() };
+        let s = RandomSpec {
+            seed: 60 + i as u64,
+            beta,
+            ..RandomSpec::default()
+        };
         check_forward(&dense(1, 100, 1, 2, 32, 32), &s);
     }
 }
@@ -90,21 +137,45 @@ fn head_dim_256() {
 
 #[test]
 fn state_v_first() {
-    let o = Options { state_v_first: true, ..Options::default() };
+    let o = Options {
+        state_v_first: true,
+        ..Options::default()
+    };
     check_forward(&with(o, 1, 70, 1, 2, 32, 48, None), &spec(90));
 }
 
 #[test]
 fn each_option() {
     let cases = [
-        Options { scale: Some(0.37), ..Options::default() },
-        Options { l2norm_qk: true, ..Options::default() },
-        Options { beta_sigmoid: true, ..Options::default() },
-        Options { beta_sigmoid: true, allow_neg_eigval: true, ..Options::default() },
-        Options { gate_in_kernel: true, ..Options::default() },
+        Options {
+            scale: Some(0.37),
+            ..Options::default()
+        },
+        Options {
+            l2norm_qk: true,
+            ..Options::default()
+        },
+        Options {
+            beta_sigmoid: true,
+            ..Options::default()
+        },
+        Options {
+            beta_sigmoid: true,
+            allow_neg_eigval: true,
+            ..Options::default()
+        },
+        Options {
+            gate_in_kernel: true,
+            ..Options::default()
+        },
     ];
     for (i, o) in cases.into_iter().enumerate() {
-        let s = RandomSpec { seed: 100 + i as u64, zero_gate_heads: 1, strong_gate_heads: 1, ..RandomSpec::default() };
+        let s = RandomSpec {
+            seed: 100 + i as u64,
+            zero_gate_heads: 1,
+            strong_gate_heads: 1,
+            ..RandomSpec::default()
+        };
         check_forward(&with(o, 1, 70, 1, 3, 32, 32, None), &s);
     }
 }
@@ -119,8 +190,16 @@ fn every_option_together_with_varlen_and_gva() {
         gate_in_kernel: true,
         state_v_first: true,
     };
-    let s = RandomSpec { seed: 110, zero_gate_heads: 1, strong_gate_heads: 1, ..RandomSpec::default() };
-    check_forward(&with(o, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140])), &s);
+    let s = RandomSpec {
+        seed: 110,
+        zero_gate_heads: 1,
+        strong_gate_heads: 1,
+        ..RandomSpec::default()
+    };
+    check_forward(
+        &with(o, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140])),
+        &s,
+    );
 }
 
 #[test]
@@ -129,7 +208,10 @@ fn every_v_block_width_the_device_fits() {
     // A private context, so forcing a width does not affect tests running in parallel.
     let mut ctx = Context::new_blocking().unwrap();
     let widths = shared.tuning().v_blocks.clone();
-    assert!(widths.contains(&16), "V-block 16 must fit every device: {widths:?}");
+    assert!(
+        widths.contains(&16),
+        "V-block 16 must fit every device: {widths:?}"
+    );
     for bv in widths {
         ctx.tuning_mut().forced_v_block = Some(bv);
         // V = 48 is not a multiple of 32 or 64: the kernel must mask the columns past V.
@@ -137,7 +219,10 @@ fn every_v_block_width_the_device_fits() {
             let problem = dense(1, 130, 1, 2, 32, v);
             let e = forward_errors(&ctx, &problem, &spec(120 + bv as u64));
             eprintln!("V_BLOCK {bv}, V {v}: {e:?}");
-            assert!(e.o <= F32_TOL && e.state <= F32_TOL, "V_BLOCK {bv}, V {v}: {e:?}");
+            assert!(
+                e.o <= F32_TOL && e.state <= F32_TOL,
+                "V_BLOCK {bv}, V {v}: {e:?}"
+            );
         }
     }
 }
@@ -158,22 +243,57 @@ fn repeated_runs_are_bitwise_identical() {
 #[test]
 fn half_precision_storage() {
     let Some(ctx) = common::gpu() else { return };
-    let full = Options { scale: Some(0.2), l2norm_qk: true, beta_sigmoid: true, allow_neg_eigval: true, gate_in_kernel: true, state_v_first: true };
+    let full = Options {
+        scale: Some(0.2),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
     let cases = [
-        ("plain", with(Options::default(), 1, 130, 1, 2, 32, 48, None)),
+        (
+            "plain",
+            with(Options::default(), 1, 130, 1, 2, 32, 48, None),
+        ),
         ("T=1", with(Options::default(), 1, 1, 1, 1, 16, 16, None)),
-        ("every option, varlen, GVA", with(full, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140]))),
+        (
+            "every option, varlen, GVA",
+            with(full, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140])),
+        ),
     ];
     // (dtype, o tolerance, state tolerance without / with in-kernel l2norm)
-    let dtypes = [(gdn_wgpu::DType::BF16, 3e-3, 1e-5, 5e-3), (gdn_wgpu::DType::F16, 5e-4, 1e-5, 1e-3)];
+    let dtypes = [
+        (gdn_wgpu::DType::BF16, 3e-3, 1e-5, 5e-3),
+        (gdn_wgpu::DType::F16, 5e-4, 1e-5, 1e-3),
+    ];
     for (dtype, tol_o, tol_state, tol_state_l2) in dtypes {
         for (i, (name, problem)) in cases.iter().enumerate() {
-            let s = RandomSpec { seed: 200 + i as u64, zero_gate_heads: 1, strong_gate_heads: 1, ..RandomSpec::default() };
-            let Some(e) = common::forward_errors_dtype(ctx, problem, &s, dtype) else { continue };
-            let tol_s = if problem.options.l2norm_qk { tol_state_l2 } else { tol_state };
+            let s = RandomSpec {
+                seed: 200 + i as u64,
+                zero_gate_heads: 1,
+                strong_gate_heads: 1,
+                ..RandomSpec::default()
+            };
+            let Some(e) = common::forward_errors_dtype(ctx, problem, &s, dtype) else {
+                continue;
+            };
+            let tol_s = if problem.options.l2norm_qk {
+                tol_state_l2
+            } else {
+                tol_state
+            };
             eprintln!("{dtype} {name}: {e:?}");
-            assert!(e.o <= tol_o, "{dtype} {name}: o rel-L2 {:e} > {tol_o:e}", e.o);
-            assert!(e.state <= tol_s, "{dtype} {name}: state rel-L2 {:e} > {tol_s:e}", e.state);
+            assert!(
+                e.o <= tol_o,
+                "{dtype} {name}: o rel-L2 {:e} > {tol_o:e}",
+                e.o
+            );
+            assert!(
+                e.state <= tol_s,
+                "{dtype} {name}: state rel-L2 {:e} > {tol_s:e}",
+                e.state
+            );
         }
     }
 }

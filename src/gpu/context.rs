@@ -39,7 +39,10 @@ fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
         wgpu::DeviceType::Cpu => 4,
     };
     let backend = match info.backend {
-        wgpu::Backend::Vulkan | wgpu::Backend::Metal | wgpu::Backend::Dx12 | wgpu::Backend::BrowserWebGpu => 0,
+        wgpu::Backend::Vulkan
+        | wgpu::Backend::Metal
+        | wgpu::Backend::Dx12
+        | wgpu::Backend::BrowserWebGpu => 0,
         _ => 1,
     };
     (backend, ty)
@@ -77,11 +80,11 @@ impl Context {
     /// A context on the best adapter (see [`list_adapters`]), requesting the adapter's limits
     /// and the features the library uses.
     pub async fn new() -> Result<Self> {
-        let adapter = list_adapters()
-            .await
-            .into_iter()
-            .next()
-            .ok_or_else(|| Error::NoAdapter("wgpu found no adapter (is a Vulkan/Metal/DX12 driver installed?)".into()))?;
+        let adapter = list_adapters().await.into_iter().next().ok_or_else(|| {
+            Error::NoAdapter(
+                "wgpu found no adapter (is a Vulkan/Metal/DX12 driver installed?)".into(),
+            )
+        })?;
         Self::from_adapter(adapter).await
     }
 
@@ -102,7 +105,10 @@ impl Context {
     /// A context on a given adapter with the limits the caller asks for, e.g.
     /// `wgpu::Limits::default()` (WebGPU's defaults, which every implementation grants): the
     /// kernels pick their tiles from what the device ends up with.
-    pub async fn from_adapter_with_limits(adapter: wgpu::Adapter, limits: wgpu::Limits) -> Result<Self> {
+    pub async fn from_adapter_with_limits(
+        adapter: wgpu::Adapter,
+        limits: wgpu::Limits,
+    ) -> Result<Self> {
         let info = adapter.get_info();
         let desc = wgpu::DeviceDescriptor {
             label: Some("gdn-wgpu"),
@@ -110,15 +116,19 @@ impl Context {
             required_limits: limits,
             ..Default::default()
         };
-        let (device, queue) = adapter.request_device(&desc).await.map_err(|e| Error::RequestDevice(e.to_string()))?;
+        let (device, queue) = adapter
+            .request_device(&desc)
+            .await
+            .map_err(|e| Error::RequestDevice(e.to_string()))?;
         log::debug!("gdn-wgpu: using adapter {} ({:?})", info.name, info.backend);
         let ctx = Self::build(device, queue, Some(info))?;
         // Errors on a device we own go to the context, never to wgpu's default panic handler.
         let errors = ctx.errors.clone();
-        ctx.device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
-            log::debug!("gdn-wgpu: device error: {e}");
-            errors.lock().unwrap().push(e.to_string());
-        }));
+        ctx.device
+            .on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                log::debug!("gdn-wgpu: device error: {e}");
+                errors.lock().unwrap().push(e.to_string());
+            }));
         let lost = ctx.lost.clone();
         ctx.device.set_device_lost_callback(move |reason, msg| {
             *lost.lock().unwrap() = Some(format!("{reason:?}: {msg}"));
@@ -128,11 +138,19 @@ impl Context {
 
     /// A context on the caller's own device and queue. The library uses whatever features and
     /// limits the device was created with; device errors keep going to the caller's handler.
-    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue, adapter_info: Option<wgpu::AdapterInfo>) -> Result<Self> {
+    pub fn from_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter_info: Option<wgpu::AdapterInfo>,
+    ) -> Result<Self> {
         Self::build(device, queue, adapter_info)
     }
 
-    fn build(device: wgpu::Device, queue: wgpu::Queue, adapter_info: Option<wgpu::AdapterInfo>) -> Result<Self> {
+    fn build(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter_info: Option<wgpu::AdapterInfo>,
+    ) -> Result<Self> {
         let tuning = Tuning::for_device(&device.limits())?;
         let pipelines = PipelineCache::new(device.clone());
         Ok(Context {
@@ -200,12 +218,16 @@ impl Context {
     pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
         let index = self.queue.submit(Some(encoder.finish()));
         self.device
-            .poll(wgpu::PollType::Wait { submission_index: Some(index), timeout: None })
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
             .map_err(|e| Error::Gpu(e.to_string()))?;
         self.check()
     }
 
     pub fn create_encoder(&self, label: &str) -> wgpu::CommandEncoder {
-        self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
     }
 }

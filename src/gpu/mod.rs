@@ -12,14 +12,16 @@ mod tensor;
 pub mod timing;
 pub mod tuning;
 
-pub use backward::{Gradients, Saved, backward, backward_profiled, forward_backward, forward_saved};
 #[cfg(not(target_arch = "wasm32"))]
 pub use backward::backward_host;
+pub use backward::{
+    Gradients, Saved, backward, backward_profiled, forward_backward, forward_saved,
+};
 pub use context::{Context, list_adapters};
 pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, decode_step};
-pub use forward::{Forward, Intermediates, forward, forward_into, forward_into_profiled};
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;
+pub use forward::{Forward, Intermediates, forward, forward_into, forward_into_profiled};
 pub use tensor::GpuTensor;
 pub use timing::GpuTimer;
 pub use tuning::Tuning;

@@ -57,11 +57,12 @@ impl Params {
     }
 
     pub fn upload(&self, ctx: &Context) -> wgpu::Buffer {
-        ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some("gdn params"),
-            contents: bytemuck::bytes_of(self),
-            usage: wgpu::BufferUsages::UNIFORM,
-        })
+        ctx.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("gdn params"),
+                contents: bytemuck::bytes_of(self),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
     }
 }
 
@@ -69,28 +70,62 @@ impl Params {
 /// one would exceed the 65535 limit (shaders recover the index with `flat_index`).
 pub fn grid_1d(items: u32) -> (u32, u32, u32) {
     let groups = items.div_ceil(64).max(1);
-    if groups <= 65535 { (groups, 1, 1) } else { (65535, groups.div_ceil(65535), 1) }
+    if groups <= 65535 {
+        (groups, 1, 1)
+    } else {
+        (65535, groups.div_ceil(65535), 1)
+    }
 }
 
 /// A read-only storage buffer of u32 words (chunk and segment tables).
 pub fn upload_u32(ctx: &Context, label: &str, words: &[u32]) -> wgpu::Buffer {
-    let contents: &[u8] = if words.is_empty() { &[0u8; 4] } else { bytemuck::cast_slice(words) };
-    ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some(label), contents, usage: wgpu::BufferUsages::STORAGE })
+    let contents: &[u8] = if words.is_empty() {
+        &[0u8; 4]
+    } else {
+        bytemuck::cast_slice(words)
+    };
+    ctx.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: wgpu::BufferUsages::STORAGE,
+        })
 }
 
 /// One bind group from `buffers` at bindings 0, 1, 2, … of group 0 of `pipeline`.
-pub fn bind(ctx: &Context, pipeline: &wgpu::ComputePipeline, label: &str, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+pub fn bind(
+    ctx: &Context,
+    pipeline: &wgpu::ComputePipeline,
+    label: &str,
+    buffers: &[&wgpu::Buffer],
+) -> wgpu::BindGroup {
     let entries: Vec<wgpu::BindGroupEntry> = buffers
         .iter()
         .enumerate()
-        .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: b.as_entire_binding(),
+        })
         .collect();
-    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor { label: Some(label), layout: &pipeline.get_bind_group_layout(0), entries: &entries })
+    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    })
 }
 
 /// Record one compute dispatch.
-pub fn dispatch(encoder: &mut wgpu::CommandEncoder, label: &str, pipeline: &wgpu::ComputePipeline, bind_group: &wgpu::BindGroup, grid: (u32, u32, u32)) {
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some(label), timestamp_writes: None });
+pub fn dispatch(
+    encoder: &mut wgpu::CommandEncoder,
+    label: &str,
+    pipeline: &wgpu::ComputePipeline,
+    bind_group: &wgpu::BindGroup,
+    grid: (u32, u32, u32),
+) {
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(label),
+        timestamp_writes: None,
+    });
     pass.set_pipeline(pipeline);
     pass.set_bind_group(0, bind_group, &[]);
     pass.dispatch_workgroups(grid.0, grid.1, grid.2);

@@ -22,35 +22,56 @@ pub(crate) struct PipelineCache {
 
 impl PipelineCache {
     pub fn new(device: wgpu::Device) -> Self {
-        PipelineCache { device, pipelines: Mutex::default() }
+        PipelineCache {
+            device,
+            pipelines: Mutex::default(),
+        }
     }
 
     /// The pipeline for `entry` of `source` specialized with `constants`, compiled on first use.
-    pub fn get(&self, source: &ShaderSource, entry: &'static str, constants: &[(&'static str, f64)]) -> wgpu::ComputePipeline {
-        let mut sorted: Vec<(&'static str, u64)> = constants.iter().map(|&(n, v)| (n, v.to_bits())).collect();
+    pub fn get(
+        &self,
+        source: &ShaderSource,
+        entry: &'static str,
+        constants: &[(&'static str, f64)],
+    ) -> wgpu::ComputePipeline {
+        let mut sorted: Vec<(&'static str, u64)> =
+            constants.iter().map(|&(n, v)| (n, v.to_bits())).collect();
         sorted.sort_unstable();
-        let key = Key { source_hash: source.hash, source_len: source.text.len(), entry, constants: sorted };
+        let key = Key {
+            source_hash: source.hash,
+            source_len: source.text.len(),
+            entry,
+            constants: sorted,
+        };
         let mut map = self.pipelines.lock().unwrap();
         if let Some(p) = map.get(&key) {
             return p.clone();
         }
-        log::debug!("gdn-wgpu: compiling {}::{entry} with {constants:?}", source.name);
-        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some(source.name),
-            source: wgpu::ShaderSource::Wgsl(source.text.as_str().into()),
-        });
-        let pipeline = self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: None,
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants,
-                // Kernels initialize what they read; zeroing costs time on every dispatch.
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
-        });
+        log::debug!(
+            "gdn-wgpu: compiling {}::{entry} with {constants:?}",
+            source.name
+        );
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(source.name),
+                source: wgpu::ShaderSource::Wgsl(source.text.as_str().into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: None,
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants,
+                    // Kernels initialize what they read; zeroing costs time on every dispatch.
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            });
         map.insert(key, pipeline.clone());
         pipeline
     }

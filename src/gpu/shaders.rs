@@ -28,7 +28,21 @@ pub enum Pass {
 }
 
 impl Pass {
-    pub const ALL: [Pass; 13] = [Pass::PrepareQk, Pass::PrepareGate, Pass::WyInverse, Pass::StateScan, Pass::StateRecompute, Pass::DhScan, Pass::ValueGrams, Pass::WyGrad, Pass::StateGrad, Pass::QkGrad, Pass::QkFinish, Pass::GateFinish, Pass::RecurrentStep];
+    pub const ALL: [Pass; 13] = [
+        Pass::PrepareQk,
+        Pass::PrepareGate,
+        Pass::WyInverse,
+        Pass::StateScan,
+        Pass::StateRecompute,
+        Pass::DhScan,
+        Pass::ValueGrams,
+        Pass::WyGrad,
+        Pass::StateGrad,
+        Pass::QkGrad,
+        Pass::QkFinish,
+        Pass::GateFinish,
+        Pass::RecurrentStep,
+    ];
 
     /// Path under `shaders/`.
     pub fn file(self) -> &'static str {
@@ -85,11 +99,17 @@ impl Pass {
     /// Storage dtypes this pass has been written (and tested) for.
     pub fn storage_dtypes(self) -> &'static [DType] {
         match self {
-            Pass::PrepareQk | Pass::PrepareGate | Pass::WyInverse | Pass::StateScan => &FORWARD_STORAGE_DTYPES,
-            // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
-            Pass::StateRecompute | Pass::DhScan | Pass::ValueGrams | Pass::WyGrad | Pass::StateGrad | Pass::QkGrad | Pass::QkFinish => {
+            Pass::PrepareQk | Pass::PrepareGate | Pass::WyInverse | Pass::StateScan => {
                 &FORWARD_STORAGE_DTYPES
             }
+            // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
+            Pass::StateRecompute
+            | Pass::DhScan
+            | Pass::ValueGrams
+            | Pass::WyGrad
+            | Pass::StateGrad
+            | Pass::QkGrad
+            | Pass::QkFinish => &FORWARD_STORAGE_DTYPES,
             Pass::RecurrentStep => &FORWARD_STORAGE_DTYPES,
             _ => &STORAGE_DTYPES,
         }
@@ -114,19 +134,27 @@ pub struct ShaderSource {
 
 /// The assembled source of `pass` for storage `dtype`, built once per process.
 pub fn source(pass: Pass, dtype: DType) -> Result<&'static ShaderSource> {
-    static SOURCES: OnceLock<Mutex<HashMap<(Pass, DType), &'static ShaderSource>>> = OnceLock::new();
+    static SOURCES: OnceLock<Mutex<HashMap<(Pass, DType), &'static ShaderSource>>> =
+        OnceLock::new();
     let mut map = SOURCES.get_or_init(Mutex::default).lock().unwrap();
     if let Some(s) = map.get(&(pass, dtype)) {
         return Ok(s);
     }
     if !pass.storage_dtypes().contains(&dtype) {
-        return Err(Error::unsupported("storage dtype", format!("{dtype} storage in {}", pass.file())));
+        return Err(Error::unsupported(
+            "storage dtype",
+            format!("{dtype} storage in {}", pass.file()),
+        ));
     }
     // The dtype snippet goes first: `enable f16;` must precede every declaration.
     let text = format!("{}\n{PARAMS}\n{}", dtype_snippet(dtype), pass.body());
     let mut h = DefaultHasher::new();
     text.hash(&mut h);
-    let s: &'static ShaderSource = Box::leak(Box::new(ShaderSource { name: pass.file(), text, hash: h.finish() }));
+    let s: &'static ShaderSource = Box::leak(Box::new(ShaderSource {
+        name: pass.file(),
+        text,
+        hash: h.finish(),
+    }));
     map.insert((pass, dtype), s);
     Ok(s)
 }

@@ -24,8 +24,9 @@ impl TensorMeta for GpuTensor {
     }
 }
 
-const USAGE: wgpu::BufferUsages =
-    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
+const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
 
 /// Bytes of `len` elements of `dtype`, rounded up to 4 (storage bindings are word-sized).
 fn padded_bytes(len: usize, dtype: DType) -> u64 {
@@ -35,8 +36,14 @@ fn padded_bytes(len: usize, dtype: DType) -> u64 {
 fn encode(values: &[f32], dtype: DType) -> Vec<u8> {
     let mut bytes: Vec<u8> = match dtype {
         DType::F32 => bytemuck::cast_slice(values).to_vec(),
-        DType::F16 => values.iter().flat_map(|&x| half::f16::from_f32(x).to_le_bytes()).collect(),
-        DType::BF16 => values.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+            .collect(),
     };
     bytes.resize(padded_bytes(values.len(), dtype) as usize, 0);
     bytes
@@ -45,8 +52,14 @@ fn encode(values: &[f32], dtype: DType) -> Vec<u8> {
 fn decode(bytes: &[u8], len: usize, dtype: DType) -> Vec<f32> {
     match dtype {
         DType::F32 => bytemuck::cast_slice(&bytes[..len * 4]).to_vec(),
-        DType::F16 => bytes[..len * 2].chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
-        DType::BF16 => bytes[..len * 2].chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+        DType::F16 => bytes[..len * 2]
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        DType::BF16 => bytes[..len * 2]
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
     }
 }
 
@@ -68,10 +81,20 @@ impl GpuTensor {
         let limits = ctx.limits();
         let binding = limits.max_storage_buffer_binding_size;
         if bytes > binding {
-            return Err(Error::TooLarge { name: name.into(), bytes, limit_name: "max_storage_buffer_binding_size", limit: binding });
+            return Err(Error::TooLarge {
+                name: name.into(),
+                bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit: binding,
+            });
         }
         if bytes > limits.max_buffer_size {
-            return Err(Error::TooLarge { name: name.into(), bytes, limit_name: "max_buffer_size", limit: limits.max_buffer_size });
+            return Err(Error::TooLarge {
+                name: name.into(),
+                bytes,
+                limit_name: "max_buffer_size",
+                limit: limits.max_buffer_size,
+            });
         }
         Ok(())
     }
@@ -82,19 +105,45 @@ impl GpuTensor {
     }
 
     /// A tensor of `shape` holding `values` stored as `dtype`.
-    pub fn from_values(ctx: &Context, name: &str, shape: &[usize], dtype: DType, values: &[f32]) -> Result<Self> {
+    pub fn from_values(
+        ctx: &Context,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        values: &[f32],
+    ) -> Result<Self> {
         let len: usize = shape.iter().product();
         if values.len() != len {
-            return Err(Error::value(name, format!("{len} values for shape {shape:?}"), values.len()));
+            return Err(Error::value(
+                name,
+                format!("{len} values for shape {shape:?}"),
+                values.len(),
+            ));
         }
         let contents = encode(values, dtype);
         Self::check_size(ctx, name, contents.len() as u64)?;
-        let buffer = ctx.device.create_buffer_init(&wgpu::util::BufferInitDescriptor { label: Some(name), contents: &contents, usage: USAGE });
-        Ok(GpuTensor { buffer, shape: shape.to_vec(), dtype })
+        let buffer = ctx
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(name),
+                contents: &contents,
+                usage: USAGE,
+            });
+        Ok(GpuTensor {
+            buffer,
+            shape: shape.to_vec(),
+            dtype,
+        })
     }
 
     /// A tensor with every element set to `value` (NaN poisons outputs in tests).
-    pub fn filled(ctx: &Context, name: &str, shape: &[usize], dtype: DType, value: f32) -> Result<Self> {
+    pub fn filled(
+        ctx: &Context,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        value: f32,
+    ) -> Result<Self> {
         let len: usize = shape.iter().product();
         Self::from_values(ctx, name, shape, dtype, &vec![value; len])
     }
@@ -104,8 +153,17 @@ impl GpuTensor {
         let len: usize = shape.iter().product();
         let size = padded_bytes(len, dtype);
         Self::check_size(ctx, name, size)?;
-        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some(name), size, usage: USAGE, mapped_at_creation: false });
-        Ok(GpuTensor { buffer, shape: shape.to_vec(), dtype })
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(name),
+            size,
+            usage: USAGE,
+            mapped_at_creation: false,
+        });
+        Ok(GpuTensor {
+            buffer,
+            shape: shape.to_vec(),
+            dtype,
+        })
     }
 
     /// Copy the tensor back to the host (submits a copy and waits for it).
@@ -126,18 +184,28 @@ impl GpuTensor {
         });
         #[cfg(not(target_arch = "wasm32"))]
         ctx.device
-            .poll(wgpu::PollType::Wait { submission_index: None, timeout: None })
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
             .map_err(|e| Error::Gpu(e.to_string()))?;
         rx.await
             .map_err(|_| Error::Gpu("buffer mapping was cancelled".into()))?
             .map_err(|e| Error::Gpu(e.to_string()))?;
         ctx.check()?;
         let data = {
-            let view = staging.slice(..).get_mapped_range().map_err(|e| Error::Gpu(e.to_string()))?;
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| Error::Gpu(e.to_string()))?;
             decode(&view, self.len(), self.dtype)
         };
         staging.unmap();
-        Ok(HostTensor { shape: self.shape.clone(), dtype: self.dtype, data })
+        Ok(HostTensor {
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+            data,
+        })
     }
 
     /// [`GpuTensor::download`], blocking (native only).

@@ -22,13 +22,25 @@ pub struct GpuTimer {
 
 impl GpuTimer {
     pub fn new(ctx: &Context, capacity: u32) -> Option<Self> {
-        let need = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        let need =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
         if !ctx.features().contains(need) || capacity < 2 {
             return None;
         }
-        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor { label: Some("gdn timer"), ty: wgpu::QueryType::Timestamp, count: capacity });
+        let set = ctx.device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("gdn timer"),
+            ty: wgpu::QueryType::Timestamp,
+            count: capacity,
+        });
         let size = 8 * capacity as u64;
-        let buffer = |usage| ctx.device.create_buffer(&wgpu::BufferDescriptor { label: Some("gdn timer"), size, usage, mapped_at_creation: false });
+        let buffer = |usage| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("gdn timer"),
+                size,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
         Some(GpuTimer {
             set,
             resolve: buffer(wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC),
@@ -73,13 +85,26 @@ impl GpuTimer {
         }
         let slice = self.readback.slice(..8 * labels.len() as u64);
         slice.map_async(wgpu::MapMode::Read, |_| {});
-        ctx.device.poll(wgpu::PollType::Wait { submission_index: None, timeout: None }).map_err(|e| Error::Gpu(e.to_string()))?;
+        ctx.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| Error::Gpu(e.to_string()))?;
         let ticks: Vec<u64> = {
-            let view = slice.get_mapped_range().map_err(|e| Error::Gpu(e.to_string()))?;
-            view.chunks_exact(8).map(|b| u64::from_le_bytes(b.try_into().unwrap())).collect()
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| Error::Gpu(e.to_string()))?;
+            view.chunks_exact(8)
+                .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
+                .collect()
         };
         self.readback.unmap();
-        Ok(ticks.windows(2).zip(&labels[1..]).map(|(w, &l)| (l, w[1].wrapping_sub(w[0]) as f64 * self.period_ns / 1e6)).collect())
+        Ok(ticks
+            .windows(2)
+            .zip(&labels[1..])
+            .map(|(w, &l)| (l, w[1].wrapping_sub(w[0]) as f64 * self.period_ns / 1e6))
+            .collect())
     }
 
     /// Milliseconds from the first mark to the last.

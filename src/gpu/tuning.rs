@@ -48,28 +48,48 @@ pub const WY_INVERSE_WORDS: u32 = 11 * 256;
 
 impl Tuning {
     pub fn for_device(limits: &wgpu::Limits) -> Result<Self> {
-        if limits.max_compute_invocations_per_workgroup < WORKGROUP || limits.max_compute_workgroup_size_x < WORKGROUP {
+        if limits.max_compute_invocations_per_workgroup < WORKGROUP
+            || limits.max_compute_workgroup_size_x < WORKGROUP
+        {
             return Err(Error::unsupported(
                 "device",
-                format!("fewer than {WORKGROUP} invocations per workgroup ({})", limits.max_compute_invocations_per_workgroup),
+                format!(
+                    "fewer than {WORKGROUP} invocations per workgroup ({})",
+                    limits.max_compute_invocations_per_workgroup
+                ),
             ));
         }
         if limits.max_storage_buffers_per_shader_stage < STORAGE_BUFFERS {
             return Err(Error::unsupported(
                 "device",
-                format!("fewer than {STORAGE_BUFFERS} storage buffers per stage ({})", limits.max_storage_buffers_per_shader_stage),
+                format!(
+                    "fewer than {STORAGE_BUFFERS} storage buffers per stage ({})",
+                    limits.max_storage_buffers_per_shader_stage
+                ),
             ));
         }
         let bytes = limits.max_compute_workgroup_storage_size;
-        let v_blocks: Vec<u32> = [64, 32, 16].into_iter().filter(|&bv| state_scan_bytes(bv) <= bytes).collect();
+        let v_blocks: Vec<u32> = [64, 32, 16]
+            .into_iter()
+            .filter(|&bv| state_scan_bytes(bv) <= bytes)
+            .collect();
         if v_blocks.is_empty() || 4 * WY_INVERSE_WORDS > bytes {
             return Err(Error::unsupported(
                 "device",
-                format!("{bytes} bytes of workgroup memory (need {})", state_scan_bytes(16)),
+                format!(
+                    "{bytes} bytes of workgroup memory (need {})",
+                    state_scan_bytes(16)
+                ),
             ));
         }
-        let forced_v_block = std::env::var("GDN_V_BLOCK").ok().and_then(|s| s.parse().ok());
-        Ok(Tuning { workgroup_bytes: bytes, v_blocks, forced_v_block })
+        let forced_v_block = std::env::var("GDN_V_BLOCK")
+            .ok()
+            .and_then(|s| s.parse().ok());
+        Ok(Tuning {
+            workgroup_bytes: bytes,
+            v_blocks,
+            forced_v_block,
+        })
     }
 
     /// V-block width for `state_scan`: the widest that fits and divides V, narrowed while the
@@ -81,7 +101,12 @@ impl Tuning {
         if let Some(f) = self.forced_v_block.filter(|f| self.v_blocks.contains(f)) {
             return f;
         }
-        let dividing: Vec<u32> = self.v_blocks.iter().copied().filter(|bv| v.is_multiple_of(*bv)).collect();
+        let dividing: Vec<u32> = self
+            .v_blocks
+            .iter()
+            .copied()
+            .filter(|bv| v.is_multiple_of(*bv))
+            .collect();
         let base = (problem.num_sequences() * problem.heads_v) as u32;
         let mut choice = dividing[0];
         for &bv in &dividing {

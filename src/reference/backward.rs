@@ -75,7 +75,11 @@ pub fn backward_heads(
     heads: &[usize],
 ) -> Result<Gradients> {
     if let Some(&bad) = heads.iter().find(|&&h| h >= problem.heads_v) {
-        return Err(Error::value("heads", format!("v-head indices below HV = {}", problem.heads_v), bad));
+        return Err(Error::value(
+            "heads",
+            format!("v-head indices below HV = {}", problem.heads_v),
+            bad,
+        ));
     }
     backward_impl(problem, inputs, d_o, dht, heads)
 }
@@ -104,7 +108,13 @@ fn backward_impl(
         a_log: inputs.a_log.map(wide),
         dt_bias: inputs.dt_bias.map(wide),
     };
-    backward_f64_heads(problem, &inputs, &wide(d_o), dht.map(wide).as_deref(), heads)
+    backward_f64_heads(
+        problem,
+        &inputs,
+        &wide(d_o),
+        dht.map(wide).as_deref(),
+        heads,
+    )
 }
 
 /// [`backward`] on flat f64 inputs (row-major, the same shapes). Lengths are validated.

@@ -4,18 +4,29 @@ use crate::tensor::HostTensor;
 
 /// The forward recurrence in f64. Validates shapes like every backend; returns o `[B,T,HV,V]`
 /// and the final state in the problem's state layout, both in f64.
-pub fn forward(problem: &Problem, inputs: &ForwardInputs<&HostTensor>) -> Result<ForwardOutputs<Vec<f64>>> {
+pub fn forward(
+    problem: &Problem,
+    inputs: &ForwardInputs<&HostTensor>,
+) -> Result<ForwardOutputs<Vec<f64>>> {
     let all: Vec<usize> = (0..problem.heads_v).collect();
     forward_heads(problem, inputs, &all)
 }
 
 /// [`forward`] restricted to the v-heads in `heads` (the others stay 0): checks large problems
 /// on a sample of heads. Compare with [`select_heads`](super::select_heads).
-pub fn forward_heads(problem: &Problem, inputs: &ForwardInputs<&HostTensor>, heads: &[usize]) -> Result<ForwardOutputs<Vec<f64>>> {
+pub fn forward_heads(
+    problem: &Problem,
+    inputs: &ForwardInputs<&HostTensor>,
+    heads: &[usize],
+) -> Result<ForwardOutputs<Vec<f64>>> {
     use crate::tensor::DType::*;
     problem.check_inputs(inputs, &[F32, F16, BF16])?;
     if let Some(&bad) = heads.iter().find(|&&h| h >= problem.heads_v) {
-        return Err(crate::Error::value("heads", format!("v-head indices below HV = {}", problem.heads_v), bad));
+        return Err(crate::Error::value(
+            "heads",
+            format!("v-head indices below HV = {}", problem.heads_v),
+            bad,
+        ));
     }
     let p = problem;
     let (h_qk, hv_n, kd, vd) = (p.heads_qk, p.heads_v, p.key_dim, p.value_dim);
@@ -24,7 +35,10 @@ pub fn forward_heads(problem: &Problem, inputs: &ForwardInputs<&HostTensor>, hea
     let mut o = vec![0.0f64; p.total_tokens() * hv_n * vd];
     let mut final_state = vec![0.0f64; p.num_sequences() * hv_n * kd * vd];
     let wide = |t: &HostTensor, start: usize, len: usize| -> Vec<f64> {
-        t.data[start..start + len].iter().map(|&x| x as f64).collect()
+        t.data[start..start + len]
+            .iter()
+            .map(|&x| x as f64)
+            .collect()
     };
 
     for (n, seq) in p.sequences().into_iter().enumerate() {

@@ -116,7 +116,12 @@ pub fn dense(b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize) -> Pro
 
 /// Run the forward with q, k, v (and so o) stored as `dtype`, against the oracle on the same
 /// rounded inputs. Returns `None` when the device lacks the dtype (f16 without SHADER_F16).
-pub fn forward_errors_dtype(ctx: &Context, problem: &Problem, spec: &RandomSpec, dtype: DType) -> Option<Errors> {
+pub fn forward_errors_dtype(
+    ctx: &Context,
+    problem: &Problem,
+    spec: &RandomSpec,
+    dtype: DType,
+) -> Option<Errors> {
     if !ctx.forward_storage_dtypes().contains(&dtype) {
         eprintln!("{dtype} storage not available on this device: not run");
         return None;
@@ -128,12 +133,32 @@ pub fn forward_errors_dtype(ctx: &Context, problem: &Problem, spec: &RandomSpec,
     let expected = reference::forward(problem, &inputs.as_ref()).unwrap();
     let gpu_inputs = upload_inputs(ctx, &inputs);
     let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), dtype, f32::NAN).unwrap();
-    let state = GpuTensor::filled(ctx, "final_state", &problem.state_shape(), DType::F32, f32::NAN).unwrap();
+    let state = GpuTensor::filled(
+        ctx,
+        "final_state",
+        &problem.state_shape(),
+        DType::F32,
+        f32::NAN,
+    )
+    .unwrap();
     let mut encoder = ctx.create_encoder("test forward dtype");
-    gpu::forward_into(ctx, &mut encoder, problem, &gpu_inputs.as_ref(), &ForwardOutputs { o: &o, final_state: &state }).unwrap();
+    gpu::forward_into(
+        ctx,
+        &mut encoder,
+        problem,
+        &gpu_inputs.as_ref(),
+        &ForwardOutputs {
+            o: &o,
+            final_state: &state,
+        },
+    )
+    .unwrap();
     ctx.submit_and_wait(encoder).unwrap();
     let o = o.download_blocking(ctx).unwrap();
     assert_eq!(o.dtype, dtype);
     let state = state.download_blocking(ctx).unwrap();
-    Some(Errors { o: relative_l2(&o.data, &expected.o), state: relative_l2(&state.data, &expected.final_state) })
+    Some(Errors {
+        o: relative_l2(&o.data, &expected.o),
+        state: relative_l2(&state.data, &expected.final_state),
+    })
 }

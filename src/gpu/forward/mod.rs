@@ -43,7 +43,11 @@ pub struct Forward {
 /// Chunk table (start, length) and segment table (start, length, state slot) of a problem.
 /// Each sequence is one segment starting from state slot n.
 pub fn tables(problem: &Problem) -> (Vec<u32>, Vec<u32>) {
-    let chunks = problem.chunks().into_iter().flat_map(|c| [c.start as u32, c.len() as u32]).collect();
+    let chunks = problem
+        .chunks()
+        .into_iter()
+        .flat_map(|c| [c.start as u32, c.len() as u32])
+        .collect();
     let segments = problem
         .sequences()
         .into_iter()
@@ -57,11 +61,29 @@ pub fn tables(problem: &Problem) -> (Vec<u32>, Vec<u32>) {
 ///
 /// Precondition (not checked: it would need a readback): without `gate_in_kernel`, every g is
 /// ≤ 0 and finite. [`crate::check_host_values`] checks host tensors.
-pub fn forward(ctx: &Context, encoder: &mut wgpu::CommandEncoder, problem: &Problem, inputs: &ForwardInputs<&GpuTensor>) -> Result<Forward> {
+pub fn forward(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+) -> Result<Forward> {
     let o = GpuTensor::empty(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
     let final_state = GpuTensor::empty(ctx, "final_state", &problem.state_shape(), DType::F32)?;
-    let saved = forward_into(ctx, encoder, problem, inputs, &ForwardOutputs { o: &o, final_state: &final_state })?;
-    Ok(Forward { o, final_state, saved })
+    let saved = forward_into(
+        ctx,
+        encoder,
+        problem,
+        inputs,
+        &ForwardOutputs {
+            o: &o,
+            final_state: &final_state,
+        },
+    )?;
+    Ok(Forward {
+        o,
+        final_state,
+        saved,
+    })
 }
 
 /// Record a forward pass into caller-provided outputs (e.g. poisoned buffers in tests, or a
@@ -108,13 +130,25 @@ fn record_forward(
         return Err(Error::shape("o", &problem.v_shape(), outputs.o.shape()));
     }
     if outputs.o.dtype != inputs.v.dtype {
-        return Err(Error::DType { name: "o".into(), expected: inputs.v.dtype.to_string(), got: outputs.o.dtype.to_string() });
+        return Err(Error::DType {
+            name: "o".into(),
+            expected: inputs.v.dtype.to_string(),
+            got: outputs.o.dtype.to_string(),
+        });
     }
     if outputs.final_state.shape() != problem.state_shape() {
-        return Err(Error::shape("final_state", &problem.state_shape(), outputs.final_state.shape()));
+        return Err(Error::shape(
+            "final_state",
+            &problem.state_shape(),
+            outputs.final_state.shape(),
+        ));
     }
     if outputs.final_state.dtype != DType::F32 {
-        return Err(Error::DType { name: "final_state".into(), expected: "F32".into(), got: outputs.final_state.dtype.to_string() });
+        return Err(Error::DType {
+            name: "final_state".into(),
+            expected: "F32".into(),
+            got: outputs.final_state.dtype.to_string(),
+        });
     }
 
     let (bt, hv) = (problem.total_tokens(), problem.heads_v);
@@ -128,7 +162,9 @@ fn record_forward(
     // The scan updates the state in place, so it starts as a copy of h0 (the caller's h0 is
     // never modified).
     match inputs.initial_state {
-        Some(h0) => encoder.copy_buffer_to_buffer(&h0.buffer, 0, &outputs.final_state.buffer, 0, h0.bytes()),
+        Some(h0) => {
+            encoder.copy_buffer_to_buffer(&h0.buffer, 0, &outputs.final_state.buffer, 0, h0.bytes())
+        }
         None => encoder.clear_buffer(&outputs.final_state.buffer, 0, None),
     }
 
@@ -153,40 +189,109 @@ fn record_forward(
     });
     if let (Some(a_log), Some(dt_bias)) = (inputs.a_log, inputs.dt_bias) {
         encoder.copy_buffer_to_buffer(&a_log.buffer, 0, &gate_params, 0, (4 * hv) as u64);
-        encoder.copy_buffer_to_buffer(&dt_bias.buffer, 0, &gate_params, (4 * hv) as u64, (4 * hv) as u64);
+        encoder.copy_buffer_to_buffer(
+            &dt_bias.buffer,
+            0,
+            &gate_params,
+            (4 * hv) as u64,
+            (4 * hv) as u64,
+        );
     }
     let gate_beta = GpuTensor::empty(ctx, "gate_beta", &[bt, hv, 2], DType::F32)?;
-    prepare_gate(ctx, encoder, &params, inputs.g, inputs.beta, &gate_params, &chunks, num_chunks, hv, &gate_beta)?;
+    prepare_gate(
+        ctx,
+        encoder,
+        &params,
+        inputs.g,
+        inputs.beta,
+        &gate_params,
+        &chunks,
+        num_chunks,
+        hv,
+        &gate_beta,
+    )?;
     mark(encoder, "prepare_gate");
 
     let a = GpuTensor::empty(ctx, "wy_inverse", &[bt, hv, CHUNK], DType::F32)?;
     // Forward-only scratch (not kept for the backward): the scan's gated matrices.
     let gated = GpuTensor::empty(ctx, "gated", &[bt, hv, 2 * CHUNK], DType::F32)?;
-    wy_inverse(ctx, encoder, &params, k, q, &gate_beta, &chunks, num_chunks, hv, &a, &gated)?;
+    wy_inverse(
+        ctx, encoder, &params, k, q, &gate_beta, &chunks, num_chunks, hv, &a, &gated,
+    )?;
     mark(encoder, "wy_inverse");
 
     let v_block = ctx.tuning.state_scan_v_block(problem);
-    let bufs = ScanBuffers { q, k, v: inputs.v, gate_beta: &gate_beta, gated: &gated, segments: &segments, state: outputs.final_state, o: outputs.o };
-    state_scan(ctx, encoder, &params, &bufs, num_segments, hv, problem.key_dim, problem.value_dim, v_block)?;
+    let bufs = ScanBuffers {
+        q,
+        k,
+        v: inputs.v,
+        gate_beta: &gate_beta,
+        gated: &gated,
+        segments: &segments,
+        state: outputs.final_state,
+        o: outputs.o,
+    };
+    state_scan(
+        ctx,
+        encoder,
+        &params,
+        &bufs,
+        num_segments,
+        hv,
+        problem.key_dim,
+        problem.value_dim,
+        v_block,
+    )?;
     mark(encoder, "state_scan");
 
-    Ok(Intermediates { q_normed, k_normed, gate_beta, a })
+    Ok(Intermediates {
+        q_normed,
+        k_normed,
+        gate_beta,
+        a,
+    })
 }
 
 /// Upload host inputs, run the forward, wait, and download o (in v's dtype) and the final
 /// state. Checks host values first (finite, g ≤ 0). Native only; a convenience for the CLI and
 /// examples, not for hot paths.
 #[cfg(not(target_arch = "wasm32"))]
-pub fn forward_host(ctx: &Context, problem: &Problem, inputs: &ForwardInputs<&HostTensor>) -> Result<ForwardOutputs<HostTensor>> {
+pub fn forward_host(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&HostTensor>,
+) -> Result<ForwardOutputs<HostTensor>> {
     problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
     crate::problem::check_host_values(problem, inputs)?;
     let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t);
     let up_opt = |name: &str, t: Option<&HostTensor>| t.map(|t| up(name, t)).transpose();
-    let (q, k, v, g, beta) = (up("q", inputs.q)?, up("k", inputs.k)?, up("v", inputs.v)?, up("g", inputs.g)?, up("beta", inputs.beta)?);
-    let (h0, a_log, dt_bias) = (up_opt("initial_state", inputs.initial_state)?, up_opt("A_log", inputs.a_log)?, up_opt("dt_bias", inputs.dt_bias)?);
-    let gpu_inputs = ForwardInputs { q: &q, k: &k, v: &v, g: &g, beta: &beta, initial_state: h0.as_ref(), a_log: a_log.as_ref(), dt_bias: dt_bias.as_ref() };
+    let (q, k, v, g, beta) = (
+        up("q", inputs.q)?,
+        up("k", inputs.k)?,
+        up("v", inputs.v)?,
+        up("g", inputs.g)?,
+        up("beta", inputs.beta)?,
+    );
+    let (h0, a_log, dt_bias) = (
+        up_opt("initial_state", inputs.initial_state)?,
+        up_opt("A_log", inputs.a_log)?,
+        up_opt("dt_bias", inputs.dt_bias)?,
+    );
+    let gpu_inputs = ForwardInputs {
+        q: &q,
+        k: &k,
+        v: &v,
+        g: &g,
+        beta: &beta,
+        initial_state: h0.as_ref(),
+        a_log: a_log.as_ref(),
+        dt_bias: dt_bias.as_ref(),
+    };
     let mut encoder = ctx.create_encoder("gdn forward");
     let fwd = forward(ctx, &mut encoder, problem, &gpu_inputs)?;
     ctx.submit_and_wait(encoder)?;
-    Ok(ForwardOutputs { o: fwd.o.download_blocking(ctx)?, final_state: fwd.final_state.download_blocking(ctx)? })
+    Ok(ForwardOutputs {
+        o: fwd.o.download_blocking(ctx)?,
+        final_state: fwd.final_state.download_blocking(ctx)?,
+    })
 }

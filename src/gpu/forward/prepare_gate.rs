@@ -23,8 +23,28 @@ pub fn prepare_gate(
     gate_beta: &GpuTensor,
 ) -> Result<()> {
     // The pass reads and writes only f32; the storage dtype of q/k/v does not enter it.
-    let pipeline = ctx.pipelines.get(source(Pass::PrepareGate, DType::F32)?, "prepare_gate", &[]);
-    let bg = bind(ctx, &pipeline, "prepare_gate", &[params, &g.buffer, &beta.buffer, gate_params, chunks, &gate_beta.buffer]);
-    dispatch(encoder, "prepare_gate", &pipeline, &bg, grid_1d((num_chunks * heads_v) as u32));
+    let pipeline = ctx
+        .pipelines
+        .get(source(Pass::PrepareGate, DType::F32)?, "prepare_gate", &[]);
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "prepare_gate",
+        &[
+            params,
+            &g.buffer,
+            &beta.buffer,
+            gate_params,
+            chunks,
+            &gate_beta.buffer,
+        ],
+    );
+    dispatch(
+        encoder,
+        "prepare_gate",
+        &pipeline,
+        &bg,
+        grid_1d((num_chunks * heads_v) as u32),
+    );
     Ok(())
 }

@@ -6,9 +6,22 @@ use crate::gpu::shaders::{Pass, source};
 use crate::gpu::{Context, GpuTensor};
 
 /// Record `x_out = l2norm(x_in)` per head vector.
-pub fn prepare_qk(ctx: &Context, encoder: &mut wgpu::CommandEncoder, params: &wgpu::Buffer, x_in: &GpuTensor, x_out: &GpuTensor) -> Result<()> {
-    let pipeline = ctx.pipelines.get(source(Pass::PrepareQk, x_in.dtype)?, "prepare_qk", &[]);
-    let bg = bind(ctx, &pipeline, "prepare_qk", &[params, &x_in.buffer, &x_out.buffer]);
+pub fn prepare_qk(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    x_in: &GpuTensor,
+    x_out: &GpuTensor,
+) -> Result<()> {
+    let pipeline = ctx
+        .pipelines
+        .get(source(Pass::PrepareQk, x_in.dtype)?, "prepare_qk", &[]);
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "prepare_qk",
+        &[params, &x_in.buffer, &x_out.buffer],
+    );
     let rows = (x_in.len() / x_in.shape[x_in.shape.len() - 1]) as u32;
     dispatch(encoder, "prepare_qk", &pipeline, &bg, grid_1d(rows));
     Ok(())

@@ -50,14 +50,32 @@ pub fn state_scan(
         ("ARENA", state_scan_arena_words(v_block) as f64),
         ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
     ];
-    let pipeline = ctx.pipelines.get(source(Pass::StateScan, bufs.q.dtype)?, "state_scan", &constants);
+    let pipeline = ctx.pipelines.get(
+        source(Pass::StateScan, bufs.q.dtype)?,
+        "state_scan",
+        &constants,
+    );
     let bg = bind(
         ctx,
         &pipeline,
         "state_scan",
-        &[params, &bufs.q.buffer, &bufs.k.buffer, &bufs.v.buffer, &bufs.gate_beta.buffer, &bufs.gated.buffer, bufs.segments, &bufs.state.buffer, &bufs.o.buffer],
+        &[
+            params,
+            &bufs.q.buffer,
+            &bufs.k.buffer,
+            &bufs.v.buffer,
+            &bufs.gate_beta.buffer,
+            &bufs.gated.buffer,
+            bufs.segments,
+            &bufs.state.buffer,
+            &bufs.o.buffer,
+        ],
     );
-    let grid = (num_segments as u32, heads_v as u32, (value_dim as u32).div_ceil(v_block));
+    let grid = (
+        num_segments as u32,
+        heads_v as u32,
+        (value_dim as u32).div_ceil(v_block),
+    );
     dispatch(encoder, "state_scan", &pipeline, &bg, grid);
     Ok(())
 }

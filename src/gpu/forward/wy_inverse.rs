@@ -31,8 +31,31 @@ pub fn wy_inverse(
         });
     }
     let key_dim = k.shape[k.shape.len() - 1];
-    let pipeline = ctx.pipelines.get(source(Pass::WyInverse, k.dtype)?, "wy_inverse", &[("K_DIM", key_dim as f64)]);
-    let bg = bind(ctx, &pipeline, "wy_inverse", &[params, &k.buffer, &q.buffer, &gate_beta.buffer, chunks, &a.buffer, &gated.buffer]);
-    dispatch(encoder, "wy_inverse", &pipeline, &bg, (num_chunks as u32, heads_v as u32, 1));
+    let pipeline = ctx.pipelines.get(
+        source(Pass::WyInverse, k.dtype)?,
+        "wy_inverse",
+        &[("K_DIM", key_dim as f64)],
+    );
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "wy_inverse",
+        &[
+            params,
+            &k.buffer,
+            &q.buffer,
+            &gate_beta.buffer,
+            chunks,
+            &a.buffer,
+            &gated.buffer,
+        ],
+    );
+    dispatch(
+        encoder,
+        "wy_inverse",
+        &pipeline,
+        &bg,
+        (num_chunks as u32, heads_v as u32, 1),
+    );
     Ok(())
 }
