@@ -453,10 +453,17 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         }
 
         // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'), K staged in 8-token slices.
+        // Blocks past KB are never touched, so the compiler can drop their registers.
         s0 *= gam_c; s1 *= gam_c; s2 *= gam_c; s3 *= gam_c;
-        s4 *= gam_c; s5 *= gam_c; s6 *= gam_c; s7 *= gam_c;
-        s8 *= gam_c; s9 *= gam_c; s10 *= gam_c; s11 *= gam_c;
-        s12 *= gam_c; s13 *= gam_c; s14 *= gam_c; s15 *= gam_c;
+        if (KB > 1u) {
+            s4 *= gam_c; s5 *= gam_c; s6 *= gam_c; s7 *= gam_c;
+        }
+        if (KB > 2u) {
+            s8 *= gam_c; s9 *= gam_c; s10 *= gam_c; s11 *= gam_c;
+        }
+        if (KB > 3u) {
+            s12 *= gam_c; s13 *= gam_c; s14 *= gam_c; s15 *= gam_c;
+        }
         var kt_next = load_kt4(base, len, h, 0u, t);
         for (var i0 = 0u; i0 < CHUNK; i0 += T_SLICE) {
             workgroupBarrier();

@@ -35,6 +35,30 @@ var<workgroup> arena: array<f32, 2816>;
 var<workgroup> beta_s: array<f32, 64>;
 var<workgroup> g_s: array<f32, 64>;
 
+fn k_at(i: u32) -> f32 {
+    return load_elem(k_buf[elem_word(i)], i);
+}
+
+fn q_at(i: u32) -> f32 {
+    return load_elem(q_buf[elem_word(i)], i);
+}
+
+// Row i of Γ ⊙ Q Kᵀ at columns c + 16 bj (p holds the four blocks' values); 0 above the
+// diagonal, every exponent ≤ 0; rows past the chunk are not stored.
+fn store_gated_qk(start: u32, hv: u32, len: u32, i: u32, c: u32, p: vec4<f32>) {
+    if (i < len) {
+        let row = ((start + i) * params.heads_v + hv) * 2u * CHUNK + CHUNK;
+        for (var bj = 0u; bj < 4u; bj++) {
+            let j = 16u * bj + c;
+            var v = 0.0;
+            if (j <= i) {
+                v = p[bj] * exp(g_s[i] - g_s[j]);
+            }
+            gated_out[row + j] = v;
+        }
+    }
+}
+
 // Offset of lower block (bi, bj), bj ≤ bi, in the arena.
 fn blk(bi: u32, bj: u32) -> u32 {
     return (bi * (bi + 1u) / 2u + bj) * 256u;
@@ -71,18 +95,16 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     var p22 = 0.0; var p30 = 0.0; var p31 = 0.0; var p32 = 0.0; var p33 = 0.0;
     for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
         workgroupBarrier();
+        // Element t + 256 j of the 64 × 16 slice is row t / 16 + 16 j, column t % 16. All
+        // eight loads are issued before any is used (clamped rows, masked values).
+        let rows = vec4<u32>(t / K_SLICE) + vec4<u32>(0u, 16u, 32u, 48u);
+        let gi = ((vec4<u32>(start) + min(rows, vec4<u32>(len - 1u))) * params.heads_qk + h) * K_DIM + k0 + t % K_SLICE;
+        let inside = rows < vec4<u32>(len);
+        let kx = select(vec4<f32>(0.0), vec4<f32>(k_at(gi.x), k_at(gi.y), k_at(gi.z), k_at(gi.w)), inside);
+        let qx = select(vec4<f32>(0.0), vec4<f32>(q_at(gi.x), q_at(gi.y), q_at(gi.z), q_at(gi.w)), inside);
         for (var j = 0u; j < 4u; j++) {
-            let e = t + 256u * j;
-            let i = e / K_SLICE;
-            var x = 0.0;
-            var y = 0.0;
-            if (i < len) {
-                let gi = ((start + i) * params.heads_qk + h) * K_DIM + k0 + e % K_SLICE;
-                x = load_elem(k_buf[elem_word(gi)], gi);
-                y = load_elem(q_buf[elem_word(gi)], gi);
-            }
-            arena[e] = x;
-            arena[Q_STAGE + e] = y;
+            arena[t + 256u * j] = kx[j];
+            arena[Q_STAGE + t + 256u * j] = qx[j];
         }
         workgroupBarrier();
         for (var kk = 0u; kk < K_SLICE; kk++) {
@@ -117,21 +139,10 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     workgroupBarrier();
 
     // Γ ⊙ Q Kᵀ straight from the accumulators; blocks above the diagonal are 0.
-    let pq = array<f32, 10>(p00, p10, p11, p20, p21, p22, p30, p31, p32, p33);
-    for (var bi = 0u; bi < 4u; bi++) {
-        let i = 16u * bi + r;
-        if (i < len) {
-            let row = ((start + i) * hv_count + hv) * 2u * CHUNK + CHUNK;
-            for (var bj = 0u; bj < 4u; bj++) {
-                let j = 16u * bj + c;
-                var v = 0.0;
-                if (j <= i) {
-                    v = pq[bi * (bi + 1u) / 2u + bj] * exp(g_s[i] - g_s[j]);
-                }
-                gated_out[row + j] = v;
-            }
-        }
-    }
+    store_gated_qk(start, hv, len, r, c, vec4<f32>(p00, 0.0, 0.0, 0.0));
+    store_gated_qk(start, hv, len, 16u + r, c, vec4<f32>(p10, p11, 0.0, 0.0));
+    store_gated_qk(start, hv, len, 32u + r, c, vec4<f32>(p20, p21, p22, 0.0));
+    store_gated_qk(start, hv, len, 48u + r, c, vec4<f32>(p30, p31, p32, p33));
 
     // L = strict_lower(diag(β) K Kᵀ).
     let strict = select(0.0, 1.0, c < r);
@@ -187,11 +198,11 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
 
     // Off-diagonal blocks, in an order where every L_im still read is not yet overwritten:
     // A_ij = −A_ii · X,  X = Σ_{m=j}^{i−1} L_im A_mj.
-    var order_i = array<u32, 6>(1u, 2u, 2u, 3u, 3u, 3u);
-    var order_j = array<u32, 6>(0u, 0u, 1u, 0u, 1u, 2u);
+    // o = 0..5 walks (1,0), (2,0), (2,1), (3,0), (3,1), (3,2) (computed, not a table: an
+    // indexed private array would live in local memory).
     for (var o = 0u; o < 6u; o++) {
-        let bi = order_i[o];
-        let bj = order_j[o];
+        let bi = select(select(3u, 2u, o < 3u), 1u, o < 1u);
+        let bj = o - bi * (bi - 1u) / 2u;
         var xs = 0.0;
         for (var m = bj; m < bi; m++) {
             let lb = blk(bi, m);
