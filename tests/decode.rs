@@ -377,30 +377,7 @@ fn gva_ratios_1_2_4() {
 
 #[test]
 fn each_option() {
-    let cases = [
-        Options {
-            scale: Some(0.37),
-            ..Options::default()
-        },
-        Options {
-            l2norm_qk: true,
-            ..Options::default()
-        },
-        Options {
-            beta_sigmoid: true,
-            ..Options::default()
-        },
-        Options {
-            beta_sigmoid: true,
-            allow_neg_eigval: true,
-            ..Options::default()
-        },
-        Options {
-            gate_in_kernel: true,
-            ..Options::default()
-        },
-    ];
-    for (i, o) in cases.into_iter().enumerate() {
+    for (i, o) in common::each_single_option().into_iter().enumerate() {
         check_decode(
             &problem(2, 3, 1, 3, 32, 32, None, o),
             20 + i as u64,

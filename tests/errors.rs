@@ -8,6 +8,7 @@ use gdn_wgpu::{
     check_host_values,
 };
 
+#[allow(clippy::too_many_arguments)]
 fn problem_err(
     b: usize,
     t: usize,

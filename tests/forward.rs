@@ -15,6 +15,7 @@ fn spec(seed: u64) -> RandomSpec {
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 fn with(
     options: Options,
     b: usize,
@@ -146,30 +147,7 @@ fn state_v_first() {
 
 #[test]
 fn each_option() {
-    let cases = [
-        Options {
-            scale: Some(0.37),
-            ..Options::default()
-        },
-        Options {
-            l2norm_qk: true,
-            ..Options::default()
-        },
-        Options {
-            beta_sigmoid: true,
-            ..Options::default()
-        },
-        Options {
-            beta_sigmoid: true,
-            allow_neg_eigval: true,
-            ..Options::default()
-        },
-        Options {
-            gate_in_kernel: true,
-            ..Options::default()
-        },
-    ];
-    for (i, o) in cases.into_iter().enumerate() {
+    for (i, o) in common::each_single_option().into_iter().enumerate() {
         let s = RandomSpec {
             seed: 100 + i as u64,
             zero_gate_heads: 1,

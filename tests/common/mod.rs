@@ -162,3 +162,35 @@ pub fn forward_errors_dtype(
         state: relative_l2(&state.data, &expected.final_state),
     })
 }
+
+/// Every option of the forward on its own (each kernel family is tested with each).
+pub fn each_single_option() -> Vec<Options> {
+    let d = Options::default();
+    vec![
+        Options {
+            scale: Some(0.37),
+            ..d
+        },
+        Options {
+            l2norm_qk: true,
+            ..d
+        },
+        Options {
+            beta_sigmoid: true,
+            ..d
+        },
+        Options {
+            beta_sigmoid: true,
+            allow_neg_eigval: true,
+            ..d
+        },
+        Options {
+            gate_in_kernel: true,
+            ..d
+        },
+        Options {
+            state_v_first: true,
+            ..d
+        },
+    ]
+}
