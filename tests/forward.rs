@@ -275,3 +275,57 @@ fn half_precision_storage() {
         }
     }
 }
+
+/// The forward on a caller-supplied device requested with WebGPU's default limits (16 KiB of
+/// workgroup memory, 256 invocations, 8 storage buffers, 128 MiB bindings), as a browser gives:
+/// every pass must fit, in every storage dtype, up to K = V = 256.
+#[test]
+fn within_webgpu_default_limits_on_a_caller_device() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let adapter = pollster::block_on(gdn_wgpu::gpu::list_adapters())
+        .into_iter()
+        .next()
+        .unwrap();
+    let desc = wgpu::DeviceDescriptor {
+        label: Some("default limits"),
+        required_features: adapter.features() & wgpu::Features::SHADER_F16,
+        required_limits: wgpu::Limits::default(),
+        ..Default::default()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&desc)).unwrap();
+    let ctx = Context::from_device(device, queue, Some(adapter.get_info())).unwrap();
+    assert_eq!(
+        ctx.tuning().v_blocks,
+        vec![16],
+        "only V-block 16 fits 16 KiB"
+    );
+    let all = Options {
+        scale: None,
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: false,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    for (i, (k, v)) in [(32, 48), (256, 256)].into_iter().enumerate() {
+        let problem = with(all, 1, 70, 1, 2, k, v, Some(vec![0, 1, 70]));
+        let s = spec(300 + i as u64);
+        let e = forward_errors(&ctx, &problem, &s);
+        assert!(
+            e.o <= F32_TOL && e.state <= F32_TOL,
+            "f32 K={k} V={v}: {e:?}"
+        );
+        for dtype in ctx
+            .forward_storage_dtypes()
+            .into_iter()
+            .filter(|&d| d != gdn_wgpu::DType::F32)
+        {
+            let e = common::forward_errors_dtype(&ctx, &problem, &s, dtype).unwrap();
+            // l2norm stores the normalized q, k in the storage dtype: one rounding in both.
+            assert!(e.o <= 5e-3 && e.state <= 5e-3, "{dtype} K={k} V={v}: {e:?}");
+        }
+    }
+    ctx.check().unwrap();
+}
