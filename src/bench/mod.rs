@@ -176,6 +176,11 @@ pub struct BenchArgs {
     /// No progress bar (plain progress lines go to stderr when it is not a terminal anyway).
     #[arg(long)]
     pub no_progress: bool,
+    /// Open a new device for every case, so no case runs in memory earlier cases left behind.
+    /// On the H200, decode cases timed after a large earlier case in the same process ran ~3×
+    /// slower than alone (BENCHMARKS.md); whether a fresh device avoids it is not yet measured.
+    #[arg(long)]
+    pub fresh_device: bool,
 }
 
 /// A resolved sweep.
@@ -198,6 +203,8 @@ pub struct Config {
     pub max_sets: usize,
     pub seed: u64,
     pub progress: bool,
+    /// A new device (Context) per case.
+    pub fresh_device: bool,
 }
 
 impl BenchArgs {
@@ -282,6 +289,7 @@ impl BenchArgs {
             max_sets: 64,
             seed: self.seed,
             progress: !self.no_progress,
+            fresh_device: self.fresh_device,
         })
     }
 }
@@ -765,6 +773,11 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                 ));
             }
             let hc = &host.as_ref().expect("just set").3;
+            if c.fresh_device && ctx.is_some() {
+                // Drop the old device (and everything allocated on it) before opening the next.
+                drop(ctx.take());
+                ctx = Some(open_context(c.adapter.as_deref()).map_err(err)?);
+            }
             let timing = match ctx.as_mut() {
                 None => time_cpu(c, pc.op, hc).map_err(|e| err(e.into()))?,
                 Some(ctx) => {
