@@ -55,45 +55,13 @@ fn q_at(i: u32) -> f32 {
     return load_elem(q_buf[elem_word(i)], i);
 }
 
-fn k_at(i: u32) -> f32 {
-    return load_elem(k_buf[elem_word(i)], i);
-}
-
 fn do_at(i: u32) -> f32 {
     return load_elem(do_buf[elem_word(i)], i);
-}
-
-fn tri(i: u32, j: u32) -> u32 {
-    return i * (i + 1u) / 2u + j;
 }
 
 // Entry (j, i) of the packed lower triangle at `base` (column i, row j), 0 when j < i.
 fn tri_t_or_zero(base: u32, j: u32, i: u32) -> f32 {
     return select(0.0, arena[base + tri(j, min(i, j))], i <= j);
-}
-
-fn cols4(base: u32, c: u32) -> vec4<f32> {
-    var x = vec4<f32>(arena[base + c], 0.0, 0.0, 0.0);
-    if (TC > 1u) {
-        x.y = arena[base + c + 16u];
-    }
-    if (TC > 2u) {
-        x.z = arena[base + c + 32u];
-        x.w = arena[base + c + 48u];
-    }
-    return x;
-}
-
-fn rows4(base: u32, row0: u32, pitch: u32, kk: u32) -> vec4<f32> {
-    return vec4<f32>(arena[base + row0 * pitch + kk], arena[base + (row0 + 1u) * pitch + kk],
-                     arena[base + (row0 + 2u) * pitch + kk], arena[base + (row0 + 3u) * pitch + kk]);
-}
-
-fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
-    if (v_first) {
-        return base + v * K_DIM + k;
-    }
-    return base + k * params.value_dim + v;
 }
 
 // dS rows k..k+3 at column v (lanes = rows; 0 past K; K is a multiple of 16).
@@ -142,14 +110,6 @@ fn store_rows(half: u32, base: u32, i: u32, len: u32, hv: u32, v: u32, x: vec4<f
     }
 }
 
-// Rows i..i+3 (from `at`, pitch V_BLOCK) of a workgroup tile at column `col`.
-fn store_tile_rows(at: u32, col: u32, x: vec4<f32>) {
-    arena[at + col] = x.x;
-    arena[at + V_BLOCK + col] = x.y;
-    arena[at + 2u * V_BLOCK + col] = x.z;
-    arena[at + 3u * V_BLOCK + col] = x.w;
-}
-
 // Entries (j, i..i+3) of the packed lower triangle at `tr` (column i.., row j; lanes = the
 // columns), 0 where j < i.
 fn tri_t_rows(tr: u32, j: u32, i: u32) -> vec4<f32> {
@@ -157,45 +117,11 @@ fn tri_t_rows(tr: u32, j: u32, i: u32) -> vec4<f32> {
                      tri_t_or_zero(tr, j, i + 3u));
 }
 
-fn krow4(base: u32, k: u32) -> vec4<f32> {
-    return vec4<f32>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
-}
-
 // Row i of a gated matrix (`half` 0: Γ⊙A⊙β, 1: Γ⊙QKᵀ) at columns c + 16 jj, 0 past the chunk.
 fn load_gated(base: u32, i: u32, len: u32, hv: u32, c: u32, half: u32) -> vec4<f32> {
     let row = ((base + min(i, len - 1u)) * params.heads_v + hv) * 2u * CHUNK + half * CHUNK + c;
     let x = vec4<f32>(gated[row], gated[row + 16u], gated[row + 32u], gated[row + 48u]);
     return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
-}
-
-fn store_tri_row(tr: u32, i: u32, c: u32, x: vec4<f32>) {
-    if (c <= i) {
-        arena[tr + tri(i, c)] = x.x;
-    }
-    if (c + 16u <= i) {
-        arena[tr + tri(i, c + 16u)] = x.y;
-    }
-    if (c + 32u <= i) {
-        arena[tr + tri(i, c + 32u)] = x.z;
-    }
-    if (c + 48u <= i) {
-        arena[tr + tri(i, c + 48u)] = x.w;
-    }
-}
-
-fn load_k4(base: u32, len: u32, h: u32, k0: u32, t: u32) -> vec4<f32> {
-    let i = t / 4u;
-    let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + k0 + (t % 4u) * 4u;
-    let x = vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u));
-    return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
-}
-
-fn store_slice4(dst: u32, t: u32, x: vec4<f32>) {
-    let at = dst + (t / 4u) * K_PITCH + (t % 4u) * 4u;
-    arena[at] = x.x;
-    arena[at + 1u] = x.y;
-    arena[at + 2u] = x.z;
-    arena[at + 3u] = x.w;
 }
 
 // The state update's token slices: invocation t loads elements 4t..4t+3 of the T_SLICE × K

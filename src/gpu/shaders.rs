@@ -116,6 +116,21 @@ impl Pass {
     }
 }
 
+impl Pass {
+    /// Files under `shaders/` (and their text) that a pass includes besides `common/`: helpers
+    /// shared by a family of passes with the same declarations (they do not validate alone).
+    pub fn family_snippets(self) -> &'static [(&'static str, &'static str)] {
+        const BACKWARD_SCAN_TILES: (&str, &str) = (
+            "backward/scan_tiles.wgsl",
+            include_str!("../../shaders/backward/scan_tiles.wgsl"),
+        );
+        match self {
+            Pass::StateRecompute | Pass::DhScan => &[BACKWARD_SCAN_TILES],
+            _ => &[],
+        }
+    }
+}
+
 fn dtype_snippet(dtype: DType) -> &'static str {
     match dtype {
         DType::F32 => DTYPE_F32,
@@ -147,7 +162,16 @@ pub fn source(pass: Pass, dtype: DType) -> Result<&'static ShaderSource> {
         ));
     }
     // The dtype snippet goes first: `enable f16;` must precede every declaration.
-    let text = format!("{}\n{PARAMS}\n{}", dtype_snippet(dtype), pass.body());
+    let family: String = pass
+        .family_snippets()
+        .iter()
+        .map(|(_, text)| format!("{text}\n"))
+        .collect();
+    let text = format!(
+        "{}\n{PARAMS}\n{family}{}",
+        dtype_snippet(dtype),
+        pass.body()
+    );
     let mut h = DefaultHasher::new();
     text.hash(&mut h);
     let s: &'static ShaderSource = Box::leak(Box::new(ShaderSource {
