@@ -21,17 +21,7 @@ fn problem(b: usize, t: usize) -> Problem {
 }
 
 fn upload(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> ForwardInputs<GpuTensor> {
-    let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t).expect("upload");
-    ForwardInputs {
-        q: up("q", &inputs.q),
-        k: up("k", &inputs.k),
-        v: up("v", &inputs.v),
-        g: up("g", &inputs.g),
-        beta: up("beta", &inputs.beta),
-        initial_state: inputs.initial_state.as_ref().map(|t| up("h0", t)),
-        a_log: None,
-        dt_bias: None,
-    }
+    gpu::upload_inputs(ctx, &inputs.as_ref()).expect("upload")
 }
 
 /// Time `iters` runs of `record`, each submitted and waited for.

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use gdn_wgpu::gpu::{self, Context, GpuTensor, GpuTimer};
 use gdn_wgpu::reference::{backward_heads, select_heads};
-use gdn_wgpu::{DType, ForwardInputs, HostTensor, Options, Problem, RandomSpec, relative_l2};
+use gdn_wgpu::{DType, HostTensor, Options, Problem, RandomSpec, relative_l2};
 use rand::{SeedableRng, rngs::SmallRng};
 use rand_distr::{Distribution, StandardNormal};
 
@@ -186,31 +186,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         info.device_type,
         ctx.tuning().workgroup_bytes,
     );
-    let up = |name: &str, t: &HostTensor| GpuTensor::upload(&ctx, name, t);
-    let up_opt = |name: &str, t: Option<&HostTensor>| t.map(|t| up(name, t)).transpose();
-    let (q, k, v, g, beta) = (
-        up("q", &inputs.q)?,
-        up("k", &inputs.k)?,
-        up("v", &inputs.v)?,
-        up("g", &inputs.g)?,
-        up("beta", &inputs.beta)?,
-    );
-    let (h0, a_log, dt_bias) = (
-        up_opt("h0", inputs.initial_state.as_ref())?,
-        up_opt("A_log", inputs.a_log.as_ref())?,
-        up_opt("dt_bias", inputs.dt_bias.as_ref())?,
-    );
-    let (d_o_gpu, dht_gpu) = (up("do", &d_o)?, up_opt("dht", dht.as_ref())?);
-    let gpu_inputs = ForwardInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-        initial_state: h0.as_ref(),
-        a_log: a_log.as_ref(),
-        dt_bias: dt_bias.as_ref(),
-    };
+    let uploaded = gpu::upload_inputs(&ctx, &inputs.as_ref())?;
+    let gpu_inputs = uploaded.as_ref();
+    let d_o_gpu = GpuTensor::upload(&ctx, "do", &d_o)?;
+    let dht_gpu = dht
+        .as_ref()
+        .map(|t| GpuTensor::upload(&ctx, "dht", t))
+        .transpose()?;
 
     let timer = GpuTimer::new(&ctx, 16);
     let (mut wall, mut fwd_ms, mut bwd_ms) = (Vec::new(), Vec::new(), Vec::new());

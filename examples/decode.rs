@@ -167,24 +167,6 @@ fn select_tokens(
     Ok((sub, selected))
 }
 
-fn upload(
-    ctx: &Context,
-    inputs: &ForwardInputs<HostTensor>,
-) -> gdn_wgpu::Result<ForwardInputs<GpuTensor>> {
-    let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t);
-    let up_opt = |name: &str, t: &Option<HostTensor>| t.as_ref().map(|t| up(name, t)).transpose();
-    Ok(ForwardInputs {
-        q: up("q", &inputs.q)?,
-        k: up("k", &inputs.k)?,
-        v: up("v", &inputs.v)?,
-        g: up("g", &inputs.g)?,
-        beta: up("beta", &inputs.beta)?,
-        initial_state: up_opt("initial_state", &inputs.initial_state)?,
-        a_log: up_opt("A_log", &inputs.a_log)?,
-        dt_bias: up_opt("dt_bias", &inputs.dt_bias)?,
-    })
-}
-
 /// GPU milliseconds of each of `reps` back-to-back steps recorded in one encoder (timestamps
 /// between the passes), or the wall-clock average when the adapter has no timestamps.
 fn gpu_ms_per_step(ctx: &Context, plan: &DecodePlan, reps: usize) -> gdn_wgpu::Result<Vec<f64>> {
@@ -449,7 +431,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ranges: Vec<Range<usize>> =
             (0..b).map(|s| s * total..s * total + args.prompt).collect();
         let (prefix, prefix_inputs) = select_tokens(&whole, &inputs, &ranges)?;
-        let gpu_inputs = upload(&ctx, &prefix_inputs)?;
+        let gpu_inputs = gpu::upload_inputs(&ctx, &prefix_inputs.as_ref())?;
         let start = Instant::now();
         let mut encoder = ctx.create_encoder("prefill");
         let fwd = gpu::forward(&ctx, &mut encoder, &prefix, &gpu_inputs.as_ref())?;
@@ -471,7 +453,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
     let (_, first) = select_tokens(&whole, &inputs, &column(0))?;
-    let buffers = upload(&ctx, &first)?;
+    let buffers = gpu::upload_inputs(&ctx, &first.as_ref())?;
     let outputs = DecodeOutputs {
         o: &o,
         per_token_states: None,

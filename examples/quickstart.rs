@@ -12,7 +12,7 @@ use std::time::Instant;
 use clap::Parser;
 use gdn_wgpu::gpu::{self, Context, GpuTensor, GpuTimer};
 use gdn_wgpu::reference::{forward_heads, select_heads};
-use gdn_wgpu::{DType, ForwardInputs, ForwardOutputs, Options, Problem, RandomSpec, relative_l2};
+use gdn_wgpu::{DType, ForwardOutputs, Options, Problem, RandomSpec, relative_l2};
 
 #[derive(Parser, Debug)]
 struct Args {
@@ -125,21 +125,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ctx.tuning().state_scan_v_block(&problem)
     );
 
-    let up = |name: &str, t: &gdn_wgpu::HostTensor| GpuTensor::upload(&ctx, name, t);
-    let gpu_inputs = ForwardInputs {
-        q: up("q", &inputs.q)?,
-        k: up("k", &inputs.k)?,
-        v: up("v", &inputs.v)?,
-        g: up("g", &inputs.g)?,
-        beta: up("beta", &inputs.beta)?,
-        initial_state: inputs
-            .initial_state
-            .as_ref()
-            .map(|t| up("initial_state", t))
-            .transpose()?,
-        a_log: None,
-        dt_bias: None,
-    };
+    let gpu_inputs = gpu::upload_inputs(&ctx, &inputs.as_ref())?;
     let o_gpu = GpuTensor::empty(&ctx, "o", &problem.v_shape(), dtype)?;
     let state_gpu = GpuTensor::empty(&ctx, "final_state", &problem.state_shape(), DType::F32)?;
     let outputs = ForwardOutputs {

@@ -43,18 +43,7 @@ pub fn gpu_inputs(
     ctx: &Context,
     inputs: &ForwardInputs<HostTensor>,
 ) -> crate::Result<ForwardInputs<GpuTensor>> {
-    let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t);
-    let up_opt = |name: &str, t: &Option<HostTensor>| t.as_ref().map(|t| up(name, t)).transpose();
-    Ok(ForwardInputs {
-        q: up("q", &inputs.q)?,
-        k: up("k", &inputs.k)?,
-        v: up("v", &inputs.v)?,
-        g: up("g", &inputs.g)?,
-        beta: up("beta", &inputs.beta)?,
-        initial_state: up_opt("initial_state", &inputs.initial_state)?,
-        a_log: up_opt("A_log", &inputs.a_log)?,
-        dt_bias: up_opt("dt_bias", &inputs.dt_bias)?,
-    })
+    crate::gpu::upload_inputs(ctx, &inputs.as_ref())
 }
 
 /// A decode tiling in words, for records and messages.

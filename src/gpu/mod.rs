@@ -22,6 +22,6 @@ pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, d
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;
 pub use forward::{Forward, Intermediates, forward, forward_into, forward_into_profiled};
-pub use tensor::GpuTensor;
+pub use tensor::{GpuTensor, upload_inputs};
 pub use timing::GpuTimer;
 pub use tuning::Tuning;

@@ -4,6 +4,7 @@ use wgpu::util::DeviceExt;
 
 use crate::error::{Error, Result};
 use crate::gpu::Context;
+use crate::problem::ForwardInputs;
 use crate::tensor::{DType, HostTensor, TensorMeta};
 
 /// A tensor in a GPU storage buffer. Creating one never submits work; `download` is the only
@@ -213,4 +214,23 @@ impl GpuTensor {
     pub fn download_blocking(&self, ctx: &Context) -> Result<HostTensor> {
         pollster::block_on(self.download(ctx))
     }
+}
+
+/// Upload every tensor of a problem's inputs (each in its own dtype).
+pub fn upload_inputs(
+    ctx: &Context,
+    inputs: &ForwardInputs<&HostTensor>,
+) -> Result<ForwardInputs<GpuTensor>> {
+    let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t);
+    let up_opt = |name: &str, t: Option<&HostTensor>| t.map(|t| up(name, t)).transpose();
+    Ok(ForwardInputs {
+        q: up("q", inputs.q)?,
+        k: up("k", inputs.k)?,
+        v: up("v", inputs.v)?,
+        g: up("g", inputs.g)?,
+        beta: up("beta", inputs.beta)?,
+        initial_state: up_opt("initial_state", inputs.initial_state)?,
+        a_log: up_opt("A_log", inputs.a_log)?,
+        dt_bias: up_opt("dt_bias", inputs.dt_bias)?,
+    })
 }

@@ -34,20 +34,7 @@ pub fn upload_inputs(
     ctx: &Context,
     inputs: &ForwardInputs<HostTensor>,
 ) -> ForwardInputs<GpuTensor> {
-    let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t).unwrap();
-    ForwardInputs {
-        q: up("q", &inputs.q),
-        k: up("k", &inputs.k),
-        v: up("v", &inputs.v),
-        g: up("g", &inputs.g),
-        beta: up("beta", &inputs.beta),
-        initial_state: inputs
-            .initial_state
-            .as_ref()
-            .map(|t| up("initial_state", t)),
-        a_log: inputs.a_log.as_ref().map(|t| up("A_log", t)),
-        dt_bias: inputs.dt_bias.as_ref().map(|t| up("dt_bias", t)),
-    }
+    gpu::upload_inputs(ctx, &inputs.as_ref()).unwrap()
 }
 
 /// Errors of one GPU forward against the oracle.

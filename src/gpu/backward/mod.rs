@@ -687,34 +687,18 @@ pub fn backward_host(
     problem.check_inputs(inputs, &storage_dtypes(ctx))?;
     crate::problem::check_host_values(problem, inputs)?;
     check_host_gradients(problem, inputs.v.dtype, d_o, dht)?;
-    let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t);
-    let up_opt = |name: &str, t: Option<&HostTensor>| t.map(|t| up(name, t)).transpose();
-    let (q, k, v, g, beta) = (
-        up("q", inputs.q)?,
-        up("k", inputs.k)?,
-        up("v", inputs.v)?,
-        up("g", inputs.g)?,
-        up("beta", inputs.beta)?,
-    );
-    let (h0, a_log, dt_bias) = (
-        up_opt("initial_state", inputs.initial_state)?,
-        up_opt("A_log", inputs.a_log)?,
-        up_opt("dt_bias", inputs.dt_bias)?,
-    );
-    let (d_o, dht) = (up("do", d_o)?, up_opt("dht", dht)?);
-    let gpu_inputs = ForwardInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-        initial_state: h0.as_ref(),
-        a_log: a_log.as_ref(),
-        dt_bias: dt_bias.as_ref(),
-    };
+    let gpu_inputs = crate::gpu::upload_inputs(ctx, inputs)?;
+    let d_o = GpuTensor::upload(ctx, "do", d_o)?;
+    let dht = dht.map(|t| GpuTensor::upload(ctx, "dht", t)).transpose()?;
     let mut encoder = ctx.create_encoder("gdn forward + backward");
-    let (fwd, grads) =
-        forward_backward(ctx, &mut encoder, problem, &gpu_inputs, &d_o, dht.as_ref())?;
+    let (fwd, grads) = forward_backward(
+        ctx,
+        &mut encoder,
+        problem,
+        &gpu_inputs.as_ref(),
+        &d_o,
+        dht.as_ref(),
+    )?;
     ctx.submit_and_wait(encoder)?;
     let down = |t: &GpuTensor| t.download_blocking(ctx);
     let down_opt = |t: &Option<GpuTensor>| t.as_ref().map(down).transpose();

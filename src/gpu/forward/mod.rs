@@ -263,32 +263,9 @@ pub fn forward_host(
 ) -> Result<ForwardOutputs<HostTensor>> {
     problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
     crate::problem::check_host_values(problem, inputs)?;
-    let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t);
-    let up_opt = |name: &str, t: Option<&HostTensor>| t.map(|t| up(name, t)).transpose();
-    let (q, k, v, g, beta) = (
-        up("q", inputs.q)?,
-        up("k", inputs.k)?,
-        up("v", inputs.v)?,
-        up("g", inputs.g)?,
-        up("beta", inputs.beta)?,
-    );
-    let (h0, a_log, dt_bias) = (
-        up_opt("initial_state", inputs.initial_state)?,
-        up_opt("A_log", inputs.a_log)?,
-        up_opt("dt_bias", inputs.dt_bias)?,
-    );
-    let gpu_inputs = ForwardInputs {
-        q: &q,
-        k: &k,
-        v: &v,
-        g: &g,
-        beta: &beta,
-        initial_state: h0.as_ref(),
-        a_log: a_log.as_ref(),
-        dt_bias: dt_bias.as_ref(),
-    };
+    let gpu_inputs = crate::gpu::upload_inputs(ctx, inputs)?;
     let mut encoder = ctx.create_encoder("gdn forward");
-    let fwd = forward(ctx, &mut encoder, problem, &gpu_inputs)?;
+    let fwd = forward(ctx, &mut encoder, problem, &gpu_inputs.as_ref())?;
     ctx.submit_and_wait(encoder)?;
     Ok(ForwardOutputs {
         o: fwd.o.download_blocking(ctx)?,
