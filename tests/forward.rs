@@ -5,8 +5,8 @@
 mod common;
 
 use common::{F32_TOL, check_forward, dense, forward_errors};
-use gdn_wgpu::gpu::Context;
-use gdn_wgpu::{Options, Problem, RandomSpec};
+use gdn_wgpu::gpu::{Context, GpuTensor};
+use gdn_wgpu::{DType, Options, Problem, RandomSpec};
 
 fn spec(seed: u64) -> RandomSpec {
     RandomSpec {
@@ -328,4 +328,118 @@ fn within_webgpu_default_limits_on_a_caller_device() {
         }
     }
     ctx.check().unwrap();
+}
+
+/// The cooperative-matrix path (f16 operands, f32 accumulators) against the oracle over the
+/// hard cases, every storage dtype. It runs where the adapter reports f16 cooperative
+/// matrices (the H200 through Vulkan); `GDN_REQUIRE_COOP=1` makes its absence a failure.
+/// Elsewhere forcing it must be a typed error, which this test checks instead.
+#[test]
+fn coop_matrix_path() {
+    use gdn_wgpu::gpu::ComputePath;
+    let Some(ctx) = common::gpu() else { return };
+    let d = Options::default();
+    let cu = vec![0, 1, 2, 67, 68, 131, 132];
+    let cases = [
+        ("T=1", dense(1, 1, 1, 2, 128, 64)),
+        ("T=63", dense(1, 63, 1, 2, 128, 64)),
+        ("T=64", dense(1, 64, 1, 2, 128, 32)),
+        ("T=130 B=2", dense(2, 130, 1, 2, 128, 64)),
+        (
+            "varlen, length-1 sequences, GVA 2",
+            with(d, 1, 132, 2, 4, 128, 64, Some(cu.clone())),
+        ),
+        (
+            "every option, varlen, GVA 2",
+            with(
+                Options {
+                    scale: Some(0.3),
+                    l2norm_qk: true,
+                    beta_sigmoid: true,
+                    allow_neg_eigval: true,
+                    gate_in_kernel: true,
+                    state_v_first: true,
+                },
+                1,
+                132,
+                1,
+                2,
+                128,
+                32,
+                Some(cu),
+            ),
+        ),
+        (
+            "state V-first",
+            with(
+                Options {
+                    state_v_first: true,
+                    ..d
+                },
+                1,
+                100,
+                1,
+                1,
+                128,
+                64,
+                None,
+            ),
+        ),
+    ];
+    if let Some(why) = ctx.path_support().coop_rejects(&cases[0].1, DType::BF16) {
+        if std::env::var("GDN_REQUIRE_COOP").is_ok_and(|v| v == "1") {
+            panic!("GDN_REQUIRE_COOP=1 but the coop path is unavailable: {why}");
+        }
+        eprintln!("coop path not available here ({why}): not run; forcing it must fail");
+        let p = &cases[0].1;
+        let inputs = RandomSpec::default().generate(p);
+        let up = common::upload_inputs(ctx, &inputs);
+        let o = GpuTensor::empty(ctx, "o", &p.v_shape(), DType::F32).unwrap();
+        let s = GpuTensor::empty(ctx, "s", &p.state_shape(), DType::F32).unwrap();
+        let mut encoder = ctx.create_encoder("coop");
+        let err = gdn_wgpu::gpu::forward_into_with_path(
+            ctx,
+            &mut encoder,
+            p,
+            &up.as_ref(),
+            &gdn_wgpu::ForwardOutputs {
+                o: &o,
+                final_state: &s,
+            },
+            ComputePath::CoopMatrix,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, gdn_wgpu::Error::Unsupported { name, .. } if name == "compute path"),
+            "{err}"
+        );
+        return;
+    }
+    // (dtype, o tolerance, state tolerance): f16 operands give ~5e-4 per rounding.
+    let dtypes = [
+        (DType::F32, 3e-3, 3e-3),
+        (DType::F16, 3e-3, 3e-3),
+        (DType::BF16, 5e-3, 3e-3),
+    ];
+    for (dtype, tol_o, tol_s) in dtypes {
+        for (i, (name, problem)) in cases.iter().enumerate() {
+            let s = RandomSpec {
+                seed: 300 + i as u64,
+                initial_state: i % 2 == 0,
+                zero_gate_heads: 1,
+                strong_gate_heads: usize::from(problem.heads_v > 1),
+                beta: [(0.0, 1.0), (0.0, 1e-3), (1.95, 2.0)][i % 3],
+                ..RandomSpec::default()
+            };
+            let e = common::forward_errors_path(ctx, problem, &s, dtype, ComputePath::CoopMatrix)
+                .unwrap();
+            eprintln!("coop {dtype} {name}: o {:.3e} state {:.3e}", e.o, e.state);
+            assert!(e.o <= tol_o, "coop {dtype} {name}: o rel-L2 {:e}", e.o);
+            assert!(
+                e.state <= tol_s,
+                "coop {dtype} {name}: state rel-L2 {:e}",
+                e.state
+            );
+        }
+    }
 }

@@ -12,6 +12,8 @@
 //     gated[i, 0..64)   = Γ ⊙ A ⊙ β_col       (the scan's V' = gated_A · W)
 //     gated[i, 64..128) = Γ ⊙ Q Kᵀ            (the scan's intra-chunk output term)
 // both 0 above the diagonal, every exponent ≤ 0. A itself is kept for the backward.
+// `Gated` is f32 for the scalar scan and f16 for the coop scan (its GEMM operand type), set by
+// the family snippet forward/gated_f32.wgsl or forward/gated_f16.wgsl.
 //
 // Workgroup memory: ten lower 16×16 blocks (block (bi, bj) at blk(bi, bj)) plus one scratch
 // block — 11 KiB, within every WebGPU device's 16 KiB. During the Gram accumulation the
@@ -23,7 +25,7 @@
 @group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
 @group(0) @binding(4) var<storage, read> chunks: array<u32>;              // per chunk: start, length
 @group(0) @binding(5) var<storage, read_write> a_out: array<f32>;         // [B·T, HV, 64]
-@group(0) @binding(6) var<storage, read_write> gated_out: array<f32>;     // [B·T, HV, 128]
+@group(0) @binding(6) var<storage, read_write> gated_out: array<Gated>;   // [B·T, HV, 128]
 
 override K_DIM: u32;
 
@@ -54,7 +56,7 @@ fn store_gated_qk(start: u32, hv: u32, len: u32, i: u32, c: u32, p: vec4<f32>) {
             if (j <= i) {
                 v = p[bj] * exp(g_s[i] - g_s[j]);
             }
-            gated_out[row + j] = v;
+            gated_out[row + j] = Gated(v);
         }
     }
 }
@@ -237,7 +239,7 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             if (j <= i) {
                 ag = a * exp(g_s[i] - g_s[j]) * beta_s[j];
             }
-            gated_out[((start + i) * hv_count + hv) * 2u * CHUNK + j] = ag;
+            gated_out[((start + i) * hv_count + hv) * 2u * CHUNK + j] = Gated(ag);
         }
     }
 }

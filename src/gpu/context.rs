@@ -3,8 +3,11 @@
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::gpu::path::{ComputePath, PathChoice, PathSupport};
 use crate::gpu::pipelines::PipelineCache;
 use crate::gpu::tuning::Tuning;
+use crate::problem::Problem;
+use crate::tensor::DType;
 
 /// A device and queue plus everything the launchers need: capabilities, tile choices and the
 /// pipeline cache. Cheap to share by reference; create one per device.
@@ -15,17 +18,20 @@ pub struct Context {
     pub adapter_info: Option<wgpu::AdapterInfo>,
     pub(crate) tuning: Tuning,
     pub(crate) pipelines: PipelineCache,
+    path_support: PathSupport,
+    forced_path: Option<ComputePath>,
     errors: Arc<Mutex<Vec<String>>>,
     lost: Arc<Mutex<Option<String>>>,
 }
 
 /// Features the library uses when the adapter has them: timestamps feed `gdn bench`,
-/// SHADER_F16 enables f16 storage.
+/// SHADER_F16 enables f16 storage, cooperative matrices the coop compute path.
 fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
     adapter
         & (wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
-            | wgpu::Features::SHADER_F16)
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
 }
 
 /// Ranks adapters: real GPUs before virtual/CPU ones, and Vulkan/Metal/DX12 before GL (GL on
@@ -110,10 +116,21 @@ impl Context {
         limits: wgpu::Limits,
     ) -> Result<Self> {
         let info = adapter.get_info();
+        let features = wanted_features(adapter.features());
         let desc = wgpu::DeviceDescriptor {
             label: Some("gdn-wgpu"),
-            required_features: wanted_features(adapter.features()),
+            required_features: features,
             required_limits: limits,
+            // SAFETY: the only experimental feature requested is cooperative matrices, used
+            // solely by the coop compute path, whose kernels are checked against the f64 oracle
+            // on the adapters that report it (tests/forward.rs, GDN_REQUIRE_COOP=1).
+            experimental_features: if features
+                .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             ..Default::default()
         };
         let (device, queue) = adapter
@@ -121,7 +138,14 @@ impl Context {
             .await
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
         log::debug!("gdn-wgpu: using adapter {} ({:?})", info.name, info.backend);
-        let ctx = Self::build(device, queue, Some(info))?;
+        let coop = adapter.cooperative_matrix_properties();
+        let mut ctx = Self::build(device, queue, Some(info))?;
+        ctx.path_support = PathSupport::detect(
+            ctx.features(),
+            &coop,
+            ctx.adapter_info.as_ref(),
+            ctx.limits().max_compute_workgroup_storage_size,
+        );
         // Errors on a device we own go to the context, never to wgpu's default panic handler.
         let errors = ctx.errors.clone();
         ctx.device
@@ -138,6 +162,8 @@ impl Context {
 
     /// A context on the caller's own device and queue. The library uses whatever features and
     /// limits the device was created with; device errors keep going to the caller's handler.
+    /// The coop compute path needs the adapter's cooperative-matrix list, which a device does
+    /// not carry: such a context runs the scalar path.
     pub fn from_device(
         device: wgpu::Device,
         queue: wgpu::Queue,
@@ -153,12 +179,24 @@ impl Context {
     ) -> Result<Self> {
         let tuning = Tuning::for_device(&device.limits())?;
         let pipelines = PipelineCache::new(device.clone());
+        let forced_path = match std::env::var("GDN_COMPUTE_PATH") {
+            Ok(s) => ComputePath::parse_override("GDN_COMPUTE_PATH", &s)?,
+            Err(_) => None,
+        };
+        let path_support = PathSupport::detect(
+            device.features(),
+            &[],
+            adapter_info.as_ref(),
+            device.limits().max_compute_workgroup_storage_size,
+        );
         Ok(Context {
             device,
             queue,
             adapter_info,
             tuning,
             pipelines,
+            path_support,
+            forced_path,
             errors: Arc::default(),
             lost: Arc::default(),
         })
@@ -185,6 +223,34 @@ impl Context {
             .into_iter()
             .filter(|&d| d != crate::DType::F16 || f16)
             .collect()
+    }
+
+    /// What the device offers for each compute path.
+    pub fn path_support(&self) -> PathSupport {
+        self.path_support
+    }
+
+    /// The forced compute path, if any (from `GDN_COMPUTE_PATH` or [`Self::set_compute_path`]).
+    pub fn forced_compute_path(&self) -> Option<ComputePath> {
+        self.forced_path
+    }
+
+    /// Force a compute path for the forward (`None`: automatic). A forced path the device or
+    /// a problem cannot run makes that forward fail with `Error::Unsupported`.
+    pub fn set_compute_path(&mut self, path: Option<ComputePath>) -> Result<()> {
+        if path == Some(ComputePath::CoopMatrix) && !self.path_support.coop_f16 {
+            return Err(Error::unsupported(
+                "compute path",
+                format!("coop here: {}", self.path_support.coop_missing),
+            ));
+        }
+        self.forced_path = path;
+        Ok(())
+    }
+
+    /// The path the forward takes for `problem` with storage `dtype`, and why.
+    pub fn forward_path(&self, problem: &Problem, dtype: DType) -> Result<PathChoice> {
+        self.path_support.choose(problem, dtype, self.forced_path)
     }
 
     /// Pipelines compiled so far (cached by source, entry point and constants).

@@ -6,6 +6,7 @@ mod context;
 pub mod decode;
 pub mod forward;
 pub mod params;
+pub mod path;
 pub(crate) mod pipelines;
 pub mod shaders;
 mod tensor;
@@ -21,7 +22,10 @@ pub use context::{Context, list_adapters};
 pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, decode_step};
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;
-pub use forward::{Forward, Intermediates, forward, forward_into, forward_into_profiled};
+pub use forward::{
+    Forward, Intermediates, forward, forward_into, forward_into_profiled, forward_into_with_path,
+};
+pub use path::{ComputePath, PathChoice, PathSupport};
 pub use tensor::{GpuTensor, upload_inputs};
 pub use timing::GpuTimer;
 pub use tuning::Tuning;

@@ -16,6 +16,12 @@ pub enum Pass {
     PrepareGate,
     WyInverse,
     StateScan,
+    /// wy_inverse writing its gated matrices in f16 for the coop scan.
+    WyInverseCoop,
+    /// q/k copied to f16 (the coop scan's GEMM operands), zero-padded by a chunk.
+    ToHalf,
+    /// The sequential scan on cooperative matrices.
+    StateScanCoop,
     StateRecompute,
     DhScan,
     ValueGrams,
@@ -28,11 +34,14 @@ pub enum Pass {
 }
 
 impl Pass {
-    pub const ALL: [Pass; 13] = [
+    pub const ALL: [Pass; 16] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
         Pass::StateScan,
+        Pass::WyInverseCoop,
+        Pass::ToHalf,
+        Pass::StateScanCoop,
         Pass::StateRecompute,
         Pass::DhScan,
         Pass::ValueGrams,
@@ -51,6 +60,9 @@ impl Pass {
             Pass::PrepareGate => "forward/prepare_gate.wgsl",
             Pass::WyInverse => "forward/wy_inverse.wgsl",
             Pass::StateScan => "forward/state_scan.wgsl",
+            Pass::WyInverseCoop => "forward/wy_inverse.wgsl",
+            Pass::ToHalf => "forward/to_half.wgsl",
+            Pass::StateScanCoop => "forward/state_scan_coop.wgsl",
             Pass::StateRecompute => "backward/state_recompute.wgsl",
             Pass::DhScan => "backward/dh_scan.wgsl",
             Pass::ValueGrams => "backward/value_grams.wgsl",
@@ -67,8 +79,12 @@ impl Pass {
         match self {
             Pass::PrepareQk => include_str!("../../shaders/forward/prepare_qk.wgsl"),
             Pass::PrepareGate => include_str!("../../shaders/forward/prepare_gate.wgsl"),
-            Pass::WyInverse => include_str!("../../shaders/forward/wy_inverse.wgsl"),
+            Pass::WyInverse | Pass::WyInverseCoop => {
+                include_str!("../../shaders/forward/wy_inverse.wgsl")
+            }
             Pass::StateScan => include_str!("../../shaders/forward/state_scan.wgsl"),
+            Pass::ToHalf => include_str!("../../shaders/forward/to_half.wgsl"),
+            Pass::StateScanCoop => include_str!("../../shaders/forward/state_scan_coop.wgsl"),
             Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
             Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
             Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),
@@ -99,9 +115,13 @@ impl Pass {
     /// Storage dtypes this pass has been written (and tested) for.
     pub fn storage_dtypes(self) -> &'static [DType] {
         match self {
-            Pass::PrepareQk | Pass::PrepareGate | Pass::WyInverse | Pass::StateScan => {
-                &FORWARD_STORAGE_DTYPES
-            }
+            Pass::PrepareQk
+            | Pass::PrepareGate
+            | Pass::WyInverse
+            | Pass::StateScan
+            | Pass::WyInverseCoop
+            | Pass::ToHalf
+            | Pass::StateScanCoop => &FORWARD_STORAGE_DTYPES,
             // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
             Pass::StateRecompute
             | Pass::DhScan
@@ -124,10 +144,35 @@ impl Pass {
             "backward/scan_tiles.wgsl",
             include_str!("../../shaders/backward/scan_tiles.wgsl"),
         );
+        const GATED_F32: (&str, &str) = (
+            "forward/gated_f32.wgsl",
+            include_str!("../../shaders/forward/gated_f32.wgsl"),
+        );
+        const GATED_F16: (&str, &str) = (
+            "forward/gated_f16.wgsl",
+            include_str!("../../shaders/forward/gated_f16.wgsl"),
+        );
         match self {
             Pass::StateRecompute | Pass::DhScan => &[BACKWARD_SCAN_TILES],
+            Pass::WyInverse => &[GATED_F32],
+            Pass::WyInverseCoop => &[GATED_F16],
             _ => &[],
         }
+    }
+
+    /// WGSL extensions the pass needs whatever the storage dtype (emitted before everything
+    /// else, since `enable` must precede every declaration).
+    pub fn enables(self) -> &'static [&'static str] {
+        match self {
+            Pass::WyInverseCoop | Pass::ToHalf => &["f16"],
+            Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
+            _ => &[],
+        }
+    }
+
+    /// Whether the pass needs the device's EXPERIMENTAL_COOPERATIVE_MATRIX.
+    pub fn needs_coop(self) -> bool {
+        self.enables().contains(&"wgpu_cooperative_matrix")
     }
 }
 
@@ -167,8 +212,13 @@ pub fn source(pass: Pass, dtype: DType) -> Result<&'static ShaderSource> {
         .iter()
         .map(|(_, text)| format!("{text}\n"))
         .collect();
+    let enables: String = pass
+        .enables()
+        .iter()
+        .map(|e| format!("enable {e};\n"))
+        .collect();
     let text = format!(
-        "{}\n{PARAMS}\n{family}{}",
+        "{enables}{}\n{PARAMS}\n{family}{}",
         dtype_snippet(dtype),
         pass.body()
     );

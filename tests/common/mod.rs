@@ -102,12 +102,24 @@ pub fn dense(b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize) -> Pro
 }
 
 /// Run the forward with q, k, v (and so o) stored as `dtype`, against the oracle on the same
-/// rounded inputs. Returns `None` when the device lacks the dtype (f16 without SHADER_F16).
+/// rounded inputs, on the scalar path. Returns `None` when the device lacks the dtype (f16
+/// without SHADER_F16).
 pub fn forward_errors_dtype(
     ctx: &Context,
     problem: &Problem,
     spec: &RandomSpec,
     dtype: DType,
+) -> Option<Errors> {
+    forward_errors_path(ctx, problem, spec, dtype, gpu::ComputePath::Scalar)
+}
+
+/// [`forward_errors_dtype`] on a given compute path (which must be available).
+pub fn forward_errors_path(
+    ctx: &Context,
+    problem: &Problem,
+    spec: &RandomSpec,
+    dtype: DType,
+    path: gpu::ComputePath,
 ) -> Option<Errors> {
     if !ctx.forward_storage_dtypes().contains(&dtype) {
         eprintln!("{dtype} storage not available on this device: not run");
@@ -129,7 +141,7 @@ pub fn forward_errors_dtype(
     )
     .unwrap();
     let mut encoder = ctx.create_encoder("test forward dtype");
-    gpu::forward_into(
+    gpu::forward_into_with_path(
         ctx,
         &mut encoder,
         problem,
@@ -138,6 +150,7 @@ pub fn forward_errors_dtype(
             o: &o,
             final_state: &state,
         },
+        path,
     )
     .unwrap();
     ctx.submit_and_wait(encoder).unwrap();

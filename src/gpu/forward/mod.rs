@@ -5,15 +5,20 @@
 mod prepare_gate;
 mod prepare_qk;
 mod state_scan;
+mod state_scan_coop;
+mod to_half;
 mod wy_inverse;
 
 pub use prepare_gate::prepare_gate;
 pub use prepare_qk::prepare_qk;
 pub use state_scan::{ScanBuffers, state_scan};
+pub use state_scan_coop::{CoopScanBuffers, STATE_SCAN_COOP_BYTES, state_scan_coop};
+pub use to_half::to_half;
 pub use wy_inverse::wy_inverse;
 
 use crate::error::{Error, Result};
 use crate::gpu::params::{Params, upload_u32};
+use crate::gpu::path::ComputePath;
 use crate::gpu::{Context, GpuTensor, GpuTimer};
 use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
 #[cfg(not(target_arch = "wasm32"))]
@@ -95,7 +100,21 @@ pub fn forward_into(
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
 ) -> Result<Intermediates> {
-    record_forward(ctx, encoder, problem, inputs, outputs, None)
+    record_forward(ctx, encoder, problem, inputs, outputs, None, None)
+}
+
+/// [`forward_into`] on a given compute path (instead of the context's choice); a path this
+/// device or problem cannot run is an `Error::Unsupported`. For tests and benchmarks that
+/// compare paths on one context.
+pub fn forward_into_with_path(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    path: ComputePath,
+) -> Result<Intermediates> {
+    record_forward(ctx, encoder, problem, inputs, outputs, None, Some(path))
 }
 
 /// [`forward_into`] with a timestamp after each pass (labelled with the pass name) for a
@@ -108,7 +127,7 @@ pub fn forward_into_profiled(
     outputs: &ForwardOutputs<&GpuTensor>,
     timer: &GpuTimer,
 ) -> Result<Intermediates> {
-    record_forward(ctx, encoder, problem, inputs, outputs, Some(timer))
+    record_forward(ctx, encoder, problem, inputs, outputs, Some(timer), None)
 }
 
 fn record_forward(
@@ -118,6 +137,7 @@ fn record_forward(
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
     timer: Option<&GpuTimer>,
+    path: Option<ComputePath>,
 ) -> Result<Intermediates> {
     let mark = |encoder: &mut wgpu::CommandEncoder, label| {
         if let Some(t) = timer {
@@ -213,36 +233,72 @@ fn record_forward(
     mark(encoder, "prepare_gate");
 
     let a = GpuTensor::empty(ctx, "wy_inverse", &[bt, hv, CHUNK], DType::F32)?;
-    // Forward-only scratch (not kept for the backward): the scan's gated matrices.
-    let gated = GpuTensor::empty(ctx, "gated", &[bt, hv, 2 * CHUNK], DType::F32)?;
-    wy_inverse(
-        ctx, encoder, &params, k, q, &gate_beta, &chunks, num_chunks, hv, &a, &gated,
-    )?;
-    mark(encoder, "wy_inverse");
-
-    let v_block = ctx.tuning.state_scan_v_block(problem);
-    let bufs = ScanBuffers {
-        q,
-        k,
-        v: inputs.v,
-        gate_beta: &gate_beta,
-        gated: &gated,
-        segments: &segments,
-        state: outputs.final_state,
-        o: outputs.o,
-    };
-    state_scan(
-        ctx,
-        encoder,
-        &params,
-        &bufs,
-        num_segments,
-        hv,
-        problem.key_dim,
-        problem.value_dim,
-        v_block,
-    )?;
-    mark(encoder, "state_scan");
+    let path = ctx
+        .path_support()
+        .choose(problem, inputs.q.dtype, path.or(ctx.forced_compute_path()))?
+        .path;
+    match path {
+        ComputePath::Scalar => {
+            // Forward-only scratch (not kept for the backward): the scan's gated matrices.
+            let gated = GpuTensor::empty(ctx, "gated", &[bt, hv, 2 * CHUNK], DType::F32)?;
+            wy_inverse(
+                ctx, encoder, &params, k, q, &gate_beta, &chunks, num_chunks, hv, &a, &gated,
+            )?;
+            mark(encoder, "wy_inverse");
+            let v_block = ctx.tuning.state_scan_v_block(problem);
+            let bufs = ScanBuffers {
+                q,
+                k,
+                v: inputs.v,
+                gate_beta: &gate_beta,
+                gated: &gated,
+                segments: &segments,
+                state: outputs.final_state,
+                o: outputs.o,
+            };
+            state_scan(
+                ctx,
+                encoder,
+                &params,
+                &bufs,
+                num_segments,
+                hv,
+                problem.key_dim,
+                problem.value_dim,
+                v_block,
+            )?;
+            mark(encoder, "state_scan");
+        }
+        ComputePath::CoopMatrix => {
+            // f16 GEMM operands, each with one chunk of padding rows so 64-row tiles starting
+            // at any token stay inside their buffers (the padding is zeroed).
+            let gated16 =
+                GpuTensor::empty(ctx, "gated16", &[bt + CHUNK, hv, 2 * CHUNK], DType::F16)?;
+            encoder.clear_buffer(&gated16.buffer, (bt * hv * 2 * CHUNK * 2) as u64, None);
+            wy_inverse(
+                ctx, encoder, &params, k, q, &gate_beta, &chunks, num_chunks, hv, &a, &gated16,
+            )?;
+            mark(encoder, "wy_inverse");
+            let half_shape = [bt + CHUNK, problem.heads_qk, problem.key_dim];
+            let q16 = GpuTensor::empty(ctx, "q16", &half_shape, DType::F16)?;
+            let k16 = GpuTensor::empty(ctx, "k16", &half_shape, DType::F16)?;
+            to_half(ctx, encoder, &params, q, &q16)?;
+            to_half(ctx, encoder, &params, k, &k16)?;
+            mark(encoder, "to_half");
+            let bufs = CoopScanBuffers {
+                q16: &q16,
+                k16: &k16,
+                v: inputs.v,
+                gate_beta: &gate_beta,
+                gated16: &gated16,
+                segments: &segments,
+                state: outputs.final_state,
+                o: outputs.o,
+            };
+            state_scan_coop(ctx, encoder, &params, &bufs, num_segments, hv)?;
+            mark(encoder, "state_scan_coop");
+        }
+    }
 
     Ok(Intermediates {
         q_normed,

@@ -4,9 +4,11 @@ use crate::error::{Error, Result};
 use crate::gpu::params::{bind, dispatch};
 use crate::gpu::shaders::{Pass, source};
 use crate::gpu::{Context, GpuTensor};
+use crate::tensor::DType;
 
 /// Record `A = (I + strict_lower(diag(β) K Kᵀ))⁻¹` for every chunk (`a`: `[B·T, HV, 64]` f32)
-/// and the scan's gated matrices (`gated`: `[B·T, HV, 128]` f32, rows of Γ⊙A⊙β then Γ⊙QKᵀ).
+/// and the scan's gated matrices (`gated`: `[B·T, HV, 128]`, rows of Γ⊙A⊙β then Γ⊙QKᵀ): f32
+/// for the scalar scan, f16 for the coop scan (which may give it padding rows past B·T).
 #[allow(clippy::too_many_arguments)]
 pub fn wy_inverse(
     ctx: &Context,
@@ -31,8 +33,19 @@ pub fn wy_inverse(
         });
     }
     let key_dim = k.shape[k.shape.len() - 1];
+    let pass = match gated.dtype {
+        DType::F32 => Pass::WyInverse,
+        DType::F16 => Pass::WyInverseCoop,
+        other => {
+            return Err(Error::DType {
+                name: "gated".into(),
+                expected: "F32 or F16".into(),
+                got: other.to_string(),
+            });
+        }
+    };
     let pipeline = ctx.pipelines.get(
-        source(Pass::WyInverse, k.dtype)?,
+        source(pass, k.dtype)?,
         "wy_inverse",
         &[("K_DIM", key_dim as f64)],
     );

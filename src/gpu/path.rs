@@ -1,0 +1,195 @@
+//! Compute paths: how the forward's chunk GEMMs do their arithmetic on a given adapter.
+//!
+//! - `Scalar`: f32 multiply-adds on every adapter (lavapipe, browsers without shader-f16).
+//!   The accuracy reference: rel-L2 ≈ 1e-6 against the f64 oracle with f32 storage.
+//! - `CoopMatrix`: the chunk GEMMs (K·S, Q·S, A·W, (Γ⊙QKᵀ)·V', Kᵀ·V') on cooperative matrices
+//!   (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX, f16 16×16×16 with f32 accumulators, i.e. tensor
+//!   cores on NVIDIA). Operands are rounded to f16; the state, the gate cumsum and every
+//!   accumulation stay f32. Values must fit f16 (|x| < 65504): true for GDN's normalized keys
+//!   and O(1) activations, not for arbitrary inputs.
+//!
+//! Automatic choice: f32 storage keeps the scalar path (a caller who stores f32 asked for f32
+//! accuracy); f16/bf16 storage takes cooperative matrices where the adapter reports f16
+//! 16×16×16 → f32 and the shape fits (K = 128, V a multiple of 32, subgroups of 32), else the
+//! scalar path. `Context::set_compute_path` or `GDN_COMPUTE_PATH=scalar|coop|auto` forces a
+//! path; forcing one the adapter or the problem cannot run is an error, never a silent
+//! fallback.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::problem::Problem;
+use crate::tensor::DType;
+
+/// How the forward's chunk GEMMs compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ComputePath {
+    /// f32 multiply-adds, every adapter.
+    Scalar,
+    /// f16 cooperative-matrix GEMMs with f32 accumulators.
+    CoopMatrix,
+}
+
+impl ComputePath {
+    pub const ALL: [ComputePath; 2] = [ComputePath::Scalar, ComputePath::CoopMatrix];
+
+    /// The name used by `GDN_COMPUTE_PATH`, the CLI and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputePath::Scalar => "scalar",
+            ComputePath::CoopMatrix => "coop",
+        }
+    }
+
+    /// Parses `scalar` / `coop`; `auto` (or empty) means no override.
+    pub fn parse_override(name: &str, s: &str) -> Result<Option<ComputePath>> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(None),
+            "scalar" | "f32" => Ok(Some(ComputePath::Scalar)),
+            "coop" | "coop-matrix" | "cooperative-matrix" => Ok(Some(ComputePath::CoopMatrix)),
+            other => Err(Error::Value {
+                name: name.into(),
+                expected: "one of auto, scalar, coop".into(),
+                got: format!("{other:?}"),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for ComputePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The path a forward will take and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathChoice {
+    pub path: ComputePath,
+    pub reason: String,
+}
+
+/// What the device offers for each path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PathSupport {
+    /// f16 16×16×16 cooperative matrices with f32 accumulators, on subgroups of exactly 32
+    /// (the kernels split their tiles over 32-wide subgroups).
+    pub coop_f16: bool,
+    /// Why not, when `coop_f16` is false.
+    pub coop_missing: &'static str,
+}
+
+/// Cooperative-matrix configuration the coop kernels use.
+pub const COOP_TILE: u32 = 16;
+/// Key dimension the coop scan is written for (its state tiles are named registers).
+pub const COOP_KEY_DIM: usize = 128;
+/// V-block width of the coop scan; V must be a multiple of it.
+pub const COOP_V_BLOCK: usize = 32;
+
+impl PathSupport {
+    pub fn detect(
+        features: wgpu::Features,
+        coop_properties: &[wgpu::CooperativeMatrixProperties],
+        info: Option<&wgpu::AdapterInfo>,
+        workgroup_bytes: u32,
+    ) -> Self {
+        let missing = |why| PathSupport {
+            coop_f16: false,
+            coop_missing: why,
+        };
+        if !features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            return missing("the device lacks EXPERIMENTAL_COOPERATIVE_MATRIX");
+        }
+        if !features.contains(wgpu::Features::SHADER_F16) {
+            return missing("the device lacks SHADER_F16");
+        }
+        let f16_tile = coop_properties.iter().any(|p| {
+            p.m_size == COOP_TILE
+                && p.n_size == COOP_TILE
+                && p.k_size == COOP_TILE
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        });
+        if !f16_tile {
+            return missing("the adapter reports no f16 16x16x16 -> f32 cooperative matrix");
+        }
+        if workgroup_bytes < crate::gpu::forward::STATE_SCAN_COOP_BYTES {
+            return missing("the coop scan needs more workgroup memory than the device grants");
+        }
+        match info {
+            Some(i) if i.subgroup_min_size == 32 && i.subgroup_max_size == 32 => PathSupport {
+                coop_f16: true,
+                coop_missing: "",
+            },
+            Some(_) => missing("subgroups are not exactly 32 wide"),
+            None => {
+                missing("the subgroup size is unknown (caller-supplied device without AdapterInfo)")
+            }
+        }
+    }
+
+    /// Why `problem` cannot take the coop path, if it cannot.
+    pub fn coop_rejects(&self, problem: &Problem, dtype: DType) -> Option<String> {
+        if !self.coop_f16 {
+            return Some(self.coop_missing.to_string());
+        }
+        if problem.key_dim != COOP_KEY_DIM {
+            return Some(format!(
+                "key_dim is {} (the coop scan is written for K = {COOP_KEY_DIM})",
+                problem.key_dim
+            ));
+        }
+        if !problem.value_dim.is_multiple_of(COOP_V_BLOCK) {
+            return Some(format!(
+                "value_dim is {} (the coop scan needs a multiple of {COOP_V_BLOCK})",
+                problem.value_dim
+            ));
+        }
+        let _ = dtype;
+        None
+    }
+
+    /// The forward's path for `problem` with storage `dtype`, honouring `forced`.
+    pub fn choose(
+        &self,
+        problem: &Problem,
+        dtype: DType,
+        forced: Option<ComputePath>,
+    ) -> Result<PathChoice> {
+        let coop_rejects = self.coop_rejects(problem, dtype);
+        match forced {
+            Some(ComputePath::Scalar) => Ok(PathChoice {
+                path: ComputePath::Scalar,
+                reason: "forced (GDN_COMPUTE_PATH or Context::set_compute_path)".into(),
+            }),
+            Some(ComputePath::CoopMatrix) => match coop_rejects {
+                None => Ok(PathChoice {
+                    path: ComputePath::CoopMatrix,
+                    reason: "forced (GDN_COMPUTE_PATH or Context::set_compute_path)".into(),
+                }),
+                Some(why) => Err(Error::unsupported(
+                    "compute path",
+                    format!("the forced coop path here: {why}"),
+                )),
+            },
+            None if dtype == DType::F32 => Ok(PathChoice {
+                path: ComputePath::Scalar,
+                reason:
+                    "f32 storage keeps f32 arithmetic (rel-L2 ~1e-6); force coop for tensor cores"
+                        .into(),
+            }),
+            None => match coop_rejects {
+                None => Ok(PathChoice {
+                    path: ComputePath::CoopMatrix,
+                    reason: format!(
+                        "{dtype} storage and f16 16x16x16 cooperative matrices on this adapter"
+                    ),
+                }),
+                Some(why) => Ok(PathChoice {
+                    path: ComputePath::Scalar,
+                    reason: format!("no coop path: {why}"),
+                }),
+            },
+        }
+    }
+}
