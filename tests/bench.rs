@@ -6,7 +6,7 @@ mod common;
 use std::process::Command;
 
 use gdn_wgpu::bench::check::{check_backward, check_decode, check_forward};
-use gdn_wgpu::bench::{BenchError, verify};
+use gdn_wgpu::bench::{BenchError, Op, memory, metrics, verify};
 use gdn_wgpu::gpu::Context;
 use gdn_wgpu::gpu::decode::RecurrentStepTiles;
 use gdn_wgpu::{DType, Options, Problem};
@@ -102,9 +102,123 @@ fn quick_sweep_writes_json_with_the_documented_fields() {
         for key in ["flops", "bytes", "tflops", "gbps", "peak_memory_bytes"] {
             assert!(num(r, key) > 0.0, "{key} in {r}");
         }
+        // Memory: measured by the allocator where wgpu has a report (Vulkan, DX12), and never
+        // less than the op's own inputs and outputs.
+        let backend = report["adapter"]["backend"].as_str().unwrap();
+        if matches!(backend, "Vulkan" | "Dx12") {
+            assert_eq!(r["memory_source"], "allocator", "{r}");
+        } else {
+            assert!(
+                r["memory_source"] == "allocator" || r["memory_source"] == "estimate",
+                "{r}"
+            );
+        }
+        let io = io_bytes(
+            r["op"].as_str().unwrap(),
+            &IoShape {
+                tokens: num(shape, "total_tokens"),
+                sequences: num(shape, "sequences"),
+                heads_qk: num(shape, "heads_qk"),
+                heads_v: num(shape, "heads_v"),
+                key_dim: num(shape, "key_dim"),
+                value_dim: num(shape, "value_dim"),
+                dtype_size: 4.0,
+            },
+        );
+        assert!(
+            num(r, "peak_memory_bytes") >= io,
+            "peak_memory_bytes below the {io} bytes of the op's inputs and outputs: {r}"
+        );
         let check = &r["check"];
         assert!(num(check, "max_rel_l2") <= num(check, "tolerance"), "{r}");
         assert!(check["shape"].is_string() && r["variant"].is_string());
+    }
+}
+
+/// A shape, as the test computes buffer sizes from it (independently of the library).
+struct IoShape {
+    tokens: f64,
+    sequences: f64,
+    heads_qk: f64,
+    heads_v: f64,
+    key_dim: f64,
+    value_dim: f64,
+    dtype_size: f64,
+}
+
+impl IoShape {
+    fn of(p: &Problem, dtype: DType) -> Self {
+        IoShape {
+            tokens: p.total_tokens() as f64,
+            sequences: p.num_sequences() as f64,
+            heads_qk: p.heads_qk as f64,
+            heads_v: p.heads_v as f64,
+            key_dim: p.key_dim as f64,
+            value_dim: p.value_dim as f64,
+            dtype_size: dtype.size() as f64,
+        }
+    }
+}
+
+/// Bytes of the distinct buffers an op reads and writes, each counted once: q, k, v (storage
+/// dtype), g, β (f32), the initial state; o and the final state (forward); plus do, dht and
+/// dq, dk, dv, dg, dβ, dh0 (backward); decode's state pool is updated in place (once).
+fn io_bytes(op: &str, z: &IoShape) -> f64 {
+    let qk = z.tokens * z.heads_qk * z.key_dim * z.dtype_size;
+    let v = z.tokens * z.heads_v * z.value_dim * z.dtype_size;
+    let gates = z.tokens * z.heads_v * 4.0;
+    let state = z.sequences * z.heads_v * z.key_dim * z.value_dim * 4.0;
+    let inputs = 2.0 * qk + v + 2.0 * gates;
+    match op {
+        "forward" => inputs + state + v + state,
+        "backward" => (inputs + state) + (v + state) + (inputs + state),
+        "decode" => inputs + state + v,
+        other => panic!("unknown op {other}"),
+    }
+}
+
+#[test]
+fn measured_memory_covers_inputs_and_outputs_and_matches_the_estimate() {
+    // A device of the test's own: other tests allocating on a shared one would move the
+    // allocator's total during the measurement.
+    let Some(ctx) = own_context() else { return };
+    let backend = ctx.adapter_info.as_ref().map(|i| i.backend);
+    let p = Problem::new(1, 256, 1, 2, 32, 32, None, Options::default()).unwrap();
+    let step = small(4, 1);
+    for (op, p) in [(Op::Forward, &p), (Op::Backward, &p), (Op::Decode, &step)] {
+        let measured = memory::measure(&ctx, op, p, DType::F32).unwrap();
+        let Some(measured) = measured else {
+            assert!(
+                !matches!(backend, Some(wgpu::Backend::Vulkan | wgpu::Backend::Dx12)),
+                "{backend:?} has an allocator report, yet {} measured nothing",
+                op.name()
+            );
+            eprintln!(
+                "{backend:?}: no allocator report; {} not measured",
+                op.name()
+            );
+            continue;
+        };
+        let io = io_bytes(op.name(), &IoShape::of(p, DType::F32));
+        assert!(
+            measured as f64 >= io,
+            "{}: measured {measured} B, below its {io} B of inputs and outputs",
+            op.name()
+        );
+        // The estimate used where there is no allocator report must stay close to what the
+        // launchers really allocate (only alignment padding apart); when this fails, the
+        // launchers' scratch changed: update `metrics::peak_memory_estimate`.
+        let estimate = metrics::peak_memory_estimate(op, p, DType::F32);
+        let gap = (measured as f64 - estimate as f64).abs();
+        assert!(
+            gap <= 0.02 * measured as f64 + 4096.0,
+            "{}: estimate {estimate} B vs allocator {measured} B",
+            op.name()
+        );
+        eprintln!(
+            "{}: allocator {measured} B, estimate {estimate} B, inputs+outputs {io} B",
+            op.name()
+        );
     }
 }
 

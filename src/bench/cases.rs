@@ -4,6 +4,7 @@
 
 use crate::bench::BenchError;
 use crate::bench::inputs::{gpu_inputs, host_inputs, normal};
+use crate::bench::metrics::Op;
 use crate::gpu::decode::{RecurrentStepTiles, StatePool, StateSlot};
 use crate::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, GpuTimer, Saved};
 use crate::reference;
@@ -222,15 +223,38 @@ pub fn prepare_decode(
     Ok(Box::new(DecodeCase { plans }))
 }
 
+/// The case of `op` with `sets` input copies; decode runs at `tiles` (the device's choice when
+/// `None`).
+pub fn prepare<'a>(
+    ctx: &'a Context,
+    op: Op,
+    host: &HostCase,
+    tiles: Option<RecurrentStepTiles>,
+    sets: usize,
+    seed: u64,
+) -> Result<Box<dyn GpuCase + 'a>, BenchError> {
+    match op {
+        Op::Forward => prepare_forward(ctx, host, sets),
+        Op::Backward => prepare_backward(ctx, host, sets, seed),
+        Op::Decode => {
+            let tiles = match tiles {
+                Some(t) => t,
+                None => RecurrentStepTiles::choose(&ctx.limits(), &host.problem)?,
+            };
+            prepare_decode(ctx, host, tiles, sets)
+        }
+    }
+}
+
 /// The CPU backend: the f64 oracle itself (wall clock only; no correctness gate, it is the
 /// reference).
-pub fn run_cpu(op: crate::bench::Op, host: &HostCase, seed: u64) -> crate::Result<()> {
+pub fn run_cpu(op: Op, host: &HostCase, seed: u64) -> crate::Result<()> {
     let p = &host.problem;
     match op {
-        crate::bench::Op::Forward | crate::bench::Op::Decode => {
+        Op::Forward | Op::Decode => {
             reference::forward(p, &host.inputs.as_ref())?;
         }
-        crate::bench::Op::Backward => {
+        Op::Backward => {
             let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0);
             let dht = normal(&p.state_shape(), 0.5, seed ^ 0xd7);
             reference::backward(p, &host.inputs.as_ref(), &d_o, Some(&dht))?;

@@ -104,10 +104,12 @@ pub fn bytes(op: Op, p: &Problem, dtype: DType) -> f64 {
     }
 }
 
-/// Bytes of the buffers one call of `op` holds on the GPU at its peak: inputs + outputs +
-/// scratch, from the sizes the launchers allocate (wgpu has no portable memory query). Small
-/// uniform/table buffers are included; allocator padding and driver overhead are not.
-pub fn peak_memory(op: Op, p: &Problem, dtype: DType) -> u64 {
+/// An *estimate* of the bytes of the buffers one call of `op` holds on the GPU at its peak:
+/// inputs + outputs + scratch, from the sizes the launchers are known to allocate (small
+/// uniform/table buffers included; allocator padding and driver overhead not). Used only where
+/// the backend has no allocator report ([`crate::bench::memory`]); it goes stale when the
+/// launchers' scratch changes — `tests/bench.rs` compares it with the allocator's figure.
+pub fn peak_memory_estimate(op: Op, p: &Problem, dtype: DType) -> u64 {
     let z = sizes(p, dtype);
     let (bt, hv, n) = (z.bt as u64, z.hv as u64, z.n as u64);
     let (h, k, v, s) = (z.h as u64, z.k as u64, z.v as u64, z.s as u64);

@@ -6,12 +6,13 @@
 //! compiles the pipelines, which stay cached), repetitions rotating among copies of the inputs
 //! when one copy would fit in the GPU's cache, and the median, minimum and maximum of the GPU
 //! time (timestamp queries, with a per-pass breakdown) and of the wall clock (encode, submit,
-//! wait). Rates use the formulas of [`metrics`]; memory is the bytes of the buffers the op
-//! allocates.
+//! wait). Rates use the formulas of [`metrics`]; memory is measured by the device's allocator
+//! where wgpu has a report, else estimated ([`memory`]).
 
 mod cases;
 pub mod check;
 mod inputs;
+pub mod memory;
 pub mod metrics;
 mod plot;
 pub mod report;
@@ -26,6 +27,7 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 
 pub use check::{CheckCase, CheckSummary, Compared, verify};
+pub use memory::MemorySource;
 pub use metrics::Op;
 pub use report::{Record, Report, Stats, Status};
 pub use shapes::{HeadConfig, SeqSet};
@@ -739,7 +741,8 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             tflops: None,
             gbps: None,
             rate_basis: None,
-            peak_memory_bytes: 0,
+            peak_memory_bytes: None,
+            memory_source: None,
             check: None,
         };
         let outcome = (|| -> Result<(), (Status, String)> {
@@ -758,7 +761,6 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             let p = problem.map_err(|e| err(e.into()))?;
             record.flops = metrics::flops(pc.op, &p);
             record.bytes = metrics::bytes(pc.op, &p, c.dtype);
-            record.peak_memory_bytes = metrics::peak_memory(pc.op, &p, c.dtype);
             if let Some(why) = unsupported.get(&pc.op) {
                 return Err((Status::Unsupported, why.clone()));
             }
@@ -806,14 +808,16 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     };
                     record.input_sets = sets;
                     let ctx = &*ctx;
-                    let case = match pc.op {
-                        Op::Forward => cases::prepare_forward(ctx, hc, sets),
-                        Op::Backward => cases::prepare_backward(ctx, hc, sets, c.seed),
-                        Op::Decode => {
-                            cases::prepare_decode(ctx, hc, tiles.expect("decode has tiles"), sets)
-                        }
-                    }
-                    .map_err(err)?;
+                    let prepare = |sets| cases::prepare(ctx, pc.op, hc, tiles, sets, c.seed);
+                    let (case, measured) =
+                        memory::measured_case(ctx, sets, prepare).map_err(err)?;
+                    (record.peak_memory_bytes, record.memory_source) = match measured {
+                        Some(bytes) => (Some(bytes), Some(MemorySource::Allocator)),
+                        None => (
+                            Some(metrics::peak_memory_estimate(pc.op, &p, c.dtype)),
+                            Some(MemorySource::Estimate),
+                        ),
+                    };
                     time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?
                 }
             };

@@ -4,6 +4,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use crate::bench::memory::MemorySource;
+
 /// Median, minimum and maximum of a list of milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Stats {
@@ -138,9 +140,13 @@ pub struct Record {
     pub gbps: Option<f64>,
     /// `"gpu"` or `"wall"`: which median the rates divide by.
     pub rate_basis: Option<String>,
-    /// Bytes of the buffers the op holds at its peak (inputs + outputs + scratch; computed
-    /// from the allocation sizes, as wgpu has no memory query). One input set.
-    pub peak_memory_bytes: u64,
+    /// GPU memory one call holds at its peak (inputs + outputs + scratch, one input set):
+    /// measured by the device's allocator, or estimated where the backend has no allocator
+    /// report (`memory_source` says which); null for the CPU backend and untimed cases.
+    pub peak_memory_bytes: Option<u64>,
+    /// `"allocator"` (measured) or `"estimate"` (buffer sizes the launchers are known to
+    /// allocate; BENCHMARKS.md, "Memory").
+    pub memory_source: Option<MemorySource>,
     pub check: Option<CheckRecord>,
 }
 
@@ -250,7 +256,11 @@ pub fn table(report: &Report) -> String {
             row.push(med(&r.host_ms));
             row.push(r.tflops.map_or("-".into(), fmt_rate));
             row.push(r.gbps.map_or("-".into(), fmt_rate));
-            row.push(fmt_bytes(r.peak_memory_bytes as f64));
+            row.push(match (r.peak_memory_bytes, r.memory_source) {
+                (Some(b), Some(MemorySource::Estimate)) => format!("~{}", fmt_bytes(b as f64)),
+                (Some(b), _) => fmt_bytes(b as f64),
+                (None, _) => "-".into(),
+            });
             row.push(
                 r.check
                     .as_ref()
