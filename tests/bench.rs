@@ -37,9 +37,12 @@ fn quick_sweep_writes_json_with_the_documented_fields() {
         return;
     }
     let json = temp_path("quick.json");
+    let svg = temp_path("quick.svg");
     let out = gdn()
         .args(["bench", "--quick", "--json"])
         .arg(&json)
+        .arg("--plot")
+        .arg(&svg)
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -51,6 +54,19 @@ fn quick_sweep_writes_json_with_the_documented_fields() {
     eprintln!("{stdout}");
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     std::fs::remove_file(&json).ok();
+    // The plot: one panel per op, one line per head config.
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    std::fs::remove_file(&svg).ok();
+    assert!(plot.starts_with("<svg"), "{}", &plot[..plot.len().min(200)]);
+    for caption in [
+        "forward: median latency",
+        "backward: median latency",
+        "decode: median latency",
+        "heads 1/2",
+        "heads 2/4",
+    ] {
+        assert!(plot.contains(caption), "{caption} missing from the plot");
+    }
     assert_eq!(report["tool"], "gdn bench");
     for key in ["version", "date_utc", "command"] {
         assert!(report[key].is_string(), "{key} missing");
@@ -331,6 +347,13 @@ fn bad_flags_exit_2_with_one_error_line() {
         &["bench", "--heads", "16"],
         &["bench", "--seqs", "0x8"],
         &["bench", "--decode-batch", "0"],
+        &["bench", "--heads", "3/4"],
+        &["bench", "--key-dim", "0"],
+        &["bench", "--value-dim", "100"],
+        &["bench", "--reps", "0"],
+        &["bench", "--max-seconds", "0"],
+        &["bench", "--json", "/nonexistent-dir/gdn.json"],
+        &["bench", "--plot", "/nonexistent-dir/gdn.svg"],
     ] {
         let out = gdn().args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -340,6 +363,35 @@ fn bad_flags_exit_2_with_one_error_line() {
             "{args:?}: {stderr}"
         );
     }
+}
+
+#[test]
+fn a_shape_over_the_device_limits_is_refused_before_its_inputs_exist() {
+    if common::gpu().is_none() {
+        return;
+    }
+    // 2·10⁴ q/k heads × 10⁴ tokens × K = 32 in f32 is 25.6 GB per tensor: the preflight refuses
+    // it from the limits, before the host would allocate it; nothing is left to time (exit 2).
+    let out = gdn()
+        .args([
+            "bench",
+            "--quick",
+            "--ops",
+            "forward",
+            "--heads",
+            "20000/20000",
+            "--seqs",
+            "10000",
+            "--no-progress",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("nothing to time") && stderr.contains("exceeds the device's"),
+        "{stderr}"
+    );
 }
 
 #[test]

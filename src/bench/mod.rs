@@ -59,12 +59,15 @@ pub enum BenchError {
     /// Bad flags.
     #[error("{0}")]
     Usage(String),
-    /// Nothing of what was asked can run in this build.
+    /// Nothing of what was asked can run in this build or on this device.
     #[error("{0}")]
     Unsupported(String),
     /// Writing `--json` or `--plot`.
     #[error("{path}: {msg}")]
     Output { path: String, msg: String },
+    /// A case's host inputs would not fit this machine's memory (not generated).
+    #[error("{0}")]
+    HostMemory(String),
 }
 
 impl BenchError {
@@ -86,7 +89,10 @@ impl BenchError {
     }
 
     fn is_too_large(&self) -> bool {
-        matches!(self, BenchError::Gdn(Error::TooLarge { .. }))
+        matches!(
+            self,
+            BenchError::Gdn(Error::TooLarge { .. }) | BenchError::HostMemory(_)
+        )
     }
 }
 
@@ -261,6 +267,27 @@ impl BenchArgs {
         } else {
             128
         };
+        let (key_dim, value_dim) = (self.key_dim.unwrap_or(dim), self.value_dim.unwrap_or(dim));
+        for h in &heads {
+            Problem::new(
+                1,
+                1,
+                h.heads_qk,
+                h.heads_v,
+                key_dim,
+                value_dim,
+                None,
+                Options::default(),
+            )
+            .map_err(|e| {
+                usage(format!(
+                    "--heads {h} with K = {key_dim}, V = {value_dim}: {e}"
+                ))
+            })?;
+        }
+        if self.reps == Some(0) {
+            return Err(usage("--reps must be at least 1".into()));
+        }
         if self.max_seconds.is_nan()
             || self.max_seconds <= 0.0
             || self.rotate_mib.is_nan()
@@ -278,10 +305,10 @@ impl BenchArgs {
             heads,
             seqs,
             decode_batches,
-            key_dim: self.key_dim.unwrap_or(dim),
-            value_dim: self.value_dim.unwrap_or(dim),
+            key_dim,
+            value_dim,
             warmup: self.warmup.unwrap_or(if self.quick { 1 } else { 3 }),
-            reps: self.reps.unwrap_or(if self.quick { 5 } else { 20 }).max(1),
+            reps: self.reps.unwrap_or(if self.quick { 5 } else { 20 }),
             max_seconds: if self.quick {
                 self.max_seconds.min(2.0)
             } else {
@@ -309,6 +336,21 @@ pub fn main(args: &BenchArgs) -> ExitCode {
     }
 }
 
+/// Fail before a long sweep, not after it, when an output file cannot be written (a file
+/// created by the probe is removed again).
+fn check_writable(flag: &str, path: &str) -> Result<(), BenchError> {
+    let existed = std::path::Path::new(path).exists();
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| BenchError::Usage(format!("{flag} {path}: {e}")))?;
+    if !existed {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
 fn one_line(s: &str) -> String {
     s.lines()
         .map(str::trim)
@@ -323,6 +365,11 @@ fn main_inner(args: &BenchArgs) -> Result<ExitCode, BenchError> {
         .map(|a| if a.contains(' ') { format!("'{a}'") } else { a })
         .collect::<Vec<_>>()
         .join(" ");
+    for (flag, path) in [("--json", &args.json), ("--plot", &args.plot)] {
+        if let Some(path) = path {
+            check_writable(flag, path)?;
+        }
+    }
     let report = run(&config, &command)?;
     println!("{}", report::table(&report));
     if let Some(path) = &args.json {
@@ -355,7 +402,7 @@ fn main_inner(args: &BenchArgs) -> Result<ExitCode, BenchError> {
         );
         return Ok(ExitCode::from(1));
     }
-    if ok == 0 && count(Status::Unsupported) > 0 {
+    if ok == 0 && count(Status::Unsupported) + count(Status::Skipped) > 0 {
         let notes: Vec<String> = report
             .records
             .iter()
@@ -403,6 +450,78 @@ fn open_context(filter: Option<&str>) -> Result<Context, BenchError> {
             Ok(pollster::block_on(Context::from_adapter(adapter))?)
         }
     }
+}
+
+/// Refuse a case before its host inputs are generated when they could not be used: a tensor
+/// over the device's buffer limits (the same error the upload would give, after allocating
+/// gigabytes on the host), or host inputs larger than half this machine's available memory.
+fn preflight(ctx: Option<&Context>, op: Op, p: &Problem, dtype: DType) -> Result<(), BenchError> {
+    let (bt, n) = (p.total_tokens() as u128, p.num_sequences() as u128);
+    let (h, hv, k, v) = (
+        p.heads_qk as u128,
+        p.heads_v as u128,
+        p.key_dim as u128,
+        p.value_dim as u128,
+    );
+    let elems = [
+        ("q", bt * h * k),
+        ("v", bt * hv * v),
+        ("g", bt * hv),
+        ("initial_state", n * hv * k * v),
+    ];
+    if let Some(ctx) = ctx {
+        let limits = ctx.limits();
+        for (name, count) in elems {
+            let size = if name == "q" || name == "v" {
+                dtype.size() as u128
+            } else {
+                4
+            };
+            let bytes = u64::try_from(count * size).unwrap_or(u64::MAX);
+            for (limit_name, limit) in [
+                (
+                    "max_storage_buffer_binding_size",
+                    limits.max_storage_buffer_binding_size,
+                ),
+                ("max_buffer_size", limits.max_buffer_size),
+            ] {
+                if bytes > limit {
+                    return Err(Error::TooLarge {
+                        name: name.into(),
+                        bytes,
+                        limit_name,
+                        limit,
+                    }
+                    .into());
+                }
+            }
+        }
+    }
+    // Host inputs are f32 whatever the storage dtype: q, k, v, g, β, h0 (+ do, dht).
+    let [(_, qk), (_, vv), (_, gates), (_, state)] = elems;
+    let mut host = 2 * qk + vv + 2 * gates + state;
+    if op == Op::Backward {
+        host += vv + state;
+    }
+    let host_bytes = 4 * host;
+    if let Some(available) = available_memory()
+        && host_bytes > available as u128 / 2
+    {
+        return Err(BenchError::HostMemory(format!(
+            "its host inputs need {} (f32), more than half of the {} this machine has available",
+            report::fmt_bytes(host_bytes as f64),
+            report::fmt_bytes(available as f64)
+        )));
+    }
+    Ok(())
+}
+
+/// `MemAvailable` from /proc/meminfo (Linux), in bytes.
+fn available_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// One case of the sweep, before it runs.
@@ -485,9 +604,12 @@ struct Timing {
     reps: usize,
 }
 
+/// Timestamps per repetition: a start mark, one per pass, and the closing "tail" mark.
+const TIMER_MARKS: u32 = 64;
+
 /// Warm up, then time `reps` repetitions (fewer when they would exceed `max_seconds`).
 fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> crate::Result<Timing> {
-    let timer = GpuTimer::new(ctx, 16);
+    let timer = GpuTimer::new(ctx, TIMER_MARKS);
     let mut t = Timing::default();
     let mut last_wall = 0.0;
     let mut i = 0usize;
@@ -521,6 +643,13 @@ fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> crate::Result<Timi
             t.host.push((submitted - start).as_secs_f64() * 1e3);
             if let Some(timer) = &timer {
                 let spans = timer.read_spans(ctx)?;
+                // The timer drops marks past its capacity: a GPU time without the closing
+                // "tail" mark would silently miss the last passes.
+                if spans.last().map(|(l, _)| *l) != Some("tail") {
+                    return Err(Error::Gpu(format!(
+                        "the op wrote more than the bench timer's {TIMER_MARKS} timestamps; its GPU time would miss passes (raise TIMER_MARKS)"
+                    )));
+                }
                 t.gpu.push(spans.iter().map(|(_, ms)| ms).sum());
                 if t.passes.is_empty() {
                     t.passes = spans
@@ -764,6 +893,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             if let Some(why) = unsupported.get(&pc.op) {
                 return Err((Status::Unsupported, why.clone()));
             }
+            preflight(ctx.as_ref(), pc.op, &p, c.dtype).map_err(err)?;
             let fresh = !matches!(&host, Some((h, s, b, _)) if *h == pc.heads && *s == pc.seqs && *b == pc.batch);
             if fresh {
                 drop(host.take()); // free the previous shape's host inputs first
