@@ -395,6 +395,34 @@ fn a_shape_over_the_device_limits_is_refused_before_its_inputs_exist() {
 }
 
 #[test]
+fn a_compute_path_that_cannot_run_is_refused_not_timed() {
+    if common::gpu().is_none() {
+        return;
+    }
+    // Without cooperative matrices the device refuses the flag; with them, the coop scan is
+    // written for K = 128 and --quick's K = 32 forward cannot take it: nothing to time.
+    let out = gdn()
+        .args([
+            "bench",
+            "--quick",
+            "--ops",
+            "forward",
+            "--heads",
+            "1/2",
+            "--seqs",
+            "64",
+            "--compute-path",
+            "coop",
+            "--no-progress",
+        ])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("coop"), "{stderr}");
+}
+
+#[test]
 fn a_dtype_the_kernels_lack_is_not_yet_supported_not_a_number() {
     if common::gpu().is_none() {
         return;

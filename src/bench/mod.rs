@@ -34,7 +34,7 @@ pub use shapes::{HeadConfig, SeqSet};
 
 use crate::error::Error;
 use crate::gpu::decode::RecurrentStepTiles;
-use crate::gpu::{Context, GpuTimer};
+use crate::gpu::{ComputePath, Context, GpuTimer};
 use crate::tensor::DType;
 use crate::{Options, Problem};
 use cases::{GpuCase, HostCase};
@@ -123,6 +123,28 @@ impl BenchDType {
     }
 }
 
+/// The forward's compute path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchPath {
+    /// The context's choice (f32 storage: scalar; f16/bf16: coop where the device has it), or
+    /// `GDN_COMPUTE_PATH` when set.
+    Auto,
+    /// f32 multiply-adds.
+    Scalar,
+    /// f16 cooperative matrices with f32 accumulators (refused where the device lacks them).
+    Coop,
+}
+
+impl BenchPath {
+    pub fn path(self) -> Option<ComputePath> {
+        match self {
+            BenchPath::Auto => None,
+            BenchPath::Scalar => Some(ComputePath::Scalar),
+            BenchPath::Coop => Some(ComputePath::CoopMatrix),
+        }
+    }
+}
+
 /// Flags of `gdn bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -158,6 +180,9 @@ pub struct BenchArgs {
     /// Use the first adapter whose name contains this (case-insensitive; like GDN_ADAPTER).
     #[arg(long)]
     pub adapter: Option<String>,
+    /// The forward's compute path (the record's `variant` names the one timed).
+    #[arg(long, value_enum, default_value_t = BenchPath::Auto)]
+    pub compute_path: BenchPath,
     /// Untimed runs per case before timing, at least 1 (it compiles the pipelines) [default:
     /// 3; --quick: 1].
     #[arg(long)]
@@ -198,6 +223,8 @@ pub struct Config {
     pub backend: BenchBackend,
     pub dtype: DType,
     pub adapter: Option<String>,
+    /// A forced forward compute path (`None`: the context's choice).
+    pub compute_path: Option<ComputePath>,
     pub heads: Vec<HeadConfig>,
     pub seqs: Vec<SeqSet>,
     pub decode_batches: Vec<usize>,
@@ -302,6 +329,7 @@ impl BenchArgs {
             backend: self.backend,
             dtype: self.dtype.dtype(),
             adapter: self.adapter.clone(),
+            compute_path: self.compute_path.path(),
             heads,
             seqs,
             decode_batches,
@@ -433,7 +461,23 @@ fn commit() -> Option<String> {
     }
 }
 
-fn open_context(filter: Option<&str>) -> Result<Context, BenchError> {
+/// The context of `c.adapter`, on `c.compute_path` when forced.
+fn open_context(c: &Config) -> Result<Context, BenchError> {
+    let mut ctx = open_adapter(c.adapter.as_deref())?;
+    if let Some(path) = c.compute_path {
+        let support = ctx.path_support();
+        if path == ComputePath::CoopMatrix && !support.coop_f16 {
+            return Err(BenchError::Unsupported(format!(
+                "--compute-path coop: this device has no coop path ({})",
+                support.coop_missing
+            )));
+        }
+        ctx.set_compute_path(Some(path))?;
+    }
+    Ok(ctx)
+}
+
+fn open_adapter(filter: Option<&str>) -> Result<Context, BenchError> {
     match filter {
         None => Ok(Context::new_blocking()?),
         Some(f) => {
@@ -702,19 +746,25 @@ fn time_cpu(c: &Config, op: Op, host: &HostCase) -> crate::Result<Timing> {
 enum Variant {
     VBlock(u32),
     Tiles(String),
+    /// The forward's compute path and its scan's V-block.
+    Forward(ComputePath, u32),
 }
 
 fn variant(
     ctx: &Context,
     op: Op,
     p: &Problem,
+    dtype: DType,
 ) -> crate::Result<(Variant, String, Option<RecurrentStepTiles>)> {
     Ok(match op {
         Op::Forward => {
-            let vb = ctx.tuning().state_scan_v_block(p);
+            // The compute path depends on K, V, the dtype and the context (never on T), so the
+            // check shape takes the same one.
+            let path = ctx.forward_path(p, dtype)?.path;
+            let vb = check::forward_v_block(ctx, p, path);
             (
-                Variant::VBlock(vb),
-                format!("state_scan V-block {vb}"),
+                Variant::Forward(path, vb),
+                check::forward_variant_name(path, vb),
                 None,
             )
         }
@@ -744,7 +794,7 @@ fn run_check(
     v: &Variant,
 ) -> Result<CheckSummary, BenchError> {
     let case = match (planned.op, v) {
-        (Op::Forward | Op::Backward, Variant::VBlock(vb)) => {
+        (Op::Forward, Variant::Forward(_, vb)) | (Op::Backward, Variant::VBlock(vb)) => {
             let small = planned
                 .seqs
                 .as_ref()
@@ -782,7 +832,7 @@ type CheckOutcome = Result<CheckSummary, (Status, String)>;
 /// device is an error.
 pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
     let mut ctx = match c.backend {
-        BenchBackend::Wgpu => Some(open_context(c.adapter.as_deref())?),
+        BenchBackend::Wgpu => Some(open_context(c)?),
         BenchBackend::Cpu => None,
     };
     let adapter = ctx.as_ref().and_then(|ctx| {
@@ -908,12 +958,13 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             if c.fresh_device && ctx.is_some() {
                 // Drop the old device (and everything allocated on it) before opening the next.
                 drop(ctx.take());
-                ctx = Some(open_context(c.adapter.as_deref()).map_err(err)?);
+                ctx = Some(open_context(c).map_err(err)?);
             }
             let timing = match ctx.as_mut() {
                 None => time_cpu(c, pc.op, hc).map_err(|e| err(e.into()))?,
                 Some(ctx) => {
-                    let (v, vname, tiles) = variant(ctx, pc.op, &p).map_err(|e| err(e.into()))?;
+                    let (v, vname, tiles) =
+                        variant(ctx, pc.op, &p, c.dtype).map_err(|e| err(e.into()))?;
                     record.variant = Some(vname);
                     let key = (pc.op, pc.heads, v.clone());
                     if !checks.contains_key(&key) {
