@@ -123,8 +123,13 @@ fn sample_heads(heads_v: usize) -> Vec<usize> {
 
 fn describe(p: &Problem, variant: &str) -> String {
     let seqs: Vec<String> = p.sequences().iter().map(|s| s.len().to_string()).collect();
+    let layout = match (p.cu_seqlens.is_some(), p.batch) {
+        (true, _) => "packed with cu_seqlens",
+        (false, 1) => "one sequence",
+        (false, _) => "dense batch",
+    };
     format!(
-        "{} sequence(s) of {} tokens, H={} HV={} K={} V={} ({variant})",
+        "{} sequence(s) of {} tokens ({layout}), H={} HV={} K={} V={} ({variant})",
         p.num_sequences(),
         seqs.join("/"),
         p.heads_qk,

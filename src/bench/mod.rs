@@ -594,6 +594,19 @@ impl Planned {
         }
     }
 
+    /// The sequences of this case's check shape: each sequence cut to `CHECK_TOKENS`, which
+    /// keeps the structure (one sequence, a dense batch, packed with cu_seqlens); decode: up
+    /// to `CHECK_DECODE_BATCH` sequences of one token.
+    fn check_seqs(&self) -> SeqSet {
+        match &self.seqs {
+            Some(s) => s.truncated(check::CHECK_TOKENS),
+            None => SeqSet::Uniform {
+                len: 1,
+                count: self.batch.min(check::CHECK_DECODE_BATCH),
+            },
+        }
+    }
+
     fn seqs_label(&self) -> String {
         match &self.seqs {
             Some(s) => s.to_string(),
@@ -795,12 +808,9 @@ fn run_check(
 ) -> Result<CheckSummary, BenchError> {
     let case = match (planned.op, v) {
         (Op::Forward, Variant::Forward(_, vb)) | (Op::Backward, Variant::VBlock(vb)) => {
-            let small = planned
-                .seqs
-                .as_ref()
-                .expect("forward/backward cases have sequences")
-                .truncated(check::CHECK_TOKENS);
-            let p = small.problem(planned.heads, c.key_dim, c.value_dim)?;
+            let p = planned
+                .check_seqs()
+                .problem(planned.heads, c.key_dim, c.value_dim)?;
             if planned.op == Op::Forward {
                 check::check_forward(ctx, &p, c.dtype, *vb)?
             } else {
@@ -808,17 +818,9 @@ fn run_check(
             }
         }
         _ => {
-            let n = big.num_sequences().min(check::CHECK_DECODE_BATCH);
-            let p = Problem::new(
-                n,
-                1,
-                big.heads_qk,
-                big.heads_v,
-                big.key_dim,
-                big.value_dim,
-                None,
-                Options::default(),
-            )?;
+            let p = planned
+                .check_seqs()
+                .problem(planned.heads, big.key_dim, big.value_dim)?;
             check::check_decode(ctx, &p, c.dtype, tiles.expect("decode has tiles"))?
         }
     };
@@ -880,7 +882,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
     } else {
         ProgressBar::hidden()
     };
-    let mut checks: HashMap<(Op, HeadConfig, Variant), CheckOutcome> = HashMap::new();
+    let mut checks: HashMap<(Op, HeadConfig, Variant, SeqSet), CheckOutcome> = HashMap::new();
     let mut unsupported: HashMap<Op, String> = HashMap::new();
     let mut host: Option<(HeadConfig, Option<SeqSet>, usize, HostCase)> = None;
     let mut records = Vec::new();
@@ -966,7 +968,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     let (v, vname, tiles) =
                         variant(ctx, pc.op, &p, c.dtype).map_err(|e| err(e.into()))?;
                     record.variant = Some(vname);
-                    let key = (pc.op, pc.heads, v.clone());
+                    let key = (pc.op, pc.heads, v.clone(), pc.check_seqs());
                     if !checks.contains_key(&key) {
                         let mut result = run_check(ctx, c, pc, &p, tiles, &v).map_err(err);
                         if let Err((Status::Unsupported, why)) = &mut result {
