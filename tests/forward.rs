@@ -429,7 +429,6 @@ fn coop_matrix_path() {
                 zero_gate_heads: 1,
                 strong_gate_heads: usize::from(problem.heads_v > 1),
                 beta: [(0.0, 1.0), (0.0, 1e-3), (1.95, 2.0)][i % 3],
-                ..RandomSpec::default()
             };
             let e = common::forward_errors_path(ctx, problem, &s, dtype, ComputePath::CoopMatrix)
                 .unwrap();

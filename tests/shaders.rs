@@ -10,7 +10,9 @@ use gdn_wgpu::gpu::tuning::{state_scan_arena_words, state_scan_token_slice};
 
 fn constants(pass: Pass) -> Vec<Vec<(&'static str, f64)>> {
     match pass {
-        Pass::PrepareQk | Pass::PrepareGate | Pass::ToHalf | Pass::StateScanCoop => vec![vec![]],
+        Pass::PrepareQk | Pass::PrepareGate | Pass::ToHalf | Pass::GateQ | Pass::StateScanCoop => {
+            vec![vec![]]
+        }
         Pass::WyInverse | Pass::WyInverseCoop => [16.0, 128.0, 256.0]
             .iter()
             .map(|&k| vec![("K_DIM", k)])

@@ -2,17 +2,25 @@
 // chunk GEMM on cooperative matrices — f16 16×16×16 operands, f32 accumulators (tensor cores
 // on NVIDIA). One workgroup of four 32-wide subgroups per (segment, v-head, 32-column V-block)
 // walks the segment's chunks; per chunk of ≤ 64 tokens:
-//     U  = K S,   QS = Q S                        (subgroup g: rows 16g..16g+15)
+//     U  = K S,   P0 = (γ ⊙ Q) S                  (subgroup g: rows 16g..16g+15)
 //     W  = V − γ ⊙ U                              (invocations, f32, rounded to f16 once)
-//     V' = (Γ ⊙ A ⊙ β_col) W                      (lower 16×16 blocks only)
-//     O  = scale · (γ ⊙ QS + (Γ ⊙ Q Kᵀ) V')
+//     V' = (Γ ⊙ A ⊙ β_col) W
+//     O  = scale · (P0 + (Γ ⊙ Q Kᵀ) V')
 //     S  ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V')              (subgroup g: state rows 32g..32g+31)
 // The state S (K × 32, K = 128) lives in f32 accumulators for the whole segment; each chunk
 // it is published to workgroup memory rounded to f16 as the B operand of K S and Q S. So
-// the only f16 roundings are of operands (q, k, S, W, V', the gated matrices); every sum is
-// f32. Γ⊙A⊙β and Γ⊙QKᵀ come precomputed in f16 from wy_inverse (its coop variant).
+// the only f16 roundings are of operands (γ⊙q, k, S, W, V', the gated matrices); every sum is
+// f32. Γ⊙A⊙β and Γ⊙QKᵀ come precomputed in f16 from wy_inverse (its coop variant), γ⊙q per
+// v-head from gate_q, so P0 accumulates straight into O and never goes through memory.
 //
-// Partial chunks: q16, k16 and gated16 carry one chunk of padding rows past B·T, so tiles
+// Measured on the H200 (2/8 and 16/32 heads, T = 32768, 6.5 ms): the time per chunk is
+// latency, about 13 µs for one workgroup, whatever the grid; and how many workgroups share an
+// SM is set by workgroup memory, so it is kept small (26 KiB) — the f32 staging area holds
+// one 64 × 32 tile and the state is published through it in two rounds. Staging K and Q in
+// workgroup memory with plain loads (instead of cooperative loads from storage) and a 16-wide
+// V-block were tried and were slower.
+//
+// Partial chunks: qg16, k16 and gated16 carry one chunk of padding rows past B·T, so tiles
 // never leave their buffers. Rows past the chunk's end hold the next sequence's (finite)
 // values: W and V' are zeroed there and O is not stored, so they contribute nothing; the
 // gated matrices are 0 above the diagonal, so valid rows never read them.
@@ -22,7 +30,7 @@
 // cooperative store).
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> q16: array<f16>;                 // [B·T + 64, H, K]
+@group(0) @binding(1) var<storage, read> qg16: array<f16>;                // [B·T + 64, HV, K]: γ ⊙ q
 @group(0) @binding(2) var<storage, read> k16: array<f16>;                 // [B·T + 64, H, K]
 @group(0) @binding(3) var<storage, read> v_buf: array<Elem>;              // [B·T, HV, V]
 @group(0) @binding(4) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
@@ -33,17 +41,16 @@
 
 const KD: u32 = 128u;       // key dimension (the state tiles below are named registers)
 const BV: u32 = 32u;        // V-block width
-const QS_AT: u32 = 2048u;   // second half of `stage`
 
 var<workgroup> s16: array<f16, 4096>;    // S rounded to f16, [K][BV]
 var<workgroup> x16: array<f16, 2048>;    // W, then (γ_C/γ) ⊙ V', [64][BV]
 var<workgroup> vp16: array<f16, 2048>;   // V', [64][BV]
-var<workgroup> stage: array<f32, 4096>;  // f32 staging: U, then V' | γ⊙QS, then O; or all of S
+var<workgroup> stage: array<f32, 2048>;  // f32 staging, [64][BV]: U, then V', then O; or half of S
 var<workgroup> zero: array<f32, 256>;
 var<workgroup> gam: array<f32, 64>;      // γ_i = exp(G_i)
 var<workgroup> dec: array<f32, 64>;      // γ_C/γ_i, 0 past the chunk
 
-// 16×16 operand tiles. Global ones: rows of q16/k16/gated16 (row-major), or Kᵀ (a
+// 16×16 operand tiles. Global ones: rows of qg16/k16/gated16 (row-major), or Kᵀ (a
 // column-major read of k16). Workgroup ones: tile (r, c) of s16 ([K][BV]), x16 or vp16
 // ([64][BV]).
 fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
@@ -51,7 +58,7 @@ fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
 }
 
 fn q_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&q16[i], stride);
+    return coopLoadT<coop_mat16x16<f16, A>>(&qg16[i], stride);
 }
 
 fn gated_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
@@ -84,35 +91,37 @@ fn v_or_zero(row0: u32, n: u32, lim: u32, step: u32) -> f32 {
     return select(0.0, load_elem(v_buf[elem_word(i)], i), inside);
 }
 
-// Element (t/32 + 4n, t % 32) of W = V − γ ⊙ U (U in stage), and QS ← γ ⊙ QS there.
+// Element (t/32 + 4n, t % 32) of W = V − γ ⊙ U (U in stage).
 fn w_row(t: u32, n: u32, v: f32, lim: u32) {
     let e = t + 128u * n;
     let i = e / BV;
     x16[e] = f16(select(0.0, v - gam[i] * stage[e], 4u * n < lim));
-    stage[QS_AT + e] *= gam[i];
 }
 
 fn zero_acc() -> coop_mat16x16<f32, C> {
     return coopLoad<coop_mat16x16<f32, C>>(&zero[0], 16u);
 }
 
-// S (f32 accumulators, this subgroup's 32 rows) → stage → s16. Call from uniform control flow.
-fn publish_state(t: u32, r0: u32, s00: coop_mat16x16<f32, C>, s01: coop_mat16x16<f32, C>,
-                 s10: coop_mat16x16<f32, C>, s11: coop_mat16x16<f32, C>) {
-    let i00 = r0 * BV;
-    let i01 = i00 + 16u;
-    let i10 = i00 + 16u * BV;
-    let i11 = i10 + 16u;
-    coopStoreT(s00, &stage[i00], BV);
-    coopStoreT(s01, &stage[i01], BV);
-    coopStoreT(s10, &stage[i10], BV);
-    coopStoreT(s11, &stage[i11], BV);
+// Half of S (f32 accumulators: rows r0..r0+15 of every subgroup when `upper` is 0, the next
+// 16 when 1) → stage → s16. Call from uniform control flow.
+fn publish_half(t: u32, sg: u32, upper: u32, sa: coop_mat16x16<f32, C>, sb: coop_mat16x16<f32, C>) {
+    let i0 = 512u * sg;
+    let i1 = i0 + 16u;
+    coopStoreT(sa, &stage[i0], BV);
+    coopStoreT(sb, &stage[i1], BV);
     workgroupBarrier();
-    for (var n = 0u; n < 32u; n++) {
+    for (var n = 0u; n < 16u; n++) {
         let e = t + 128u * n;
-        s16[e] = f16(stage[e]);
+        // stage[512 g + 32 r + c] is state row 32 g + 16 upper + r, column c.
+        s16[e + 512u * (e / 512u) + 512u * upper] = f16(stage[e]);
     }
     workgroupBarrier();
+}
+
+fn publish_state(t: u32, sg: u32, s00: coop_mat16x16<f32, C>, s01: coop_mat16x16<f32, C>,
+                 s10: coop_mat16x16<f32, C>, s11: coop_mat16x16<f32, C>) {
+    publish_half(t, sg, 0u, s00, s01);
+    publish_half(t, sg, 1u, s10, s11);
 }
 
 @compute @workgroup_size(128)
@@ -124,7 +133,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let hv_count = params.heads_v;
     let vd = params.value_dim;
     let hqk = hv / (hv_count / params.heads_qk);
-    let hk = params.heads_qk * KD;          // token stride of q16/k16
+    let hk = params.heads_qk * KD;          // token stride of k16
+    let hq = hv_count * KD;                 // token stride of qg16
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     let seg_start = segments[3u * seg];
     let seg_len = segments[3u * seg + 1u];
@@ -164,7 +174,7 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         s10 = coopLoadT<coop_mat16x16<f32, C>>(&state[i10], vd);
         s11 = coopLoadT<coop_mat16x16<f32, C>>(&state[i11], vd);
     }
-    publish_state(t, r0, s00, s01, s10, s11);
+    publish_state(t, sg, s00, s01, s10, s11);
 
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     for (var c = 0u; c < n_chunks; c++) {
@@ -189,14 +199,15 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         let ka5 = k_rows(krow + 80u, hk);
         let ka6 = k_rows(krow + 96u, hk);
         let ka7 = k_rows(krow + 112u, hk);
-        let qa0 = q_rows(krow, hk);
-        let qa1 = q_rows(krow + 16u, hk);
-        let qa2 = q_rows(krow + 32u, hk);
-        let qa3 = q_rows(krow + 48u, hk);
-        let qa4 = q_rows(krow + 64u, hk);
-        let qa5 = q_rows(krow + 80u, hk);
-        let qa6 = q_rows(krow + 96u, hk);
-        let qa7 = q_rows(krow + 112u, hk);
+        let qrow = (start + 16u * sg) * hq + hv * KD;
+        let qa0 = q_rows(qrow, hq);
+        let qa1 = q_rows(qrow + 16u, hq);
+        let qa2 = q_rows(qrow + 32u, hq);
+        let qa3 = q_rows(qrow + 48u, hq);
+        let qa4 = q_rows(qrow + 64u, hq);
+        let qa5 = q_rows(qrow + 80u, hq);
+        let qa6 = q_rows(qrow + 96u, hq);
+        let qa7 = q_rows(qrow + 112u, hq);
         let grow = (start + 16u * sg) * gstride + hv * 2u * CHUNK;
         let ga0 = gated_rows(grow, gstride);
         let ga1 = gated_rows(grow + 16u, gstride);
@@ -230,7 +241,7 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         let vdd = vec4<f32>(v_or_zero(vrow, 12u, lim, vstep), v_or_zero(vrow, 13u, lim, vstep),
                             v_or_zero(vrow, 14u, lim, vstep), v_or_zero(vrow, 15u, lim, vstep));
 
-        // U = K S and QS = Q S, row tile sg.
+        // U = K S and P0 = (γ ⊙ Q) S, row tile sg.
         var u0 = zero_acc();
         var u1 = zero_acc();
         var p0 = zero_acc();
@@ -269,15 +280,11 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         p1 = coopMultiplyAdd(qa7, s_tile(7u, 1u), p1);
         let ui0 = 16u * sg * BV;
         let ui1 = ui0 + 16u;
-        let qi0 = QS_AT + ui0;
-        let qi1 = qi0 + 16u;
         coopStoreT(u0, &stage[ui0], BV);
         coopStoreT(u1, &stage[ui1], BV);
-        coopStoreT(p0, &stage[qi0], BV);
-        coopStoreT(p1, &stage[qi1], BV);
         workgroupBarrier();
 
-        // W = V − γ ⊙ U (0 past the chunk: v is 0 there and so is the mask); QS ← γ ⊙ QS.
+        // W = V − γ ⊙ U (0 past the chunk: v is 0 there and so is the mask).
         w_row(t, 0u, va.x, lim);
         w_row(t, 1u, va.y, lim);
         w_row(t, 2u, va.z, lim);
@@ -322,9 +329,9 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         }
         workgroupBarrier();
 
-        // O = γ ⊙ QS + (Γ ⊙ Q Kᵀ) V' (scaled on store), row tile sg.
-        var o0 = coopLoadT<coop_mat16x16<f32, C>>(&stage[qi0], BV);
-        var o1 = coopLoadT<coop_mat16x16<f32, C>>(&stage[qi1], BV);
+        // O = P0 + (Γ ⊙ Q Kᵀ) V' (scaled on store), row tile sg.
+        var o0 = p0;
+        var o1 = p1;
         o0 = coopMultiplyAdd(pa0, vp_tile(0u, 0u), o0);
         o1 = coopMultiplyAdd(pa0, vp_tile(0u, 1u), o1);
         o0 = coopMultiplyAdd(pa1, vp_tile(1u, 0u), o0);
@@ -333,8 +340,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         o1 = coopMultiplyAdd(pa2, vp_tile(2u, 1u), o1);
         o0 = coopMultiplyAdd(pa3, vp_tile(3u, 0u), o0);
         o1 = coopMultiplyAdd(pa3, vp_tile(3u, 1u), o1);
-        coopStoreT(o0, &stage[qi0], BV);
-        coopStoreT(o1, &stage[qi1], BV);
+        coopStoreT(o0, &stage[ui0], BV);
+        coopStoreT(o1, &stage[ui1], BV);
 
         // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V').
         let gamma_c = exp(g_last);
@@ -367,8 +374,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
             let col = 2u * (p % (BV / 2u));
             if (i < len) {
                 let oi = ((start + i) * hv_count + hv) * vd + v0 + col;
-                let a = params.scale * stage[QS_AT + i * BV + col];
-                let b = params.scale * stage[QS_AT + i * BV + col + 1u];
+                let a = params.scale * stage[i * BV + col];
+                let b = params.scale * stage[i * BV + col + 1u];
                 if (ELEMS_PER_WORD == 2u) {
                     o_buf[elem_word(oi)] = pack_pair(a, b);
                 } else {
@@ -379,7 +386,7 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         }
         workgroupBarrier();
         if (c + 1u < n_chunks) {
-            publish_state(t, r0, s00, s01, s10, s11);
+            publish_state(t, sg, s00, s01, s10, s11);
         }
     }
 

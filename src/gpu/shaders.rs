@@ -18,8 +18,10 @@ pub enum Pass {
     StateScan,
     /// wy_inverse writing its gated matrices in f16 for the coop scan.
     WyInverseCoop,
-    /// q/k copied to f16 (the coop scan's GEMM operands), zero-padded by a chunk.
+    /// k copied to f16 (a coop scan GEMM operand), zero-padded by a chunk.
     ToHalf,
+    /// γ ⊙ q per v-head in f16 (the coop scan's Q operand), zero-padded by a chunk.
+    GateQ,
     /// The sequential scan on cooperative matrices.
     StateScanCoop,
     StateRecompute,
@@ -34,13 +36,14 @@ pub enum Pass {
 }
 
 impl Pass {
-    pub const ALL: [Pass; 16] = [
+    pub const ALL: [Pass; 17] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
         Pass::StateScan,
         Pass::WyInverseCoop,
         Pass::ToHalf,
+        Pass::GateQ,
         Pass::StateScanCoop,
         Pass::StateRecompute,
         Pass::DhScan,
@@ -62,6 +65,7 @@ impl Pass {
             Pass::StateScan => "forward/state_scan.wgsl",
             Pass::WyInverseCoop => "forward/wy_inverse.wgsl",
             Pass::ToHalf => "forward/to_half.wgsl",
+            Pass::GateQ => "forward/gate_q.wgsl",
             Pass::StateScanCoop => "forward/state_scan_coop.wgsl",
             Pass::StateRecompute => "backward/state_recompute.wgsl",
             Pass::DhScan => "backward/dh_scan.wgsl",
@@ -84,6 +88,7 @@ impl Pass {
             }
             Pass::StateScan => include_str!("../../shaders/forward/state_scan.wgsl"),
             Pass::ToHalf => include_str!("../../shaders/forward/to_half.wgsl"),
+            Pass::GateQ => include_str!("../../shaders/forward/gate_q.wgsl"),
             Pass::StateScanCoop => include_str!("../../shaders/forward/state_scan_coop.wgsl"),
             Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
             Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
@@ -121,6 +126,7 @@ impl Pass {
             | Pass::StateScan
             | Pass::WyInverseCoop
             | Pass::ToHalf
+            | Pass::GateQ
             | Pass::StateScanCoop => &FORWARD_STORAGE_DTYPES,
             // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
             Pass::StateRecompute
@@ -164,7 +170,7 @@ impl Pass {
     /// else, since `enable` must precede every declaration).
     pub fn enables(self) -> &'static [&'static str] {
         match self {
-            Pass::WyInverseCoop | Pass::ToHalf => &["f16"],
+            Pass::WyInverseCoop | Pass::ToHalf | Pass::GateQ => &["f16"],
             Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }

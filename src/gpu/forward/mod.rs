@@ -2,6 +2,7 @@
 //! chunk-local gate cumsum) → wy_inverse (gate-free A) → state_scan (states, o, final state).
 //! Everything is recorded into the caller's encoder; nothing is submitted or read back here.
 
+mod gate_q;
 mod prepare_gate;
 mod prepare_qk;
 mod state_scan;
@@ -9,6 +10,7 @@ mod state_scan_coop;
 mod to_half;
 mod wy_inverse;
 
+pub use gate_q::gate_q;
 pub use prepare_gate::prepare_gate;
 pub use prepare_qk::prepare_qk;
 pub use state_scan::{ScanBuffers, state_scan};
@@ -279,14 +281,19 @@ fn record_forward(
                 ctx, encoder, &params, k, q, &gate_beta, &chunks, num_chunks, hv, &a, &gated16,
             )?;
             mark(encoder, "wy_inverse");
-            let half_shape = [bt + CHUNK, problem.heads_qk, problem.key_dim];
-            let q16 = GpuTensor::empty(ctx, "q16", &half_shape, DType::F16)?;
-            let k16 = GpuTensor::empty(ctx, "k16", &half_shape, DType::F16)?;
-            to_half(ctx, encoder, &params, q, &q16)?;
+            let k16 = GpuTensor::empty(
+                ctx,
+                "k16",
+                &[bt + CHUNK, problem.heads_qk, problem.key_dim],
+                DType::F16,
+            )?;
+            let qg16 =
+                GpuTensor::empty(ctx, "qg16", &[bt + CHUNK, hv, problem.key_dim], DType::F16)?;
             to_half(ctx, encoder, &params, k, &k16)?;
+            gate_q(ctx, encoder, &params, q, &gate_beta, &qg16)?;
             mark(encoder, "to_half");
             let bufs = CoopScanBuffers {
-                q16: &q16,
+                qg16: &qg16,
                 k16: &k16,
                 v: inputs.v,
                 gate_beta: &gate_beta,

@@ -9,12 +9,13 @@ use crate::gpu::{Context, GpuTensor};
 use crate::tensor::DType;
 
 /// Workgroup memory of the coop scan in bytes (mirrors the shader's declarations).
-pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048 + 2048) + 4 * (4096 + 256 + 64 + 64);
+pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048 + 2048) + 4 * (2048 + 256 + 64 + 64);
 
 /// The tensors the coop scan reads and writes.
 pub struct CoopScanBuffers<'a> {
+    /// `[B·T + 64, HV, K]` f16: γ ⊙ q per v-head (see `gate_q`).
+    pub qg16: &'a GpuTensor,
     /// `[B·T + 64, H, K]` f16 (see `to_half`).
-    pub q16: &'a GpuTensor,
     pub k16: &'a GpuTensor,
     pub v: &'a GpuTensor,
     pub gate_beta: &'a GpuTensor,
@@ -47,7 +48,7 @@ pub fn state_scan_coop(
         ));
     }
     for (name, t) in [
-        ("q16", bufs.q16),
+        ("qg16", bufs.qg16),
         ("k16", bufs.k16),
         ("gated16", bufs.gated16),
     ] {
@@ -79,7 +80,7 @@ pub fn state_scan_coop(
         "state_scan_coop",
         &[
             params,
-            &bufs.q16.buffer,
+            &bufs.qg16.buffer,
             &bufs.k16.buffer,
             &bufs.v.buffer,
             &bufs.gate_beta.buffer,
