@@ -48,9 +48,6 @@ enum Storage {
     Bf16,
 }
 
-/// Relative-L2 tolerance of o per storage dtype (o is rounded once to it); the f32 final state
-/// is held to 1e-5 whatever the dtype.
-
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]

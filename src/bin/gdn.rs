@@ -525,18 +525,39 @@ fn info() -> Result<(), Failure> {
                 println!("  storage dtypes, {family}: {}", names(&usable));
             }
             println!("  {f16}");
-            // Only one arithmetic path exists so far; say so rather than imply a choice.
-            let coop = ctx
-                .features()
-                .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
-            println!(
-                "  compute path: f32 scalar (the only one implemented; f16 math and cooperative-matrix GEMMs are not implemented yet{})",
-                if coop {
-                    ", although this adapter reports cooperative matrices"
-                } else {
-                    ""
+            let support = ctx.path_support();
+            if support.coop_f16 {
+                println!("  cooperative matrices: f16 16x16x16 -> f32, used by the coop path");
+            } else {
+                println!(
+                    "  cooperative matrices: not used ({})",
+                    support.coop_missing
+                );
+            }
+            if let Some(forced) = ctx.forced_compute_path() {
+                println!("  GDN_COMPUTE_PATH={forced} forces the forward's path");
+            }
+            // The path depends on the problem too; show it for the common K = V = 128.
+            match gdn_wgpu::Problem::new(1, 64, 1, 1, 128, 128, None, Default::default()) {
+                Ok(p) => {
+                    for d in ctx.forward_storage_dtypes() {
+                        match ctx.forward_path(&p, d) {
+                            Ok(c) => println!(
+                                "  forward compute path, {} storage, K = V = 128: {} ({})",
+                                d.name(),
+                                c.path,
+                                c.reason
+                            ),
+                            Err(e) => println!(
+                                "  forward compute path, {} storage, K = V = 128: {e}",
+                                d.name()
+                            ),
+                        }
+                    }
                 }
-            );
+                Err(e) => println!("  {e}"),
+            }
+            println!("  backward and decode: scalar path (f32 arithmetic) on every adapter");
         }
         Err(e) => println!("  unavailable: {e}"),
     }

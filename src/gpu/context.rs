@@ -241,7 +241,7 @@ impl Context {
         if path == Some(ComputePath::CoopMatrix) && !self.path_support.coop_f16 {
             return Err(Error::unsupported(
                 "compute path",
-                format!("coop here: {}", self.path_support.coop_missing),
+                format!("forcing coop when {}", self.path_support.coop_missing),
             ));
         }
         self.forced_path = path;

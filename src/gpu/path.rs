@@ -169,7 +169,7 @@ impl PathSupport {
                 }),
                 Some(why) => Err(Error::unsupported(
                     "compute path",
-                    format!("the forced coop path here: {why}"),
+                    format!("forcing coop when {why}"),
                 )),
             },
             None if dtype == DType::F32 => Ok(PathChoice {
