@@ -4,7 +4,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 use crate::gpu::path::{ComputePath, PathChoice, PathSupport};
-use crate::gpu::pipelines::PipelineCache;
+use crate::gpu::pipelines::{PipelineCache, ShaderChecks};
 use crate::gpu::tuning::Tuning;
 use crate::problem::Problem;
 use crate::tensor::DType;
@@ -178,7 +178,7 @@ impl Context {
         adapter_info: Option<wgpu::AdapterInfo>,
     ) -> Result<Self> {
         let tuning = Tuning::for_device(&device.limits())?;
-        let pipelines = PipelineCache::new(device.clone());
+        let pipelines = PipelineCache::new(device.clone(), ShaderChecks::from_env()?);
         let forced_path = match std::env::var("GDN_COMPUTE_PATH") {
             Ok(s) => ComputePath::parse_override("GDN_COMPUTE_PATH", &s)?,
             Err(_) => None,
