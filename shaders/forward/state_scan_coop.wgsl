@@ -1,24 +1,25 @@
 // state_scan_coop: the sequential inter-chunk scan (same math as state_scan.wgsl) with every
 // chunk GEMM on cooperative matrices — f16 16×16×16 operands, f32 accumulators (tensor cores
-// on NVIDIA). One workgroup of four 32-wide subgroups per (segment, v-head, 32-column V-block)
-// walks the segment's chunks; per chunk of ≤ 64 tokens:
+// on NVIDIA). One workgroup of four 32-wide subgroups per (segment, v-head, V-block of BV = 32
+// columns) walks the segment's chunks; per chunk of ≤ 64 tokens:
 //     U  = K S,   P0 = (γ ⊙ Q) S                  (subgroup g: rows 16g..16g+15)
 //     W  = V − γ ⊙ U                              (invocations, f32, rounded to f16 once)
 //     V' = (Γ ⊙ A ⊙ β_col) W
 //     O  = scale · (P0 + (Γ ⊙ Q Kᵀ) V')
 //     S  ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V')              (subgroup g: state rows 32g..32g+31)
-// The state S (K × 32, K = 128) lives in f32 accumulators for the whole segment; each chunk
-// it is published to workgroup memory rounded to f16 as the B operand of K S and Q S. So
-// the only f16 roundings are of operands (γ⊙q, k, S, W, V', the gated matrices); every sum is
-// f32. Γ⊙A⊙β and Γ⊙QKᵀ come precomputed in f16 from wy_inverse (its coop variant), γ⊙q per
-// v-head from gate_q, so P0 accumulates straight into O and never goes through memory.
+// The state S (K × BV, K = 128) lives in f32 accumulators for the whole segment; each chunk
+// it is published to workgroup memory rounded to f16 as the B operand of K S and Q S. So the
+// only f16 roundings are of operands (γ⊙q, k, S, W, V', the gated matrices); every sum is f32.
+// Γ⊙A⊙β and Γ⊙QKᵀ come precomputed in f16 from wy_inverse (its coop variant), γ⊙q per v-head
+// from gate_q, so P0 accumulates straight into O and never goes through memory.
 //
-// Measured on the H200 (2/8 and 16/32 heads, T = 32768, 6.5 ms): the time per chunk is
-// latency, about 13 µs for one workgroup, whatever the grid; and how many workgroups share an
-// SM is set by workgroup memory, so it is kept small (26 KiB) — the f32 staging area holds
-// one 64 × 32 tile and the state is published through it in two rounds. Staging K and Q in
-// workgroup memory with plain loads (instead of cooperative loads from storage) and a 16-wide
-// V-block were tried and were slower.
+// What the H200 showed (T = 32768, bf16; BENCHMARKS.md): a chunk costs a workgroup time in
+// proportion to its instructions (a 64-wide V-block took twice as long per chunk, eight
+// subgroups instead of four were slower), and how many workgroups share an SM follows
+// workgroup memory (21.5 KiB here: 16/64 heads went from 10.2 to 8.2 ms when it shrank). So
+// W, V' and (γ_C/γ) ⊙ V' take turns in one f16 tile, and the f32 staging tile also carries
+// the state, half at a time. Staging K and Q in workgroup memory with plain loads and
+// 16-wide V-blocks were tried and were slower.
 //
 // Partial chunks: qg16, k16 and gated16 carry one chunk of padding rows past B·T, so tiles
 // never leave their buffers. Rows past the chunk's end hold the next sequence's (finite)
@@ -27,7 +28,8 @@
 //
 // naga: coopLoad/coopStore are column-major, coopLoadT/coopStoreT row-major; every pointer
 // index is bound with `let` first (naga 30's SPIR-V backend panics on a computed index in a
-// cooperative store).
+// cooperative store); cooperative ops need uniform control flow, so flags are tested inline
+// (naga treats a helper function's result as non-uniform).
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> qg16: array<f16>;                // [B·T + 64, HV, K]: γ ⊙ q
@@ -39,36 +41,35 @@
 @group(0) @binding(7) var<storage, read_write> state: array<f32>;         // [slots, HV, K, V] or V-first
 @group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;        // [B·T, HV, V]
 
-const KD: u32 = 128u;       // key dimension (the state tiles below are named registers)
 const BV: u32 = 32u;        // V-block width
+const KD: u32 = 128u;       // key dimension (the state tiles below are named registers)
+const WG: u32 = 128u;       // invocations
 
-var<workgroup> s16: array<f16, 4096>;    // S rounded to f16, [K][BV]
-var<workgroup> x16: array<f16, 2048>;    // W, then (γ_C/γ) ⊙ V', [64][BV]
-var<workgroup> vp16: array<f16, 2048>;   // V', [64][BV]
-var<workgroup> stage: array<f32, 2048>;  // f32 staging, [64][BV]: U, then V', then O; or half of S
+var<workgroup> s16: array<f16, 128u * BV>;   // S rounded to f16, [K][BV]
+var<workgroup> x16: array<f16, 64u * BV>;    // W, then V', then (γ_C/γ) ⊙ V', [64][BV]
+var<workgroup> stage: array<f32, 64u * BV>;  // f32 staging, [64][BV]: U, V', O; or half of S
 var<workgroup> zero: array<f32, 256>;
-var<workgroup> gam: array<f32, 64>;      // γ_i = exp(G_i)
-var<workgroup> dec: array<f32, 64>;      // γ_C/γ_i, 0 past the chunk
-
-// 16×16 operand tiles. Global ones: rows of qg16/k16/gated16 (row-major), or Kᵀ (a
-// column-major read of k16). Workgroup ones: tile (r, c) of s16 ([K][BV]), x16 or vp16
-// ([64][BV]).
-fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
+var<workgroup> gam: array<f32, 64>;          // γ_i = exp(G_i)
+var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
 
 fn q_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
     return coopLoadT<coop_mat16x16<f16, A>>(&qg16[i], stride);
+}
+
+fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
+    return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], stride);
 }
 
 fn gated_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
     return coopLoadT<coop_mat16x16<f16, A>>(&gated16[i], stride);
 }
 
+// Kᵀ tile: a column-major read of k16.
 fn k_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
     return coopLoad<coop_mat16x16<f16, A>>(&k16[i], stride);
 }
 
+// Tile (r, c) of s16 or x16.
 fn s_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
     let i = 16u * (r * BV + c);
     return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], BV);
@@ -79,49 +80,41 @@ fn x_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
     return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], BV);
 }
 
-fn vp_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&vp16[i], BV);
-}
-
-// Element n of this invocation's V column (row t/32 + 4n of the chunk), 0 past the chunk.
-fn v_or_zero(row0: u32, n: u32, lim: u32, step: u32) -> f32 {
-    let inside = 4u * n < lim;
-    let i = select(row0, row0 + n * step, inside);
-    return select(0.0, load_elem(v_buf[elem_word(i)], i), inside);
-}
-
-// Element (t/32 + 4n, t % 32) of W = V − γ ⊙ U (U in stage).
-fn w_row(t: u32, n: u32, v: f32, lim: u32) {
-    let e = t + 128u * n;
-    let i = e / BV;
-    x16[e] = f16(select(0.0, v - gam[i] * stage[e], 4u * n < lim));
-}
-
 fn zero_acc() -> coop_mat16x16<f32, C> {
     return coopLoad<coop_mat16x16<f32, C>>(&zero[0], 16u);
 }
 
-// Half of S (f32 accumulators: rows r0..r0+15 of every subgroup when `upper` is 0, the next
-// 16 when 1) → stage → s16. Call from uniform control flow.
-fn publish_half(t: u32, sg: u32, upper: u32, sa: coop_mat16x16<f32, C>, sb: coop_mat16x16<f32, C>) {
-    let i0 = 512u * sg;
-    let i1 = i0 + 16u;
-    coopStoreT(sa, &stage[i0], BV);
-    coopStoreT(sb, &stage[i1], BV);
-    workgroupBarrier();
-    for (var n = 0u; n < 16u; n++) {
-        let e = t + 128u * n;
-        // stage[512 g + 32 r + c] is state row 32 g + 16 upper + r, column c.
-        s16[e + 512u * (e / 512u) + 512u * upper] = f16(stage[e]);
-    }
-    workgroupBarrier();
+fn store_tile(m: coop_mat16x16<f32, C>, i: u32) {
+    coopStoreT(m, &stage[i], BV);
 }
 
-fn publish_state(t: u32, sg: u32, s00: coop_mat16x16<f32, C>, s01: coop_mat16x16<f32, C>,
-                 s10: coop_mat16x16<f32, C>, s11: coop_mat16x16<f32, C>) {
-    publish_half(t, sg, 0u, s00, s01);
-    publish_half(t, sg, 1u, s10, s11);
+// Element n of this invocation's V column (chunk row t / BV + n·128/BV), 0 past the chunk.
+fn v_or_zero(row0: u32, n: u32, lim: u32, step: u32) -> f32 {
+    let inside = n * (WG / BV) < lim;
+    let i = select(row0, row0 + n * step, inside);
+    return select(0.0, load_elem(v_buf[elem_word(i)], i), inside);
+}
+
+// Element (t / BV + n·128/BV, t % BV) of W = V − γ ⊙ U (U in stage).
+fn w_elem(t: u32, n: u32, v: f32, lim: u32) {
+    let e = t + WG * n;
+    x16[e] = f16(select(0.0, v - gam[e / BV] * stage[e], n * (WG / BV) < lim));
+}
+
+// Half of S (state rows 32 g + 16 upper .. + 15 of every subgroup g) → stage → s16.
+// Call from uniform control flow (it holds barriers).
+fn publish_half(t: u32, sg: u32, upper: u32, s0: coop_mat16x16<f32, C>, s1: coop_mat16x16<f32, C>) {
+    let base = 16u * BV * sg;
+    store_tile(s0, base);
+    store_tile(s1, base + 16u);
+    workgroupBarrier();
+    for (var n = 0u; n < BV / 2u; n++) {
+        let e = t + WG * n;
+        // stage[16·BV·g + BV·r + c] is state row 32 g + 16 upper + r, column c.
+        let g = e / (16u * BV);
+        s16[e + 16u * BV * (g + upper)] = f16(stage[e]);
+    }
+    workgroupBarrier();
 }
 
 @compute @workgroup_size(128)
@@ -139,16 +132,14 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let seg_start = segments[3u * seg];
     let seg_len = segments[3u * seg + 1u];
     let slot = segments[3u * seg + 2u];
-    // Inline (not has_flag): naga treats a helper's result as non-uniform, and the branch
-    // below holds cooperative loads, which need uniform control flow.
     let v_first = (params.flags & FLAG_STATE_V_FIRST) != 0u;
     let sbase = (slot * hv_count + hv) * KD * vd;
 
     zero[t] = 0.0;
-    zero[t + 128u] = 0.0;
+    zero[t + WG] = 0.0;
     workgroupBarrier();
 
-    // This subgroup's state tiles: key rows r0 + 16a, value columns v0 + 16b.
+    // This subgroup's state tiles s{a}{b}: key rows r0 + 16a, value columns v0 + 16b.
     let r0 = 32u * sg;
     var s00 = zero_acc();
     var s01 = zero_acc();
@@ -157,8 +148,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     if (v_first) {
         // S[k][v] at sbase + v·K + k: column-major tiles with stride K.
         let i00 = sbase + v0 * KD + r0;
-        let i01 = i00 + 16u * KD;
         let i10 = i00 + 16u;
+        let i01 = i00 + 16u * KD;
         let i11 = i01 + 16u;
         s00 = coopLoad<coop_mat16x16<f32, C>>(&state[i00], KD);
         s01 = coopLoad<coop_mat16x16<f32, C>>(&state[i01], KD);
@@ -174,8 +165,12 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         s10 = coopLoadT<coop_mat16x16<f32, C>>(&state[i10], vd);
         s11 = coopLoadT<coop_mat16x16<f32, C>>(&state[i11], vd);
     }
-    publish_state(t, sg, s00, s01, s10, s11);
+    publish_half(t, sg, 0u, s00, s01);
+    publish_half(t, sg, 1u, s10, s11);
 
+    // This invocation's elements of V: column t % BV, rows t / BV + n·(128/BV).
+    let vstep = (WG / BV) * hv_count * vd;
+    let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
@@ -186,51 +181,7 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
             gam[t] = exp(g);
             dec[t] = select(0.0, exp(g_last - g), t < len);
         }
-
-        // Every global tile of the chunk is requested up front, before any of them is used:
-        // the scan is latency-bound, and a load issued inside a loop that the driver does not
-        // unroll would wait out its full memory latency once per iteration.
-        let krow = (start + 16u * sg) * hk + hqk * KD;
-        let ka0 = k_rows(krow, hk);
-        let ka1 = k_rows(krow + 16u, hk);
-        let ka2 = k_rows(krow + 32u, hk);
-        let ka3 = k_rows(krow + 48u, hk);
-        let ka4 = k_rows(krow + 64u, hk);
-        let ka5 = k_rows(krow + 80u, hk);
-        let ka6 = k_rows(krow + 96u, hk);
-        let ka7 = k_rows(krow + 112u, hk);
-        let qrow = (start + 16u * sg) * hq + hv * KD;
-        let qa0 = q_rows(qrow, hq);
-        let qa1 = q_rows(qrow + 16u, hq);
-        let qa2 = q_rows(qrow + 32u, hq);
-        let qa3 = q_rows(qrow + 48u, hq);
-        let qa4 = q_rows(qrow + 64u, hq);
-        let qa5 = q_rows(qrow + 80u, hq);
-        let qa6 = q_rows(qrow + 96u, hq);
-        let qa7 = q_rows(qrow + 112u, hq);
-        let grow = (start + 16u * sg) * gstride + hv * 2u * CHUNK;
-        let ga0 = gated_rows(grow, gstride);
-        let ga1 = gated_rows(grow + 16u, gstride);
-        let ga2 = gated_rows(grow + 32u, gstride);
-        let ga3 = gated_rows(grow + 48u, gstride);
-        let pa0 = gated_rows(grow + 64u, gstride);
-        let pa1 = gated_rows(grow + 80u, gstride);
-        let pa2 = gated_rows(grow + 96u, gstride);
-        let pa3 = gated_rows(grow + 112u, gstride);
-        // Kᵀ tiles (state rows r0.., tokens 16tt..) for the state update.
-        let kcol = start * hk + hqk * KD + r0;
-        let kt00 = k_cols(kcol, hk);
-        let kt01 = k_cols(kcol + 16u, hk);
-        let kt10 = k_cols(kcol + 16u * hk, hk);
-        let kt11 = k_cols(kcol + 16u * hk + 16u, hk);
-        let kt20 = k_cols(kcol + 32u * hk, hk);
-        let kt21 = k_cols(kcol + 32u * hk + 16u, hk);
-        let kt30 = k_cols(kcol + 48u * hk, hk);
-        let kt31 = k_cols(kcol + 48u * hk + 16u, hk);
-        // This invocation's 16 elements of V (rows t/32 + 4n, column t % 32), 0 past the chunk.
         let vrow = ((start + t / BV) * hv_count + hv) * vd + v0 + t % BV;
-        let vstep = 4u * hv_count * vd;
-        // Rows 4n < lim are inside the chunk.
         let lim = select(0u, len - t / BV, len > t / BV);
         let va = vec4<f32>(v_or_zero(vrow, 0u, lim, vstep), v_or_zero(vrow, 1u, lim, vstep),
                            v_or_zero(vrow, 2u, lim, vstep), v_or_zero(vrow, 3u, lim, vstep));
@@ -241,137 +192,108 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         let vdd = vec4<f32>(v_or_zero(vrow, 12u, lim, vstep), v_or_zero(vrow, 13u, lim, vstep),
                             v_or_zero(vrow, 14u, lim, vstep), v_or_zero(vrow, 15u, lim, vstep));
 
-        // U = K S and P0 = (γ ⊙ Q) S, row tile sg.
+        // U = K S and P0 = (γ ⊙ Q) S, row tile sg, column tiles b.
+        let krow = (start + 16u * sg) * hk + hqk * KD;
+        let qrow = (start + 16u * sg) * hq + hv * KD;
         var u0 = zero_acc();
         var u1 = zero_acc();
-        var p0 = zero_acc();
-        var p1 = zero_acc();
-        u0 = coopMultiplyAdd(ka0, s_tile(0u, 0u), u0);
-        u1 = coopMultiplyAdd(ka0, s_tile(0u, 1u), u1);
-        p0 = coopMultiplyAdd(qa0, s_tile(0u, 0u), p0);
-        p1 = coopMultiplyAdd(qa0, s_tile(0u, 1u), p1);
-        u0 = coopMultiplyAdd(ka1, s_tile(1u, 0u), u0);
-        u1 = coopMultiplyAdd(ka1, s_tile(1u, 1u), u1);
-        p0 = coopMultiplyAdd(qa1, s_tile(1u, 0u), p0);
-        p1 = coopMultiplyAdd(qa1, s_tile(1u, 1u), p1);
-        u0 = coopMultiplyAdd(ka2, s_tile(2u, 0u), u0);
-        u1 = coopMultiplyAdd(ka2, s_tile(2u, 1u), u1);
-        p0 = coopMultiplyAdd(qa2, s_tile(2u, 0u), p0);
-        p1 = coopMultiplyAdd(qa2, s_tile(2u, 1u), p1);
-        u0 = coopMultiplyAdd(ka3, s_tile(3u, 0u), u0);
-        u1 = coopMultiplyAdd(ka3, s_tile(3u, 1u), u1);
-        p0 = coopMultiplyAdd(qa3, s_tile(3u, 0u), p0);
-        p1 = coopMultiplyAdd(qa3, s_tile(3u, 1u), p1);
-        u0 = coopMultiplyAdd(ka4, s_tile(4u, 0u), u0);
-        u1 = coopMultiplyAdd(ka4, s_tile(4u, 1u), u1);
-        p0 = coopMultiplyAdd(qa4, s_tile(4u, 0u), p0);
-        p1 = coopMultiplyAdd(qa4, s_tile(4u, 1u), p1);
-        u0 = coopMultiplyAdd(ka5, s_tile(5u, 0u), u0);
-        u1 = coopMultiplyAdd(ka5, s_tile(5u, 1u), u1);
-        p0 = coopMultiplyAdd(qa5, s_tile(5u, 0u), p0);
-        p1 = coopMultiplyAdd(qa5, s_tile(5u, 1u), p1);
-        u0 = coopMultiplyAdd(ka6, s_tile(6u, 0u), u0);
-        u1 = coopMultiplyAdd(ka6, s_tile(6u, 1u), u1);
-        p0 = coopMultiplyAdd(qa6, s_tile(6u, 0u), p0);
-        p1 = coopMultiplyAdd(qa6, s_tile(6u, 1u), p1);
-        u0 = coopMultiplyAdd(ka7, s_tile(7u, 0u), u0);
-        u1 = coopMultiplyAdd(ka7, s_tile(7u, 1u), u1);
-        p0 = coopMultiplyAdd(qa7, s_tile(7u, 0u), p0);
-        p1 = coopMultiplyAdd(qa7, s_tile(7u, 1u), p1);
-        let ui0 = 16u * sg * BV;
-        let ui1 = ui0 + 16u;
-        coopStoreT(u0, &stage[ui0], BV);
-        coopStoreT(u1, &stage[ui1], BV);
+                var o0 = zero_acc();
+        var o1 = zero_acc();
+                for (var kk = 0u; kk < KD / 16u; kk++) {
+            let ka = k_rows(krow + 16u * kk, hk);
+            let qa = q_rows(qrow + 16u * kk, hq);
+            let b0 = s_tile(kk, 0u);
+            let b1 = s_tile(kk, 1u);
+            u0 = coopMultiplyAdd(ka, b0, u0);
+            u1 = coopMultiplyAdd(ka, b1, u1);
+            o0 = coopMultiplyAdd(qa, b0, o0);
+            o1 = coopMultiplyAdd(qa, b1, o1);
+        }
+        store_tile(u0, ui);
+        store_tile(u1, ui + 16u);
         workgroupBarrier();
 
-        // W = V − γ ⊙ U (0 past the chunk: v is 0 there and so is the mask).
-        w_row(t, 0u, va.x, lim);
-        w_row(t, 1u, va.y, lim);
-        w_row(t, 2u, va.z, lim);
-        w_row(t, 3u, va.w, lim);
-        w_row(t, 4u, vb.x, lim);
-        w_row(t, 5u, vb.y, lim);
-        w_row(t, 6u, vb.z, lim);
-        w_row(t, 7u, vb.w, lim);
-        w_row(t, 8u, vc.x, lim);
-        w_row(t, 9u, vc.y, lim);
-        w_row(t, 10u, vc.z, lim);
-        w_row(t, 11u, vc.w, lim);
-        w_row(t, 12u, vdd.x, lim);
-        w_row(t, 13u, vdd.y, lim);
-        w_row(t, 14u, vdd.z, lim);
-        w_row(t, 15u, vdd.w, lim);
+        // W = V − γ ⊙ U (0 past the chunk).
+        w_elem(t, 0u, va.x, lim);
+        w_elem(t, 1u, va.y, lim);
+        w_elem(t, 2u, va.z, lim);
+        w_elem(t, 3u, va.w, lim);
+        w_elem(t, 4u, vb.x, lim);
+        w_elem(t, 5u, vb.y, lim);
+        w_elem(t, 6u, vb.z, lim);
+        w_elem(t, 7u, vb.w, lim);
+        w_elem(t, 8u, vc.x, lim);
+        w_elem(t, 9u, vc.y, lim);
+        w_elem(t, 10u, vc.z, lim);
+        w_elem(t, 11u, vc.w, lim);
+        w_elem(t, 12u, vdd.x, lim);
+        w_elem(t, 13u, vdd.y, lim);
+        w_elem(t, 14u, vdd.z, lim);
+        w_elem(t, 15u, vdd.w, lim);
         workgroupBarrier();
 
-        // V' = (Γ ⊙ A ⊙ β_col) W. All four column blocks: naga requires uniform control flow
-        // around cooperative ops, and the blocks above the diagonal are zero.
+        // V' = (Γ ⊙ A ⊙ β_col) W. All four column blocks: cooperative ops need uniform
+        // control flow, and the blocks above the diagonal are zero.
+        let grow = (start + 16u * sg) * gstride + hv * 2u * CHUNK;
         var d0 = zero_acc();
         var d1 = zero_acc();
-        d0 = coopMultiplyAdd(ga0, x_tile(0u, 0u), d0);
-        d1 = coopMultiplyAdd(ga0, x_tile(0u, 1u), d1);
-        d0 = coopMultiplyAdd(ga1, x_tile(1u, 0u), d0);
-        d1 = coopMultiplyAdd(ga1, x_tile(1u, 1u), d1);
-        d0 = coopMultiplyAdd(ga2, x_tile(2u, 0u), d0);
-        d1 = coopMultiplyAdd(ga2, x_tile(2u, 1u), d1);
-        d0 = coopMultiplyAdd(ga3, x_tile(3u, 0u), d0);
-        d1 = coopMultiplyAdd(ga3, x_tile(3u, 1u), d1);
-        coopStoreT(d0, &stage[ui0], BV);
-        coopStoreT(d1, &stage[ui1], BV);
+                for (var jj = 0u; jj < CHUNK / 16u; jj++) {
+            let ga = gated_rows(grow + 16u * jj, gstride);
+            d0 = coopMultiplyAdd(ga, x_tile(jj, 0u), d0);
+            d1 = coopMultiplyAdd(ga, x_tile(jj, 1u), d1);
+        }
+        store_tile(d0, ui);
+        store_tile(d1, ui + 16u);
         workgroupBarrier();
 
-        // V' in f16 (0 past the chunk), and (γ_C/γ) ⊙ V' for the state update (over W).
-        for (var n = 0u; n < 16u; n++) {
-            let e = t + 128u * n;
-            let i = e / BV;
-            let vp = select(0.0, stage[e], i < len);
-            vp16[e] = f16(vp);
-            x16[e] = f16(vp * dec[i]);
+        // V' in f16 over W (0 past the chunk); its f32 copy stays in stage.
+        for (var n = 0u; n < BV / 2u; n++) {
+            let e = t + WG * n;
+            x16[e] = f16(select(0.0, stage[e], e / BV < len));
         }
         workgroupBarrier();
 
         // O = P0 + (Γ ⊙ Q Kᵀ) V' (scaled on store), row tile sg.
-        var o0 = p0;
-        var o1 = p1;
-        o0 = coopMultiplyAdd(pa0, vp_tile(0u, 0u), o0);
-        o1 = coopMultiplyAdd(pa0, vp_tile(0u, 1u), o1);
-        o0 = coopMultiplyAdd(pa1, vp_tile(1u, 0u), o0);
-        o1 = coopMultiplyAdd(pa1, vp_tile(1u, 1u), o1);
-        o0 = coopMultiplyAdd(pa2, vp_tile(2u, 0u), o0);
-        o1 = coopMultiplyAdd(pa2, vp_tile(2u, 1u), o1);
-        o0 = coopMultiplyAdd(pa3, vp_tile(3u, 0u), o0);
-        o1 = coopMultiplyAdd(pa3, vp_tile(3u, 1u), o1);
-        coopStoreT(o0, &stage[ui0], BV);
-        coopStoreT(o1, &stage[ui1], BV);
+        for (var jj = 0u; jj < CHUNK / 16u; jj++) {
+            let pa = gated_rows(grow + CHUNK + 16u * jj, gstride);
+            o0 = coopMultiplyAdd(pa, x_tile(jj, 0u), o0);
+            o1 = coopMultiplyAdd(pa, x_tile(jj, 1u), o1);
+        }
+        workgroupBarrier();
 
-        // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V').
+        // (γ_C/γ) ⊙ V' over V' for the state update.
+        for (var n = 0u; n < BV / 2u; n++) {
+            let e = t + WG * n;
+            x16[e] = f16(stage[e] * dec[e / BV]);
+        }
+        workgroupBarrier();
+
+        // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'); O to stage (V' there is no longer read).
         let gamma_c = exp(g_last);
         s00 = gamma_c * s00;
         s01 = gamma_c * s01;
         s10 = gamma_c * s10;
         s11 = gamma_c * s11;
-        s00 = coopMultiplyAdd(kt00, x_tile(0u, 0u), s00);
-        s01 = coopMultiplyAdd(kt00, x_tile(0u, 1u), s01);
-        s10 = coopMultiplyAdd(kt01, x_tile(0u, 0u), s10);
-        s11 = coopMultiplyAdd(kt01, x_tile(0u, 1u), s11);
-        s00 = coopMultiplyAdd(kt10, x_tile(1u, 0u), s00);
-        s01 = coopMultiplyAdd(kt10, x_tile(1u, 1u), s01);
-        s10 = coopMultiplyAdd(kt11, x_tile(1u, 0u), s10);
-        s11 = coopMultiplyAdd(kt11, x_tile(1u, 1u), s11);
-        s00 = coopMultiplyAdd(kt20, x_tile(2u, 0u), s00);
-        s01 = coopMultiplyAdd(kt20, x_tile(2u, 1u), s01);
-        s10 = coopMultiplyAdd(kt21, x_tile(2u, 0u), s10);
-        s11 = coopMultiplyAdd(kt21, x_tile(2u, 1u), s11);
-        s00 = coopMultiplyAdd(kt30, x_tile(3u, 0u), s00);
-        s01 = coopMultiplyAdd(kt30, x_tile(3u, 1u), s01);
-        s10 = coopMultiplyAdd(kt31, x_tile(3u, 0u), s10);
-        s11 = coopMultiplyAdd(kt31, x_tile(3u, 1u), s11);
+        for (var tt = 0u; tt < CHUNK / 16u; tt++) {
+            let kt = (start + 16u * tt) * hk + hqk * KD + r0;
+            let ka0 = k_cols(kt, hk);
+            let ka1 = k_cols(kt + 16u, hk);
+            let b0 = x_tile(tt, 0u);
+            let b1 = x_tile(tt, 1u);
+            s00 = coopMultiplyAdd(ka0, b0, s00);
+            s01 = coopMultiplyAdd(ka0, b1, s01);
+            s10 = coopMultiplyAdd(ka1, b0, s10);
+            s11 = coopMultiplyAdd(ka1, b1, s11);
+        }
+        store_tile(o0, ui);
+        store_tile(o1, ui + 16u);
         workgroupBarrier();
 
         // Store O's valid rows, element pairs (packed storage writes whole words).
-        for (var n = 0u; n < 8u; n++) {
-            let p = t + 128u * n;
-            let i = p / (BV / 2u);
-            let col = 2u * (p % (BV / 2u));
+        for (var n = 0u; n < BV / 4u; n++) {
+            let pr = t + WG * n;
+            let i = pr / (BV / 2u);
+            let col = 2u * (pr % (BV / 2u));
             if (i < len) {
                 let oi = ((start + i) * hv_count + hv) * vd + v0 + col;
                 let a = params.scale * stage[i * BV + col];
@@ -386,14 +308,15 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         }
         workgroupBarrier();
         if (c + 1u < n_chunks) {
-            publish_state(t, sg, s00, s01, s10, s11);
+            publish_half(t, sg, 0u, s00, s01);
+            publish_half(t, sg, 1u, s10, s11);
         }
     }
 
     if (v_first) {
         let i00 = sbase + v0 * KD + r0;
-        let i01 = i00 + 16u * KD;
         let i10 = i00 + 16u;
+        let i01 = i00 + 16u * KD;
         let i11 = i01 + 16u;
         coopStore(s00, &state[i00], KD);
         coopStore(s01, &state[i01], KD);

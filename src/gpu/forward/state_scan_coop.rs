@@ -8,8 +8,9 @@ use crate::gpu::shaders::{Pass, source};
 use crate::gpu::{Context, GpuTensor};
 use crate::tensor::DType;
 
-/// Workgroup memory of the coop scan in bytes (mirrors the shader's declarations).
-pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048 + 2048) + 4 * (2048 + 256 + 64 + 64);
+/// Workgroup memory of the coop scan in bytes (mirrors the shader's declarations: s16, x16,
+/// stage, zero tile, γ and decay).
+pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048) + 4 * (2048 + 256 + 64 + 64);
 
 /// The tensors the coop scan reads and writes.
 pub struct CoopScanBuffers<'a> {
