@@ -47,8 +47,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let inputs = rounded(dtype);
         let expected_rounded = reference::forward(&problem, &inputs.as_ref())?;
         for path in ComputePath::ALL {
-            if path == ComputePath::CoopMatrix
-                && ctx.path_support().coop_rejects(&problem, dtype).is_some()
+            // Every path this adapter can run for the problem (forcing one it cannot is an error).
+            if ctx
+                .path_support()
+                .choose(&problem, dtype, Some(path))
+                .is_err()
             {
                 continue;
             }

@@ -442,3 +442,148 @@ fn coop_matrix_path() {
         }
     }
 }
+
+/// The f16-math path (the scalar scan with f16 operands multiplied in f16, f32 accumulation)
+/// against the oracle over the hard cases, every storage dtype and every V-block width, at
+/// `gpu::path::tolerance`. Where the device lacks SHADER_F16, forcing it must be a typed
+/// error; that is also checked everywhere on a device requested without SHADER_F16.
+#[test]
+fn f16_math_path() {
+    use gdn_wgpu::gpu::{ComputePath, path::tolerance};
+    let Some(ctx) = common::gpu() else { return };
+    let force_fails = |ctx: &Context| {
+        let p = dense(1, 1, 1, 1, 16, 16);
+        let inputs = RandomSpec::default().generate(&p);
+        let up = common::upload_inputs(ctx, &inputs);
+        let o = GpuTensor::empty(ctx, "o", &p.v_shape(), DType::F32).unwrap();
+        let s = GpuTensor::empty(ctx, "s", &p.state_shape(), DType::F32).unwrap();
+        let mut encoder = ctx.create_encoder("f16 math");
+        let err = gdn_wgpu::gpu::forward_into_with_path(
+            ctx,
+            &mut encoder,
+            &p,
+            &up.as_ref(),
+            &gdn_wgpu::ForwardOutputs {
+                o: &o,
+                final_state: &s,
+            },
+            ComputePath::F16Math,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, gdn_wgpu::Error::Unsupported { name, what }
+                if name == "compute path" && what.contains("SHADER_F16")),
+            "{err}"
+        );
+    };
+    // A device without SHADER_F16 (any adapter can give one) refuses the forced path.
+    let adapter = pollster::block_on(gdn_wgpu::gpu::list_adapters())
+        .into_iter()
+        .next()
+        .unwrap();
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("no f16"),
+        required_features: wgpu::Features::empty(),
+        required_limits: wgpu::Limits::default(),
+        ..Default::default()
+    }))
+    .unwrap();
+    let mut no_f16 = Context::from_device(device, queue, Some(adapter.get_info())).unwrap();
+    assert!(!no_f16.path_support().f16_math);
+    force_fails(&no_f16);
+    assert!(no_f16.set_compute_path(Some(ComputePath::F16Math)).is_err());
+    if !ctx.path_support().f16_math {
+        eprintln!(
+            "f16-math path not available here ({}): not run; forcing it must fail",
+            ctx.path_support().f16_missing
+        );
+        force_fails(ctx);
+        return;
+    }
+
+    let d = Options::default();
+    let full = Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let cu = vec![0, 1, 2, 67, 68, 131, 132];
+    let cases = [
+        ("T=1", dense(1, 1, 1, 2, 32, 32)),
+        ("T=64", dense(1, 64, 1, 2, 32, 32)),
+        ("T=130 B=2, V=48", dense(2, 130, 1, 2, 32, 48)),
+        (
+            "varlen, length-1 sequences, GVA 2",
+            with(d, 1, 132, 2, 4, 32, 32, Some(cu.clone())),
+        ),
+        (
+            "state V-first",
+            with(
+                Options {
+                    state_v_first: true,
+                    ..d
+                },
+                1,
+                100,
+                1,
+                2,
+                32,
+                48,
+                None,
+            ),
+        ),
+        (
+            "every option, varlen, GVA 2",
+            with(full, 1, 132, 1, 2, 32, 32, Some(cu)),
+        ),
+        ("K = V = 128", dense(1, 65, 1, 2, 128, 128)),
+        ("K = 256", dense(1, 65, 1, 1, 256, 64)),
+    ];
+    for dtype in ctx.forward_storage_dtypes() {
+        for (i, (name, problem)) in cases.iter().enumerate() {
+            let s = RandomSpec {
+                seed: 400 + i as u64,
+                initial_state: i % 2 == 0,
+                zero_gate_heads: 1,
+                strong_gate_heads: usize::from(problem.heads_v > 1),
+                beta: [(0.0, 1.0), (0.0, 1e-3), (1.95, 2.0)][i % 3],
+            };
+            let (tol_o, tol_s) = tolerance(ComputePath::F16Math, dtype, problem.options.l2norm_qk);
+            let e =
+                common::forward_errors_path(ctx, problem, &s, dtype, ComputePath::F16Math).unwrap();
+            eprintln!("f16 {dtype} {name}: o {:.3e} state {:.3e}", e.o, e.state);
+            assert!(e.o <= tol_o, "f16 {dtype} {name}: o rel-L2 {:e}", e.o);
+            assert!(
+                e.state <= tol_s,
+                "f16 {dtype} {name}: state rel-L2 {:e}",
+                e.state
+            );
+        }
+    }
+
+    // Every V-block width (its own arena size; bf16's o exchange fills the f16 arena at 64),
+    // with V = 48 masking the columns past V. A private context, so forcing a width does not
+    // affect tests running in parallel.
+    let mut wide = Context::new_blocking().unwrap();
+    for bv in ctx.tuning().v_blocks.clone() {
+        wide.tuning_mut().forced_v_block = Some(bv);
+        for (i, v) in [64, 48].into_iter().enumerate() {
+            let problem = dense(1, 130, 1, 2, 32, v);
+            for dtype in [DType::F32, DType::BF16] {
+                let s = spec(420 + bv as u64 + i as u64);
+                let (tol_o, tol_s) = tolerance(ComputePath::F16Math, dtype, false);
+                let e =
+                    common::forward_errors_path(&wide, &problem, &s, dtype, ComputePath::F16Math)
+                        .unwrap();
+                eprintln!("f16 V_BLOCK {bv} V {v} {dtype}: {e:?}");
+                assert!(
+                    e.o <= tol_o && e.state <= tol_s,
+                    "f16 V_BLOCK {bv} V {v} {dtype}: {e:?}"
+                );
+            }
+        }
+    }
+}

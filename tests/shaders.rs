@@ -6,7 +6,9 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use gdn_wgpu::gpu::shaders::{Pass, source};
-use gdn_wgpu::gpu::tuning::{state_scan_arena_words, state_scan_token_slice};
+use gdn_wgpu::gpu::tuning::{
+    state_scan_arena_words, state_scan_f16_arena_slots, state_scan_token_slice,
+};
 
 fn constants(pass: Pass) -> Vec<Vec<(&'static str, f64)>> {
     match pass {
@@ -17,17 +19,24 @@ fn constants(pass: Pass) -> Vec<Vec<(&'static str, f64)>> {
             .iter()
             .map(|&k| vec![("K_DIM", k)])
             .collect(),
-        Pass::StateScan => [(16u32, 16.0), (32, 128.0), (64, 256.0), (16, 256.0)]
-            .iter()
-            .map(|&(bv, k)| {
-                vec![
-                    ("K_DIM", k),
-                    ("V_BLOCK", bv as f64),
-                    ("ARENA", state_scan_arena_words(bv) as f64),
-                    ("T_SLICE", state_scan_token_slice(k as u32) as f64),
-                ]
-            })
-            .collect(),
+        Pass::StateScan | Pass::StateScanF16 => {
+            [(16u32, 16.0), (32, 128.0), (64, 256.0), (16, 256.0)]
+                .iter()
+                .map(|&(bv, k)| {
+                    let arena = if pass == Pass::StateScanF16 {
+                        state_scan_f16_arena_slots(bv)
+                    } else {
+                        state_scan_arena_words(bv)
+                    };
+                    vec![
+                        ("K_DIM", k),
+                        ("V_BLOCK", bv as f64),
+                        ("ARENA", arena as f64),
+                        ("T_SLICE", state_scan_token_slice(k as u32) as f64),
+                    ]
+                })
+                .collect()
+        }
         Pass::StateRecompute | Pass::DhScan => {
             [(16u32, 16.0), (32, 128.0), (64, 256.0), (16, 256.0)]
                 .iter()

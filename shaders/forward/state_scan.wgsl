@@ -23,10 +23,18 @@
 // G = G_last, so they contribute nothing and γ_C/γ = 1 there. Columns past V (when V is not a multiple of
 // V_BLOCK) are computed on zeros and never stored.
 //
-// Workgroup memory (f32 words, `ARENA` from the host, see `tuning::state_scan_arena_words`):
-// the W/V' tile (64 × V_BLOCK), then one region reused by the phases: the K/Q/S slices of the
-// first GEMMs, the packed lower triangle (2080 words) of Γ⊙A⊙β and of Γ⊙QKᵀ, and the
-// T_SLICE-token K slices of the state update (T_SLICE·K ≤ 1024).
+// Workgroup memory (`ARENA` slots of type `Operand` from the host, see
+// `tuning::state_scan_arena_words`): the W/V' tile (64 × V_BLOCK), then one region reused by
+// the phases: the K/Q/S slices of the first GEMMs, the packed lower triangle (2080 slots) of
+// Γ⊙A⊙β and of Γ⊙QKᵀ, and the T_SLICE-token K slices of the state update (T_SLICE·K ≤ 1024).
+//
+// Operand arithmetic: a family snippet sets `Operand`, the type of everything in workgroup
+// memory, and the steps of the triangle loops and the state update (`STEP` rows or tokens at
+// a time: `tile_rows`, `tri_coefs`, `decayed_rows`, `token_krows`, `mac`).
+// forward/scan_operand_f32.wgsl (the scalar path): f32, one row per step, exactly the scalar
+// loops. forward/scan_operand_f16.wgsl (the f16-math path): f16 operands multiplied in f16,
+// four rows per step, each four-term f16 sum converted to f32 and accumulated in f32; the
+// state registers, the gates and o stay f32. The f16 arena is half the bytes of the f32 one.
 //
 // Latency: global loads are issued in batches (clamped indices, masked results) and the next
 // K/Q slice is fetched into registers while the current one is used, because the scan is
@@ -52,7 +60,7 @@ const K_PITCH: u32 = 68u;                 // pitch of the transposed K/Q slices 
 override T_SLICE: u32;                   // tokens per K slice of the state update (T_SLICE·K ≤ 1024)
 override T_PITCH: u32 = K_DIM + 4u;      // 16-byte aligned rows
 
-var<workgroup> arena: array<f32, ARENA>;
+var<workgroup> arena: array<Operand, ARENA>;
 var<workgroup> gam_s: array<f32, 64>;  // γ_i = exp(G_i)
 var<workgroup> dec_s: array<f32, 64>;  // γ_C/γ_i = exp(G_last − G_i)
 
@@ -74,16 +82,16 @@ fn tri(i: u32, j: u32) -> u32 {
 }
 
 // Entry (i, j) of a packed lower triangle at `base`, 0 above the diagonal.
-fn tri_or_zero(base: u32, i: u32, j: u32) -> f32 {
+fn tri_or_zero(base: u32, i: u32, j: u32) -> Operand {
     return select(0.0, arena[base + tri(i, min(j, i))], j <= i);
 }
 
 // The invocation's columns c + 16 j (j < TC) of a V-block row at `base`; other lanes 0.
 // Rows of V-block tiles in workgroup memory are stored column-permuted (column c + 16 j at
 // c·TC + j), so an invocation's TC columns are adjacent and read as one wide load.
-fn cols4(base: u32, c: u32) -> vec4<f32> {
+fn cols4(base: u32, c: u32) -> vec4<Operand> {
     let at = base + c * TC;
-    var x = vec4<f32>(arena[at], 0.0, 0.0, 0.0);
+    var x = vec4<Operand>(arena[at], 0.0, 0.0, 0.0);
     if (TC > 1u) {
         x.y = arena[at + 1u];
     }
@@ -96,20 +104,20 @@ fn cols4(base: u32, c: u32) -> vec4<f32> {
 
 fn store_cols4(base: u32, c: u32, x: vec4<f32>) {
     let at = base + c * TC;
-    arena[at] = x.x;
+    arena[at] = Operand(x.x);
     if (TC > 1u) {
-        arena[at + 1u] = x.y;
+        arena[at + 1u] = Operand(x.y);
     }
     if (TC > 2u) {
-        arena[at + 2u] = x.z;
-        arena[at + 3u] = x.w;
+        arena[at + 2u] = Operand(x.z);
+        arena[at + 3u] = Operand(x.w);
     }
 }
 
 // Rows row0..row0+3 at column kk of a transposed slice ([kk][row], pitch K_PITCH): adjacent.
-fn rows4(base: u32, row0: u32, kk: u32) -> vec4<f32> {
+fn rows4(base: u32, row0: u32, kk: u32) -> vec4<Operand> {
     let at = base + kk * K_PITCH + row0;
-    return vec4<f32>(arena[at], arena[at + 1u], arena[at + 2u], arena[at + 3u]);
+    return vec4<Operand>(arena[at], arena[at + 1u], arena[at + 2u], arena[at + 3u]);
 }
 
 fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
@@ -152,8 +160,8 @@ fn publish4(dst: u32, c: u32, a: vec4<f32>, b: vec4<f32>, d: vec4<f32>, e: vec4<
 }
 
 // Rows row0..row0+3 of the token-slice row at `base` (the state update's K values).
-fn krow4(base: u32, k: u32) -> vec4<f32> {
-    return vec4<f32>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
+fn krow4(base: u32, k: u32) -> vec4<Operand> {
+    return vec4<Operand>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
 }
 
 // Row i of v at the invocation's columns, 0 past the chunk or past V. The loads are
@@ -187,7 +195,7 @@ fn store_o(base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u32, x: vec4<f32>) 
 fn share_odd_o(xchg: u32, i: u32, c: u32, x: vec4<f32>) {
     if ((c & 1u) == 1u) {
         for (var j = 0u; j < TC; j++) {
-            arena[xchg + i * (V_BLOCK / 2u) + c / 2u + 8u * j] = x[j];
+            put_f32(xchg, i * (V_BLOCK / 2u) + c / 2u + 8u * j, x[j]);
         }
     }
 }
@@ -198,7 +206,7 @@ fn store_o_pairs(xchg: u32, base: u32, i: u32, len: u32, hv: u32, v0: u32, c: u3
         for (var j = 0u; j < TC; j++) {
             let v = v0 + c + 16u * j;
             if (v < params.value_dim) {
-                let odd = arena[xchg + i * (V_BLOCK / 2u) + c / 2u + 8u * j];
+                let odd = get_f32(xchg, i * (V_BLOCK / 2u) + c / 2u + 8u * j);
                 o_buf[elem_word(row + v)] = pack_pair(params.scale * x[j], params.scale * odd);
             }
         }
@@ -218,7 +226,7 @@ fn store_tri_row(tr: u32, i: u32, c: u32, x: vec4<f32>) {
     for (var jj = 0u; jj < 4u; jj++) {
         let j = c + 16u * jj;
         if (j <= i) {
-            arena[tr + tri(i, j)] = x[jj];
+            arena[tr + tri(i, j)] = Operand(x[jj]);
         }
     }
 }
@@ -242,10 +250,10 @@ fn load_q4(base: u32, len: u32, h: u32, k0: u32, t: u32) -> vec4<f32> {
 fn store_slice4(dst: u32, t: u32, x: vec4<f32>) {
     // Element (row t / 4, column (t % 4)·4 + q) goes to [column][row].
     let at = dst + (t % 4u) * 4u * K_PITCH + t / 4u;
-    arena[at] = x.x;
-    arena[at + K_PITCH] = x.y;
-    arena[at + 2u * K_PITCH] = x.z;
-    arena[at + 3u * K_PITCH] = x.w;
+    arena[at] = Operand(x.x);
+    arena[at + K_PITCH] = Operand(x.y);
+    arena[at + 2u * K_PITCH] = Operand(x.z);
+    arena[at + 3u * K_PITCH] = Operand(x.w);
 }
 
 // Four consecutive K values of the state update's T_SLICE × K token slice starting at token
@@ -263,10 +271,10 @@ fn store_kt4(kt: u32, t: u32, x: vec4<f32>) {
     let e = 4u * t;
     if (e < T_SLICE * K_DIM) {
         let at = kt + (e / K_DIM) * T_PITCH + e % K_DIM;
-        arena[at] = x.x;
-        arena[at + 1u] = x.y;
-        arena[at + 2u] = x.z;
-        arena[at + 3u] = x.w;
+        arena[at] = Operand(x.x);
+        arena[at + 1u] = Operand(x.y);
+        arena[at + 2u] = Operand(x.z);
+        arena[at + 3u] = Operand(x.w);
     }
 }
 
@@ -372,20 +380,21 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             // Four columns at a time: all loads first, then 4×4×4 products as matrices
             // (column ii of U is row row0 + ii of the tile): more independent work per step.
             for (var kk = 0u; kk < K_SLICE; kk += 4u) {
-                let kr = mat4x4<f32>(rows4(kc, row0, kk), rows4(kc, row0, kk + 1u), rows4(kc, row0, kk + 2u), rows4(kc, row0, kk + 3u));
-                let qr = mat4x4<f32>(rows4(qc, row0, kk), rows4(qc, row0, kk + 1u), rows4(qc, row0, kk + 2u), rows4(qc, row0, kk + 3u));
-                let sv = mat4x4<f32>(cols4(ss + kk * V_BLOCK, c), cols4(ss + (kk + 1u) * V_BLOCK, c),
-                                     cols4(ss + (kk + 2u) * V_BLOCK, c), cols4(ss + (kk + 3u) * V_BLOCK, c));
+                // (In f16: four-term f16 sums, converted to f32 and accumulated in f32.)
+                let kr = mat4x4<Operand>(rows4(kc, row0, kk), rows4(kc, row0, kk + 1u), rows4(kc, row0, kk + 2u), rows4(kc, row0, kk + 3u));
+                let qr = mat4x4<Operand>(rows4(qc, row0, kk), rows4(qc, row0, kk + 1u), rows4(qc, row0, kk + 2u), rows4(qc, row0, kk + 3u));
+                let sv = mat4x4<Operand>(cols4(ss + kk * V_BLOCK, c), cols4(ss + (kk + 1u) * V_BLOCK, c),
+                                         cols4(ss + (kk + 2u) * V_BLOCK, c), cols4(ss + (kk + 3u) * V_BLOCK, c));
                 let du = sv * transpose(kr);
                 let dq = sv * transpose(qr);
-                u0 += du[0];
-                u1 += du[1];
-                u2 += du[2];
-                u3 += du[3];
-                o0 += dq[0];
-                o1 += dq[1];
-                o2 += dq[2];
-                o3 += dq[3];
+                u0 += vec4<f32>(du[0]);
+                u1 += vec4<f32>(du[1]);
+                u2 += vec4<f32>(du[2]);
+                u3 += vec4<f32>(du[3]);
+                o0 += vec4<f32>(dq[0]);
+                o1 += vec4<f32>(dq[1]);
+                o2 += vec4<f32>(dq[2]);
+                o3 += vec4<f32>(dq[3]);
             }
         }
         workgroupBarrier();
@@ -401,14 +410,14 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         store_tri_row(tr, row0 + 3u, c, ga3);
         workgroupBarrier();
 
-        // V' = (Γ ⊙ A ⊙ β_col) W over j ≤ i, into u*.
+        // V' = (Γ ⊙ A ⊙ β_col) W over j ≤ i, into u* (STEP divides row0 + 4).
         u0 = vec4<f32>(0.0); u1 = vec4<f32>(0.0); u2 = vec4<f32>(0.0); u3 = vec4<f32>(0.0);
-        for (var j = 0u; j < row0 + 4u; j++) {
-            let w = cols4(ws + j * V_BLOCK, c);
-            u0 += tri_or_zero(tr, row0, j) * w;
-            u1 += tri_or_zero(tr, row0 + 1u, j) * w;
-            u2 += tri_or_zero(tr, row0 + 2u, j) * w;
-            u3 += tri_or_zero(tr, row0 + 3u, j) * w;
+        for (var j = 0u; j < row0 + 4u; j += STEP) {
+            let w = tile_rows(j, c);
+            u0 = mac(u0, w, tri_coefs(tr, row0, j));
+            u1 = mac(u1, w, tri_coefs(tr, row0 + 1u, j));
+            u2 = mac(u2, w, tri_coefs(tr, row0 + 2u, j));
+            u3 = mac(u3, w, tri_coefs(tr, row0 + 3u, j));
         }
         workgroupBarrier();
         store_cols4(ws + row0 * V_BLOCK, c, u0);
@@ -426,12 +435,12 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         o1 *= gam_s[row0 + 1u];
         o2 *= gam_s[row0 + 2u];
         o3 *= gam_s[row0 + 3u];
-        for (var j = 0u; j < row0 + 4u; j++) {
-            let vd = cols4(ws + j * V_BLOCK, c);
-            o0 += tri_or_zero(tr, row0, j) * vd;
-            o1 += tri_or_zero(tr, row0 + 1u, j) * vd;
-            o2 += tri_or_zero(tr, row0 + 2u, j) * vd;
-            o3 += tri_or_zero(tr, row0 + 3u, j) * vd;
+        for (var j = 0u; j < row0 + 4u; j += STEP) {
+            let vd = tile_rows(j, c);
+            o0 = mac(o0, vd, tri_coefs(tr, row0, j));
+            o1 = mac(o1, vd, tri_coefs(tr, row0 + 1u, j));
+            o2 = mac(o2, vd, tri_coefs(tr, row0 + 2u, j));
+            o3 = mac(o3, vd, tri_coefs(tr, row0 + 3u, j));
         }
         if (ELEMS_PER_WORD == 2u) {
             // The triangle is free once everyone has finished reading it.
@@ -472,24 +481,26 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
                 kt_next = load_kt4(base, len, h, i0 + T_SLICE, t);
             }
             workgroupBarrier();
-            for (var di = 0u; di < T_SLICE; di++) {
-                let vd = dec_s[i0 + di] * cols4(ws + (i0 + di) * V_BLOCK, c);
+            // STEP tokens at a time (STEP divides T_SLICE): kx[ii] holds state row row0 + ii's
+            // K values of those tokens.
+            for (var di = 0u; di < T_SLICE; di += STEP) {
+                let vd = decayed_rows(i0 + di, c);
                 let krow = kt + di * T_PITCH;
                 if (row0 < K_DIM) {
-                    let kx = krow4(krow, row0);
-                    s0 += kx.x * vd; s1 += kx.y * vd; s2 += kx.z * vd; s3 += kx.w * vd;
+                    let kx = token_krows(krow, row0);
+                    s0 = mac(s0, vd, kx[0]); s1 = mac(s1, vd, kx[1]); s2 = mac(s2, vd, kx[2]); s3 = mac(s3, vd, kx[3]);
                 }
                 if (KB > 1u && row0 + 64u < K_DIM) {
-                    let kx = krow4(krow, row0 + 64u);
-                    s4 += kx.x * vd; s5 += kx.y * vd; s6 += kx.z * vd; s7 += kx.w * vd;
+                    let kx = token_krows(krow, row0 + 64u);
+                    s4 = mac(s4, vd, kx[0]); s5 = mac(s5, vd, kx[1]); s6 = mac(s6, vd, kx[2]); s7 = mac(s7, vd, kx[3]);
                 }
                 if (KB > 2u && row0 + 128u < K_DIM) {
-                    let kx = krow4(krow, row0 + 128u);
-                    s8 += kx.x * vd; s9 += kx.y * vd; s10 += kx.z * vd; s11 += kx.w * vd;
+                    let kx = token_krows(krow, row0 + 128u);
+                    s8 = mac(s8, vd, kx[0]); s9 = mac(s9, vd, kx[1]); s10 = mac(s10, vd, kx[2]); s11 = mac(s11, vd, kx[3]);
                 }
                 if (KB > 3u && row0 + 192u < K_DIM) {
-                    let kx = krow4(krow, row0 + 192u);
-                    s12 += kx.x * vd; s13 += kx.y * vd; s14 += kx.z * vd; s15 += kx.w * vd;
+                    let kx = token_krows(krow, row0 + 192u);
+                    s12 = mac(s12, vd, kx[0]); s13 = mac(s13, vd, kx[1]); s14 = mac(s14, vd, kx[2]); s15 = mac(s15, vd, kx[3]);
                 }
             }
         }

@@ -131,6 +131,8 @@ pub enum BenchPath {
     Auto,
     /// f32 multiply-adds.
     Scalar,
+    /// The scalar scan on f16 operands with f32 accumulation (refused without SHADER_F16).
+    F16,
     /// f16 cooperative matrices with f32 accumulators (refused where the device lacks them).
     Coop,
 }
@@ -140,6 +142,7 @@ impl BenchPath {
         match self {
             BenchPath::Auto => None,
             BenchPath::Scalar => Some(ComputePath::Scalar),
+            BenchPath::F16 => Some(ComputePath::F16Math),
             BenchPath::Coop => Some(ComputePath::CoopMatrix),
         }
     }
@@ -470,6 +473,12 @@ fn open_context(c: &Config) -> Result<Context, BenchError> {
             return Err(BenchError::Unsupported(format!(
                 "--compute-path coop: this device has no coop path ({})",
                 support.coop_missing
+            )));
+        }
+        if path == ComputePath::F16Math && !support.f16_math {
+            return Err(BenchError::Unsupported(format!(
+                "--compute-path f16: this device has no f16-math path ({})",
+                support.f16_missing
             )));
         }
         ctx.set_compute_path(Some(path))?;

@@ -534,6 +534,13 @@ fn info() -> Result<(), Failure> {
                     support.coop_missing
                 );
             }
+            if support.f16_math {
+                println!(
+                    "  f16 math: available (SHADER_F16), taken only when forced: GDN_COMPUTE_PATH=f16"
+                );
+            } else {
+                println!("  f16 math: not available ({})", support.f16_missing);
+            }
             if let Some(forced) = ctx.forced_compute_path() {
                 println!("  GDN_COMPUTE_PATH={forced} forces the forward's path");
             }

@@ -244,6 +244,12 @@ impl Context {
                 format!("forcing coop when {}", self.path_support.coop_missing),
             ));
         }
+        if path == Some(ComputePath::F16Math) && !self.path_support.f16_math {
+            return Err(Error::unsupported(
+                "compute path",
+                format!("forcing f16 when {}", self.path_support.f16_missing),
+            ));
+        }
         self.forced_path = path;
         Ok(())
     }

@@ -16,6 +16,9 @@ pub enum Pass {
     PrepareGate,
     WyInverse,
     StateScan,
+    /// The scalar scan's f16-math variant (same file): f16 operands in workgroup memory,
+    /// multiplied in f16, accumulated in f32.
+    StateScanF16,
     /// wy_inverse writing its gated matrices in f16 for the coop scan.
     WyInverseCoop,
     /// k copied to f16 (a coop scan GEMM operand), zero-padded by a chunk.
@@ -36,11 +39,12 @@ pub enum Pass {
 }
 
 impl Pass {
-    pub const ALL: [Pass; 17] = [
+    pub const ALL: [Pass; 18] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
         Pass::StateScan,
+        Pass::StateScanF16,
         Pass::WyInverseCoop,
         Pass::ToHalf,
         Pass::GateQ,
@@ -63,6 +67,7 @@ impl Pass {
             Pass::PrepareGate => "forward/prepare_gate.wgsl",
             Pass::WyInverse => "forward/wy_inverse.wgsl",
             Pass::StateScan => "forward/state_scan.wgsl",
+            Pass::StateScanF16 => "forward/state_scan.wgsl",
             Pass::WyInverseCoop => "forward/wy_inverse.wgsl",
             Pass::ToHalf => "forward/to_half.wgsl",
             Pass::GateQ => "forward/gate_q.wgsl",
@@ -86,7 +91,9 @@ impl Pass {
             Pass::WyInverse | Pass::WyInverseCoop => {
                 include_str!("../../shaders/forward/wy_inverse.wgsl")
             }
-            Pass::StateScan => include_str!("../../shaders/forward/state_scan.wgsl"),
+            Pass::StateScan | Pass::StateScanF16 => {
+                include_str!("../../shaders/forward/state_scan.wgsl")
+            }
             Pass::ToHalf => include_str!("../../shaders/forward/to_half.wgsl"),
             Pass::GateQ => include_str!("../../shaders/forward/gate_q.wgsl"),
             Pass::StateScanCoop => include_str!("../../shaders/forward/state_scan_coop.wgsl"),
@@ -124,6 +131,7 @@ impl Pass {
             | Pass::PrepareGate
             | Pass::WyInverse
             | Pass::StateScan
+            | Pass::StateScanF16
             | Pass::WyInverseCoop
             | Pass::ToHalf
             | Pass::GateQ
@@ -158,8 +166,18 @@ impl Pass {
             "forward/gated_f16.wgsl",
             include_str!("../../shaders/forward/gated_f16.wgsl"),
         );
+        const SCAN_OPERAND_F32: (&str, &str) = (
+            "forward/scan_operand_f32.wgsl",
+            include_str!("../../shaders/forward/scan_operand_f32.wgsl"),
+        );
+        const SCAN_OPERAND_F16: (&str, &str) = (
+            "forward/scan_operand_f16.wgsl",
+            include_str!("../../shaders/forward/scan_operand_f16.wgsl"),
+        );
         match self {
             Pass::StateRecompute | Pass::DhScan => &[BACKWARD_SCAN_TILES],
+            Pass::StateScan => &[SCAN_OPERAND_F32],
+            Pass::StateScanF16 => &[SCAN_OPERAND_F16],
             Pass::WyInverse => &[GATED_F32],
             Pass::WyInverseCoop => &[GATED_F16],
             _ => &[],
@@ -171,6 +189,7 @@ impl Pass {
     pub fn enables(self) -> &'static [&'static str] {
         match self {
             Pass::WyInverseCoop | Pass::ToHalf | Pass::GateQ => &["f16"],
+            Pass::StateScanF16 => &["f16"],
             Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }

@@ -31,6 +31,15 @@ pub fn state_scan_arena_words(bv: u32) -> u32 {
     64 * bv + slices.max(triangle).max(token_slices)
 }
 
+/// f16 slots of workgroup memory of the f16-math `state_scan` (`Pass::StateScanF16`): the
+/// same layout as [`state_scan_arena_words`] in f16 slots, except that the packed-o exchange
+/// (bf16 storage) keeps each f32 as two f16 slots, 64 × bv in the reused region: an arena of
+/// 6.75, 9.25 and 16 KiB at bv = 16, 32, 64 (the f32 scan's: 13.5, 18.5, 28.5 KiB), so every
+/// V-block that fits the scalar scan fits this one.
+pub fn state_scan_f16_arena_slots(bv: u32) -> u32 {
+    state_scan_arena_words(bv).max(64 * bv + 64 * bv)
+}
+
 /// Tokens per K slice in the scan's state update: the largest power of two with
 /// `T_SLICE · K ≤ 1024` (one vec4 per invocation), at most a chunk.
 pub fn state_scan_token_slice(key_dim: u32) -> u32 {

@@ -240,7 +240,7 @@ fn record_forward(
         .choose(problem, inputs.q.dtype, path.or(ctx.forced_compute_path()))?
         .path;
     match path {
-        ComputePath::Scalar => {
+        ComputePath::Scalar | ComputePath::F16Math => {
             // Forward-only scratch (not kept for the backward): the scan's gated matrices.
             let gated = GpuTensor::empty(ctx, "gated", &[bt, hv, 2 * CHUNK], DType::F32)?;
             wy_inverse(
@@ -258,7 +258,12 @@ fn record_forward(
                 state: outputs.final_state,
                 o: outputs.o,
             };
-            state_scan(
+            // The f16-math path differs from the scalar one only in the scan's operand math.
+            let math = match path {
+                ComputePath::F16Math => state_scan::ScanMath::F16,
+                _ => state_scan::ScanMath::F32,
+            };
+            state_scan::state_scan_with_math(
                 ctx,
                 encoder,
                 &params,
@@ -268,6 +273,7 @@ fn record_forward(
                 problem.key_dim,
                 problem.value_dim,
                 v_block,
+                math,
             )?;
             mark(encoder, "state_scan");
         }

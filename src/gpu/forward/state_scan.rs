@@ -1,10 +1,14 @@
 //! Launcher of `shaders/forward/state_scan.wgsl`: the sequential inter-chunk scan, writing o
-//! and leaving each segment's end state in its state slot.
+//! and leaving each segment's end state in its state slot. The same file runs with f32
+//! workgroup-memory operands (the scalar path) or f16 ones multiplied in f16 and accumulated
+//! in f32 (the f16-math path, `Pass::StateScanF16`).
 
 use crate::error::{Error, Result};
 use crate::gpu::params::{bind, dispatch};
 use crate::gpu::shaders::{Pass, source};
-use crate::gpu::tuning::{state_scan_arena_words, state_scan_token_slice};
+use crate::gpu::tuning::{
+    state_scan_arena_words, state_scan_f16_arena_slots, state_scan_token_slice,
+};
 use crate::gpu::{Context, GpuTensor};
 
 /// The tensors the scan reads and writes.
@@ -22,7 +26,17 @@ pub struct ScanBuffers<'a> {
     pub o: &'a GpuTensor,
 }
 
-/// Record the scan over `num_segments` segments with V-block width `v_block`.
+/// The scan's arithmetic on workgroup-memory operands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ScanMath {
+    /// f32 operands, f32 multiply-adds (the scalar path).
+    F32,
+    /// f16 operands multiplied in f16, four-term sums accumulated in f32 (needs SHADER_F16).
+    F16,
+}
+
+/// Record the scan over `num_segments` segments with V-block width `v_block`, on the scalar
+/// path's f32 arithmetic.
 #[allow(clippy::too_many_arguments)]
 pub fn state_scan(
     ctx: &Context,
@@ -35,6 +49,47 @@ pub fn state_scan(
     value_dim: usize,
     v_block: u32,
 ) -> Result<()> {
+    state_scan_with_math(
+        ctx,
+        encoder,
+        params,
+        bufs,
+        num_segments,
+        heads_v,
+        key_dim,
+        value_dim,
+        v_block,
+        ScanMath::F32,
+    )
+}
+
+/// [`state_scan`] with the given operand arithmetic; `ScanMath::F16` without the device's
+/// SHADER_F16 is an `Error::Unsupported`.
+#[allow(clippy::too_many_arguments)]
+pub fn state_scan_with_math(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    bufs: &ScanBuffers<'_>,
+    num_segments: usize,
+    heads_v: usize,
+    key_dim: usize,
+    value_dim: usize,
+    v_block: u32,
+    math: ScanMath,
+) -> Result<()> {
+    let (pass, arena) = match math {
+        ScanMath::F32 => (Pass::StateScan, state_scan_arena_words(v_block)),
+        ScanMath::F16 => {
+            if !ctx.features().contains(wgpu::Features::SHADER_F16) {
+                return Err(Error::unsupported(
+                    "compute path",
+                    "the f16-math scan on a device without SHADER_F16",
+                ));
+            }
+            (Pass::StateScanF16, state_scan_f16_arena_slots(v_block))
+        }
+    };
     let max = ctx.limits().max_compute_workgroups_per_dimension as usize;
     if num_segments > max {
         return Err(Error::TooLarge {
@@ -47,14 +102,12 @@ pub fn state_scan(
     let constants = [
         ("K_DIM", key_dim as f64),
         ("V_BLOCK", v_block as f64),
-        ("ARENA", state_scan_arena_words(v_block) as f64),
+        ("ARENA", arena as f64),
         ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
     ];
-    let pipeline = ctx.pipelines.get(
-        source(Pass::StateScan, bufs.q.dtype)?,
-        "state_scan",
-        &constants,
-    );
+    let pipeline = ctx
+        .pipelines
+        .get(source(pass, bufs.q.dtype)?, "state_scan", &constants);
     let bg = bind(
         ctx,
         &pipeline,
