@@ -345,6 +345,7 @@ fn coop_matrix_path() {
         ("T=63", dense(1, 63, 1, 2, 128, 64)),
         ("T=64", dense(1, 64, 1, 2, 128, 32)),
         ("T=130 B=2", dense(2, 130, 1, 2, 128, 64)),
+        ("GVA 4, 64 v-heads", dense(2, 100, 16, 64, 128, 64)),
         (
             "varlen, length-1 sequences, GVA 2",
             with(d, 1, 132, 2, 4, 128, 64, Some(cu.clone())),

@@ -449,9 +449,14 @@ fn main_inner(args: &BenchArgs) -> Result<ExitCode, BenchError> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The commit the binary runs from: `git rev-parse --short HEAD` in the working directory,
-/// else `GDN_GIT_COMMIT` at build time.
+/// The commit the binary was built from (`GDN_GIT_COMMIT`, set by build.rs, `+dirty` for
+/// uncommitted changes), else `git rev-parse --short HEAD` where it runs. The build-time value
+/// comes first: binaries are copied to benchmark machines, whose directory may hold any
+/// checkout (on the H200 this once named a commit hours older than the binary).
 fn commit() -> Option<String> {
+    if let Some(c) = option_env!("GDN_GIT_COMMIT") {
+        return Some(c.to_string());
+    }
     let git = std::process::Command::new("git")
         .args(["rev-parse", "--short", "HEAD"])
         .stderr(std::process::Stdio::null())
@@ -460,7 +465,7 @@ fn commit() -> Option<String> {
         Ok(out) if out.status.success() => {
             Some(String::from_utf8_lossy(&out.stdout).trim().to_string())
         }
-        _ => option_env!("GDN_GIT_COMMIT").map(String::from),
+        _ => None,
     }
 }
 

@@ -175,7 +175,8 @@ pub struct Report {
     pub version: String,
     /// UTC, ISO 8601.
     pub date_utc: String,
-    /// `git rev-parse --short HEAD` where the binary ran (or `GDN_GIT_COMMIT` at build time).
+    /// The commit the binary was built from (`+dirty` with uncommitted changes), or `git
+    /// rev-parse --short HEAD` where it ran when unknown at build time.
     pub commit: Option<String>,
     pub command: String,
     pub adapter: Option<AdapterRecord>,
