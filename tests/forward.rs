@@ -215,6 +215,87 @@ fn repeated_runs_are_bitwise_identical() {
     assert_eq!(a.state.to_bits(), b.state.to_bits());
 }
 
+/// A workspace reused across calls (two different inputs, back to back in one encoder) gives
+/// bitwise the outputs of per-call scratch, and the intermediates of its latest call; a
+/// workspace made for another problem or dtype is refused.
+#[test]
+fn workspace_reuse_matches_per_call_scratch() {
+    use gdn_wgpu::ForwardOutputs;
+    use gdn_wgpu::gpu::{ForwardWorkspace, forward_into, forward_into_workspace};
+    let Some(ctx) = common::gpu() else { return };
+    let options = Options {
+        l2norm_qk: true,
+        gate_in_kernel: true,
+        beta_sigmoid: true,
+        ..Options::default()
+    };
+    let problem = with(options, 1, 140, 1, 2, 32, 32, Some(vec![0, 1, 70, 140]));
+    let ws = ForwardWorkspace::new(ctx, &problem, DType::F32).unwrap();
+    assert!(ws.bytes() > 0);
+    let run = |seed: u64, workspace: Option<&ForwardWorkspace>| {
+        let inputs = common::upload_inputs(ctx, &spec(seed).generate(&problem));
+        let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), DType::F32, f32::NAN).unwrap();
+        let s = GpuTensor::filled(ctx, "s", &problem.state_shape(), DType::F32, f32::NAN).unwrap();
+        let outputs = ForwardOutputs {
+            o: &o,
+            final_state: &s,
+        };
+        let mut encoder = ctx.create_encoder("workspace");
+        let saved = match workspace {
+            Some(w) => forward_into_workspace(
+                ctx,
+                &mut encoder,
+                &problem,
+                &inputs.as_ref(),
+                &outputs,
+                w,
+                None,
+            ),
+            None => forward_into(ctx, &mut encoder, &problem, &inputs.as_ref(), &outputs),
+        }
+        .unwrap();
+        ctx.submit_and_wait(encoder).unwrap();
+        let a = saved.a.download_blocking(ctx).unwrap().data;
+        (
+            o.download_blocking(ctx).unwrap().data,
+            s.download_blocking(ctx).unwrap().data,
+            a,
+        )
+    };
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    for seed in [500, 501] {
+        let (o1, s1, a1) = run(seed, None);
+        let (o2, s2, a2) = run(seed, Some(&ws));
+        assert!(o1.iter().all(|x| x.is_finite()));
+        assert_eq!(bits(&o1), bits(&o2), "o, seed {seed}");
+        assert_eq!(bits(&s1), bits(&s2), "final state, seed {seed}");
+        assert_eq!(bits(&a1), bits(&a2), "A, seed {seed}");
+    }
+
+    let other = dense(1, 140, 1, 2, 32, 32);
+    let inputs = common::upload_inputs(ctx, &spec(1).generate(&other));
+    let o = GpuTensor::empty(ctx, "o", &other.v_shape(), DType::F32).unwrap();
+    let s = GpuTensor::empty(ctx, "s", &other.state_shape(), DType::F32).unwrap();
+    let mut encoder = ctx.create_encoder("workspace mismatch");
+    let err = forward_into_workspace(
+        ctx,
+        &mut encoder,
+        &other,
+        &inputs.as_ref(),
+        &ForwardOutputs {
+            o: &o,
+            final_state: &s,
+        },
+        &ws,
+        None,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, gdn_wgpu::Error::Value { name, .. } if name == "workspace"),
+        "{err}"
+    );
+}
+
 /// f16 and bf16 storage of q, k, v, o against the oracle on the same rounded inputs: o carries
 /// one rounding to the storage dtype; the f32 state carries none unless q, k are normalized in
 /// the kernel (their normalized copies are stored in the storage dtype, as FLA does).

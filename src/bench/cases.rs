@@ -49,6 +49,7 @@ struct ForwardCase<'a> {
     sets: Vec<ForwardInputs<GpuTensor>>,
     o: GpuTensor,
     state: GpuTensor,
+    workspace: gpu::ForwardWorkspace,
 }
 
 impl GpuCase for ForwardCase<'_> {
@@ -67,18 +68,22 @@ impl GpuCase for ForwardCase<'_> {
             o: &self.o,
             final_state: &self.state,
         };
-        match timer {
-            Some(t) => {
-                gpu::forward_into_profiled(self.ctx, encoder, &self.problem, &inputs, &outputs, t)?
-            }
-            None => gpu::forward_into(self.ctx, encoder, &self.problem, &inputs, &outputs)?,
-        };
+        gpu::forward_into_workspace(
+            self.ctx,
+            encoder,
+            &self.problem,
+            &inputs,
+            &outputs,
+            &self.workspace,
+            timer,
+        )?;
         Ok(())
     }
 }
 
-/// The chunked forward into preallocated o and final state (`gpu::forward_into`; its scratch
-/// is allocated per call, as for any caller).
+/// The chunked forward into preallocated o and final state, its scratch in a workspace made
+/// once per case (`gpu::forward_into_workspace`), as a serving loop would: allocating ~GBs of
+/// scratch per call dominated the host time of large cases.
 pub fn prepare_forward<'a>(
     ctx: &'a Context,
     host: &HostCase,
@@ -90,12 +95,14 @@ pub fn prepare_forward<'a>(
         .collect::<crate::Result<Vec<_>>>()?;
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), host.dtype)?;
     let state = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F32)?;
+    let workspace = gpu::ForwardWorkspace::new(ctx, p, host.dtype)?;
     Ok(Box::new(ForwardCase {
         ctx,
         problem: p.clone(),
         sets,
         o,
         state,
+        workspace,
     }))
 }
 

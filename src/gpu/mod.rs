@@ -23,7 +23,8 @@ pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, d
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;
 pub use forward::{
-    Forward, Intermediates, forward, forward_into, forward_into_profiled, forward_into_with_path,
+    Forward, ForwardWorkspace, Intermediates, forward, forward_into, forward_into_profiled,
+    forward_into_with_path, forward_into_workspace,
 };
 pub use path::{ComputePath, PathChoice, PathSupport};
 pub use tensor::{GpuTensor, upload_inputs};

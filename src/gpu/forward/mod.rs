@@ -8,6 +8,7 @@ mod prepare_qk;
 mod state_scan;
 mod state_scan_coop;
 mod to_half;
+mod workspace;
 mod wy_inverse;
 
 pub use gate_q::gate_q;
@@ -16,10 +17,12 @@ pub use prepare_qk::prepare_qk;
 pub use state_scan::{ScanBuffers, state_scan};
 pub use state_scan_coop::{CoopScanBuffers, STATE_SCAN_COOP_BYTES, state_scan_coop};
 pub use to_half::to_half;
+pub use workspace::ForwardWorkspace;
+use workspace::ScanScratch;
 pub use wy_inverse::wy_inverse;
 
 use crate::error::{Error, Result};
-use crate::gpu::params::{Params, upload_u32};
+
 use crate::gpu::path::ComputePath;
 use crate::gpu::{Context, GpuTensor, GpuTimer};
 use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
@@ -102,7 +105,7 @@ pub fn forward_into(
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
 ) -> Result<Intermediates> {
-    record_forward(ctx, encoder, problem, inputs, outputs, None, None)
+    record_forward(ctx, encoder, problem, inputs, outputs, None, None, None)
 }
 
 /// [`forward_into`] on a given compute path (instead of the context's choice); a path this
@@ -116,7 +119,16 @@ pub fn forward_into_with_path(
     outputs: &ForwardOutputs<&GpuTensor>,
     path: ComputePath,
 ) -> Result<Intermediates> {
-    record_forward(ctx, encoder, problem, inputs, outputs, None, Some(path))
+    record_forward(
+        ctx,
+        encoder,
+        problem,
+        inputs,
+        outputs,
+        None,
+        Some(path),
+        None,
+    )
 }
 
 /// [`forward_into`] with a timestamp after each pass (labelled with the pass name) for a
@@ -129,9 +141,45 @@ pub fn forward_into_profiled(
     outputs: &ForwardOutputs<&GpuTensor>,
     timer: &GpuTimer,
 ) -> Result<Intermediates> {
-    record_forward(ctx, encoder, problem, inputs, outputs, Some(timer), None)
+    record_forward(
+        ctx,
+        encoder,
+        problem,
+        inputs,
+        outputs,
+        Some(timer),
+        None,
+        None,
+    )
 }
 
+/// [`forward_into`] with its scratch in `workspace` (made for this problem and storage dtype,
+/// see [`ForwardWorkspace`]) instead of buffers allocated per call, on the workspace's compute
+/// path; with `timer`, a timestamp after each pass as in [`forward_into_profiled`]. The
+/// returned intermediates are the workspace's buffers: they hold this call's values until the
+/// workspace is used again.
+pub fn forward_into_workspace(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    workspace: &ForwardWorkspace,
+    timer: Option<&GpuTimer>,
+) -> Result<Intermediates> {
+    record_forward(
+        ctx,
+        encoder,
+        problem,
+        inputs,
+        outputs,
+        timer,
+        None,
+        Some(workspace),
+    )
+}
+
+#[allow(clippy::too_many_arguments)]
 fn record_forward(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -140,6 +188,7 @@ fn record_forward(
     outputs: &ForwardOutputs<&GpuTensor>,
     timer: Option<&GpuTimer>,
     path: Option<ComputePath>,
+    workspace: Option<&ForwardWorkspace>,
 ) -> Result<Intermediates> {
     let mark = |encoder: &mut wgpu::CommandEncoder, label| {
         if let Some(t) = timer {
@@ -173,13 +222,32 @@ fn record_forward(
         });
     }
 
+    let dtype = inputs.q.dtype;
+    let owned;
+    let ws = match workspace {
+        Some(ws) => {
+            ws.check(problem, dtype)?;
+            if let Some(p) = path.filter(|&p| p != ws.path) {
+                return Err(Error::Value {
+                    name: "compute path".into(),
+                    expected: format!("the workspace's path ({})", ws.path),
+                    got: p.to_string(),
+                });
+            }
+            ws
+        }
+        None => {
+            let chosen = ctx
+                .path_support()
+                .choose(problem, dtype, path.or(ctx.forced_compute_path()))?
+                .path;
+            owned = ForwardWorkspace::with_path(ctx, problem, dtype, chosen)?;
+            &owned
+        }
+    };
     let (bt, hv) = (problem.total_tokens(), problem.heads_v);
-    let (chunk_table, segment_table) = tables(problem);
-    let num_chunks = chunk_table.len() / 2;
-    let num_segments = segment_table.len() / 3;
-    let params = Params::for_problem(problem, num_chunks, num_segments).upload(ctx);
-    let chunks = upload_u32(ctx, "chunks", &chunk_table);
-    let segments = upload_u32(ctx, "segments", &segment_table);
+    let (params, chunks, segments) = (&ws.params, &ws.chunks, &ws.segments);
+    let (num_chunks, num_segments) = (ws.num_chunks, ws.num_segments);
 
     // The scan updates the state in place, so it starts as a copy of h0 (the caller's h0 is
     // never modified).
@@ -190,61 +258,39 @@ fn record_forward(
         None => encoder.clear_buffer(&outputs.final_state.buffer, 0, None),
     }
 
-    let (q_normed, k_normed) = if problem.options.l2norm_qk {
-        let qn = GpuTensor::empty(ctx, "q_normed", inputs.q.shape(), inputs.q.dtype)?;
-        let kn = GpuTensor::empty(ctx, "k_normed", inputs.k.shape(), inputs.k.dtype)?;
-        prepare_qk(ctx, encoder, &params, inputs.q, &qn)?;
-        prepare_qk(ctx, encoder, &params, inputs.k, &kn)?;
+    if let (Some(qn), Some(kn)) = (&ws.q_normed, &ws.k_normed) {
+        prepare_qk(ctx, encoder, params, inputs.q, qn)?;
+        prepare_qk(ctx, encoder, params, inputs.k, kn)?;
         mark(encoder, "prepare_qk");
-        (Some(qn), Some(kn))
-    } else {
-        (None, None)
-    };
-    let q = q_normed.as_ref().unwrap_or(inputs.q);
-    let k = k_normed.as_ref().unwrap_or(inputs.k);
-
-    let gate_params = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("gate_params"),
-        size: (8 * hv) as u64,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    if let (Some(a_log), Some(dt_bias)) = (inputs.a_log, inputs.dt_bias) {
-        encoder.copy_buffer_to_buffer(&a_log.buffer, 0, &gate_params, 0, (4 * hv) as u64);
-        encoder.copy_buffer_to_buffer(
-            &dt_bias.buffer,
-            0,
-            &gate_params,
-            (4 * hv) as u64,
-            (4 * hv) as u64,
-        );
     }
-    let gate_beta = GpuTensor::empty(ctx, "gate_beta", &[bt, hv, 2], DType::F32)?;
+    let q = ws.q_normed.as_ref().unwrap_or(inputs.q);
+    let k = ws.k_normed.as_ref().unwrap_or(inputs.k);
+
+    if let (Some(a_log), Some(dt_bias)) = (inputs.a_log, inputs.dt_bias) {
+        let gp = &ws.gate_params;
+        encoder.copy_buffer_to_buffer(&a_log.buffer, 0, gp, 0, (4 * hv) as u64);
+        encoder.copy_buffer_to_buffer(&dt_bias.buffer, 0, gp, (4 * hv) as u64, (4 * hv) as u64);
+    }
+    let gate_beta = &ws.gate_beta;
     prepare_gate(
         ctx,
         encoder,
-        &params,
+        params,
         inputs.g,
         inputs.beta,
-        &gate_params,
-        &chunks,
+        &ws.gate_params,
+        chunks,
         num_chunks,
         hv,
-        &gate_beta,
+        gate_beta,
     )?;
     mark(encoder, "prepare_gate");
 
-    let a = GpuTensor::empty(ctx, "wy_inverse", &[bt, hv, CHUNK], DType::F32)?;
-    let path = ctx
-        .path_support()
-        .choose(problem, inputs.q.dtype, path.or(ctx.forced_compute_path()))?
-        .path;
-    match path {
-        ComputePath::Scalar | ComputePath::F16Math => {
-            // Forward-only scratch (not kept for the backward): the scan's gated matrices.
-            let gated = GpuTensor::empty(ctx, "gated", &[bt, hv, 2 * CHUNK], DType::F32)?;
+    let a = &ws.a;
+    match &ws.scan {
+        ScanScratch::Scalar { gated } => {
             wy_inverse(
-                ctx, encoder, &params, k, q, &gate_beta, &chunks, num_chunks, hv, &a, &gated,
+                ctx, encoder, params, k, q, gate_beta, chunks, num_chunks, hv, a, gated,
             )?;
             mark(encoder, "wy_inverse");
             let v_block = ctx.tuning.state_scan_v_block(problem);
@@ -252,21 +298,21 @@ fn record_forward(
                 q,
                 k,
                 v: inputs.v,
-                gate_beta: &gate_beta,
-                gated: &gated,
-                segments: &segments,
+                gate_beta,
+                gated,
+                segments,
                 state: outputs.final_state,
                 o: outputs.o,
             };
             // The f16-math path differs from the scalar one only in the scan's operand math.
-            let math = match path {
+            let math = match ws.path {
                 ComputePath::F16Math => state_scan::ScanMath::F16,
                 _ => state_scan::ScanMath::F32,
             };
             state_scan::state_scan_with_math(
                 ctx,
                 encoder,
-                &params,
+                params,
                 &bufs,
                 num_segments,
                 hv,
@@ -277,47 +323,38 @@ fn record_forward(
             )?;
             mark(encoder, "state_scan");
         }
-        ComputePath::CoopMatrix => {
-            // f16 GEMM operands, each with one chunk of padding rows so 64-row tiles starting
-            // at any token stay inside their buffers (the padding is zeroed).
-            let gated16 =
-                GpuTensor::empty(ctx, "gated16", &[bt + CHUNK, hv, 2 * CHUNK], DType::F16)?;
+        ScanScratch::Coop { gated16, k16, qg16 } => {
+            // The f16 operands carry one chunk of padding rows so 64-row tiles starting at any
+            // token stay inside their buffers; wy_inverse never writes gated16's, so it is
+            // zeroed here (to_half and gate_q write theirs).
             encoder.clear_buffer(&gated16.buffer, (bt * hv * 2 * CHUNK * 2) as u64, None);
             wy_inverse(
-                ctx, encoder, &params, k, q, &gate_beta, &chunks, num_chunks, hv, &a, &gated16,
+                ctx, encoder, params, k, q, gate_beta, chunks, num_chunks, hv, a, gated16,
             )?;
             mark(encoder, "wy_inverse");
-            let k16 = GpuTensor::empty(
-                ctx,
-                "k16",
-                &[bt + CHUNK, problem.heads_qk, problem.key_dim],
-                DType::F16,
-            )?;
-            let qg16 =
-                GpuTensor::empty(ctx, "qg16", &[bt + CHUNK, hv, problem.key_dim], DType::F16)?;
-            to_half(ctx, encoder, &params, k, &k16)?;
-            gate_q(ctx, encoder, &params, q, &gate_beta, &qg16)?;
+            to_half(ctx, encoder, params, k, k16)?;
+            gate_q(ctx, encoder, params, q, gate_beta, qg16)?;
             mark(encoder, "to_half");
             let bufs = CoopScanBuffers {
-                qg16: &qg16,
-                k16: &k16,
+                qg16,
+                k16,
                 v: inputs.v,
-                gate_beta: &gate_beta,
-                gated16: &gated16,
-                segments: &segments,
+                gate_beta,
+                gated16,
+                segments,
                 state: outputs.final_state,
                 o: outputs.o,
             };
-            state_scan_coop(ctx, encoder, &params, &bufs, num_segments, hv)?;
+            state_scan_coop(ctx, encoder, params, &bufs, num_segments, hv)?;
             mark(encoder, "state_scan_coop");
         }
     }
 
     Ok(Intermediates {
-        q_normed,
-        k_normed,
-        gate_beta,
-        a,
+        q_normed: ws.q_normed.clone(),
+        k_normed: ws.k_normed.clone(),
+        gate_beta: ws.gate_beta.clone(),
+        a: ws.a.clone(),
     })
 }
 
