@@ -68,7 +68,8 @@ impl ForwardWorkspace {
         let (chunk_table, segment_table) = super::tables(problem);
         let num_chunks = chunk_table.len() / 2;
         let num_segments = segment_table.len() / 3;
-        let qk_shape = [bt, h, k];
+        // The normalized copies keep q's own shape ([B,T,H,K]): the backward reads them as q.
+        let qk_shape = problem.qk_shape();
         let (q_normed, k_normed) = if problem.options.l2norm_qk {
             (
                 Some(GpuTensor::empty(ctx, "q_normed", &qk_shape, dtype)?),
