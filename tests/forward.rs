@@ -296,6 +296,113 @@ fn workspace_reuse_matches_per_call_scratch() {
     );
 }
 
+/// Intra-device sequence parallelism (segments of 1 and 2 chunks, scanned in parallel and
+/// combined through their transitions) against the oracle on every path the device has, over
+/// the hard cases: varlen with length-1 and empty sequences, T not a multiple of 64, GVA,
+/// g = 0 and g ≈ −20 heads, β near 2, h0 on/off, V-first states, K ≠ V.
+#[test]
+fn sequence_parallel_segments() {
+    use gdn_wgpu::ForwardOutputs;
+    use gdn_wgpu::gpu::{ComputePath, ForwardWorkspace, forward_into_workspace};
+    let Some(ctx) = common::gpu() else { return };
+    let d = Options::default();
+    let cases = [
+        (
+            "varlen with length-1 and empty sequences, GVA 2",
+            with(d, 1, 300, 1, 2, 32, 32, Some(vec![0, 1, 1, 200, 201, 300])),
+        ),
+        (
+            "V-first, every option, K != V",
+            with(
+                Options {
+                    l2norm_qk: true,
+                    beta_sigmoid: true,
+                    allow_neg_eigval: true,
+                    gate_in_kernel: true,
+                    state_v_first: true,
+                    scale: Some(0.5),
+                },
+                2,
+                150,
+                1,
+                2,
+                32,
+                48,
+                None,
+            ),
+        ),
+    ];
+    for path in ComputePath::ALL {
+        for (i, (name, problem)) in cases.iter().enumerate() {
+            if ctx
+                .path_support()
+                .choose(problem, DType::F32, Some(path))
+                .is_err()
+            {
+                eprintln!("{path} not available for {name}: not run");
+                continue;
+            }
+            let (tol_o, tol_s) = gdn_wgpu::gpu::path::tolerance(path, DType::F32, false);
+            for segment_chunks in [1, 2] {
+                for h0 in [true, false] {
+                    let s = RandomSpec {
+                        seed: 600 + i as u64,
+                        initial_state: h0,
+                        zero_gate_heads: 1,
+                        strong_gate_heads: 1,
+                        beta: (1.5, 2.0),
+                    };
+                    let inputs = s.generate(problem);
+                    let expected = gdn_wgpu::reference::forward(problem, &inputs.as_ref()).unwrap();
+                    let up = common::upload_inputs(ctx, &inputs);
+                    let ws = ForwardWorkspace::with_segments(
+                        ctx,
+                        problem,
+                        DType::F32,
+                        path,
+                        segment_chunks,
+                    )
+                    .unwrap();
+                    assert_eq!(ws.segment_chunks(), Some(segment_chunks), "{name}");
+                    let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), DType::F32, f32::NAN)
+                        .unwrap();
+                    let st =
+                        GpuTensor::filled(ctx, "s", &problem.state_shape(), DType::F32, f32::NAN)
+                            .unwrap();
+                    let mut encoder = ctx.create_encoder("segments");
+                    forward_into_workspace(
+                        ctx,
+                        &mut encoder,
+                        problem,
+                        &up.as_ref(),
+                        &ForwardOutputs {
+                            o: &o,
+                            final_state: &st,
+                        },
+                        &ws,
+                        None,
+                    )
+                    .unwrap();
+                    ctx.submit_and_wait(encoder).unwrap();
+                    let eo =
+                        gdn_wgpu::relative_l2(&o.download_blocking(ctx).unwrap().data, &expected.o);
+                    let es = gdn_wgpu::relative_l2(
+                        &st.download_blocking(ctx).unwrap().data,
+                        &expected.final_state,
+                    );
+                    eprintln!(
+                        "{path} {name}, {segment_chunks}-chunk segments, h0 {h0}: o {eo:.2e} state {es:.2e}"
+                    );
+                    assert!(
+                        eo <= tol_o && es <= tol_s,
+                        "{path} {name} {segment_chunks} h0 {h0}: o {eo:e} state {es:e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// f16 and bf16 storage of q, k, v, o against the oracle on the same rounded inputs: o carries
 /// one rounding to the storage dtype; the f32 state carries none unless q, k are normalized in
 /// the kernel (their normalized copies are stored in the storage dtype, as FLA does).

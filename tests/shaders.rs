@@ -12,6 +12,7 @@ use gdn_wgpu::gpu::tuning::{
 
 fn constants(pass: Pass) -> Vec<Vec<(&'static str, f64)>> {
     match pass {
+        Pass::SegmentCombine => vec![vec![("HAS_H0", 1.0)], vec![("HAS_H0", 0.0)]],
         Pass::PrepareQk | Pass::PrepareGate | Pass::ToHalf | Pass::GateQ | Pass::StateScanCoop => {
             vec![vec![]]
         }

@@ -27,6 +27,8 @@ pub enum Pass {
     GateQ,
     /// The sequential scan on cooperative matrices.
     StateScanCoop,
+    /// Intra-device sequence parallelism: segment start states from transitions and ends.
+    SegmentCombine,
     StateRecompute,
     DhScan,
     ValueGrams,
@@ -39,7 +41,7 @@ pub enum Pass {
 }
 
 impl Pass {
-    pub const ALL: [Pass; 18] = [
+    pub const ALL: [Pass; 19] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -49,6 +51,7 @@ impl Pass {
         Pass::ToHalf,
         Pass::GateQ,
         Pass::StateScanCoop,
+        Pass::SegmentCombine,
         Pass::StateRecompute,
         Pass::DhScan,
         Pass::ValueGrams,
@@ -72,6 +75,7 @@ impl Pass {
             Pass::ToHalf => "forward/to_half.wgsl",
             Pass::GateQ => "forward/gate_q.wgsl",
             Pass::StateScanCoop => "forward/state_scan_coop.wgsl",
+            Pass::SegmentCombine => "forward/segment_combine.wgsl",
             Pass::StateRecompute => "backward/state_recompute.wgsl",
             Pass::DhScan => "backward/dh_scan.wgsl",
             Pass::ValueGrams => "backward/value_grams.wgsl",
@@ -97,6 +101,7 @@ impl Pass {
             Pass::ToHalf => include_str!("../../shaders/forward/to_half.wgsl"),
             Pass::GateQ => include_str!("../../shaders/forward/gate_q.wgsl"),
             Pass::StateScanCoop => include_str!("../../shaders/forward/state_scan_coop.wgsl"),
+            Pass::SegmentCombine => include_str!("../../shaders/forward/segment_combine.wgsl"),
             Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
             Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
             Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),

@@ -5,6 +5,7 @@
 mod gate_q;
 mod prepare_gate;
 mod prepare_qk;
+mod segment_combine;
 mod state_scan;
 mod state_scan_coop;
 mod to_half;
@@ -293,35 +294,6 @@ fn record_forward(
                 ctx, encoder, params, k, q, gate_beta, chunks, num_chunks, hv, a, gated,
             )?;
             mark(encoder, "wy_inverse");
-            let v_block = ctx.tuning.state_scan_v_block(problem);
-            let bufs = ScanBuffers {
-                q,
-                k,
-                v: inputs.v,
-                gate_beta,
-                gated,
-                segments,
-                state: outputs.final_state,
-                o: outputs.o,
-            };
-            // The f16-math path differs from the scalar one only in the scan's operand math.
-            let math = match ws.path {
-                ComputePath::F16Math => state_scan::ScanMath::F16,
-                _ => state_scan::ScanMath::F32,
-            };
-            state_scan::state_scan_with_math(
-                ctx,
-                encoder,
-                params,
-                &bufs,
-                num_segments,
-                hv,
-                problem.key_dim,
-                problem.value_dim,
-                v_block,
-                math,
-            )?;
-            mark(encoder, "state_scan");
         }
         ScanScratch::Coop { gated16, k16, qg16 } => {
             // The f16 operands carry one chunk of padding rows so 64-row tiles starting at any
@@ -335,18 +307,88 @@ fn record_forward(
             to_half(ctx, encoder, params, k, k16)?;
             gate_q(ctx, encoder, params, q, gate_beta, qg16)?;
             mark(encoder, "to_half");
-            let bufs = CoopScanBuffers {
-                qg16,
-                k16,
-                v: inputs.v,
-                gate_beta,
-                gated16,
-                segments,
-                state: outputs.final_state,
-                o: outputs.o,
-            };
-            state_scan_coop(ctx, encoder, params, &bufs, num_segments, hv)?;
-            mark(encoder, "state_scan_coop");
+        }
+    }
+
+    let scan = |encoder: &mut wgpu::CommandEncoder, run: ScanRun<'_>| {
+        record_scan(ctx, encoder, ws, q, k, run)
+    };
+    match &ws.segmented {
+        None => {
+            scan(
+                encoder,
+                ScanRun {
+                    problem,
+                    params,
+                    segments,
+                    num_segments,
+                    v: inputs.v,
+                    state: outputs.final_state,
+                    o: outputs.o,
+                },
+            )?;
+            mark(encoder, "state_scan");
+        }
+        Some(sp) => {
+            // End states from zero (o is overwritten by the last scan), transitions from the
+            // identity with v = 0, the sequential combine, then the scan from the right starts.
+            encoder.clear_buffer(&sp.ends.buffer, 0, None);
+            scan(
+                encoder,
+                ScanRun {
+                    problem: &sp.scan_problem,
+                    params: &sp.scan_params,
+                    segments: &sp.segments,
+                    num_segments: sp.num_segments,
+                    v: inputs.v,
+                    state: &sp.ends,
+                    o: outputs.o,
+                },
+            )?;
+            segment_combine::fill_identity(ctx, encoder, &sp.identity_params, &sp.trans)?;
+            scan(
+                encoder,
+                ScanRun {
+                    problem: &sp.trans_problem,
+                    params: &sp.trans_params,
+                    segments: &sp.segments,
+                    num_segments: sp.num_segments,
+                    v: &sp.zero_v,
+                    state: &sp.trans,
+                    o: &sp.trans_o,
+                },
+            )?;
+            mark(encoder, "segment_scans");
+            segment_combine::segment_combine(
+                ctx,
+                encoder,
+                params,
+                &segment_combine::CombineBuffers {
+                    seq_segments: &sp.seq_segments,
+                    h0: inputs.initial_state,
+                    trans: &sp.trans,
+                    ends: &sp.ends,
+                    starts: &sp.starts,
+                    final_state: outputs.final_state,
+                },
+                problem.num_sequences(),
+                hv,
+                problem.value_dim,
+            )?;
+            mark(encoder, "segment_combine");
+            scan(
+                encoder,
+                ScanRun {
+                    problem: &sp.scan_problem,
+                    params: &sp.scan_params,
+                    segments: &sp.segments,
+                    num_segments: sp.num_segments,
+                    v: inputs.v,
+                    state: &sp.starts,
+                    o: outputs.o,
+                },
+            )?;
+            mark(encoder, "state_scan");
         }
     }
 
@@ -356,6 +398,74 @@ fn record_forward(
         gate_beta: ws.gate_beta.clone(),
         a: ws.a.clone(),
     })
+}
+
+/// One scan over a segment table: the problem variant it runs (its value_dim and state
+/// layout), its parameters, and the v, state slots and o it reads and writes.
+struct ScanRun<'a> {
+    problem: &'a Problem,
+    params: &'a wgpu::Buffer,
+    segments: &'a wgpu::Buffer,
+    num_segments: usize,
+    v: &'a GpuTensor,
+    state: &'a GpuTensor,
+    o: &'a GpuTensor,
+}
+
+/// Record the workspace path's scan for `run`.
+fn record_scan(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    ws: &ForwardWorkspace,
+    q: &GpuTensor,
+    k: &GpuTensor,
+    run: ScanRun<'_>,
+) -> Result<()> {
+    let hv = run.problem.heads_v;
+    match &ws.scan {
+        ScanScratch::Scalar { gated } => {
+            let bufs = ScanBuffers {
+                q,
+                k,
+                v: run.v,
+                gate_beta: &ws.gate_beta,
+                gated,
+                segments: run.segments,
+                state: run.state,
+                o: run.o,
+            };
+            // The f16-math path differs from the scalar one only in the scan's operand math.
+            let math = match ws.path {
+                ComputePath::F16Math => state_scan::ScanMath::F16,
+                _ => state_scan::ScanMath::F32,
+            };
+            state_scan::state_scan_with_math(
+                ctx,
+                encoder,
+                run.params,
+                &bufs,
+                run.num_segments,
+                hv,
+                run.problem.key_dim,
+                run.problem.value_dim,
+                ctx.tuning.state_scan_v_block(run.problem),
+                math,
+            )
+        }
+        ScanScratch::Coop { gated16, k16, qg16 } => {
+            let bufs = CoopScanBuffers {
+                qg16,
+                k16,
+                v: run.v,
+                gate_beta: &ws.gate_beta,
+                gated16,
+                segments: run.segments,
+                state: run.state,
+                o: run.o,
+            };
+            state_scan_coop(ctx, encoder, run.params, &bufs, run.num_segments, hv)
+        }
+    }
 }
 
 /// Upload host inputs, run the forward, wait, and download o (in v's dtype) and the final

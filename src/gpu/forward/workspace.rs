@@ -24,6 +24,33 @@ pub(crate) enum ScanScratch {
     },
 }
 
+/// Intra-device sequence parallelism: every sequence longer than `chunks` chunks is cut into
+/// segments of that many chunks, scanned all at once from zero (end states) and from the
+/// identity with v = 0 (transitions), combined in sequence order (`segment_combine`), then
+/// scanned again from the right start states. Exact (the state update is affine in the
+/// state), three scans' work instead of one, but parallel over segments.
+#[derive(Debug)]
+pub(crate) struct Segmented {
+    pub chunks: usize,
+    /// The problem with K-first states (the internal slots), and its transition variant
+    /// (value_dim = K).
+    pub scan_problem: Problem,
+    pub trans_problem: Problem,
+    pub segments: wgpu::Buffer,
+    pub num_segments: usize,
+    pub seq_segments: wgpu::Buffer,
+    pub scan_params: wgpu::Buffer,
+    pub trans_params: wgpu::Buffer,
+    pub identity_params: wgpu::Buffer,
+    /// `[S, HV, K, K]`, `[S, HV, K, V]`, `[S, HV, K, V]` f32.
+    pub trans: GpuTensor,
+    pub ends: GpuTensor,
+    pub starts: GpuTensor,
+    /// `[B·T, HV, K]` zeros (never written) and the transition scan's discarded o.
+    pub zero_v: GpuTensor,
+    pub trans_o: GpuTensor,
+}
+
 /// Every buffer a forward writes besides its outputs, for one problem and storage dtype on
 /// one compute path. [`crate::gpu::forward_into_workspace`] records into it; the
 /// [`crate::gpu::Intermediates`] it returns live here until the workspace's next use.
@@ -44,14 +71,64 @@ pub struct ForwardWorkspace {
     pub(crate) gate_beta: GpuTensor,
     pub(crate) a: GpuTensor,
     pub(crate) scan: ScanScratch,
+    pub(crate) segmented: Option<Segmented>,
 }
 
 impl ForwardWorkspace {
     /// A workspace for `problem` with q, k, v stored as `dtype`, on the path the context
     /// would choose for it.
+    ///
+    /// `GDN_SEGMENT_CHUNKS=N` turns on intra-device sequence parallelism with segments of N
+    /// chunks (see [`Self::with_segments`]); off by default until measured.
     pub fn new(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Self> {
         let path = ctx.forward_path(problem, dtype)?.path;
-        Self::with_path(ctx, problem, dtype, path)
+        let segments = match std::env::var("GDN_SEGMENT_CHUNKS") {
+            Ok(s) => Some(
+                s.trim()
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|&n| n > 0)
+                    .ok_or_else(|| Error::Value {
+                        name: "GDN_SEGMENT_CHUNKS".into(),
+                        expected: "a positive number of chunks".into(),
+                        got: format!("{s:?}"),
+                    })?,
+            ),
+            Err(_) => None,
+        };
+        let mut ws = Self::with_path(ctx, problem, dtype, path)?;
+        if let Some(n) = segments {
+            ws.segmented = Segmented::new(ctx, problem, dtype, n)?;
+        }
+        Ok(ws)
+    }
+
+    /// A workspace on `path` whose forward cuts every sequence longer than `segment_chunks`
+    /// chunks into segments of that many chunks, scanned in parallel (intra-device sequence
+    /// parallelism, exact: see `shaders/forward/segment_combine.wgsl`). It costs three scans'
+    /// work instead of one and pays off only when sequences × v-heads leave the GPU idle.
+    pub fn with_segments(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        path: ComputePath,
+        segment_chunks: usize,
+    ) -> Result<Self> {
+        if segment_chunks == 0 {
+            return Err(Error::Value {
+                name: "segment_chunks".into(),
+                expected: "at least 1".into(),
+                got: "0".into(),
+            });
+        }
+        let mut ws = Self::with_path(ctx, problem, dtype, path)?;
+        ws.segmented = Segmented::new(ctx, problem, dtype, segment_chunks)?;
+        Ok(ws)
+    }
+
+    /// Chunks per segment when the forward runs sequence-parallel.
+    pub fn segment_chunks(&self) -> Option<usize> {
+        self.segmented.as_ref().map(|s| s.chunks)
     }
 
     /// A workspace on a given compute path (which the device and problem must support).
@@ -113,6 +190,7 @@ impl ForwardWorkspace {
             gate_beta: GpuTensor::empty(ctx, "gate_beta", &[bt, hv, 2], DType::F32)?,
             a: GpuTensor::empty(ctx, "wy_inverse", &[bt, hv, CHUNK], DType::F32)?,
             scan,
+            segmented: None,
         })
     }
 
@@ -129,10 +207,18 @@ impl ForwardWorkspace {
             ScanScratch::Scalar { gated } => tensors.push(gated),
             ScanScratch::Coop { gated16, k16, qg16 } => tensors.extend([gated16, k16, qg16]),
         }
-        let small = self.params.size()
+        let mut small = self.params.size()
             + self.chunks.size()
             + self.segments.size()
             + self.gate_params.size();
+        if let Some(sp) = &self.segmented {
+            tensors.extend([&sp.trans, &sp.ends, &sp.starts, &sp.zero_v, &sp.trans_o]);
+            small += sp.segments.size()
+                + sp.seq_segments.size()
+                + sp.scan_params.size()
+                + sp.trans_params.size()
+                + sp.identity_params.size();
+        }
         tensors.iter().map(|t| t.buffer.size()).sum::<u64>() + small
     }
 
@@ -148,5 +234,61 @@ impl ForwardWorkspace {
             });
         }
         Ok(())
+    }
+}
+
+impl Segmented {
+    /// `None` when no sequence is longer than one segment (nothing to parallelize).
+    fn new(ctx: &Context, problem: &Problem, dtype: DType, chunks: usize) -> Result<Option<Self>> {
+        let span = chunks * CHUNK;
+        let mut table = Vec::new();
+        let mut seq_table = Vec::new();
+        let mut longest = 0;
+        for s in problem.sequences() {
+            seq_table.push((table.len() / 3) as u32);
+            let mut count = 0u32;
+            let mut start = s.start;
+            while start < s.end {
+                let len = span.min(s.end - start);
+                table.extend([start as u32, len as u32, (table.len() / 3) as u32]);
+                start += len;
+                count += 1;
+            }
+            seq_table.push(count);
+            longest = longest.max(count);
+        }
+        if longest <= 1 {
+            return Ok(None);
+        }
+        let num_segments = table.len() / 3;
+        let num_chunks = problem.chunks().len();
+        let (bt, hv, k, v) = (
+            problem.total_tokens(),
+            problem.heads_v,
+            problem.key_dim,
+            problem.value_dim,
+        );
+        let mut scan_problem = problem.clone();
+        scan_problem.options.state_v_first = false;
+        let mut trans_problem = scan_problem.clone();
+        trans_problem.value_dim = k;
+        let mut identity = Params::for_problem(&trans_problem, num_chunks, num_segments);
+        identity.rows = (num_segments * hv * k * k) as u32;
+        Ok(Some(Segmented {
+            chunks,
+            segments: upload_u32(ctx, "cp segments", &table),
+            num_segments,
+            seq_segments: upload_u32(ctx, "cp sequence segments", &seq_table),
+            scan_params: Params::for_problem(&scan_problem, num_chunks, num_segments).upload(ctx),
+            trans_params: Params::for_problem(&trans_problem, num_chunks, num_segments).upload(ctx),
+            identity_params: identity.upload(ctx),
+            trans: GpuTensor::empty(ctx, "cp transitions", &[num_segments, hv, k, k], DType::F32)?,
+            ends: GpuTensor::empty(ctx, "cp ends", &[num_segments, hv, k, v], DType::F32)?,
+            starts: GpuTensor::empty(ctx, "cp starts", &[num_segments, hv, k, v], DType::F32)?,
+            zero_v: GpuTensor::empty(ctx, "cp zero v", &[bt, hv, k], dtype)?,
+            trans_o: GpuTensor::empty(ctx, "cp transition o", &[bt, hv, k], dtype)?,
+            scan_problem,
+            trans_problem,
+        }))
     }
 }

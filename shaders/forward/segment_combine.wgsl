@@ -1,0 +1,114 @@
+// segment_combine: the sequential step of intra-device sequence parallelism. A sequence cut
+// into segments i = 0..n−1 is scanned per segment, all segments at once, twice: from a zero
+// state (end state E_i) and from the identity with v = 0 (the segment's transition M_i, K×K).
+// A chunk's state update is affine in the state, so a segment started from S ends at
+// M_i S + E_i exactly. This pass walks each sequence's segments in order,
+//     start_0 = h0 (or 0),   start_{i+1} = M_i start_i + E_i,
+// writes every start_i (the final scan's start states, K-first) and the sequence's final
+// state M_{n−1} start_{n−1} + E_{n−1} in the problem's layout. One workgroup per (sequence,
+// v-head, 16 state columns); invocation r owns state row r (K ≤ 256), in f32.
+//
+// `identity` fills every M slot with the identity before the transition scan.
+
+@group(0) @binding(0) var<uniform> params: Params;                        // the problem's
+@group(0) @binding(1) var<storage, read> seq_segments: array<u32>;        // per sequence: first segment, count
+@group(0) @binding(2) var<storage, read> h0: array<f32>;                  // [N, HV, K, V] (problem layout)
+@group(0) @binding(3) var<storage, read> trans: array<f32>;               // [S, HV, K, K]
+@group(0) @binding(4) var<storage, read> ends: array<f32>;                // [S, HV, K, V]
+@group(0) @binding(5) var<storage, read_write> starts: array<f32>;        // [S, HV, K, V]
+@group(0) @binding(6) var<storage, read_write> final_state: array<f32>;   // [N, HV, K, V] (problem layout)
+@group(0) @binding(7) var<storage, read_write> trans_init: array<f32>;    // [S, HV, K, K]
+
+override HAS_H0: bool;
+const COLS: u32 = 16u;
+
+var<workgroup> cur: array<f32, 4096>;   // the running state's 16 columns, [K][16]
+
+// Index of state entry (row k, column v) of sequence n, v-head hv, in the problem's layout.
+fn problem_index(n: u32, hv: u32, k: u32, v: u32) -> u32 {
+    let base = (n * params.heads_v + hv) * params.key_dim * params.value_dim;
+    if ((params.flags & FLAG_STATE_V_FIRST) != 0u) {
+        return base + v * params.key_dim + k;
+    }
+    return base + k * params.value_dim + v;
+}
+
+@compute @workgroup_size(256)
+fn combine(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let hv = wid.y;
+    let c0 = wid.z * COLS;
+    let kd = params.key_dim;
+    let vd = params.value_dim;
+    let hvc = params.heads_v;
+    let row = t < kd;
+    for (var c = 0u; c < COLS; c++) {
+        var x = 0.0;
+        if (HAS_H0 && row && c0 + c < vd) {
+            x = h0[problem_index(n, hv, t, c0 + c)];
+        }
+        cur[t * COLS + c] = x;
+    }
+    workgroupBarrier();
+    let first = seq_segments[2u * n];
+    let count = seq_segments[2u * n + 1u];
+    for (var i = 0u; i < count; i++) {
+        let slot = first + i;
+        let sbase = ((slot * hvc + hv) * kd + t) * vd + c0;
+        // Four vec4 accumulators (no indexed private array): start of the next segment.
+        var a0 = vec4<f32>(0.0);
+        var a1 = vec4<f32>(0.0);
+        var a2 = vec4<f32>(0.0);
+        var a3 = vec4<f32>(0.0);
+        if (row) {
+            for (var c = 0u; c < COLS; c++) {
+                if (c0 + c < vd) {
+                    starts[sbase + c] = cur[t * COLS + c];
+                }
+            }
+            let e = vec4<u32>(0u, 1u, 2u, 3u);
+            let lim = vec4<u32>(vd - c0);
+            a0 = select(vec4<f32>(0.0), vec4<f32>(ends[sbase + min(0u, vd - c0 - 1u)], ends[sbase + min(1u, vd - c0 - 1u)], ends[sbase + min(2u, vd - c0 - 1u)], ends[sbase + min(3u, vd - c0 - 1u)]), e < lim);
+            a1 = select(vec4<f32>(0.0), vec4<f32>(ends[sbase + min(4u, vd - c0 - 1u)], ends[sbase + min(5u, vd - c0 - 1u)], ends[sbase + min(6u, vd - c0 - 1u)], ends[sbase + min(7u, vd - c0 - 1u)]), e + 4u < lim);
+            a2 = select(vec4<f32>(0.0), vec4<f32>(ends[sbase + min(8u, vd - c0 - 1u)], ends[sbase + min(9u, vd - c0 - 1u)], ends[sbase + min(10u, vd - c0 - 1u)], ends[sbase + min(11u, vd - c0 - 1u)]), e + 8u < lim);
+            a3 = select(vec4<f32>(0.0), vec4<f32>(ends[sbase + min(12u, vd - c0 - 1u)], ends[sbase + min(13u, vd - c0 - 1u)], ends[sbase + min(14u, vd - c0 - 1u)], ends[sbase + min(15u, vd - c0 - 1u)]), e + 12u < lim);
+            let mrow = ((slot * hvc + hv) * kd + t) * kd;
+            for (var j = 0u; j < kd; j++) {
+                let m = trans[mrow + j];
+                let s = j * COLS;
+                a0 += m * vec4<f32>(cur[s], cur[s + 1u], cur[s + 2u], cur[s + 3u]);
+                a1 += m * vec4<f32>(cur[s + 4u], cur[s + 5u], cur[s + 6u], cur[s + 7u]);
+                a2 += m * vec4<f32>(cur[s + 8u], cur[s + 9u], cur[s + 10u], cur[s + 11u]);
+                a3 += m * vec4<f32>(cur[s + 12u], cur[s + 13u], cur[s + 14u], cur[s + 15u]);
+            }
+        }
+        workgroupBarrier();
+        if (row) {
+            let s = t * COLS;
+            for (var q = 0u; q < 4u; q++) {
+                cur[s + q] = a0[q];
+                cur[s + 4u + q] = a1[q];
+                cur[s + 8u + q] = a2[q];
+                cur[s + 12u + q] = a3[q];
+            }
+        }
+        workgroupBarrier();
+    }
+    if (row) {
+        for (var c = 0u; c < COLS; c++) {
+            if (c0 + c < vd) {
+                final_state[problem_index(n, hv, t, c0 + c)] = cur[t * COLS + c];
+            }
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn identity(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
+    let e = flat_index(gid, nwg);
+    if (e >= params.rows) {
+        return;
+    }
+    let kd = params.key_dim;
+    trans_init[e] = select(0.0, 1.0, (e / kd) % kd == e % kd);
+}
