@@ -242,7 +242,7 @@ fn record_forward(
                 .path_support()
                 .choose(problem, dtype, path.or(ctx.forced_compute_path()))?
                 .path;
-            owned = ForwardWorkspace::with_path(ctx, problem, dtype, chosen)?;
+            owned = ForwardWorkspace::with_path_and_env(ctx, problem, dtype, chosen)?;
             &owned
         }
     };

@@ -82,6 +82,17 @@ impl ForwardWorkspace {
     /// chunks (see [`Self::with_segments`]); off by default until measured.
     pub fn new(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Self> {
         let path = ctx.forward_path(problem, dtype)?.path;
+        Self::with_path_and_env(ctx, problem, dtype, path)
+    }
+
+    /// [`Self::with_path`], honouring `GDN_SEGMENT_CHUNKS` (what a forward without a
+    /// workspace uses).
+    pub(crate) fn with_path_and_env(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        path: ComputePath,
+    ) -> Result<Self> {
         let segments = match std::env::var("GDN_SEGMENT_CHUNKS") {
             Ok(s) => Some(
                 s.trim()
