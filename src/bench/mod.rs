@@ -789,11 +789,12 @@ fn variant(
             // check shape takes the same one.
             let path = ctx.forward_path(p, dtype)?.path;
             let vb = check::forward_v_block(ctx, p, path);
-            (
-                Variant::Forward(path, vb),
-                check::forward_variant_name(path, vb),
-                None,
-            )
+            let mut name = check::forward_variant_name(path, vb);
+            // GDN_SEGMENT_CHUNKS makes every forward sequence-parallel (checked and timed).
+            if let Some(n) = crate::gpu::forward::segment_chunks_from_env()? {
+                name.push_str(&format!(", sequence-parallel segments of {n} chunks"));
+            }
+            (Variant::Forward(path, vb), name, None)
         }
         Op::Backward => {
             let vb = crate::gpu::backward::scan_v_block(ctx, p)?;

@@ -18,8 +18,8 @@ pub use prepare_qk::prepare_qk;
 pub use state_scan::{ScanBuffers, state_scan};
 pub use state_scan_coop::{CoopScanBuffers, STATE_SCAN_COOP_BYTES, state_scan_coop};
 pub use to_half::to_half;
-pub use workspace::ForwardWorkspace;
 use workspace::ScanScratch;
+pub use workspace::{ForwardWorkspace, segment_chunks_from_env};
 pub use wy_inverse::wy_inverse;
 
 use crate::error::{Error, Result};

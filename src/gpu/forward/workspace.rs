@@ -11,6 +11,25 @@ use crate::gpu::{Context, GpuTensor};
 use crate::problem::{CHUNK, Problem};
 use crate::tensor::DType;
 
+/// `GDN_SEGMENT_CHUNKS=n` (n ≥ 1): run forwards sequence-parallel with segments of n chunks.
+pub fn segment_chunks_from_env() -> Result<Option<usize>> {
+    match std::env::var("GDN_SEGMENT_CHUNKS") {
+        Ok(s) => Some(
+            s.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n > 0)
+                .ok_or_else(|| Error::Value {
+                    name: "GDN_SEGMENT_CHUNKS".into(),
+                    expected: "a positive number of chunks".into(),
+                    got: format!("{s:?}"),
+                }),
+        )
+        .transpose(),
+        Err(_) => Ok(None),
+    }
+}
+
 /// The scan's scratch, per compute path.
 #[derive(Debug)]
 pub(crate) enum ScanScratch {
@@ -93,20 +112,7 @@ impl ForwardWorkspace {
         dtype: DType,
         path: ComputePath,
     ) -> Result<Self> {
-        let segments = match std::env::var("GDN_SEGMENT_CHUNKS") {
-            Ok(s) => Some(
-                s.trim()
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| Error::Value {
-                        name: "GDN_SEGMENT_CHUNKS".into(),
-                        expected: "a positive number of chunks".into(),
-                        got: format!("{s:?}"),
-                    })?,
-            ),
-            Err(_) => None,
-        };
+        let segments = segment_chunks_from_env()?;
         let mut ws = Self::with_path(ctx, problem, dtype, path)?;
         if let Some(n) = segments {
             ws.segmented = Segmented::new(ctx, problem, dtype, n)?;
