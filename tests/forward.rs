@@ -234,33 +234,26 @@ fn workspace_reuse_matches_per_call_scratch() {
     assert!(ws.bytes() > 0);
     let run = |seed: u64, workspace: Option<&ForwardWorkspace>| {
         let inputs = common::upload_inputs(ctx, &spec(seed).generate(&problem));
-        let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), DType::F32, f32::NAN).unwrap();
-        let s = GpuTensor::filled(ctx, "s", &problem.state_shape(), DType::F32, f32::NAN).unwrap();
-        let outputs = ForwardOutputs {
-            o: &o,
-            final_state: &s,
-        };
-        let mut encoder = ctx.create_encoder("workspace");
-        let saved = match workspace {
-            Some(w) => forward_into_workspace(
+        let (o, s, saved) =
+            common::run_poisoned(
                 ctx,
-                &mut encoder,
                 &problem,
-                &inputs.as_ref(),
-                &outputs,
-                w,
-                None,
-            ),
-            None => forward_into(ctx, &mut encoder, &problem, &inputs.as_ref(), &outputs),
-        }
-        .unwrap();
-        ctx.submit_and_wait(encoder).unwrap();
+                DType::F32,
+                |encoder, outputs| match workspace {
+                    Some(w) => forward_into_workspace(
+                        ctx,
+                        encoder,
+                        &problem,
+                        &inputs.as_ref(),
+                        outputs,
+                        w,
+                        None,
+                    ),
+                    None => forward_into(ctx, encoder, &problem, &inputs.as_ref(), outputs),
+                },
+            );
         let a = saved.a.download_blocking(ctx).unwrap().data;
-        (
-            o.download_blocking(ctx).unwrap().data,
-            s.download_blocking(ctx).unwrap().data,
-            a,
-        )
+        (o.data, s.data, a)
     };
     let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     for seed in [500, 501] {
@@ -302,7 +295,6 @@ fn workspace_reuse_matches_per_call_scratch() {
 /// g = 0 and g ≈ −20 heads, β near 2, h0 on/off, V-first states, K ≠ V.
 #[test]
 fn sequence_parallel_segments() {
-    use gdn_wgpu::ForwardOutputs;
     use gdn_wgpu::gpu::{ComputePath, ForwardWorkspace, forward_into_workspace};
     let Some(ctx) = common::gpu() else { return };
     let d = Options::default();
@@ -364,32 +356,20 @@ fn sequence_parallel_segments() {
                     )
                     .unwrap();
                     assert_eq!(ws.segment_chunks(), Some(segment_chunks), "{name}");
-                    let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), DType::F32, f32::NAN)
-                        .unwrap();
-                    let st =
-                        GpuTensor::filled(ctx, "s", &problem.state_shape(), DType::F32, f32::NAN)
-                            .unwrap();
-                    let mut encoder = ctx.create_encoder("segments");
-                    forward_into_workspace(
-                        ctx,
-                        &mut encoder,
-                        problem,
-                        &up.as_ref(),
-                        &ForwardOutputs {
-                            o: &o,
-                            final_state: &st,
-                        },
-                        &ws,
-                        None,
-                    )
-                    .unwrap();
-                    ctx.submit_and_wait(encoder).unwrap();
-                    let eo =
-                        gdn_wgpu::relative_l2(&o.download_blocking(ctx).unwrap().data, &expected.o);
-                    let es = gdn_wgpu::relative_l2(
-                        &st.download_blocking(ctx).unwrap().data,
-                        &expected.final_state,
-                    );
+                    let (o, st, _) =
+                        common::run_poisoned(ctx, problem, DType::F32, |encoder, outputs| {
+                            forward_into_workspace(
+                                ctx,
+                                encoder,
+                                problem,
+                                &up.as_ref(),
+                                outputs,
+                                &ws,
+                                None,
+                            )
+                        });
+                    let eo = gdn_wgpu::relative_l2(&o.data, &expected.o);
+                    let es = gdn_wgpu::relative_l2(&st.data, &expected.final_state);
                     eprintln!(
                         "{path} {name}, {segment_chunks}-chunk segments, h0 {h0}: o {eo:.2e} state {es:.2e}"
                     );

@@ -44,12 +44,15 @@ pub struct Errors {
     pub state: f64,
 }
 
-/// Run the GPU forward into NaN-poisoned outputs and compare with the oracle.
-pub fn forward_errors(ctx: &Context, problem: &Problem, spec: &RandomSpec) -> Errors {
-    let inputs = spec.generate(problem);
-    let expected = reference::forward(problem, &inputs.as_ref()).unwrap();
-    let gpu_inputs = upload_inputs(ctx, &inputs);
-    let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), DType::F32, f32::NAN).unwrap();
+/// Record a forward with `record` into NaN-poisoned outputs (o in `dtype`, the final state
+/// f32), submit, wait, and download both; also returns what `record` returned.
+pub fn run_poisoned<R>(
+    ctx: &Context,
+    problem: &Problem,
+    dtype: DType,
+    record: impl FnOnce(&mut wgpu::CommandEncoder, &ForwardOutputs<&GpuTensor>) -> gdn_wgpu::Result<R>,
+) -> (HostTensor, HostTensor, R) {
+    let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), dtype, f32::NAN).unwrap();
     let state = GpuTensor::filled(
         ctx,
         "final_state",
@@ -59,11 +62,8 @@ pub fn forward_errors(ctx: &Context, problem: &Problem, spec: &RandomSpec) -> Er
     )
     .unwrap();
     let mut encoder = ctx.create_encoder("test forward");
-    gpu::forward_into(
-        ctx,
+    let out = record(
         &mut encoder,
-        problem,
-        &gpu_inputs.as_ref(),
         &ForwardOutputs {
             o: &o,
             final_state: &state,
@@ -71,8 +71,21 @@ pub fn forward_errors(ctx: &Context, problem: &Problem, spec: &RandomSpec) -> Er
     )
     .unwrap();
     ctx.submit_and_wait(encoder).unwrap();
-    let o = o.download_blocking(ctx).unwrap();
-    let state = state.download_blocking(ctx).unwrap();
+    (
+        o.download_blocking(ctx).unwrap(),
+        state.download_blocking(ctx).unwrap(),
+        out,
+    )
+}
+
+/// Run the GPU forward into NaN-poisoned outputs and compare with the oracle.
+pub fn forward_errors(ctx: &Context, problem: &Problem, spec: &RandomSpec) -> Errors {
+    let inputs = spec.generate(problem);
+    let expected = reference::forward(problem, &inputs.as_ref()).unwrap();
+    let gpu_inputs = upload_inputs(ctx, &inputs);
+    let (o, state, _) = run_poisoned(ctx, problem, DType::F32, |encoder, outputs| {
+        gpu::forward_into(ctx, encoder, problem, &gpu_inputs.as_ref(), outputs)
+    });
     Errors {
         o: relative_l2(&o.data, &expected.o),
         state: relative_l2(&state.data, &expected.final_state),
@@ -131,32 +144,10 @@ pub fn forward_errors_path(
     }
     let expected = reference::forward(problem, &inputs.as_ref()).unwrap();
     let gpu_inputs = upload_inputs(ctx, &inputs);
-    let o = GpuTensor::filled(ctx, "o", &problem.v_shape(), dtype, f32::NAN).unwrap();
-    let state = GpuTensor::filled(
-        ctx,
-        "final_state",
-        &problem.state_shape(),
-        DType::F32,
-        f32::NAN,
-    )
-    .unwrap();
-    let mut encoder = ctx.create_encoder("test forward dtype");
-    gpu::forward_into_with_path(
-        ctx,
-        &mut encoder,
-        problem,
-        &gpu_inputs.as_ref(),
-        &ForwardOutputs {
-            o: &o,
-            final_state: &state,
-        },
-        path,
-    )
-    .unwrap();
-    ctx.submit_and_wait(encoder).unwrap();
-    let o = o.download_blocking(ctx).unwrap();
+    let (o, state, _) = run_poisoned(ctx, problem, dtype, |encoder, outputs| {
+        gpu::forward_into_with_path(ctx, encoder, problem, &gpu_inputs.as_ref(), outputs, path)
+    });
     assert_eq!(o.dtype, dtype);
-    let state = state.download_blocking(ctx).unwrap();
     Some(Errors {
         o: relative_l2(&o.data, &expected.o),
         state: relative_l2(&state.data, &expected.final_state),
