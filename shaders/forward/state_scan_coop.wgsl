@@ -192,14 +192,14 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         let vdd = vec4<f32>(v_or_zero(vrow, 12u, lim, vstep), v_or_zero(vrow, 13u, lim, vstep),
                             v_or_zero(vrow, 14u, lim, vstep), v_or_zero(vrow, 15u, lim, vstep));
 
-        // U = K S and P0 = (γ ⊙ Q) S, row tile sg, column tiles b.
+        // U = K S and P0 = (γ ⊙ Q) S, row tile sg, both column tiles.
         let krow = (start + 16u * sg) * hk + hqk * KD;
         let qrow = (start + 16u * sg) * hq + hv * KD;
         var u0 = zero_acc();
         var u1 = zero_acc();
-                var o0 = zero_acc();
+        var o0 = zero_acc();
         var o1 = zero_acc();
-                for (var kk = 0u; kk < KD / 16u; kk++) {
+        for (var kk = 0u; kk < KD / 16u; kk++) {
             let ka = k_rows(krow + 16u * kk, hk);
             let qa = q_rows(qrow + 16u * kk, hq);
             let b0 = s_tile(kk, 0u);
@@ -237,7 +237,7 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         let grow = (start + 16u * sg) * gstride + hv * 2u * CHUNK;
         var d0 = zero_acc();
         var d1 = zero_acc();
-                for (var jj = 0u; jj < CHUNK / 16u; jj++) {
+        for (var jj = 0u; jj < CHUNK / 16u; jj++) {
             let ga = gated_rows(grow + 16u * jj, gstride);
             d0 = coopMultiplyAdd(ga, x_tile(jj, 0u), d0);
             d1 = coopMultiplyAdd(ga, x_tile(jj, 1u), d1);
