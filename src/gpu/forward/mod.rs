@@ -106,7 +106,7 @@ pub fn forward_into(
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
 ) -> Result<Intermediates> {
-    record_forward(ctx, encoder, problem, inputs, outputs, None, None, None)
+    record_forward(ctx, encoder, problem, inputs, outputs, Recording::default())
 }
 
 /// [`forward_into`] on a given compute path (instead of the context's choice); a path this
@@ -126,9 +126,10 @@ pub fn forward_into_with_path(
         problem,
         inputs,
         outputs,
-        None,
-        Some(path),
-        None,
+        Recording {
+            path: Some(path),
+            ..Recording::default()
+        },
     )
 }
 
@@ -148,9 +149,10 @@ pub fn forward_into_profiled(
         problem,
         inputs,
         outputs,
-        Some(timer),
-        None,
-        None,
+        Recording {
+            timer: Some(timer),
+            ..Recording::default()
+        },
     )
 }
 
@@ -174,23 +176,36 @@ pub fn forward_into_workspace(
         problem,
         inputs,
         outputs,
-        timer,
-        None,
-        Some(workspace),
+        Recording {
+            timer,
+            workspace: Some(workspace),
+            ..Recording::default()
+        },
     )
 }
 
-#[allow(clippy::too_many_arguments)]
+/// What the public forward entry points vary: per-pass timestamps, a forced compute path, and
+/// the scratch (a caller's workspace, else one made for the call).
+#[derive(Default, Clone, Copy)]
+struct Recording<'a> {
+    timer: Option<&'a GpuTimer>,
+    path: Option<ComputePath>,
+    workspace: Option<&'a ForwardWorkspace>,
+}
+
 fn record_forward(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     problem: &Problem,
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
-    timer: Option<&GpuTimer>,
-    path: Option<ComputePath>,
-    workspace: Option<&ForwardWorkspace>,
+    rec: Recording<'_>,
 ) -> Result<Intermediates> {
+    let Recording {
+        timer,
+        path,
+        workspace,
+    } = rec;
     let mark = |encoder: &mut wgpu::CommandEncoder, label| {
         if let Some(t) = timer {
             t.mark(encoder, label);
