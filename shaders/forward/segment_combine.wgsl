@@ -33,6 +33,11 @@ fn problem_index(n: u32, hv: u32, k: u32, v: u32) -> u32 {
     return base + k * params.value_dim + v;
 }
 
+// ends[base + c] (column c of this block), 0 past V (index clamped to the last column).
+fn end_or_zero(base: u32, c: u32, width: u32) -> f32 {
+    return select(0.0, ends[base + min(c, width - 1u)], c < width);
+}
+
 @compute @workgroup_size(256)
 fn combine(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let n = wid.x;
@@ -66,12 +71,15 @@ fn combine(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
                     starts[sbase + c] = cur[t * COLS + c];
                 }
             }
-            let e = vec4<u32>(0u, 1u, 2u, 3u);
-            let lim = vec4<u32>(vd - c0);
-            a0 = select(vec4<f32>(0.0), vec4<f32>(ends[sbase + min(0u, vd - c0 - 1u)], ends[sbase + min(1u, vd - c0 - 1u)], ends[sbase + min(2u, vd - c0 - 1u)], ends[sbase + min(3u, vd - c0 - 1u)]), e < lim);
-            a1 = select(vec4<f32>(0.0), vec4<f32>(ends[sbase + min(4u, vd - c0 - 1u)], ends[sbase + min(5u, vd - c0 - 1u)], ends[sbase + min(6u, vd - c0 - 1u)], ends[sbase + min(7u, vd - c0 - 1u)]), e + 4u < lim);
-            a2 = select(vec4<f32>(0.0), vec4<f32>(ends[sbase + min(8u, vd - c0 - 1u)], ends[sbase + min(9u, vd - c0 - 1u)], ends[sbase + min(10u, vd - c0 - 1u)], ends[sbase + min(11u, vd - c0 - 1u)]), e + 8u < lim);
-            a3 = select(vec4<f32>(0.0), vec4<f32>(ends[sbase + min(12u, vd - c0 - 1u)], ends[sbase + min(13u, vd - c0 - 1u)], ends[sbase + min(14u, vd - c0 - 1u)], ends[sbase + min(15u, vd - c0 - 1u)]), e + 12u < lim);
+            let w = vd - c0;   // columns of this block inside V
+            a0 = vec4<f32>(end_or_zero(sbase, 0u, w), end_or_zero(sbase, 1u, w),
+                           end_or_zero(sbase, 2u, w), end_or_zero(sbase, 3u, w));
+            a1 = vec4<f32>(end_or_zero(sbase, 4u, w), end_or_zero(sbase, 5u, w),
+                           end_or_zero(sbase, 6u, w), end_or_zero(sbase, 7u, w));
+            a2 = vec4<f32>(end_or_zero(sbase, 8u, w), end_or_zero(sbase, 9u, w),
+                           end_or_zero(sbase, 10u, w), end_or_zero(sbase, 11u, w));
+            a3 = vec4<f32>(end_or_zero(sbase, 12u, w), end_or_zero(sbase, 13u, w),
+                           end_or_zero(sbase, 14u, w), end_or_zero(sbase, 15u, w));
             let mrow = ((slot * hvc + hv) * kd + t) * kd;
             for (var j = 0u; j < kd; j++) {
                 let m = trans[mrow + j];
