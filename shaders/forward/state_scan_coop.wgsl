@@ -15,8 +15,9 @@
 //
 // What the H200 showed (T = 32768, bf16; BENCHMARKS.md): a chunk costs a workgroup time in
 // proportion to its instructions (a 64-wide V-block took twice as long per chunk, eight
-// subgroups instead of four were slower), and how many workgroups share an SM follows
-// workgroup memory (21.5 KiB here: 16/64 heads went from 10.2 to 8.2 ms when it shrank). So
+// subgroups instead of four were slower), and with this layout's 21.5 KiB of workgroup memory
+// 16/64 heads went from 10.2 to 8.2 ms while 2/8 did not move — consistent with more
+// workgroups sharing an SM (not measured directly). So
 // W, V' and (γ_C/γ) ⊙ V' take turns in one f16 tile, and the f32 staging tile also carries
 // the state, half at a time. Staging K and Q in workgroup memory with plain loads and
 // 16-wide V-blocks were tried and were slower.
