@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, criterion_group, criterion_main};
 use gdn_wgpu::bench::check::{check_backward, check_decode, check_forward};
 use gdn_wgpu::bench::verify;
-use gdn_wgpu::gpu::decode::{RecurrentStepTiles, StatePool, StateSlot};
-use gdn_wgpu::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor};
+use gdn_wgpu::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
+use gdn_wgpu::wgpu_backend::{self, Context, DecodeOutputs, DecodePlan, GpuTensor};
 use gdn_wgpu::{DType, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec};
 
 fn problem(b: usize, t: usize) -> Problem {
@@ -21,7 +21,7 @@ fn problem(b: usize, t: usize) -> Problem {
 }
 
 fn upload(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> ForwardInputs<GpuTensor> {
-    gpu::upload_inputs(ctx, &inputs.as_ref()).expect("upload")
+    wgpu_backend::upload_inputs(ctx, &inputs.as_ref()).expect("upload")
 }
 
 /// Time `iters` runs of `record`, each submitted and waited for.
@@ -66,23 +66,25 @@ fn kernels(c: &mut Criterion) {
     c.bench_function("forward B1 T512 H2 HV4 K64 V64", |b| {
         b.iter_custom(|iters| {
             timed(&ctx, iters, |enc| {
-                gpu::forward_into(&ctx, enc, &p, &gpu_inputs.as_ref(), &outputs).expect("forward");
+                wgpu_backend::forward_into(&ctx, enc, &p, &gpu_inputs.as_ref(), &outputs)
+                    .expect("forward");
             })
         })
     });
 
     // Backward of the same problem (the forward that saves its context runs once).
-    let vb = gpu::backward::scan_v_block(&ctx, &p).expect("backward fits");
+    let vb = wgpu_backend::backward::scan_v_block(&ctx, &p).expect("backward fits");
     verify(&check_backward(&mut ctx, &small, DType::F32, vb).expect("check"))
         .expect("backward is correct");
     let mut enc = ctx.create_encoder("saved");
-    let (_, saved) = gpu::forward_saved(&ctx, &mut enc, &p, &gpu_inputs.as_ref()).expect("forward");
+    let (_, saved) =
+        wgpu_backend::forward_saved(&ctx, &mut enc, &p, &gpu_inputs.as_ref()).expect("forward");
     ctx.submit_and_wait(enc).expect("forward");
     let d_o = GpuTensor::filled(&ctx, "do", &p.v_shape(), DType::F32, 0.5).expect("do");
     c.bench_function("backward B1 T512 H2 HV4 K64 V64", |b| {
         b.iter_custom(|iters| {
             timed(&ctx, iters, |enc| {
-                gpu::backward(&ctx, enc, &saved, &d_o, None).expect("backward");
+                wgpu_backend::backward(&ctx, enc, &saved, &d_o, None).expect("backward");
             })
         })
     });

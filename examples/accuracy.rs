@@ -9,7 +9,7 @@
 //! One forward row per storage dtype × compute path available on the adapter, then the
 //! backward's gradients per storage dtype (do standard normal; oracle on the rounded inputs).
 
-use gdn_wgpu::gpu::{self, ComputePath, Context, GpuTensor};
+use gdn_wgpu::wgpu_backend::{self, ComputePath, Context, GpuTensor};
 use gdn_wgpu::{
     DType, ForwardOutputs, HostTensor, Options, Problem, RandomSpec, reference, relative_l2,
 };
@@ -55,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             {
                 continue;
             }
-            let up = gpu::upload_inputs(&ctx, &inputs.as_ref())?;
+            let up = wgpu_backend::upload_inputs(&ctx, &inputs.as_ref())?;
             let o = GpuTensor::empty(&ctx, "o", &problem.v_shape(), dtype)?;
             let s = GpuTensor::empty(&ctx, "state", &problem.state_shape(), DType::F32)?;
             let mut encoder = ctx.create_encoder("accuracy");
@@ -63,7 +63,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 o: &o,
                 final_state: &s,
             };
-            gpu::forward_into_with_path(
+            wgpu_backend::forward_into_with_path(
                 &ctx,
                 &mut encoder,
                 &problem,
@@ -90,11 +90,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let d_o: Vec<f32> = (0..problem.v_shape().iter().product::<usize>())
         .map(|_| StandardNormal.sample(&mut rng))
         .collect();
-    for dtype in gpu::backward::storage_dtypes(&ctx) {
+    for dtype in wgpu_backend::backward::storage_dtypes(&ctx) {
         let inputs = rounded(dtype);
         let d_o = HostTensor::new(problem.v_shape(), d_o.clone()).with_dtype(dtype);
         let expected = reference::backward(&problem, &inputs.as_ref(), &d_o, None)?;
-        let (_, grads) = gpu::backward_host(&ctx, &problem, &inputs.as_ref(), &d_o, None)?;
+        let (_, grads) = wgpu_backend::backward_host(&ctx, &problem, &inputs.as_ref(), &d_o, None)?;
         println!(
             "| {dtype} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} |",
             relative_l2(&grads.dq.data, &expected.dq),

@@ -16,8 +16,8 @@
 
 use std::time::Instant;
 
-use gdn_wgpu::gpu::{self, Context, GpuTensor, GpuTimer};
 use gdn_wgpu::reference::{backward_heads, select_heads};
+use gdn_wgpu::wgpu_backend::{self, Context, GpuTensor, GpuTimer};
 use gdn_wgpu::{DType, HostTensor, Options, Problem, RandomSpec, relative_l2};
 use rand::{SeedableRng, rngs::SmallRng};
 use rand_distr::{Distribution, StandardNormal};
@@ -163,8 +163,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         args.dht
     );
     let rows = (p.total_tokens() * p.heads_v) as f64;
-    let saved = gpu::backward::saved_bytes(p, args.dtype) as f64;
-    let workspace = gpu::backward::workspace_bytes(p) as f64;
+    let saved = wgpu_backend::backward::saved_bytes(p, args.dtype) as f64;
+    let workspace = wgpu_backend::backward::workspace_bytes(p) as f64;
     println!(
         "memory: forward keeps {:.0} B per token per v-head ({:.1} MiB); backward workspace {:.1} MiB ({:.0} B per token per v-head)",
         saved / rows,
@@ -175,9 +175,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let ctx = Context::new_blocking()?;
     let info = ctx.adapter_info.clone().expect("context from an adapter");
-    let v_block = gpu::backward::scan_v_block(&ctx, p)?;
-    let (t_slice, _) =
-        gpu::backward::dh_scan_tiling(v_block, p.key_dim as u32, ctx.tuning().workgroup_bytes);
+    let v_block = wgpu_backend::backward::scan_v_block(&ctx, p)?;
+    let (t_slice, _) = wgpu_backend::backward::dh_scan_tiling(
+        v_block,
+        p.key_dim as u32,
+        ctx.tuning().workgroup_bytes,
+    );
     println!(
         "adapter: {} ({:?}, {:?}), {} B workgroup memory; backward scans: V-block {v_block}, \
          dh_scan token slice {t_slice}",
@@ -186,7 +189,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         info.device_type,
         ctx.tuning().workgroup_bytes,
     );
-    let uploaded = gpu::upload_inputs(&ctx, &inputs.as_ref())?;
+    let uploaded = wgpu_backend::upload_inputs(&ctx, &inputs.as_ref())?;
     let gpu_inputs = uploaded.as_ref();
     let d_o_gpu = GpuTensor::upload(&ctx, "do", &d_o)?;
     let dht_gpu = dht
@@ -205,13 +208,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             t.reset();
             t.mark(&mut encoder, "start");
         }
-        let (_, saved) = gpu::forward_saved(&ctx, &mut encoder, p, &gpu_inputs)?;
+        let (_, saved) = wgpu_backend::forward_saved(&ctx, &mut encoder, p, &gpu_inputs)?;
         let grads = match &timer {
             Some(t) => {
                 t.mark(&mut encoder, "forward");
-                gpu::backward_profiled(&ctx, &mut encoder, &saved, &d_o_gpu, dht_gpu.as_ref(), t)?
+                wgpu_backend::backward_profiled(
+                    &ctx,
+                    &mut encoder,
+                    &saved,
+                    &d_o_gpu,
+                    dht_gpu.as_ref(),
+                    t,
+                )?
             }
-            None => gpu::backward(&ctx, &mut encoder, &saved, &d_o_gpu, dht_gpu.as_ref())?,
+            None => wgpu_backend::backward(&ctx, &mut encoder, &saved, &d_o_gpu, dht_gpu.as_ref())?,
         };
         if let Some(t) = &timer {
             t.resolve(&mut encoder);

@@ -27,9 +27,9 @@ use std::ops::Range;
 use std::time::Instant;
 
 use clap::Parser;
-use gdn_wgpu::gpu::decode::{RecurrentStepTiles, StatePool, StateSlot};
-use gdn_wgpu::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, GpuTimer};
 use gdn_wgpu::reference::{forward_heads, select_heads};
+use gdn_wgpu::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
+use gdn_wgpu::wgpu_backend::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, GpuTimer};
 use gdn_wgpu::{DType, ForwardInputs, HostTensor, Options, Problem, RandomSpec, relative_l2};
 
 #[derive(Parser, Debug)]
@@ -431,10 +431,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let ranges: Vec<Range<usize>> =
             (0..b).map(|s| s * total..s * total + args.prompt).collect();
         let (prefix, prefix_inputs) = select_tokens(&whole, &inputs, &ranges)?;
-        let gpu_inputs = gpu::upload_inputs(&ctx, &prefix_inputs.as_ref())?;
+        let gpu_inputs = wgpu_backend::upload_inputs(&ctx, &prefix_inputs.as_ref())?;
         let start = Instant::now();
         let mut encoder = ctx.create_encoder("prefill");
-        let fwd = gpu::forward(&ctx, &mut encoder, &prefix, &gpu_inputs.as_ref())?;
+        let fwd = wgpu_backend::forward(&ctx, &mut encoder, &prefix, &gpu_inputs.as_ref())?;
         for s in 0..b {
             pool.copy_into_slot(&mut encoder, &fwd.final_state, s, s)?;
         }
@@ -453,7 +453,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .collect()
     };
     let (_, first) = select_tokens(&whole, &inputs, &column(0))?;
-    let buffers = gpu::upload_inputs(&ctx, &first.as_ref())?;
+    let buffers = wgpu_backend::upload_inputs(&ctx, &first.as_ref())?;
     let outputs = DecodeOutputs {
         o: &o,
         per_token_states: None,

@@ -10,8 +10,8 @@
 use std::time::Instant;
 
 use clap::Parser;
-use gdn_wgpu::gpu::{self, Context, GpuTensor, GpuTimer};
 use gdn_wgpu::reference::{forward_heads, select_heads};
+use gdn_wgpu::wgpu_backend::{self, Context, GpuTensor, GpuTimer};
 use gdn_wgpu::{DType, ForwardOutputs, Options, Problem, RandomSpec, relative_l2};
 
 #[derive(Parser, Debug)]
@@ -117,7 +117,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ctx.tuning().state_scan_v_block(&problem)
     );
 
-    let gpu_inputs = gpu::upload_inputs(&ctx, &inputs.as_ref())?;
+    let gpu_inputs = wgpu_backend::upload_inputs(&ctx, &inputs.as_ref())?;
     let o_gpu = GpuTensor::empty(&ctx, "o", &problem.v_shape(), dtype)?;
     let state_gpu = GpuTensor::empty(&ctx, "final_state", &problem.state_shape(), DType::F32)?;
     let outputs = ForwardOutputs {
@@ -133,7 +133,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             Some(t) => {
                 t.reset();
                 t.mark(&mut encoder, "start");
-                gpu::forward_into_profiled(
+                wgpu_backend::forward_into_profiled(
                     &ctx,
                     &mut encoder,
                     &problem,
@@ -144,7 +144,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 t.resolve(&mut encoder);
             }
             None => {
-                gpu::forward_into(&ctx, &mut encoder, &problem, &gpu_inputs.as_ref(), &outputs)?;
+                wgpu_backend::forward_into(
+                    &ctx,
+                    &mut encoder,
+                    &problem,
+                    &gpu_inputs.as_ref(),
+                    &outputs,
+                )?;
             }
         }
         ctx.submit_and_wait(encoder)?;
@@ -202,7 +208,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &select_heads(&expected.final_state, hv, kv, &heads),
     );
     println!("oracle (f64 CPU) on v-heads {heads:?}: {cpu_ms:.0} ms");
-    let (tol, tol_state) = gpu::path::tolerance(path.path, dtype, problem.options.l2norm_qk);
+    let (tol, tol_state) =
+        wgpu_backend::path::tolerance(path.path, dtype, problem.options.l2norm_qk);
     println!(
         "rel-L2 vs oracle (same rounded inputs): o {err_o:.3e} (tolerance {tol:e}), final state {err_s:.3e} (tolerance {tol_state:e})"
     );

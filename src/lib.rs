@@ -8,11 +8,11 @@
 //! sequential inter-chunk scan producing o and the final state.
 //!
 //! ```no_run
-//! use gdn_wgpu::{gpu, Options, Problem, RandomSpec};
+//! use gdn_wgpu::{wgpu_backend, Options, Problem, RandomSpec};
 //! let problem = Problem::new(1, 256, 2, 4, 64, 64, None, Options::default())?;
 //! let inputs = RandomSpec::default().generate(&problem);
-//! let ctx = gpu::Context::new_blocking()?;
-//! let out = gpu::forward_host(&ctx, &problem, &inputs.as_ref())?;
+//! let ctx = wgpu_backend::Context::new_blocking()?;
+//! let out = wgpu_backend::forward_host(&ctx, &problem, &inputs.as_ref())?;
 //! let oracle = gdn_wgpu::reference::forward(&problem, &inputs.as_ref())?;
 //! println!("rel-L2 of o: {:e}", gdn_wgpu::relative_l2(&out.o.data, &oracle.o));
 //! # Ok::<(), gdn_wgpu::Error>(())
@@ -21,12 +21,13 @@
 #[cfg(all(feature = "cli", not(target_arch = "wasm32")))]
 pub mod bench;
 pub mod error;
-pub mod gpu;
 pub mod io;
 pub mod problem;
 pub mod random;
 pub mod reference;
 pub mod tensor;
+pub mod tolerance;
+pub mod wgpu_backend;
 
 pub use error::{Error, Result};
 pub use problem::{CHUNK, ForwardInputs, ForwardOutputs, Options, Problem, check_host_values};

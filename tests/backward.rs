@@ -4,8 +4,8 @@
 
 mod common;
 
-use gdn_wgpu::gpu::{self, Context, GpuTensor};
 use gdn_wgpu::reference::{self, forward_f64};
+use gdn_wgpu::wgpu_backend::{self, Context, GpuTensor};
 use gdn_wgpu::{
     DType, Error, ForwardInputs, HostTensor, Options, Problem, RandomSpec, relative_l2,
 };
@@ -62,7 +62,8 @@ fn backward_errors(
     let inputs = spec.generate(problem);
     let (d_o, dht) = upstream(problem, spec.seed, with_dht);
     let expected = reference::backward(problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
-    let (_, got) = gpu::backward_host(ctx, problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+    let (_, got) =
+        wgpu_backend::backward_host(ctx, problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
     let mut errors = vec![
         ("dq", relative_l2(&got.dq.data, &expected.dq)),
         ("dk", relative_l2(&got.dk.data, &expected.dk)),
@@ -214,7 +215,7 @@ fn within_webgpu_default_limits() {
     if common::gpu().is_none() {
         return;
     }
-    let adapter = pollster::block_on(gpu::list_adapters())
+    let adapter = pollster::block_on(wgpu_backend::list_adapters())
         .into_iter()
         .next()
         .unwrap();
@@ -234,7 +235,10 @@ fn within_webgpu_default_limits() {
     };
     for (i, (k, v)) in [(64, 64), (256, 256)].into_iter().enumerate() {
         let problem = problem(o, 1, 70, 1, 2, k, v, None);
-        assert_eq!(gpu::backward::scan_v_block(&ctx, &problem).unwrap(), 16);
+        assert_eq!(
+            wgpu_backend::backward::scan_v_block(&ctx, &problem).unwrap(),
+            16
+        );
         check_backward_on(&ctx, &problem, &spec(75 + i as u64), true);
     }
 }
@@ -283,7 +287,7 @@ fn every_v_block_width_the_device_fits() {
     let problem = dense(1, 130, 1, 2, 32, 64);
     let widths: Vec<u32> = [16, 32, 64]
         .into_iter()
-        .filter(|&bv| gpu::backward::scan_bytes(bv) <= shared.tuning().workgroup_bytes)
+        .filter(|&bv| wgpu_backend::backward::scan_bytes(bv) <= shared.tuning().workgroup_bytes)
         .collect();
     assert!(
         widths.contains(&16),
@@ -291,7 +295,10 @@ fn every_v_block_width_the_device_fits() {
     );
     for bv in widths {
         ctx.tuning_mut().forced_v_block = Some(bv);
-        assert_eq!(gpu::backward::scan_v_block(&ctx, &problem).unwrap(), bv);
+        assert_eq!(
+            wgpu_backend::backward::scan_v_block(&ctx, &problem).unwrap(),
+            bv
+        );
         eprintln!("V_BLOCK {bv}:");
         check_backward_on(&ctx, &problem, &spec(100 + bv as u64), true);
     }
@@ -357,7 +364,7 @@ fn half_precision_storage() {
             problem(full, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140])),
         ),
     ];
-    let available = gpu::backward::storage_dtypes(ctx);
+    let available = wgpu_backend::backward::storage_dtypes(ctx);
     for (dtype, tol_qkv, tol_f32, tol_l2norm) in HALF_TOLERANCES {
         if !available.contains(&dtype) {
             eprintln!("{dtype} storage not available on this device: not run");
@@ -379,7 +386,8 @@ fn half_precision_storage() {
             let expected =
                 reference::backward(problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
             let (_, got) =
-                gpu::backward_host(ctx, problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+                wgpu_backend::backward_host(ctx, problem, &inputs.as_ref(), &d_o, dht.as_ref())
+                    .unwrap();
             for (n, t) in [("dq", &got.dq), ("dk", &got.dk), ("dv", &got.dv)] {
                 assert_eq!(t.dtype, dtype, "{n}");
             }
@@ -436,7 +444,7 @@ fn repeated_runs_are_bitwise_identical() {
     let inputs = spec(110).generate(&problem);
     let (d_o, dht) = upstream(&problem, 110, true);
     let run = || {
-        gpu::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref())
+        wgpu_backend::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref())
             .unwrap()
             .1
     };
@@ -470,7 +478,8 @@ fn finite_differences_of_the_f64_forward_match_the_gpu_gradients() {
         let inputs = spec(seed).generate(&problem);
         let (d_o, dht) = upstream(&problem, seed, true);
         let (_, grads) =
-            gpu::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+            wgpu_backend::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref())
+                .unwrap();
 
         let wide = |t: &HostTensor| -> Vec<f64> { t.data.iter().map(|&x| x as f64).collect() };
         let base: ForwardInputs<Vec<f64>> = ForwardInputs {
@@ -552,28 +561,30 @@ fn bad_upstream_gradients_are_named() {
     let problem = dense(1, 8, 1, 2, 16, 16);
     let inputs = spec(130).generate(&problem);
     let wrong = normal(1, &[1, 8, 2, 32], 1.0);
-    let err = gpu::backward_host(ctx, &problem, &inputs.as_ref(), &wrong, None).unwrap_err();
+    let err =
+        wgpu_backend::backward_host(ctx, &problem, &inputs.as_ref(), &wrong, None).unwrap_err();
     assert!(
         matches!(&err, Error::Shape { name, .. } if name == "do"),
         "{err}"
     );
     let (d_o, _) = upstream(&problem, 130, false);
     let bad_dht = normal(2, &[1, 2, 16, 8], 1.0);
-    let err =
-        gpu::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, Some(&bad_dht)).unwrap_err();
+    let err = wgpu_backend::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, Some(&bad_dht))
+        .unwrap_err();
     assert!(
         matches!(&err, Error::Shape { name, .. } if name == "dht"),
         "{err}"
     );
     let mut nan = d_o.clone();
     nan.data[3] = f32::NAN;
-    let err = gpu::backward_host(ctx, &problem, &inputs.as_ref(), &nan, None).unwrap_err();
+    let err = wgpu_backend::backward_host(ctx, &problem, &inputs.as_ref(), &nan, None).unwrap_err();
     assert!(
         matches!(&err, Error::Value { name, .. } if name == "do"),
         "{err}"
     );
     let half = d_o.clone().with_dtype(DType::F16);
-    let err = gpu::backward_host(ctx, &problem, &inputs.as_ref(), &half, None).unwrap_err();
+    let err =
+        wgpu_backend::backward_host(ctx, &problem, &inputs.as_ref(), &half, None).unwrap_err();
     assert!(
         matches!(&err, Error::DType { name, .. } if name == "do"),
         "{err}"
@@ -599,10 +610,11 @@ fn bad_upstream_gradients_are_named() {
         dt_bias: None,
     };
     let mut encoder = ctx.create_encoder("test");
-    let (_, mut saved) = gpu::forward_saved(ctx, &mut encoder, &problem, &gpu_inputs).unwrap();
+    let (_, mut saved) =
+        wgpu_backend::forward_saved(ctx, &mut encoder, &problem, &gpu_inputs).unwrap();
     saved.problem = dense(1, 8, 1, 2, 16, 32);
     let d_o_gpu = up("do", &d_o);
-    let err = gpu::backward(ctx, &mut encoder, &saved, &d_o_gpu, None).unwrap_err();
+    let err = wgpu_backend::backward(ctx, &mut encoder, &saved, &d_o_gpu, None).unwrap_err();
     assert!(err.is_input_error(), "{err}");
 }
 

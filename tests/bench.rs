@@ -7,8 +7,8 @@ use std::process::Command;
 
 use gdn_wgpu::bench::check::{check_backward, check_decode, check_forward};
 use gdn_wgpu::bench::{BenchError, Op, memory, metrics, verify};
-use gdn_wgpu::gpu::Context;
-use gdn_wgpu::gpu::decode::RecurrentStepTiles;
+use gdn_wgpu::wgpu_backend::Context;
+use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
 use gdn_wgpu::{DType, Options, Problem};
 use serde_json::Value;
 
@@ -281,7 +281,7 @@ fn the_gate_refuses_a_wrong_kernel_result() {
     zeros.compared[0].got.iter_mut().for_each(|x| *x = 0.0);
     assert_refused(verify(&zeros), "o");
 
-    let vb = gdn_wgpu::gpu::backward::scan_v_block(&ctx, &p).unwrap();
+    let vb = gdn_wgpu::wgpu_backend::backward::scan_v_block(&ctx, &p).unwrap();
     let mut case = check_backward(&mut ctx, &p, DType::F32, vb).unwrap();
     verify(&case).unwrap();
     let dv = case.compared.iter_mut().find(|c| c.name == "dv").unwrap();

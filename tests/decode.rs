@@ -11,9 +11,11 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use common::{F32_TOL, gpu, upload_inputs};
-use gdn_wgpu::gpu::decode::{RecurrentStepTiles, StateLayout, StatePool, StateSlot, decode_host};
-use gdn_wgpu::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, decode_step};
 use gdn_wgpu::io::{self, TensorFile};
+use gdn_wgpu::wgpu_backend::decode::{
+    RecurrentStepTiles, StateLayout, StatePool, StateSlot, decode_host,
+};
+use gdn_wgpu::wgpu_backend::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, decode_step};
 use gdn_wgpu::{
     DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec,
     reference, relative_l2,
@@ -539,7 +541,7 @@ fn webgpu_default_limits() {
     if gpu().is_none() {
         return;
     }
-    let adapter = pollster::block_on(gpu::list_adapters())
+    let adapter = pollster::block_on(wgpu_backend::list_adapters())
         .into_iter()
         .next()
         .unwrap();
@@ -569,7 +571,7 @@ fn webgpu_default_limits() {
 /// The 16-bit storage dtypes the device takes for decode, with their o tolerances (one
 /// rounding of o to the dtype; the oracle runs on the same rounded inputs).
 fn half_storages(ctx: &Context) -> Vec<Storage> {
-    let available = gpu::decode::decode_storage_dtypes(ctx);
+    let available = wgpu_backend::decode::decode_storage_dtypes(ctx);
     [(DType::BF16, 3e-3), (DType::F16, 5e-4)]
         .into_iter()
         .filter(|(dtype, _)| {
@@ -703,12 +705,12 @@ fn gpu_forward(
 ) -> (GpuTensor, GpuTensor) {
     let gpu_inputs = upload_inputs(ctx, inputs);
     let mut encoder = ctx.create_encoder("test forward");
-    let fwd = gpu::forward(ctx, &mut encoder, p, &gpu_inputs.as_ref()).unwrap();
+    let fwd = wgpu_backend::forward(ctx, &mut encoder, p, &gpu_inputs.as_ref()).unwrap();
     ctx.submit_and_wait(encoder).unwrap();
     (fwd.o, fwd.final_state)
 }
 
-/// Chunked prefill of each sequence's first `prompt[n]` tokens (`gpu::forward`, its final
+/// Chunked prefill of each sequence's first `prompt[n]` tokens (`wgpu_backend::forward`, its final
 /// state copied into the pool), then decode calls of `steps[i]` tokens per sequence; o and the
 /// final states must equal one chunked forward — and the oracle — over the whole sequences.
 /// A sequence with an empty prompt starts its first decode call as `Fresh`.
@@ -1513,7 +1515,7 @@ fn cli_run_decode_bf16_file() {
 /// what the specialized shader declares, for every tiling WebGPU's default limits admit.
 #[test]
 fn workgroup_bytes_cover_the_shader() {
-    use gdn_wgpu::gpu::shaders::{Pass, source};
+    use gdn_wgpu::wgpu_backend::shaders::{Pass, source};
     let text = &source(Pass::RecurrentStep, DType::F32).unwrap().text;
     let module = naga::front::wgsl::parse_str(text).unwrap();
     let info = naga::valid::Validator::new(

@@ -2,7 +2,7 @@
 
 mod common;
 
-use gdn_wgpu::gpu::{self, GpuTensor};
+use gdn_wgpu::wgpu_backend::{self, GpuTensor};
 use gdn_wgpu::{
     DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec,
     check_host_values,
@@ -184,7 +184,7 @@ fn gpu_outputs_and_sizes() {
     let o_bad = GpuTensor::empty(ctx, "o", &[1, 10, 2, 32], DType::F32).unwrap();
     let state = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F32).unwrap();
     let mut enc = ctx.create_encoder("errors");
-    let e = gpu::forward_into(
+    let e = wgpu_backend::forward_into(
         ctx,
         &mut enc,
         &p,
@@ -198,7 +198,7 @@ fn gpu_outputs_and_sizes() {
     assert_names(&e, "o");
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), DType::F32).unwrap();
     let state_f16 = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F16).unwrap();
-    let e = gpu::forward_into(
+    let e = wgpu_backend::forward_into(
         ctx,
         &mut enc,
         &p,

@@ -5,7 +5,7 @@
 mod common;
 
 use common::{F32_TOL, check_forward, dense, forward_errors};
-use gdn_wgpu::gpu::{Context, GpuTensor};
+use gdn_wgpu::wgpu_backend::{Context, GpuTensor};
 use gdn_wgpu::{DType, Options, Problem, RandomSpec};
 
 fn spec(seed: u64) -> RandomSpec {
@@ -221,7 +221,7 @@ fn repeated_runs_are_bitwise_identical() {
 #[test]
 fn workspace_reuse_matches_per_call_scratch() {
     use gdn_wgpu::ForwardOutputs;
-    use gdn_wgpu::gpu::{ForwardWorkspace, forward_into, forward_into_workspace};
+    use gdn_wgpu::wgpu_backend::{ForwardWorkspace, forward_into, forward_into_workspace};
     let Some(ctx) = common::gpu() else { return };
     let options = Options {
         l2norm_qk: true,
@@ -295,7 +295,7 @@ fn workspace_reuse_matches_per_call_scratch() {
 /// g = 0 and g ≈ −20 heads, β near 2, h0 on/off, V-first states, K ≠ V.
 #[test]
 fn sequence_parallel_segments() {
-    use gdn_wgpu::gpu::{ComputePath, ForwardWorkspace, forward_into_workspace};
+    use gdn_wgpu::wgpu_backend::{ComputePath, ForwardWorkspace, forward_into_workspace};
     let Some(ctx) = common::gpu() else { return };
     let d = Options::default();
     let cases = [
@@ -334,7 +334,7 @@ fn sequence_parallel_segments() {
                 eprintln!("{path} not available for {name}: not run");
                 continue;
             }
-            let (tol_o, tol_s) = gdn_wgpu::gpu::path::tolerance(path, DType::F32, false);
+            let (tol_o, tol_s) = gdn_wgpu::wgpu_backend::path::tolerance(path, DType::F32, false);
             for segment_chunks in [1, 2] {
                 for h0 in [true, false] {
                     let s = RandomSpec {
@@ -452,7 +452,7 @@ fn within_webgpu_default_limits_on_a_caller_device() {
     if common::gpu().is_none() {
         return;
     }
-    let adapter = pollster::block_on(gdn_wgpu::gpu::list_adapters())
+    let adapter = pollster::block_on(gdn_wgpu::wgpu_backend::list_adapters())
         .into_iter()
         .next()
         .unwrap();
@@ -504,7 +504,7 @@ fn within_webgpu_default_limits_on_a_caller_device() {
 /// Elsewhere forcing it must be a typed error, which this test checks instead.
 #[test]
 fn coop_matrix_path() {
-    use gdn_wgpu::gpu::ComputePath;
+    use gdn_wgpu::wgpu_backend::ComputePath;
     let Some(ctx) = common::gpu() else { return };
     let d = Options::default();
     let cu = vec![0, 1, 2, 67, 68, 131, 132];
@@ -566,7 +566,7 @@ fn coop_matrix_path() {
         let o = GpuTensor::empty(ctx, "o", &p.v_shape(), DType::F32).unwrap();
         let s = GpuTensor::empty(ctx, "s", &p.state_shape(), DType::F32).unwrap();
         let mut encoder = ctx.create_encoder("coop");
-        let err = gdn_wgpu::gpu::forward_into_with_path(
+        let err = gdn_wgpu::wgpu_backend::forward_into_with_path(
             ctx,
             &mut encoder,
             p,
@@ -614,11 +614,11 @@ fn coop_matrix_path() {
 
 /// The f16-math path (the scalar scan with f16 operands multiplied in f16, f32 accumulation)
 /// against the oracle over the hard cases, every storage dtype and every V-block width, at
-/// `gpu::path::tolerance`. Where the device lacks SHADER_F16, forcing it must be a typed
+/// `wgpu_backend::path::tolerance`. Where the device lacks SHADER_F16, forcing it must be a typed
 /// error; that is also checked everywhere on a device requested without SHADER_F16.
 #[test]
 fn f16_math_path() {
-    use gdn_wgpu::gpu::{ComputePath, path::tolerance};
+    use gdn_wgpu::wgpu_backend::{ComputePath, path::tolerance};
     let Some(ctx) = common::gpu() else { return };
     let force_fails = |ctx: &Context| {
         let p = dense(1, 1, 1, 1, 16, 16);
@@ -627,7 +627,7 @@ fn f16_math_path() {
         let o = GpuTensor::empty(ctx, "o", &p.v_shape(), DType::F32).unwrap();
         let s = GpuTensor::empty(ctx, "s", &p.state_shape(), DType::F32).unwrap();
         let mut encoder = ctx.create_encoder("f16 math");
-        let err = gdn_wgpu::gpu::forward_into_with_path(
+        let err = gdn_wgpu::wgpu_backend::forward_into_with_path(
             ctx,
             &mut encoder,
             &p,
@@ -646,7 +646,7 @@ fn f16_math_path() {
         );
     };
     // A device without SHADER_F16 (any adapter can give one) refuses the forced path.
-    let adapter = pollster::block_on(gdn_wgpu::gpu::list_adapters())
+    let adapter = pollster::block_on(gdn_wgpu::wgpu_backend::list_adapters())
         .into_iter()
         .next()
         .unwrap();

@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use gdn_wgpu::gpu::shaders::{Pass, source};
-use gdn_wgpu::gpu::tuning::{
+use gdn_wgpu::wgpu_backend::shaders::{Pass, source};
+use gdn_wgpu::wgpu_backend::tuning::{
     state_scan_arena_words, state_scan_f16_arena_slots, state_scan_token_slice,
 };
 
@@ -47,7 +47,7 @@ fn constants(pass: Pass) -> Vec<Vec<(&'static str, f64)>> {
                         ("V_BLOCK", bv as f64),
                         (
                             "ARENA",
-                            gdn_wgpu::gpu::backward::scan_arena_words(bv) as f64,
+                            gdn_wgpu::wgpu_backend::backward::scan_arena_words(bv) as f64,
                         ),
                     ]
                 })
@@ -72,7 +72,7 @@ fn constants(pass: Pass) -> Vec<Vec<(&'static str, f64)>> {
                 ..Default::default()
             };
             let problem = gdn_wgpu::Problem::new(1, 1, 1, 1, k, v, None, options).unwrap();
-            gdn_wgpu::gpu::decode::RecurrentStepTiles::candidates(
+            gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles::candidates(
                 &wgpu::Limits::default(),
                 &problem,
             )

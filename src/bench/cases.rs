@@ -5,10 +5,10 @@
 use crate::bench::BenchError;
 use crate::bench::inputs::{gpu_inputs, host_inputs, normal};
 use crate::bench::metrics::Op;
-use crate::gpu::decode::{RecurrentStepTiles, StatePool, StateSlot};
-use crate::gpu::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, GpuTimer, Saved};
 use crate::reference;
 use crate::tensor::{DType, HostTensor};
+use crate::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
+use crate::wgpu_backend::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, GpuTimer, Saved};
 use crate::{ForwardInputs, ForwardOutputs, Problem};
 
 /// A prepared GPU case.
@@ -49,7 +49,7 @@ struct ForwardCase<'a> {
     sets: Vec<ForwardInputs<GpuTensor>>,
     o: GpuTensor,
     state: GpuTensor,
-    workspace: gpu::ForwardWorkspace,
+    workspace: wgpu_backend::ForwardWorkspace,
 }
 
 impl GpuCase for ForwardCase<'_> {
@@ -68,7 +68,7 @@ impl GpuCase for ForwardCase<'_> {
             o: &self.o,
             final_state: &self.state,
         };
-        gpu::forward_into_workspace(
+        wgpu_backend::forward_into_workspace(
             self.ctx,
             encoder,
             &self.problem,
@@ -82,7 +82,7 @@ impl GpuCase for ForwardCase<'_> {
 }
 
 /// The chunked forward into preallocated o and final state, its scratch in a workspace made
-/// once per case (`gpu::forward_into_workspace`), as a serving loop would: allocating ~GBs of
+/// once per case (`wgpu_backend::forward_into_workspace`), as a serving loop would: allocating ~GBs of
 /// scratch per call dominated the host time of large cases.
 pub fn prepare_forward<'a>(
     ctx: &'a Context,
@@ -95,7 +95,7 @@ pub fn prepare_forward<'a>(
         .collect::<crate::Result<Vec<_>>>()?;
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), host.dtype)?;
     let state = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F32)?;
-    let workspace = gpu::ForwardWorkspace::new(ctx, p, host.dtype)?;
+    let workspace = wgpu_backend::ForwardWorkspace::new(ctx, p, host.dtype)?;
     Ok(Box::new(ForwardCase {
         ctx,
         problem: p.clone(),
@@ -124,15 +124,17 @@ impl GpuCase for BackwardCase<'_> {
     ) -> crate::Result<()> {
         let (saved, d_o, dht) = &self.sets[set];
         match timer {
-            Some(t) => gpu::backward_profiled(self.ctx, encoder, saved, d_o, Some(dht), t)?,
-            None => gpu::backward(self.ctx, encoder, saved, d_o, Some(dht))?,
+            Some(t) => {
+                wgpu_backend::backward_profiled(self.ctx, encoder, saved, d_o, Some(dht), t)?
+            }
+            None => wgpu_backend::backward(self.ctx, encoder, saved, d_o, Some(dht))?,
         };
         Ok(())
     }
 }
 
 /// The backward alone: the forward that produces its saved context runs once per input set
-/// during preparation (not timed); each repetition records `gpu::backward` (which allocates
+/// during preparation (not timed); each repetition records `wgpu_backend::backward` (which allocates
 /// its workspace and gradients per call).
 pub fn prepare_backward<'a>(
     ctx: &'a Context,
@@ -147,7 +149,7 @@ pub fn prepare_backward<'a>(
     for _ in 0..sets {
         let inputs = gpu_inputs(ctx, &host.inputs)?;
         let mut encoder = ctx.create_encoder("bench backward setup");
-        let (_, saved) = gpu::forward_saved(ctx, &mut encoder, p, &inputs.as_ref())?;
+        let (_, saved) = wgpu_backend::forward_saved(ctx, &mut encoder, p, &inputs.as_ref())?;
         ctx.submit_and_wait(encoder)?;
         prepared.push((
             saved,
@@ -210,8 +212,10 @@ pub fn prepare_decode(
     let mut plans = Vec::with_capacity(sets);
     for _ in 0..sets {
         let inputs = gpu_inputs(ctx, &step)?;
-        let pool =
-            StatePool::from_tensor(GpuTensor::upload(ctx, "pool", h0)?, gpu::StateLayout::of(p))?;
+        let pool = StatePool::from_tensor(
+            GpuTensor::upload(ctx, "pool", h0)?,
+            wgpu_backend::StateLayout::of(p),
+        )?;
         let o = GpuTensor::empty(ctx, "o", &p.v_shape(), host.dtype)?;
         let outputs = DecodeOutputs {
             o: &o,

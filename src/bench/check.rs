@@ -6,11 +6,11 @@
 use crate::bench::BenchError;
 use crate::bench::inputs::{gpu_inputs, host_inputs, normal};
 use crate::bench::metrics::Op;
-use crate::gpu::decode::{RecurrentStepTiles, StatePool, StateSlot};
-use crate::gpu::path::COOP_V_BLOCK;
-use crate::gpu::{self, ComputePath, Context, DecodeOutputs, DecodePlan, GpuTensor};
 use crate::reference::{self, select_heads};
 use crate::tensor::{DType, relative_l2};
+use crate::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
+use crate::wgpu_backend::path::COOP_V_BLOCK;
+use crate::wgpu_backend::{self, ComputePath, Context, DecodeOutputs, DecodePlan, GpuTensor};
 use crate::{ForwardInputs, ForwardOutputs, Problem};
 
 /// Tokens per sequence of the check shape: two full chunks and a partial one.
@@ -31,7 +31,7 @@ pub fn tolerance(op: Op, dtype: DType) -> f64 {
 }
 
 /// The forward's tolerance on `path`: the coop and f16-math paths round their GEMM operands
-/// to f16 (~5e-4 per rounding; tests/forward.rs asserts `gpu::path::tolerance`), so f32
+/// to f16 (~5e-4 per rounding; tests/forward.rs asserts `wgpu_backend::path::tolerance`), so f32
 /// storage cannot reach the scalar 1e-5.
 pub fn forward_tolerance(dtype: DType, path: ComputePath) -> f64 {
     let storage = tolerance(Op::Forward, dtype);
@@ -172,7 +172,7 @@ pub fn check_forward(
         let o = GpuTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN)?;
         let state = GpuTensor::filled(ctx, "final_state", &p.state_shape(), DType::F32, f32::NAN)?;
         let mut encoder = ctx.create_encoder("bench check forward");
-        gpu::forward_into(
+        wgpu_backend::forward_into(
             ctx,
             &mut encoder,
             p,
@@ -227,7 +227,7 @@ pub fn check_backward(
         let dht = GpuTensor::upload(ctx, "dht", &dht)?;
         let mut encoder = ctx.create_encoder("bench check backward");
         let (_, grads) =
-            gpu::forward_backward(ctx, &mut encoder, p, &gpu.as_ref(), &d_o, Some(&dht))?;
+            wgpu_backend::forward_backward(ctx, &mut encoder, p, &gpu.as_ref(), &d_o, Some(&dht))?;
         ctx.submit_and_wait(encoder)?;
         let down = |t: &GpuTensor| t.download_blocking(ctx).map(|t| t.data);
         let dh0 = grads.dh0.as_ref().map(down).transpose()?;
@@ -313,7 +313,7 @@ pub fn check_decode(
     let gpu = gpu_inputs(ctx, &step)?;
     let pool = StatePool::from_tensor(
         GpuTensor::upload(ctx, "pool", h0)?,
-        crate::gpu::StateLayout::of(p),
+        crate::wgpu_backend::StateLayout::of(p),
     )?;
     let o = GpuTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN)?;
     let slots: Vec<StateSlot> = (0..p.num_sequences() as u32)

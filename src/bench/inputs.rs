@@ -3,9 +3,9 @@
 use rand::{SeedableRng, rngs::SmallRng};
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::gpu::decode::RecurrentStepTiles;
-use crate::gpu::{Context, GpuTensor};
 use crate::tensor::{DType, HostTensor};
+use crate::wgpu_backend::decode::RecurrentStepTiles;
+use crate::wgpu_backend::{Context, GpuTensor};
 use crate::{ForwardInputs, Problem, RandomSpec};
 
 /// Inputs of `problem` from [`RandomSpec`] (q ~ N(0,1), unit-norm k, v ~ N(0,1),
@@ -43,7 +43,7 @@ pub fn gpu_inputs(
     ctx: &Context,
     inputs: &ForwardInputs<HostTensor>,
 ) -> crate::Result<ForwardInputs<GpuTensor>> {
-    crate::gpu::upload_inputs(ctx, &inputs.as_ref())
+    crate::wgpu_backend::upload_inputs(ctx, &inputs.as_ref())
 }
 
 /// A decode tiling in words, for records and messages.

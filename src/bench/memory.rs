@@ -17,8 +17,8 @@ use crate::bench::BenchError;
 use crate::bench::cases::{self, GpuCase, HostCase};
 use crate::bench::metrics::Op;
 use crate::error::Error;
-use crate::gpu::Context;
 use crate::tensor::DType;
+use crate::wgpu_backend::Context;
 
 /// Where `peak_memory_bytes` comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]

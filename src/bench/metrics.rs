@@ -12,9 +12,9 @@
 //! storage dtype (q, k, v, o, do, dq, dk, dv) or f32 (g, β, states, dg, dβ). Intermediates and
 //! re-reads are not counted, so GB/s is a lower bound on the traffic an implementation moves.
 
-use crate::gpu::backward::{saved_bytes, workspace_bytes};
 use crate::problem::{CHUNK, Problem};
 use crate::tensor::DType;
+use crate::wgpu_backend::backward::{saved_bytes, workspace_bytes};
 
 /// Which operation a record measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

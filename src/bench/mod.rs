@@ -33,9 +33,9 @@ pub use report::{Record, Report, Stats, Status};
 pub use shapes::{HeadConfig, SeqSet};
 
 use crate::error::Error;
-use crate::gpu::decode::RecurrentStepTiles;
-use crate::gpu::{ComputePath, Context, GpuTimer};
 use crate::tensor::DType;
+use crate::wgpu_backend::decode::RecurrentStepTiles;
+use crate::wgpu_backend::{ComputePath, Context, GpuTimer};
 use crate::{Options, Problem};
 use cases::{GpuCase, HostCase};
 use report::{AdapterRecord, CheckRecord, PassTime, ShapeRecord};
@@ -495,7 +495,7 @@ fn open_adapter(filter: Option<&str>) -> Result<Context, BenchError> {
     match filter {
         None => Ok(Context::new_blocking()?),
         Some(f) => {
-            let adapters = pollster::block_on(crate::gpu::list_adapters());
+            let adapters = pollster::block_on(crate::wgpu_backend::list_adapters());
             let wanted = f.to_lowercase();
             let adapter = adapters
                 .into_iter()
@@ -791,13 +791,13 @@ fn variant(
             let vb = check::forward_v_block(ctx, p, path);
             let mut name = check::forward_variant_name(path, vb);
             // GDN_SEGMENT_CHUNKS makes every forward sequence-parallel (checked and timed).
-            if let Some(n) = crate::gpu::forward::segment_chunks_from_env()? {
+            if let Some(n) = crate::wgpu_backend::forward::segment_chunks_from_env()? {
                 name.push_str(&format!(", sequence-parallel segments of {n} chunks"));
             }
             (Variant::Forward(path, vb), name, None)
         }
         Op::Backward => {
-            let vb = crate::gpu::backward::scan_v_block(ctx, p)?;
+            let vb = crate::wgpu_backend::backward::scan_v_block(ctx, p)?;
             (
                 Variant::VBlock(vb),
                 format!("backward scans V-block {vb}"),

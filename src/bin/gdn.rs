@@ -11,7 +11,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use gdn_wgpu::error::ShapeList;
 use gdn_wgpu::io::{IntTensor, TensorFile};
 use gdn_wgpu::{
-    DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, gpu, reference,
+    DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, reference,
+    wgpu_backend,
 };
 
 #[derive(Parser)]
@@ -206,8 +207,10 @@ fn run_forward(args: &RunArgs, path: GpuPath) -> Result<(), Failure> {
     let start = Instant::now();
     let outputs = match &engine {
         Engine::Gpu(ctx) => match path {
-            GpuPath::Chunked => gpu::forward_host(ctx, &problem, &inputs.as_ref())?,
-            GpuPath::TokenByToken => gpu::decode::decode_host(ctx, &problem, &inputs.as_ref(), 1)?,
+            GpuPath::Chunked => wgpu_backend::forward_host(ctx, &problem, &inputs.as_ref())?,
+            GpuPath::TokenByToken => {
+                wgpu_backend::decode::decode_host(ctx, &problem, &inputs.as_ref(), 1)?
+            }
         },
         Engine::Cpu => forward_cpu(&problem, &inputs)?,
     };
@@ -247,7 +250,7 @@ fn run_backward(args: &RunArgs) -> Result<(), Failure> {
         why: format!("tensor [B,T,HV,V] (the gradient of o) in {}", file.path()),
     })?;
     let dht = file.float("dht")?;
-    gpu::backward::check_host_gradients(&problem, inputs.v.dtype, &d_o, dht.as_ref())?;
+    wgpu_backend::backward::check_host_gradients(&problem, inputs.v.dtype, &d_o, dht.as_ref())?;
     for name in file.names() {
         if !FORWARD_TENSORS.contains(&name.as_str()) && !BACKWARD_TENSORS.contains(&name.as_str()) {
             eprintln!(
@@ -261,7 +264,7 @@ fn run_backward(args: &RunArgs) -> Result<(), Failure> {
     let start = Instant::now();
     let grads = match &engine {
         Engine::Gpu(ctx) => {
-            gpu::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref())?.1
+            wgpu_backend::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref())?.1
         }
         Engine::Cpu => backward_cpu(&problem, &inputs, &d_o, dht.as_ref())?,
     };
@@ -308,7 +311,7 @@ fn backward_cpu(
     inputs: &ForwardInputs<HostTensor>,
     d_o: &HostTensor,
     dht: Option<&HostTensor>,
-) -> gdn_wgpu::Result<gpu::Gradients<HostTensor>> {
+) -> gdn_wgpu::Result<wgpu_backend::Gradients<HostTensor>> {
     let g = reference::backward(problem, &inputs.as_ref(), d_o, dht)?;
     let narrow = |shape: &[usize], x: Vec<f64>, dtype: DType| {
         HostTensor::new(shape.to_vec(), x.into_iter().map(|x| x as f32).collect()).with_dtype(dtype)
@@ -320,7 +323,7 @@ fn backward_cpu(
         problem.state_shape(),
         [problem.heads_v],
     );
-    Ok(gpu::Gradients {
+    Ok(wgpu_backend::Gradients {
         dq: narrow(&qk, g.dq, inputs.q.dtype),
         dk: narrow(&qk, g.dk, inputs.k.dtype),
         dv: narrow(&v, g.dv, inputs.v.dtype),
@@ -442,13 +445,14 @@ fn forward_cpu(
 
 /// What runs the kernels.
 enum Engine {
-    Gpu(Box<gpu::Context>),
+    Gpu(Box<wgpu_backend::Context>),
     Cpu,
 }
 
 impl Engine {
     fn new(backend: Backend) -> Result<Self, Failure> {
-        let open_gpu = || gpu::Context::new_blocking().map(|ctx| Engine::Gpu(Box::new(ctx)));
+        let open_gpu =
+            || wgpu_backend::Context::new_blocking().map(|ctx| Engine::Gpu(Box::new(ctx)));
         match backend {
             Backend::Cpu => Ok(Engine::Cpu),
             Backend::Wgpu => open_gpu().map_err(Failure::device),
@@ -483,7 +487,7 @@ const FEATURES_OF_INTEREST: [(&str, wgpu::Features); 4] = [
 ];
 
 fn info() -> Result<(), Failure> {
-    let adapters = pollster::block_on(gpu::list_adapters());
+    let adapters = pollster::block_on(wgpu_backend::list_adapters());
     let filter = std::env::var("GDN_ADAPTER")
         .map(|f| format!(" matching GDN_ADAPTER={f:?}"))
         .unwrap_or_default();
@@ -496,7 +500,7 @@ fn info() -> Result<(), Failure> {
         print_adapter(i, adapter);
     }
     println!("kernels on [0] {}:", best.get_info().name);
-    match pollster::block_on(gpu::Context::from_adapter(best.clone())) {
+    match pollster::block_on(wgpu_backend::Context::from_adapter(best.clone())) {
         Ok(ctx) => {
             let tuning = ctx.tuning();
             println!("  workgroup memory: {} bytes", tuning.workgroup_bytes);
@@ -512,9 +516,9 @@ fn info() -> Result<(), Failure> {
             };
             let has_f16 = ctx.features().contains(wgpu::Features::SHADER_F16);
             for (family, pass) in [
-                ("forward", gpu::shaders::Pass::StateScan),
-                ("backward", gpu::shaders::Pass::DhScan),
-                ("decode", gpu::shaders::Pass::RecurrentStep),
+                ("forward", wgpu_backend::shaders::Pass::StateScan),
+                ("backward", wgpu_backend::shaders::Pass::DhScan),
+                ("decode", wgpu_backend::shaders::Pass::RecurrentStep),
             ] {
                 let usable: Vec<DType> = pass
                     .storage_dtypes()

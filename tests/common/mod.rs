@@ -4,7 +4,7 @@
 
 use std::sync::OnceLock;
 
-use gdn_wgpu::gpu::{self, Context, GpuTensor};
+use gdn_wgpu::wgpu_backend::{self, Context, GpuTensor};
 use gdn_wgpu::{
     DType, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec, reference,
     relative_l2,
@@ -34,7 +34,7 @@ pub fn upload_inputs(
     ctx: &Context,
     inputs: &ForwardInputs<HostTensor>,
 ) -> ForwardInputs<GpuTensor> {
-    gpu::upload_inputs(ctx, &inputs.as_ref()).unwrap()
+    wgpu_backend::upload_inputs(ctx, &inputs.as_ref()).unwrap()
 }
 
 /// Errors of one GPU forward against the oracle.
@@ -84,7 +84,7 @@ pub fn forward_errors(ctx: &Context, problem: &Problem, spec: &RandomSpec) -> Er
     let expected = reference::forward(problem, &inputs.as_ref()).unwrap();
     let gpu_inputs = upload_inputs(ctx, &inputs);
     let (o, state, _) = run_poisoned(ctx, problem, DType::F32, |encoder, outputs| {
-        gpu::forward_into(ctx, encoder, problem, &gpu_inputs.as_ref(), outputs)
+        wgpu_backend::forward_into(ctx, encoder, problem, &gpu_inputs.as_ref(), outputs)
     });
     Errors {
         o: relative_l2(&o.data, &expected.o),
@@ -123,7 +123,7 @@ pub fn forward_errors_dtype(
     spec: &RandomSpec,
     dtype: DType,
 ) -> Option<Errors> {
-    forward_errors_path(ctx, problem, spec, dtype, gpu::ComputePath::Scalar)
+    forward_errors_path(ctx, problem, spec, dtype, wgpu_backend::ComputePath::Scalar)
 }
 
 /// [`forward_errors_dtype`] on a given compute path (which must be available).
@@ -132,7 +132,7 @@ pub fn forward_errors_path(
     problem: &Problem,
     spec: &RandomSpec,
     dtype: DType,
-    path: gpu::ComputePath,
+    path: wgpu_backend::ComputePath,
 ) -> Option<Errors> {
     if !ctx.forward_storage_dtypes().contains(&dtype) {
         eprintln!("{dtype} storage not available on this device: not run");
@@ -145,7 +145,14 @@ pub fn forward_errors_path(
     let expected = reference::forward(problem, &inputs.as_ref()).unwrap();
     let gpu_inputs = upload_inputs(ctx, &inputs);
     let (o, state, _) = run_poisoned(ctx, problem, dtype, |encoder, outputs| {
-        gpu::forward_into_with_path(ctx, encoder, problem, &gpu_inputs.as_ref(), outputs, path)
+        wgpu_backend::forward_into_with_path(
+            ctx,
+            encoder,
+            problem,
+            &gpu_inputs.as_ref(),
+            outputs,
+            path,
+        )
     });
     assert_eq!(o.dtype, dtype);
     Some(Errors {

@@ -1,10 +1,10 @@
 //! The demo itself, free of JavaScript: draw a random problem, run the chunked forward
-//! (`gpu::forward`) on the first T tokens and then a few decode steps (`gpu::DecodePlan`, the
+//! (`wgpu_backend::forward`) on the first T tokens and then a few decode steps (`wgpu_backend::DecodePlan`, the
 //! recurrent kernel, one token each) continuing from its final state on the GPU, and check
 //! everything against the f64 oracle over all T + steps tokens. `lib.rs` is the wasm-bindgen
 //! glue around it.
 
-use gdn_wgpu::gpu::{
+use gdn_wgpu::wgpu_backend::{
     self, Context, DecodeOutputs, DecodePlan, GpuTensor, StateLayout, StatePool, StateSlot,
 };
 use gdn_wgpu::reference::{self, select_heads};
@@ -290,7 +290,7 @@ fn sums(values: &[f32]) -> (f64, f64) {
 
 /// The best adapter with the requested limits.
 pub async fn context(default_limits: bool) -> Result<Context> {
-    let adapter = gpu::list_adapters()
+    let adapter = wgpu_backend::list_adapters()
         .await
         .into_iter()
         .next()
@@ -363,7 +363,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     if let Some(t) = &timer {
         t.mark(&mut encoder, 0);
     }
-    let fwd = gpu::forward(ctx, &mut encoder, &prefill, &prefix.inputs(Some(&h0)))?;
+    let fwd = wgpu_backend::forward(ctx, &mut encoder, &prefill, &prefix.inputs(Some(&h0)))?;
     if let Some(t) = &timer {
         t.mark(&mut encoder, 1);
         t.resolve(&mut encoder);

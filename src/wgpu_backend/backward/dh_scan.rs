@@ -1,0 +1,78 @@
+//! Launcher of `shaders/backward/dh_scan.wgsl`: the reverse inter-chunk scan of the state
+//! gradient, writing dh per chunk, dh0, dV' and dv.
+
+use crate::error::Result;
+use crate::wgpu_backend::backward::dh_scan_tiling;
+use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::{Context, GpuTensor};
+
+/// The tensors the reverse scan reads and writes.
+pub struct DhScanBuffers<'a> {
+    pub q: &'a GpuTensor,
+    pub k: &'a GpuTensor,
+    pub gate_beta: &'a GpuTensor,
+    /// `[B·T, HV, 128]` f32: rows of Γ⊙A⊙β, then Γ⊙QKᵀ (the forward's `wy_inverse` output).
+    pub gated: &'a GpuTensor,
+    pub d_o: &'a GpuTensor,
+    /// Segment table: (start token, length, first chunk, sequence) per segment.
+    pub segments: &'a wgpu::Buffer,
+    /// `[chunks + N, HV, K, V]`: dht (or 0) in the tail slots on entry, dh0 there on exit, and
+    /// the gradient w.r.t. each chunk's end state in its slot.
+    pub dstates: &'a GpuTensor,
+    /// `[2, B·T, HV, V]` f32: dV', then dv.
+    pub dvnew_dv: &'a GpuTensor,
+}
+
+/// Record the reverse scan over `num_segments` segments with V-block width `v_block`.
+#[allow(clippy::too_many_arguments)]
+pub fn dh_scan(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    bufs: &DhScanBuffers<'_>,
+    num_segments: usize,
+    heads_v: usize,
+    key_dim: usize,
+    value_dim: usize,
+    v_block: u32,
+) -> Result<()> {
+    let (t_slice, arena) = dh_scan_tiling(v_block, key_dim as u32, ctx.tuning().workgroup_bytes);
+    let constants = [
+        ("K_DIM", key_dim as f64),
+        ("V_BLOCK", v_block as f64),
+        ("ARENA", arena as f64),
+        ("T_SLICE", t_slice as f64),
+    ];
+    let pipeline = ctx
+        .pipelines
+        .get(source(Pass::DhScan, bufs.q.dtype)?, "dh_scan", &constants);
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "dh_scan",
+        &[
+            params,
+            &bufs.q.buffer,
+            &bufs.k.buffer,
+            &bufs.gate_beta.buffer,
+            &bufs.gated.buffer,
+            &bufs.d_o.buffer,
+            bufs.segments,
+            &bufs.dstates.buffer,
+            &bufs.dvnew_dv.buffer,
+        ],
+    );
+    dispatch(
+        encoder,
+        "dh_scan",
+        &pipeline,
+        &bg,
+        (
+            num_segments as u32,
+            heads_v as u32,
+            (value_dim as u32) / v_block,
+        ),
+    );
+    Ok(())
+}

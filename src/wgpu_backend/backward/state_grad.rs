@@ -1,0 +1,61 @@
+//! Launcher of `shaders/backward/state_grad.wgsl`: the dq, dk and gate terms that go through
+//! the chunk-start state and the chunk-end state gradient.
+
+use crate::error::Result;
+use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::{Context, GpuTensor};
+
+/// The tensors the pass reads and writes.
+pub struct StateGradBuffers<'a> {
+    pub d_o: &'a GpuTensor,
+    pub w_vnew: &'a GpuTensor,
+    pub dvnew_dv: &'a GpuTensor,
+    pub states: &'a GpuTensor,
+    pub dstates: &'a GpuTensor,
+    pub gate_beta: &'a GpuTensor,
+    pub chunks: &'a wgpu::Buffer,
+    /// `[B·T, HV, 3K + 1]` f32.
+    pub dqk_parts: &'a GpuTensor,
+}
+
+/// Record the pass over every chunk and v-head.
+pub fn state_grad(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    bufs: &StateGradBuffers<'_>,
+    num_chunks: usize,
+    heads_v: usize,
+    key_dim: usize,
+) -> Result<()> {
+    let pipeline = ctx.pipelines.get(
+        source(Pass::StateGrad, bufs.d_o.dtype)?,
+        "state_grad",
+        &[("K_DIM", key_dim as f64)],
+    );
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "state_grad",
+        &[
+            params,
+            &bufs.d_o.buffer,
+            &bufs.w_vnew.buffer,
+            &bufs.dvnew_dv.buffer,
+            &bufs.states.buffer,
+            &bufs.dstates.buffer,
+            &bufs.gate_beta.buffer,
+            bufs.chunks,
+            &bufs.dqk_parts.buffer,
+        ],
+    );
+    dispatch(
+        encoder,
+        "state_grad",
+        &pipeline,
+        &bg,
+        (num_chunks as u32, heads_v as u32, 1),
+    );
+    Ok(())
+}

@@ -1,0 +1,305 @@
+//! The wgpu context: adapter choice, device, queue, error capture and per-device tuning.
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+use crate::problem::Problem;
+use crate::tensor::DType;
+use crate::wgpu_backend::path::{ComputePath, PathChoice, PathSupport};
+use crate::wgpu_backend::pipelines::{PipelineCache, ShaderChecks};
+use crate::wgpu_backend::tuning::Tuning;
+
+/// A device and queue plus everything the launchers need: capabilities, tile choices and the
+/// pipeline cache. Cheap to share by reference; create one per device.
+pub struct Context {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    /// Adapter description, when known (not for a caller-supplied device without it).
+    pub adapter_info: Option<wgpu::AdapterInfo>,
+    pub(crate) tuning: Tuning,
+    pub(crate) pipelines: PipelineCache,
+    path_support: PathSupport,
+    forced_path: Option<ComputePath>,
+    errors: Arc<Mutex<Vec<String>>>,
+    lost: Arc<Mutex<Option<String>>>,
+}
+
+/// Features the library uses when the adapter has them: timestamps feed `gdn bench`,
+/// SHADER_F16 enables f16 storage, cooperative matrices the coop compute path.
+fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
+    adapter
+        & (wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::SHADER_F16
+            | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+}
+
+/// Ranks adapters: real GPUs before virtual/CPU ones, and Vulkan/Metal/DX12 before GL (GL on
+/// the same hardware lacks features and compiles slowly).
+fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
+    let ty = match info.device_type {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    let backend = match info.backend {
+        wgpu::Backend::Vulkan
+        | wgpu::Backend::Metal
+        | wgpu::Backend::Dx12
+        | wgpu::Backend::BrowserWebGpu => 0,
+        _ => 1,
+    };
+    (backend, ty)
+}
+
+/// Every adapter the instance can see, best first. `GDN_ADAPTER=substring` keeps only adapters
+/// whose name contains it (case-insensitive).
+pub async fn list_adapters() -> Vec<wgpu::Adapter> {
+    let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
+    // GL only when no Vulkan/Metal/DX12 adapter exists: on the same hardware it lacks
+    // features, compiles slowly, and its EGL probing prints noise on headless machines.
+    #[cfg(not(target_arch = "wasm32"))]
+    let mut adapters = match instance.enumerate_adapters(wgpu::Backends::PRIMARY).await {
+        primary if !primary.is_empty() => primary,
+        _ => instance.enumerate_adapters(wgpu::Backends::all()).await,
+    };
+    #[cfg(target_arch = "wasm32")]
+    let mut adapters: Vec<wgpu::Adapter> = instance
+        .request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            ..Default::default()
+        })
+        .await
+        .into_iter()
+        .collect();
+    if let Ok(filter) = std::env::var("GDN_ADAPTER") {
+        let filter = filter.to_lowercase();
+        adapters.retain(|a| a.get_info().name.to_lowercase().contains(&filter));
+    }
+    adapters.sort_by_key(|a| adapter_rank(&a.get_info()));
+    adapters
+}
+
+impl Context {
+    /// A context on the best adapter (see [`list_adapters`]), requesting the adapter's limits
+    /// and the features the library uses.
+    pub async fn new() -> Result<Self> {
+        let adapter = list_adapters().await.into_iter().next().ok_or_else(|| {
+            Error::NoAdapter(
+                "wgpu found no adapter (is a Vulkan/Metal/DX12 driver installed?)".into(),
+            )
+        })?;
+        Self::from_adapter(adapter).await
+    }
+
+    /// [`Context::new`], blocking (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn new_blocking() -> Result<Self> {
+        pollster::block_on(Self::new())
+    }
+
+    /// A context on a given adapter, requesting the adapter's limits.
+    pub async fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
+        // The defaults (16 KiB workgroup memory, 128 MiB bindings) are far below what
+        // desktop GPUs offer; the tile choice adapts to whatever is granted.
+        let limits = adapter.limits();
+        Self::from_adapter_with_limits(adapter, limits).await
+    }
+
+    /// A context on a given adapter with the limits the caller asks for, e.g.
+    /// `wgpu::Limits::default()` (WebGPU's defaults, which every implementation grants): the
+    /// kernels pick their tiles from what the device ends up with.
+    pub async fn from_adapter_with_limits(
+        adapter: wgpu::Adapter,
+        limits: wgpu::Limits,
+    ) -> Result<Self> {
+        let info = adapter.get_info();
+        let features = wanted_features(adapter.features());
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("gdn-wgpu"),
+            required_features: features,
+            required_limits: limits,
+            // SAFETY: the only experimental feature requested is cooperative matrices, used
+            // solely by the coop compute path, whose kernels are checked against the f64 oracle
+            // on the adapters that report it (tests/forward.rs, GDN_REQUIRE_COOP=1).
+            experimental_features: if features
+                .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+            {
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
+            ..Default::default()
+        };
+        let (device, queue) = adapter
+            .request_device(&desc)
+            .await
+            .map_err(|e| Error::RequestDevice(e.to_string()))?;
+        log::debug!("gdn-wgpu: using adapter {} ({:?})", info.name, info.backend);
+        let coop = adapter.cooperative_matrix_properties();
+        let mut ctx = Self::build(device, queue, Some(info))?;
+        ctx.path_support = PathSupport::detect(
+            ctx.features(),
+            &coop,
+            ctx.adapter_info.as_ref(),
+            ctx.limits().max_compute_workgroup_storage_size,
+        );
+        // Errors on a device we own go to the context, never to wgpu's default panic handler.
+        let errors = ctx.errors.clone();
+        ctx.device
+            .on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+                log::debug!("gdn-wgpu: device error: {e}");
+                errors.lock().unwrap().push(e.to_string());
+            }));
+        let lost = ctx.lost.clone();
+        ctx.device.set_device_lost_callback(move |reason, msg| {
+            *lost.lock().unwrap() = Some(format!("{reason:?}: {msg}"));
+        });
+        Ok(ctx)
+    }
+
+    /// A context on the caller's own device and queue. The library uses whatever features and
+    /// limits the device was created with; device errors keep going to the caller's handler.
+    /// The coop compute path needs the adapter's cooperative-matrix list, which a device does
+    /// not carry: such a context runs the scalar path.
+    pub fn from_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter_info: Option<wgpu::AdapterInfo>,
+    ) -> Result<Self> {
+        Self::build(device, queue, adapter_info)
+    }
+
+    fn build(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter_info: Option<wgpu::AdapterInfo>,
+    ) -> Result<Self> {
+        let tuning = Tuning::for_device(&device.limits())?;
+        let pipelines = PipelineCache::new(device.clone(), ShaderChecks::from_env()?);
+        let forced_path = match std::env::var("GDN_COMPUTE_PATH") {
+            Ok(s) => ComputePath::parse_override("GDN_COMPUTE_PATH", &s)?,
+            Err(_) => None,
+        };
+        let path_support = PathSupport::detect(
+            device.features(),
+            &[],
+            adapter_info.as_ref(),
+            device.limits().max_compute_workgroup_storage_size,
+        );
+        Ok(Context {
+            device,
+            queue,
+            adapter_info,
+            tuning,
+            pipelines,
+            path_support,
+            forced_path,
+            errors: Arc::default(),
+            lost: Arc::default(),
+        })
+    }
+
+    pub fn features(&self) -> wgpu::Features {
+        self.device.features()
+    }
+
+    pub fn limits(&self) -> wgpu::Limits {
+        self.device.limits()
+    }
+
+    /// The tile sizes and variants this context's launchers use.
+    pub fn tuning(&self) -> &Tuning {
+        &self.tuning
+    }
+
+    /// Storage dtypes the forward takes on this device: f32 and bf16 everywhere, f16 where the
+    /// device has SHADER_F16.
+    pub fn forward_storage_dtypes(&self) -> Vec<crate::DType> {
+        let f16 = self.features().contains(wgpu::Features::SHADER_F16);
+        crate::wgpu_backend::shaders::FORWARD_STORAGE_DTYPES
+            .into_iter()
+            .filter(|&d| d != crate::DType::F16 || f16)
+            .collect()
+    }
+
+    /// What the device offers for each compute path.
+    pub fn path_support(&self) -> PathSupport {
+        self.path_support
+    }
+
+    /// The forced compute path, if any (from `GDN_COMPUTE_PATH` or [`Self::set_compute_path`]).
+    pub fn forced_compute_path(&self) -> Option<ComputePath> {
+        self.forced_path
+    }
+
+    /// Force a compute path for the forward (`None`: automatic). A forced path the device or
+    /// a problem cannot run makes that forward fail with `Error::Unsupported`.
+    pub fn set_compute_path(&mut self, path: Option<ComputePath>) -> Result<()> {
+        if path == Some(ComputePath::CoopMatrix) && !self.path_support.coop_f16 {
+            return Err(Error::unsupported(
+                "compute path",
+                format!("forcing coop when {}", self.path_support.coop_missing),
+            ));
+        }
+        if path == Some(ComputePath::F16Math) && !self.path_support.f16_math {
+            return Err(Error::unsupported(
+                "compute path",
+                format!("forcing f16 when {}", self.path_support.f16_missing),
+            ));
+        }
+        self.forced_path = path;
+        Ok(())
+    }
+
+    /// The path the forward takes for `problem` with storage `dtype`, and why.
+    pub fn forward_path(&self, problem: &Problem, dtype: DType) -> Result<PathChoice> {
+        self.path_support.choose(problem, dtype, self.forced_path)
+    }
+
+    /// Pipelines compiled so far (cached by source, entry point and constants).
+    pub fn compiled_pipelines(&self) -> usize {
+        self.pipelines.len()
+    }
+
+    /// Change tile choices (e.g. force a V-block width to test or benchmark each variant).
+    pub fn tuning_mut(&mut self) -> &mut Tuning {
+        &mut self.tuning
+    }
+
+    /// Reports (and clears) device errors seen since the last check, and device loss.
+    pub fn check(&self) -> Result<()> {
+        if let Some(msg) = self.lost.lock().unwrap().clone() {
+            return Err(Error::DeviceLost(msg));
+        }
+        let mut errors = self.errors.lock().unwrap();
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            let all = errors.join("; ");
+            errors.clear();
+            Err(Error::Gpu(all))
+        }
+    }
+
+    /// Submit `encoder` and block until the GPU has finished it (native), then report device
+    /// errors. For examples and host helpers; launchers never call it.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn submit_and_wait(&self, encoder: wgpu::CommandEncoder) -> Result<()> {
+        let index = self.queue.submit(Some(encoder.finish()));
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+        self.check()
+    }
+
+    pub fn create_encoder(&self, label: &str) -> wgpu::CommandEncoder {
+        self.device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })
+    }
+}

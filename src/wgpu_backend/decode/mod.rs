@@ -1,0 +1,286 @@
+//! Inference on wgpu: decode steps and multi-token verification over an in-place state pool.
+//!
+//! A server keeps one f32 state per request in a [`StatePool`] (`[P, HV, K, V]` or V-first)
+//! and, per step, runs B sequences × T new tokens (T = 1 to decode, a few more to verify
+//! speculative drafts; or `cu_seqlens` for differing lengths) through the recurrent kernel
+//! `recurrent_step`, which reads each sequence's state from its slot once, walks its tokens in
+//! FLA's order and writes the state back once. Every forward option applies; q, k, v and o may
+//! be stored as f32, bf16 or f16 ([`decode_storage_dtypes`]), the state is always f32.
+//!
+//! - Each sequence names a [`StateSlot`]: `Resume(s)` continues slot s in place, `Fresh(s)`
+//!   starts from zero and leaves its state in slot s, `Padding` starts from zero and writes no
+//!   state. Slots are validated on the host (in range, no slot written twice) before anything
+//!   is recorded, so bad input never touches the pool.
+//! - [`DecodeOutputs::per_token_states`] also writes the state after every token
+//!   (`[B·T, HV, ..]`), so a server verifying T draft tokens that accepts only k of them copies
+//!   entry `start + k − 1` back with [`StatePool::copy_into_slot`].
+//! - Prefill → decode: run [`wgpu_backend::forward`](crate::wgpu_backend::forward) over the prompt and copy its
+//!   `final_state` into the pool with [`StatePool::copy_into_slot`].
+//! - Hot path: build a [`DecodePlan`] once and call [`DecodePlan::record`] per step (one
+//!   compute pass, no allocation); [`decode_step`] builds a plan per call.
+
+mod pool;
+mod recurrent_step;
+
+pub use pool::{StateLayout, StatePool, StateSlot, check_slots};
+pub use recurrent_step::{
+    DecodeOutputs, DecodePlan, MAX_VEC4S_PER_THREAD, MAX_WORKGROUP, RecurrentStepTiles,
+    TABLE_WORDS, max_sequences,
+};
+
+use crate::error::{Error, Result};
+use crate::problem::{ForwardInputs, Problem};
+use crate::tensor::{DType, TensorMeta};
+use crate::wgpu_backend::shaders::Pass;
+use crate::wgpu_backend::{Context, GpuTensor};
+
+/// Record one decode (or verification) call: every sequence of `problem` continues from its
+/// slot's state (see [`StateSlot`]) over its tokens, writing o and the new states in place.
+/// `inputs.initial_state` must be `None`: the states come from the pool.
+///
+/// Precondition (not checked: it would need a readback): without `gate_in_kernel`, every g is
+/// ≤ 0 and finite. Builds a [`DecodePlan`] per call; decode loops should keep a plan.
+pub fn decode_step(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    pool: &StatePool,
+    slots: &[StateSlot],
+    outputs: &DecodeOutputs<'_>,
+) -> Result<()> {
+    DecodePlan::new(ctx, problem, inputs, pool, slots, outputs)?.record(encoder);
+    Ok(())
+}
+
+/// Storage dtypes of q, k, v (and o) the decode kernel takes on this device: f32 and bf16
+/// (packed in u32 words) everywhere, f16 where the device has SHADER_F16. The state is f32.
+pub fn decode_storage_dtypes(ctx: &Context) -> Vec<DType> {
+    let f16 = ctx.features().contains(wgpu::Features::SHADER_F16);
+    Pass::RecurrentStep
+        .storage_dtypes()
+        .iter()
+        .copied()
+        .filter(|&d| d != DType::F16 || f16)
+        .collect()
+}
+
+/// Everything a decode call checks before recording: inputs like the forward's, the pool's
+/// layout and shape, the slots, the outputs and the device limits the kernel relies on.
+pub(crate) fn check_decode(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    pool: &StatePool,
+    slots: &[StateSlot],
+    outputs: &DecodeOutputs<'_>,
+) -> Result<()> {
+    problem.check_inputs(inputs, &decode_storage_dtypes(ctx))?;
+    if inputs.initial_state.is_some() {
+        return Err(Error::value(
+            "initial_state",
+            "none: decode starts from the pool's slots",
+            "a tensor",
+        ));
+    }
+    pool.check_fits(problem)?;
+    let sequences = problem.num_sequences();
+    let most = max_sequences(problem.heads_v);
+    if sequences > most {
+        return Err(Error::value(
+            "slots",
+            format!("at most {most} sequences per decode call (the 64 KiB uniform tables)"),
+            sequences,
+        ));
+    }
+    check_slots(slots, sequences, pool.slots())?;
+
+    let o = outputs.o;
+    if o.shape() != problem.v_shape() {
+        return Err(Error::shape("o", &problem.v_shape(), o.shape()));
+    }
+    if o.dtype != inputs.v.dtype {
+        return Err(Error::DType {
+            name: "o".into(),
+            expected: format!("{} (the dtype of v)", inputs.v.dtype),
+            got: o.dtype.to_string(),
+        });
+    }
+    if let Some(states) = outputs.per_token_states {
+        let [a, b] = StateLayout::of(problem).inner_shape(problem.key_dim, problem.value_dim);
+        let expected = [problem.total_tokens(), problem.heads_v, a, b];
+        if states.shape() != expected {
+            return Err(Error::shape("per_token_states", &expected, states.shape()));
+        }
+        if states.dtype != DType::F32 {
+            return Err(Error::DType {
+                name: "per_token_states".into(),
+                expected: "F32".into(),
+                got: states.dtype.to_string(),
+            });
+        }
+    }
+
+    let limits = ctx.limits();
+    let per_dim = limits.max_compute_workgroups_per_dimension as usize;
+    for (name, count) in [("heads_v (HV)", problem.heads_v), ("slots", sequences)] {
+        if count > per_dim {
+            return Err(Error::value(
+                name,
+                format!("at most {per_dim} (max_compute_workgroups_per_dimension)"),
+                count,
+            ));
+        }
+    }
+    let table_bytes = 4 * TABLE_WORDS as u64;
+    if limits.max_uniform_buffer_binding_size < table_bytes {
+        return Err(Error::unsupported(
+            "device",
+            format!("a max_uniform_buffer_binding_size below {table_bytes} bytes"),
+        ));
+    }
+    Ok(())
+}
+
+/// Run `problem` through the recurrent kernel `tokens_per_step` tokens at a time per
+/// sequence — each step a decode call over a pool of N slots seeded with `initial_state`
+/// (or fresh) — wait, and download o and the final states (the pool). Checks host values
+/// first. The path of `gdn run decode`; a convenience, not a hot path (one submit per step).
+#[cfg(not(target_arch = "wasm32"))]
+pub fn decode_host(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&crate::HostTensor>,
+    tokens_per_step: usize,
+) -> Result<crate::ForwardOutputs<crate::HostTensor>> {
+    use crate::HostTensor;
+
+    problem.check_inputs(inputs, &decode_storage_dtypes(ctx))?;
+    crate::problem::check_host_values(problem, inputs)?;
+    if tokens_per_step == 0 {
+        return Err(Error::value("tokens_per_step", "at least 1", 0));
+    }
+    let p = problem;
+    let layout = StateLayout::of(p);
+    let pool = match inputs.initial_state {
+        Some(h0) => StatePool::from_tensor(GpuTensor::upload(ctx, "state pool", h0)?, layout)?,
+        None => StatePool::for_problem(ctx, p, p.num_sequences())?,
+    };
+    let o = GpuTensor::empty(ctx, "o", &p.v_shape(), inputs.v.dtype)?;
+    let a_log = inputs
+        .a_log
+        .map(|t| GpuTensor::upload(ctx, "A_log", t))
+        .transpose()?;
+    let dt_bias = inputs
+        .dt_bias
+        .map(|t| GpuTensor::upload(ctx, "dt_bias", t))
+        .transpose()?;
+
+    let sequences = p.sequences();
+    let longest = sequences.iter().map(|s| s.len()).max().unwrap_or(0);
+    let o_row_bytes = (p.heads_v * p.value_dim * inputs.v.dtype.size()) as u64;
+    for step in (0..longest).step_by(tokens_per_step) {
+        let tokens: Vec<std::ops::Range<usize>> = sequences
+            .iter()
+            .map(|s| {
+                let first = (s.start + step).min(s.end);
+                first..(first + tokens_per_step).min(s.end)
+            })
+            .collect();
+        let mut cu = vec![0];
+        for r in &tokens {
+            cu.push(cu.last().unwrap() + r.len());
+        }
+        let total = *cu.last().unwrap();
+        let step_problem = Problem::new(
+            1,
+            total,
+            p.heads_qk,
+            p.heads_v,
+            p.key_dim,
+            p.value_dim,
+            Some(cu.clone()),
+            p.options,
+        )?;
+        let gather = |name: &str, t: &HostTensor, shape: Vec<usize>| {
+            let row = t.len() / p.total_tokens();
+            let data: Vec<f32> = tokens
+                .iter()
+                .flat_map(|r| t.data[r.start * row..r.end * row].iter().copied())
+                .collect();
+            GpuTensor::from_values(ctx, name, &shape, t.dtype, &data)
+        };
+        let (qk, v_shape, gate) = (
+            step_problem.qk_shape().to_vec(),
+            step_problem.v_shape().to_vec(),
+            step_problem.gate_shape().to_vec(),
+        );
+        let (q, k, v) = (
+            gather("q", inputs.q, qk.clone())?,
+            gather("k", inputs.k, qk)?,
+            gather("v", inputs.v, v_shape.clone())?,
+        );
+        let (g, beta) = (
+            gather("g", inputs.g, gate.clone())?,
+            gather("beta", inputs.beta, gate)?,
+        );
+        let step_inputs = ForwardInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+            initial_state: None,
+            a_log: a_log.as_ref(),
+            dt_bias: dt_bias.as_ref(),
+        };
+        let slots: Vec<StateSlot> = tokens
+            .iter()
+            .enumerate()
+            .map(
+                |(n, r)| match (r.is_empty(), step == 0 && inputs.initial_state.is_none()) {
+                    (true, _) => StateSlot::Padding,
+                    (false, true) => StateSlot::Fresh(n as u32),
+                    (false, false) => StateSlot::Resume(n as u32),
+                },
+            )
+            .collect();
+        let step_o = GpuTensor::empty(ctx, "o of a step", &v_shape, inputs.v.dtype)?;
+        let mut encoder = ctx.create_encoder("gdn decode step");
+        let outputs = DecodeOutputs {
+            o: &step_o,
+            per_token_states: None,
+        };
+        decode_step(
+            ctx,
+            &mut encoder,
+            &step_problem,
+            &step_inputs,
+            &pool,
+            &slots,
+            &outputs,
+        )?;
+        for (n, r) in tokens.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
+            let bytes = r.len() as u64 * o_row_bytes;
+            encoder.copy_buffer_to_buffer(
+                &step_o.buffer,
+                cu[n] as u64 * o_row_bytes,
+                &o.buffer,
+                r.start as u64 * o_row_bytes,
+                bytes,
+            );
+        }
+        ctx.queue.submit([encoder.finish()]);
+    }
+    ctx.device
+        .poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        })
+        .map_err(|e| Error::Gpu(e.to_string()))?;
+    ctx.check()?;
+    Ok(crate::ForwardOutputs {
+        o: o.download_blocking(ctx)?,
+        final_state: pool.tensor().download_blocking(ctx)?,
+    })
+}

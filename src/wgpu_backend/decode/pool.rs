@@ -1,0 +1,294 @@
+//! The state pool of a server: `[P, HV, K, V]` (or V-first) f32 states addressed by slot, and
+//! the typed slot each sequence of a decode call uses.
+
+use crate::error::{Error, Result};
+use crate::problem::Problem;
+use crate::tensor::{DType, TensorMeta};
+use crate::wgpu_backend::{Context, GpuTensor};
+
+/// How a state is laid out: `[K, V]` (FLA's default) or `[V, K]` (`state_v_first`).
+///
+/// A pool records its layout because with K = V the shapes cannot tell them apart, and
+/// computing with Sᵀ gives plausible-looking wrong answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateLayout {
+    KFirst,
+    VFirst,
+}
+
+impl StateLayout {
+    /// The layout a problem's options ask for.
+    pub fn of(problem: &Problem) -> Self {
+        if problem.options.state_v_first {
+            StateLayout::VFirst
+        } else {
+            StateLayout::KFirst
+        }
+    }
+
+    /// The two inner dimensions of a state in this layout.
+    pub fn inner_shape(self, key_dim: usize, value_dim: usize) -> [usize; 2] {
+        match self {
+            StateLayout::KFirst => [key_dim, value_dim],
+            StateLayout::VFirst => [value_dim, key_dim],
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            StateLayout::KFirst => "K-first [P, HV, K, V]",
+            StateLayout::VFirst => "V-first [P, HV, V, K]",
+        }
+    }
+}
+
+/// What one sequence of a decode call does with the pool.
+///
+/// Serving engines allocate a slot when they admit a request and keep it until the request
+/// ends; a new request's slot holds a stale state, so "start from zero" is a property of the
+/// call, not of the slot. Padding lets a prepared [`DecodePlan`](super::DecodePlan) keep a
+/// fixed batch size while fewer sequences are active (as CUDA-graph servers pad their batches).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StateSlot {
+    /// Continue from the state in this pool slot; the new state replaces it (in place).
+    Resume(u32),
+    /// Start from a zero state, ignoring the slot's content; the new state is written there.
+    Fresh(u32),
+    /// Start from a zero state and write nothing to the pool (o is still written).
+    Padding,
+}
+
+impl StateSlot {
+    /// vLLM-style slot indices: `i ≥ 0` resumes slot `i`, a negative index (their
+    /// `PAD_SLOT_ID = -1`) is padding: a zero state that is not written back.
+    pub fn from_index(index: i32) -> Self {
+        if index >= 0 {
+            StateSlot::Resume(index as u32)
+        } else {
+            StateSlot::Padding
+        }
+    }
+
+    /// The pool slot written, if any.
+    pub fn slot(self) -> Option<u32> {
+        match self {
+            StateSlot::Resume(s) | StateSlot::Fresh(s) => Some(s),
+            StateSlot::Padding => None,
+        }
+    }
+
+    /// The code the kernel reads (see `shaders/decode/recurrent_step.wgsl`): `s` resumes,
+    /// `-1` is padding, `-2 - s` starts slot `s` from zero.
+    pub(crate) fn code(self) -> i32 {
+        match self {
+            StateSlot::Resume(s) => s as i32,
+            StateSlot::Fresh(s) => -2 - s as i32,
+            StateSlot::Padding => -1,
+        }
+    }
+}
+
+/// Check slots against a pool of `pool_slots` slots and `sequences` sequences: one per
+/// sequence, in range, and no pool slot written twice (workgroups would race on it).
+pub fn check_slots(slots: &[StateSlot], sequences: usize, pool_slots: usize) -> Result<()> {
+    if slots.len() != sequences {
+        return Err(Error::value(
+            "slots",
+            format!("one slot per sequence (N = {sequences})"),
+            format!("{} slots", slots.len()),
+        ));
+    }
+    let mut owner: Vec<Option<usize>> = vec![None; pool_slots];
+    for (n, s) in slots.iter().enumerate() {
+        let Some(slot) = s.slot() else { continue };
+        let slot = slot as usize;
+        if slot >= pool_slots {
+            return Err(Error::value(
+                "slots",
+                format!("pool slots in 0..{pool_slots} (the pool's P)"),
+                format!("slot {slot} for sequence {n}"),
+            ));
+        }
+        if let Some(first) = owner[slot] {
+            return Err(Error::value(
+                "slots",
+                "a different pool slot for every sequence of a call",
+                format!("slot {slot} for sequences {first} and {n}"),
+            ));
+        }
+        owner[slot] = Some(n);
+    }
+    Ok(())
+}
+
+/// A pool of f32 states `[P, HV, K, V]` (or `[P, HV, V, K]`) that decode calls update in place.
+#[derive(Debug, Clone)]
+pub struct StatePool {
+    states: GpuTensor,
+    layout: StateLayout,
+}
+
+impl StatePool {
+    /// A zeroed pool of `slots` states.
+    pub fn zeros(
+        ctx: &Context,
+        slots: usize,
+        heads_v: usize,
+        key_dim: usize,
+        value_dim: usize,
+        layout: StateLayout,
+    ) -> Result<Self> {
+        if slots == 0 {
+            return Err(Error::value("pool", "at least one slot", 0));
+        }
+        let [a, b] = layout.inner_shape(key_dim, value_dim);
+        let states = GpuTensor::empty(ctx, "state pool", &[slots, heads_v, a, b], DType::F32)?;
+        Ok(StatePool { states, layout })
+    }
+
+    /// A zeroed pool of `slots` states shaped and laid out for `problem`.
+    pub fn for_problem(ctx: &Context, problem: &Problem, slots: usize) -> Result<Self> {
+        Self::zeros(
+            ctx,
+            slots,
+            problem.heads_v,
+            problem.key_dim,
+            problem.value_dim,
+            StateLayout::of(problem),
+        )
+    }
+
+    /// A pool over an existing f32 tensor `[P, HV, a, b]` holding states in `layout`.
+    pub fn from_tensor(states: GpuTensor, layout: StateLayout) -> Result<Self> {
+        if states.shape.len() != 4 || states.shape[0] == 0 {
+            return Err(Error::Shape {
+                name: "pool".into(),
+                expected: format!("{} with P ≥ 1", layout.describe()),
+                got: crate::error::ShapeList(states.shape.clone()),
+            });
+        }
+        if states.dtype != DType::F32 {
+            return Err(Error::DType {
+                name: "pool".into(),
+                expected: "F32".into(),
+                got: states.dtype.to_string(),
+            });
+        }
+        Ok(StatePool { states, layout })
+    }
+
+    pub fn tensor(&self) -> &GpuTensor {
+        &self.states
+    }
+
+    pub fn layout(&self) -> StateLayout {
+        self.layout
+    }
+
+    /// P, the number of slots.
+    pub fn slots(&self) -> usize {
+        self.states.shape[0]
+    }
+
+    /// Bytes of one slot (all v-heads).
+    pub fn slot_bytes(&self) -> u64 {
+        self.states.bytes() / self.slots() as u64
+    }
+
+    /// Check that the pool fits `problem`: same layout, HV, K and V.
+    pub fn check_fits(&self, problem: &Problem) -> Result<()> {
+        let wanted = StateLayout::of(problem);
+        if self.layout != wanted {
+            return Err(Error::value(
+                "pool",
+                format!("a {} pool (the problem's state layout)", wanted.describe()),
+                format!("a {} pool", self.layout.describe()),
+            ));
+        }
+        let [a, b] = wanted.inner_shape(problem.key_dim, problem.value_dim);
+        let expected = [self.slots(), problem.heads_v, a, b];
+        if self.states.shape() != expected {
+            return Err(Error::shape("pool", &expected, self.states.shape()));
+        }
+        Ok(())
+    }
+
+    /// Record a copy of entry `entry` of `states` (e.g. a prefill's `final_state`, shaped
+    /// `[N, HV, ..]` in the pool's layout) into pool slot `slot`.
+    pub fn copy_into_slot(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        states: &GpuTensor,
+        entry: usize,
+        slot: usize,
+    ) -> Result<()> {
+        self.check_entry("states", states, entry, slot)?;
+        let bytes = self.slot_bytes();
+        encoder.copy_buffer_to_buffer(
+            &states.buffer,
+            entry as u64 * bytes,
+            &self.states.buffer,
+            slot as u64 * bytes,
+            bytes,
+        );
+        Ok(())
+    }
+
+    /// Record a copy of pool slot `slot` into entry `entry` of `states` (e.g. to download it,
+    /// or as the `initial_state` of a chunked forward).
+    pub fn copy_from_slot(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        slot: usize,
+        states: &GpuTensor,
+        entry: usize,
+    ) -> Result<()> {
+        self.check_entry("states", states, entry, slot)?;
+        let bytes = self.slot_bytes();
+        encoder.copy_buffer_to_buffer(
+            &self.states.buffer,
+            slot as u64 * bytes,
+            &states.buffer,
+            entry as u64 * bytes,
+            bytes,
+        );
+        Ok(())
+    }
+
+    fn check_entry(&self, name: &str, states: &GpuTensor, entry: usize, slot: usize) -> Result<()> {
+        let inner = &self.states.shape[1..];
+        if states.dtype != DType::F32 {
+            return Err(Error::DType {
+                name: name.into(),
+                expected: "F32".into(),
+                got: states.dtype.to_string(),
+            });
+        }
+        if states.shape.len() != 4 || &states.shape[1..] != inner {
+            let expected = format!(
+                "[N, {}, {}, {}] (the pool's layout)",
+                inner[0], inner[1], inner[2]
+            );
+            return Err(Error::Shape {
+                name: name.into(),
+                expected,
+                got: crate::error::ShapeList(states.shape.clone()),
+            });
+        }
+        if entry >= states.shape[0] {
+            return Err(Error::value(
+                name,
+                format!("an entry in 0..{}", states.shape[0]),
+                entry,
+            ));
+        }
+        if slot >= self.slots() {
+            return Err(Error::value(
+                "slot",
+                format!("a pool slot in 0..{}", self.slots()),
+                slot,
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,399 @@
+//! Launcher of `shaders/decode/recurrent_step.wgsl`: the token-by-token recurrence over a
+//! state pool. A [`DecodePlan`] holds everything a step needs (pipeline, bind group, uniform
+//! tables), so recording a step is one compute pass: the decode hot path allocates nothing.
+
+use wgpu::util::DeviceExt;
+
+use crate::error::{Error, Result};
+use crate::problem::{ForwardInputs, Problem};
+use crate::wgpu_backend::decode::pool::{StatePool, StateSlot, check_slots};
+use crate::wgpu_backend::params::{Params, bind};
+use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::{Context, GpuTensor};
+
+/// u32 words of the kernel's uniform `tables` (64 KiB: WebGPU's default uniform binding size).
+pub const TABLE_WORDS: usize = 16384;
+/// vec4 registers of state per invocation: the kernel's eight named quads of four.
+pub const MAX_VEC4S_PER_THREAD: u32 = 32;
+/// Largest workgroup the tile choice uses (every WebGPU device allows 256).
+pub const MAX_WORKGROUP: u32 = 256;
+/// Words of a k (q) row one invocation stages per token (the kernel's named registers).
+const MAX_STAGE: u32 = 8;
+
+/// The largest number of sequences one call can address: the tables hold N + 1 token
+/// starts, N slot codes and A_log, dt_bias (HV each).
+pub fn max_sequences(heads_v: usize) -> usize {
+    (TABLE_WORDS - 1).saturating_sub(2 * heads_v) / 2
+}
+
+/// The outputs of a decode call.
+#[derive(Debug, Clone, Copy)]
+pub struct DecodeOutputs<'a> {
+    /// `[B, T, HV, V]`, in the dtype of v.
+    pub o: &'a GpuTensor,
+    /// `[B·T, HV, K, V]` (the pool's layout), f32: the state after every token, so a server
+    /// can accept the first k of T draft tokens. `None` skips the extra writes.
+    pub per_token_states: Option<&'a GpuTensor>,
+}
+
+/// Tile sizes of `recurrent_step` (WGSL override constants): a workgroup owns a K × `v_block`
+/// state slice, an invocation `vec4s_per_thread` vec4s of it; see the shader's header.
+///
+/// K-first: invocations are `row_vecs = v_block / 4` (one vec4 column each) × `row_lanes =
+/// K / vec4s_per_thread` (k rows `row_lane + row_lanes·r`). V-first: `row_lanes = v_block`
+/// (one v row each) × `row_vecs = K / (4·vec4s_per_thread)` (vec4s `lane_vec + row_vecs·r` of
+/// the row along k).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecurrentStepTiles {
+    pub v_block: u32,
+    /// Invocations along the slice's non-contiguous axis (k rows for K-first, v rows for
+    /// V-first).
+    pub row_lanes: u32,
+    /// Invocations along the storage-contiguous axis, one vec4 wide each.
+    pub row_vecs: u32,
+    /// vec4 registers of state per invocation.
+    pub vec4s_per_thread: u32,
+    pub v_first: bool,
+    key_dim: u32,
+}
+
+impl RecurrentStepTiles {
+    /// The tiling with `vec4s` registers per invocation, if it exists and fits the kernel.
+    fn new(key_dim: u32, v_block: u32, vec4s: u32, v_first: bool) -> Option<Self> {
+        if !v_block.is_multiple_of(4) || vec4s == 0 || vec4s > MAX_VEC4S_PER_THREAD {
+            return None;
+        }
+        let (row_vecs, row_lanes) = if v_first {
+            let row = key_dim / 4;
+            if !row.is_multiple_of(vec4s) {
+                return None;
+            }
+            (row / vec4s, v_block)
+        } else {
+            if !key_dim.is_multiple_of(vec4s) {
+                return None;
+            }
+            (v_block / 4, key_dim / vec4s)
+        };
+        let tiles = RecurrentStepTiles {
+            v_block,
+            row_lanes,
+            row_vecs,
+            vec4s_per_thread: vec4s,
+            v_first,
+            key_dim,
+        };
+        (tiles.workgroup() <= MAX_WORKGROUP && tiles.stage() <= MAX_STAGE).then_some(tiles)
+    }
+
+    /// Invocations per workgroup.
+    pub fn workgroup(&self) -> u32 {
+        self.row_vecs * self.row_lanes
+    }
+
+    /// Partial sums per result of the per-token reduction.
+    fn lanes(&self) -> u32 {
+        if self.v_first {
+            self.row_vecs
+        } else {
+            self.row_lanes
+        }
+    }
+
+    /// Elements of a k (q) row each invocation stages per token (f32: one per word).
+    fn stage(&self) -> u32 {
+        self.key_dim.div_ceil(self.workgroup())
+    }
+
+    /// vec4s of the per-invocation b partials (K-first only; the array needs one entry).
+    fn pb_vec4s(&self) -> u32 {
+        if self.v_first { 1 } else { self.workgroup() }
+    }
+
+    /// Bytes of workgroup memory: k of two tokens and q (vec4s), the a, b partials per
+    /// invocation and (Σk², Σq², k·q) per reduction lane.
+    pub fn workgroup_bytes(&self) -> u32 {
+        16 * (3 * self.key_dim / 4 + self.workgroup() + self.pb_vec4s() + self.lanes())
+    }
+
+    /// Every tiling of `problem` the device fits, for tests and benchmarks: V-blocks of 4 to
+    /// 128 columns and 1 to 32 vec4s per invocation (powers of two).
+    pub fn candidates(limits: &wgpu::Limits, problem: &Problem) -> Vec<Self> {
+        let (k, v) = (problem.key_dim as u32, problem.value_dim as u32);
+        let v_first = problem.options.state_v_first;
+        let max_wg = MAX_WORKGROUP
+            .min(limits.max_compute_invocations_per_workgroup)
+            .min(limits.max_compute_workgroup_size_x);
+        let mut out = Vec::new();
+        for v_block in [4u32, 8, 16, 32, 64, 128] {
+            if v % v_block != 0 {
+                continue;
+            }
+            for vec4s in (0..6).map(|i| 1u32 << i) {
+                let Some(t) = Self::new(k, v_block, vec4s, v_first) else {
+                    continue;
+                };
+                if t.workgroup() <= max_wg
+                    && t.workgroup_bytes() <= limits.max_compute_workgroup_storage_size
+                {
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+
+    /// The default tiling. Decode moves every state byte once in and once out with ~2 FLOPs
+    /// per byte, so it is bound by memory bandwidth, and what matters is how many bytes each
+    /// SM keeps in flight and how short a workgroup's life is beyond its one memory latency:
+    /// - 16 vec4s (64 registers) of state per invocation when the state is large (≥ 16 MiB,
+    ///   e.g. B = 256, HV = 32, K = V = 128): most of the register file then holds state in
+    ///   flight, and per-invocation overheads (staging, the partial sums — K / 16 = 8 lanes
+    ///   at K = 128 — addresses) are spread over 256 B. 32 would leave too few invocations
+    ///   per SM to overlap one workgroup's reduction with another's loads, 8 doubles the
+    ///   reduction lanes for the same bytes.
+    /// - 8 when the state is small (B = 1): all of it is one wave of loads; more invocations
+    ///   with fewer registers each spread it over more SMs.
+    /// - Workgroups near 128 invocations; K-first V-blocks of ≥ 32 columns (a warp reads
+    ///   128-byte row segments, full cache lines), V-first ≥ 4 invocations along a row (64 B);
+    ///   when the grid would have fewer than ~256 workgroups, narrower V-blocks to spread
+    ///   over the SMs.
+    pub fn choose(limits: &wgpu::Limits, problem: &Problem) -> Result<Self> {
+        let total_vec4s =
+            problem.num_sequences() * problem.heads_v * problem.key_dim * problem.value_dim / 4;
+        let large = total_vec4s >= 1 << 20;
+        let target = if large { 16.0 } else { 8.0 };
+        // Measured on the H200 (B=256, HV=32, K=V=128, K-first): 16 vec4s per invocation in
+        // workgroups of 256 (V-block 128) ran 300 µs per step (3.58 TB/s) against 318 µs
+        // (3.38 TB/s) in workgroups of 128 (V-block 64); B=1 preferred small workgroups.
+        // V-first has not been measured with this kernel yet: it keeps 128.
+        let wg_target = if large && !problem.options.state_v_first {
+            256.0
+        } else {
+            128.0
+        };
+        let blocks = problem.num_sequences() * problem.heads_v;
+        let score = |t: &Self| {
+            let registers = (t.vec4s_per_thread as f64 / target).log2().abs();
+            let size = (t.workgroup() as f64 / wg_target).log2().abs();
+            let short_rows = match t.v_first {
+                false if t.row_vecs < 8 => 0.5,
+                true if t.row_vecs < 4 => 0.5,
+                _ => 0.0,
+            };
+            let grid = (blocks * problem.value_dim / t.v_block as usize) as f64;
+            let few = (256.0 / grid).log2().max(0.0);
+            registers + 0.5 * size + short_rows + 0.5 * few
+        };
+        Self::candidates(limits, problem)
+            .into_iter()
+            .min_by(|a, b| score(a).total_cmp(&score(b)))
+            .ok_or_else(|| {
+                Error::unsupported(
+                    "device",
+                    format!(
+                        "no decode tiling for K = {} within the workgroup limits",
+                        problem.key_dim
+                    ),
+                )
+            })
+    }
+
+    /// The pipeline's override constants (public so the shader tests specialize every tiling).
+    pub fn pipeline_constants(&self, per_token_states: bool) -> [(&'static str, f64); 12] {
+        let bool_constant = |b: bool| if b { 1.0 } else { 0.0 };
+        [
+            ("WG", self.workgroup() as f64),
+            ("K_DIM", self.key_dim as f64),
+            ("V_BLOCK", self.v_block as f64),
+            ("VEC4S", self.vec4s_per_thread as f64),
+            ("ROW_VECS", self.row_vecs as f64),
+            ("LANES", self.lanes() as f64),
+            ("STAGE", self.stage() as f64),
+            ("V_FIRST", bool_constant(self.v_first)),
+            ("PER_TOKEN_STATES", bool_constant(per_token_states)),
+            ("K2_VEC4S", (2 * self.key_dim / 4) as f64),
+            ("K_VEC4S", (self.key_dim / 4) as f64),
+            ("PB_VEC4S", self.pb_vec4s() as f64),
+        ]
+    }
+}
+
+/// A prepared decode step: record it once per step with [`DecodePlan::record`]. It binds the
+/// given tensors; refill them (e.g. `queue.write_buffer` of the next token's q, k, v, g,
+/// beta) between steps.
+pub struct DecodePlan {
+    pipeline: wgpu::ComputePipeline,
+    bind_group: wgpu::BindGroup,
+    tables: wgpu::Buffer,
+    /// (A_log, dt_bias) and their word offset in the tables, with `gate_in_kernel`.
+    gate_params: Option<(wgpu::Buffer, wgpu::Buffer, u64)>,
+    grid: (u32, u32, u32),
+    heads_v: usize,
+    pool_slots: usize,
+    slots: Vec<StateSlot>,
+    tiles: RecurrentStepTiles,
+}
+
+impl DecodePlan {
+    /// Validate and prepare a step over `problem`'s tokens with the default tiling.
+    pub fn new(
+        ctx: &Context,
+        problem: &Problem,
+        inputs: &ForwardInputs<&GpuTensor>,
+        pool: &StatePool,
+        slots: &[StateSlot],
+        outputs: &DecodeOutputs<'_>,
+    ) -> Result<Self> {
+        let tiles = RecurrentStepTiles::choose(&ctx.limits(), problem)?;
+        Self::with_tiles(ctx, problem, inputs, pool, slots, outputs, tiles)
+    }
+
+    /// [`DecodePlan::new`] with a given tiling (one of [`RecurrentStepTiles::candidates`]).
+    pub fn with_tiles(
+        ctx: &Context,
+        problem: &Problem,
+        inputs: &ForwardInputs<&GpuTensor>,
+        pool: &StatePool,
+        slots: &[StateSlot],
+        outputs: &DecodeOutputs<'_>,
+        tiles: RecurrentStepTiles,
+    ) -> Result<Self> {
+        ctx.check()?;
+        super::check_decode(ctx, problem, inputs, pool, slots, outputs)?;
+        if !RecurrentStepTiles::candidates(&ctx.limits(), problem).contains(&tiles) {
+            return Err(Error::value(
+                "tiles",
+                "a tiling from RecurrentStepTiles::candidates for this problem and device",
+                format!("{tiles:?}"),
+            ));
+        }
+
+        let n = problem.num_sequences();
+        let hv = problem.heads_v;
+        let mut params = Params::for_problem(problem, 0, n);
+        params.rows = pool.slots() as u32;
+        let params = params.upload(ctx);
+
+        // Token starts, slot codes, then A_log and dt_bias (copied in by `record`).
+        let mut words = vec![0u32; TABLE_WORDS];
+        let starts = problem
+            .sequences()
+            .into_iter()
+            .map(|s| s.start as u32)
+            .chain([problem.total_tokens() as u32]);
+        for (w, start) in words.iter_mut().zip(starts) {
+            *w = start;
+        }
+        for (w, s) in words[n + 1..].iter_mut().zip(slots) {
+            *w = s.code() as u32;
+        }
+        let tables = ctx
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("decode tables"),
+                contents: bytemuck::cast_slice(&words),
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            });
+        let gate_params = match (inputs.a_log, inputs.dt_bias) {
+            (Some(a), Some(d)) => Some((a.buffer.clone(), d.buffer.clone(), (2 * n + 1) as u64)),
+            _ => None,
+        };
+
+        let per_token = outputs.per_token_states.map(|t| t.buffer.clone());
+        // The binding exists whether or not the kernel writes it; 16 bytes = one vec4.
+        let no_token_states = || {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("no per-token states"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let token_states = per_token.unwrap_or_else(no_token_states);
+
+        let constants = tiles.pipeline_constants(outputs.per_token_states.is_some());
+        let pipeline = ctx.pipelines.get(
+            source(Pass::RecurrentStep, inputs.q.dtype)?,
+            "recurrent_step",
+            &constants,
+        );
+        let bind_group = bind(
+            ctx,
+            &pipeline,
+            "recurrent_step",
+            &[
+                &params,
+                &tables,
+                &inputs.q.buffer,
+                &inputs.k.buffer,
+                &inputs.v.buffer,
+                &inputs.g.buffer,
+                &inputs.beta.buffer,
+                &pool.tensor().buffer,
+                &outputs.o.buffer,
+                &token_states,
+            ],
+        );
+        let grid = (
+            (problem.value_dim as u32) / tiles.v_block,
+            hv as u32,
+            n as u32,
+        );
+        Ok(DecodePlan {
+            pipeline,
+            bind_group,
+            tables,
+            gate_params,
+            grid,
+            heads_v: hv,
+            pool_slots: pool.slots(),
+            slots: slots.to_vec(),
+            tiles,
+        })
+    }
+
+    /// Use other slots from the next submission on (`queue.write_buffer`: it lands before the
+    /// next `queue.submit`'s commands, so steps with different slots need separate submits
+    /// or separate plans). Validated like the plan; on error nothing changes.
+    pub fn set_slots(&mut self, ctx: &Context, slots: &[StateSlot]) -> Result<()> {
+        check_slots(slots, self.slots.len(), self.pool_slots)?;
+        if slots != self.slots {
+            let codes: Vec<i32> = slots.iter().map(|s| s.code()).collect();
+            ctx.queue.write_buffer(
+                &self.tables,
+                4 * (slots.len() as u64 + 1),
+                bytemuck::cast_slice(&codes),
+            );
+            self.slots = slots.to_vec();
+        }
+        Ok(())
+    }
+
+    /// The slots the plan's steps use.
+    pub fn slots(&self) -> &[StateSlot] {
+        &self.slots
+    }
+
+    pub fn tiles(&self) -> RecurrentStepTiles {
+        self.tiles
+    }
+
+    /// Record one step: one compute pass (plus, with `gate_in_kernel`, two small copies of
+    /// A_log and dt_bias into the uniform tables, since a ninth storage binding would exceed
+    /// WebGPU's default of 8).
+    pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
+        if let Some((a_log, dt_bias, word)) = &self.gate_params {
+            let bytes = 4 * self.heads_v as u64;
+            encoder.copy_buffer_to_buffer(a_log, 0, &self.tables, 4 * word, bytes);
+            encoder.copy_buffer_to_buffer(dt_bias, 0, &self.tables, 4 * word + bytes, bytes);
+        }
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("recurrent_step"),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&self.pipeline);
+        pass.set_bind_group(0, &self.bind_group, &[]);
+        pass.dispatch_workgroups(self.grid.0, self.grid.1, self.grid.2);
+    }
+}

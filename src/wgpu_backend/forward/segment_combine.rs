@@ -1,0 +1,101 @@
+//! Launcher of `shaders/forward/segment_combine.wgsl`: the sequential step of intra-device
+//! sequence parallelism (start states of every segment from the segments' transitions and
+//! zero-start end states), and the identity fill of the transitions.
+
+use crate::error::Result;
+use crate::tensor::DType;
+use crate::wgpu_backend::params::{bind, dispatch, grid_1d};
+use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::{Context, GpuTensor};
+
+/// Record `trans[s, hv] = I` for every slot (`params.rows` = its element count).
+pub fn fill_identity(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    trans: &GpuTensor,
+) -> Result<()> {
+    let pipeline = ctx
+        .pipelines
+        .get(source(Pass::SegmentCombine, DType::F32)?, "identity", &[]);
+    // `identity` uses bindings 0 and 7 only (7 is the writable view of the transitions).
+    let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("segment identity"),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: params.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 7,
+                resource: trans.buffer.as_entire_binding(),
+            },
+        ],
+    });
+    dispatch(
+        encoder,
+        "segment identity",
+        &pipeline,
+        &bg,
+        grid_1d(trans.len() as u32),
+    );
+    Ok(())
+}
+
+/// The buffers of [`segment_combine`].
+pub struct CombineBuffers<'a> {
+    /// Per sequence: (first segment, segment count).
+    pub seq_segments: &'a wgpu::Buffer,
+    /// The problem's initial state (its layout), if any.
+    pub h0: Option<&'a GpuTensor>,
+    /// `[S, HV, K, K]` segment transitions.
+    pub trans: &'a GpuTensor,
+    /// `[S, HV, K, V]` end states from a zero start.
+    pub ends: &'a GpuTensor,
+    /// `[S, HV, K, V]` start states (written).
+    pub starts: &'a GpuTensor,
+    /// The problem's final state (its layout; written).
+    pub final_state: &'a GpuTensor,
+}
+
+/// Record the combine for `num_sequences` sequences (`params`: the problem's own).
+pub fn segment_combine(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    bufs: &CombineBuffers<'_>,
+    num_sequences: usize,
+    heads_v: usize,
+    value_dim: usize,
+) -> Result<()> {
+    let has_h0 = bufs.h0.is_some();
+    let pipeline = ctx.pipelines.get(
+        source(Pass::SegmentCombine, DType::F32)?,
+        "combine",
+        &[("HAS_H0", if has_h0 { 1.0 } else { 0.0 })],
+    );
+    // Without h0 the binding is never read; any f32 buffer fills it.
+    let h0 = bufs.h0.unwrap_or(bufs.ends);
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "segment combine",
+        &[
+            params,
+            bufs.seq_segments,
+            &h0.buffer,
+            &bufs.trans.buffer,
+            &bufs.ends.buffer,
+            &bufs.starts.buffer,
+            &bufs.final_state.buffer,
+        ],
+    );
+    let grid = (
+        num_sequences as u32,
+        heads_v as u32,
+        (value_dim as u32).div_ceil(16),
+    );
+    dispatch(encoder, "segment combine", &pipeline, &bg, grid);
+    Ok(())
+}

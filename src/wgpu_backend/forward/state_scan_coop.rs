@@ -1,0 +1,101 @@
+//! Launcher of `shaders/forward/state_scan_coop.wgsl`: the sequential scan with its chunk GEMMs
+//! on f16 cooperative matrices (f32 accumulators), writing o and each segment's end state.
+
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::path::{COOP_KEY_DIM, COOP_V_BLOCK};
+use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::{Context, GpuTensor};
+
+/// Workgroup memory of the coop scan in bytes (mirrors the shader's declarations: s16, x16,
+/// stage, zero tile, γ and decay).
+pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048) + 4 * (2048 + 256 + 64 + 64);
+
+/// The tensors the coop scan reads and writes.
+pub struct CoopScanBuffers<'a> {
+    /// `[B·T + 64, HV, K]` f16: γ ⊙ q per v-head (see `gate_q`).
+    pub qg16: &'a GpuTensor,
+    /// `[B·T + 64, H, K]` f16 (see `to_half`).
+    pub k16: &'a GpuTensor,
+    pub v: &'a GpuTensor,
+    pub gate_beta: &'a GpuTensor,
+    /// `[B·T + 64, HV, 128]` f16: Γ⊙A⊙β | Γ⊙QKᵀ rows from wy_inverse, padding rows zero.
+    pub gated16: &'a GpuTensor,
+    /// Segment table: (start token, length, state slot) per segment.
+    pub segments: &'a wgpu::Buffer,
+    /// Start states on entry, end states on exit.
+    pub state: &'a GpuTensor,
+    pub o: &'a GpuTensor,
+}
+
+/// Record the coop scan over `num_segments` segments (K = 128, V a multiple of 32).
+pub fn state_scan_coop(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    bufs: &CoopScanBuffers<'_>,
+    num_segments: usize,
+    heads_v: usize,
+) -> Result<()> {
+    let key_dim = bufs.k16.shape[bufs.k16.shape.len() - 1];
+    let value_dim = bufs.v.shape[bufs.v.shape.len() - 1];
+    if key_dim != COOP_KEY_DIM || !value_dim.is_multiple_of(COOP_V_BLOCK) {
+        return Err(Error::unsupported(
+            "compute path",
+            format!(
+                "the coop scan at K = {key_dim}, V = {value_dim} (needs K = {COOP_KEY_DIM}, V a multiple of {COOP_V_BLOCK})"
+            ),
+        ));
+    }
+    for (name, t) in [
+        ("qg16", bufs.qg16),
+        ("k16", bufs.k16),
+        ("gated16", bufs.gated16),
+    ] {
+        if t.dtype != DType::F16 {
+            return Err(Error::DType {
+                name: name.into(),
+                expected: "F16".into(),
+                got: t.dtype.to_string(),
+            });
+        }
+    }
+    let max = ctx.limits().max_compute_workgroups_per_dimension as usize;
+    if num_segments > max {
+        return Err(Error::TooLarge {
+            name: "segments".into(),
+            bytes: num_segments as u64,
+            limit_name: "max_compute_workgroups_per_dimension (segments)",
+            limit: max as u64,
+        });
+    }
+    let pipeline = ctx.pipelines.get(
+        source(Pass::StateScanCoop, bufs.v.dtype)?,
+        "state_scan_coop",
+        &[],
+    );
+    let bg = bind(
+        ctx,
+        &pipeline,
+        "state_scan_coop",
+        &[
+            params,
+            &bufs.qg16.buffer,
+            &bufs.k16.buffer,
+            &bufs.v.buffer,
+            &bufs.gate_beta.buffer,
+            &bufs.gated16.buffer,
+            bufs.segments,
+            &bufs.state.buffer,
+            &bufs.o.buffer,
+        ],
+    );
+    let grid = (
+        num_segments as u32,
+        heads_v as u32,
+        (value_dim / COOP_V_BLOCK) as u32,
+    );
+    dispatch(encoder, "state_scan_coop", &pipeline, &bg, grid);
+    Ok(())
+}

@@ -1,0 +1,132 @@
+//! The uniform parameter block shared by every pass (mirrors `shaders/common/params.wgsl`),
+//! and dispatch-grid helpers.
+
+use wgpu::util::DeviceExt;
+
+use crate::problem::Problem;
+use crate::wgpu_backend::Context;
+
+pub const FLAG_L2NORM: u32 = 1;
+pub const FLAG_BETA_SIGMOID: u32 = 2;
+pub const FLAG_NEG_EIGVAL: u32 = 4;
+pub const FLAG_GATE_IN_KERNEL: u32 = 8;
+pub const FLAG_STATE_V_FIRST: u32 = 16;
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct Params {
+    pub total_tokens: u32,
+    pub heads_qk: u32,
+    pub heads_v: u32,
+    pub key_dim: u32,
+    pub value_dim: u32,
+    pub num_chunks: u32,
+    pub num_segments: u32,
+    pub flags: u32,
+    pub scale: f32,
+    pub rows: u32,
+    pub _pad: [u32; 2],
+}
+
+impl Params {
+    pub fn for_problem(problem: &Problem, num_chunks: usize, num_segments: usize) -> Self {
+        let o = problem.options;
+        let flags = [
+            (o.l2norm_qk, FLAG_L2NORM),
+            (o.beta_sigmoid, FLAG_BETA_SIGMOID),
+            (o.allow_neg_eigval, FLAG_NEG_EIGVAL),
+            (o.gate_in_kernel, FLAG_GATE_IN_KERNEL),
+            (o.state_v_first, FLAG_STATE_V_FIRST),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .fold(0, |acc, (_, bit)| acc | bit);
+        Params {
+            total_tokens: problem.total_tokens() as u32,
+            heads_qk: problem.heads_qk as u32,
+            heads_v: problem.heads_v as u32,
+            key_dim: problem.key_dim as u32,
+            value_dim: problem.value_dim as u32,
+            num_chunks: num_chunks as u32,
+            num_segments: num_segments as u32,
+            flags,
+            scale: problem.scale(),
+            rows: 0,
+            _pad: [0; 2],
+        }
+    }
+
+    pub fn upload(&self, ctx: &Context) -> wgpu::Buffer {
+        ctx.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some("gdn params"),
+                contents: bytemuck::bytes_of(self),
+                usage: wgpu::BufferUsages::UNIFORM,
+            })
+    }
+}
+
+/// Workgroups for `items` invocations of a 64-wide 1-D pass, folded into two dimensions when
+/// one would exceed the 65535 limit (shaders recover the index with `flat_index`).
+pub fn grid_1d(items: u32) -> (u32, u32, u32) {
+    let groups = items.div_ceil(64).max(1);
+    if groups <= 65535 {
+        (groups, 1, 1)
+    } else {
+        (65535, groups.div_ceil(65535), 1)
+    }
+}
+
+/// A read-only storage buffer of u32 words (chunk and segment tables).
+pub fn upload_u32(ctx: &Context, label: &str, words: &[u32]) -> wgpu::Buffer {
+    let contents: &[u8] = if words.is_empty() {
+        &[0u8; 4]
+    } else {
+        bytemuck::cast_slice(words)
+    };
+    ctx.device
+        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: wgpu::BufferUsages::STORAGE,
+        })
+}
+
+/// One bind group from `buffers` at bindings 0, 1, 2, … of group 0 of `pipeline`.
+pub fn bind(
+    ctx: &Context,
+    pipeline: &wgpu::ComputePipeline,
+    label: &str,
+    buffers: &[&wgpu::Buffer],
+) -> wgpu::BindGroup {
+    let entries: Vec<wgpu::BindGroupEntry> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: b.as_entire_binding(),
+        })
+        .collect();
+    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(label),
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    })
+}
+
+/// Record one compute dispatch.
+pub fn dispatch(
+    encoder: &mut wgpu::CommandEncoder,
+    label: &str,
+    pipeline: &wgpu::ComputePipeline,
+    bind_group: &wgpu::BindGroup,
+    grid: (u32, u32, u32),
+) {
+    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+        label: Some(label),
+        timestamp_writes: None,
+    });
+    pass.set_pipeline(pipeline);
+    pass.set_bind_group(0, bind_group, &[]);
+    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
+}

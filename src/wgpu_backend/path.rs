@@ -1,0 +1,280 @@
+//! Compute paths: how the forward's chunk GEMMs do their arithmetic on a given adapter.
+//!
+//! - `Scalar`: f32 multiply-adds on every adapter (lavapipe, browsers without shader-f16).
+//!   The accuracy reference: rel-L2 ≈ 1e-6 against the f64 oracle with f32 storage.
+//! - `F16Math`: the scalar path's scan (same WGSL file, `Pass::StateScanF16`) with its
+//!   workgroup-memory operands — the K, Q and S slices, the packed gated triangles, the W/V'
+//!   tile and the state update's K slices — held as f16 and multiplied in f16 (mat4x4<f16>,
+//!   vec4<f16>); every f16 sum spans at most four products and is converted to f32 before it
+//!   is accumulated. The state, the gates, β, the o accumulators and the other passes stay
+//!   f32. Needs the device's SHADER_F16; values must fit f16, as on the coop path. It halves
+//!   the scan's workgroup-memory bytes and traffic.
+//! - `CoopMatrix`: the chunk GEMMs (K·S, Q·S, A·W, (Γ⊙QKᵀ)·V', Kᵀ·V') on cooperative matrices
+//!   (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX, f16 16×16×16 with f32 accumulators, i.e. tensor
+//!   cores on NVIDIA). Operands are rounded to f16; the state, the gate cumsum and every
+//!   accumulation stay f32. Values must fit f16 (|x| < 65504): true for GDN's normalized keys
+//!   and O(1) activations, not for arbitrary inputs.
+//!
+//! Automatic choice: f32 storage keeps the scalar path (a caller who stores f32 asked for f32
+//! accuracy); f16/bf16 storage takes cooperative matrices where the adapter reports f16
+//! 16×16×16 → f32 and the shape fits (K = 128, V a multiple of 32, subgroups of 32), else the
+//! scalar path. `Context::set_compute_path` or `GDN_COMPUTE_PATH=scalar|f16|coop|auto` forces
+//! a path; forcing one the adapter or the problem cannot run is an error, never a silent
+//! fallback.
+//!
+//! F16Math is never chosen automatically, only by override. Its speed is unmeasured where it
+//! could be the best path — adapters with SHADER_F16 but no usable cooperative matrices (AMD,
+//! Intel, Apple, browsers) — and lavapipe runs f16 on the CPU, so its timings say nothing. On the
+//! H200 (one session of interleaved `gdn bench` runs, f32 storage, T = 32768; the GPU's clock
+//! state moved every pass by up to 1.5× between runs, so scan times are compared relative to
+//! wy_inverse's in the same run) its scan was ≈ 8% faster than the scalar one at 16/64 heads
+//! and ≈ 17% at 2/8: not worth rel-L2 ~1e-3 instead of ~1e-6 for f32 storage, and far behind
+//! the coop path that f16/bf16 storage takes there. Once measured on adapters without the
+//! coop path, it is the candidate for f16/bf16 storage on them.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+use crate::problem::Problem;
+use crate::tensor::DType;
+
+/// How the forward's chunk GEMMs compute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ComputePath {
+    /// f32 multiply-adds, every adapter.
+    Scalar,
+    /// The scalar scan with f16 workgroup-memory operands multiplied in f16 and f32
+    /// accumulation (needs SHADER_F16); taken only when forced.
+    F16Math,
+    /// f16 cooperative-matrix GEMMs with f32 accumulators.
+    CoopMatrix,
+}
+
+impl ComputePath {
+    pub const ALL: [ComputePath; 3] = [
+        ComputePath::Scalar,
+        ComputePath::F16Math,
+        ComputePath::CoopMatrix,
+    ];
+
+    /// The name used by `GDN_COMPUTE_PATH`, the CLI and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputePath::Scalar => "scalar",
+            ComputePath::F16Math => "f16",
+            ComputePath::CoopMatrix => "coop",
+        }
+    }
+
+    /// Parses `scalar` / `f16` / `coop`; `auto` (or empty) means no override.
+    pub fn parse_override(name: &str, s: &str) -> Result<Option<ComputePath>> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(None),
+            "scalar" | "f32" => Ok(Some(ComputePath::Scalar)),
+            "f16" | "f16-math" | "f16math" => Ok(Some(ComputePath::F16Math)),
+            "coop" | "coop-matrix" | "cooperative-matrix" => Ok(Some(ComputePath::CoopMatrix)),
+            other => Err(Error::Value {
+                name: name.into(),
+                expected: "one of auto, scalar, f16, coop".into(),
+                got: format!("{other:?}"),
+            }),
+        }
+    }
+}
+
+impl fmt::Display for ComputePath {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The path a forward will take and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathChoice {
+    pub path: ComputePath,
+    pub reason: String,
+}
+
+/// What the device offers for each path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PathSupport {
+    /// f16 16×16×16 cooperative matrices with f32 accumulators, on subgroups of exactly 32
+    /// (the kernels split their tiles over 32-wide subgroups).
+    pub coop_f16: bool,
+    /// Why not, when `coop_f16` is false.
+    pub coop_missing: &'static str,
+    /// f16 arithmetic in shaders (SHADER_F16): the f16-math path.
+    pub f16_math: bool,
+    /// Why not, when `f16_math` is false.
+    pub f16_missing: &'static str,
+}
+
+/// Cooperative-matrix configuration the coop kernels use.
+pub const COOP_TILE: u32 = 16;
+/// Key dimension the coop scan is written for (its state tiles are named registers).
+pub const COOP_KEY_DIM: usize = 128;
+/// V-block width of the coop scan; V must be a multiple of it.
+pub const COOP_V_BLOCK: usize = 32;
+
+impl PathSupport {
+    pub fn detect(
+        features: wgpu::Features,
+        coop_properties: &[wgpu::CooperativeMatrixProperties],
+        info: Option<&wgpu::AdapterInfo>,
+        workgroup_bytes: u32,
+    ) -> Self {
+        let (f16_math, f16_missing) = if features.contains(wgpu::Features::SHADER_F16) {
+            (true, "")
+        } else {
+            (false, "the device lacks SHADER_F16")
+        };
+        let missing = |why| PathSupport {
+            coop_f16: false,
+            coop_missing: why,
+            f16_math,
+            f16_missing,
+        };
+        if !features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+            return missing("the device lacks EXPERIMENTAL_COOPERATIVE_MATRIX");
+        }
+        if !features.contains(wgpu::Features::SHADER_F16) {
+            return missing("the device lacks SHADER_F16");
+        }
+        let f16_tile = coop_properties.iter().any(|p| {
+            p.m_size == COOP_TILE
+                && p.n_size == COOP_TILE
+                && p.k_size == COOP_TILE
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        });
+        if !f16_tile {
+            return missing("the adapter reports no f16 16x16x16 -> f32 cooperative matrix");
+        }
+        if workgroup_bytes < crate::wgpu_backend::forward::STATE_SCAN_COOP_BYTES {
+            return missing("the coop scan needs more workgroup memory than the device grants");
+        }
+        match info {
+            Some(i) if i.subgroup_min_size == 32 && i.subgroup_max_size == 32 => PathSupport {
+                coop_f16: true,
+                coop_missing: "",
+                f16_math,
+                f16_missing,
+            },
+            Some(_) => missing("subgroups are not exactly 32 wide"),
+            None => {
+                missing("the subgroup size is unknown (caller-supplied device without AdapterInfo)")
+            }
+        }
+    }
+
+    /// Why `problem` cannot take the coop path, if it cannot.
+    pub fn coop_rejects(&self, problem: &Problem, dtype: DType) -> Option<String> {
+        if !self.coop_f16 {
+            return Some(self.coop_missing.to_string());
+        }
+        if problem.key_dim != COOP_KEY_DIM {
+            return Some(format!(
+                "key_dim is {} (the coop scan is written for K = {COOP_KEY_DIM})",
+                problem.key_dim
+            ));
+        }
+        if !problem.value_dim.is_multiple_of(COOP_V_BLOCK) {
+            return Some(format!(
+                "value_dim is {} (the coop scan needs a multiple of {COOP_V_BLOCK})",
+                problem.value_dim
+            ));
+        }
+        let _ = dtype;
+        None
+    }
+
+    /// Why `problem` cannot take the f16-math path, if it cannot. It runs every shape the
+    /// scalar path runs; only the device's SHADER_F16 matters.
+    pub fn f16_rejects(&self, problem: &Problem, dtype: DType) -> Option<String> {
+        let _ = (problem, dtype);
+        (!self.f16_math).then(|| self.f16_missing.to_string())
+    }
+
+    /// The forward's path for `problem` with storage `dtype`, honouring `forced`.
+    pub fn choose(
+        &self,
+        problem: &Problem,
+        dtype: DType,
+        forced: Option<ComputePath>,
+    ) -> Result<PathChoice> {
+        let coop_rejects = self.coop_rejects(problem, dtype);
+        match forced {
+            Some(ComputePath::Scalar) => Ok(PathChoice {
+                path: ComputePath::Scalar,
+                reason: "forced (GDN_COMPUTE_PATH or Context::set_compute_path)".into(),
+            }),
+            Some(ComputePath::F16Math) => match self.f16_rejects(problem, dtype) {
+                None => Ok(PathChoice {
+                    path: ComputePath::F16Math,
+                    reason: "forced (GDN_COMPUTE_PATH or Context::set_compute_path)".into(),
+                }),
+                Some(why) => Err(Error::unsupported(
+                    "compute path",
+                    format!("forcing f16 when {why}"),
+                )),
+            },
+            Some(ComputePath::CoopMatrix) => match coop_rejects {
+                None => Ok(PathChoice {
+                    path: ComputePath::CoopMatrix,
+                    reason: "forced (GDN_COMPUTE_PATH or Context::set_compute_path)".into(),
+                }),
+                Some(why) => Err(Error::unsupported(
+                    "compute path",
+                    format!("forcing coop when {why}"),
+                )),
+            },
+            None if dtype == DType::F32 => Ok(PathChoice {
+                path: ComputePath::Scalar,
+                reason:
+                    "f32 storage keeps f32 arithmetic (rel-L2 ~1e-6); force coop for tensor cores"
+                        .into(),
+            }),
+            None => match coop_rejects {
+                None => Ok(PathChoice {
+                    path: ComputePath::CoopMatrix,
+                    reason: format!(
+                        "{dtype} storage and f16 16x16x16 cooperative matrices on this adapter"
+                    ),
+                }),
+                Some(why) => Ok(PathChoice {
+                    path: ComputePath::Scalar,
+                    reason: format!("no coop path: {why}"),
+                }),
+            },
+        }
+    }
+}
+
+/// Relative-L2 bounds (against the f64 oracle on the same rounded inputs) that the forward
+/// meets on a path with a storage dtype, for o and for the final state. They are what the
+/// test suite enforces on its random problems (unit-norm keys, O(1) values); the measured
+/// errors are in the README's accuracy table. With `l2norm_qk` the normalized q, k are
+/// stored in the storage dtype (as FLA does), which adds one rounding to the state too.
+pub fn tolerance(path: ComputePath, dtype: DType, l2norm_qk: bool) -> (f64, f64) {
+    match (path, dtype) {
+        (ComputePath::Scalar, DType::F32) => (1e-5, 1e-5),
+        (ComputePath::Scalar, DType::F16) => (5e-4, if l2norm_qk { 1e-3 } else { 1e-5 }),
+        (ComputePath::Scalar, DType::BF16) => (3e-3, if l2norm_qk { 5e-3 } else { 1e-5 }),
+        // f16 operands (~2^-11 per rounding) and four-term f16 sums: measured on the test's
+        // problems (T ≤ 132, 4 seeds each) o ≤ 9e-4 and state ≤ 1.1e-3 at β < 1, growing to
+        // o 2.2e-3, state 2.7e-3 at β ≈ 2 (eigenvalue ≈ −1 along k: errors do not decay; the
+        // f32 path's error grows alike, ≈ 1/3000 of these). bf16 adds its rounding of o (and
+        // of q̂, k̂ with l2norm: measured 5.2e-3 / 5.3e-3 at β ≈ 2, the scalar path 5.0e-3 /
+        // 5.2e-3 there).
+        (ComputePath::F16Math, DType::F32 | DType::F16) => (3e-3, 4e-3),
+        (ComputePath::F16Math, DType::BF16) => {
+            if l2norm_qk {
+                (8e-3, 8e-3)
+            } else {
+                (5e-3, 4e-3)
+            }
+        }
+        (ComputePath::CoopMatrix, DType::BF16) => (5e-3, 3e-3),
+        (ComputePath::CoopMatrix, _) => (3e-3, 3e-3),
+    }
+}

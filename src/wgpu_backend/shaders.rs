@@ -1,0 +1,264 @@
+//! WGSL sources. Each pass is one file under `shaders/`; the Rust side prepends the common
+//! snippets (the uniform parameter block and the storage-dtype load/store helpers). Tile sizes
+//! are `override` constants, set per pipeline.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::{Mutex, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+
+/// A pass's WGSL file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Pass {
+    PrepareQk,
+    PrepareGate,
+    WyInverse,
+    StateScan,
+    /// The scalar scan's f16-math variant (same file): f16 operands in workgroup memory,
+    /// multiplied in f16, accumulated in f32.
+    StateScanF16,
+    /// wy_inverse writing its gated matrices in f16 for the coop scan.
+    WyInverseCoop,
+    /// k copied to f16 (a coop scan GEMM operand), zero-padded by a chunk.
+    ToHalf,
+    /// γ ⊙ q per v-head in f16 (the coop scan's Q operand), zero-padded by a chunk.
+    GateQ,
+    /// The sequential scan on cooperative matrices.
+    StateScanCoop,
+    /// Intra-device sequence parallelism: segment start states from transitions and ends.
+    SegmentCombine,
+    StateRecompute,
+    DhScan,
+    ValueGrams,
+    WyGrad,
+    StateGrad,
+    QkGrad,
+    QkFinish,
+    GateFinish,
+    RecurrentStep,
+}
+
+impl Pass {
+    pub const ALL: [Pass; 19] = [
+        Pass::PrepareQk,
+        Pass::PrepareGate,
+        Pass::WyInverse,
+        Pass::StateScan,
+        Pass::StateScanF16,
+        Pass::WyInverseCoop,
+        Pass::ToHalf,
+        Pass::GateQ,
+        Pass::StateScanCoop,
+        Pass::SegmentCombine,
+        Pass::StateRecompute,
+        Pass::DhScan,
+        Pass::ValueGrams,
+        Pass::WyGrad,
+        Pass::StateGrad,
+        Pass::QkGrad,
+        Pass::QkFinish,
+        Pass::GateFinish,
+        Pass::RecurrentStep,
+    ];
+
+    /// Path under `shaders/`.
+    pub fn file(self) -> &'static str {
+        match self {
+            Pass::PrepareQk => "forward/prepare_qk.wgsl",
+            Pass::PrepareGate => "forward/prepare_gate.wgsl",
+            Pass::WyInverse => "forward/wy_inverse.wgsl",
+            Pass::StateScan => "forward/state_scan.wgsl",
+            Pass::StateScanF16 => "forward/state_scan.wgsl",
+            Pass::WyInverseCoop => "forward/wy_inverse.wgsl",
+            Pass::ToHalf => "forward/to_half.wgsl",
+            Pass::GateQ => "forward/gate_q.wgsl",
+            Pass::StateScanCoop => "forward/state_scan_coop.wgsl",
+            Pass::SegmentCombine => "forward/segment_combine.wgsl",
+            Pass::StateRecompute => "backward/state_recompute.wgsl",
+            Pass::DhScan => "backward/dh_scan.wgsl",
+            Pass::ValueGrams => "backward/value_grams.wgsl",
+            Pass::WyGrad => "backward/wy_grad.wgsl",
+            Pass::StateGrad => "backward/state_grad.wgsl",
+            Pass::QkGrad => "backward/qk_grad.wgsl",
+            Pass::QkFinish => "backward/qk_finish.wgsl",
+            Pass::GateFinish => "backward/gate_finish.wgsl",
+            Pass::RecurrentStep => "decode/recurrent_step.wgsl",
+        }
+    }
+
+    fn body(self) -> &'static str {
+        match self {
+            Pass::PrepareQk => include_str!("../../shaders/forward/prepare_qk.wgsl"),
+            Pass::PrepareGate => include_str!("../../shaders/forward/prepare_gate.wgsl"),
+            Pass::WyInverse | Pass::WyInverseCoop => {
+                include_str!("../../shaders/forward/wy_inverse.wgsl")
+            }
+            Pass::StateScan | Pass::StateScanF16 => {
+                include_str!("../../shaders/forward/state_scan.wgsl")
+            }
+            Pass::ToHalf => include_str!("../../shaders/forward/to_half.wgsl"),
+            Pass::GateQ => include_str!("../../shaders/forward/gate_q.wgsl"),
+            Pass::StateScanCoop => include_str!("../../shaders/forward/state_scan_coop.wgsl"),
+            Pass::SegmentCombine => include_str!("../../shaders/forward/segment_combine.wgsl"),
+            Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
+            Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
+            Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),
+            Pass::WyGrad => include_str!("../../shaders/backward/wy_grad.wgsl"),
+            Pass::StateGrad => include_str!("../../shaders/backward/state_grad.wgsl"),
+            Pass::QkGrad => include_str!("../../shaders/backward/qk_grad.wgsl"),
+            Pass::QkFinish => include_str!("../../shaders/backward/qk_finish.wgsl"),
+            Pass::GateFinish => include_str!("../../shaders/backward/gate_finish.wgsl"),
+            Pass::RecurrentStep => include_str!("../../shaders/decode/recurrent_step.wgsl"),
+        }
+    }
+}
+
+const PARAMS: &str = include_str!("../../shaders/common/params.wgsl");
+const DTYPE_F32: &str = include_str!("../../shaders/common/dtype_f32.wgsl");
+const DTYPE_F16: &str = include_str!("../../shaders/common/dtype_f16.wgsl");
+const DTYPE_BF16: &str = include_str!("../../shaders/common/dtype_bf16.wgsl");
+
+/// Storage dtypes every kernel family (forward, backward, decode) takes in this build.
+pub const STORAGE_DTYPES: [DType; 1] = [DType::F32];
+
+/// Storage dtypes of the forward passes. F16 also needs the device's `SHADER_F16`
+/// (see [`crate::wgpu_backend::Context::forward_storage_dtypes`]); bf16 is packed in u32 words and runs
+/// everywhere.
+pub const FORWARD_STORAGE_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+impl Pass {
+    /// Storage dtypes this pass has been written (and tested) for.
+    pub fn storage_dtypes(self) -> &'static [DType] {
+        match self {
+            Pass::PrepareQk
+            | Pass::PrepareGate
+            | Pass::WyInverse
+            | Pass::StateScan
+            | Pass::StateScanF16
+            | Pass::WyInverseCoop
+            | Pass::ToHalf
+            | Pass::GateQ
+            | Pass::StateScanCoop => &FORWARD_STORAGE_DTYPES,
+            // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
+            Pass::StateRecompute
+            | Pass::DhScan
+            | Pass::ValueGrams
+            | Pass::WyGrad
+            | Pass::StateGrad
+            | Pass::QkGrad
+            | Pass::QkFinish => &FORWARD_STORAGE_DTYPES,
+            Pass::RecurrentStep => &FORWARD_STORAGE_DTYPES,
+            _ => &STORAGE_DTYPES,
+        }
+    }
+}
+
+impl Pass {
+    /// Files under `shaders/` (and their text) that a pass includes besides `common/`: helpers
+    /// shared by a family of passes with the same declarations (they do not validate alone).
+    pub fn family_snippets(self) -> &'static [(&'static str, &'static str)] {
+        const BACKWARD_SCAN_TILES: (&str, &str) = (
+            "backward/scan_tiles.wgsl",
+            include_str!("../../shaders/backward/scan_tiles.wgsl"),
+        );
+        const GATED_F32: (&str, &str) = (
+            "forward/gated_f32.wgsl",
+            include_str!("../../shaders/forward/gated_f32.wgsl"),
+        );
+        const GATED_F16: (&str, &str) = (
+            "forward/gated_f16.wgsl",
+            include_str!("../../shaders/forward/gated_f16.wgsl"),
+        );
+        const SCAN_OPERAND_F32: (&str, &str) = (
+            "forward/scan_operand_f32.wgsl",
+            include_str!("../../shaders/forward/scan_operand_f32.wgsl"),
+        );
+        const SCAN_OPERAND_F16: (&str, &str) = (
+            "forward/scan_operand_f16.wgsl",
+            include_str!("../../shaders/forward/scan_operand_f16.wgsl"),
+        );
+        match self {
+            Pass::StateRecompute | Pass::DhScan => &[BACKWARD_SCAN_TILES],
+            Pass::StateScan => &[SCAN_OPERAND_F32],
+            Pass::StateScanF16 => &[SCAN_OPERAND_F16],
+            Pass::WyInverse => &[GATED_F32],
+            Pass::WyInverseCoop => &[GATED_F16],
+            _ => &[],
+        }
+    }
+
+    /// WGSL extensions the pass needs whatever the storage dtype (emitted before everything
+    /// else, since `enable` must precede every declaration).
+    pub fn enables(self) -> &'static [&'static str] {
+        match self {
+            Pass::WyInverseCoop | Pass::ToHalf | Pass::GateQ => &["f16"],
+            Pass::StateScanF16 => &["f16"],
+            Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
+            _ => &[],
+        }
+    }
+
+    /// Whether the pass needs the device's EXPERIMENTAL_COOPERATIVE_MATRIX.
+    pub fn needs_coop(self) -> bool {
+        self.enables().contains(&"wgpu_cooperative_matrix")
+    }
+}
+
+fn dtype_snippet(dtype: DType) -> &'static str {
+    match dtype {
+        DType::F32 => DTYPE_F32,
+        DType::F16 => DTYPE_F16,
+        DType::BF16 => DTYPE_BF16,
+    }
+}
+
+/// An assembled shader: its text and a hash of it, computed once.
+#[derive(Debug)]
+pub struct ShaderSource {
+    pub name: &'static str,
+    pub text: String,
+    pub hash: u64,
+}
+
+/// The assembled source of `pass` for storage `dtype`, built once per process.
+pub fn source(pass: Pass, dtype: DType) -> Result<&'static ShaderSource> {
+    static SOURCES: OnceLock<Mutex<HashMap<(Pass, DType), &'static ShaderSource>>> =
+        OnceLock::new();
+    let mut map = SOURCES.get_or_init(Mutex::default).lock().unwrap();
+    if let Some(s) = map.get(&(pass, dtype)) {
+        return Ok(s);
+    }
+    if !pass.storage_dtypes().contains(&dtype) {
+        return Err(Error::unsupported(
+            "storage dtype",
+            format!("{dtype} storage in {}", pass.file()),
+        ));
+    }
+    // The dtype snippet goes first: `enable f16;` must precede every declaration.
+    let family: String = pass
+        .family_snippets()
+        .iter()
+        .map(|(_, text)| format!("{text}\n"))
+        .collect();
+    let enables: String = pass
+        .enables()
+        .iter()
+        .map(|e| format!("enable {e};\n"))
+        .collect();
+    let text = format!(
+        "{enables}{}\n{PARAMS}\n{family}{}",
+        dtype_snippet(dtype),
+        pass.body()
+    );
+    let mut h = DefaultHasher::new();
+    text.hash(&mut h);
+    let s: &'static ShaderSource = Box::leak(Box::new(ShaderSource {
+        name: pass.file(),
+        text,
+        hash: h.finish(),
+    }));
+    map.insert((pass, dtype), s);
+    Ok(s)
+}

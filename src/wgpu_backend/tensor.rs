@@ -1,0 +1,236 @@
+//! Typed GPU tensors: a storage buffer with a shape and a storage dtype.
+
+use wgpu::util::DeviceExt;
+
+use crate::error::{Error, Result};
+use crate::problem::ForwardInputs;
+use crate::tensor::{DType, HostTensor, TensorMeta};
+use crate::wgpu_backend::Context;
+
+/// A tensor in a GPU storage buffer. Creating one never submits work; `download` is the only
+/// readback and is explicit.
+#[derive(Debug, Clone)]
+pub struct GpuTensor {
+    pub buffer: wgpu::Buffer,
+    pub shape: Vec<usize>,
+    pub dtype: DType,
+}
+
+impl TensorMeta for GpuTensor {
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    fn dtype(&self) -> DType {
+        self.dtype
+    }
+}
+
+const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// Bytes of `len` elements of `dtype`, rounded up to 4 (storage bindings are word-sized).
+fn padded_bytes(len: usize, dtype: DType) -> u64 {
+    ((len * dtype.size()) as u64).div_ceil(4).max(1) * 4
+}
+
+fn encode(values: &[f32], dtype: DType) -> Vec<u8> {
+    let mut bytes: Vec<u8> = match dtype {
+        DType::F32 => bytemuck::cast_slice(values).to_vec(),
+        DType::F16 => values
+            .iter()
+            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+            .collect(),
+        DType::BF16 => values
+            .iter()
+            .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+            .collect(),
+    };
+    bytes.resize(padded_bytes(values.len(), dtype) as usize, 0);
+    bytes
+}
+
+fn decode(bytes: &[u8], len: usize, dtype: DType) -> Vec<f32> {
+    match dtype {
+        DType::F32 => bytemuck::cast_slice(&bytes[..len * 4]).to_vec(),
+        DType::F16 => bytes[..len * 2]
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        DType::BF16 => bytes[..len * 2]
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+    }
+}
+
+impl GpuTensor {
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Size in bytes of the data (without padding).
+    pub fn bytes(&self) -> u64 {
+        (self.len() * self.dtype.size()) as u64
+    }
+
+    fn check_size(ctx: &Context, name: &str, bytes: u64) -> Result<()> {
+        let limits = ctx.limits();
+        let binding = limits.max_storage_buffer_binding_size;
+        if bytes > binding {
+            return Err(Error::TooLarge {
+                name: name.into(),
+                bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit: binding,
+            });
+        }
+        if bytes > limits.max_buffer_size {
+            return Err(Error::TooLarge {
+                name: name.into(),
+                bytes,
+                limit_name: "max_buffer_size",
+                limit: limits.max_buffer_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Upload a host tensor, stored as `host.dtype` (values round to it).
+    pub fn upload(ctx: &Context, name: &str, host: &HostTensor) -> Result<Self> {
+        Self::from_values(ctx, name, &host.shape, host.dtype, &host.data)
+    }
+
+    /// A tensor of `shape` holding `values` stored as `dtype`.
+    pub fn from_values(
+        ctx: &Context,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        values: &[f32],
+    ) -> Result<Self> {
+        let len: usize = shape.iter().product();
+        if values.len() != len {
+            return Err(Error::value(
+                name,
+                format!("{len} values for shape {shape:?}"),
+                values.len(),
+            ));
+        }
+        let contents = encode(values, dtype);
+        Self::check_size(ctx, name, contents.len() as u64)?;
+        let buffer = ctx
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(name),
+                contents: &contents,
+                usage: USAGE,
+            });
+        Ok(GpuTensor {
+            buffer,
+            shape: shape.to_vec(),
+            dtype,
+        })
+    }
+
+    /// A tensor with every element set to `value` (NaN poisons outputs in tests).
+    pub fn filled(
+        ctx: &Context,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        value: f32,
+    ) -> Result<Self> {
+        let len: usize = shape.iter().product();
+        Self::from_values(ctx, name, shape, dtype, &vec![value; len])
+    }
+
+    /// An uninitialized (zeroed by wgpu) tensor.
+    pub fn empty(ctx: &Context, name: &str, shape: &[usize], dtype: DType) -> Result<Self> {
+        let len: usize = shape.iter().product();
+        let size = padded_bytes(len, dtype);
+        Self::check_size(ctx, name, size)?;
+        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(name),
+            size,
+            usage: USAGE,
+            mapped_at_creation: false,
+        });
+        Ok(GpuTensor {
+            buffer,
+            shape: shape.to_vec(),
+            dtype,
+        })
+    }
+
+    /// Copy the tensor back to the host (submits a copy and waits for it).
+    pub async fn download(&self, ctx: &Context) -> Result<HostTensor> {
+        let size = padded_bytes(self.len(), self.dtype);
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("gdn download"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = ctx.create_encoder("gdn download");
+        encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging, 0, size);
+        ctx.queue.submit(Some(encoder.finish()));
+        let (tx, rx) = futures::channel::oneshot::channel();
+        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        #[cfg(not(target_arch = "wasm32"))]
+        ctx.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+        rx.await
+            .map_err(|_| Error::Gpu("buffer mapping was cancelled".into()))?
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+        ctx.check()?;
+        let data = {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| Error::Gpu(e.to_string()))?;
+            decode(&view, self.len(), self.dtype)
+        };
+        staging.unmap();
+        Ok(HostTensor {
+            shape: self.shape.clone(),
+            dtype: self.dtype,
+            data,
+        })
+    }
+
+    /// [`GpuTensor::download`], blocking (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn download_blocking(&self, ctx: &Context) -> Result<HostTensor> {
+        pollster::block_on(self.download(ctx))
+    }
+}
+
+/// Upload every tensor of a problem's inputs (each in its own dtype).
+pub fn upload_inputs(
+    ctx: &Context,
+    inputs: &ForwardInputs<&HostTensor>,
+) -> Result<ForwardInputs<GpuTensor>> {
+    let up = |name: &str, t: &HostTensor| GpuTensor::upload(ctx, name, t);
+    let up_opt = |name: &str, t: Option<&HostTensor>| t.map(|t| up(name, t)).transpose();
+    Ok(ForwardInputs {
+        q: up("q", inputs.q)?,
+        k: up("k", inputs.k)?,
+        v: up("v", inputs.v)?,
+        g: up("g", inputs.g)?,
+        beta: up("beta", inputs.beta)?,
+        initial_state: up_opt("initial_state", inputs.initial_state)?,
+        a_log: up_opt("A_log", inputs.a_log)?,
+        dt_bias: up_opt("dt_bias", inputs.dt_bias)?,
+    })
+}
