@@ -108,7 +108,7 @@ pub fn tolerance(case: Case, quantity: Quantity) -> f64 {
     match op {
         Op::Forward | Op::Decode => {
             let state = matches!(quantity, State);
-            match (arithmetic, dtype) {
+            let own: f64 = match (arithmetic, dtype) {
                 (Arithmetic::F32, F32) => 1e-5,
                 // The decode kernel keeps q, k in f32 registers after normalizing them: its
                 // states carry no rounding of q̂, k̂.
@@ -150,9 +150,9 @@ pub fn tolerance(case: Case, quantity: Quantity) -> f64 {
                     }
                 }
                 (F16Operands, _) => 3e-3,
-            }
+            };
             // Rounded operands add to the storage rounding: never tighter than f32 arithmetic.
-            .max(if arithmetic == Arithmetic::F32 {
+            own.max(if arithmetic == Arithmetic::F32 {
                 0.0
             } else {
                 tolerance(case.with_arithmetic(Arithmetic::F32), quantity)
