@@ -18,6 +18,7 @@
 //! # Ok::<(), gdn_wgpu::Error>(())
 //! ```
 
+pub mod backend;
 #[cfg(all(feature = "cli", not(target_arch = "wasm32")))]
 pub mod bench;
 pub mod error;
@@ -29,8 +30,11 @@ pub mod tensor;
 pub mod tolerance;
 pub mod wgpu_backend;
 
+pub use backend::{Backend, Oracle};
 pub use error::{Error, Result};
-pub use problem::{CHUNK, ForwardInputs, ForwardOutputs, Options, Problem, check_host_values};
+pub use problem::{
+    CHUNK, ForwardInputs, ForwardOutputs, Gradients, Options, Problem, check_host_values,
+};
 pub use random::RandomSpec;
 pub use tensor::{DType, HostTensor, TensorMeta, relative_l2};
 

@@ -79,6 +79,27 @@ pub struct ForwardOutputs<T> {
     pub final_state: T,
 }
 
+/// Gradients of a scalar loss w.r.t. the raw inputs of the forward.
+#[derive(Debug, Clone)]
+pub struct Gradients<T> {
+    /// `[B,T,H,K]`, dtype of q: summed over each GVA group, through the l2norm with `l2norm_qk`.
+    pub dq: T,
+    /// `[B,T,H,K]`, dtype of k.
+    pub dk: T,
+    /// `[B,T,HV,V]`, dtype of v.
+    pub dv: T,
+    /// `[B,T,HV]` f32, w.r.t. the raw g (through the gate activation with `gate_in_kernel`).
+    pub dg: T,
+    /// `[B,T,HV]` f32, w.r.t. the raw beta (through the sigmoid and ×2 when enabled).
+    pub dbeta: T,
+    /// The state shape, f32; only when the forward had an initial state.
+    pub dh0: Option<T>,
+    /// `[HV]` f32, with `gate_in_kernel`.
+    pub da_log: Option<T>,
+    /// `[HV]` f32, with `gate_in_kernel`.
+    pub ddt_bias: Option<T>,
+}
+
 impl<T> ForwardInputs<T> {
     /// Borrow every tensor.
     pub fn as_ref(&self) -> ForwardInputs<&T> {

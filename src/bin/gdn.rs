@@ -311,7 +311,7 @@ fn backward_cpu(
     inputs: &ForwardInputs<HostTensor>,
     d_o: &HostTensor,
     dht: Option<&HostTensor>,
-) -> gdn_wgpu::Result<wgpu_backend::Gradients<HostTensor>> {
+) -> gdn_wgpu::Result<gdn_wgpu::Gradients<HostTensor>> {
     let g = reference::backward(problem, &inputs.as_ref(), d_o, dht)?;
     let narrow = |shape: &[usize], x: Vec<f64>, dtype: DType| {
         HostTensor::new(shape.to_vec(), x.into_iter().map(|x| x as f32).collect()).with_dtype(dtype)
@@ -323,7 +323,7 @@ fn backward_cpu(
         problem.state_shape(),
         [problem.heads_v],
     );
-    Ok(wgpu_backend::Gradients {
+    Ok(gdn_wgpu::Gradients {
         dq: narrow(&qk, g.dq, inputs.q.dtype),
         dk: narrow(&qk, g.dk, inputs.k.dtype),
         dv: narrow(&v, g.dv, inputs.v.dtype),

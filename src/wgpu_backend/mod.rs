@@ -1,6 +1,7 @@
 //! The wgpu backend: context, pipeline cache, tensors, shader assembly and one launcher per
 //! WGSL pass. Launchers record into a caller's `wgpu::CommandEncoder` and never submit.
 
+mod backend;
 pub mod backward;
 mod context;
 pub mod decode;
@@ -15,9 +16,7 @@ pub mod tuning;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use backward::backward_host;
-pub use backward::{
-    Gradients, Saved, backward, backward_profiled, forward_backward, forward_saved,
-};
+pub use backward::{Saved, backward, backward_profiled, forward_backward, forward_saved};
 pub use context::{Context, list_adapters};
 pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, decode_step};
 #[cfg(not(target_arch = "wasm32"))]
