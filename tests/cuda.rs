@@ -193,10 +193,7 @@ fn cuda() -> Option<&'static Context> {
     static CTX: OnceLock<Result<Context, String>> = OnceLock::new();
     let ctx = CTX.get_or_init(|| {
         Context::new()
-            .map(|c| {
-                eprintln!("{}", c.describe());
-                c
-            })
+            .inspect(|c| eprintln!("{}", c.describe()))
             .map_err(|e| e.to_string())
     });
     match ctx {
@@ -397,10 +394,10 @@ fn check(
     op: Op,
     dtype: DType,
     ctx: &Context,
-    o: &HostTensor,
-    state: &HostTensor,
+    got: &ForwardOutputs<HostTensor>,
     expected: &ForwardOutputs<Vec<f64>>,
 ) -> Result<(), String> {
+    let (o, state) = (&got.o, &got.final_state);
     let tol = Case::new(op, dtype)
         .with_arithmetic(ctx.arithmetic(&case.problem, dtype))
         .with_l2norm(case.problem.options.l2norm_qk);
@@ -460,17 +457,11 @@ fn forward_matches_the_oracle_on_the_hard_cases_every_dtype() {
             };
             cuda_backend::forward_into(ctx, p, &seq, &dev.as_ref(), &outputs).unwrap();
             ctx.synchronize().unwrap();
-            let (o, state) = (o.download(ctx).unwrap(), state.download(ctx).unwrap());
-            if let Err(e) = check(
-                "forward",
-                &case,
-                Op::Forward,
-                dtype,
-                ctx,
-                &o,
-                &state,
-                &expected,
-            ) {
+            let got = ForwardOutputs {
+                o: o.download(ctx).unwrap(),
+                final_state: state.download(ctx).unwrap(),
+            };
+            if let Err(e) = check("forward", &case, Op::Forward, dtype, ctx, &got, &expected) {
                 failures.push(e);
             }
         }
@@ -497,9 +488,12 @@ fn decode_matches_the_oracle_on_the_hard_cases_every_dtype() {
                 cuda_backend::decode_into(ctx, p, &seq, &dev.as_ref(), &o, &pool, tokens_per_step)
                     .unwrap();
                 ctx.synchronize().unwrap();
-                let (o, state) = (o.download(ctx).unwrap(), pool.download(ctx).unwrap());
+                let got = ForwardOutputs {
+                    o: o.download(ctx).unwrap(),
+                    final_state: pool.download(ctx).unwrap(),
+                };
                 let what = format!("decode ({tokens_per_step}/step)");
-                if let Err(e) = check(&what, &case, Op::Decode, dtype, ctx, &o, &state, &expected) {
+                if let Err(e) = check(&what, &case, Op::Decode, dtype, ctx, &got, &expected) {
                     failures.push(e);
                 }
             }
@@ -526,16 +520,7 @@ fn the_backend_trait_runs_forward_and_decode_and_refuses_backward() {
             ("Backend::decode", Op::Decode, dec),
         ] {
             assert_eq!(out.final_state.shape, case.problem.state_shape().to_vec());
-            if let Err(e) = check(
-                what,
-                case,
-                op,
-                dtype,
-                ctx,
-                &out.o,
-                &out.final_state,
-                &expected,
-            ) {
+            if let Err(e) = check(what, case, op, dtype, ctx, &out, &expected) {
                 failures.push(e);
             }
         }
