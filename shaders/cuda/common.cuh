@@ -1,0 +1,41 @@
+// Shared by every CUDA pass: NVRTC compiles this prelude followed by one pass file (see
+// src/cuda_backend/kernels.rs), so a pass needs no include of its own for these helpers.
+// Storage dtypes are loaded to f32 and stored with round-to-nearest-even, as the oracle rounds.
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+
+namespace gdn {
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+    return __float2bfloat16_rn(x);
+}
+
+// FLA's softplus: x above 20, else ln(1 + e^x).
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    return x;
+}
+
+// Option bits; the same constants live in src/cuda_backend/recurrent.rs.
+constexpr int L2NORM_QK = 1;
+constexpr int BETA_SIGMOID = 2;
+constexpr int NEG_EIGVAL = 4;
+constexpr int GATE_IN_KERNEL = 8;
+constexpr int STATE_V_FIRST = 16;
+
+// The in-kernel l2norm's epsilon, inside the square root (problem.rs L2NORM_EPS).
+constexpr float L2NORM_EPS = 1e-6f;
+
+}  // namespace gdn

@@ -1,0 +1,69 @@
+//! The CUDA [`Context`] as a [`Backend`] (`--backend cuda`).
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::problem::{ForwardInputs, ForwardOutputs, Gradients, Problem};
+use crate::tensor::{DType, HostTensor};
+use crate::tolerance::{Arithmetic, Op};
+
+use super::Context;
+use super::recurrent::{self, STORAGE_DTYPES};
+
+impl Backend for Context {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn describe(&self) -> String {
+        let (major, minor) = self.capability();
+        format!(
+            "cuda (device {}: {}, compute capability {major}.{minor}, kernels for {})",
+            self.ordinal(),
+            self.device_name(),
+            self.target().arch()
+        )
+    }
+
+    fn storage_dtypes(&self, op: Op) -> Vec<DType> {
+        match op {
+            Op::Forward | Op::Decode => STORAGE_DTYPES.to_vec(),
+            // No backward kernels yet.
+            Op::Backward => Vec::new(),
+        }
+    }
+
+    fn arithmetic(&self, _problem: &Problem, _dtype: DType) -> Arithmetic {
+        // The recurrent kernel multiplies in f32 whatever the storage dtype.
+        Arithmetic::F32
+    }
+
+    fn forward(
+        &self,
+        problem: &Problem,
+        inputs: &ForwardInputs<&HostTensor>,
+    ) -> Result<ForwardOutputs<HostTensor>> {
+        recurrent::forward_host(self, problem, inputs)
+    }
+
+    fn forward_backward(
+        &self,
+        _problem: &Problem,
+        _inputs: &ForwardInputs<&HostTensor>,
+        _d_o: &HostTensor,
+        _d_final_state: Option<&HostTensor>,
+    ) -> Result<(ForwardOutputs<HostTensor>, Gradients<HostTensor>)> {
+        Err(Error::unsupported(
+            "cuda",
+            "backward on the cuda backend (no backward kernels yet)",
+        ))
+    }
+
+    fn decode(
+        &self,
+        problem: &Problem,
+        inputs: &ForwardInputs<&HostTensor>,
+        tokens_per_step: usize,
+    ) -> Result<ForwardOutputs<HostTensor>> {
+        recurrent::decode_host(self, problem, inputs, tokens_per_step)
+    }
+}

@@ -1,0 +1,184 @@
+//! The CUDA device: driver context, the stream every launcher enqueues on, the NVRTC target
+//! of its architecture, and the kernels loaded so far.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, sys};
+
+use super::kernels::Source;
+use super::nvrtc::{self, Target};
+use crate::error::{Error, Result};
+
+/// One CUDA device and the stream this crate's launchers enqueue on.
+pub struct Context {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    ordinal: usize,
+    name: String,
+    capability: (i32, i32),
+    target: Target,
+    cache_dir: Option<PathBuf>,
+    modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("ordinal", &self.ordinal)
+            .field("name", &self.name)
+            .field("capability", &self.capability)
+            .field("target", &self.target)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A driver error as the crate's error, naming what was being done.
+pub(crate) fn driver_error(what: &str, e: DriverError) -> Error {
+    Error::Gpu(format!("CUDA {what}: {e:?}"))
+}
+
+fn missing_driver() -> Error {
+    Error::NoAdapter(
+        "the CUDA driver library (libcuda.so) could not be loaded: no NVIDIA driver installed, \
+         or its folder is not on LD_LIBRARY_PATH"
+            .into(),
+    )
+}
+
+impl Context {
+    /// The first CUDA device.
+    pub fn new() -> Result<Self> {
+        Self::with_ordinal(0)
+    }
+
+    /// The device `ordinal`. Without a driver, without that device or on a device older than
+    /// compute capability 8.0 this is an error ([`Error::NoAdapter`], [`Error::Unsupported`]),
+    /// never a panic.
+    pub fn with_ordinal(ordinal: usize) -> Result<Self> {
+        // cudarc's dynamic loading panics when libcuda cannot be opened (on the first driver
+        // call); probe for the library first, and catch any panic of the calls below too.
+        let present =
+            std::panic::catch_unwind(|| unsafe { sys::is_culib_present() }).unwrap_or(false);
+        if !present {
+            return Err(missing_driver());
+        }
+        let made = std::panic::catch_unwind(|| -> Result<_> {
+            let ctx = CudaContext::new(ordinal).map_err(|e| match e.0 {
+                sys::CUresult::CUDA_ERROR_NO_DEVICE => {
+                    Error::NoAdapter("the CUDA driver reports no CUDA device".into())
+                }
+                sys::CUresult::CUDA_ERROR_INVALID_DEVICE => {
+                    let count = CudaContext::device_count().unwrap_or(0);
+                    Error::NoAdapter(format!(
+                        "CUDA device {ordinal} does not exist ({count} device(s))"
+                    ))
+                }
+                _ => Error::RequestDevice(format!("CUDA context on device {ordinal}: {e:?}")),
+            })?;
+            let name = ctx.name().map_err(|e| driver_error("device name", e))?;
+            let capability = ctx
+                .compute_capability()
+                .map_err(|e| driver_error("compute capability", e))?;
+            let stream = ctx
+                .new_stream()
+                .map_err(|e| driver_error("stream creation", e))?;
+            Ok((ctx, stream, name, capability))
+        })
+        .map_err(|_| missing_driver())?;
+        let (ctx, stream, name, capability) = made?;
+        let target = Target::for_capability(capability.0, capability.1)?;
+        Ok(Context {
+            ctx,
+            stream,
+            ordinal,
+            name,
+            capability,
+            target,
+            cache_dir: nvrtc::default_cache_dir(),
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The same context with the kernel cache in `dir` (`None`: compile every time).
+    pub fn with_cache_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.cache_dir = dir;
+        self
+    }
+
+    /// The stream every launcher enqueues on; [`Context::synchronize`] waits for it.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The driver context.
+    pub fn cuda_context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
+    }
+
+    pub fn device_name(&self) -> &str {
+        &self.name
+    }
+
+    /// Compute capability (major, minor).
+    pub fn capability(&self) -> (i32, i32) {
+        self.capability
+    }
+
+    /// What NVRTC compiles for on this device.
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    /// Wait until everything enqueued on [`Context::stream`] has run.
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_error("stream synchronize", e))
+    }
+
+    /// The kernel `function` of `source`, compiling (through the cache) and loading the module
+    /// on first use.
+    pub(crate) fn function(&self, source: &Source, function: &str) -> Result<CudaFunction> {
+        let module = self.module(source)?;
+        module
+            .load_function(function)
+            .map_err(|e| driver_error(&format!("kernel {function} of {}", source.file), e))
+    }
+
+    fn module(&self, source: &Source) -> Result<Arc<CudaModule>> {
+        let mut modules = self
+            .modules
+            .lock()
+            .map_err(|_| Error::Gpu("CUDA module table poisoned by a panic".into()))?;
+        if let Some(m) = modules.get(source.file) {
+            return Ok(m.clone());
+        }
+        let text = source.full_text();
+        let dir = self.cache_dir.as_deref();
+        let image = nvrtc::compile_cached(source.file, &text, self.target, dir)?;
+        let module = match self.load(image) {
+            Ok(m) => m,
+            // A cached image the driver refuses (say, from a newer NVRTC than the driver):
+            // drop it and compile afresh.
+            Err(_) if dir.is_some() => {
+                nvrtc::evict(source.file, &text, self.target, dir.unwrap_or(".".as_ref()));
+                self.load(nvrtc::compile(source.file, &text, self.target)?)
+                    .map_err(|e| driver_error(&format!("loading {}", source.file), e))?
+            }
+            Err(e) => return Err(driver_error(&format!("loading {}", source.file), e)),
+        };
+        modules.insert(source.file, module.clone());
+        Ok(module)
+    }
+
+    fn load(&self, image: nvrtc::Image) -> std::result::Result<Arc<CudaModule>, DriverError> {
+        self.ctx
+            .load_module(cudarc::nvrtc::Ptx::from_binary(image.bytes))
+    }
+}

@@ -1,0 +1,32 @@
+//! NVIDIA kernels (feature `cuda`): CUDA C++ sources in `shaders/cuda/`, compiled at run time by
+//! NVRTC for the device's architecture (sm_90a on Hopper, sm_80 on Ampere/Ada, compute_80 PTX
+//! on newer devices) and cached on disk; driven through cudarc's driver API.
+//!
+//! Driver and NVRTC are loaded dynamically when first needed, so the crate builds and runs
+//! without CUDA; [`Context::new`] without a driver or device is an [`crate::Error::NoAdapter`].
+//!
+//! So far: the recurrent kernel (forward and decode, every option and storage dtype, f32
+//! arithmetic). The chunked tensor-core forward and the backward come later;
+//! `forward_backward` answers [`crate::Error::Unsupported`].
+//!
+//! ```no_run
+//! use gdn_wgpu::{cuda_backend::Context, Backend, Options, Problem, RandomSpec};
+//! let problem = Problem::new(1, 256, 2, 4, 64, 64, None, Options::default())?;
+//! let inputs = RandomSpec::default().generate(&problem);
+//! let ctx = Context::new()?;
+//! let out = ctx.forward(&problem, &inputs.as_ref())?;
+//! # Ok::<(), gdn_wgpu::Error>(())
+//! ```
+
+mod backend;
+mod context;
+pub mod kernels;
+pub mod nvrtc;
+pub mod recurrent;
+mod tensor;
+
+pub use context::Context;
+pub use recurrent::{
+    SeqBounds, Window, decode_host, decode_into, forward_host, forward_into, launch_recurrent,
+};
+pub use tensor::CudaTensor;

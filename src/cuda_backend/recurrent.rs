@@ -1,0 +1,362 @@
+//! The recurrent kernel (`shaders/cuda/recurrent.cu`): the token-by-token recurrence with every
+//! option, serving both the forward and decode. Launchers only enqueue on the context's
+//! stream; the `*_host` functions upload, launch, wait and download.
+
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::context::{Context, driver_error};
+use super::kernels::RECURRENT;
+use super::tensor::CudaTensor;
+use crate::error::{Error, Result};
+use crate::problem::{ForwardInputs, ForwardOutputs, Problem};
+use crate::tensor::{DType, HostTensor, TensorMeta};
+
+/// Storage dtypes of q, k, v (and o) the recurrent kernel takes.
+pub const STORAGE_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+/// v columns per thread block and threads per block: `BV` and `BV·KSPLIT` in recurrent.cu.
+const BLOCK_V: usize = 32;
+const THREADS: u32 = 128;
+
+// Option bits, as in common.cuh.
+const L2NORM_QK: i32 = 1;
+const BETA_SIGMOID: i32 = 2;
+const NEG_EIGVAL: i32 = 4;
+const GATE_IN_KERNEL: i32 = 8;
+const STATE_V_FIRST: i32 = 16;
+
+/// Mirrors `gdn::RecurrentParams` in recurrent.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct RecurrentParams {
+    heads_qk: i32,
+    heads_v: i32,
+    key_dim: i32,
+    value_dim: i32,
+    group: i32,
+    flags: i32,
+    window_begin: i32,
+    window_len: i32,
+    scale: f32,
+}
+
+// SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernel takes by value.
+unsafe impl DeviceRepr for RecurrentParams {}
+
+/// The sequences' token boundaries on the packed axis (`cu_seqlens`, or `b·T` without it), as
+/// the kernel reads them (i32, N + 1 entries).
+#[derive(Debug)]
+pub struct SeqBounds {
+    sequences: usize,
+    buf: CudaSlice<i32>,
+}
+
+fn to_i32(name: &str, x: usize) -> Result<i32> {
+    i32::try_from(x).map_err(|_| Error::value(name, format!("at most {}", i32::MAX), x))
+}
+
+impl SeqBounds {
+    /// Upload the boundaries of `problem`'s sequences (enqueued on the context's stream).
+    pub fn upload(ctx: &Context, problem: &Problem) -> Result<Self> {
+        let seqs = problem.sequences();
+        let mut bounds = Vec::with_capacity(seqs.len() + 1);
+        bounds.push(0);
+        for s in &seqs {
+            bounds.push(to_i32("tokens (B·T)", s.end)?);
+        }
+        let buf = ctx
+            .stream()
+            .clone_htod(&bounds)
+            .map_err(|e| driver_error("upload of the sequence bounds", e))?;
+        Ok(SeqBounds {
+            sequences: seqs.len(),
+            buf,
+        })
+    }
+}
+
+/// The tokens of each sequence one launch runs: `begin..begin + len` relative to each
+/// sequence's start (clamped to its end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub begin: usize,
+    pub len: usize,
+}
+
+fn check_tensor<T: TensorMeta>(name: &str, t: &T, shape: &[usize], dtype: DType) -> Result<()> {
+    if t.shape() != shape {
+        return Err(Error::shape(name, shape, t.shape()));
+    }
+    if t.dtype() != dtype {
+        return Err(Error::DType {
+            name: name.into(),
+            expected: dtype.to_string(),
+            got: t.dtype().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// Enqueue one recurrent launch: for every sequence and v-head, read the state from `h_in`
+/// (zeros when `None`), run the tokens of `window`, write o for them and the state to `h_out`.
+/// `h_in` may be `h_out` (a state pool updated in place). No host synchronisation.
+#[allow(clippy::too_many_arguments)]
+pub fn launch_recurrent(
+    ctx: &Context,
+    problem: &Problem,
+    seq: &SeqBounds,
+    inputs: &ForwardInputs<&CudaTensor>,
+    h_in: Option<&CudaTensor>,
+    o: &CudaTensor,
+    h_out: &CudaTensor,
+    window: Window,
+) -> Result<()> {
+    let p = problem;
+    p.check_inputs(inputs, &STORAGE_DTYPES)?;
+    let dtype = inputs.q.dtype();
+    check_tensor("o", o, &p.v_shape(), dtype)?;
+    check_tensor("final_state", h_out, &p.state_shape(), DType::F32)?;
+    if let Some(h) = h_in {
+        check_tensor("initial_state", h, &p.state_shape(), DType::F32)?;
+    }
+    if seq.sequences != p.num_sequences() {
+        return Err(Error::value(
+            "sequence bounds",
+            format!("{} sequences (the problem's N)", p.num_sequences()),
+            seq.sequences,
+        ));
+    }
+    to_i32("tokens (B·T)", p.total_tokens())?;
+    // Grid y and z are limited to 65535 blocks.
+    for (name, x) in [
+        ("heads_v (HV)", p.heads_v),
+        ("sequences (N)", seq.sequences),
+    ] {
+        if x > 65535 {
+            return Err(Error::unsupported(
+                name,
+                format!("{x} on the cuda backend (at most 65535)"),
+            ));
+        }
+    }
+    let o_ = p.options;
+    let flags = [
+        (o_.l2norm_qk, L2NORM_QK),
+        (o_.beta_sigmoid, BETA_SIGMOID),
+        (o_.allow_neg_eigval, NEG_EIGVAL),
+        (o_.gate_in_kernel, GATE_IN_KERNEL),
+        (o_.state_v_first, STATE_V_FIRST),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |acc, (_, bit)| acc | bit);
+    let params = RecurrentParams {
+        heads_qk: p.heads_qk as i32,
+        heads_v: p.heads_v as i32,
+        key_dim: p.key_dim as i32,
+        value_dim: p.value_dim as i32,
+        group: p.group() as i32,
+        flags,
+        window_begin: window.begin.min(i32::MAX as usize) as i32,
+        window_len: window.len.min(i32::MAX as usize) as i32,
+        scale: p.scale(),
+    };
+    let function = match dtype {
+        DType::F32 => "gdn_recurrent_f32",
+        DType::F16 => "gdn_recurrent_f16",
+        DType::BF16 => "gdn_recurrent_bf16",
+    };
+    let func = ctx.function(&RECURRENT, function)?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            p.value_dim.div_ceil(BLOCK_V) as u32,
+            p.heads_v as u32,
+            seq.sequences as u32,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // Absent optional tensors are null pointers.
+    let null: u64 = 0;
+    let stream = ctx.stream();
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&params)
+        .arg(&seq.buf)
+        .arg(inputs.q.buffer())
+        .arg(inputs.k.buffer())
+        .arg(inputs.v.buffer())
+        .arg(inputs.g.buffer())
+        .arg(inputs.beta.buffer());
+    match inputs.a_log {
+        Some(t) => launch.arg(t.buffer()),
+        None => launch.arg(&null),
+    };
+    match inputs.dt_bias {
+        Some(t) => launch.arg(t.buffer()),
+        None => launch.arg(&null),
+    };
+    match h_in {
+        Some(t) => launch.arg(t.buffer()),
+        None => launch.arg(&null),
+    };
+    launch.arg(o.buffer()).arg(h_out.buffer());
+    // SAFETY: the argument list matches GDN_RECURRENT in recurrent.cu; every buffer was checked
+    // above to have the shape and dtype the kernel indexes with.
+    unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {function}"), e))?;
+    Ok(())
+}
+
+/// Enqueue the forward: one launch over every token, o and the final state into `outputs`.
+pub fn forward_into(
+    ctx: &Context,
+    problem: &Problem,
+    seq: &SeqBounds,
+    inputs: &ForwardInputs<&CudaTensor>,
+    outputs: &ForwardOutputs<&CudaTensor>,
+) -> Result<()> {
+    let longest = problem
+        .sequences()
+        .iter()
+        .map(|s| s.len())
+        .max()
+        .unwrap_or(0);
+    launch_recurrent(
+        ctx,
+        problem,
+        seq,
+        inputs,
+        inputs.initial_state,
+        outputs.o,
+        outputs.final_state,
+        Window {
+            begin: 0,
+            len: longest,
+        },
+    )
+}
+
+/// Enqueue decode steps of `tokens_per_step` tokens per sequence over `pool` (the state
+/// shape, f32, holding each sequence's starting state), updated in place; o into `o`.
+/// `inputs.initial_state` is ignored: the pool is the state.
+pub fn decode_into(
+    ctx: &Context,
+    problem: &Problem,
+    seq: &SeqBounds,
+    inputs: &ForwardInputs<&CudaTensor>,
+    o: &CudaTensor,
+    pool: &CudaTensor,
+    tokens_per_step: usize,
+) -> Result<()> {
+    if tokens_per_step == 0 {
+        return Err(Error::value("tokens_per_step", "at least 1", 0));
+    }
+    let inputs = ForwardInputs {
+        initial_state: None,
+        ..*inputs
+    };
+    let longest = problem
+        .sequences()
+        .iter()
+        .map(|s| s.len())
+        .max()
+        .unwrap_or(0);
+    // One launch even for empty sequences, so the pool is validated and o checked.
+    let steps = longest.div_ceil(tokens_per_step).max(1);
+    for step in 0..steps {
+        let window = Window {
+            begin: step * tokens_per_step,
+            len: tokens_per_step,
+        };
+        launch_recurrent(ctx, problem, seq, &inputs, Some(pool), o, pool, window)?;
+    }
+    Ok(())
+}
+
+fn upload_inputs(
+    ctx: &Context,
+    inputs: &ForwardInputs<&HostTensor>,
+) -> Result<ForwardInputs<CudaTensor>> {
+    let up = |name: &str, t: &HostTensor| CudaTensor::upload(ctx, name, t);
+    Ok(ForwardInputs {
+        q: up("q", inputs.q)?,
+        k: up("k", inputs.k)?,
+        v: up("v", inputs.v)?,
+        g: up("g", inputs.g)?,
+        beta: up("beta", inputs.beta)?,
+        initial_state: inputs
+            .initial_state
+            .map(|t| up("initial_state", t))
+            .transpose()?,
+        a_log: inputs.a_log.map(|t| up("A_log", t)).transpose()?,
+        dt_bias: inputs.dt_bias.map(|t| up("dt_bias", t)).transpose()?,
+    })
+}
+
+fn check_host(problem: &Problem, inputs: &ForwardInputs<&HostTensor>) -> Result<()> {
+    problem.check_inputs(inputs, &STORAGE_DTYPES)?;
+    crate::problem::check_host_values(problem, inputs)
+}
+
+/// The forward on host tensors: check, upload, launch, wait, download.
+pub fn forward_host(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&HostTensor>,
+) -> Result<ForwardOutputs<HostTensor>> {
+    check_host(problem, inputs)?;
+    let dev = upload_inputs(ctx, inputs)?;
+    let seq = SeqBounds::upload(ctx, problem)?;
+    let o = CudaTensor::zeros(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
+    let state = CudaTensor::zeros(ctx, "final_state", &problem.state_shape(), DType::F32)?;
+    forward_into(
+        ctx,
+        problem,
+        &seq,
+        &dev.as_ref(),
+        &ForwardOutputs {
+            o: &o,
+            final_state: &state,
+        },
+    )?;
+    ctx.synchronize()?;
+    Ok(ForwardOutputs {
+        o: o.download(ctx)?,
+        final_state: state.download(ctx)?,
+    })
+}
+
+/// Decode on host tensors: a pool seeded with the initial states (zeros without), steps of
+/// `tokens_per_step` tokens, wait, download o and the pool.
+pub fn decode_host(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&HostTensor>,
+    tokens_per_step: usize,
+) -> Result<ForwardOutputs<HostTensor>> {
+    check_host(problem, inputs)?;
+    if tokens_per_step == 0 {
+        return Err(Error::value("tokens_per_step", "at least 1", 0));
+    }
+    let mut dev = upload_inputs(ctx, inputs)?;
+    let pool = match dev.initial_state.take() {
+        Some(h0) => h0,
+        None => CudaTensor::zeros(ctx, "state pool", &problem.state_shape(), DType::F32)?,
+    };
+    let seq = SeqBounds::upload(ctx, problem)?;
+    let o = CudaTensor::zeros(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
+    decode_into(
+        ctx,
+        problem,
+        &seq,
+        &dev.as_ref(),
+        &o,
+        &pool,
+        tokens_per_step,
+    )?;
+    ctx.synchronize()?;
+    Ok(ForwardOutputs {
+        o: o.download(ctx)?,
+        final_state: pool.download(ctx)?,
+    })
+}

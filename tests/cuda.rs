@@ -1,0 +1,593 @@
+//! The CUDA backend (feature `cuda`).
+//!
+//! Without a GPU: every `shaders/cuda/*.cu` compiles with NVRTC for sm_90a, sm_80 and
+//! compute_80 (needs libnvrtc on LD_LIBRARY_PATH; a missing NVRTC fails the test), the kernel
+//! cache, and a typed error (not a panic) from `Context::new` when there is no driver.
+//!
+//! With a CUDA device: forward and decode of the recurrent kernel against the f64 oracle on the
+//! hard cases (T not a multiple of 64, T = 1, varlen with empty and length-1 sequences, GVA,
+//! g = 0 and g ≈ −20 heads, β near 0 and near 2, h0 on/off, every option, every dtype), outputs
+//! NaN-poisoned before the kernels run, tolerances from `gdn_wgpu::tolerance`. Without a
+//! device they print "not run", unless `GDN_REQUIRE_CUDA=1`, which makes them fail.
+#![cfg(feature = "cuda")]
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use common::each_single_option;
+use gdn_wgpu::cuda_backend::nvrtc::{self, Target};
+use gdn_wgpu::cuda_backend::{self, Context, CudaTensor, SeqBounds, kernels};
+use gdn_wgpu::tolerance::{Case, Op, Quantity};
+use gdn_wgpu::{
+    Backend, DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec,
+    reference, relative_l2,
+};
+
+const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
+
+// ---------------------------------------------------------------------------------------------
+// Without a GPU
+
+fn require_nvrtc() {
+    assert!(
+        nvrtc::nvrtc_available(),
+        "NVRTC (libnvrtc.so) could not be loaded: run shared/tools/cuda/fetch-nvrtc.sh and put \
+         its lib folder on LD_LIBRARY_PATH"
+    );
+}
+
+#[test]
+fn every_cuda_source_is_registered() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("shaders/cuda");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cu"))
+        .collect();
+    on_disk.sort();
+    let mut registered: Vec<String> = kernels::SOURCES.iter().map(|s| s.file.into()).collect();
+    registered.sort();
+    assert_eq!(on_disk, registered, "shaders/cuda/*.cu vs kernels::SOURCES");
+    for s in kernels::SOURCES {
+        let text = std::fs::read_to_string(dir.join(s.file)).unwrap();
+        assert_eq!(text, s.text, "{} is stale in the build", s.file);
+    }
+}
+
+#[test]
+fn every_cuda_source_compiles_for_sm90a_sm80_and_compute80() {
+    require_nvrtc();
+    eprintln!("CUDA include folders: {:?}", nvrtc::include_dirs());
+    for source in kernels::SOURCES {
+        for target in [Target::Sm90a, Target::Sm80, Target::Compute80Ptx] {
+            let image = nvrtc::compile(source.file, &source.full_text(), target)
+                .unwrap_or_else(|e| panic!("{}", e));
+            if target == Target::Compute80Ptx {
+                let ptx = String::from_utf8_lossy(&image.bytes);
+                assert!(
+                    ptx.contains(".target sm_80"),
+                    "{}: not sm_80 PTX",
+                    source.file
+                );
+            } else {
+                assert!(
+                    image.bytes.starts_with(b"\x7fELF"),
+                    "{}: not a cubin",
+                    source.file
+                );
+            }
+            eprintln!(
+                "{} for {}: {} bytes",
+                source.file,
+                target.arch(),
+                image.bytes.len()
+            );
+        }
+    }
+}
+
+#[test]
+fn the_recurrent_kernel_exports_every_dtype() {
+    require_nvrtc();
+    let image = nvrtc::compile(
+        kernels::RECURRENT.file,
+        &kernels::RECURRENT.full_text(),
+        Target::Compute80Ptx,
+    )
+    .unwrap();
+    let ptx = String::from_utf8_lossy(&image.bytes);
+    for name in [
+        "gdn_recurrent_f32",
+        "gdn_recurrent_f16",
+        "gdn_recurrent_bf16",
+    ] {
+        assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+    }
+}
+
+#[test]
+fn a_compile_error_is_a_typed_error_with_the_log() {
+    require_nvrtc();
+    let err = nvrtc::compile("broken.cu", "this is not C++;", Target::Sm80).unwrap_err();
+    let msg = err.to_string();
+    assert!(matches!(err, Error::Gpu(_)), "{err:?}");
+    assert!(msg.contains("broken.cu") && msg.contains("sm_80"), "{msg}");
+}
+
+#[test]
+fn the_kernel_cache_hits_and_never_fails_the_call() {
+    require_nvrtc();
+    let dir = std::env::temp_dir().join(format!("gdn-cuda-cache-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let src = kernels::RECURRENT.full_text();
+    let target = Target::Sm80;
+    let path = nvrtc::cache_path(&dir, "recurrent.cu", &src, target);
+
+    let first = nvrtc::compile_cached("recurrent.cu", &src, target, Some(&dir)).unwrap();
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        first.bytes,
+        "miss writes the entry"
+    );
+    // A hit returns the stored bytes (marked, so a recompile would show).
+    let mut marked = first.bytes.clone();
+    marked.extend_from_slice(b"cached");
+    std::fs::write(&path, &marked).unwrap();
+    let hit = nvrtc::compile_cached("recurrent.cu", &src, target, Some(&dir)).unwrap();
+    assert_eq!(hit.bytes, marked);
+    // Keys differ by source and by target.
+    assert_ne!(
+        path,
+        nvrtc::cache_path(&dir, "recurrent.cu", &format!("{src}\n"), target)
+    );
+    assert_ne!(
+        path,
+        nvrtc::cache_path(&dir, "recurrent.cu", &src, Target::Sm90a)
+    );
+    // A corrupt entry is recompiled and replaced.
+    std::fs::write(&path, b"garbage").unwrap();
+    let again = nvrtc::compile_cached("recurrent.cu", &src, target, Some(&dir)).unwrap();
+    assert!(again.bytes.starts_with(b"\x7fELF"));
+    assert_eq!(std::fs::read(&path).unwrap(), again.bytes);
+    // A cache folder that cannot be created (under a file) still compiles.
+    let blocked = dir.join("a-file");
+    std::fs::write(&blocked, b"x").unwrap();
+    let through = nvrtc::compile_cached("recurrent.cu", &src, target, Some(&blocked.join("sub")));
+    assert!(through.unwrap().bytes.starts_with(b"\x7fELF"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn targets_follow_the_compute_capability() {
+    assert_eq!(Target::for_capability(9, 0).unwrap(), Target::Sm90a);
+    for minor in [0, 6, 7, 9] {
+        assert_eq!(Target::for_capability(8, minor).unwrap(), Target::Sm80);
+    }
+    assert_eq!(Target::for_capability(10, 0).unwrap(), Target::Compute80Ptx);
+    assert_eq!(Target::for_capability(12, 0).unwrap(), Target::Compute80Ptx);
+    assert!(matches!(
+        Target::for_capability(7, 5),
+        Err(Error::Unsupported { .. })
+    ));
+}
+
+#[test]
+fn no_driver_or_device_is_a_typed_error_not_a_panic() {
+    match Context::new() {
+        Ok(ctx) => eprintln!("CUDA device present: {}", ctx.describe()),
+        Err(e) => {
+            assert!(matches!(e, Error::NoAdapter(_)), "{e:?}");
+            eprintln!("no CUDA device (expected on this machine): {e}");
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// With a CUDA device
+
+/// The shared context, or `None` with "not run" when there is no CUDA device; with
+/// `GDN_REQUIRE_CUDA=1` a missing device fails the test.
+fn cuda() -> Option<&'static Context> {
+    static CTX: OnceLock<Result<Context, String>> = OnceLock::new();
+    let ctx = CTX.get_or_init(|| {
+        Context::new()
+            .inspect(|c| eprintln!("{}", c.describe()))
+            .map_err(|e| e.to_string())
+    });
+    match ctx {
+        Ok(c) => Some(c),
+        Err(e) => {
+            if std::env::var("GDN_REQUIRE_CUDA").is_ok_and(|v| v == "1") {
+                panic!("GDN_REQUIRE_CUDA=1 but no CUDA context: {e}");
+            }
+            eprintln!("not run (no CUDA device; GDN_REQUIRE_CUDA=1 fails instead): {e}");
+            None
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn problem(
+    b: usize,
+    t: usize,
+    h: usize,
+    hv: usize,
+    k: usize,
+    v: usize,
+    cu: Option<Vec<usize>>,
+    options: Options,
+) -> Problem {
+    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
+}
+
+/// One hard case: a problem and how its inputs are drawn.
+struct HardCase {
+    name: String,
+    problem: Problem,
+    spec: RandomSpec,
+}
+
+fn spec(seed: u64, h0: bool) -> RandomSpec {
+    RandomSpec {
+        seed,
+        initial_state: h0,
+        ..RandomSpec::default()
+    }
+}
+
+fn hard_cases() -> Vec<HardCase> {
+    let d = Options::default();
+    let case = |name: &str, problem: Problem, spec: RandomSpec| HardCase {
+        name: name.into(),
+        problem,
+        spec,
+    };
+    let mut cases = vec![
+        // T not a multiple of 64, GVA 2, two V-blocks, a g = 0 head and a g ≈ −20 head.
+        case(
+            "B2 T130 GVA2 special gates h0",
+            problem(2, 130, 2, 4, 64, 64, None, d),
+            RandomSpec {
+                zero_gate_heads: 1,
+                strong_gate_heads: 1,
+                ..spec(1, true)
+            },
+        ),
+        case(
+            "B2 T130 no h0",
+            problem(2, 130, 2, 4, 64, 64, None, d),
+            spec(2, false),
+        ),
+        case(
+            "T1 GVA2 K128 V128",
+            problem(3, 1, 1, 2, 128, 128, None, d),
+            spec(3, true),
+        ),
+        // Varlen with an empty and several length-1 sequences; V = 48 leaves half a V-block.
+        case(
+            "varlen tiny sequences V48",
+            problem(1, 133, 2, 2, 32, 48, Some(vec![0, 1, 2, 2, 67, 68, 133]), d),
+            spec(4, true),
+        ),
+        case(
+            "varlen GVA4 no h0",
+            problem(1, 100, 1, 4, 64, 32, Some(vec![0, 37, 38, 100]), d),
+            RandomSpec {
+                zero_gate_heads: 1,
+                strong_gate_heads: 1,
+                ..spec(5, false)
+            },
+        ),
+        // The largest K (64 state rows per warp), the smallest V.
+        case(
+            "K256 V16",
+            problem(1, 70, 1, 1, 256, 16, None, d),
+            spec(6, true),
+        ),
+        case(
+            "beta near 0",
+            problem(1, 67, 2, 2, 64, 64, None, d),
+            RandomSpec {
+                beta: (0.0, 1e-3),
+                ..spec(7, true)
+            },
+        ),
+        case(
+            "beta near 2",
+            problem(1, 67, 2, 2, 64, 64, None, d),
+            RandomSpec {
+                beta: (1.95, 2.0),
+                ..spec(8, true)
+            },
+        ),
+        case(
+            "neg eigval beta near 2",
+            problem(
+                1,
+                67,
+                2,
+                4,
+                64,
+                64,
+                None,
+                Options {
+                    beta_sigmoid: true,
+                    allow_neg_eigval: true,
+                    ..d
+                },
+            ),
+            RandomSpec {
+                beta: (1.9, 1.999),
+                ..spec(9, true)
+            },
+        ),
+    ];
+    for (i, options) in each_single_option().into_iter().enumerate() {
+        cases.push(case(
+            &format!("option {options:?}"),
+            problem(1, 75, 2, 4, 64, 48, Some(vec![0, 1, 40, 75]), options),
+            RandomSpec {
+                zero_gate_heads: 1,
+                strong_gate_heads: 1,
+                ..spec(20 + i as u64, true)
+            },
+        ));
+    }
+    let all = Options {
+        scale: Some(0.37),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    cases.push(case(
+        "every option, GVA2, varlen",
+        problem(1, 90, 2, 4, 32, 64, Some(vec![0, 1, 65, 90]), all),
+        RandomSpec {
+            zero_gate_heads: 1,
+            strong_gate_heads: 1,
+            ..spec(40, true)
+        },
+    ));
+    cases.push(case(
+        "every option, dense, no h0",
+        problem(2, 65, 1, 2, 64, 64, None, all),
+        spec(41, false),
+    ));
+    cases
+}
+
+/// The case's inputs with q, k, v stored as `dtype`, and the oracle on those rounded inputs.
+fn inputs_and_oracle(
+    case: &HardCase,
+    dtype: DType,
+) -> (ForwardInputs<HostTensor>, ForwardOutputs<Vec<f64>>) {
+    let mut inputs = case.spec.generate(&case.problem);
+    for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
+        *t = t.clone().with_dtype(dtype);
+    }
+    let expected = reference::forward(&case.problem, &inputs.as_ref()).unwrap();
+    (inputs, expected)
+}
+
+fn upload(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> ForwardInputs<CudaTensor> {
+    let up = |name: &str, t: &HostTensor| CudaTensor::upload(ctx, name, t).unwrap();
+    ForwardInputs {
+        q: up("q", &inputs.q),
+        k: up("k", &inputs.k),
+        v: up("v", &inputs.v),
+        g: up("g", &inputs.g),
+        beta: up("beta", &inputs.beta),
+        initial_state: inputs.initial_state.as_ref().map(|t| up("h0", t)),
+        a_log: inputs.a_log.as_ref().map(|t| up("A_log", t)),
+        dt_bias: inputs.dt_bias.as_ref().map(|t| up("dt_bias", t)),
+    }
+}
+
+/// Compare o and the state with the oracle within the policy's tolerance for `op`.
+fn check(
+    what: &str,
+    case: &HardCase,
+    op: Op,
+    dtype: DType,
+    ctx: &Context,
+    got: &ForwardOutputs<HostTensor>,
+    expected: &ForwardOutputs<Vec<f64>>,
+) -> Result<(), String> {
+    let (o, state) = (&got.o, &got.final_state);
+    let tol = Case::new(op, dtype)
+        .with_arithmetic(ctx.arithmetic(&case.problem, dtype))
+        .with_l2norm(case.problem.options.l2norm_qk);
+    let (eo, es) = (
+        relative_l2(&o.data, &expected.o),
+        relative_l2(&state.data, &expected.final_state),
+    );
+    let (to, ts) = (
+        tol.tolerance(Quantity::Output),
+        tol.tolerance(Quantity::State),
+    );
+    eprintln!(
+        "{what} [{}] {dtype}: rel-L2 o {eo:.2e} (≤ {to:.0e}), state {es:.2e} (≤ {ts:.0e})",
+        case.name
+    );
+    if o.dtype != dtype {
+        return Err(format!(
+            "{what} [{}]: o came back as {}",
+            case.name, o.dtype
+        ));
+    }
+    // NaN compares false: a poisoned element left unwritten fails here.
+    if !(eo <= to && es <= ts) {
+        return Err(format!(
+            "{what} [{}] {dtype}: o {eo:e} (tol {to:e}), state {es:e} (tol {ts:e}) for {:?}",
+            case.name, case.problem
+        ));
+    }
+    Ok(())
+}
+
+fn fail_on(failures: Vec<String>) {
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn forward_matches_the_oracle_on_the_hard_cases_every_dtype() {
+    let Some(ctx) = cuda() else { return };
+    let mut failures = Vec::new();
+    for case in hard_cases() {
+        for dtype in DTYPES {
+            let p = &case.problem;
+            let (inputs, expected) = inputs_and_oracle(&case, dtype);
+            let dev = upload(ctx, &inputs);
+            let seq = SeqBounds::upload(ctx, p).unwrap();
+            let o = CudaTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
+            let state =
+                CudaTensor::filled(ctx, "state", &p.state_shape(), DType::F32, f32::NAN).unwrap();
+            let outputs = ForwardOutputs {
+                o: &o,
+                final_state: &state,
+            };
+            cuda_backend::forward_into(ctx, p, &seq, &dev.as_ref(), &outputs).unwrap();
+            ctx.synchronize().unwrap();
+            let got = ForwardOutputs {
+                o: o.download(ctx).unwrap(),
+                final_state: state.download(ctx).unwrap(),
+            };
+            if let Err(e) = check("forward", &case, Op::Forward, dtype, ctx, &got, &expected) {
+                failures.push(e);
+            }
+        }
+    }
+    fail_on(failures);
+}
+
+#[test]
+fn decode_matches_the_oracle_on_the_hard_cases_every_dtype() {
+    let Some(ctx) = cuda() else { return };
+    let mut failures = Vec::new();
+    for case in hard_cases() {
+        for dtype in DTYPES {
+            for tokens_per_step in [1, 5] {
+                let p = &case.problem;
+                let (inputs, expected) = inputs_and_oracle(&case, dtype);
+                let dev = upload(ctx, &inputs);
+                let seq = SeqBounds::upload(ctx, p).unwrap();
+                let pool = match &inputs.initial_state {
+                    Some(h0) => CudaTensor::upload(ctx, "pool", h0).unwrap(),
+                    None => CudaTensor::zeros(ctx, "pool", &p.state_shape(), DType::F32).unwrap(),
+                };
+                let o = CudaTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
+                cuda_backend::decode_into(ctx, p, &seq, &dev.as_ref(), &o, &pool, tokens_per_step)
+                    .unwrap();
+                ctx.synchronize().unwrap();
+                let got = ForwardOutputs {
+                    o: o.download(ctx).unwrap(),
+                    final_state: pool.download(ctx).unwrap(),
+                };
+                let what = format!("decode ({tokens_per_step}/step)");
+                if let Err(e) = check(&what, &case, Op::Decode, dtype, ctx, &got, &expected) {
+                    failures.push(e);
+                }
+            }
+        }
+    }
+    fail_on(failures);
+}
+
+#[test]
+fn the_backend_trait_runs_forward_and_decode_and_refuses_backward() {
+    let Some(ctx) = cuda() else { return };
+    assert_eq!(ctx.name(), "cuda");
+    assert_eq!(ctx.storage_dtypes(Op::Forward), DTYPES.to_vec());
+    assert!(ctx.storage_dtypes(Op::Backward).is_empty());
+    let cases = hard_cases();
+    let mut failures = Vec::new();
+    for case in [&cases[0], &cases[3], cases.last().unwrap()] {
+        let dtype = DType::BF16;
+        let (inputs, expected) = inputs_and_oracle(case, dtype);
+        let fwd = ctx.forward(&case.problem, &inputs.as_ref()).unwrap();
+        let dec = ctx.decode(&case.problem, &inputs.as_ref(), 3).unwrap();
+        for (what, op, out) in [
+            ("Backend::forward", Op::Forward, fwd),
+            ("Backend::decode", Op::Decode, dec),
+        ] {
+            assert_eq!(out.final_state.shape, case.problem.state_shape().to_vec());
+            if let Err(e) = check(what, case, op, dtype, ctx, &out, &expected) {
+                failures.push(e);
+            }
+        }
+    }
+    fail_on(failures);
+
+    let case = &cases[0];
+    let inputs = case.spec.generate(&case.problem);
+    let d_o = inputs.v.clone();
+    let err = ctx
+        .forward_backward(&case.problem, &inputs.as_ref(), &d_o, None)
+        .unwrap_err();
+    assert!(
+        matches!(err, Error::Unsupported { .. })
+            && err.to_string().contains("backward on the cuda backend"),
+        "{err}"
+    );
+}
+
+#[test]
+fn bad_input_is_a_typed_error() {
+    let Some(ctx) = cuda() else { return };
+    let case = &hard_cases()[0];
+    let p = &case.problem;
+    let inputs = case.spec.generate(p);
+    assert!(matches!(
+        ctx.decode(p, &inputs.as_ref(), 0),
+        Err(Error::Value { .. })
+    ));
+    // A positive log-decay is refused before anything runs.
+    let mut bad = inputs.clone();
+    bad.g.data[3] = 0.5;
+    assert!(matches!(
+        ctx.forward(p, &bad.as_ref()),
+        Err(Error::Value { .. })
+    ));
+    // o in the wrong dtype for the launcher.
+    let dev = upload(ctx, &inputs);
+    let seq = SeqBounds::upload(ctx, p).unwrap();
+    let o = CudaTensor::zeros(ctx, "o", &p.v_shape(), DType::BF16).unwrap();
+    let state = CudaTensor::zeros(ctx, "state", &p.state_shape(), DType::F32).unwrap();
+    let err = cuda_backend::forward_into(
+        ctx,
+        p,
+        &seq,
+        &dev.as_ref(),
+        &ForwardOutputs {
+            o: &o,
+            final_state: &state,
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::DType { .. }), "{err:?}");
+    // Sequence bounds of another problem.
+    let other = problem(3, 130, 2, 4, 64, 64, None, Options::default());
+    let seq3 = SeqBounds::upload(ctx, &other).unwrap();
+    let o = CudaTensor::zeros(ctx, "o", &p.v_shape(), DType::F32).unwrap();
+    let err = cuda_backend::forward_into(
+        ctx,
+        p,
+        &seq3,
+        &dev.as_ref(),
+        &ForwardOutputs {
+            o: &o,
+            final_state: &state,
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Value { .. }), "{err:?}");
+}
