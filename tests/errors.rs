@@ -1,4 +1,6 @@
-//! Every input error is a typed `Error` naming the parameter, never a panic.
+//! Every input error is a typed `Error` naming the parameter, never a panic: problems, tensors
+//! and GPU outputs of the forward, decode calls (which leave the state pool untouched) and the
+//! backward's upstream gradients and saved context.
 
 mod common;
 

@@ -487,6 +487,7 @@ fn within_webgpu_default_limits_on_a_caller_device() {
             // l2norm stores the normalized q, k in the storage dtype: one rounding in both.
             let case = Case::new(Op::Forward, dtype).with_l2norm(problem.options.l2norm_qk);
             let (tol_o, tol_s) = tol_o_state(case);
+            eprintln!("{dtype} K={k} V={v}: {e:?} (bounds {tol_o:e}, {tol_s:e})");
             assert!(
                 e.o <= tol_o && e.state <= tol_s,
                 "{dtype} K={k} V={v}: {e:?}"

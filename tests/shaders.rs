@@ -161,6 +161,8 @@ fn every_pass_translates_at_the_launchers_constants_within_the_device_limits() {
     let mut covered = BTreeSet::new();
     for limits in limit_tables() {
         let limit = limits.max_compute_workgroup_storage_size;
+        // The widest V-block of each scan at this limit, and whether the coop scan fits.
+        let mut widest: HashMap<Pass, u32> = HashMap::new();
         for problem in problems() {
             for variant in variants(&limits, &problem).unwrap() {
                 for &dtype in variant.pass.storage_dtypes() {
@@ -178,7 +180,30 @@ fn every_pass_translates_at_the_launchers_constants_within_the_device_limits() {
                     );
                 }
                 covered.insert(format!("{:?}", variant.pass));
+                if let Some(&(_, bv)) = variant.constants.iter().find(|(n, _)| *n == "V_BLOCK") {
+                    let w = widest.entry(variant.pass).or_default();
+                    *w = (*w).max(bv as u32);
+                }
+                if variant.pass == Pass::StateScanCoop {
+                    widest.insert(Pass::StateScanCoop, 32);
+                }
             }
+        }
+        // The larger tables must reach the bigger tiles they exist for.
+        let expected: &[(Pass, u32)] = match limit {
+            16384 => &[(Pass::StateScan, 16), (Pass::DhScan, 16)],
+            32768 => &[(Pass::StateScan, 64), (Pass::DhScan, 32)],
+            _ => &[
+                (Pass::StateScan, 64),
+                (Pass::DhScan, 64),
+                (Pass::StateScanCoop, 32),
+            ],
+        };
+        for &(pass, bv) in expected {
+            assert_eq!(widest.get(&pass), Some(&bv), "{pass:?} at {limit} B");
+        }
+        if limit == 16384 {
+            assert!(!widest.contains_key(&Pass::StateScanCoop), "coop at 16 KiB");
         }
     }
     for pass in Pass::ALL {
