@@ -1,78 +1,28 @@
-//! The recurrent decode path against the f64 oracle (relative L2 ≤ 1e-5, f32 storage): T = 1
+//! The recurrent decode path against the f64 oracle (the tolerance policy's bounds): T = 1
 //! decode and T = 16 verification over a state pool, every option, varlen, fresh and padding
-//! slots, per-token states, prefill → decode continuity, every tiling, typed errors that
-//! leave the pool untouched, and `gdn run decode`. Outputs are NaN-poisoned before kernels
-//! run; pools start random, so a state that is not written back shows up.
+//! slots, per-token states, prefill → decode continuity and every tiling. Outputs are
+//! NaN-poisoned before kernels run; pools start random, so a state that is not written back
+//! shows up. Typed errors are in tests/errors.rs, `gdn run decode` in tests/cli_decode.rs.
 
 mod common;
 
 use std::ops::Range;
-use std::path::PathBuf;
-use std::process::Command;
 
-use common::{F32_TOL, gpu, upload_inputs};
-use gdn_wgpu::io::{self, TensorFile};
+use common::decode::{problem, random_pool, spec};
+use common::{dense, gpu, tol_o_state, upload_inputs};
+use gdn_wgpu::tolerance::{Case, Op};
 use gdn_wgpu::wgpu_backend::decode::{
     RecurrentStepTiles, StateLayout, StatePool, StateSlot, decode_host,
 };
 use gdn_wgpu::wgpu_backend::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, decode_step};
 use gdn_wgpu::{
-    DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec,
-    reference, relative_l2,
+    DType, ForwardInputs, HostTensor, Options, Problem, RandomSpec, reference, relative_l2,
 };
 
 use StateSlot::{Fresh, Padding, Resume};
 
-#[allow(clippy::too_many_arguments)]
-fn problem(
-    b: usize,
-    t: usize,
-    h: usize,
-    hv: usize,
-    k: usize,
-    v: usize,
-    cu: Option<Vec<usize>>,
-    options: Options,
-) -> Problem {
-    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
-}
-
-fn dense(b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize) -> Problem {
-    problem(b, t, h, hv, k, v, None, Options::default())
-}
-
-fn spec(seed: u64) -> RandomSpec {
-    RandomSpec {
-        seed,
-        initial_state: false,
-        ..RandomSpec::default()
-    }
-}
-
 fn state_len(p: &Problem) -> usize {
     p.heads_v * p.key_dim * p.value_dim
-}
-
-/// A pool of `slots` random states (N(0, 0.25) entries) in `p`'s layout.
-fn random_pool(p: &Problem, slots: usize, seed: u64) -> HostTensor {
-    let pool_problem = problem(
-        slots,
-        1,
-        p.heads_qk,
-        p.heads_v,
-        p.key_dim,
-        p.value_dim,
-        None,
-        p.options,
-    );
-    RandomSpec {
-        seed: seed + 1000,
-        initial_state: true,
-        ..RandomSpec::default()
-    }
-    .generate(&pool_problem)
-    .initial_state
-    .unwrap()
 }
 
 /// The sequences' starting states as the oracle's initial_state: a resumed slot's state, zero
@@ -147,6 +97,7 @@ fn assert_pool(
     after: &HostTensor,
     final_states: &[f64],
     slots: &[StateSlot],
+    tol_s: f64,
     what: &str,
 ) {
     let len = state_len(p);
@@ -163,8 +114,8 @@ fn assert_pool(
     if !got.is_empty() {
         let e = relative_l2(&got, &want);
         assert!(
-            e <= F32_TOL,
-            "{what}: written pool slots rel-L2 {e:e} > {F32_TOL:e}"
+            e <= tol_s,
+            "{what}: written pool slots rel-L2 {e:e} > {tol_s:e}"
         );
     }
     for (slot, _) in written.iter().enumerate().filter(|(_, w)| !**w) {
@@ -256,21 +207,20 @@ fn check_decode_with(
     per_token: bool,
     tiles: Option<RecurrentStepTiles>,
 ) {
-    let storage = Storage {
-        dtype: DType::F32,
-        tol_o: F32_TOL,
-    };
-    check_decode_stored(ctx, p, seed, pool_slots, slots, per_token, tiles, storage);
+    check_decode_stored(
+        ctx,
+        p,
+        seed,
+        pool_slots,
+        slots,
+        per_token,
+        tiles,
+        DType::F32,
+    );
 }
 
-/// q, k, v (and so o) stored as `dtype`; o is compared with the oracle on the same rounded
-/// inputs at `tol_o` (one rounding of o to the dtype), the f32 states at `F32_TOL`.
-#[derive(Debug, Clone, Copy)]
-struct Storage {
-    dtype: DType,
-    tol_o: f64,
-}
-
+/// q, k, v (and so o) stored as `dtype`; o and the f32 states are compared with the oracle on
+/// the same rounded inputs at the policy's decode bounds.
 #[allow(clippy::too_many_arguments)]
 fn check_decode_stored(
     ctx: &Context,
@@ -280,9 +230,10 @@ fn check_decode_stored(
     slots: &[StateSlot],
     per_token: bool,
     tiles: Option<RecurrentStepTiles>,
-    storage: Storage,
+    dtype: DType,
 ) {
-    let Storage { dtype, tol_o } = storage;
+    let case = Case::new(Op::Decode, dtype).with_l2norm(p.options.l2norm_qk);
+    let (tol_o, tol_s) = tol_o_state(case);
     let what = format!("{dtype} {p:?} slots {slots:?} tiles {tiles:?}");
     let special = if p.heads_v >= 3 { (1, 1) } else { (0, 0) };
     let s = RandomSpec {
@@ -304,7 +255,15 @@ fn check_decode_stored(
     let e_o = relative_l2(&run.o.data, &expected.o);
     eprintln!("{what}\n  rel-L2 o {e_o:.3e}");
     assert!(e_o <= tol_o, "{what}: o rel-L2 {e_o:e} > {tol_o:e}");
-    assert_pool(p, &pool, &run.pool, &expected.final_state, slots, &what);
+    assert_pool(
+        p,
+        &pool,
+        &run.pool,
+        &expected.final_state,
+        slots,
+        tol_s,
+        &what,
+    );
 
     if let Some(states) = run.per_token_states {
         let sequences = p.sequences();
@@ -331,8 +290,8 @@ fn check_decode_stored(
         let e = relative_l2(&states.data, &want);
         eprintln!("  rel-L2 per-token states {e:.3e}");
         assert!(
-            e <= F32_TOL,
-            "{what}: per-token states rel-L2 {e:e} > {F32_TOL:e}"
+            e <= tol_s,
+            "{what}: per-token states rel-L2 {e:e} > {tol_s:e}"
         );
     }
 }
@@ -568,20 +527,19 @@ fn webgpu_default_limits() {
 
 // ---- f16 and bf16 storage of q, k, v, o (the state stays f32) ----
 
-/// The 16-bit storage dtypes the device takes for decode, with their o tolerances (one
-/// rounding of o to the dtype; the oracle runs on the same rounded inputs).
-fn half_storages(ctx: &Context) -> Vec<Storage> {
+/// The 16-bit storage dtypes the device takes for decode (o carries one rounding to the dtype;
+/// the oracle runs on the same rounded inputs).
+fn half_storages(ctx: &Context) -> Vec<DType> {
     let available = wgpu_backend::decode::decode_storage_dtypes(ctx);
-    [(DType::BF16, 3e-3), (DType::F16, 5e-4)]
+    [DType::BF16, DType::F16]
         .into_iter()
-        .filter(|(dtype, _)| {
+        .filter(|dtype| {
             let ok = available.contains(dtype);
             if !ok {
                 eprintln!("{dtype} storage not available on this device: not run");
             }
             ok
         })
-        .map(|(dtype, tol_o)| Storage { dtype, tol_o })
         .collect()
 }
 
@@ -589,10 +547,7 @@ fn half_storages(ctx: &Context) -> Vec<Storage> {
 fn half_storage_decode_and_verification() {
     let Some(ctx) = gpu() else { return };
     let storages = half_storages(ctx);
-    assert!(
-        storages.iter().any(|s| s.dtype == DType::BF16),
-        "bf16 runs on every device"
-    );
+    assert!(storages.contains(&DType::BF16), "bf16 runs on every device");
     for (i, storage) in storages.into_iter().enumerate() {
         let seed = 200 + 10 * i as u64;
         // T = 1 at head dim 128 with the default tilings, both layouts.
@@ -677,24 +632,6 @@ fn half_storage_every_tiling() {
             }
         }
     }
-}
-
-#[test]
-fn error_o_dtype_differs_from_v() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let o = GpuTensor::empty(ctx, "o", &v.p.v_shape(), DType::BF16).unwrap();
-    let out = DecodeOutputs {
-        o: &o,
-        per_token_states: None,
-    };
-    let e = expect_rejected(
-        ctx,
-        &v,
-        |enc| call(ctx, &v, &v.pool, &[Resume(0), Resume(1)], &out, enc),
-        "o",
-    );
-    assert!(matches!(e, Error::DType { .. }), "{e}");
 }
 
 /// The GPU chunked forward of `p` from `initial_state` (or zeros).
@@ -851,10 +788,12 @@ fn check_prefill_then_decode(
         "{options:?} lengths {lengths:?} prompts {prompts:?} steps {steps:?}: {}",
         shown.join(", ")
     );
+    let (tol_o, tol_s) = tol_o_state(Case::new(Op::Decode, DType::F32));
     for (name, e) in errors {
+        let tol = if name.contains("state") { tol_s } else { tol_o };
         assert!(
-            e <= F32_TOL,
-            "{name}: rel-L2 {e:e} > {F32_TOL:e} ({options:?}, prompts {prompts:?})"
+            e <= tol,
+            "{name}: rel-L2 {e:e} > {tol:e} ({options:?}, prompts {prompts:?})"
         );
     }
 }
@@ -965,10 +904,8 @@ fn one_plan_reused_for_every_step() {
         relative_l2(&states, &expected.final_state),
     );
     eprintln!("plan reused for {steps} steps: rel-L2 o {e_o:.3e}, states {e_s:.3e}");
-    assert!(
-        e_o <= F32_TOL && e_s <= F32_TOL,
-        "o {e_o:e}, states {e_s:e}"
-    );
+    let (tol_o, tol_s) = tol_o_state(Case::new(Op::Decode, DType::F32));
+    assert!(e_o <= tol_o && e_s <= tol_s, "o {e_o:e}, states {e_s:e}");
     assert!(
         pool_host.data[2 * len..3 * len].iter().all(|&x| x == 0.0),
         "unaddressed slot 2 changed"
@@ -1012,6 +949,8 @@ fn decode_host_token_by_token_matches_the_oracle() {
         }
         .generate(&p);
         let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
+        let case = Case::new(Op::Decode, DType::F32).with_l2norm(p.options.l2norm_qk);
+        let (tol_o, tol_s) = tol_o_state(case);
         for tokens_per_step in [1, 3] {
             let out = decode_host(ctx, &p, &inputs.as_ref(), tokens_per_step).unwrap();
             let (e_o, e_s) = (
@@ -1022,545 +961,9 @@ fn decode_host_token_by_token_matches_the_oracle() {
                 "decode_host {tokens_per_step} tokens per step: o {e_o:.3e}, state {e_s:.3e}"
             );
             assert!(
-                e_o <= F32_TOL && e_s <= F32_TOL,
+                e_o <= tol_o && e_s <= tol_s,
                 "{p:?}: o {e_o:e}, state {e_s:e}"
             );
         }
     }
-}
-
-// ---- bad input: a typed error naming the tensor, and the pool untouched ----
-
-/// A valid call's pieces; each error test breaks one.
-struct Valid {
-    p: Problem,
-    inputs: ForwardInputs<GpuTensor>,
-    pool: StatePool,
-    pool_before: HostTensor,
-    o: GpuTensor,
-}
-
-fn valid(ctx: &Context, options: Options) -> Valid {
-    let p = problem(2, 1, 1, 2, 16, 16, None, options);
-    let mut inputs = upload_inputs(ctx, &spec(130).generate(&p));
-    inputs.initial_state = None;
-    let pool_before = random_pool(&p, 3, 130);
-    let pool = StatePool::from_tensor(
-        GpuTensor::upload(ctx, "pool", &pool_before).unwrap(),
-        StateLayout::of(&p),
-    )
-    .unwrap();
-    let o = GpuTensor::empty(ctx, "o", &p.v_shape(), DType::F32).unwrap();
-    Valid {
-        p,
-        inputs,
-        pool,
-        pool_before,
-        o,
-    }
-}
-
-/// Record a call that must fail: check the error kind names `name`, then submit whatever was
-/// recorded and compare the pool bitwise with its content before.
-fn expect_rejected(
-    ctx: &Context,
-    valid: &Valid,
-    result: impl FnOnce(&mut wgpu::CommandEncoder) -> gdn_wgpu::Result<()>,
-    name: &str,
-) -> Error {
-    let mut encoder = ctx.create_encoder("rejected");
-    let err = result(&mut encoder).expect_err("the call should be rejected");
-    let msg = err.to_string();
-    assert!(msg.contains(name), "error {msg:?} does not name {name:?}");
-    assert!(err.is_input_error(), "{msg:?} should be an input error");
-    ctx.submit_and_wait(encoder).unwrap();
-    let after = valid.pool.tensor().download_blocking(ctx).unwrap();
-    let same = valid
-        .pool_before
-        .data
-        .iter()
-        .zip(&after.data)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
-    assert!(same, "the pool changed after a rejected call ({msg})");
-    err
-}
-
-fn call(
-    ctx: &Context,
-    valid: &Valid,
-    pool: &StatePool,
-    slots: &[StateSlot],
-    outputs: &DecodeOutputs<'_>,
-    encoder: &mut wgpu::CommandEncoder,
-) -> gdn_wgpu::Result<()> {
-    decode_step(
-        ctx,
-        encoder,
-        &valid.p,
-        &valid.inputs.as_ref(),
-        pool,
-        slots,
-        outputs,
-    )
-}
-
-#[test]
-fn error_slot_out_of_range() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let out = DecodeOutputs {
-        o: &v.o,
-        per_token_states: None,
-    };
-    for slots in [[Resume(0), Resume(3)], [Fresh(7), Resume(0)]] {
-        let e = expect_rejected(
-            ctx,
-            &v,
-            |enc| call(ctx, &v, &v.pool, &slots, &out, enc),
-            "slots",
-        );
-        assert!(
-            matches!(e, Error::Value { .. }) && e.to_string().contains("0..3"),
-            "{e}"
-        );
-    }
-}
-
-#[test]
-fn error_same_slot_twice() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let out = DecodeOutputs {
-        o: &v.o,
-        per_token_states: None,
-    };
-    for slots in [[Resume(1), Resume(1)], [Fresh(2), Resume(2)]] {
-        let e = expect_rejected(
-            ctx,
-            &v,
-            |enc| call(ctx, &v, &v.pool, &slots, &out, enc),
-            "slots",
-        );
-        assert!(e.to_string().contains("sequences 0 and 1"), "{e}");
-    }
-}
-
-#[test]
-fn error_wrong_number_of_slots() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let out = DecodeOutputs {
-        o: &v.o,
-        per_token_states: None,
-    };
-    expect_rejected(
-        ctx,
-        &v,
-        |enc| call(ctx, &v, &v.pool, &[Resume(0)], &out, enc),
-        "slots",
-    );
-}
-
-#[test]
-fn error_pool_shape_mismatch() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let out = DecodeOutputs {
-        o: &v.o,
-        per_token_states: None,
-    };
-    // HV = 1 instead of 2.
-    let other = StatePool::zeros(ctx, 3, 1, 16, 16, StateLayout::KFirst).unwrap();
-    let e = expect_rejected(
-        ctx,
-        &v,
-        |enc| call(ctx, &v, &other, &[Resume(0), Resume(1)], &out, enc),
-        "pool",
-    );
-    assert!(matches!(e, Error::Shape { .. }), "{e}");
-}
-
-#[test]
-fn error_pool_layout_mismatch() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let out = DecodeOutputs {
-        o: &v.o,
-        per_token_states: None,
-    };
-    // K = V: the shapes agree, only the recorded layout tells them apart.
-    let v_first = StatePool::from_tensor(v.pool.tensor().clone(), StateLayout::VFirst).unwrap();
-    let e = expect_rejected(
-        ctx,
-        &v,
-        |enc| call(ctx, &v, &v_first, &[Resume(0), Resume(1)], &out, enc),
-        "pool",
-    );
-    assert!(e.to_string().contains("V-first"), "{e}");
-}
-
-#[test]
-fn error_pool_tensor_not_f32_or_not_4d() {
-    let Some(ctx) = gpu() else { return };
-    let flat = GpuTensor::empty(ctx, "flat", &[3, 512], DType::F32).unwrap();
-    let e = StatePool::from_tensor(flat, StateLayout::KFirst).unwrap_err();
-    assert!(
-        matches!(e, Error::Shape { .. }) && e.to_string().contains("pool"),
-        "{e}"
-    );
-    let half = GpuTensor::empty(ctx, "half", &[3, 2, 16, 16], DType::F16).unwrap();
-    let e = StatePool::from_tensor(half, StateLayout::KFirst).unwrap_err();
-    assert!(
-        matches!(e, Error::DType { .. }) && e.to_string().contains("pool"),
-        "{e}"
-    );
-}
-
-#[test]
-fn error_initial_state_given() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let out = DecodeOutputs {
-        o: &v.o,
-        per_token_states: None,
-    };
-    let h0 = GpuTensor::empty(ctx, "h0", &v.p.state_shape(), DType::F32).unwrap();
-    let inputs = ForwardInputs {
-        initial_state: Some(&h0),
-        ..v.inputs.as_ref()
-    };
-    expect_rejected(
-        ctx,
-        &v,
-        |enc| {
-            decode_step(
-                ctx,
-                enc,
-                &v.p,
-                &inputs,
-                &v.pool,
-                &[Resume(0), Resume(1)],
-                &out,
-            )
-        },
-        "initial_state",
-    );
-}
-
-#[test]
-fn error_input_shape() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let out = DecodeOutputs {
-        o: &v.o,
-        per_token_states: None,
-    };
-    let q = GpuTensor::empty(ctx, "q", &[2, 1, 1, 32], DType::F32).unwrap();
-    let inputs = ForwardInputs {
-        q: &q,
-        ..v.inputs.as_ref()
-    };
-    expect_rejected(
-        ctx,
-        &v,
-        |enc| {
-            decode_step(
-                ctx,
-                enc,
-                &v.p,
-                &inputs,
-                &v.pool,
-                &[Resume(0), Resume(1)],
-                &out,
-            )
-        },
-        "q",
-    );
-}
-
-#[test]
-fn error_o_shape() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let o = GpuTensor::empty(ctx, "o", &[2, 2, 2, 16], DType::F32).unwrap();
-    let out = DecodeOutputs {
-        o: &o,
-        per_token_states: None,
-    };
-    expect_rejected(
-        ctx,
-        &v,
-        |enc| call(ctx, &v, &v.pool, &[Resume(0), Resume(1)], &out, enc),
-        "o",
-    );
-}
-
-#[test]
-fn error_per_token_states_shape() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    // One state per sequence instead of one per token and v-head.
-    let states = GpuTensor::empty(ctx, "per_token_states", &[2, 1, 16, 16], DType::F32).unwrap();
-    let out = DecodeOutputs {
-        o: &v.o,
-        per_token_states: Some(&states),
-    };
-    expect_rejected(
-        ctx,
-        &v,
-        |enc| call(ctx, &v, &v.pool, &[Resume(0), Resume(1)], &out, enc),
-        "per_token_states",
-    );
-}
-
-#[test]
-fn error_set_slots_keeps_the_plan() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let out = DecodeOutputs {
-        o: &v.o,
-        per_token_states: None,
-    };
-    let mut plan = DecodePlan::new(
-        ctx,
-        &v.p,
-        &v.inputs.as_ref(),
-        &v.pool,
-        &[Resume(0), Resume(1)],
-        &out,
-    )
-    .unwrap();
-    let e = plan.set_slots(ctx, &[Resume(2), Resume(2)]).unwrap_err();
-    assert!(e.to_string().contains("slots"), "{e}");
-    assert_eq!(plan.slots(), &[Resume(0), Resume(1)]);
-}
-
-#[test]
-fn error_copy_into_slot_out_of_range() {
-    let Some(ctx) = gpu() else { return };
-    let v = valid(ctx, Options::default());
-    let states = GpuTensor::empty(ctx, "final_state", &v.p.state_shape(), DType::F32).unwrap();
-    expect_rejected(
-        ctx,
-        &v,
-        |enc| v.pool.copy_into_slot(enc, &states, 0, 3),
-        "slot",
-    );
-    expect_rejected(
-        ctx,
-        &v,
-        |enc| v.pool.copy_into_slot(enc, &states, 2, 0),
-        "states",
-    );
-}
-
-// ---- the CLI ----
-
-fn gdn(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_gdn"))
-        .args(args)
-        .output()
-        .expect("run the gdn binary")
-}
-
-#[test]
-fn cli_run_decode_agrees_with_forward() {
-    if gpu().is_none() {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("gdn-decode-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = |f: &str| -> PathBuf { dir.join(f) };
-    let o = Options {
-        beta_sigmoid: true,
-        state_v_first: true,
-        ..Options::default()
-    };
-    let p = problem(1, 11, 1, 2, 16, 32, Some(vec![0, 1, 4, 11]), o);
-    let inputs = spec(140).generate(&p);
-    let cu = io::IntTensor {
-        shape: vec![4],
-        dtype: io::IntDType::I32,
-        data: vec![0i64, 1, 4, 11],
-    };
-    let tensors: Vec<(&str, io::TensorRef)> = vec![
-        ("q", (&inputs.q).into()),
-        ("k", (&inputs.k).into()),
-        ("v", (&inputs.v).into()),
-        ("g", (&inputs.g).into()),
-        ("beta", (&inputs.beta).into()),
-        ("cu_seqlens", (&cu).into()),
-    ];
-    io::write(path("in.safetensors"), tensors).unwrap();
-    let input = path("in.safetensors").display().to_string();
-    let mut outputs = Vec::new();
-    for kernel in ["decode", "forward"] {
-        let output = path(&format!("{kernel}.safetensors")).display().to_string();
-        let out = gdn(&[
-            "run",
-            kernel,
-            "--input",
-            &input,
-            "--output",
-            &output,
-            "--backend",
-            "wgpu",
-            "--beta-sigmoid",
-            "--state-v-first",
-        ]);
-        assert!(
-            out.status.success(),
-            "gdn run {kernel}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let file = TensorFile::open(&output).unwrap();
-        outputs.push(ForwardOutputs {
-            o: file.float("o").unwrap().unwrap(),
-            final_state: file.float("final_state").unwrap().unwrap(),
-        });
-    }
-    let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
-    let (decode, forward) = (&outputs[0], &outputs[1]);
-    assert_eq!(decode.o.shape, forward.o.shape);
-    assert_eq!(decode.final_state.shape, forward.final_state.shape);
-    let as_f64 = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
-    let errors = [
-        relative_l2(&decode.o.data, &as_f64(&forward.o.data)),
-        relative_l2(&decode.final_state.data, &as_f64(&forward.final_state.data)),
-        relative_l2(&decode.o.data, &expected.o),
-        relative_l2(&decode.final_state.data, &expected.final_state),
-    ];
-    eprintln!("gdn run decode vs forward (o, state), vs oracle (o, state): {errors:?}");
-    assert!(errors.iter().all(|&e| e <= F32_TOL), "{errors:?}");
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// `gdn run decode` on a bf16 file: o comes back as bf16 and agrees with `gdn run forward`
-/// on the same file and with the oracle on the rounded inputs; the f32 final state to 1e-5.
-#[test]
-fn cli_run_decode_bf16_file() {
-    if gpu().is_none() {
-        return;
-    }
-    let dir = std::env::temp_dir().join(format!("gdn-decode-cli-bf16-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = |f: &str| -> PathBuf { dir.join(f) };
-    let o = Options {
-        beta_sigmoid: true,
-        ..Options::default()
-    };
-    let p = problem(2, 5, 1, 2, 32, 32, None, o);
-    let mut inputs = spec(150).generate(&p);
-    for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
-        *t = t.clone().with_dtype(DType::BF16);
-    }
-    let tensors: Vec<(&str, io::TensorRef)> = vec![
-        ("q", (&inputs.q).into()),
-        ("k", (&inputs.k).into()),
-        ("v", (&inputs.v).into()),
-        ("g", (&inputs.g).into()),
-        ("beta", (&inputs.beta).into()),
-    ];
-    io::write(path("in.safetensors"), tensors).unwrap();
-    let input = path("in.safetensors").display().to_string();
-    let mut outputs = Vec::new();
-    for kernel in ["decode", "forward"] {
-        let output = path(&format!("{kernel}.safetensors")).display().to_string();
-        let out = gdn(&[
-            "run",
-            kernel,
-            "--input",
-            &input,
-            "--output",
-            &output,
-            "--backend",
-            "wgpu",
-            "--beta-sigmoid",
-        ]);
-        assert!(
-            out.status.success(),
-            "gdn run {kernel}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let file = TensorFile::open(&output).unwrap();
-        let o = file.float("o").unwrap().unwrap();
-        assert_eq!(
-            o.dtype,
-            DType::BF16,
-            "gdn run {kernel}: o in the dtype of v"
-        );
-        outputs.push(ForwardOutputs {
-            o,
-            final_state: file.float("final_state").unwrap().unwrap(),
-        });
-    }
-    let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
-    let (decode, forward) = (&outputs[0], &outputs[1]);
-    let as_f64 = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
-    let e_o = relative_l2(&decode.o.data, &expected.o);
-    let e_s = relative_l2(&decode.final_state.data, &expected.final_state);
-    let e_fwd = relative_l2(&decode.o.data, &as_f64(&forward.o.data));
-    eprintln!(
-        "gdn run decode bf16: o {e_o:.3e}, state {e_s:.3e} vs oracle; o {e_fwd:.3e} vs forward"
-    );
-    assert!(e_o <= 3e-3, "o vs oracle {e_o:e}");
-    assert!(e_s <= F32_TOL, "final state vs oracle {e_s:e}");
-    // Both round an f32 o to bf16 once: they differ only where the two f32 results straddle
-    // a rounding boundary (one bf16 ulp, 2⁻⁸ relative, at a few elements).
-    assert!(e_fwd <= 3e-3, "o vs gdn run forward {e_fwd:e}");
-    let _ = std::fs::remove_dir_all(&dir);
-}
-
-/// The host's workgroup-memory figure (which filters tilings against the device limit) is
-/// what the specialized shader declares, for every tiling WebGPU's default limits admit.
-#[test]
-fn workgroup_bytes_cover_the_shader() {
-    use gdn_wgpu::wgpu_backend::shaders::{Pass, source};
-    let text = &source(Pass::RecurrentStep, DType::F32).unwrap().text;
-    let module = naga::front::wgsl::parse_str(text).unwrap();
-    let info = naga::valid::Validator::new(
-        naga::valid::ValidationFlags::all(),
-        naga::valid::Capabilities::empty(),
-    )
-    .validate(&module)
-    .unwrap();
-    let mut checked = 0;
-    for (k, v, v_first) in [
-        (128, 128, false),
-        (128, 128, true),
-        (48, 32, false),
-        (256, 64, true),
-    ] {
-        let o = Options {
-            state_v_first: v_first,
-            ..Options::default()
-        };
-        let p = problem(1, 1, 1, 1, k, v, None, o);
-        for t in RecurrentStepTiles::candidates(&wgpu::Limits::default(), &p) {
-            let constants: naga::back::PipelineConstants = t
-                .pipeline_constants(false)
-                .iter()
-                .map(|&(n, x)| (n.to_string(), x))
-                .collect();
-            let (specialized, _) =
-                naga::back::pipeline_constants::process_overrides(&module, &info, None, &constants)
-                    .unwrap();
-            let declared: u32 = specialized
-                .global_variables
-                .iter()
-                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
-                .map(|(_, g)| specialized.types[g.ty].inner.size(specialized.to_ctx()))
-                .sum();
-            assert_eq!(
-                declared,
-                t.workgroup_bytes(),
-                "{t:?}: shader declares {declared} B"
-            );
-            checked += 1;
-        }
-    }
-    assert!(
-        checked > 20,
-        "only {checked} tilings fit WebGPU's default limits"
-    );
 }

@@ -249,32 +249,3 @@ impl PathSupport {
         }
     }
 }
-
-/// Relative-L2 bounds (against the f64 oracle on the same rounded inputs) that the forward
-/// meets on a path with a storage dtype, for o and for the final state. They are what the
-/// test suite enforces on its random problems (unit-norm keys, O(1) values); the measured
-/// errors are in the README's accuracy table. With `l2norm_qk` the normalized q, k are
-/// stored in the storage dtype (as FLA does), which adds one rounding to the state too.
-pub fn tolerance(path: ComputePath, dtype: DType, l2norm_qk: bool) -> (f64, f64) {
-    match (path, dtype) {
-        (ComputePath::Scalar, DType::F32) => (1e-5, 1e-5),
-        (ComputePath::Scalar, DType::F16) => (5e-4, if l2norm_qk { 1e-3 } else { 1e-5 }),
-        (ComputePath::Scalar, DType::BF16) => (3e-3, if l2norm_qk { 5e-3 } else { 1e-5 }),
-        // f16 operands (~2^-11 per rounding) and four-term f16 sums: measured on the test's
-        // problems (T ≤ 132, 4 seeds each) o ≤ 9e-4 and state ≤ 1.1e-3 at β < 1, growing to
-        // o 2.2e-3, state 2.7e-3 at β ≈ 2 (eigenvalue ≈ −1 along k: errors do not decay; the
-        // f32 path's error grows alike, ≈ 1/3000 of these). bf16 adds its rounding of o (and
-        // of q̂, k̂ with l2norm: measured 5.2e-3 / 5.3e-3 at β ≈ 2, the scalar path 5.0e-3 /
-        // 5.2e-3 there).
-        (ComputePath::F16Math, DType::F32 | DType::F16) => (3e-3, 4e-3),
-        (ComputePath::F16Math, DType::BF16) => {
-            if l2norm_qk {
-                (8e-3, 8e-3)
-            } else {
-                (5e-3, 4e-3)
-            }
-        }
-        (ComputePath::CoopMatrix, DType::BF16) => (5e-3, 3e-3),
-        (ComputePath::CoopMatrix, _) => (3e-3, 3e-3),
-    }
-}

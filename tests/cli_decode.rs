@@ -1,0 +1,217 @@
+//! `gdn run decode` end to end: it agrees with `gdn run forward` and the f64 oracle, in f32 and
+//! on a bf16 file. Self-contained (no tests/common) so it can move with the CLI.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use gdn_wgpu::io::{self, TensorFile};
+use gdn_wgpu::tolerance::{Case, Op, Quantity};
+use gdn_wgpu::{DType, ForwardOutputs, Options, Problem, RandomSpec, reference, relative_l2};
+
+/// Whether a wgpu adapter exists; with `GDN_REQUIRE_GPU=1` a missing one fails the test.
+fn wgpu_available() -> bool {
+    match gdn_wgpu::wgpu_backend::Context::new_blocking() {
+        Ok(_) => true,
+        Err(e) => {
+            if std::env::var("GDN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("GDN_REQUIRE_GPU=1 but no GPU context: {e}");
+            }
+            eprintln!("SKIPPED (no GPU adapter; set GDN_REQUIRE_GPU=1 to fail instead): {e}");
+            false
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn problem(
+    b: usize,
+    t: usize,
+    h: usize,
+    hv: usize,
+    k: usize,
+    v: usize,
+    cu: Option<Vec<usize>>,
+    options: Options,
+) -> Problem {
+    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
+}
+
+fn spec(seed: u64) -> RandomSpec {
+    RandomSpec {
+        seed,
+        initial_state: false,
+        ..RandomSpec::default()
+    }
+}
+
+/// The policy's decode bound for `quantity` with `dtype` storage.
+fn tol(dtype: DType, quantity: Quantity) -> f64 {
+    Case::new(Op::Decode, dtype).tolerance(quantity)
+}
+
+fn gdn(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gdn"))
+        .args(args)
+        .output()
+        .expect("run the gdn binary")
+}
+
+#[test]
+fn cli_run_decode_agrees_with_forward() {
+    if !wgpu_available() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gdn-decode-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |f: &str| -> PathBuf { dir.join(f) };
+    let o = Options {
+        beta_sigmoid: true,
+        state_v_first: true,
+        ..Options::default()
+    };
+    let p = problem(1, 11, 1, 2, 16, 32, Some(vec![0, 1, 4, 11]), o);
+    let inputs = spec(140).generate(&p);
+    let cu = io::IntTensor {
+        shape: vec![4],
+        dtype: io::IntDType::I32,
+        data: vec![0i64, 1, 4, 11],
+    };
+    let tensors: Vec<(&str, io::TensorRef)> = vec![
+        ("q", (&inputs.q).into()),
+        ("k", (&inputs.k).into()),
+        ("v", (&inputs.v).into()),
+        ("g", (&inputs.g).into()),
+        ("beta", (&inputs.beta).into()),
+        ("cu_seqlens", (&cu).into()),
+    ];
+    io::write(path("in.safetensors"), tensors).unwrap();
+    let input = path("in.safetensors").display().to_string();
+    let mut outputs = Vec::new();
+    for kernel in ["decode", "forward"] {
+        let output = path(&format!("{kernel}.safetensors")).display().to_string();
+        let out = gdn(&[
+            "run",
+            kernel,
+            "--input",
+            &input,
+            "--output",
+            &output,
+            "--backend",
+            "wgpu",
+            "--beta-sigmoid",
+            "--state-v-first",
+        ]);
+        assert!(
+            out.status.success(),
+            "gdn run {kernel}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file = TensorFile::open(&output).unwrap();
+        outputs.push(ForwardOutputs {
+            o: file.float("o").unwrap().unwrap(),
+            final_state: file.float("final_state").unwrap().unwrap(),
+        });
+    }
+    let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
+    let (decode, forward) = (&outputs[0], &outputs[1]);
+    assert_eq!(decode.o.shape, forward.o.shape);
+    assert_eq!(decode.final_state.shape, forward.final_state.shape);
+    let as_f64 = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let errors = [
+        relative_l2(&decode.o.data, &as_f64(&forward.o.data)),
+        relative_l2(&decode.final_state.data, &as_f64(&forward.final_state.data)),
+        relative_l2(&decode.o.data, &expected.o),
+        relative_l2(&decode.final_state.data, &expected.final_state),
+    ];
+    eprintln!("gdn run decode vs forward (o, state), vs oracle (o, state): {errors:?}");
+    let (tol_o, tol_s) = (
+        tol(DType::F32, Quantity::Output),
+        tol(DType::F32, Quantity::State),
+    );
+    let bounds = [tol_o, tol_s, tol_o, tol_s];
+    assert!(
+        errors.iter().zip(bounds).all(|(&e, b)| e <= b),
+        "{errors:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `gdn run decode` on a bf16 file: o comes back as bf16 and agrees with `gdn run forward`
+/// on the same file and with the oracle on the rounded inputs; the f32 final state to 1e-5.
+#[test]
+fn cli_run_decode_bf16_file() {
+    if !wgpu_available() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gdn-decode-cli-bf16-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |f: &str| -> PathBuf { dir.join(f) };
+    let o = Options {
+        beta_sigmoid: true,
+        ..Options::default()
+    };
+    let p = problem(2, 5, 1, 2, 32, 32, None, o);
+    let mut inputs = spec(150).generate(&p);
+    for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
+        *t = t.clone().with_dtype(DType::BF16);
+    }
+    let tensors: Vec<(&str, io::TensorRef)> = vec![
+        ("q", (&inputs.q).into()),
+        ("k", (&inputs.k).into()),
+        ("v", (&inputs.v).into()),
+        ("g", (&inputs.g).into()),
+        ("beta", (&inputs.beta).into()),
+    ];
+    io::write(path("in.safetensors"), tensors).unwrap();
+    let input = path("in.safetensors").display().to_string();
+    let mut outputs = Vec::new();
+    for kernel in ["decode", "forward"] {
+        let output = path(&format!("{kernel}.safetensors")).display().to_string();
+        let out = gdn(&[
+            "run",
+            kernel,
+            "--input",
+            &input,
+            "--output",
+            &output,
+            "--backend",
+            "wgpu",
+            "--beta-sigmoid",
+        ]);
+        assert!(
+            out.status.success(),
+            "gdn run {kernel}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let file = TensorFile::open(&output).unwrap();
+        let o = file.float("o").unwrap().unwrap();
+        assert_eq!(
+            o.dtype,
+            DType::BF16,
+            "gdn run {kernel}: o in the dtype of v"
+        );
+        outputs.push(ForwardOutputs {
+            o,
+            final_state: file.float("final_state").unwrap().unwrap(),
+        });
+    }
+    let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
+    let (decode, forward) = (&outputs[0], &outputs[1]);
+    let as_f64 = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<f64>>();
+    let e_o = relative_l2(&decode.o.data, &expected.o);
+    let e_s = relative_l2(&decode.final_state.data, &expected.final_state);
+    let e_fwd = relative_l2(&decode.o.data, &as_f64(&forward.o.data));
+    eprintln!(
+        "gdn run decode bf16: o {e_o:.3e}, state {e_s:.3e} vs oracle; o {e_fwd:.3e} vs forward"
+    );
+    let (tol_o, tol_s) = (
+        tol(DType::BF16, Quantity::Output),
+        tol(DType::BF16, Quantity::State),
+    );
+    assert!(e_o <= tol_o, "o vs oracle {e_o:e}");
+    assert!(e_s <= tol_s, "final state vs oracle {e_s:e}");
+    // Both round an f32 o to bf16 once: they differ only where the two f32 results straddle
+    // a rounding boundary (one bf16 ulp, 2⁻⁸ relative, at a few elements).
+    assert!(e_fwd <= tol_o, "o vs gdn run forward {e_fwd:e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
