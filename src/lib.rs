@@ -19,8 +19,6 @@
 //! ```
 
 pub mod backend;
-#[cfg(all(feature = "cli", not(target_arch = "wasm32")))]
-pub mod bench;
 pub mod error;
 pub mod io;
 pub mod problem;

@@ -12,9 +12,9 @@
 //! storage dtype (q, k, v, o, do, dq, dk, dv) or f32 (g, β, states, dg, dβ). Intermediates and
 //! re-reads are not counted, so GB/s is a lower bound on the traffic an implementation moves.
 
-use crate::problem::{CHUNK, Problem};
-use crate::tensor::DType;
-use crate::wgpu_backend::backward::{saved_bytes, workspace_bytes};
+use gdn_wgpu::problem::{CHUNK, Problem};
+use gdn_wgpu::tensor::DType;
+use gdn_wgpu::wgpu_backend::backward::{saved_bytes, workspace_bytes};
 
 /// Which operation a record measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -151,7 +151,7 @@ pub fn peak_memory_estimate(op: Op, p: &Problem, dtype: DType) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Options;
+    use gdn_wgpu::Options;
 
     #[test]
     fn per_token_counts_match_the_algorithm_doc() {

@@ -1,12 +1,13 @@
 //! `gdn bench`: the quick sweep's JSON on whatever adapter wgpu finds (lavapipe in CI), the
 //! correctness gate refusing a wrong kernel result, and flag errors.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Command;
 
-use gdn_wgpu::bench::check::{check_backward, check_decode, check_forward};
-use gdn_wgpu::bench::{BenchError, Op, memory, metrics, verify};
+use gdn_cli::bench::check::{check_backward, check_decode, check_forward};
+use gdn_cli::bench::{BenchError, Op, memory, metrics, verify};
 use gdn_wgpu::wgpu_backend::Context;
 use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
 use gdn_wgpu::{DType, Options, Problem};
@@ -248,7 +249,7 @@ fn own_context() -> Option<Context> {
     Some(Context::new_blocking().unwrap())
 }
 
-fn assert_refused(result: Result<gdn_wgpu::bench::CheckSummary, BenchError>, output: &str) {
+fn assert_refused(result: Result<gdn_cli::bench::CheckSummary, BenchError>, output: &str) {
     match result {
         Err(e @ BenchError::CheckFailed { .. }) => {
             let msg = e.to_string();

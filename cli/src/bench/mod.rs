@@ -32,12 +32,13 @@ pub use metrics::Op;
 pub use report::{Record, Report, Stats, Status};
 pub use shapes::{HeadConfig, SeqSet};
 
-use crate::error::Error;
-use crate::tensor::DType;
-use crate::wgpu_backend::decode::RecurrentStepTiles;
-use crate::wgpu_backend::{ComputePath, Context, GpuTimer};
-use crate::{Options, Problem};
+use crate::backend::{BackendKind, Engine};
 use cases::{GpuCase, HostCase};
+use gdn_wgpu::error::Error;
+use gdn_wgpu::tensor::DType;
+use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
+use gdn_wgpu::wgpu_backend::{ComputePath, Context, GpuTimer};
+use gdn_wgpu::{Options, Problem};
 use report::{AdapterRecord, CheckRecord, PassTime, ShapeRecord};
 
 /// Everything `gdn bench` can fail with.
@@ -94,15 +95,6 @@ impl BenchError {
             BenchError::Gdn(Error::TooLarge { .. }) | BenchError::HostMemory(_)
         )
     }
-}
-
-/// Where the kernels run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BenchBackend {
-    /// The WGSL kernels through wgpu.
-    Wgpu,
-    /// The f64 oracle (wall clock only; slow: small shapes).
-    Cpu,
 }
 
 /// Storage dtype of q, k, v and o.
@@ -175,8 +167,10 @@ pub struct BenchArgs {
     /// V [default: 128; --quick: 32].
     #[arg(long)]
     pub value_dim: Option<usize>,
-    #[arg(long, value_enum, default_value_t = BenchBackend::Wgpu)]
-    pub backend: BenchBackend,
+    /// Where the kernels run: GPU timestamps and the correctness gate on wgpu; the host
+    /// entry points by wall clock elsewhere (cpu: the f64 oracle, slow: small shapes).
+    #[arg(long, value_enum, default_value_t = BackendKind::Wgpu)]
+    pub backend: BackendKind,
     /// Storage dtype of q, k, v, o.
     #[arg(long, value_enum, default_value_t = BenchDType::F32)]
     pub dtype: BenchDType,
@@ -223,7 +217,7 @@ pub struct BenchArgs {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub ops: Vec<Op>,
-    pub backend: BenchBackend,
+    pub backend: BackendKind,
     pub dtype: DType,
     pub adapter: Option<String>,
     /// A forced forward compute path (`None`: the context's choice).
@@ -469,10 +463,10 @@ fn commit() -> Option<String> {
     }
 }
 
-/// The context of `c.adapter`, on `c.compute_path` when forced.
-fn open_context(c: &Config) -> Result<Context, BenchError> {
-    let mut ctx = open_adapter(c.adapter.as_deref())?;
-    if let Some(path) = c.compute_path {
+/// The backend of `c.backend` (on `c.adapter`), on `c.compute_path` when forced (wgpu).
+fn open_engine(c: &Config) -> Result<Engine, BenchError> {
+    let mut engine = Engine::open(c.backend, c.adapter.as_deref())?;
+    if let (Some(path), Some(ctx)) = (c.compute_path, engine.wgpu_mut()) {
         let support = ctx.path_support();
         if path == ComputePath::CoopMatrix && !support.coop_f16 {
             return Err(BenchError::Unsupported(format!(
@@ -488,26 +482,7 @@ fn open_context(c: &Config) -> Result<Context, BenchError> {
         }
         ctx.set_compute_path(Some(path))?;
     }
-    Ok(ctx)
-}
-
-fn open_adapter(filter: Option<&str>) -> Result<Context, BenchError> {
-    match filter {
-        None => Ok(Context::new_blocking()?),
-        Some(f) => {
-            let adapters = pollster::block_on(crate::wgpu_backend::list_adapters());
-            let wanted = f.to_lowercase();
-            let adapter = adapters
-                .into_iter()
-                .find(|a| a.get_info().name.to_lowercase().contains(&wanted))
-                .ok_or_else(|| {
-                    BenchError::Usage(format!(
-                        "--adapter {f}: no adapter whose name contains it (see `gdn info`)"
-                    ))
-                })?;
-            Ok(pollster::block_on(Context::from_adapter(adapter))?)
-        }
-    }
+    Ok(engine)
 }
 
 /// Refuse a case before its host inputs are generated when they could not be used: a tensor
@@ -592,7 +567,7 @@ struct Planned {
 }
 
 impl Planned {
-    fn problem(&self, c: &Config) -> crate::Result<Problem> {
+    fn problem(&self, c: &Config) -> gdn_wgpu::Result<Problem> {
         match &self.seqs {
             Some(s) => s.problem(self.heads, c.key_dim, c.value_dim),
             None => Problem::new(
@@ -679,13 +654,13 @@ struct Timing {
 const TIMER_MARKS: u32 = 64;
 
 /// Warm up, then time `reps` repetitions (fewer when they would exceed `max_seconds`).
-fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> crate::Result<Timing> {
+fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> gdn_wgpu::Result<Timing> {
     let timer = GpuTimer::new(ctx, TIMER_MARKS);
     let mut t = Timing::default();
     let mut last_wall = 0.0;
     let mut i = 0usize;
     let mut reps = c.reps;
-    let run = |i: usize, record: bool, t: &mut Timing| -> crate::Result<f64> {
+    let run = |i: usize, record: bool, t: &mut Timing| -> gdn_wgpu::Result<f64> {
         let set = i % case.sets();
         let start = Instant::now();
         let mut encoder = ctx.create_encoder("gdn bench");
@@ -751,17 +726,24 @@ fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> crate::Result<Timi
     Ok(t)
 }
 
-fn time_cpu(c: &Config, op: Op, host: &HostCase) -> crate::Result<Timing> {
+/// Wall-clock timing of the host entry points (upload, run, wait, download) of a backend
+/// without GPU timing here.
+fn time_host(
+    backend: &dyn gdn_wgpu::Backend,
+    c: &Config,
+    op: Op,
+    host: &HostCase,
+) -> gdn_wgpu::Result<Timing> {
     let mut t = Timing::default();
     let start = Instant::now();
-    cases::run_cpu(op, host, c.seed)?;
+    cases::run_host(backend, op, host, c.seed)?;
     let first = start.elapsed().as_secs_f64() * 1e3;
     let reps = c
         .reps
         .min(((c.max_seconds * 1e3 / first.max(1e-3)).floor() as usize).max(1));
     for _ in 0..reps {
         let start = Instant::now();
-        cases::run_cpu(op, host, c.seed)?;
+        cases::run_host(backend, op, host, c.seed)?;
         t.wall.push(start.elapsed().as_secs_f64() * 1e3);
     }
     t.reps = reps;
@@ -782,7 +764,7 @@ fn variant(
     op: Op,
     p: &Problem,
     dtype: DType,
-) -> crate::Result<(Variant, String, Option<RecurrentStepTiles>)> {
+) -> gdn_wgpu::Result<(Variant, String, Option<RecurrentStepTiles>)> {
     Ok(match op {
         Op::Forward => {
             // The compute path depends on K, V, the dtype and the context (never on T), so the
@@ -791,13 +773,13 @@ fn variant(
             let vb = check::forward_v_block(ctx, p, path);
             let mut name = check::forward_variant_name(path, vb);
             // GDN_SEGMENT_CHUNKS makes every forward sequence-parallel (checked and timed).
-            if let Some(n) = crate::wgpu_backend::forward::segment_chunks_from_env()? {
+            if let Some(n) = gdn_wgpu::wgpu_backend::forward::segment_chunks_from_env()? {
                 name.push_str(&format!(", sequence-parallel segments of {n} chunks"));
             }
             (Variant::Forward(path, vb), name, None)
         }
         Op::Backward => {
-            let vb = crate::wgpu_backend::backward::scan_v_block(ctx, p)?;
+            let vb = gdn_wgpu::wgpu_backend::backward::scan_v_block(ctx, p)?;
             (
                 Variant::VBlock(vb),
                 format!("backward scans V-block {vb}"),
@@ -848,11 +830,8 @@ type CheckOutcome = Result<CheckSummary, (Status, String)>;
 /// Run a sweep. Per-case failures become records (status and note); only failing to open a
 /// device is an error.
 pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
-    let mut ctx = match c.backend {
-        BenchBackend::Wgpu => Some(open_context(c)?),
-        BenchBackend::Cpu => None,
-    };
-    let adapter = ctx.as_ref().and_then(|ctx| {
+    let mut engine = open_engine(c)?;
+    let adapter = engine.wgpu().and_then(|ctx| {
         ctx.adapter_info.as_ref().map(|i| AdapterRecord {
             name: i.name.clone(),
             backend: format!("{:?}", i.backend),
@@ -862,15 +841,11 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             timestamp_queries: GpuTimer::new(ctx, 2).is_some(),
         })
     });
-    let adapter_name = match (&adapter, c.backend) {
-        (Some(a), _) => format!("{} ({})", a.name, a.backend),
-        (None, BenchBackend::Wgpu) => "wgpu (unknown adapter)".into(),
-        (None, BenchBackend::Cpu) => "cpu (f64 oracle)".into(),
+    let adapter_name = match &adapter {
+        Some(a) => format!("{} ({})", a.name, a.backend),
+        None => engine.backend().describe(),
     };
-    let backend_name = match c.backend {
-        BenchBackend::Wgpu => "wgpu",
-        BenchBackend::Cpu => "cpu",
-    };
+    let backend_name = engine.backend().name();
     if let Some(a) = &adapter {
         eprintln!(
             "gdn bench: {} ({}, {}), {} storage, timestamps {}",
@@ -960,7 +935,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             if let Some(why) = unsupported.get(&pc.op) {
                 return Err((Status::Unsupported, why.clone()));
             }
-            preflight(ctx.as_ref(), pc.op, &p, c.dtype).map_err(err)?;
+            preflight(engine.wgpu(), pc.op, &p, c.dtype).map_err(err)?;
             let fresh = !matches!(&host, Some((h, s, b, _)) if *h == pc.heads && *s == pc.seqs && *b == pc.batch);
             if fresh {
                 drop(host.take()); // free the previous shape's host inputs first
@@ -972,13 +947,13 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                 ));
             }
             let hc = &host.as_ref().expect("just set").3;
-            if c.fresh_device && ctx.is_some() {
+            if c.fresh_device && engine.wgpu().is_some() {
                 // Drop the old device (and everything allocated on it) before opening the next.
-                drop(ctx.take());
-                ctx = Some(open_context(c).map_err(err)?);
+                engine = Engine::Cpu(gdn_wgpu::Oracle);
+                engine = open_engine(c).map_err(err)?;
             }
-            let timing = match ctx.as_mut() {
-                None => time_cpu(c, pc.op, hc).map_err(|e| err(e.into()))?,
+            let timing = match engine.wgpu_mut() {
+                None => time_host(engine.backend(), c, pc.op, hc).map_err(|e| err(e.into()))?,
                 Some(ctx) => {
                     let (v, vname, tiles) =
                         variant(ctx, pc.op, &p, c.dtype).map_err(|e| err(e.into()))?;
