@@ -82,6 +82,11 @@ pub fn flops(op: Op, p: &Problem) -> f64 {
     bt * hv * per_token
 }
 
+/// Bytes of the f32 state pool a decode case steps: every sequence's `HV·K·V` state.
+pub fn pool_bytes(p: &Problem) -> u64 {
+    (p.num_sequences() * p.heads_v * p.key_dim * p.value_dim * 4) as u64
+}
+
 /// Compulsory bytes of one call (inputs read once, outputs written once). Forward and
 /// backward count h0 / dh0 (the bench gives every sequence an initial state); the backward
 /// counts dht. Decode reads and writes every sequence's state once per step: `2·4·K·V` per

@@ -10,6 +10,7 @@
 //! where wgpu has a report, else estimated ([`memory`]).
 
 mod cases;
+mod ceiling;
 pub mod check;
 mod inputs;
 pub mod memory;
@@ -912,6 +913,8 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             tflops: None,
             gbps: None,
             rate_basis: None,
+            tokens_per_s: None,
+            copy_ceiling_gbps: None,
             peak_memory_bytes: None,
             memory_source: None,
             check: None,
@@ -991,7 +994,14 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                             Some(MemorySource::Estimate),
                         ),
                     };
-                    time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?
+                    let timing = time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?;
+                    if pc.op == Op::Decode {
+                        // Measured after the case, on the same device, for the pool's bytes.
+                        let pool = metrics::pool_bytes(&p);
+                        record.copy_ceiling_gbps = ceiling::copy_gbps(ctx, pool, c.reps.min(50))
+                            .map_err(|e| err(e.into()))?;
+                    }
+                    timing
                 }
             };
             record.reps = timing.reps;
@@ -1021,6 +1031,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                 record.tflops = Some(record.flops / (time * 1e-3) / 1e12);
                 record.gbps = Some(record.bytes / (time * 1e-3) / 1e9);
                 record.rate_basis = Some(basis.into());
+                record.tokens_per_s = Some(p.total_tokens() as f64 / (time * 1e-3));
             }
             Ok(())
         })();
