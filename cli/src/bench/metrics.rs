@@ -113,7 +113,7 @@ pub fn bytes(op: Op, p: &Problem, dtype: DType) -> f64 {
 /// inputs + outputs + scratch, from the sizes the launchers are known to allocate (small
 /// uniform/table buffers included; allocator padding and driver overhead not). Used only where
 /// the backend has no allocator report ([`crate::bench::memory`]); it goes stale when the
-/// launchers' scratch changes — `tests/bench.rs` compares it with the allocator's figure.
+/// launchers' scratch changes — `cli/tests/bench.rs` compares it with the allocator's figure.
 pub fn peak_memory_estimate(op: Op, p: &Problem, dtype: DType) -> u64 {
     let z = sizes(p, dtype);
     let (bt, hv, n) = (z.bt as u64, z.hv as u64, z.n as u64);
