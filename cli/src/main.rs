@@ -41,8 +41,8 @@ enum Kernel {
     /// I64, with B = 1), A_log and dt_bias (with --gate-in-kernel); writes o and final_state.
     Forward(RunArgs),
     /// Chunked backward (the forward is replayed first). Reads the forward's tensors plus `do`
-    /// [B,T,HV,V] and optionally `dht` (the state shape, F32); writes dq dk dv dg dbeta, dh0
-    /// when initial_state is given, and dA_log ddt_bias with --gate-in-kernel.
+    /// (B,T,HV,V: the shape of v) and optionally `dht` (the state shape, F32); writes dq dk dv
+    /// dg dbeta, dh0 when initial_state is given, and dA_log ddt_bias with --gate-in-kernel.
     Backward(RunArgs),
     /// The same inputs and outputs as `forward`, computed token by token by the recurrent
     /// decode kernel over a state pool (one decode step per token); agrees with `forward`.
