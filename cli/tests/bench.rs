@@ -116,8 +116,21 @@ fn quick_sweep_writes_json_with_the_documented_fields() {
             assert!(!r["passes"].as_array().unwrap().is_empty(), "{r}");
         }
         assert!(num(r, "reps") >= 3.0 && num(r, "input_sets") >= 1.0);
-        for key in ["flops", "bytes", "tflops", "gbps", "peak_memory_bytes"] {
+        for key in [
+            "flops",
+            "bytes",
+            "tflops",
+            "gbps",
+            "tokens_per_s",
+            "peak_memory_bytes",
+        ] {
             assert!(num(r, key) > 0.0, "{key} in {r}");
+        }
+        // Decode's copy ceiling is measured beside it where there are timestamps; only there.
+        if r["op"] == "decode" && report["adapter"]["timestamp_queries"] == true {
+            assert!(num(r, "copy_ceiling_gbps") > 0.0, "{r}");
+        } else if r["op"] != "decode" {
+            assert!(r["copy_ceiling_gbps"].is_null(), "{r}");
         }
         // Memory: measured by the allocator where wgpu has a report (Vulkan, DX12), and never
         // less than the op's own inputs and outputs.

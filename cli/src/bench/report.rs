@@ -105,7 +105,7 @@ pub struct CheckRecord {
 pub struct Record {
     /// `"forward"`, `"backward"`, `"decode"`.
     pub op: String,
-    /// `"wgpu"` or `"cpu"` (the f64 oracle).
+    /// The backend's name as `--backend` takes it: `"wgpu"`, `"cpu"` (the f64 oracle).
     pub backend: String,
     /// Storage dtype of q, k, v, o: `"F32"`, `"F16"`, `"BF16"`.
     pub dtype: String,
