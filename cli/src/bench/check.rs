@@ -328,25 +328,59 @@ pub fn check_decode(
         o.download_blocking(ctx)?,
         pool.tensor().download_blocking(ctx)?,
     );
-    let (hv, kv) = (p.heads_v, p.key_dim * p.value_dim);
-    // The decode kernel multiplies in f32 on every adapter.
+    let variant = super::inputs::tiles_name(&tiles);
+    // The wgpu decode kernel multiplies in f32 on every adapter.
     let tol = |q| bound(Op::Decode, Arithmetic::F32, p, dtype, q);
-    Ok(CheckCase {
+    let got = (o.data.as_slice(), state.data.as_slice());
+    Ok(decode_case(p, &variant, &heads, &expected, got, &tol))
+}
+
+/// `backend`'s decode (one step: T = 1 per sequence, from the initial states) on `problem`
+/// against the oracle forward from the same initial states.
+pub fn check_decode_on(
+    backend: &dyn Backend,
+    problem: &Problem,
+    dtype: DType,
+    variant: &str,
+) -> Result<CheckCase, BenchError> {
+    let p = problem;
+    let inputs = host_inputs(p, dtype, SEED);
+    let heads = sample_heads(p.heads_v);
+    let expected = reference::forward_heads(p, &inputs.as_ref(), &heads)?;
+    let out = backend.decode(p, &inputs.as_ref(), 1)?;
+    // What the trait says of the backend's forward: never tighter than f32 arithmetic.
+    let arithmetic = backend.arithmetic(p, dtype);
+    let tol = |q| bound(Op::Decode, arithmetic, p, dtype, q);
+    let got = (out.o.data.as_slice(), out.final_state.data.as_slice());
+    Ok(decode_case(p, variant, &heads, &expected, got, &tol))
+}
+
+/// A decode step's o and states next to the oracle's, on the sampled `heads`.
+fn decode_case(
+    p: &Problem,
+    variant: &str,
+    heads: &[usize],
+    expected: &gdn_wgpu::ForwardOutputs<Vec<f64>>,
+    (o, state): (&[f32], &[f32]),
+    tol: &dyn Fn(Quantity) -> f64,
+) -> CheckCase {
+    let (hv, kv) = (p.heads_v, p.key_dim * p.value_dim);
+    CheckCase {
         op: Op::Decode,
-        shape: describe(p, &super::inputs::tiles_name(&tiles)),
+        shape: describe(p, variant),
         compared: vec![
             Compared {
                 name: "o".into(),
-                got: select_heads(&o.data, hv, p.value_dim, &heads),
-                want: select_heads(&expected.o, hv, p.value_dim, &heads),
+                got: select_heads(o, hv, p.value_dim, heads),
+                want: select_heads(&expected.o, hv, p.value_dim, heads),
                 tolerance: tol(Quantity::Output),
             },
             Compared {
                 name: "state".into(),
-                got: select_heads(&state.data, hv, kv, &heads),
-                want: select_heads(&expected.final_state, hv, kv, &heads),
+                got: select_heads(state, hv, kv, heads),
+                want: select_heads(&expected.final_state, hv, kv, heads),
                 tolerance: tol(Quantity::State),
             },
         ],
-    })
+    }
 }

@@ -6,8 +6,11 @@
 //! compiles the pipelines, which stay cached), repetitions rotating among copies of the inputs
 //! when one copy would fit in the GPU's cache, and the median, minimum and maximum of the GPU
 //! time (timestamp queries, with a per-pass breakdown) and of the wall clock (encode, submit,
-//! wait). Rates use the formulas of [`metrics`]; memory is measured by the device's allocator
-//! where wgpu has a report, else estimated ([`memory`]).
+//! wait). Rates (TFLOP/s, GB/s, tokens/s) use the formulas of [`metrics`]; each decode case
+//! also times a copy of a buffer its state pool's size, in the same process, as its bandwidth
+//! ceiling. Memory is measured by the device's allocator where wgpu has a report, else
+//! estimated ([`memory`]). The backend comes from [`crate::backend`]: wgpu is timed as above;
+//! any other backend by the wall clock of its host entry points, without a gate.
 
 mod cases;
 mod ceiling;
@@ -758,6 +761,8 @@ enum Variant {
     Tiles(String),
     /// The forward's compute path and its scan's V-block.
     Forward(ComputePath, u32),
+    /// Whatever a backend without wgpu's variants runs for the shape.
+    Host,
 }
 
 fn variant(
@@ -825,8 +830,59 @@ fn run_check(
     verify(&case)
 }
 
+/// The gate for `op` on the small version of `planned`, through the [`gdn_wgpu::Backend`]
+/// interface alone (a backend without wgpu's forced variants).
+fn run_host_check(
+    backend: &dyn gdn_wgpu::Backend,
+    c: &Config,
+    planned: &Planned,
+) -> Result<CheckSummary, BenchError> {
+    let p = planned
+        .check_seqs()
+        .problem(planned.heads, c.key_dim, c.value_dim)?;
+    let variant = backend.name();
+    let case = match planned.op {
+        Op::Forward => check::check_forward_on(backend, &p, c.dtype, variant)?,
+        Op::Backward => check::check_backward_on(backend, &p, c.dtype, variant)?,
+        Op::Decode => check::check_decode_on(backend, &p, c.dtype, variant)?,
+    };
+    verify(&case)
+}
+
 /// A check's result, shared by every case with the same op, heads and kernel variant.
 type CheckOutcome = Result<CheckSummary, (Status, String)>;
+
+/// The gate's verdict for `key`, run once per key: an unsupported op is noted once and its
+/// later cases skipped.
+fn gate(
+    checks: &mut HashMap<CheckKey, CheckOutcome>,
+    unsupported: &mut HashMap<Op, String>,
+    bar: &ProgressBar,
+    key: CheckKey,
+    run: impl FnOnce() -> CheckOutcome,
+) -> Result<CheckRecord, (Status, String)> {
+    let op = key.0;
+    let summary = checks
+        .entry(key)
+        .or_insert_with(|| {
+            let mut result = run();
+            if let Err((Status::Unsupported, why)) = &mut result {
+                *why = format!("{}: {why}", op.name());
+                bar.suspend(|| eprintln!("note: {why}; its cases are skipped"));
+                unsupported.insert(op, why.clone());
+            }
+            result
+        })
+        .clone()?;
+    Ok(CheckRecord {
+        shape: summary.shape,
+        max_rel_l2: summary.worst,
+        tolerance: summary.tolerance,
+    })
+}
+
+/// Cases sharing op, heads, kernel variant and check shape share one check.
+type CheckKey = (Op, HeadConfig, Variant, SeqSet);
 
 /// Run a sweep. Per-case failures become records (status and note); only failing to open a
 /// device is an error.
@@ -873,7 +929,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
     } else {
         ProgressBar::hidden()
     };
-    let mut checks: HashMap<(Op, HeadConfig, Variant, SeqSet), CheckOutcome> = HashMap::new();
+    let mut checks: HashMap<CheckKey, CheckOutcome> = HashMap::new();
     let mut unsupported: HashMap<Op, String> = HashMap::new();
     let mut host: Option<(HeadConfig, Option<SeqSet>, usize, HostCase)> = None;
     let mut records = Vec::new();
@@ -956,27 +1012,27 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                 engine = open_engine(c).map_err(err)?;
             }
             let timing = match engine.wgpu_mut() {
-                None => time_host(engine.backend(), c, pc.op, hc).map_err(|e| err(e.into()))?,
+                None => {
+                    // The oracle is the reference itself; any other backend is gated through
+                    // the common interface.
+                    if !matches!(engine, Engine::Cpu(_)) {
+                        let key = (pc.op, pc.heads, Variant::Host, pc.check_seqs());
+                        let backend = engine.backend();
+                        record.check =
+                            Some(gate(&mut checks, &mut unsupported, &bar, key, || {
+                                run_host_check(backend, c, pc).map_err(err)
+                            })?);
+                    }
+                    time_host(engine.backend(), c, pc.op, hc).map_err(|e| err(e.into()))?
+                }
                 Some(ctx) => {
                     let (v, vname, tiles) =
                         variant(ctx, pc.op, &p, c.dtype).map_err(|e| err(e.into()))?;
                     record.variant = Some(vname);
                     let key = (pc.op, pc.heads, v.clone(), pc.check_seqs());
-                    if !checks.contains_key(&key) {
-                        let mut result = run_check(ctx, c, pc, &p, tiles, &v).map_err(err);
-                        if let Err((Status::Unsupported, why)) = &mut result {
-                            *why = format!("{}: {why}", pc.op.name());
-                            bar.suspend(|| eprintln!("note: {why}; its cases are skipped"));
-                            unsupported.insert(pc.op, why.clone());
-                        }
-                        checks.insert(key.clone(), result);
-                    }
-                    let summary = checks[&key].clone()?;
-                    record.check = Some(CheckRecord {
-                        shape: summary.shape,
-                        max_rel_l2: summary.worst,
-                        tolerance: summary.tolerance,
-                    });
+                    record.check = Some(gate(&mut checks, &mut unsupported, &bar, key, || {
+                        run_check(ctx, c, pc, &p, tiles, &v).map_err(err)
+                    })?);
                     let sets = if c.rotate_bytes > 0.0 {
                         inputs::input_sets(record.bytes, c.rotate_bytes, c.max_sets)
                     } else {
