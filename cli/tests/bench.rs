@@ -6,11 +6,14 @@ mod common;
 
 use std::process::Command;
 
-use gdn_cli::bench::check::{check_backward, check_decode, check_forward};
+use gdn_cli::bench::check::{
+    check_backward, check_backward_on, check_decode, check_decode_on, check_forward,
+    check_forward_on,
+};
 use gdn_cli::bench::{BenchError, Op, memory, metrics, verify};
 use gdn_wgpu::wgpu_backend::Context;
 use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
-use gdn_wgpu::{DType, Options, Problem};
+use gdn_wgpu::{Backend, DType, Options, Oracle, Problem};
 use serde_json::Value;
 
 fn gdn() -> Command {
@@ -308,6 +311,30 @@ fn the_gate_refuses_a_wrong_kernel_result() {
     verify(&case).unwrap();
     case.compared[1].got[5] = -case.compared[1].got[5];
     assert_refused(verify(&case), "state");
+}
+
+/// The gate as any backend gets it (through `gdn_wgpu::Backend`, without wgpu's forced
+/// variants): the oracle itself and the wgpu context pass, a wrong output is refused.
+#[test]
+fn the_gate_through_the_backend_interface() {
+    let mut backends: Vec<&dyn Backend> = vec![&Oracle];
+    if let Some(ctx) = common::gpu() {
+        backends.push(ctx);
+    }
+    for backend in backends {
+        for case in [
+            check_forward_on(backend, &small(1, 131), DType::F32, "trait").unwrap(),
+            check_backward_on(backend, &small(1, 131), DType::F32, "trait").unwrap(),
+            check_decode_on(backend, &small(3, 1), DType::F32, "trait").unwrap(),
+        ] {
+            let summary = verify(&case).unwrap();
+            assert!(summary.worst <= summary.tolerance, "{summary:?}");
+            let mut wrong = case.clone();
+            wrong.compared[0].got[0] += 1.0;
+            let name = wrong.compared[0].name.clone();
+            assert_refused(verify(&wrong), &name);
+        }
+    }
 }
 
 #[test]
