@@ -19,8 +19,6 @@
 //! ```
 
 pub mod backend;
-#[cfg(all(feature = "cli", not(target_arch = "wasm32")))]
-pub mod bench;
 #[cfg(feature = "cuda")]
 pub mod cuda_backend;
 pub mod error;

@@ -1,15 +1,19 @@
 //! `gdn bench`: the quick sweep's JSON on whatever adapter wgpu finds (lavapipe in CI), the
 //! correctness gate refusing a wrong kernel result, and flag errors.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::process::Command;
 
-use gdn_wgpu::bench::check::{check_backward, check_decode, check_forward};
-use gdn_wgpu::bench::{BenchError, Op, memory, metrics, verify};
+use gdn_cli::bench::check::{
+    check_backward, check_backward_on, check_decode, check_decode_on, check_forward,
+    check_forward_on,
+};
+use gdn_cli::bench::{BenchError, Op, memory, metrics, verify};
 use gdn_wgpu::wgpu_backend::Context;
 use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
-use gdn_wgpu::{DType, Options, Problem};
+use gdn_wgpu::{Backend, DType, Options, Oracle, Problem};
 use serde_json::Value;
 
 fn gdn() -> Command {
@@ -115,8 +119,21 @@ fn quick_sweep_writes_json_with_the_documented_fields() {
             assert!(!r["passes"].as_array().unwrap().is_empty(), "{r}");
         }
         assert!(num(r, "reps") >= 3.0 && num(r, "input_sets") >= 1.0);
-        for key in ["flops", "bytes", "tflops", "gbps", "peak_memory_bytes"] {
+        for key in [
+            "flops",
+            "bytes",
+            "tflops",
+            "gbps",
+            "tokens_per_s",
+            "peak_memory_bytes",
+        ] {
             assert!(num(r, key) > 0.0, "{key} in {r}");
+        }
+        // Decode's copy ceiling is measured beside it where there are timestamps; only there.
+        if r["op"] == "decode" && report["adapter"]["timestamp_queries"] == true {
+            assert!(num(r, "copy_ceiling_gbps") > 0.0, "{r}");
+        } else if r["op"] != "decode" {
+            assert!(r["copy_ceiling_gbps"].is_null(), "{r}");
         }
         // Memory: measured by the allocator where wgpu has a report (Vulkan, DX12), and never
         // less than the op's own inputs and outputs.
@@ -248,7 +265,7 @@ fn own_context() -> Option<Context> {
     Some(Context::new_blocking().unwrap())
 }
 
-fn assert_refused(result: Result<gdn_wgpu::bench::CheckSummary, BenchError>, output: &str) {
+fn assert_refused(result: Result<gdn_cli::bench::CheckSummary, BenchError>, output: &str) {
     match result {
         Err(e @ BenchError::CheckFailed { .. }) => {
             let msg = e.to_string();
@@ -294,6 +311,30 @@ fn the_gate_refuses_a_wrong_kernel_result() {
     verify(&case).unwrap();
     case.compared[1].got[5] = -case.compared[1].got[5];
     assert_refused(verify(&case), "state");
+}
+
+/// The gate as any backend gets it (through `gdn_wgpu::Backend`, without wgpu's forced
+/// variants): the oracle itself and the wgpu context pass, a wrong output is refused.
+#[test]
+fn the_gate_through_the_backend_interface() {
+    let mut backends: Vec<&dyn Backend> = vec![&Oracle];
+    if let Some(ctx) = common::gpu() {
+        backends.push(ctx);
+    }
+    for backend in backends {
+        for case in [
+            check_forward_on(backend, &small(1, 131), DType::F32, "trait").unwrap(),
+            check_backward_on(backend, &small(1, 131), DType::F32, "trait").unwrap(),
+            check_decode_on(backend, &small(3, 1), DType::F32, "trait").unwrap(),
+        ] {
+            let summary = verify(&case).unwrap();
+            assert!(summary.worst <= summary.tolerance, "{summary:?}");
+            let mut wrong = case.clone();
+            wrong.compared[0].got[0] += 1.0;
+            let name = wrong.compared[0].name.clone();
+            assert_refused(verify(&wrong), &name);
+        }
+    }
 }
 
 #[test]

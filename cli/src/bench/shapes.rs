@@ -6,8 +6,8 @@
 
 use std::fmt;
 
-use crate::problem::Problem;
-use crate::{Options, Result};
+use gdn_wgpu::problem::Problem;
+use gdn_wgpu::{Options, Result};
 
 /// q/k heads and v heads (GVA when `heads_v > heads_qk`), written `H/HV`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

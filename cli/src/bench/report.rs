@@ -105,7 +105,7 @@ pub struct CheckRecord {
 pub struct Record {
     /// `"forward"`, `"backward"`, `"decode"`.
     pub op: String,
-    /// `"wgpu"` or `"cpu"` (the f64 oracle).
+    /// The backend's name as `--backend` takes it: `"wgpu"`, `"cpu"` (the f64 oracle).
     pub backend: String,
     /// Storage dtype of q, k, v, o: `"F32"`, `"F16"`, `"BF16"`.
     pub dtype: String,
@@ -140,6 +140,13 @@ pub struct Record {
     pub gbps: Option<f64>,
     /// `"gpu"` or `"wall"`: which median the rates divide by.
     pub rate_basis: Option<String>,
+    /// Tokens per second: every sequence's tokens of one call / median time (decode: the
+    /// batch's tokens of one step).
+    pub tokens_per_s: Option<f64>,
+    /// Decode: GB/s of a streaming copy of a buffer the size of the state pool, measured in
+    /// the same process (the bandwidth a step over every slot could reach); null elsewhere
+    /// and without timestamp queries.
+    pub copy_ceiling_gbps: Option<f64>,
     /// GPU memory one call holds at its peak (inputs + outputs + scratch, one input set):
     /// measured by the device's allocator, or estimated where the backend has no allocator
     /// report (`memory_source` says which); null for the CPU backend and untimed cases.
@@ -234,6 +241,7 @@ pub fn table(report: &Report) -> String {
         "host ms",
         "TFLOP/s",
         "GB/s",
+        "tok/s",
         "memory",
         "check",
     ];
@@ -257,6 +265,7 @@ pub fn table(report: &Report) -> String {
             row.push(med(&r.host_ms));
             row.push(r.tflops.map_or("-".into(), fmt_rate));
             row.push(r.gbps.map_or("-".into(), fmt_rate));
+            row.push(r.tokens_per_s.map_or("-".into(), fmt_count));
             row.push(match (r.peak_memory_bytes, r.memory_source) {
                 (Some(b), Some(MemorySource::Estimate)) => format!("~{}", fmt_bytes(b as f64)),
                 (Some(b), _) => fmt_bytes(b as f64),
@@ -327,6 +336,27 @@ pub fn table(report: &Report) -> String {
             );
         }
     }
+    let ceilings: Vec<(&Record, f64, f64)> = report
+        .records
+        .iter()
+        .filter_map(|r| Some((r, r.gbps?, r.copy_ceiling_gbps?)))
+        .collect();
+    if !ceilings.is_empty() {
+        let _ = writeln!(
+            out,
+            "\ndecode against the copy ceiling (a copy of a buffer the pool's size, this process):"
+        );
+        for (r, gbps, ceiling) in ceilings {
+            let _ = writeln!(
+                out,
+                "  {:<22} {} GB/s of {} GB/s ({:.0} %)",
+                r.shape.label,
+                fmt_rate(gbps),
+                fmt_rate(ceiling),
+                100.0 * gbps / ceiling
+            );
+        }
+    }
     let notes: Vec<&Record> = report
         .records
         .iter()
@@ -347,6 +377,16 @@ pub fn table(report: &Report) -> String {
         }
     }
     out
+}
+
+/// A count per second with an SI suffix: `950`, `12.3k`, `4.56M`.
+pub fn fmt_count(x: f64) -> String {
+    match x {
+        x if x >= 1e9 => format!("{:.3}G", x / 1e9),
+        x if x >= 1e6 => format!("{:.3}M", x / 1e6),
+        x if x >= 1e3 => format!("{:.3}k", x / 1e3),
+        x => format!("{x:.0}"),
+    }
 }
 
 /// `YYYY-MM-DDTHH:MM:SSZ` for a Unix time (civil-from-days, proleptic Gregorian).

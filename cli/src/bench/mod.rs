@@ -6,10 +6,14 @@
 //! compiles the pipelines, which stay cached), repetitions rotating among copies of the inputs
 //! when one copy would fit in the GPU's cache, and the median, minimum and maximum of the GPU
 //! time (timestamp queries, with a per-pass breakdown) and of the wall clock (encode, submit,
-//! wait). Rates use the formulas of [`metrics`]; memory is measured by the device's allocator
-//! where wgpu has a report, else estimated ([`memory`]).
+//! wait). Rates (TFLOP/s, GB/s, tokens/s) use the formulas of [`metrics`]; each decode case
+//! also times a copy of a buffer its state pool's size, in the same process, as its bandwidth
+//! ceiling. Memory is measured by the device's allocator where wgpu has a report, else
+//! estimated ([`memory`]). The backend comes from [`crate::backend`]: wgpu is timed as above;
+//! any other backend by the wall clock of its host entry points, without a gate.
 
 mod cases;
+mod ceiling;
 pub mod check;
 mod inputs;
 pub mod memory;
@@ -32,12 +36,13 @@ pub use metrics::Op;
 pub use report::{Record, Report, Stats, Status};
 pub use shapes::{HeadConfig, SeqSet};
 
-use crate::error::Error;
-use crate::tensor::DType;
-use crate::wgpu_backend::decode::RecurrentStepTiles;
-use crate::wgpu_backend::{ComputePath, Context, GpuTimer};
-use crate::{Options, Problem};
+use crate::backend::{BackendKind, Engine};
 use cases::{GpuCase, HostCase};
+use gdn_wgpu::error::Error;
+use gdn_wgpu::tensor::DType;
+use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
+use gdn_wgpu::wgpu_backend::{ComputePath, Context, GpuTimer};
+use gdn_wgpu::{Options, Problem};
 use report::{AdapterRecord, CheckRecord, PassTime, ShapeRecord};
 
 /// Everything `gdn bench` can fail with.
@@ -94,15 +99,6 @@ impl BenchError {
             BenchError::Gdn(Error::TooLarge { .. }) | BenchError::HostMemory(_)
         )
     }
-}
-
-/// Where the kernels run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BenchBackend {
-    /// The WGSL kernels through wgpu.
-    Wgpu,
-    /// The f64 oracle (wall clock only; slow: small shapes).
-    Cpu,
 }
 
 /// Storage dtype of q, k, v and o.
@@ -175,8 +171,10 @@ pub struct BenchArgs {
     /// V [default: 128; --quick: 32].
     #[arg(long)]
     pub value_dim: Option<usize>,
-    #[arg(long, value_enum, default_value_t = BenchBackend::Wgpu)]
-    pub backend: BenchBackend,
+    /// Where the kernels run: GPU timestamps and the correctness gate on wgpu; the host
+    /// entry points by wall clock elsewhere (cpu: the f64 oracle, slow: small shapes).
+    #[arg(long, value_enum, default_value_t = BackendKind::Wgpu)]
+    pub backend: BackendKind,
     /// Storage dtype of q, k, v, o.
     #[arg(long, value_enum, default_value_t = BenchDType::F32)]
     pub dtype: BenchDType,
@@ -223,7 +221,7 @@ pub struct BenchArgs {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub ops: Vec<Op>,
-    pub backend: BenchBackend,
+    pub backend: BackendKind,
     pub dtype: DType,
     pub adapter: Option<String>,
     /// A forced forward compute path (`None`: the context's choice).
@@ -469,10 +467,10 @@ fn commit() -> Option<String> {
     }
 }
 
-/// The context of `c.adapter`, on `c.compute_path` when forced.
-fn open_context(c: &Config) -> Result<Context, BenchError> {
-    let mut ctx = open_adapter(c.adapter.as_deref())?;
-    if let Some(path) = c.compute_path {
+/// The backend of `c.backend` (on `c.adapter`), on `c.compute_path` when forced (wgpu).
+fn open_engine(c: &Config) -> Result<Engine, BenchError> {
+    let mut engine = Engine::open(c.backend, c.adapter.as_deref())?;
+    if let (Some(path), Some(ctx)) = (c.compute_path, engine.wgpu_mut()) {
         let support = ctx.path_support();
         if path == ComputePath::CoopMatrix && !support.coop_f16 {
             return Err(BenchError::Unsupported(format!(
@@ -488,26 +486,7 @@ fn open_context(c: &Config) -> Result<Context, BenchError> {
         }
         ctx.set_compute_path(Some(path))?;
     }
-    Ok(ctx)
-}
-
-fn open_adapter(filter: Option<&str>) -> Result<Context, BenchError> {
-    match filter {
-        None => Ok(Context::new_blocking()?),
-        Some(f) => {
-            let adapters = pollster::block_on(crate::wgpu_backend::list_adapters());
-            let wanted = f.to_lowercase();
-            let adapter = adapters
-                .into_iter()
-                .find(|a| a.get_info().name.to_lowercase().contains(&wanted))
-                .ok_or_else(|| {
-                    BenchError::Usage(format!(
-                        "--adapter {f}: no adapter whose name contains it (see `gdn info`)"
-                    ))
-                })?;
-            Ok(pollster::block_on(Context::from_adapter(adapter))?)
-        }
-    }
+    Ok(engine)
 }
 
 /// Refuse a case before its host inputs are generated when they could not be used: a tensor
@@ -592,7 +571,7 @@ struct Planned {
 }
 
 impl Planned {
-    fn problem(&self, c: &Config) -> crate::Result<Problem> {
+    fn problem(&self, c: &Config) -> gdn_wgpu::Result<Problem> {
         match &self.seqs {
             Some(s) => s.problem(self.heads, c.key_dim, c.value_dim),
             None => Problem::new(
@@ -679,13 +658,13 @@ struct Timing {
 const TIMER_MARKS: u32 = 64;
 
 /// Warm up, then time `reps` repetitions (fewer when they would exceed `max_seconds`).
-fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> crate::Result<Timing> {
+fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> gdn_wgpu::Result<Timing> {
     let timer = GpuTimer::new(ctx, TIMER_MARKS);
     let mut t = Timing::default();
     let mut last_wall = 0.0;
     let mut i = 0usize;
     let mut reps = c.reps;
-    let run = |i: usize, record: bool, t: &mut Timing| -> crate::Result<f64> {
+    let run = |i: usize, record: bool, t: &mut Timing| -> gdn_wgpu::Result<f64> {
         let set = i % case.sets();
         let start = Instant::now();
         let mut encoder = ctx.create_encoder("gdn bench");
@@ -751,17 +730,24 @@ fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> crate::Result<Timi
     Ok(t)
 }
 
-fn time_cpu(c: &Config, op: Op, host: &HostCase) -> crate::Result<Timing> {
+/// Wall-clock timing of the host entry points (upload, run, wait, download) of a backend
+/// without GPU timing here.
+fn time_host(
+    backend: &dyn gdn_wgpu::Backend,
+    c: &Config,
+    op: Op,
+    host: &HostCase,
+) -> gdn_wgpu::Result<Timing> {
     let mut t = Timing::default();
     let start = Instant::now();
-    cases::run_cpu(op, host, c.seed)?;
+    cases::run_host(backend, op, host, c.seed)?;
     let first = start.elapsed().as_secs_f64() * 1e3;
     let reps = c
         .reps
         .min(((c.max_seconds * 1e3 / first.max(1e-3)).floor() as usize).max(1));
     for _ in 0..reps {
         let start = Instant::now();
-        cases::run_cpu(op, host, c.seed)?;
+        cases::run_host(backend, op, host, c.seed)?;
         t.wall.push(start.elapsed().as_secs_f64() * 1e3);
     }
     t.reps = reps;
@@ -775,6 +761,8 @@ enum Variant {
     Tiles(String),
     /// The forward's compute path and its scan's V-block.
     Forward(ComputePath, u32),
+    /// Whatever a backend without wgpu's variants runs for the shape.
+    Host,
 }
 
 fn variant(
@@ -782,7 +770,7 @@ fn variant(
     op: Op,
     p: &Problem,
     dtype: DType,
-) -> crate::Result<(Variant, String, Option<RecurrentStepTiles>)> {
+) -> gdn_wgpu::Result<(Variant, String, Option<RecurrentStepTiles>)> {
     Ok(match op {
         Op::Forward => {
             // The compute path depends on K, V, the dtype and the context (never on T), so the
@@ -791,13 +779,13 @@ fn variant(
             let vb = check::forward_v_block(ctx, p, path);
             let mut name = check::forward_variant_name(path, vb);
             // GDN_SEGMENT_CHUNKS makes every forward sequence-parallel (checked and timed).
-            if let Some(n) = crate::wgpu_backend::forward::segment_chunks_from_env()? {
+            if let Some(n) = gdn_wgpu::wgpu_backend::forward::segment_chunks_from_env()? {
                 name.push_str(&format!(", sequence-parallel segments of {n} chunks"));
             }
             (Variant::Forward(path, vb), name, None)
         }
         Op::Backward => {
-            let vb = crate::wgpu_backend::backward::scan_v_block(ctx, p)?;
+            let vb = gdn_wgpu::wgpu_backend::backward::scan_v_block(ctx, p)?;
             (
                 Variant::VBlock(vb),
                 format!("backward scans V-block {vb}"),
@@ -842,17 +830,65 @@ fn run_check(
     verify(&case)
 }
 
+/// The gate for `op` on the small version of `planned`, through the [`gdn_wgpu::Backend`]
+/// interface alone (a backend without wgpu's forced variants).
+fn run_host_check(
+    backend: &dyn gdn_wgpu::Backend,
+    c: &Config,
+    planned: &Planned,
+) -> Result<CheckSummary, BenchError> {
+    let p = planned
+        .check_seqs()
+        .problem(planned.heads, c.key_dim, c.value_dim)?;
+    let variant = backend.name();
+    let case = match planned.op {
+        Op::Forward => check::check_forward_on(backend, &p, c.dtype, variant)?,
+        Op::Backward => check::check_backward_on(backend, &p, c.dtype, variant)?,
+        Op::Decode => check::check_decode_on(backend, &p, c.dtype, variant)?,
+    };
+    verify(&case)
+}
+
 /// A check's result, shared by every case with the same op, heads and kernel variant.
 type CheckOutcome = Result<CheckSummary, (Status, String)>;
+
+/// The gate's verdict for `key`, run once per key: an unsupported op is noted once and its
+/// later cases skipped.
+fn gate(
+    checks: &mut HashMap<CheckKey, CheckOutcome>,
+    unsupported: &mut HashMap<Op, String>,
+    bar: &ProgressBar,
+    key: CheckKey,
+    run: impl FnOnce() -> CheckOutcome,
+) -> Result<CheckRecord, (Status, String)> {
+    let op = key.0;
+    let summary = checks
+        .entry(key)
+        .or_insert_with(|| {
+            let mut result = run();
+            if let Err((Status::Unsupported, why)) = &mut result {
+                *why = format!("{}: {why}", op.name());
+                bar.suspend(|| eprintln!("note: {why}; its cases are skipped"));
+                unsupported.insert(op, why.clone());
+            }
+            result
+        })
+        .clone()?;
+    Ok(CheckRecord {
+        shape: summary.shape,
+        max_rel_l2: summary.worst,
+        tolerance: summary.tolerance,
+    })
+}
+
+/// Cases sharing op, heads, kernel variant and check shape share one check.
+type CheckKey = (Op, HeadConfig, Variant, SeqSet);
 
 /// Run a sweep. Per-case failures become records (status and note); only failing to open a
 /// device is an error.
 pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
-    let mut ctx = match c.backend {
-        BenchBackend::Wgpu => Some(open_context(c)?),
-        BenchBackend::Cpu => None,
-    };
-    let adapter = ctx.as_ref().and_then(|ctx| {
+    let mut engine = open_engine(c)?;
+    let adapter = engine.wgpu().and_then(|ctx| {
         ctx.adapter_info.as_ref().map(|i| AdapterRecord {
             name: i.name.clone(),
             backend: format!("{:?}", i.backend),
@@ -862,15 +898,11 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             timestamp_queries: GpuTimer::new(ctx, 2).is_some(),
         })
     });
-    let adapter_name = match (&adapter, c.backend) {
-        (Some(a), _) => format!("{} ({})", a.name, a.backend),
-        (None, BenchBackend::Wgpu) => "wgpu (unknown adapter)".into(),
-        (None, BenchBackend::Cpu) => "cpu (f64 oracle)".into(),
+    let adapter_name = match &adapter {
+        Some(a) => format!("{} ({})", a.name, a.backend),
+        None => engine.backend().describe(),
     };
-    let backend_name = match c.backend {
-        BenchBackend::Wgpu => "wgpu",
-        BenchBackend::Cpu => "cpu",
-    };
+    let backend_name = engine.backend().name();
     if let Some(a) = &adapter {
         eprintln!(
             "gdn bench: {} ({}, {}), {} storage, timestamps {}",
@@ -897,7 +929,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
     } else {
         ProgressBar::hidden()
     };
-    let mut checks: HashMap<(Op, HeadConfig, Variant, SeqSet), CheckOutcome> = HashMap::new();
+    let mut checks: HashMap<CheckKey, CheckOutcome> = HashMap::new();
     let mut unsupported: HashMap<Op, String> = HashMap::new();
     let mut host: Option<(HeadConfig, Option<SeqSet>, usize, HostCase)> = None;
     let mut records = Vec::new();
@@ -937,6 +969,8 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             tflops: None,
             gbps: None,
             rate_basis: None,
+            tokens_per_s: None,
+            copy_ceiling_gbps: None,
             peak_memory_bytes: None,
             memory_source: None,
             check: None,
@@ -960,7 +994,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             if let Some(why) = unsupported.get(&pc.op) {
                 return Err((Status::Unsupported, why.clone()));
             }
-            preflight(ctx.as_ref(), pc.op, &p, c.dtype).map_err(err)?;
+            preflight(engine.wgpu(), pc.op, &p, c.dtype).map_err(err)?;
             let fresh = !matches!(&host, Some((h, s, b, _)) if *h == pc.heads && *s == pc.seqs && *b == pc.batch);
             if fresh {
                 drop(host.take()); // free the previous shape's host inputs first
@@ -972,33 +1006,33 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                 ));
             }
             let hc = &host.as_ref().expect("just set").3;
-            if c.fresh_device && ctx.is_some() {
+            if c.fresh_device && engine.wgpu().is_some() {
                 // Drop the old device (and everything allocated on it) before opening the next.
-                drop(ctx.take());
-                ctx = Some(open_context(c).map_err(err)?);
+                engine = Engine::Cpu(gdn_wgpu::Oracle);
+                engine = open_engine(c).map_err(err)?;
             }
-            let timing = match ctx.as_mut() {
-                None => time_cpu(c, pc.op, hc).map_err(|e| err(e.into()))?,
+            let timing = match engine.wgpu_mut() {
+                None => {
+                    // The oracle is the reference itself; any other backend is gated through
+                    // the common interface.
+                    if !matches!(engine, Engine::Cpu(_)) {
+                        let key = (pc.op, pc.heads, Variant::Host, pc.check_seqs());
+                        let backend = engine.backend();
+                        record.check =
+                            Some(gate(&mut checks, &mut unsupported, &bar, key, || {
+                                run_host_check(backend, c, pc).map_err(err)
+                            })?);
+                    }
+                    time_host(engine.backend(), c, pc.op, hc).map_err(|e| err(e.into()))?
+                }
                 Some(ctx) => {
                     let (v, vname, tiles) =
                         variant(ctx, pc.op, &p, c.dtype).map_err(|e| err(e.into()))?;
                     record.variant = Some(vname);
                     let key = (pc.op, pc.heads, v.clone(), pc.check_seqs());
-                    if !checks.contains_key(&key) {
-                        let mut result = run_check(ctx, c, pc, &p, tiles, &v).map_err(err);
-                        if let Err((Status::Unsupported, why)) = &mut result {
-                            *why = format!("{}: {why}", pc.op.name());
-                            bar.suspend(|| eprintln!("note: {why}; its cases are skipped"));
-                            unsupported.insert(pc.op, why.clone());
-                        }
-                        checks.insert(key.clone(), result);
-                    }
-                    let summary = checks[&key].clone()?;
-                    record.check = Some(CheckRecord {
-                        shape: summary.shape,
-                        max_rel_l2: summary.worst,
-                        tolerance: summary.tolerance,
-                    });
+                    record.check = Some(gate(&mut checks, &mut unsupported, &bar, key, || {
+                        run_check(ctx, c, pc, &p, tiles, &v).map_err(err)
+                    })?);
                     let sets = if c.rotate_bytes > 0.0 {
                         inputs::input_sets(record.bytes, c.rotate_bytes, c.max_sets)
                     } else {
@@ -1016,7 +1050,14 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                             Some(MemorySource::Estimate),
                         ),
                     };
-                    time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?
+                    let timing = time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?;
+                    if pc.op == Op::Decode {
+                        // Measured after the case, on the same device, for the pool's bytes.
+                        let pool = metrics::pool_bytes(&p);
+                        record.copy_ceiling_gbps = ceiling::copy_gbps(ctx, pool, c.reps.min(50))
+                            .map_err(|e| err(e.into()))?;
+                    }
+                    timing
                 }
             };
             record.reps = timing.reps;
@@ -1046,6 +1087,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                 record.tflops = Some(record.flops / (time * 1e-3) / 1e12);
                 record.gbps = Some(record.bytes / (time * 1e-3) / 1e9);
                 record.rate_basis = Some(basis.into());
+                record.tokens_per_s = Some(p.total_tokens() as f64 / (time * 1e-3));
             }
             Ok(())
         })();

@@ -7,13 +7,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
+use gdn_cli::backend::{BackendKind, Engine};
 use gdn_wgpu::error::ShapeList;
 use gdn_wgpu::io::{IntTensor, TensorFile};
-use gdn_wgpu::{
-    DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, reference,
-    wgpu_backend,
-};
+use gdn_wgpu::{DType, Error, ForwardInputs, HostTensor, Options, Problem, wgpu_backend};
 
 #[derive(Parser)]
 #[command(
@@ -34,7 +32,7 @@ enum Command {
     #[command(subcommand)]
     Run(Kernel),
     /// Benchmark sweep of forward, backward and decode (oracle-checked first); see BENCHMARKS.md.
-    Bench(Box<gdn_wgpu::bench::BenchArgs>),
+    Bench(Box<gdn_cli::bench::BenchArgs>),
 }
 
 #[derive(Subcommand)]
@@ -43,8 +41,8 @@ enum Kernel {
     /// I64, with B = 1), A_log and dt_bias (with --gate-in-kernel); writes o and final_state.
     Forward(RunArgs),
     /// Chunked backward (the forward is replayed first). Reads the forward's tensors plus `do`
-    /// [B,T,HV,V] and optionally `dht` (the state shape, F32); writes dq dk dv dg dbeta, dh0
-    /// when initial_state is given, and dA_log ddt_bias with --gate-in-kernel.
+    /// (B,T,HV,V: the shape of v) and optionally `dht` (the state shape, F32); writes dq dk dv
+    /// dg dbeta, dh0 when initial_state is given, and dA_log ddt_bias with --gate-in-kernel.
     Backward(RunArgs),
     /// The same inputs and outputs as `forward`, computed token by token by the recurrent
     /// decode kernel over a state pool (one decode step per token); agrees with `forward`.
@@ -61,8 +59,8 @@ struct RunArgs {
     #[arg(long, value_name = "OUT.safetensors")]
     output: PathBuf,
     /// What runs the kernel.
-    #[arg(long, value_enum, default_value_t = Backend::Auto)]
-    backend: Backend,
+    #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
+    backend: BackendKind,
     #[command(flatten)]
     flags: GdnFlags,
 }
@@ -103,16 +101,6 @@ impl GdnFlags {
     }
 }
 
-#[derive(Clone, Copy, ValueEnum)]
-enum Backend {
-    /// wgpu when a GPU context can be created, else cpu
-    Auto,
-    /// The WGSL kernels through wgpu
-    Wgpu,
-    /// The f64 oracle (slow; for checking)
-    Cpu,
-}
-
 /// A failure and its exit code.
 struct Failure {
     error: Error,
@@ -140,7 +128,7 @@ fn main() -> ExitCode {
         Command::Run(Kernel::Forward(args)) => run_forward(args, GpuPath::Chunked),
         Command::Run(Kernel::Backward(args)) => run_backward(args),
         Command::Run(Kernel::Decode(args)) => run_forward(args, GpuPath::TokenByToken),
-        Command::Bench(args) => return gdn_wgpu::bench::main(args),
+        Command::Bench(args) => return gdn_cli::bench::main(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -203,16 +191,12 @@ fn run_forward(args: &RunArgs, path: GpuPath) -> Result<(), Failure> {
         }
     }
     // Inputs are fully checked before any device work, so bad input never waits on a GPU.
-    let engine = Engine::new(args.backend)?;
+    let engine = open(args.backend)?;
+    let backend = engine.backend();
     let start = Instant::now();
-    let outputs = match &engine {
-        Engine::Gpu(ctx) => match path {
-            GpuPath::Chunked => wgpu_backend::forward_host(ctx, &problem, &inputs.as_ref())?,
-            GpuPath::TokenByToken => {
-                wgpu_backend::decode::decode_host(ctx, &problem, &inputs.as_ref(), 1)?
-            }
-        },
-        Engine::Cpu => forward_cpu(&problem, &inputs)?,
+    let outputs = match path {
+        GpuPath::Chunked => backend.forward(&problem, &inputs.as_ref())?,
+        GpuPath::TokenByToken => backend.decode(&problem, &inputs.as_ref(), 1)?,
     };
     let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
     gdn_wgpu::io::write(
@@ -226,7 +210,7 @@ fn run_forward(args: &RunArgs, path: GpuPath) -> Result<(), Failure> {
     eprintln!(
         "gdn run {}: {} | B={} T={} H={} HV={} K={} V={} N={} | {elapsed_ms:.1} ms | wrote {}",
         path.command(),
-        engine.describe(),
+        engine.backend().describe(),
         p.batch,
         p.tokens,
         p.heads_qk,
@@ -260,14 +244,12 @@ fn run_backward(args: &RunArgs) -> Result<(), Failure> {
         }
     }
     // Inputs are fully checked before any device work, so bad input never waits on a GPU.
-    let engine = Engine::new(args.backend)?;
+    let engine = open(args.backend)?;
     let start = Instant::now();
-    let grads = match &engine {
-        Engine::Gpu(ctx) => {
-            wgpu_backend::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref())?.1
-        }
-        Engine::Cpu => backward_cpu(&problem, &inputs, &d_o, dht.as_ref())?,
-    };
+    let (_, grads) =
+        engine
+            .backend()
+            .forward_backward(&problem, &inputs.as_ref(), &d_o, dht.as_ref())?;
     let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
     let mut outputs: Vec<(&str, &HostTensor)> = vec![
         ("dq", &grads.dq),
@@ -293,7 +275,7 @@ fn run_backward(args: &RunArgs) -> Result<(), Failure> {
     let p = &problem;
     eprintln!(
         "gdn run backward: {} | B={} T={} H={} HV={} K={} V={} N={} | {elapsed_ms:.1} ms (forward + backward) | wrote {}",
-        engine.describe(),
+        engine.backend().describe(),
         p.batch,
         p.tokens,
         p.heads_qk,
@@ -304,35 +286,6 @@ fn run_backward(args: &RunArgs) -> Result<(), Failure> {
         args.output.display()
     );
     Ok(())
-}
-
-fn backward_cpu(
-    problem: &Problem,
-    inputs: &ForwardInputs<HostTensor>,
-    d_o: &HostTensor,
-    dht: Option<&HostTensor>,
-) -> gdn_wgpu::Result<gdn_wgpu::Gradients<HostTensor>> {
-    let g = reference::backward(problem, &inputs.as_ref(), d_o, dht)?;
-    let narrow = |shape: &[usize], x: Vec<f64>, dtype: DType| {
-        HostTensor::new(shape.to_vec(), x.into_iter().map(|x| x as f32).collect()).with_dtype(dtype)
-    };
-    let (qk, v, gate, state, hv) = (
-        problem.qk_shape(),
-        problem.v_shape(),
-        problem.gate_shape(),
-        problem.state_shape(),
-        [problem.heads_v],
-    );
-    Ok(gdn_wgpu::Gradients {
-        dq: narrow(&qk, g.dq, inputs.q.dtype),
-        dk: narrow(&qk, g.dk, inputs.k.dtype),
-        dv: narrow(&v, g.dv, inputs.v.dtype),
-        dg: narrow(&gate, g.dg, DType::F32),
-        dbeta: narrow(&gate, g.dbeta, DType::F32),
-        dh0: g.dh0.map(|x| narrow(&state, x, DType::F32)),
-        da_log: g.da_log.map(|x| narrow(&hv, x, DType::F32)),
-        ddt_bias: g.ddt_bias.map(|x| narrow(&hv, x, DType::F32)),
-    })
 }
 
 /// Read and check the forward's tensors: the problem's sizes come from q `[B,T,H,K]` and
@@ -431,46 +384,38 @@ fn name_size_source(error: Error) -> Error {
     }
 }
 
-fn forward_cpu(
-    problem: &Problem,
-    inputs: &ForwardInputs<HostTensor>,
-) -> gdn_wgpu::Result<ForwardOutputs<HostTensor>> {
-    let out = reference::forward(problem, &inputs.as_ref())?;
-    let narrow = |x: Vec<f64>| x.into_iter().map(|x| x as f32).collect();
-    Ok(ForwardOutputs {
-        o: HostTensor::new(problem.v_shape(), narrow(out.o)).with_dtype(inputs.v.dtype),
-        final_state: HostTensor::new(problem.state_shape(), narrow(out.final_state)),
-    })
+/// Open the backend for `gdn run`: failing to get a device is not the input's fault.
+fn open(kind: BackendKind) -> Result<Engine, Failure> {
+    Engine::open(kind, None).map_err(Failure::device)
 }
 
-/// What runs the kernels.
-enum Engine {
-    Gpu(Box<wgpu_backend::Context>),
-    Cpu,
-}
-
-impl Engine {
-    fn new(backend: Backend) -> Result<Self, Failure> {
-        let open_gpu =
-            || wgpu_backend::Context::new_blocking().map(|ctx| Engine::Gpu(Box::new(ctx)));
-        match backend {
-            Backend::Cpu => Ok(Engine::Cpu),
-            Backend::Wgpu => open_gpu().map_err(Failure::device),
-            Backend::Auto => Ok(open_gpu().unwrap_or_else(|e| {
-                eprintln!("note: no usable GPU ({e}); using the cpu backend (f64 oracle)");
-                Engine::Cpu
-            })),
+/// The CUDA device, its architecture and what the CUDA backend runs on it.
+#[cfg(feature = "cuda")]
+fn print_cuda() {
+    use gdn_wgpu::Backend;
+    use gdn_wgpu::tolerance::Op;
+    match gdn_wgpu::cuda_backend::Context::new() {
+        Ok(ctx) => {
+            println!("cuda: {}", ctx.describe());
+            for (name, op) in [
+                ("forward", Op::Forward),
+                ("backward", Op::Backward),
+                ("decode", Op::Decode),
+            ] {
+                let dtypes = ctx.storage_dtypes(op);
+                let list = if dtypes.is_empty() {
+                    "not available on this backend yet".to_string()
+                } else {
+                    dtypes
+                        .iter()
+                        .map(|d| d.name())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                };
+                println!("  {name}: {list}");
+            }
         }
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            Engine::Gpu(ctx) => match &ctx.adapter_info {
-                Some(info) => format!("wgpu ({}, {:?})", info.name, info.backend),
-                None => "wgpu".into(),
-            },
-            Engine::Cpu => "cpu (f64 oracle)".into(),
-        }
+        Err(e) => println!("cuda: not usable ({e})"),
     }
 }
 
@@ -487,6 +432,8 @@ const FEATURES_OF_INTEREST: [(&str, wgpu::Features); 4] = [
 ];
 
 fn info() -> Result<(), Failure> {
+    #[cfg(feature = "cuda")]
+    print_cuda();
     let adapters = pollster::block_on(wgpu_backend::list_adapters());
     let filter = std::env::var("GDN_ADAPTER")
         .map(|f| format!(" matching GDN_ADAPTER={f:?}"))

@@ -3,10 +3,10 @@
 use rand::{SeedableRng, rngs::SmallRng};
 use rand_distr::{Distribution, StandardNormal};
 
-use crate::tensor::{DType, HostTensor};
-use crate::wgpu_backend::decode::RecurrentStepTiles;
-use crate::wgpu_backend::{Context, GpuTensor};
-use crate::{ForwardInputs, Problem, RandomSpec};
+use gdn_wgpu::tensor::{DType, HostTensor};
+use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
+use gdn_wgpu::wgpu_backend::{Context, GpuTensor};
+use gdn_wgpu::{ForwardInputs, Problem, RandomSpec};
 
 /// Inputs of `problem` from [`RandomSpec`] (q ~ N(0,1), unit-norm k, v ~ N(0,1),
 /// g = logsigmoid(N(0,1)), β ~ U(0,1), h0 ~ 0.5·N(0,1)), q/k/v stored as `dtype`.
@@ -42,8 +42,8 @@ pub fn normal(shape: &[usize], scale: f32, seed: u64) -> HostTensor {
 pub fn gpu_inputs(
     ctx: &Context,
     inputs: &ForwardInputs<HostTensor>,
-) -> crate::Result<ForwardInputs<GpuTensor>> {
-    crate::wgpu_backend::upload_inputs(ctx, &inputs.as_ref())
+) -> gdn_wgpu::Result<ForwardInputs<GpuTensor>> {
+    gdn_wgpu::wgpu_backend::upload_inputs(ctx, &inputs.as_ref())
 }
 
 /// A decode tiling in words, for records and messages.

@@ -10,8 +10,8 @@
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use gdn_wgpu::bench::check::{check_backward, check_decode, check_forward};
-use gdn_wgpu::bench::verify;
+use gdn_cli::bench::check::{check_backward, check_decode, check_forward};
+use gdn_cli::bench::verify;
 use gdn_wgpu::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
 use gdn_wgpu::wgpu_backend::{self, Context, DecodeOutputs, DecodePlan, GpuTensor};
 use gdn_wgpu::{DType, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec};

@@ -5,11 +5,12 @@
 use crate::bench::BenchError;
 use crate::bench::inputs::{gpu_inputs, host_inputs, normal};
 use crate::bench::metrics::Op;
-use crate::reference;
-use crate::tensor::{DType, HostTensor};
-use crate::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
-use crate::wgpu_backend::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, GpuTimer, Saved};
-use crate::{ForwardInputs, ForwardOutputs, Problem};
+use gdn_wgpu::tensor::{DType, HostTensor};
+use gdn_wgpu::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
+use gdn_wgpu::wgpu_backend::{
+    self, Context, DecodeOutputs, DecodePlan, GpuTensor, GpuTimer, Saved,
+};
+use gdn_wgpu::{ForwardInputs, ForwardOutputs, Problem};
 
 /// A prepared GPU case.
 pub trait GpuCase {
@@ -21,7 +22,7 @@ pub trait GpuCase {
         encoder: &mut wgpu::CommandEncoder,
         set: usize,
         timer: Option<&GpuTimer>,
-    ) -> crate::Result<()>;
+    ) -> gdn_wgpu::Result<()>;
 }
 
 /// Host inputs of one (heads, sequences) shape, generated once and shared by forward and
@@ -62,7 +63,7 @@ impl GpuCase for ForwardCase<'_> {
         encoder: &mut wgpu::CommandEncoder,
         set: usize,
         timer: Option<&GpuTimer>,
-    ) -> crate::Result<()> {
+    ) -> gdn_wgpu::Result<()> {
         let inputs = self.sets[set].as_ref();
         let outputs = ForwardOutputs {
             o: &self.o,
@@ -92,7 +93,7 @@ pub fn prepare_forward<'a>(
     let p = &host.problem;
     let sets = (0..sets)
         .map(|_| gpu_inputs(ctx, &host.inputs))
-        .collect::<crate::Result<Vec<_>>>()?;
+        .collect::<gdn_wgpu::Result<Vec<_>>>()?;
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), host.dtype)?;
     let state = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F32)?;
     let workspace = wgpu_backend::ForwardWorkspace::new(ctx, p, host.dtype)?;
@@ -121,7 +122,7 @@ impl GpuCase for BackwardCase<'_> {
         encoder: &mut wgpu::CommandEncoder,
         set: usize,
         timer: Option<&GpuTimer>,
-    ) -> crate::Result<()> {
+    ) -> gdn_wgpu::Result<()> {
         let (saved, d_o, dht) = &self.sets[set];
         match timer {
             Some(t) => {
@@ -178,7 +179,7 @@ impl GpuCase for DecodeCase {
         encoder: &mut wgpu::CommandEncoder,
         set: usize,
         timer: Option<&GpuTimer>,
-    ) -> crate::Result<()> {
+    ) -> gdn_wgpu::Result<()> {
         self.plans[set].record(encoder);
         if let Some(t) = timer {
             t.mark(encoder, "recurrent_step");
@@ -257,18 +258,23 @@ pub fn prepare<'a>(
     }
 }
 
-/// The CPU backend: the f64 oracle itself (wall clock only; no correctness gate, it is the
-/// reference).
-pub fn run_cpu(op: Op, host: &HostCase, seed: u64) -> crate::Result<()> {
-    let p = &host.problem;
+/// One run of `op` through a backend's host entry points (upload, run, wait, download): how
+/// backends without GPU timing here are timed. The cpu backend is the oracle itself, so it
+/// has no correctness gate.
+pub fn run_host(
+    backend: &dyn gdn_wgpu::Backend,
+    op: Op,
+    host: &HostCase,
+    seed: u64,
+) -> gdn_wgpu::Result<()> {
+    let (p, inputs) = (&host.problem, host.inputs.as_ref());
     match op {
-        Op::Forward | Op::Decode => {
-            reference::forward(p, &host.inputs.as_ref())?;
-        }
+        Op::Forward => drop(backend.forward(p, &inputs)?),
+        Op::Decode => drop(backend.decode(p, &inputs, 1)?),
         Op::Backward => {
-            let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0);
+            let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0).with_dtype(host.dtype);
             let dht = normal(&p.state_shape(), 0.5, seed ^ 0xd7);
-            reference::backward(p, &host.inputs.as_ref(), &d_o, Some(&dht))?;
+            drop(backend.forward_backward(p, &inputs, &d_o, Some(&dht))?);
         }
     }
     Ok(())

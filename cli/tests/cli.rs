@@ -1,6 +1,7 @@
 //! The `gdn` binary end to end: outputs against the f64 oracle on both backends, one exit-2
 //! `error:` line per kind of bad input, and `gdn info`.
 
+#[path = "../../tests/common/mod.rs"]
 mod common;
 
 use std::path::{Path, PathBuf};

@@ -12,9 +12,9 @@
 //! storage dtype (q, k, v, o, do, dq, dk, dv) or f32 (g, β, states, dg, dβ). Intermediates and
 //! re-reads are not counted, so GB/s is a lower bound on the traffic an implementation moves.
 
-use crate::problem::{CHUNK, Problem};
-use crate::tensor::DType;
-use crate::wgpu_backend::backward::{saved_bytes, workspace_bytes};
+use gdn_wgpu::problem::{CHUNK, Problem};
+use gdn_wgpu::tensor::DType;
+use gdn_wgpu::wgpu_backend::backward::{saved_bytes, workspace_bytes};
 
 /// Which operation a record measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -82,6 +82,11 @@ pub fn flops(op: Op, p: &Problem) -> f64 {
     bt * hv * per_token
 }
 
+/// Bytes of the f32 state pool a decode case steps: every sequence's `HV·K·V` state.
+pub fn pool_bytes(p: &Problem) -> u64 {
+    (p.num_sequences() * p.heads_v * p.key_dim * p.value_dim * 4) as u64
+}
+
 /// Compulsory bytes of one call (inputs read once, outputs written once). Forward and
 /// backward count h0 / dh0 (the bench gives every sequence an initial state); the backward
 /// counts dht. Decode reads and writes every sequence's state once per step: `2·4·K·V` per
@@ -108,7 +113,7 @@ pub fn bytes(op: Op, p: &Problem, dtype: DType) -> f64 {
 /// inputs + outputs + scratch, from the sizes the launchers are known to allocate (small
 /// uniform/table buffers included; allocator padding and driver overhead not). Used only where
 /// the backend has no allocator report ([`crate::bench::memory`]); it goes stale when the
-/// launchers' scratch changes — `tests/bench.rs` compares it with the allocator's figure.
+/// launchers' scratch changes — `cli/tests/bench.rs` compares it with the allocator's figure.
 pub fn peak_memory_estimate(op: Op, p: &Problem, dtype: DType) -> u64 {
     let z = sizes(p, dtype);
     let (bt, hv, n) = (z.bt as u64, z.hv as u64, z.n as u64);
@@ -151,7 +156,7 @@ pub fn peak_memory_estimate(op: Op, p: &Problem, dtype: DType) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Options;
+    use gdn_wgpu::Options;
 
     #[test]
     fn per_token_counts_match_the_algorithm_doc() {

@@ -2,16 +2,23 @@
 //! same heads, K, V, storage dtype and kernel variant (V-block, decode tiling) as the timed
 //! shape and are compared with the f64 oracle on sampled heads. A wrong kernel gives an error,
 //! never a number. The oracle never runs on the big shapes.
+//!
+//! Forward and backward run through [`Backend`] (the wgpu context with its kernel variant
+//! forced, or any other backend); decode runs a wgpu decode plan at the timed shape's tiling.
+//! Each output is judged by [`gdn_wgpu::tolerance`], the policy the tests assert, against the
+//! oracle on the same inputs the backend gets: q, k, v (and do) already rounded to the storage
+//! dtype ([`gdn_wgpu::HostTensor::with_dtype`]).
 
 use crate::bench::BenchError;
 use crate::bench::inputs::{gpu_inputs, host_inputs, normal};
 use crate::bench::metrics::Op;
-use crate::reference::{self, select_heads};
-use crate::tensor::{DType, relative_l2};
-use crate::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
-use crate::wgpu_backend::path::COOP_V_BLOCK;
-use crate::wgpu_backend::{self, ComputePath, Context, DecodeOutputs, DecodePlan, GpuTensor};
-use crate::{ForwardInputs, ForwardOutputs, Problem};
+use gdn_wgpu::reference::{self, select_heads};
+use gdn_wgpu::tensor::{DType, relative_l2};
+use gdn_wgpu::tolerance::{self, Arithmetic, Quantity};
+use gdn_wgpu::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
+use gdn_wgpu::wgpu_backend::path::COOP_V_BLOCK;
+use gdn_wgpu::wgpu_backend::{ComputePath, Context, DecodeOutputs, DecodePlan, GpuTensor};
+use gdn_wgpu::{Backend, ForwardInputs, Problem};
 
 /// Tokens per sequence of the check shape: two full chunks and a partial one.
 pub const CHECK_TOKENS: usize = 131;
@@ -19,27 +26,17 @@ pub const CHECK_TOKENS: usize = 131;
 pub const CHECK_DECODE_BATCH: usize = 4;
 const SEED: u64 = 0x5eed_c4ec;
 
-/// Relative-L2 tolerance against the f64 oracle, by op and storage dtype (f32: what the test
-/// suite asserts; f16/bf16: the storage rounding of o).
-pub fn tolerance(op: Op, dtype: DType) -> f64 {
-    match (op, dtype) {
-        (Op::Backward, DType::F32) => 1e-4,
-        (_, DType::F32) => 1e-5,
-        (_, DType::F16) => 3e-3,
-        (_, DType::BF16) => 2e-2,
-    }
-}
-
-/// The forward's tolerance on `path`: the coop and f16-math paths round their GEMM operands
-/// to f16 (~5e-4 per rounding; tests/forward.rs asserts `wgpu_backend::path::tolerance`), so f32
-/// storage cannot reach the scalar 1e-5.
-pub fn forward_tolerance(dtype: DType, path: ComputePath) -> f64 {
-    let storage = tolerance(Op::Forward, dtype);
-    match path {
-        ComputePath::Scalar => storage,
-        ComputePath::F16Math => storage.max(3e-3),
-        ComputePath::CoopMatrix => storage.max(3e-3),
-    }
+/// The policy's bound for `quantity` of `op` on `problem` with `dtype` storage.
+fn bound(op: Op, arithmetic: Arithmetic, problem: &Problem, dtype: DType, q: Quantity) -> f64 {
+    let op = match op {
+        Op::Forward => tolerance::Op::Forward,
+        Op::Backward => tolerance::Op::Backward,
+        Op::Decode => tolerance::Op::Decode,
+    };
+    tolerance::Case::new(op, dtype)
+        .with_arithmetic(arithmetic)
+        .with_l2norm(problem.options.l2norm_qk)
+        .tolerance(q)
 }
 
 /// The scan V-block the forward uses on `path` for `problem`.
@@ -145,7 +142,7 @@ fn describe(p: &Problem, variant: &str) -> String {
 }
 
 /// Run `f` with `GDN_V_BLOCK`-style forcing of `v_block`, restoring the previous setting.
-fn with_v_block<T>(ctx: &mut Context, v_block: u32, f: impl FnOnce(&Context) -> T) -> T {
+pub fn with_v_block<T>(ctx: &mut Context, v_block: u32, f: impl FnOnce(&Context) -> T) -> T {
     let before = ctx.tuning().forced_v_block;
     ctx.tuning_mut().forced_v_block = Some(v_block);
     let out = f(ctx);
@@ -153,8 +150,8 @@ fn with_v_block<T>(ctx: &mut Context, v_block: u32, f: impl FnOnce(&Context) -> 
     out
 }
 
-/// The forward on `problem` (small) at state_scan V-block `v_block` (the scalar path's; the
-/// coop path has one width), on the compute path the context chooses for it, against the
+/// The wgpu forward on `problem` (small) at state_scan V-block `v_block` (the scalar path's;
+/// the coop path has one width), on the compute path the context chooses for it, against the
 /// oracle.
 pub fn check_forward(
     ctx: &mut Context,
@@ -162,52 +159,50 @@ pub fn check_forward(
     dtype: DType,
     v_block: u32,
 ) -> Result<CheckCase, BenchError> {
+    let path = ctx.forward_path(problem, dtype)?.path;
+    let variant = forward_variant_name(path, v_block);
+    with_v_block(ctx, v_block, |ctx| {
+        check_forward_on(ctx, problem, dtype, &variant)
+    })
+}
+
+/// `backend`'s forward on `problem` (small) against the oracle on sampled heads; `variant`
+/// names the kernel variant for messages.
+pub fn check_forward_on(
+    backend: &dyn Backend,
+    problem: &Problem,
+    dtype: DType,
+    variant: &str,
+) -> Result<CheckCase, BenchError> {
     let p = problem;
-    let path = ctx.forward_path(p, dtype)?.path;
     let inputs = host_inputs(p, dtype, SEED);
     let heads = sample_heads(p.heads_v);
     let expected = reference::forward_heads(p, &inputs.as_ref(), &heads)?;
-    let (o, state) = with_v_block(ctx, v_block, |ctx| -> crate::Result<_> {
-        let gpu = gpu_inputs(ctx, &inputs)?;
-        let o = GpuTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN)?;
-        let state = GpuTensor::filled(ctx, "final_state", &p.state_shape(), DType::F32, f32::NAN)?;
-        let mut encoder = ctx.create_encoder("bench check forward");
-        wgpu_backend::forward_into(
-            ctx,
-            &mut encoder,
-            p,
-            &gpu.as_ref(),
-            &ForwardOutputs {
-                o: &o,
-                final_state: &state,
-            },
-        )?;
-        ctx.submit_and_wait(encoder)?;
-        Ok((o.download_blocking(ctx)?, state.download_blocking(ctx)?))
-    })?;
+    let out = backend.forward(p, &inputs.as_ref())?;
     let (hv, kv) = (p.heads_v, p.key_dim * p.value_dim);
-    let tol = forward_tolerance(dtype, path);
+    let arithmetic = backend.arithmetic(p, dtype);
+    let tol = |q| bound(Op::Forward, arithmetic, p, dtype, q);
     Ok(CheckCase {
         op: Op::Forward,
-        shape: describe(p, &forward_variant_name(path, v_block)),
+        shape: describe(p, variant),
         compared: vec![
             Compared {
                 name: "o".into(),
-                got: select_heads(&o.data, hv, p.value_dim, &heads),
+                got: select_heads(&out.o.data, hv, p.value_dim, &heads),
                 want: select_heads(&expected.o, hv, p.value_dim, &heads),
-                tolerance: tol,
+                tolerance: tol(Quantity::Output),
             },
             Compared {
                 name: "final_state".into(),
-                got: select_heads(&state.data, hv, kv, &heads),
+                got: select_heads(&out.final_state.data, hv, kv, &heads),
                 want: select_heads(&expected.final_state, hv, kv, &heads),
-                tolerance: tol,
+                tolerance: tol(Quantity::State),
             },
         ],
     })
 }
 
-/// The backward (after a forward) on `problem` (small) with the backward scans at V-block
+/// The wgpu backward (after a forward) on `problem` (small) with the backward scans at V-block
 /// `v_block`, against the f64 BPTT oracle on the GVA group of q/k head 0.
 pub fn check_backward(
     ctx: &mut Context,
@@ -215,77 +210,79 @@ pub fn check_backward(
     dtype: DType,
     v_block: u32,
 ) -> Result<CheckCase, BenchError> {
+    let variant = format!("backward scan V-block {v_block}");
+    with_v_block(ctx, v_block, |ctx| {
+        check_backward_on(ctx, problem, dtype, &variant)
+    })
+}
+
+/// `backend`'s forward and backward on `problem` (small) against the f64 BPTT oracle on the
+/// GVA group of q/k head 0.
+pub fn check_backward_on(
+    backend: &dyn Backend,
+    problem: &Problem,
+    dtype: DType,
+    variant: &str,
+) -> Result<CheckCase, BenchError> {
     let p = problem;
     let inputs = host_inputs(p, dtype, SEED);
     let d_o = normal(&p.v_shape(), 1.0, SEED ^ 0xd0).with_dtype(dtype);
     let dht = normal(&p.state_shape(), 0.5, SEED ^ 0xd7);
     let heads: Vec<usize> = (0..p.group()).collect();
     let expected = reference::backward_heads(p, &inputs.as_ref(), &d_o, Some(&dht), &heads)?;
-    let grads = with_v_block(ctx, v_block, |ctx| -> crate::Result<_> {
-        let gpu = gpu_inputs(ctx, &inputs)?;
-        let d_o = GpuTensor::upload(ctx, "do", &d_o)?;
-        let dht = GpuTensor::upload(ctx, "dht", &dht)?;
-        let mut encoder = ctx.create_encoder("bench check backward");
-        let (_, grads) =
-            wgpu_backend::forward_backward(ctx, &mut encoder, p, &gpu.as_ref(), &d_o, Some(&dht))?;
-        ctx.submit_and_wait(encoder)?;
-        let down = |t: &GpuTensor| t.download_blocking(ctx).map(|t| t.data);
-        let dh0 = grads.dh0.as_ref().map(down).transpose()?;
-        Ok([
-            down(&grads.dq)?,
-            down(&grads.dk)?,
-            down(&grads.dv)?,
-            down(&grads.dg)?,
-            down(&grads.dbeta)?,
-            dh0.unwrap_or_default(),
-        ])
-    })?;
-    let [dq, dk, dv, dg, dbeta, dh0] = grads;
+    let (_, grads) = backend.forward_backward(p, &inputs.as_ref(), &d_o, Some(&dht))?;
     let (h, hv, kd, vd) = (p.heads_qk, p.heads_v, p.key_dim, p.value_dim);
-    let tol = tolerance(Op::Backward, dtype);
-    let c = |name: &str, got: Vec<f32>, want: Vec<f64>| Compared {
+    // The policy's backward bounds hold for f32 arithmetic, the only one the backward has.
+    let tol = |q| bound(Op::Backward, Arithmetic::F32, p, dtype, q);
+    let c = |name: &str, got: Vec<f32>, want: Vec<f64>, q: Quantity| Compared {
         name: name.into(),
         got,
         want,
-        tolerance: tol,
+        tolerance: tol(q),
     };
     let mut compared = vec![
         c(
             "dq",
-            select_heads(&dq, h, kd, &[0]),
+            select_heads(&grads.dq.data, h, kd, &[0]),
             select_heads(&expected.dq, h, kd, &[0]),
+            Quantity::GradQkv,
         ),
         c(
             "dk",
-            select_heads(&dk, h, kd, &[0]),
+            select_heads(&grads.dk.data, h, kd, &[0]),
             select_heads(&expected.dk, h, kd, &[0]),
+            Quantity::GradQkv,
         ),
         c(
             "dv",
-            select_heads(&dv, hv, vd, &heads),
+            select_heads(&grads.dv.data, hv, vd, &heads),
             select_heads(&expected.dv, hv, vd, &heads),
+            Quantity::GradQkv,
         ),
         c(
             "dg",
-            select_heads(&dg, hv, 1, &heads),
+            select_heads(&grads.dg.data, hv, 1, &heads),
             select_heads(&expected.dg, hv, 1, &heads),
+            Quantity::GradGates,
         ),
         c(
             "dbeta",
-            select_heads(&dbeta, hv, 1, &heads),
+            select_heads(&grads.dbeta.data, hv, 1, &heads),
             select_heads(&expected.dbeta, hv, 1, &heads),
+            Quantity::GradGates,
         ),
     ];
-    if let Some(want) = &expected.dh0 {
+    if let (Some(want), Some(got)) = (&expected.dh0, &grads.dh0) {
         compared.push(c(
             "dh0",
-            select_heads(&dh0, hv, kd * vd, &heads),
+            select_heads(&got.data, hv, kd * vd, &heads),
             select_heads(want, hv, kd * vd, &heads),
+            Quantity::GradGates,
         ));
     }
     Ok(CheckCase {
         op: Op::Backward,
-        shape: describe(p, &format!("backward scan V-block {v_block}")),
+        shape: describe(p, variant),
         compared,
     })
 }
@@ -313,7 +310,7 @@ pub fn check_decode(
     let gpu = gpu_inputs(ctx, &step)?;
     let pool = StatePool::from_tensor(
         GpuTensor::upload(ctx, "pool", h0)?,
-        crate::wgpu_backend::StateLayout::of(p),
+        gdn_wgpu::wgpu_backend::StateLayout::of(p),
     )?;
     let o = GpuTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN)?;
     let slots: Vec<StateSlot> = (0..p.num_sequences() as u32)
@@ -331,24 +328,59 @@ pub fn check_decode(
         o.download_blocking(ctx)?,
         pool.tensor().download_blocking(ctx)?,
     );
+    let variant = super::inputs::tiles_name(&tiles);
+    // The wgpu decode kernel multiplies in f32 on every adapter.
+    let tol = |q| bound(Op::Decode, Arithmetic::F32, p, dtype, q);
+    let got = (o.data.as_slice(), state.data.as_slice());
+    Ok(decode_case(p, &variant, &heads, &expected, got, &tol))
+}
+
+/// `backend`'s decode (one step: T = 1 per sequence, from the initial states) on `problem`
+/// against the oracle forward from the same initial states.
+pub fn check_decode_on(
+    backend: &dyn Backend,
+    problem: &Problem,
+    dtype: DType,
+    variant: &str,
+) -> Result<CheckCase, BenchError> {
+    let p = problem;
+    let inputs = host_inputs(p, dtype, SEED);
+    let heads = sample_heads(p.heads_v);
+    let expected = reference::forward_heads(p, &inputs.as_ref(), &heads)?;
+    let out = backend.decode(p, &inputs.as_ref(), 1)?;
+    // What the trait says of the backend's forward: never tighter than f32 arithmetic.
+    let arithmetic = backend.arithmetic(p, dtype);
+    let tol = |q| bound(Op::Decode, arithmetic, p, dtype, q);
+    let got = (out.o.data.as_slice(), out.final_state.data.as_slice());
+    Ok(decode_case(p, variant, &heads, &expected, got, &tol))
+}
+
+/// A decode step's o and states next to the oracle's, on the sampled `heads`.
+fn decode_case(
+    p: &Problem,
+    variant: &str,
+    heads: &[usize],
+    expected: &gdn_wgpu::ForwardOutputs<Vec<f64>>,
+    (o, state): (&[f32], &[f32]),
+    tol: &dyn Fn(Quantity) -> f64,
+) -> CheckCase {
     let (hv, kv) = (p.heads_v, p.key_dim * p.value_dim);
-    let tol = tolerance(Op::Decode, dtype);
-    Ok(CheckCase {
+    CheckCase {
         op: Op::Decode,
-        shape: describe(p, &super::inputs::tiles_name(&tiles)),
+        shape: describe(p, variant),
         compared: vec![
             Compared {
                 name: "o".into(),
-                got: select_heads(&o.data, hv, p.value_dim, &heads),
-                want: select_heads(&expected.o, hv, p.value_dim, &heads),
-                tolerance: tol,
+                got: select_heads(o, hv, p.value_dim, heads),
+                want: select_heads(&expected.o, hv, p.value_dim, heads),
+                tolerance: tol(Quantity::Output),
             },
             Compared {
                 name: "state".into(),
-                got: select_heads(&state.data, hv, kv, &heads),
-                want: select_heads(&expected.final_state, hv, kv, &heads),
-                tolerance: tol,
+                got: select_heads(state, hv, kv, heads),
+                want: select_heads(&expected.final_state, hv, kv, heads),
+                tolerance: tol(Quantity::State),
             },
         ],
-    })
+    }
 }

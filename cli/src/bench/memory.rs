@@ -12,13 +12,13 @@
 
 use serde::Serialize;
 
-use crate::Problem;
 use crate::bench::BenchError;
 use crate::bench::cases::{self, GpuCase, HostCase};
 use crate::bench::metrics::Op;
-use crate::error::Error;
-use crate::tensor::DType;
-use crate::wgpu_backend::Context;
+use gdn_wgpu::Problem;
+use gdn_wgpu::error::Error;
+use gdn_wgpu::tensor::DType;
+use gdn_wgpu::wgpu_backend::Context;
 
 /// Where `peak_memory_bytes` comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -50,7 +50,7 @@ pub fn allocated_bytes(ctx: &Context) -> Option<u64> {
 
 /// Submit whatever is pending (queued uploads) and wait until the device is idle, so that
 /// buffers dropped since, and the uploads' staging copies, are freed.
-fn settle(ctx: &Context) -> crate::Result<()> {
+fn settle(ctx: &Context) -> gdn_wgpu::Result<()> {
     ctx.queue.submit([]);
     ctx.device
         .poll(wgpu::PollType::wait_indefinitely())

@@ -1,0 +1,5 @@
+//! The `gdn` command-line tool's library: `gdn bench` (sweeps, the correctness gate, records)
+//! as a module its integration tests can reach. The binary is `src/main.rs`.
+
+pub mod backend;
+pub mod bench;
