@@ -109,12 +109,9 @@ pub struct PathSupport {
     pub f16_missing: &'static str,
 }
 
-/// Cooperative-matrix configuration the coop kernels use.
-pub const COOP_TILE: u32 = 16;
-/// Key dimension the coop scan is written for (its state tiles are named registers).
-pub const COOP_KEY_DIM: usize = 128;
-/// V-block width of the coop scan; V must be a multiple of it.
-pub const COOP_V_BLOCK: usize = 32;
+// The coop scan's fixed shape lives with the other tile facts in `tuning` (below both this
+// module and the launchers, so imports point one way); re-exported here for callers.
+pub use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_TILE, COOP_V_BLOCK};
 
 impl PathSupport {
     pub fn detect(
@@ -150,7 +147,7 @@ impl PathSupport {
         if !f16_tile {
             return missing("the adapter reports no f16 16x16x16 -> f32 cooperative matrix");
         }
-        if workgroup_bytes < crate::wgpu_backend::forward::STATE_SCAN_COOP_BYTES {
+        if workgroup_bytes < crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES {
             return missing("the coop scan needs more workgroup memory than the device grants");
         }
         match info {

@@ -12,14 +12,16 @@ mod to_half;
 mod workspace;
 mod wy_inverse;
 
+pub use crate::wgpu_backend::config::segment_chunks_from_env;
+pub use crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES;
 pub use gate_q::gate_q;
 pub use prepare_gate::prepare_gate;
 pub use prepare_qk::prepare_qk;
 pub use state_scan::{ScanBuffers, state_scan};
-pub use state_scan_coop::{CoopScanBuffers, STATE_SCAN_COOP_BYTES, state_scan_coop};
+pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
 pub use to_half::to_half;
+pub use workspace::ForwardWorkspace;
 use workspace::ScanScratch;
-pub use workspace::{ForwardWorkspace, segment_chunks_from_env};
 pub use wy_inverse::wy_inverse;
 
 use crate::error::{Error, Result};
@@ -257,7 +259,7 @@ fn record_forward(
                 .path_support()
                 .choose(problem, dtype, path.or(ctx.forced_compute_path()))?
                 .path;
-            owned = ForwardWorkspace::with_path_and_env(ctx, problem, dtype, chosen)?;
+            owned = ForwardWorkspace::with_path_and_config(ctx, problem, dtype, chosen)?;
             &owned
         }
     };

@@ -8,10 +8,6 @@ use crate::wgpu_backend::path::{COOP_KEY_DIM, COOP_V_BLOCK};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
-/// Workgroup memory of the coop scan in bytes (mirrors the shader's declarations: s16, x16,
-/// stage, zero tile, γ and decay).
-pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048) + 4 * (2048 + 256 + 64 + 64);
-
 /// The tensors the coop scan reads and writes.
 pub struct CoopScanBuffers<'a> {
     /// `[B·T + 64, HV, K]` f16: γ ⊙ q per v-head (see `gate_q`).
