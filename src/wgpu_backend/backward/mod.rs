@@ -53,9 +53,15 @@ use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
 /// words); `dh_scan`'s second 64 × bv tile plus K and Q token slices (`2·T·(K+1)` ≤ 1088 words
 /// at `T·K` ≤ 512; [`dh_scan_tiling`] widens them where the device has the memory).
 pub fn scan_arena_words(bv: u32) -> u32 {
+    scan_arena_words_with(bv, 1088)
+}
+
+/// The backward scans' arena at V-block `bv` with `token_slices` words of `dh_scan`'s K and Q
+/// token slices (the one layout both [`scan_arena_words`] and [`dh_scan_tiling`] size).
+fn scan_arena_words_with(bv: u32, token_slices: u32) -> u32 {
     let slices = 64 * 17 + 16 * bv;
     let triangle = 64 * 65 / 2;
-    let update = 64 * bv + 1088;
+    let update = 64 * bv + token_slices;
     64 * bv + slices.max(triangle).max(update)
 }
 
@@ -78,10 +84,7 @@ pub fn recompute_token_slice(key_dim: u32) -> u32 {
 /// with `workgroup_bytes`: `T·K` ≤ 1024 (one vec4 of K and of Q per invocation) where that
 /// fits, else `T·K` ≤ 512 (within [`scan_arena_words`]; 16 KiB at V-block 16).
 pub fn dh_scan_tiling(bv: u32, key_dim: u32, workgroup_bytes: u32) -> (u32, u32) {
-    let words = |t: u32| {
-        let update = 64 * bv + 2 * t * (key_dim + 1);
-        64 * bv + (64 * 17 + 16 * bv).max(64 * 65 / 2).max(update)
-    };
+    let words = |t: u32| scan_arena_words_with(bv, 2 * t * (key_dim + 1));
     let wide = token_slice(key_dim, 1024, 32);
     if 4 * (words(wide) + 2 * 64) <= workgroup_bytes {
         return (wide, words(wide));
