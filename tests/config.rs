@@ -16,14 +16,12 @@ fn parse(vars: &[(&str, &str)]) -> gdn_wgpu::Result<Config> {
 
 /// The error of `vars`, which must be an `Error::Value` naming `variable`.
 fn expect_bad(vars: &[(&str, &str)], variable: &str) {
-    match parse(vars) {
-        Err(e @ Error::Value { .. }) => {
-            let Error::Value { name, expected, .. } = &e else {
-                unreachable!()
-            };
+    let e = parse(vars).expect_err("a bad value");
+    assert!(e.is_input_error(), "{e}");
+    match &e {
+        Error::Value { name, expected, .. } => {
             assert_eq!(name, variable, "{e}");
             assert!(!expected.is_empty(), "{e}");
-            assert!(e.is_input_error(), "{e}");
         }
         other => panic!("{vars:?}: expected Error::Value naming {variable}, got {other:?}"),
     }
