@@ -187,3 +187,44 @@ fn adapter_filter_that_matches_nothing_is_no_adapter() {
     assert!(matches!(e, Error::NoAdapter(_)), "{e}");
     assert!(e.to_string().contains("GDN_ADAPTER"), "{e}");
 }
+
+#[test]
+fn grid_past_the_device_limit_names_the_pass_and_dimension() {
+    let Some(adapter) = adapter() else { return };
+    // A device granting 4 workgroups per dimension: a forward over 5 chunks cannot dispatch
+    // wy_inverse's one workgroup per chunk.
+    let limits = wgpu::Limits {
+        max_compute_workgroups_per_dimension: 4,
+        ..adapter.limits()
+    };
+    let ctx = pollster::block_on(Context::from_adapter_with_config(
+        adapter,
+        limits,
+        Config::default(),
+    ))
+    .unwrap();
+    let problem =
+        gdn_wgpu::Problem::new(1, 5 * 64, 1, 1, 16, 16, None, Default::default()).unwrap();
+    let inputs = gdn_wgpu::RandomSpec::default().generate(&problem);
+    let inputs = gdn_wgpu::wgpu_backend::upload_inputs(&ctx, &inputs.as_ref()).unwrap();
+    let mut encoder = ctx.create_encoder("too many chunks");
+    let e = gdn_wgpu::wgpu_backend::forward(&ctx, &mut encoder, &problem, &inputs.as_ref())
+        .err()
+        .expect("5 chunks on a 4-workgroup grid");
+    match &e {
+        Error::TooLarge {
+            name,
+            bytes,
+            limit_name,
+            limit,
+        } => {
+            assert_eq!(name, "wy_inverse grid x (chunks)", "{e}");
+            assert_eq!((*bytes, *limit), (5, 4), "{e}");
+            assert_eq!(*limit_name, "max_compute_workgroups_per_dimension", "{e}");
+        }
+        other => panic!("expected Error::TooLarge, got {other:?}"),
+    }
+    assert!(e.to_string().contains("5 workgroups exceed"), "{e}");
+    assert!(e.is_input_error(), "{e}");
+    ctx.check().unwrap();
+}
