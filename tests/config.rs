@@ -209,8 +209,7 @@ fn grid_past_the_device_limit_names_the_pass_and_dimension() {
     let inputs = gdn_wgpu::wgpu_backend::upload_inputs(&ctx, &inputs.as_ref()).unwrap();
     let mut encoder = ctx.create_encoder("too many chunks");
     let e = gdn_wgpu::wgpu_backend::forward(&ctx, &mut encoder, &problem, &inputs.as_ref())
-        .err()
-        .expect("5 chunks on a 4-workgroup grid");
+        .expect_err("5 chunks on a 4-workgroup grid");
     match &e {
         Error::TooLarge {
             name,
