@@ -4,8 +4,8 @@
 //!   The accuracy reference: rel-L2 ≈ 1e-6 against the f64 oracle with f32 storage.
 //! - `F16Math`: the scalar path's scan (same WGSL file, `Pass::StateScanF16`) with its
 //!   workgroup-memory operands — the K, Q and S slices, the packed gated triangles, the W/V'
-//!   tile and the state update's K slices — held as f16 and multiplied in f16 (mat4x4<f16>,
-//!   vec4<f16>); every f16 sum spans at most four products and is converted to f32 before it
+//!   tile and the state update's K slices — held as f16 and multiplied in f16 (`mat4x4<f16>`,
+//!   `vec4<f16>`); every f16 sum spans at most four products and is converted to f32 before it
 //!   is accumulated. The state, the gates, β, the o accumulators and the other passes stay
 //!   f32. Needs the device's SHADER_F16; values must fit f16, as on the coop path. It halves
 //!   the scan's workgroup-memory bytes and traffic.

@@ -14,7 +14,7 @@
 //! - [`DecodeOutputs::per_token_states`] also writes the state after every token
 //!   (`[B·T, HV, ..]`), so a server verifying T draft tokens that accepts only k of them copies
 //!   entry `start + k − 1` back with [`StatePool::copy_into_slot`].
-//! - Prefill → decode: run [`wgpu_backend::forward`](crate::wgpu_backend::forward) over the prompt and copy its
+//! - Prefill → decode: run [`wgpu_backend::forward`](crate::wgpu_backend::forward()) over the prompt and copy its
 //!   `final_state` into the pool with [`StatePool::copy_into_slot`].
 //! - Hot path: build a [`DecodePlan`] once and call [`DecodePlan::record`] per step (one
 //!   compute pass, no allocation); [`decode_step`] builds a plan per call.
