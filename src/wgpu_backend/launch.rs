@@ -39,8 +39,8 @@ impl Grid {
 }
 
 /// One pass: its shader source (for a storage dtype), entry point, override constants,
-/// buffers and grid. `name` labels the pass (and its timestamp-free compute pass) and names
-/// it in errors.
+/// buffers and grid. `name` labels the bind group and compute pass and names the pass in
+/// errors.
 pub(crate) struct Launch<'a> {
     pub name: &'static str,
     pub source: &'static ShaderSource,
