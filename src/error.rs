@@ -41,8 +41,14 @@ pub enum Error {
     #[error("{name}: {what} is not yet supported")]
     Unsupported { name: String, what: String },
 
-    /// A buffer would exceed a device limit.
-    #[error("{name}: {bytes} bytes exceeds the device's {limit_name} of {limit} bytes")]
+    /// A buffer, or a dispatch's workgroup count along one grid dimension, would exceed a
+    /// device limit. `bytes` is counted in the limit's unit: workgroups for
+    /// `max_compute_workgroups_per_dimension`, bytes otherwise.
+    #[error(
+        "{name}: {bytes} {} the device's {limit_name} of {limit}{}",
+        too_large_words(limit_name).0,
+        too_large_words(limit_name).1
+    )]
     TooLarge {
         name: String,
         bytes: u64,
@@ -76,6 +82,15 @@ pub enum Error {
     /// A malformed safetensors file.
     #[error("{path}: not a valid safetensors file: {msg}")]
     Safetensors { path: String, msg: String },
+}
+
+/// The unit words of a `TooLarge` message: every limit is in bytes except the grid's.
+fn too_large_words(limit_name: &str) -> (&'static str, &'static str) {
+    if limit_name.starts_with("max_compute_workgroups") {
+        ("workgroups exceed", " workgroups")
+    } else {
+        ("bytes exceeds", " bytes")
+    }
 }
 
 /// A shape printed as `[a, b, c]`.

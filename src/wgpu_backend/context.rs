@@ -5,8 +5,9 @@ use std::sync::{Arc, Mutex};
 use crate::error::{Error, Result};
 use crate::problem::Problem;
 use crate::tensor::DType;
+use crate::wgpu_backend::config::{self, Config};
 use crate::wgpu_backend::path::{ComputePath, PathChoice, PathSupport};
-use crate::wgpu_backend::pipelines::{PipelineCache, ShaderChecks};
+use crate::wgpu_backend::pipelines::PipelineCache;
 use crate::wgpu_backend::tuning::Tuning;
 
 /// A device and queue plus everything the launchers need: capabilities, tile choices and the
@@ -18,6 +19,7 @@ pub struct Context {
     pub adapter_info: Option<wgpu::AdapterInfo>,
     pub(crate) tuning: Tuning,
     pub(crate) pipelines: PipelineCache,
+    config: Config,
     path_support: PathSupport,
     forced_path: Option<ComputePath>,
     errors: Arc<Mutex<Vec<String>>>,
@@ -57,6 +59,11 @@ fn adapter_rank(info: &wgpu::AdapterInfo) -> (u8, u8) {
 /// Every adapter the instance can see, best first. `GDN_ADAPTER=substring` keeps only adapters
 /// whose name contains it (case-insensitive).
 pub async fn list_adapters() -> Vec<wgpu::Adapter> {
+    list_adapters_matching(&config::adapter_filter_from_env()).await
+}
+
+/// Every adapter the instance can see that passes `config`'s adapter filter, best first.
+pub async fn list_adapters_matching(config: &Config) -> Vec<wgpu::Adapter> {
     let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle());
     // GL only when no Vulkan/Metal/DX12 adapter exists: on the same hardware it lacks
     // features, compiles slowly, and its EGL probing prints noise on headless machines.
@@ -74,24 +81,35 @@ pub async fn list_adapters() -> Vec<wgpu::Adapter> {
         .await
         .into_iter()
         .collect();
-    if let Ok(filter) = std::env::var("GDN_ADAPTER") {
-        let filter = filter.to_lowercase();
-        adapters.retain(|a| a.get_info().name.to_lowercase().contains(&filter));
-    }
+    adapters.retain(|a| config.adapter_matches(&a.get_info().name));
     adapters.sort_by_key(|a| adapter_rank(&a.get_info()));
     adapters
 }
 
 impl Context {
     /// A context on the best adapter (see [`list_adapters`]), requesting the adapter's limits
-    /// and the features the library uses.
+    /// and the features the library uses, configured from the environment
+    /// ([`Config::from_env`], read once here).
     pub async fn new() -> Result<Self> {
-        let adapter = list_adapters().await.into_iter().next().ok_or_else(|| {
-            Error::NoAdapter(
-                "wgpu found no adapter (is a Vulkan/Metal/DX12 driver installed?)".into(),
-            )
-        })?;
-        Self::from_adapter(adapter).await
+        Self::with_config(Config::from_env()?).await
+    }
+
+    /// [`Context::new`] with the caller's configuration; the environment is not read.
+    pub async fn with_config(config: Config) -> Result<Self> {
+        let adapter = list_adapters_matching(&config)
+            .await
+            .into_iter()
+            .next()
+            .ok_or_else(|| {
+                Error::NoAdapter(match &config.adapter {
+                    Some(f) => format!("no adapter's name contains {f:?} (GDN_ADAPTER)"),
+                    None => {
+                        "wgpu found no adapter (is a Vulkan/Metal/DX12 driver installed?)".into()
+                    }
+                })
+            })?;
+        let limits = adapter.limits();
+        Self::from_adapter_with_config(adapter, limits, config).await
     }
 
     /// [`Context::new`], blocking (native only).
@@ -100,7 +118,14 @@ impl Context {
         pollster::block_on(Self::new())
     }
 
-    /// A context on a given adapter, requesting the adapter's limits.
+    /// [`Context::with_config`], blocking (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn with_config_blocking(config: Config) -> Result<Self> {
+        pollster::block_on(Self::with_config(config))
+    }
+
+    /// A context on a given adapter, requesting the adapter's limits (configured from the
+    /// environment).
     pub async fn from_adapter(adapter: wgpu::Adapter) -> Result<Self> {
         // The defaults (16 KiB workgroup memory, 128 MiB bindings) are far below what
         // desktop GPUs offer; the tile choice adapts to whatever is granted.
@@ -110,10 +135,21 @@ impl Context {
 
     /// A context on a given adapter with the limits the caller asks for, e.g.
     /// `wgpu::Limits::default()` (WebGPU's defaults, which every implementation grants): the
-    /// kernels pick their tiles from what the device ends up with.
+    /// kernels pick their tiles from what the device ends up with. Configured from the
+    /// environment.
     pub async fn from_adapter_with_limits(
         adapter: wgpu::Adapter,
         limits: wgpu::Limits,
+    ) -> Result<Self> {
+        Self::from_adapter_with_config(adapter, limits, Config::from_env()?).await
+    }
+
+    /// [`Context::from_adapter_with_limits`] with the caller's configuration (its adapter
+    /// filter does not apply: the adapter is given).
+    pub async fn from_adapter_with_config(
+        adapter: wgpu::Adapter,
+        limits: wgpu::Limits,
+        config: Config,
     ) -> Result<Self> {
         let info = adapter.get_info();
         let features = wanted_features(adapter.features());
@@ -139,7 +175,7 @@ impl Context {
             .map_err(|e| Error::RequestDevice(e.to_string()))?;
         log::debug!("gdn-wgpu: using adapter {} ({:?})", info.name, info.backend);
         let coop = adapter.cooperative_matrix_properties();
-        let mut ctx = Self::build(device, queue, Some(info))?;
+        let mut ctx = Self::build(device, queue, Some(info), config)?;
         ctx.path_support = PathSupport::detect(
             ctx.features(),
             &coop,
@@ -163,26 +199,49 @@ impl Context {
     /// A context on the caller's own device and queue. The library uses whatever features and
     /// limits the device was created with; device errors keep going to the caller's handler.
     /// The coop compute path needs the adapter's cooperative-matrix list, which a device does
-    /// not carry: such a context runs the scalar path.
+    /// not carry: such a context runs the scalar path. Configured from the environment.
     pub fn from_device(
         device: wgpu::Device,
         queue: wgpu::Queue,
         adapter_info: Option<wgpu::AdapterInfo>,
     ) -> Result<Self> {
-        Self::build(device, queue, adapter_info)
+        Self::build(device, queue, adapter_info, Config::from_env()?)
+    }
+
+    /// [`Context::from_device`] with the caller's configuration.
+    pub fn from_device_with_config(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        adapter_info: Option<wgpu::AdapterInfo>,
+        config: Config,
+    ) -> Result<Self> {
+        Self::build(device, queue, adapter_info, config)
     }
 
     fn build(
         device: wgpu::Device,
         queue: wgpu::Queue,
         adapter_info: Option<wgpu::AdapterInfo>,
+        config: Config,
     ) -> Result<Self> {
-        let tuning = Tuning::for_device(&device.limits())?;
-        let pipelines = PipelineCache::new(device.clone(), ShaderChecks::from_env()?);
-        let forced_path = match std::env::var("GDN_COMPUTE_PATH") {
-            Ok(s) => ComputePath::parse_override("GDN_COMPUTE_PATH", &s)?,
-            Err(_) => None,
-        };
+        let mut tuning = Tuning::for_device(&device.limits())?;
+        if let Some(bv) = config.v_block {
+            // A forced width the forward scan cannot fit would be ignored: refuse it instead.
+            if !tuning.v_blocks.contains(&bv) {
+                return Err(Error::value(
+                    "GDN_V_BLOCK",
+                    format!(
+                        "a V-block width that fits this device's {} bytes of workgroup memory \
+                         (one of {:?})",
+                        tuning.workgroup_bytes, tuning.v_blocks
+                    ),
+                    bv,
+                ));
+            }
+            tuning.forced_v_block = Some(bv);
+        }
+        let pipelines = PipelineCache::new(device.clone(), config.shader_checks);
+        let forced_path = config.compute_path;
         let path_support = PathSupport::detect(
             device.features(),
             &[],
@@ -195,6 +254,7 @@ impl Context {
             adapter_info,
             tuning,
             pipelines,
+            config,
             path_support,
             forced_path,
             errors: Arc::default(),
@@ -208,6 +268,11 @@ impl Context {
 
     pub fn limits(&self) -> wgpu::Limits {
         self.device.limits()
+    }
+
+    /// The configuration the context was made with.
+    pub fn config(&self) -> &Config {
+        &self.config
     }
 
     /// The tile sizes and variants this context's launchers use.

@@ -1,11 +1,14 @@
-//! The wgpu backend: context, pipeline cache, tensors, shader assembly and one launcher per
-//! WGSL pass. Launchers record into a caller's `wgpu::CommandEncoder` and never submit.
+//! The wgpu backend: configuration, context, pipeline cache, tensors, shader assembly and one
+//! launcher per WGSL pass. Launchers describe their pass (tiling, buffers, grid) and record it
+//! through `launch` into a caller's `wgpu::CommandEncoder`; they never submit.
 
 mod backend;
 pub mod backward;
+pub mod config;
 mod context;
 pub mod decode;
 pub mod forward;
+pub(crate) mod launch;
 pub mod params;
 pub mod path;
 pub(crate) mod pipelines;
@@ -17,7 +20,8 @@ pub mod tuning;
 #[cfg(not(target_arch = "wasm32"))]
 pub use backward::backward_host;
 pub use backward::{Saved, backward, backward_profiled, forward_backward, forward_saved};
-pub use context::{Context, list_adapters};
+pub use config::{Config, ShaderChecks};
+pub use context::{Context, list_adapters, list_adapters_matching};
 pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, decode_step};
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;

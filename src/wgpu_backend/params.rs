@@ -1,5 +1,5 @@
 //! The uniform parameter block shared by every pass (mirrors `shaders/common/params.wgsl`),
-//! and dispatch-grid helpers.
+//! and the small u32 tables the passes read. Binding and dispatch are in `launch`.
 
 use wgpu::util::DeviceExt;
 
@@ -66,17 +66,6 @@ impl Params {
     }
 }
 
-/// Workgroups for `items` invocations of a 64-wide 1-D pass, folded into two dimensions when
-/// one would exceed the 65535 limit (shaders recover the index with `flat_index`).
-pub fn grid_1d(items: u32) -> (u32, u32, u32) {
-    let groups = items.div_ceil(64).max(1);
-    if groups <= 65535 {
-        (groups, 1, 1)
-    } else {
-        (65535, groups.div_ceil(65535), 1)
-    }
-}
-
 /// A read-only storage buffer of u32 words (chunk and segment tables).
 pub fn upload_u32(ctx: &Context, label: &str, words: &[u32]) -> wgpu::Buffer {
     let contents: &[u8] = if words.is_empty() {
@@ -90,43 +79,4 @@ pub fn upload_u32(ctx: &Context, label: &str, words: &[u32]) -> wgpu::Buffer {
             contents,
             usage: wgpu::BufferUsages::STORAGE,
         })
-}
-
-/// One bind group from `buffers` at bindings 0, 1, 2, … of group 0 of `pipeline`.
-pub fn bind(
-    ctx: &Context,
-    pipeline: &wgpu::ComputePipeline,
-    label: &str,
-    buffers: &[&wgpu::Buffer],
-) -> wgpu::BindGroup {
-    let entries: Vec<wgpu::BindGroupEntry> = buffers
-        .iter()
-        .enumerate()
-        .map(|(i, b)| wgpu::BindGroupEntry {
-            binding: i as u32,
-            resource: b.as_entire_binding(),
-        })
-        .collect();
-    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(label),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    })
-}
-
-/// Record one compute dispatch.
-pub fn dispatch(
-    encoder: &mut wgpu::CommandEncoder,
-    label: &str,
-    pipeline: &wgpu::ComputePipeline,
-    bind_group: &wgpu::BindGroup,
-    grid: (u32, u32, u32),
-) {
-    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-        label: Some(label),
-        timestamp_writes: None,
-    });
-    pass.set_pipeline(pipeline);
-    pass.set_bind_group(0, bind_group, &[]);
-    pass.dispatch_workgroups(grid.0, grid.1, grid.2);
 }

@@ -4,8 +4,8 @@
 //!   The accuracy reference: rel-L2 ≈ 1e-6 against the f64 oracle with f32 storage.
 //! - `F16Math`: the scalar path's scan (same WGSL file, `Pass::StateScanF16`) with its
 //!   workgroup-memory operands — the K, Q and S slices, the packed gated triangles, the W/V'
-//!   tile and the state update's K slices — held as f16 and multiplied in f16 (mat4x4<f16>,
-//!   vec4<f16>); every f16 sum spans at most four products and is converted to f32 before it
+//!   tile and the state update's K slices — held as f16 and multiplied in f16 (`mat4x4<f16>`,
+//!   `vec4<f16>`); every f16 sum spans at most four products and is converted to f32 before it
 //!   is accumulated. The state, the gates, β, the o accumulators and the other passes stay
 //!   f32. Needs the device's SHADER_F16; values must fit f16, as on the coop path. It halves
 //!   the scan's workgroup-memory bytes and traffic.
@@ -109,12 +109,9 @@ pub struct PathSupport {
     pub f16_missing: &'static str,
 }
 
-/// Cooperative-matrix configuration the coop kernels use.
-pub const COOP_TILE: u32 = 16;
-/// Key dimension the coop scan is written for (its state tiles are named registers).
-pub const COOP_KEY_DIM: usize = 128;
-/// V-block width of the coop scan; V must be a multiple of it.
-pub const COOP_V_BLOCK: usize = 32;
+// The coop scan's fixed shape lives with the other tile facts in `tuning` (below both this
+// module and the launchers, so imports point one way); re-exported here for callers.
+pub use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_TILE, COOP_V_BLOCK};
 
 impl PathSupport {
     pub fn detect(
@@ -150,7 +147,7 @@ impl PathSupport {
         if !f16_tile {
             return missing("the adapter reports no f16 16x16x16 -> f32 cooperative matrix");
         }
-        if workgroup_bytes < crate::wgpu_backend::forward::STATE_SCAN_COOP_BYTES {
+        if workgroup_bytes < crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES {
             return missing("the coop scan needs more workgroup memory than the device grants");
         }
         match info {

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::wgpu_backend::config::ShaderChecks;
 use crate::wgpu_backend::shaders::ShaderSource;
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -21,40 +22,8 @@ pub(crate) struct PipelineCache {
     pipelines: Mutex<HashMap<Key, wgpu::ComputePipeline>>,
 }
 
-/// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
-///
-/// Default `None`: the kernels are this library's own, every loop has a bound taken from the
-/// dispatch's parameters, and every index is clamped or masked in the kernel (padded buffers
-/// on the coop path). wgpu's injected checks (index clamping, a counter in every loop,
-/// guarded integer division) cost time on the sequential scans — measured on the H200
-/// (quickstart, T = 32768, K = V = 128): f32 scalar 2/8 heads 19.7 → 11.1 ms, 16/64
-/// 29.7 → 24.7 ms; bf16 coop 2/8 7.1 → 6.1 ms, 16/64 19.9 → 17.2 ms. The platform's own
-/// robustness (Vulkan's robustBufferAccess) still applies. `GDN_SHADER_CHECKS=all` restores
-/// wgpu's checks, `no-loop-bounding` keeps all but the loop counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShaderChecks {
-    /// wgpu's defaults: bounds checks, loop bounding, integer-division checks.
-    All,
-    /// No loop-bounding counters.
-    NoLoopBounding,
-    /// No checks wgpu adds itself.
-    None,
-}
-
+/// What wgpu injects at each setting (`ShaderChecks` says why the default is none).
 impl ShaderChecks {
-    pub fn from_env() -> crate::error::Result<Self> {
-        match std::env::var("GDN_SHADER_CHECKS").as_deref() {
-            Ok("all") => Ok(ShaderChecks::All),
-            Ok("no-loop-bounding") => Ok(ShaderChecks::NoLoopBounding),
-            Err(_) | Ok("none") => Ok(ShaderChecks::None),
-            Ok(other) => Err(crate::error::Error::Value {
-                name: "GDN_SHADER_CHECKS".into(),
-                expected: "all, no-loop-bounding or none".into(),
-                got: format!("{other:?}"),
-            }),
-        }
-    }
-
     fn runtime_checks(self) -> wgpu::ShaderRuntimeChecks {
         let mut c = wgpu::ShaderRuntimeChecks::checked();
         match self {

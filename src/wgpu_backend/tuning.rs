@@ -1,5 +1,8 @@
-//! Tile choices from the device's limits. Kernels receive them as WGSL `override` constants
-//! (the pipeline cache key includes them); shader text is never edited at run time.
+//! Tile choices from the device's limits, and the workgroup-memory layouts the kernels mirror
+//! that the context needs to judge a device. Kernels receive their tiles as WGSL `override`
+//! constants (the pipeline cache key includes them); shader text is never edited at run time.
+//! The policies both the forward and the backward use (token slices, V-block narrowing) are
+//! written once here; each launcher calls them with its own parameters.
 
 use crate::error::{Error, Result};
 use crate::problem::Problem;
@@ -9,6 +12,19 @@ pub const WORKGROUP: u32 = 256;
 /// Storage buffers the widest pass (state_scan) binds.
 pub const STORAGE_BUFFERS: u32 = 8;
 
+/// V-block widths the forward and backward scans are written for, widest first.
+pub const V_BLOCK_WIDTHS: [u32; 3] = [64, 32, 16];
+
+/// Cooperative-matrix configuration the coop kernels use.
+pub const COOP_TILE: u32 = 16;
+/// Key dimension the coop scan is written for (its state tiles are named registers).
+pub const COOP_KEY_DIM: usize = 128;
+/// V-block width of the coop scan; V must be a multiple of it.
+pub const COOP_V_BLOCK: usize = 32;
+/// Workgroup memory of the coop scan in bytes (mirrors the shader's declarations: s16, x16,
+/// stage, zero tile, γ and decay).
+pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048) + 4 * (2048 + 256 + 64 + 64);
+
 /// Per-device tile choices.
 #[derive(Debug, Clone)]
 pub struct Tuning {
@@ -16,7 +32,7 @@ pub struct Tuning {
     pub workgroup_bytes: u32,
     /// V-block widths of `state_scan` that fit, widest first.
     pub v_blocks: Vec<u32>,
-    /// `GDN_V_BLOCK` forces a width (when it fits and divides V).
+    /// A forced width (`GDN_V_BLOCK`, via the context's `Config`), used by each scan it fits.
     pub forced_v_block: Option<u32>,
 }
 
@@ -43,8 +59,72 @@ pub fn state_scan_f16_arena_slots(bv: u32) -> u32 {
 /// Tokens per K slice in the scan's state update: the largest power of two with
 /// `T_SLICE · K ≤ 1024` (one vec4 per invocation), at most a chunk.
 pub fn state_scan_token_slice(key_dim: u32) -> u32 {
-    let fit = (1024 / key_dim).min(64);
+    token_slice(key_dim, 1024, 64)
+}
+
+/// The largest power of two `t` ≤ `max` with `t · k ≤ elems` (at least 1): tokens per K slice
+/// of a scan's state update, for every scan (each passes its own budget and cap).
+pub fn token_slice(k: u32, elems: u32, max: u32) -> u32 {
+    let fit = (elems / k.max(1)).clamp(1, max.max(1));
     1 << (31 - fit.leading_zeros())
+}
+
+/// How a sequential scan (one workgroup per segment, v-head and V-block) narrows its V-block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VBlockPolicy {
+    /// Narrow while sequences × v-heads × V-blocks is below this many workgroups: the scan is
+    /// sequential per workgroup and a small grid leaves the GPU idle.
+    pub min_workgroups: u32,
+    /// The kernel masks columns past V, so a forced width need not divide V.
+    pub masks_ragged_v: bool,
+}
+
+/// The forward's `state_scan`: 128 workgroups (on the H200, 16/64 heads at T = 32768 ran
+/// 25.4 ms at V-block 64 with 128 workgroups vs 28.6 ms at 32); it masks columns past V.
+pub const FORWARD_SCAN: VBlockPolicy = VBlockPolicy {
+    min_workgroups: 128,
+    masks_ragged_v: true,
+};
+
+/// The backward's `state_recompute` and `dh_scan` (one width for both, they share the
+/// state slots): 256 workgroups, the threshold they were tuned with; their grids divide V.
+pub const BACKWARD_SCANS: VBlockPolicy = VBlockPolicy {
+    min_workgroups: 256,
+    masks_ragged_v: false,
+};
+
+/// The V-block width of a scan: `forced` when it is among `fits` (and divides V unless the
+/// kernel masks), else the widest of `fits` (widths the device fits, widest first) that
+/// divides V, narrowed per `policy`. `None` when no width of `fits` divides V.
+pub fn choose_v_block(
+    fits: &[u32],
+    forced: Option<u32>,
+    problem: &Problem,
+    policy: VBlockPolicy,
+) -> Option<u32> {
+    let v = problem.value_dim as u32;
+    let dividing: Vec<u32> = fits
+        .iter()
+        .copied()
+        .filter(|bv| v.is_multiple_of(*bv))
+        .collect();
+    let allowed = if policy.masks_ragged_v {
+        fits
+    } else {
+        &dividing[..]
+    };
+    if let Some(f) = forced.filter(|f| allowed.contains(f)) {
+        return Some(f);
+    }
+    let base = (problem.num_sequences() * problem.heads_v) as u32;
+    let mut choice = *dividing.first()?;
+    for &bv in &dividing {
+        choice = bv;
+        if base * (v / bv) >= policy.min_workgroups {
+            break;
+        }
+    }
+    Some(choice)
 }
 
 /// Total workgroup bytes of `state_scan` (arena + two 64-vectors).
@@ -78,7 +158,7 @@ impl Tuning {
             ));
         }
         let bytes = limits.max_compute_workgroup_storage_size;
-        let v_blocks: Vec<u32> = [64, 32, 16]
+        let v_blocks: Vec<u32> = V_BLOCK_WIDTHS
             .into_iter()
             .filter(|&bv| state_scan_bytes(bv) <= bytes)
             .collect();
@@ -91,39 +171,21 @@ impl Tuning {
                 ),
             ));
         }
-        let forced_v_block = std::env::var("GDN_V_BLOCK")
-            .ok()
-            .and_then(|s| s.parse().ok());
         Ok(Tuning {
             workgroup_bytes: bytes,
             v_blocks,
-            forced_v_block,
+            forced_v_block: None,
         })
     }
 
-    /// V-block width for `state_scan`: the widest that fits and divides V, narrowed while the
-    /// grid (sequences × v-heads × V-blocks) has fewer than 128 workgroups (on the H200, 16/64 heads at T = 32768 ran 25.4 ms at V-block 64 with 128 workgroups vs 28.6 ms at 32), since the scan is
-    /// sequential per workgroup and a small grid leaves the GPU idle. A forced width that fits
-    /// is used even when it does not divide V (the kernel masks the columns past V).
+    /// V-block width for `state_scan` ([`FORWARD_SCAN`]): the widest that fits and divides V,
+    /// narrowed while the grid is small; a forced width that fits is used even when it does
+    /// not divide V (the kernel masks the columns past V).
     pub fn state_scan_v_block(&self, problem: &Problem) -> u32 {
-        let v = problem.value_dim as u32;
-        if let Some(f) = self.forced_v_block.filter(|f| self.v_blocks.contains(f)) {
-            return f;
-        }
-        let dividing: Vec<u32> = self
-            .v_blocks
-            .iter()
-            .copied()
-            .filter(|bv| v.is_multiple_of(*bv))
-            .collect();
-        let base = (problem.num_sequences() * problem.heads_v) as u32;
-        let mut choice = dividing[0];
-        for &bv in &dividing {
-            choice = bv;
-            if base * (v / bv) >= 128 {
-                break;
-            }
-        }
-        choice
+        // V is a multiple of 16 (validated) and 16 fits (checked in `for_device`), so the
+        // narrowest width is only a fallback for a hand-edited `Tuning`.
+        let narrowest = self.v_blocks.last().copied().unwrap_or(16);
+        choose_v_block(&self.v_blocks, self.forced_v_block, problem, FORWARD_SCAN)
+            .unwrap_or(narrowest)
     }
 }

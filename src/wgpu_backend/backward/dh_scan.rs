@@ -3,7 +3,8 @@
 
 use crate::error::Result;
 use crate::wgpu_backend::backward::dh_scan_tiling;
-use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::forward::ScanDims;
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -24,34 +25,27 @@ pub struct DhScanBuffers<'a> {
     pub dvnew_dv: &'a GpuTensor,
 }
 
-/// Record the reverse scan over `num_segments` segments with V-block width `v_block`.
-#[allow(clippy::too_many_arguments)]
+/// Record the reverse scan (`dims.v_block` from [`scan_v_block`](super::scan_v_block)).
 pub fn dh_scan(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
     bufs: &DhScanBuffers<'_>,
-    num_segments: usize,
-    heads_v: usize,
-    key_dim: usize,
-    value_dim: usize,
-    v_block: u32,
+    dims: ScanDims,
 ) -> Result<()> {
+    let (key_dim, v_block) = (dims.key_dim, dims.v_block);
     let (t_slice, arena) = dh_scan_tiling(v_block, key_dim as u32, ctx.tuning().workgroup_bytes);
-    let constants = [
-        ("K_DIM", key_dim as f64),
-        ("V_BLOCK", v_block as f64),
-        ("ARENA", arena as f64),
-        ("T_SLICE", t_slice as f64),
-    ];
-    let pipeline = ctx
-        .pipelines
-        .get(source(Pass::DhScan, bufs.q.dtype)?, "dh_scan", &constants);
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "dh_scan",
-        &[
+    Launch {
+        name: "dh_scan",
+        source: source(Pass::DhScan, bufs.q.dtype)?,
+        entry: "dh_scan",
+        constants: &[
+            ("K_DIM", key_dim as f64),
+            ("V_BLOCK", v_block as f64),
+            ("ARENA", arena as f64),
+            ("T_SLICE", t_slice as f64),
+        ],
+        bindings: Bindings::Ordered(&[
             params,
             &bufs.q.buffer,
             &bufs.k.buffer,
@@ -61,18 +55,13 @@ pub fn dh_scan(
             bufs.segments,
             &bufs.dstates.buffer,
             &bufs.dvnew_dv.buffer,
-        ],
-    );
-    dispatch(
-        encoder,
-        "dh_scan",
-        &pipeline,
-        &bg,
-        (
-            num_segments as u32,
-            heads_v as u32,
-            (value_dim as u32) / v_block,
-        ),
-    );
-    Ok(())
+        ]),
+        // The V-block divides V (`scan_v_block`).
+        grid: Grid([
+            (dims.num_segments, "segments"),
+            (dims.heads_v, "v-heads"),
+            (dims.value_dim / v_block as usize, "V-blocks"),
+        ]),
+    }
+    .record(ctx, encoder)
 }

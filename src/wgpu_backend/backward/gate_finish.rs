@@ -2,52 +2,48 @@
 //! dA_log, ddt_bias summed over all tokens.
 
 use crate::error::Result;
-use crate::wgpu_backend::params::{bind, dispatch};
+use crate::tensor::DType;
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
-/// Record the pass, one workgroup per v-head. `gate_params` holds `[A_log (HV), dt_bias (HV)]`
-/// (any small buffer without the in-kernel gate); `dgate_params` receives `[dA_log, ddt_bias]`.
-#[allow(clippy::too_many_arguments)]
+/// The buffers the pass reads and writes.
+pub struct GateFinishBuffers<'a> {
+    pub g: &'a GpuTensor,
+    pub beta: &'a GpuTensor,
+    /// `[A_log (HV), dt_bias (HV)]` (any small buffer without the in-kernel gate).
+    pub gate_params: &'a wgpu::Buffer,
+    pub dg_dbeta: &'a GpuTensor,
+    pub dg: &'a GpuTensor,
+    pub dbeta: &'a GpuTensor,
+    /// Receives `[dA_log, ddt_bias]`.
+    pub dgate_params: &'a wgpu::Buffer,
+}
+
+/// Record the pass, one workgroup per v-head.
 pub fn gate_finish(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
-    g: &GpuTensor,
-    beta: &GpuTensor,
-    gate_params: &wgpu::Buffer,
-    dg_dbeta: &GpuTensor,
-    dg: &GpuTensor,
-    dbeta: &GpuTensor,
-    dgate_params: &wgpu::Buffer,
+    bufs: &GateFinishBuffers<'_>,
     heads_v: usize,
 ) -> Result<()> {
-    let pipeline = ctx.pipelines.get(
-        source(Pass::GateFinish, crate::DType::F32)?,
-        "gate_finish",
-        &[],
-    );
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "gate_finish",
-        &[
+    Launch {
+        name: "gate_finish",
+        source: source(Pass::GateFinish, DType::F32)?,
+        entry: "gate_finish",
+        constants: &[],
+        bindings: Bindings::Ordered(&[
             params,
-            &g.buffer,
-            &beta.buffer,
-            gate_params,
-            &dg_dbeta.buffer,
-            &dg.buffer,
-            &dbeta.buffer,
-            dgate_params,
-        ],
-    );
-    dispatch(
-        encoder,
-        "gate_finish",
-        &pipeline,
-        &bg,
-        (heads_v as u32, 1, 1),
-    );
-    Ok(())
+            &bufs.g.buffer,
+            &bufs.beta.buffer,
+            bufs.gate_params,
+            &bufs.dg_dbeta.buffer,
+            &bufs.dg.buffer,
+            &bufs.dbeta.buffer,
+            bufs.dgate_params,
+        ]),
+        grid: Grid([(heads_v, "v-heads"), (1, ""), (1, "")]),
+    }
+    .record(ctx, encoder)
 }

@@ -25,22 +25,25 @@ mod value_grams;
 mod wy_grad;
 
 pub use dh_scan::{DhScanBuffers, dh_scan};
-pub use gate_finish::gate_finish;
-pub use qk_finish::{dv_finish, qk_finish};
-pub use qk_grad::qk_grad;
+pub use gate_finish::{GateFinishBuffers, gate_finish};
+pub use qk_finish::{QkFinishBuffers, dv_finish, qk_finish};
+pub use qk_grad::{QkGradBuffers, qk_grad};
 pub use state_grad::{StateGradBuffers, state_grad};
 pub use state_recompute::{RecomputeBuffers, state_recompute};
-pub use value_grams::value_grams;
-pub use wy_grad::wy_grad;
+pub use value_grams::{ValueGramsBuffers, value_grams};
+pub use wy_grad::{WyGradBuffers, wy_grad};
 
 use crate::error::{Error, Result};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::problem::ForwardOutputs;
 use crate::problem::{CHUNK, ForwardInputs, Gradients, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
-use crate::wgpu_backend::forward::{Forward, Intermediates, tables};
+use crate::wgpu_backend::forward::{
+    Forward, Intermediates, ScanDims, WyInverseBuffers, tables, wy_inverse,
+};
 use crate::wgpu_backend::params::{Params, upload_u32};
 use crate::wgpu_backend::shaders::Pass;
+use crate::wgpu_backend::tuning::{BACKWARD_SCANS, V_BLOCK_WIDTHS, choose_v_block, token_slice};
 use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
 
 /// f32 words of workgroup memory of `state_recompute` and `dh_scan` at V-block width `bv`
@@ -50,21 +53,21 @@ use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
 /// words); `dh_scan`'s second 64 × bv tile plus K and Q token slices (`2·T·(K+1)` ≤ 1088 words
 /// at `T·K` ≤ 512; [`dh_scan_tiling`] widens them where the device has the memory).
 pub fn scan_arena_words(bv: u32) -> u32 {
+    scan_arena_words_with(bv, 1088)
+}
+
+/// The backward scans' arena at V-block `bv` with `token_slices` words of `dh_scan`'s K and Q
+/// token slices (the one layout both [`scan_arena_words`] and [`dh_scan_tiling`] size).
+fn scan_arena_words_with(bv: u32, token_slices: u32) -> u32 {
     let slices = 64 * 17 + 16 * bv;
     let triangle = 64 * 65 / 2;
-    let update = 64 * bv + 1088;
+    let update = 64 * bv + token_slices;
     64 * bv + slices.max(triangle).max(update)
 }
 
 /// Total workgroup bytes of the backward scans at their least (arena + two 64-vectors).
 pub fn scan_bytes(bv: u32) -> u32 {
     4 * (scan_arena_words(bv) + 2 * 64)
-}
-
-/// The largest power of two `t` ≤ `max` with `t · k ≤ elems` (at least 1).
-fn token_slice(k: u32, elems: u32, max: u32) -> u32 {
-    let fit = (elems / k).clamp(1, max);
-    1 << (31 - fit.leading_zeros())
 }
 
 /// Tokens per K slice in `state_recompute`'s state update: `T·K` ≤ 2048 (two vec4 loads per
@@ -81,10 +84,7 @@ pub fn recompute_token_slice(key_dim: u32) -> u32 {
 /// with `workgroup_bytes`: `T·K` ≤ 1024 (one vec4 of K and of Q per invocation) where that
 /// fits, else `T·K` ≤ 512 (within [`scan_arena_words`]; 16 KiB at V-block 16).
 pub fn dh_scan_tiling(bv: u32, key_dim: u32, workgroup_bytes: u32) -> (u32, u32) {
-    let words = |t: u32| {
-        let update = 64 * bv + 2 * t * (key_dim + 1);
-        64 * bv + (64 * 17 + 16 * bv).max(64 * 65 / 2).max(update)
-    };
+    let words = |t: u32| scan_arena_words_with(bv, 2 * t * (key_dim + 1));
     let wide = token_slice(key_dim, 1024, 32);
     if 4 * (words(wide) + 2 * 64) <= workgroup_bytes {
         return (wide, words(wide));
@@ -118,39 +118,26 @@ pub fn storage_dtypes(ctx: &Context) -> Vec<DType> {
         .collect()
 }
 
-/// V-block width of the two backward scans: the widest that fits the device's workgroup
-/// memory and divides V, narrowed while the grid (sequences × v-heads × V-blocks) has fewer
-/// than 256 workgroups (each walks its chunks sequentially). `GDN_V_BLOCK` forces a width that
-/// fits.
+/// V-block width of the two backward scans ([`BACKWARD_SCANS`]): the widest that fits the
+/// device's workgroup memory (their arena, larger than the forward's) and divides V, narrowed
+/// while the grid (sequences × v-heads × V-blocks) is small. A forced width (`GDN_V_BLOCK`)
+/// is used where it fits and divides V.
 pub fn scan_v_block(ctx: &Context, problem: &Problem) -> Result<u32> {
-    let v = problem.value_dim as u32;
     let tuning = ctx.tuning();
-    let fits: Vec<u32> = [64, 32, 16]
+    let fits: Vec<u32> = V_BLOCK_WIDTHS
         .into_iter()
-        .filter(|&bv| scan_bytes(bv) <= tuning.workgroup_bytes && v.is_multiple_of(bv))
+        .filter(|&bv| scan_bytes(bv) <= tuning.workgroup_bytes)
         .collect();
-    let Some(&widest) = fits.first() else {
-        return Err(Error::unsupported(
+    choose_v_block(&fits, tuning.forced_v_block, problem, BACKWARD_SCANS).ok_or_else(|| {
+        Error::unsupported(
             "device",
             format!(
                 "{} bytes of workgroup memory for the backward scans (need {})",
                 tuning.workgroup_bytes,
                 scan_bytes(16)
             ),
-        ));
-    };
-    if let Some(forced) = tuning.forced_v_block.filter(|f| fits.contains(f)) {
-        return Ok(forced);
-    }
-    let base = (problem.num_sequences() * problem.heads_v) as u32;
-    let mut choice = widest;
-    for &bv in &fits {
-        choice = bv;
-        if base * (v / bv) >= 256 {
-            break;
-        }
-    }
-    Ok(choice)
+        )
+    })
 }
 
 /// What the backward consumes: the problem, the forward's raw inputs (GPU buffers are shared
@@ -354,17 +341,6 @@ fn record_backward(
         first_chunk += s.len().div_ceil(CHUNK);
     }
     let num_segments = sequences.len();
-    let max = ctx.limits().max_compute_workgroups_per_dimension as usize;
-    for (name, count) in [("chunks", num_chunks), ("segments", num_segments)] {
-        if count > max {
-            return Err(Error::TooLarge {
-                name: name.into(),
-                bytes: count as u64,
-                limit_name: "max_compute_workgroups_per_dimension",
-                limit: max as u64,
-            });
-        }
-    }
     let params = Params::for_problem(p, num_chunks, num_segments).upload(ctx);
     let chunks = upload_u32(ctx, "chunks", &chunk_table);
     let segments = upload_u32(ctx, "backward segments", &segment_table);
@@ -411,22 +387,25 @@ fn record_backward(
 
     // Γ⊙A⊙β and Γ⊙QKᵀ per chunk, parallel over chunks: the forward's wy_inverse again (its A
     // goes to scratch: the first half of `mats`, written next by value_grams).
-    crate::wgpu_backend::forward::wy_inverse(
-        ctx,
-        encoder,
-        &params,
+    let a_scratch = view(&mats, &[bt, hv, CHUNK]);
+    let wy_buffers = WyInverseBuffers {
         k,
         q,
-        &inter.gate_beta,
-        &chunks,
-        num_chunks,
-        hv,
-        &view(&mats, &[bt, hv, CHUNK]),
-        &gated,
-    )?;
+        gate_beta: &inter.gate_beta,
+        chunks: &chunks,
+        a: &a_scratch,
+        gated: &gated,
+    };
+    wy_inverse(ctx, encoder, &params, &wy_buffers, num_chunks, hv)?;
     mark(encoder, "gated_matrices");
 
-    let v_block = scan_v_block(ctx, p)?;
+    let dims = ScanDims {
+        num_segments,
+        heads_v: hv,
+        key_dim: kd,
+        value_dim: vd,
+        v_block: scan_v_block(ctx, p)?,
+    };
     let recompute = RecomputeBuffers {
         k,
         v: inputs.v,
@@ -436,17 +415,7 @@ fn record_backward(
         states: &states,
         w_vnew: &w_vnew,
     };
-    state_recompute(
-        ctx,
-        encoder,
-        &params,
-        &recompute,
-        num_segments,
-        hv,
-        kd,
-        vd,
-        v_block,
-    )?;
+    state_recompute(ctx, encoder, &params, &recompute, dims)?;
     mark(encoder, "state_recompute");
     let scan = DhScanBuffers {
         q,
@@ -458,46 +427,28 @@ fn record_backward(
         dstates: &dstates,
         dvnew_dv: &dvnew_dv,
     };
-    dh_scan(
-        ctx,
-        encoder,
-        &params,
-        &scan,
-        num_segments,
-        hv,
-        kd,
-        vd,
-        v_block,
-    )?;
+    dh_scan(ctx, encoder, &params, &scan, dims)?;
     mark(encoder, "dh_scan");
-    value_grams(
-        ctx,
-        encoder,
-        &params,
+    let grams = ValueGramsBuffers {
         d_o,
-        &w_vnew,
-        &dvnew_dv,
-        &inter.gate_beta,
-        &chunks,
-        num_chunks,
-        hv,
-        &mats,
-    )?;
+        w_vnew: &w_vnew,
+        dvnew_dv: &dvnew_dv,
+        gate_beta: &inter.gate_beta,
+        chunks: &chunks,
+        mats: &mats,
+    };
+    value_grams(ctx, encoder, &params, &grams, num_chunks, hv)?;
     mark(encoder, "value_grams");
-    wy_grad(
-        ctx,
-        encoder,
-        &params,
+    let wy = WyGradBuffers {
         q,
         k,
-        &inter.a,
-        &inter.gate_beta,
-        &chunks,
-        num_chunks,
-        hv,
-        &mats,
-        &dg_dbeta,
-    )?;
+        a: &inter.a,
+        gate_beta: &inter.gate_beta,
+        chunks: &chunks,
+        mats: &mats,
+        dg_dbeta: &dg_dbeta,
+    };
+    wy_grad(ctx, encoder, &params, &wy, num_chunks, hv)?;
     mark(encoder, "wy_grad");
     let state_bufs = StateGradBuffers {
         d_o,
@@ -511,16 +462,27 @@ fn record_backward(
     };
     state_grad(ctx, encoder, &params, &state_bufs, num_chunks, hv, kd)?;
     mark(encoder, "state_grad");
-    qk_grad(
-        ctx, encoder, &params, q, k, &mats, &chunks, num_chunks, hv, &dqk_parts, &dg_dbeta,
-    )?;
+    let qk = QkGradBuffers {
+        q,
+        k,
+        mats: &mats,
+        chunks: &chunks,
+        dqk_parts: &dqk_parts,
+        dg_dbeta: &dg_dbeta,
+    };
+    qk_grad(ctx, encoder, &params, &qk, num_chunks, hv)?;
     mark(encoder, "qk_grad");
 
     let dq = GpuTensor::empty(ctx, "dq", &p.qk_shape(), inputs.q.dtype)?;
     let dk = GpuTensor::empty(ctx, "dk", &p.qk_shape(), inputs.k.dtype)?;
-    qk_finish(
-        ctx, encoder, &params, inputs.q, inputs.k, &dqk_parts, &dq, &dk,
-    )?;
+    let finish = QkFinishBuffers {
+        q_raw: inputs.q,
+        k_raw: inputs.k,
+        dqk_parts: &dqk_parts,
+        dq: &dq,
+        dk: &dk,
+    };
+    qk_finish(ctx, encoder, &params, &finish)?;
     mark(encoder, "qk_finish");
 
     let small = |label: &str| {
@@ -547,19 +509,16 @@ fn record_backward(
     }
     let dg = GpuTensor::empty(ctx, "dg", &p.gate_shape(), DType::F32)?;
     let dbeta = GpuTensor::empty(ctx, "dbeta", &p.gate_shape(), DType::F32)?;
-    gate_finish(
-        ctx,
-        encoder,
-        &params,
-        inputs.g,
-        inputs.beta,
-        &gate_params,
-        &dg_dbeta,
-        &dg,
-        &dbeta,
-        &dgate_params,
-        hv,
-    )?;
+    let gate = GateFinishBuffers {
+        g: inputs.g,
+        beta: inputs.beta,
+        gate_params: &gate_params,
+        dg_dbeta: &dg_dbeta,
+        dg: &dg,
+        dbeta: &dbeta,
+        dgate_params: &dgate_params,
+    };
+    gate_finish(ctx, encoder, &params, &gate, hv)?;
     mark(encoder, "gate_finish");
 
     // dv is the second half of `dvnew_dv`: a copy for f32 storage, else converted.

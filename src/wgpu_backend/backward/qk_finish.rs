@@ -2,75 +2,49 @@
 //! backward onto the raw q, k; and its `dv_finish` entry point, dv into the storage dtype.
 
 use crate::error::Result;
-use crate::wgpu_backend::params::{dispatch, grid_1d};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
-/// One bind group from `(binding, buffer)` pairs of group 0 of `pipeline` (an entry point
-/// that uses some of its module's bindings).
-fn bind_at(
-    ctx: &Context,
-    pipeline: &wgpu::ComputePipeline,
-    label: &str,
-    buffers: &[(u32, &wgpu::Buffer)],
-) -> wgpu::BindGroup {
-    let entries: Vec<wgpu::BindGroupEntry> = buffers
-        .iter()
-        .map(|&(binding, b)| wgpu::BindGroupEntry {
-            binding,
-            resource: b.as_entire_binding(),
-        })
-        .collect();
-    ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(label),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &entries,
-    })
+/// The tensors `qk_finish` reads and writes.
+pub struct QkFinishBuffers<'a> {
+    /// The forward's raw q, k (read only with `l2norm_qk`).
+    pub q_raw: &'a GpuTensor,
+    pub k_raw: &'a GpuTensor,
+    /// dq, dk per v-head from `qk_grad`.
+    pub dqk_parts: &'a GpuTensor,
+    /// `[B,T,H,K]` in the dtype of q (written).
+    pub dq: &'a GpuTensor,
+    pub dk: &'a GpuTensor,
 }
 
-/// Workgroups for `groups` workgroups of a 1-D pass, folded into two dimensions past 65535.
-fn fold(groups: u32) -> (u32, u32, u32) {
-    let groups = groups.max(1);
-    if groups <= 65535 {
-        (groups, 1, 1)
-    } else {
-        (65535, groups.div_ceil(65535), 1)
-    }
-}
-
-/// Record `dq`, `dk` `[B,T,H,K]` (the dtype of q) from the per-v-head `dqk_parts`; `q_raw`,
-/// `k_raw` are the forward's raw inputs (read only with `l2norm_qk`).
-#[allow(clippy::too_many_arguments)]
+/// Record `dq`, `dk` from the per-v-head `dqk_parts`.
 pub fn qk_finish(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
-    q_raw: &GpuTensor,
-    k_raw: &GpuTensor,
-    dqk_parts: &GpuTensor,
-    dq: &GpuTensor,
-    dk: &GpuTensor,
+    bufs: &QkFinishBuffers<'_>,
 ) -> Result<()> {
-    let pipeline = ctx
-        .pipelines
-        .get(source(Pass::QkFinish, q_raw.dtype)?, "qk_finish", &[]);
-    let bg = bind_at(
-        ctx,
-        &pipeline,
-        "qk_finish",
-        &[
+    let dq = bufs.dq;
+    let rows = dq.len() / dq.shape[dq.shape.len() - 1];
+    Launch {
+        name: "qk_finish",
+        source: source(Pass::QkFinish, bufs.q_raw.dtype)?,
+        entry: "qk_finish",
+        constants: &[],
+        // The entry point uses bindings 0–5 of its module.
+        bindings: Bindings::At(&[
             (0, params),
-            (1, &q_raw.buffer),
-            (2, &k_raw.buffer),
-            (3, &dqk_parts.buffer),
+            (1, &bufs.q_raw.buffer),
+            (2, &bufs.k_raw.buffer),
+            (3, &bufs.dqk_parts.buffer),
             (4, &dq.buffer),
-            (5, &dk.buffer),
-        ],
-    );
-    // Four head vectors per workgroup.
-    let rows = (dq.len() / dq.shape[dq.shape.len() - 1]) as u32;
-    dispatch(encoder, "qk_finish", &pipeline, &bg, fold(rows.div_ceil(4)));
-    Ok(())
+            (5, &bufs.dk.buffer),
+        ]),
+        // Four head vectors per workgroup.
+        grid: Grid::folded(rows.div_ceil(4), "groups of four head vectors"),
+    }
+    .record(ctx, encoder)
 }
 
 /// Record `dv` (`[B,T,HV,V]`, its own dtype) from the second half of the f32 `dvnew_dv`
@@ -82,21 +56,15 @@ pub fn dv_finish(
     dvnew_dv: &GpuTensor,
     dv: &GpuTensor,
 ) -> Result<()> {
-    let pipeline = ctx
-        .pipelines
-        .get(source(Pass::QkFinish, dv.dtype)?, "dv_finish", &[]);
-    let bg = bind_at(
-        ctx,
-        &pipeline,
-        "dv_finish",
-        &[(0, params), (6, &dvnew_dv.buffer), (7, &dv.buffer)],
-    );
-    dispatch(
-        encoder,
-        "dv_finish",
-        &pipeline,
-        &bg,
-        grid_1d((dv.len() / 2) as u32),
-    );
-    Ok(())
+    Launch {
+        name: "dv_finish",
+        source: source(Pass::QkFinish, dv.dtype)?,
+        entry: "dv_finish",
+        constants: &[],
+        // The entry point uses bindings 0, 6 and 7 of its module.
+        bindings: Bindings::At(&[(0, params), (6, &dvnew_dv.buffer), (7, &dv.buffer)]),
+        // Two elements per invocation.
+        grid: Grid::items_64(dv.len() / 2, "element pairs of dv"),
+    }
+    .record(ctx, encoder)
 }

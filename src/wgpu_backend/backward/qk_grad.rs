@@ -2,52 +2,50 @@
 //! of each chunk after its reverse chunk-local cumsum.
 
 use crate::error::Result;
-use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
-/// Record the pass over every chunk and v-head. `dqk_parts` holds the state terms on entry and
-/// dq, dk per v-head on exit; `dg_dbeta` holds (dG, dβ) on entry and (dg, dβ) on exit.
-#[allow(clippy::too_many_arguments)]
+/// The tensors the pass reads and writes.
+pub struct QkGradBuffers<'a> {
+    pub q: &'a GpuTensor,
+    pub k: &'a GpuTensor,
+    /// dP and dAt from `wy_grad`.
+    pub mats: &'a GpuTensor,
+    /// The chunk table (start, length).
+    pub chunks: &'a wgpu::Buffer,
+    /// The state terms on entry, dq and dk per v-head on exit.
+    pub dqk_parts: &'a GpuTensor,
+    /// (dG, dβ) on entry, (dg, dβ) on exit.
+    pub dg_dbeta: &'a GpuTensor,
+}
+
+/// Record the pass over `num_chunks` chunks × `heads_v` v-heads.
 pub fn qk_grad(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
-    q: &GpuTensor,
-    k: &GpuTensor,
-    mats: &GpuTensor,
-    chunks: &wgpu::Buffer,
+    bufs: &QkGradBuffers<'_>,
     num_chunks: usize,
     heads_v: usize,
-    dqk_parts: &GpuTensor,
-    dg_dbeta: &GpuTensor,
 ) -> Result<()> {
+    let k = bufs.k;
     let key_dim = k.shape[k.shape.len() - 1];
-    let pipeline = ctx.pipelines.get(
-        source(Pass::QkGrad, k.dtype)?,
-        "qk_grad",
-        &[("K_DIM", key_dim as f64)],
-    );
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "qk_grad",
-        &[
+    Launch {
+        name: "qk_grad",
+        source: source(Pass::QkGrad, k.dtype)?,
+        entry: "qk_grad",
+        constants: &[("K_DIM", key_dim as f64)],
+        bindings: Bindings::Ordered(&[
             params,
-            &q.buffer,
+            &bufs.q.buffer,
             &k.buffer,
-            &mats.buffer,
-            chunks,
-            &dqk_parts.buffer,
-            &dg_dbeta.buffer,
-        ],
-    );
-    dispatch(
-        encoder,
-        "qk_grad",
-        &pipeline,
-        &bg,
-        (num_chunks as u32, heads_v as u32, 1),
-    );
-    Ok(())
+            &bufs.mats.buffer,
+            bufs.chunks,
+            &bufs.dqk_parts.buffer,
+            &bufs.dg_dbeta.buffer,
+        ]),
+        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
+    }
+    .record(ctx, encoder)
 }

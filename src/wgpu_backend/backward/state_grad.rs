@@ -2,7 +2,7 @@
 //! the chunk-start state and the chunk-end state gradient.
 
 use crate::error::Result;
-use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -19,7 +19,7 @@ pub struct StateGradBuffers<'a> {
     pub dqk_parts: &'a GpuTensor,
 }
 
-/// Record the pass over every chunk and v-head.
+/// Record the pass over `num_chunks` chunks × `heads_v` v-heads.
 pub fn state_grad(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -29,16 +29,12 @@ pub fn state_grad(
     heads_v: usize,
     key_dim: usize,
 ) -> Result<()> {
-    let pipeline = ctx.pipelines.get(
-        source(Pass::StateGrad, bufs.d_o.dtype)?,
-        "state_grad",
-        &[("K_DIM", key_dim as f64)],
-    );
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "state_grad",
-        &[
+    Launch {
+        name: "state_grad",
+        source: source(Pass::StateGrad, bufs.d_o.dtype)?,
+        entry: "state_grad",
+        constants: &[("K_DIM", key_dim as f64)],
+        bindings: Bindings::Ordered(&[
             params,
             &bufs.d_o.buffer,
             &bufs.w_vnew.buffer,
@@ -48,14 +44,8 @@ pub fn state_grad(
             &bufs.gate_beta.buffer,
             bufs.chunks,
             &bufs.dqk_parts.buffer,
-        ],
-    );
-    dispatch(
-        encoder,
-        "state_grad",
-        &pipeline,
-        &bg,
-        (num_chunks as u32, heads_v as u32, 1),
-    );
-    Ok(())
+        ]),
+        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
+    }
+    .record(ctx, encoder)
 }

@@ -3,7 +3,8 @@
 
 use crate::error::Result;
 use crate::wgpu_backend::backward::{recompute_token_slice, scan_arena_words};
-use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::forward::ScanDims;
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -22,35 +23,26 @@ pub struct RecomputeBuffers<'a> {
     pub w_vnew: &'a GpuTensor,
 }
 
-/// Record the replay over `num_segments` segments with V-block width `v_block`.
-#[allow(clippy::too_many_arguments)]
+/// Record the replay (`dims.v_block` from [`scan_v_block`](super::scan_v_block)).
 pub fn state_recompute(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
     bufs: &RecomputeBuffers<'_>,
-    num_segments: usize,
-    heads_v: usize,
-    key_dim: usize,
-    value_dim: usize,
-    v_block: u32,
+    dims: ScanDims,
 ) -> Result<()> {
-    let constants = [
-        ("K_DIM", key_dim as f64),
-        ("V_BLOCK", v_block as f64),
-        ("ARENA", scan_arena_words(v_block) as f64),
-        ("T_SLICE", recompute_token_slice(key_dim as u32) as f64),
-    ];
-    let pipeline = ctx.pipelines.get(
-        source(Pass::StateRecompute, bufs.k.dtype)?,
-        "state_recompute",
-        &constants,
-    );
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "state_recompute",
-        &[
+    let (key_dim, v_block) = (dims.key_dim, dims.v_block);
+    Launch {
+        name: "state_recompute",
+        source: source(Pass::StateRecompute, bufs.k.dtype)?,
+        entry: "state_recompute",
+        constants: &[
+            ("K_DIM", key_dim as f64),
+            ("V_BLOCK", v_block as f64),
+            ("ARENA", scan_arena_words(v_block) as f64),
+            ("T_SLICE", recompute_token_slice(key_dim as u32) as f64),
+        ],
+        bindings: Bindings::Ordered(&[
             params,
             &bufs.k.buffer,
             &bufs.v.buffer,
@@ -59,18 +51,13 @@ pub fn state_recompute(
             bufs.segments,
             &bufs.states.buffer,
             &bufs.w_vnew.buffer,
-        ],
-    );
-    dispatch(
-        encoder,
-        "state_recompute",
-        &pipeline,
-        &bg,
-        (
-            num_segments as u32,
-            heads_v as u32,
-            (value_dim as u32) / v_block,
-        ),
-    );
-    Ok(())
+        ]),
+        // The V-block divides V (`scan_v_block`).
+        grid: Grid([
+            (dims.num_segments, "segments"),
+            (dims.heads_v, "v-heads"),
+            (dims.value_dim / v_block as usize, "V-blocks"),
+        ]),
+    }
+    .record(ctx, encoder)
 }

@@ -2,49 +2,46 @@
 //! dAb = Γ⊙(dV' Wᵀ) per chunk and v-head.
 
 use crate::error::Result;
-use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
-/// Record the pass over every chunk (`chunks`: the chunk table) and v-head; `mats` is
-/// `[2, B·T, HV, 64]` f32.
-#[allow(clippy::too_many_arguments)]
+/// The tensors the pass reads and writes.
+pub struct ValueGramsBuffers<'a> {
+    pub d_o: &'a GpuTensor,
+    pub w_vnew: &'a GpuTensor,
+    pub dvnew_dv: &'a GpuTensor,
+    pub gate_beta: &'a GpuTensor,
+    /// The chunk table (start, length).
+    pub chunks: &'a wgpu::Buffer,
+    /// `[2, B·T, HV, 64]` f32 (written).
+    pub mats: &'a GpuTensor,
+}
+
+/// Record the pass over `num_chunks` chunks × `heads_v` v-heads.
 pub fn value_grams(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
-    d_o: &GpuTensor,
-    w_vnew: &GpuTensor,
-    dvnew_dv: &GpuTensor,
-    gate_beta: &GpuTensor,
-    chunks: &wgpu::Buffer,
+    bufs: &ValueGramsBuffers<'_>,
     num_chunks: usize,
     heads_v: usize,
-    mats: &GpuTensor,
 ) -> Result<()> {
-    let pipeline = ctx
-        .pipelines
-        .get(source(Pass::ValueGrams, d_o.dtype)?, "value_grams", &[]);
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "value_grams",
-        &[
+    Launch {
+        name: "value_grams",
+        source: source(Pass::ValueGrams, bufs.d_o.dtype)?,
+        entry: "value_grams",
+        constants: &[],
+        bindings: Bindings::Ordered(&[
             params,
-            &d_o.buffer,
-            &w_vnew.buffer,
-            &dvnew_dv.buffer,
-            &gate_beta.buffer,
-            chunks,
-            &mats.buffer,
-        ],
-    );
-    dispatch(
-        encoder,
-        "value_grams",
-        &pipeline,
-        &bg,
-        (num_chunks as u32, heads_v as u32, 1),
-    );
-    Ok(())
+            &bufs.d_o.buffer,
+            &bufs.w_vnew.buffer,
+            &bufs.dvnew_dv.buffer,
+            &bufs.gate_beta.buffer,
+            bufs.chunks,
+            &bufs.mats.buffer,
+        ]),
+        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
+    }
+    .record(ctx, encoder)
 }

@@ -2,54 +2,52 @@
 //! WY inverse — dβ, the Γ-mask part of dG, and dAt for dk.
 
 use crate::error::Result;
-use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
-/// Record the pass over every chunk and v-head. `mats` holds dP and dAb on entry, dP and dAt
-/// on exit; `dg_dbeta` is `[B·T, HV, 2]` f32.
-#[allow(clippy::too_many_arguments)]
+/// The tensors the pass reads and writes.
+pub struct WyGradBuffers<'a> {
+    pub q: &'a GpuTensor,
+    pub k: &'a GpuTensor,
+    /// The forward's gate-free inverse A, `[B·T, HV, 64]` f32.
+    pub a: &'a GpuTensor,
+    pub gate_beta: &'a GpuTensor,
+    /// The chunk table (start, length).
+    pub chunks: &'a wgpu::Buffer,
+    /// dP and dAb on entry, dP and dAt on exit.
+    pub mats: &'a GpuTensor,
+    /// `[B·T, HV, 2]` f32 (written).
+    pub dg_dbeta: &'a GpuTensor,
+}
+
+/// Record the pass over `num_chunks` chunks × `heads_v` v-heads.
 pub fn wy_grad(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
-    q: &GpuTensor,
-    k: &GpuTensor,
-    a: &GpuTensor,
-    gate_beta: &GpuTensor,
-    chunks: &wgpu::Buffer,
+    bufs: &WyGradBuffers<'_>,
     num_chunks: usize,
     heads_v: usize,
-    mats: &GpuTensor,
-    dg_dbeta: &GpuTensor,
 ) -> Result<()> {
+    let k = bufs.k;
     let key_dim = k.shape[k.shape.len() - 1];
-    let pipeline = ctx.pipelines.get(
-        source(Pass::WyGrad, k.dtype)?,
-        "wy_grad",
-        &[("K_DIM", key_dim as f64)],
-    );
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "wy_grad",
-        &[
+    Launch {
+        name: "wy_grad",
+        source: source(Pass::WyGrad, k.dtype)?,
+        entry: "wy_grad",
+        constants: &[("K_DIM", key_dim as f64)],
+        bindings: Bindings::Ordered(&[
             params,
-            &q.buffer,
+            &bufs.q.buffer,
             &k.buffer,
-            &a.buffer,
-            &gate_beta.buffer,
-            chunks,
-            &mats.buffer,
-            &dg_dbeta.buffer,
-        ],
-    );
-    dispatch(
-        encoder,
-        "wy_grad",
-        &pipeline,
-        &bg,
-        (num_chunks as u32, heads_v as u32, 1),
-    );
-    Ok(())
+            &bufs.a.buffer,
+            &bufs.gate_beta.buffer,
+            bufs.chunks,
+            &bufs.mats.buffer,
+            &bufs.dg_dbeta.buffer,
+        ]),
+        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
+    }
+    .record(ctx, encoder)
 }

@@ -14,7 +14,7 @@
 //! - [`DecodeOutputs::per_token_states`] also writes the state after every token
 //!   (`[B·T, HV, ..]`), so a server verifying T draft tokens that accepts only k of them copies
 //!   entry `start + k − 1` back with [`StatePool::copy_into_slot`].
-//! - Prefill → decode: run [`wgpu_backend::forward`](crate::wgpu_backend::forward) over the prompt and copy its
+//! - Prefill → decode: run [`wgpu_backend::forward`](crate::wgpu_backend::forward()) over the prompt and copy its
 //!   `final_state` into the pool with [`StatePool::copy_into_slot`].
 //! - Hot path: build a [`DecodePlan`] once and call [`DecodePlan::record`] per step (one
 //!   compute pass, no allocation); [`decode_step`] builds a plan per call.
@@ -66,7 +66,8 @@ pub fn decode_storage_dtypes(ctx: &Context) -> Vec<DType> {
 }
 
 /// Everything a decode call checks before recording: inputs like the forward's, the pool's
-/// layout and shape, the slots, the outputs and the device limits the kernel relies on.
+/// layout and shape, the slots, the outputs and the uniform-binding limit the kernel relies
+/// on.
 pub(crate) fn check_decode(
     ctx: &Context,
     problem: &Problem,
@@ -121,17 +122,8 @@ pub(crate) fn check_decode(
         }
     }
 
+    // The grid's limits are checked where the plan's pass is prepared (`launch`).
     let limits = ctx.limits();
-    let per_dim = limits.max_compute_workgroups_per_dimension as usize;
-    for (name, count) in [("heads_v (HV)", problem.heads_v), ("slots", sequences)] {
-        if count > per_dim {
-            return Err(Error::value(
-                name,
-                format!("at most {per_dim} (max_compute_workgroups_per_dimension)"),
-                count,
-            ));
-        }
-    }
     let table_bytes = 4 * TABLE_WORDS as u64;
     if limits.max_uniform_buffer_binding_size < table_bytes {
         return Err(Error::unsupported(

@@ -7,7 +7,8 @@ use wgpu::util::DeviceExt;
 use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, Problem};
 use crate::wgpu_backend::decode::pool::{StatePool, StateSlot, check_slots};
-use crate::wgpu_backend::params::{Params, bind};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch, Prepared};
+use crate::wgpu_backend::params::Params;
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -223,12 +224,11 @@ impl RecurrentStepTiles {
 /// given tensors; refill them (e.g. `queue.write_buffer` of the next token's q, k, v, g,
 /// beta) between steps.
 pub struct DecodePlan {
-    pipeline: wgpu::ComputePipeline,
-    bind_group: wgpu::BindGroup,
+    /// The recorded pass: pipeline, bind group and checked grid.
+    pass: Prepared,
     tables: wgpu::Buffer,
     /// (A_log, dt_bias) and their word offset in the tables, with `gate_in_kernel`.
     gate_params: Option<(wgpu::Buffer, wgpu::Buffer, u64)>,
-    grid: (u32, u32, u32),
     heads_v: usize,
     pool_slots: usize,
     slots: Vec<StateSlot>,
@@ -313,16 +313,12 @@ impl DecodePlan {
         let token_states = per_token.unwrap_or_else(no_token_states);
 
         let constants = tiles.pipeline_constants(outputs.per_token_states.is_some());
-        let pipeline = ctx.pipelines.get(
-            source(Pass::RecurrentStep, inputs.q.dtype)?,
-            "recurrent_step",
-            &constants,
-        );
-        let bind_group = bind(
-            ctx,
-            &pipeline,
-            "recurrent_step",
-            &[
+        let pass = Launch {
+            name: "recurrent_step",
+            source: source(Pass::RecurrentStep, inputs.q.dtype)?,
+            entry: "recurrent_step",
+            constants: &constants,
+            bindings: Bindings::Ordered(&[
                 &params,
                 &tables,
                 &inputs.q.buffer,
@@ -333,19 +329,19 @@ impl DecodePlan {
                 &pool.tensor().buffer,
                 &outputs.o.buffer,
                 &token_states,
-            ],
-        );
-        let grid = (
-            (problem.value_dim as u32) / tiles.v_block,
-            hv as u32,
-            n as u32,
-        );
+            ]),
+            // The tiling's V-block divides V (`RecurrentStepTiles::candidates`).
+            grid: Grid([
+                (problem.value_dim / tiles.v_block as usize, "V-blocks"),
+                (hv, "heads_v (HV)"),
+                (n, "sequences (slots)"),
+            ]),
+        }
+        .prepare(ctx)?;
         Ok(DecodePlan {
-            pipeline,
-            bind_group,
+            pass,
             tables,
             gate_params,
-            grid,
             heads_v: hv,
             pool_slots: pool.slots(),
             slots: slots.to_vec(),
@@ -388,12 +384,6 @@ impl DecodePlan {
             encoder.copy_buffer_to_buffer(a_log, 0, &self.tables, 4 * word, bytes);
             encoder.copy_buffer_to_buffer(dt_bias, 0, &self.tables, 4 * word + bytes, bytes);
         }
-        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some("recurrent_step"),
-            timestamp_writes: None,
-        });
-        pass.set_pipeline(&self.pipeline);
-        pass.set_bind_group(0, &self.bind_group, &[]);
-        pass.dispatch_workgroups(self.grid.0, self.grid.1, self.grid.2);
+        self.pass.record(encoder);
     }
 }

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::problem::CHUNK;
 use crate::tensor::DType;
-use crate::wgpu_backend::params::{bind, dispatch, grid_1d};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -25,16 +25,13 @@ pub fn gate_q(
     if q_out.dtype != DType::F16 || q_out.shape != padded {
         return Err(Error::shape("gate_q output (f16)", &padded, &q_out.shape));
     }
-    let pipeline = ctx
-        .pipelines
-        .get(source(Pass::GateQ, q.dtype)?, "gate_q", &[]);
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "gate_q",
-        &[params, &q.buffer, &gate_beta.buffer, &q_out.buffer],
-    );
-    let quads = q_out.len().div_ceil(4) as u32;
-    dispatch(encoder, "gate_q", &pipeline, &bg, grid_1d(quads));
-    Ok(())
+    Launch {
+        name: "gate_q",
+        source: source(Pass::GateQ, q.dtype)?,
+        entry: "gate_q",
+        constants: &[],
+        bindings: Bindings::Ordered(&[params, &q.buffer, &gate_beta.buffer, &q_out.buffer]),
+        grid: Grid::items_64(q_out.len().div_ceil(4), "vec4s of q_out"),
+    }
+    .record(ctx, encoder)
 }

@@ -12,15 +12,17 @@ mod to_half;
 mod workspace;
 mod wy_inverse;
 
+pub use crate::wgpu_backend::config::segment_chunks_from_env;
+pub use crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES;
 pub use gate_q::gate_q;
-pub use prepare_gate::prepare_gate;
+pub use prepare_gate::{PrepareGateBuffers, prepare_gate};
 pub use prepare_qk::prepare_qk;
-pub use state_scan::{ScanBuffers, state_scan};
-pub use state_scan_coop::{CoopScanBuffers, STATE_SCAN_COOP_BYTES, state_scan_coop};
+pub use state_scan::{ScanBuffers, ScanDims, ScanMath, state_scan, state_scan_with_math};
+pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
 pub use to_half::to_half;
+pub use workspace::ForwardWorkspace;
 use workspace::ScanScratch;
-pub use workspace::{ForwardWorkspace, segment_chunks_from_env};
-pub use wy_inverse::wy_inverse;
+pub use wy_inverse::{WyInverseBuffers, wy_inverse};
 
 use crate::error::{Error, Result};
 
@@ -257,7 +259,7 @@ fn record_forward(
                 .path_support()
                 .choose(problem, dtype, path.or(ctx.forced_compute_path()))?
                 .path;
-            owned = ForwardWorkspace::with_path_and_env(ctx, problem, dtype, chosen)?;
+            owned = ForwardWorkspace::with_path_and_config(ctx, problem, dtype, chosen)?;
             &owned
         }
     };
@@ -292,22 +294,29 @@ fn record_forward(
         ctx,
         encoder,
         params,
-        inputs.g,
-        inputs.beta,
-        &ws.gate_params,
-        chunks,
+        &PrepareGateBuffers {
+            g: inputs.g,
+            beta: inputs.beta,
+            gate_params: &ws.gate_params,
+            chunks,
+            gate_beta,
+        },
         num_chunks,
         hv,
-        gate_beta,
     )?;
     mark(encoder, "prepare_gate");
 
-    let a = &ws.a;
+    let wy_buffers = |gated| WyInverseBuffers {
+        k,
+        q,
+        gate_beta,
+        chunks,
+        a: &ws.a,
+        gated,
+    };
     match &ws.scan {
         ScanScratch::Scalar { gated } => {
-            wy_inverse(
-                ctx, encoder, params, k, q, gate_beta, chunks, num_chunks, hv, a, gated,
-            )?;
+            wy_inverse(ctx, encoder, params, &wy_buffers(gated), num_chunks, hv)?;
             mark(encoder, "wy_inverse");
         }
         ScanScratch::Coop { gated16, k16, qg16 } => {
@@ -315,9 +324,7 @@ fn record_forward(
             // token stay inside their buffers; wy_inverse never writes gated16's, so it is
             // zeroed here (to_half and gate_q write theirs).
             encoder.clear_buffer(&gated16.buffer, (bt * hv * 2 * CHUNK * 2) as u64, None);
-            wy_inverse(
-                ctx, encoder, params, k, q, gate_beta, chunks, num_chunks, hv, a, gated16,
-            )?;
+            wy_inverse(ctx, encoder, params, &wy_buffers(gated16), num_chunks, hv)?;
             mark(encoder, "wy_inverse");
             to_half(ctx, encoder, params, k, k16)?;
             gate_q(ctx, encoder, params, q, gate_beta, qg16)?;
@@ -451,21 +458,17 @@ fn record_scan(
             };
             // The f16-math path differs from the scalar one only in the scan's operand math.
             let math = match ws.path {
-                ComputePath::F16Math => state_scan::ScanMath::F16,
-                _ => state_scan::ScanMath::F32,
+                ComputePath::F16Math => ScanMath::F16,
+                _ => ScanMath::F32,
             };
-            state_scan::state_scan_with_math(
-                ctx,
-                encoder,
-                run.params,
-                &bufs,
-                run.num_segments,
-                hv,
-                run.problem.key_dim,
-                run.problem.value_dim,
-                ctx.tuning.state_scan_v_block(run.problem),
-                math,
-            )
+            let dims = ScanDims {
+                num_segments: run.num_segments,
+                heads_v: hv,
+                key_dim: run.problem.key_dim,
+                value_dim: run.problem.value_dim,
+                v_block: ctx.tuning.state_scan_v_block(run.problem),
+            };
+            state_scan_with_math(ctx, encoder, run.params, &bufs, dims, math)
         }
         ScanScratch::Coop { gated16, k16, qg16 } => {
             let bufs = CoopScanBuffers {

@@ -3,48 +3,47 @@
 
 use crate::error::Result;
 use crate::tensor::DType;
-use crate::wgpu_backend::params::{bind, dispatch, grid_1d};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
-/// Record the pass. `gate_params` holds `[A_log (HV), dt_bias (HV)]` (any small buffer when the
-/// gate is not computed in the kernel); `chunks` is the chunk table (start, length).
-#[allow(clippy::too_many_arguments)]
+/// The buffers the pass reads and writes.
+pub struct PrepareGateBuffers<'a> {
+    pub g: &'a GpuTensor,
+    pub beta: &'a GpuTensor,
+    /// `[A_log (HV), dt_bias (HV)]` (any small buffer when the gate is not computed in the
+    /// kernel).
+    pub gate_params: &'a wgpu::Buffer,
+    /// The chunk table (start, length).
+    pub chunks: &'a wgpu::Buffer,
+    /// `[B·T, HV, 2]` f32 (written).
+    pub gate_beta: &'a GpuTensor,
+}
+
+/// Record the pass over `num_chunks` chunks × `heads_v` v-heads.
 pub fn prepare_gate(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
-    g: &GpuTensor,
-    beta: &GpuTensor,
-    gate_params: &wgpu::Buffer,
-    chunks: &wgpu::Buffer,
+    bufs: &PrepareGateBuffers<'_>,
     num_chunks: usize,
     heads_v: usize,
-    gate_beta: &GpuTensor,
 ) -> Result<()> {
-    // The pass reads and writes only f32; the storage dtype of q/k/v does not enter it.
-    let pipeline = ctx
-        .pipelines
-        .get(source(Pass::PrepareGate, DType::F32)?, "prepare_gate", &[]);
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "prepare_gate",
-        &[
+    Launch {
+        name: "prepare_gate",
+        // The pass reads and writes only f32; the storage dtype of q/k/v does not enter it.
+        source: source(Pass::PrepareGate, DType::F32)?,
+        entry: "prepare_gate",
+        constants: &[],
+        bindings: Bindings::Ordered(&[
             params,
-            &g.buffer,
-            &beta.buffer,
-            gate_params,
-            chunks,
-            &gate_beta.buffer,
-        ],
-    );
-    dispatch(
-        encoder,
-        "prepare_gate",
-        &pipeline,
-        &bg,
-        grid_1d((num_chunks * heads_v) as u32),
-    );
-    Ok(())
+            &bufs.g.buffer,
+            &bufs.beta.buffer,
+            bufs.gate_params,
+            bufs.chunks,
+            &bufs.gate_beta.buffer,
+        ]),
+        grid: Grid::items_64(num_chunks * heads_v, "chunks × v-heads"),
+    }
+    .record(ctx, encoder)
 }

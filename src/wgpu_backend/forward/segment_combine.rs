@@ -4,7 +4,7 @@
 
 use crate::error::Result;
 use crate::tensor::DType;
-use crate::wgpu_backend::params::{bind, dispatch, grid_1d};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -15,32 +15,16 @@ pub fn fill_identity(
     params: &wgpu::Buffer,
     trans: &GpuTensor,
 ) -> Result<()> {
-    let pipeline = ctx
-        .pipelines
-        .get(source(Pass::SegmentCombine, DType::F32)?, "identity", &[]);
-    // `identity` uses bindings 0 and 7 only (7 is the writable view of the transitions).
-    let bg = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some("segment identity"),
-        layout: &pipeline.get_bind_group_layout(0),
-        entries: &[
-            wgpu::BindGroupEntry {
-                binding: 0,
-                resource: params.as_entire_binding(),
-            },
-            wgpu::BindGroupEntry {
-                binding: 7,
-                resource: trans.buffer.as_entire_binding(),
-            },
-        ],
-    });
-    dispatch(
-        encoder,
-        "segment identity",
-        &pipeline,
-        &bg,
-        grid_1d(trans.len() as u32),
-    );
-    Ok(())
+    Launch {
+        name: "segment identity",
+        source: source(Pass::SegmentCombine, DType::F32)?,
+        entry: "identity",
+        constants: &[],
+        // `identity` uses bindings 0 and 7 only (7 is the writable view of the transitions).
+        bindings: Bindings::At(&[(0, params), (7, &trans.buffer)]),
+        grid: Grid::items_64(trans.len(), "transition elements"),
+    }
+    .record(ctx, encoder)
 }
 
 /// The buffers of [`segment_combine`].
@@ -70,18 +54,14 @@ pub fn segment_combine(
     value_dim: usize,
 ) -> Result<()> {
     let has_h0 = bufs.h0.is_some();
-    let pipeline = ctx.pipelines.get(
-        source(Pass::SegmentCombine, DType::F32)?,
-        "combine",
-        &[("HAS_H0", if has_h0 { 1.0 } else { 0.0 })],
-    );
     // Without h0 the binding is never read; any f32 buffer fills it.
     let h0 = bufs.h0.unwrap_or(bufs.ends);
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "segment combine",
-        &[
+    Launch {
+        name: "segment combine",
+        source: source(Pass::SegmentCombine, DType::F32)?,
+        entry: "combine",
+        constants: &[("HAS_H0", if has_h0 { 1.0 } else { 0.0 })],
+        bindings: Bindings::Ordered(&[
             params,
             bufs.seq_segments,
             &h0.buffer,
@@ -89,13 +69,13 @@ pub fn segment_combine(
             &bufs.ends.buffer,
             &bufs.starts.buffer,
             &bufs.final_state.buffer,
-        ],
-    );
-    let grid = (
-        num_sequences as u32,
-        heads_v as u32,
-        (value_dim as u32).div_ceil(16),
-    );
-    dispatch(encoder, "segment combine", &pipeline, &bg, grid);
-    Ok(())
+        ]),
+        // 16 value columns per workgroup.
+        grid: Grid([
+            (num_sequences, "sequences"),
+            (heads_v, "v-heads"),
+            (value_dim.div_ceil(16), "V-blocks of 16"),
+        ]),
+    }
+    .record(ctx, encoder)
 }

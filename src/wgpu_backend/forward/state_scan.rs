@@ -4,7 +4,7 @@
 //! in f32 (the f16-math path, `Pass::StateScanF16`).
 
 use crate::error::{Error, Result};
-use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::tuning::{
     state_scan_arena_words, state_scan_f16_arena_slots, state_scan_token_slice,
@@ -35,49 +35,40 @@ pub enum ScanMath {
     F16,
 }
 
-/// Record the scan over `num_segments` segments with V-block width `v_block`, on the scalar
-/// path's f32 arithmetic.
-#[allow(clippy::too_many_arguments)]
+/// The size of a sequential scan's dispatch: one workgroup per segment, v-head and V-block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanDims {
+    pub num_segments: usize,
+    pub heads_v: usize,
+    pub key_dim: usize,
+    pub value_dim: usize,
+    /// V-block width (the launcher's caller picks it: `Tuning::state_scan_v_block` for the
+    /// forward, `backward::scan_v_block` for the backward).
+    pub v_block: u32,
+}
+
+/// Record the scan on the scalar path's f32 arithmetic.
 pub fn state_scan(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
     bufs: &ScanBuffers<'_>,
-    num_segments: usize,
-    heads_v: usize,
-    key_dim: usize,
-    value_dim: usize,
-    v_block: u32,
+    dims: ScanDims,
 ) -> Result<()> {
-    state_scan_with_math(
-        ctx,
-        encoder,
-        params,
-        bufs,
-        num_segments,
-        heads_v,
-        key_dim,
-        value_dim,
-        v_block,
-        ScanMath::F32,
-    )
+    state_scan_with_math(ctx, encoder, params, bufs, dims, ScanMath::F32)
 }
 
 /// [`state_scan`] with the given operand arithmetic; `ScanMath::F16` without the device's
 /// SHADER_F16 is an `Error::Unsupported`.
-#[allow(clippy::too_many_arguments)]
 pub fn state_scan_with_math(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
     bufs: &ScanBuffers<'_>,
-    num_segments: usize,
-    heads_v: usize,
-    key_dim: usize,
-    value_dim: usize,
-    v_block: u32,
+    dims: ScanDims,
     math: ScanMath,
 ) -> Result<()> {
+    let v_block = dims.v_block;
     let (pass, arena) = match math {
         ScanMath::F32 => (Pass::StateScan, state_scan_arena_words(v_block)),
         ScanMath::F16 => {
@@ -90,29 +81,18 @@ pub fn state_scan_with_math(
             (Pass::StateScanF16, state_scan_f16_arena_slots(v_block))
         }
     };
-    let max = ctx.limits().max_compute_workgroups_per_dimension as usize;
-    if num_segments > max {
-        return Err(Error::TooLarge {
-            name: "segments".into(),
-            bytes: num_segments as u64,
-            limit_name: "max_compute_workgroups_per_dimension (segments)",
-            limit: max as u64,
-        });
-    }
-    let constants = [
-        ("K_DIM", key_dim as f64),
-        ("V_BLOCK", v_block as f64),
-        ("ARENA", arena as f64),
-        ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
-    ];
-    let pipeline = ctx
-        .pipelines
-        .get(source(pass, bufs.q.dtype)?, "state_scan", &constants);
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "state_scan",
-        &[
+    let key_dim = dims.key_dim;
+    Launch {
+        name: "state_scan",
+        source: source(pass, bufs.q.dtype)?,
+        entry: "state_scan",
+        constants: &[
+            ("K_DIM", key_dim as f64),
+            ("V_BLOCK", v_block as f64),
+            ("ARENA", arena as f64),
+            ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
+        ],
+        bindings: Bindings::Ordered(&[
             params,
             &bufs.q.buffer,
             &bufs.k.buffer,
@@ -122,13 +102,13 @@ pub fn state_scan_with_math(
             bufs.segments,
             &bufs.state.buffer,
             &bufs.o.buffer,
-        ],
-    );
-    let grid = (
-        num_segments as u32,
-        heads_v as u32,
-        (value_dim as u32).div_ceil(v_block),
-    );
-    dispatch(encoder, "state_scan", &pipeline, &bg, grid);
-    Ok(())
+        ]),
+        // The kernel masks columns past V, so the last V-block may be partial.
+        grid: Grid([
+            (dims.num_segments, "segments"),
+            (dims.heads_v, "v-heads"),
+            (dims.value_dim.div_ceil(v_block as usize), "V-blocks"),
+        ]),
+    }
+    .record(ctx, encoder)
 }

@@ -3,14 +3,10 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use crate::wgpu_backend::params::{bind, dispatch};
-use crate::wgpu_backend::path::{COOP_KEY_DIM, COOP_V_BLOCK};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
 use crate::wgpu_backend::{Context, GpuTensor};
-
-/// Workgroup memory of the coop scan in bytes (mirrors the shader's declarations: s16, x16,
-/// stage, zero tile, γ and decay).
-pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048) + 4 * (2048 + 256 + 64 + 64);
 
 /// The tensors the coop scan reads and writes.
 pub struct CoopScanBuffers<'a> {
@@ -61,25 +57,12 @@ pub fn state_scan_coop(
             });
         }
     }
-    let max = ctx.limits().max_compute_workgroups_per_dimension as usize;
-    if num_segments > max {
-        return Err(Error::TooLarge {
-            name: "segments".into(),
-            bytes: num_segments as u64,
-            limit_name: "max_compute_workgroups_per_dimension (segments)",
-            limit: max as u64,
-        });
-    }
-    let pipeline = ctx.pipelines.get(
-        source(Pass::StateScanCoop, bufs.v.dtype)?,
-        "state_scan_coop",
-        &[],
-    );
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "state_scan_coop",
-        &[
+    Launch {
+        name: "state_scan_coop",
+        source: source(Pass::StateScanCoop, bufs.v.dtype)?,
+        entry: "state_scan_coop",
+        constants: &[],
+        bindings: Bindings::Ordered(&[
             params,
             &bufs.qg16.buffer,
             &bufs.k16.buffer,
@@ -89,13 +72,12 @@ pub fn state_scan_coop(
             bufs.segments,
             &bufs.state.buffer,
             &bufs.o.buffer,
-        ],
-    );
-    let grid = (
-        num_segments as u32,
-        heads_v as u32,
-        (value_dim / COOP_V_BLOCK) as u32,
-    );
-    dispatch(encoder, "state_scan_coop", &pipeline, &bg, grid);
-    Ok(())
+        ]),
+        grid: Grid([
+            (num_segments, "segments"),
+            (heads_v, "v-heads"),
+            (value_dim / COOP_V_BLOCK, "V-blocks"),
+        ]),
+    }
+    .record(ctx, encoder)
 }

@@ -3,7 +3,7 @@
 use crate::error::{Error, Result};
 use crate::problem::CHUNK;
 use crate::tensor::DType;
-use crate::wgpu_backend::params::{bind, dispatch, grid_1d};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -22,16 +22,13 @@ pub fn to_half(
     if x_out.dtype != DType::F16 || x_out.shape != padded {
         return Err(Error::shape("to_half output (f16)", &padded, &x_out.shape));
     }
-    let pipeline = ctx
-        .pipelines
-        .get(source(Pass::ToHalf, x_in.dtype)?, "to_half", &[]);
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "to_half",
-        &[params, &x_in.buffer, &x_out.buffer],
-    );
-    let quads = x_out.len().div_ceil(4) as u32;
-    dispatch(encoder, "to_half", &pipeline, &bg, grid_1d(quads));
-    Ok(())
+    Launch {
+        name: "to_half",
+        source: source(Pass::ToHalf, x_in.dtype)?,
+        entry: "to_half",
+        constants: &[],
+        bindings: Bindings::Ordered(&[params, &x_in.buffer, &x_out.buffer]),
+        grid: Grid::items_64(x_out.len().div_ceil(4), "vec4s of the output"),
+    }
+    .record(ctx, encoder)
 }

@@ -11,25 +11,6 @@ use crate::wgpu_backend::params::{Params, upload_u32};
 use crate::wgpu_backend::path::ComputePath;
 use crate::wgpu_backend::{Context, GpuTensor};
 
-/// `GDN_SEGMENT_CHUNKS=n` (n ≥ 1): run forwards sequence-parallel with segments of n chunks.
-pub fn segment_chunks_from_env() -> Result<Option<usize>> {
-    match std::env::var("GDN_SEGMENT_CHUNKS") {
-        Ok(s) => Some(
-            s.trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n > 0)
-                .ok_or_else(|| Error::Value {
-                    name: "GDN_SEGMENT_CHUNKS".into(),
-                    expected: "a positive number of chunks".into(),
-                    got: format!("{s:?}"),
-                }),
-        )
-        .transpose(),
-        Err(_) => Ok(None),
-    }
-}
-
 /// The scan's scratch, per compute path.
 #[derive(Debug)]
 pub(crate) enum ScanScratch {
@@ -97,22 +78,23 @@ impl ForwardWorkspace {
     /// A workspace for `problem` with q, k, v stored as `dtype`, on the path the context
     /// would choose for it.
     ///
-    /// `GDN_SEGMENT_CHUNKS=N` turns on intra-device sequence parallelism with segments of N
-    /// chunks (see [`Self::with_segments`]); off by default until measured.
+    /// The context's `Config::segment_chunks` (`GDN_SEGMENT_CHUNKS=N`) turns on intra-device
+    /// sequence parallelism with segments of N chunks (see [`Self::with_segments`]); off by
+    /// default until measured.
     pub fn new(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Self> {
         let path = ctx.forward_path(problem, dtype)?.path;
-        Self::with_path_and_env(ctx, problem, dtype, path)
+        Self::with_path_and_config(ctx, problem, dtype, path)
     }
 
-    /// [`Self::with_path`], honouring `GDN_SEGMENT_CHUNKS` (what a forward without a
-    /// workspace uses).
-    pub(crate) fn with_path_and_env(
+    /// [`Self::with_path`], honouring the context's `Config::segment_chunks` (what a forward
+    /// without a workspace uses).
+    pub(crate) fn with_path_and_config(
         ctx: &Context,
         problem: &Problem,
         dtype: DType,
         path: ComputePath,
     ) -> Result<Self> {
-        let segments = segment_chunks_from_env()?;
+        let segments = ctx.config().segment_chunks;
         let mut ws = Self::with_path(ctx, problem, dtype, path)?;
         if let Some(n) = segments {
             ws.segmented = Segmented::new(ctx, problem, dtype, n)?;

@@ -2,38 +2,37 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use crate::wgpu_backend::params::{bind, dispatch};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
-/// Record `A = (I + strict_lower(diag(β) K Kᵀ))⁻¹` for every chunk (`a`: `[B·T, HV, 64]` f32)
-/// and the scan's gated matrices (`gated`: `[B·T, HV, 128]`, rows of Γ⊙A⊙β then Γ⊙QKᵀ): f32
-/// for the scalar scan, f16 for the coop scan (which may give it padding rows past B·T).
-#[allow(clippy::too_many_arguments)]
+/// The tensors the pass reads and writes.
+pub struct WyInverseBuffers<'a> {
+    pub k: &'a GpuTensor,
+    pub q: &'a GpuTensor,
+    pub gate_beta: &'a GpuTensor,
+    /// The chunk table (start, length).
+    pub chunks: &'a wgpu::Buffer,
+    /// `[B·T, HV, 64]` f32 (written).
+    pub a: &'a GpuTensor,
+    /// `[B·T, HV, 128]` (written): rows of Γ⊙A⊙β then Γ⊙QKᵀ; f32 for the scalar scan, f16
+    /// for the coop scan (which may give it padding rows past B·T).
+    pub gated: &'a GpuTensor,
+}
+
+/// Record `A = (I + strict_lower(diag(β) K Kᵀ))⁻¹` and the scan's gated matrices for
+/// `num_chunks` chunks × `heads_v` v-heads.
 pub fn wy_inverse(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
-    k: &GpuTensor,
-    q: &GpuTensor,
-    gate_beta: &GpuTensor,
-    chunks: &wgpu::Buffer,
+    bufs: &WyInverseBuffers<'_>,
     num_chunks: usize,
     heads_v: usize,
-    a: &GpuTensor,
-    gated: &GpuTensor,
 ) -> Result<()> {
-    let max = ctx.limits().max_compute_workgroups_per_dimension as usize;
-    if num_chunks > max {
-        return Err(Error::TooLarge {
-            name: "chunks".into(),
-            bytes: num_chunks as u64,
-            limit_name: "max_compute_workgroups_per_dimension (chunks)",
-            limit: max as u64,
-        });
-    }
+    let k = bufs.k;
     let key_dim = k.shape[k.shape.len() - 1];
-    let pass = match gated.dtype {
+    let pass = match bufs.gated.dtype {
         DType::F32 => Pass::WyInverse,
         DType::F16 => Pass::WyInverseCoop,
         other => {
@@ -44,31 +43,21 @@ pub fn wy_inverse(
             });
         }
     };
-    let pipeline = ctx.pipelines.get(
-        source(pass, k.dtype)?,
-        "wy_inverse",
-        &[("K_DIM", key_dim as f64)],
-    );
-    let bg = bind(
-        ctx,
-        &pipeline,
-        "wy_inverse",
-        &[
+    Launch {
+        name: "wy_inverse",
+        source: source(pass, k.dtype)?,
+        entry: "wy_inverse",
+        constants: &[("K_DIM", key_dim as f64)],
+        bindings: Bindings::Ordered(&[
             params,
             &k.buffer,
-            &q.buffer,
-            &gate_beta.buffer,
-            chunks,
-            &a.buffer,
-            &gated.buffer,
-        ],
-    );
-    dispatch(
-        encoder,
-        "wy_inverse",
-        &pipeline,
-        &bg,
-        (num_chunks as u32, heads_v as u32, 1),
-    );
-    Ok(())
+            &bufs.q.buffer,
+            &bufs.gate_beta.buffer,
+            bufs.chunks,
+            &bufs.a.buffer,
+            &bufs.gated.buffer,
+        ]),
+        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
+    }
+    .record(ctx, encoder)
 }

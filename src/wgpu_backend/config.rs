@@ -1,0 +1,167 @@
+//! Every setting the wgpu backend takes from outside the code, read once into a [`Config`]
+//! that the [`Context`](crate::wgpu_backend::Context) keeps. The environment is read here and
+//! nowhere else in the library; every bad value is an `Error::Value` naming the variable.
+
+use std::collections::HashMap;
+
+use crate::error::{Error, Result};
+use crate::wgpu_backend::path::ComputePath;
+use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
+
+/// The environment variables a [`Config`] reads.
+pub const VARIABLES: [&str; 5] = [
+    "GDN_ADAPTER",
+    "GDN_COMPUTE_PATH",
+    "GDN_V_BLOCK",
+    "GDN_SEGMENT_CHUNKS",
+    "GDN_SHADER_CHECKS",
+];
+
+/// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
+///
+/// Default `None`: the kernels are this library's own, every loop has a bound taken from the
+/// dispatch's parameters, and every index is clamped or masked in the kernel (padded buffers
+/// on the coop path). wgpu's injected checks (index clamping, a counter in every loop,
+/// guarded integer division) cost time on the sequential scans — measured on the H200
+/// (quickstart, T = 32768, K = V = 128): f32 scalar 2/8 heads 19.7 → 11.1 ms, 16/64
+/// 29.7 → 24.7 ms; bf16 coop 2/8 7.1 → 6.1 ms, 16/64 19.9 → 17.2 ms. The platform's own
+/// robustness (Vulkan's robustBufferAccess) still applies. `GDN_SHADER_CHECKS=all` restores
+/// wgpu's checks, `no-loop-bounding` keeps all but the loop counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShaderChecks {
+    /// wgpu's defaults: bounds checks, loop bounding, integer-division checks.
+    All,
+    /// No loop-bounding counters.
+    NoLoopBounding,
+    /// No checks wgpu adds itself.
+    #[default]
+    None,
+}
+
+/// The backend's settings. `Default` is what an empty environment gives.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Config {
+    /// `GDN_ADAPTER`: keep only adapters whose name contains this (case-insensitive).
+    pub adapter: Option<String>,
+    /// `GDN_COMPUTE_PATH` (`scalar`, `f16`, `coop`; `auto` or unset: `None`): force the
+    /// forward's compute path.
+    pub compute_path: Option<ComputePath>,
+    /// `GDN_V_BLOCK` (16, 32 or 64): force the scans' V-block width; a context whose device
+    /// cannot fit it refuses to start.
+    pub v_block: Option<u32>,
+    /// `GDN_SEGMENT_CHUNKS` (n ≥ 1): run forwards without a workspace sequence-parallel with
+    /// segments of n chunks.
+    pub segment_chunks: Option<usize>,
+    /// `GDN_SHADER_CHECKS` (`all`, `no-loop-bounding`, `none`).
+    pub shader_checks: ShaderChecks,
+}
+
+impl Config {
+    /// The settings in the process environment. A variable that is not UTF-8 is an error too.
+    pub fn from_env() -> Result<Self> {
+        let mut values = HashMap::new();
+        for name in VARIABLES {
+            if let Some(value) = env_value(name)? {
+                values.insert(name, value);
+            }
+        }
+        Self::from_lookup(|name| values.get(name).cloned())
+    }
+
+    /// The settings from `lookup(variable)` (`None`: unset), e.g. a map in tests, so no caller
+    /// has to touch the process environment.
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let compute_path = match lookup("GDN_COMPUTE_PATH") {
+            Some(s) => ComputePath::parse_override("GDN_COMPUTE_PATH", &s)?,
+            None => None,
+        };
+        Ok(Config {
+            adapter: lookup("GDN_ADAPTER"),
+            compute_path,
+            v_block: lookup("GDN_V_BLOCK")
+                .map(|s| parse_v_block(&s))
+                .transpose()?,
+            segment_chunks: lookup("GDN_SEGMENT_CHUNKS")
+                .map(|s| parse_segment_chunks(&s))
+                .transpose()?,
+            shader_checks: match lookup("GDN_SHADER_CHECKS") {
+                Some(s) => parse_shader_checks(&s)?,
+                None => ShaderChecks::None,
+            },
+        })
+    }
+
+    /// Whether `name` passes the `GDN_ADAPTER` filter.
+    pub fn adapter_matches(&self, name: &str) -> bool {
+        self.adapter
+            .as_ref()
+            .is_none_or(|f| name.to_lowercase().contains(&f.to_lowercase()))
+    }
+}
+
+/// One variable of the environment (`None`: unset).
+fn env_value(name: &str) -> Result<Option<String>> {
+    match std::env::var(name) {
+        Ok(s) => Ok(Some(s)),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(raw)) => Err(Error::value(
+            name,
+            "UTF-8 text",
+            format!("{:?}", raw.to_string_lossy()),
+        )),
+    }
+}
+
+/// `GDN_SEGMENT_CHUNKS=n` (n ≥ 1) from the environment: what a forward without a workspace
+/// uses (kept for callers that read it without a context; see [`Config::segment_chunks`]).
+pub fn segment_chunks_from_env() -> Result<Option<usize>> {
+    env_value("GDN_SEGMENT_CHUNKS")?
+        .map(|s| parse_segment_chunks(&s))
+        .transpose()
+}
+
+/// The `GDN_ADAPTER` filter of the environment, for [`list_adapters`] without a config (a
+/// value that is not UTF-8 filters by its lossy text: a listing has no error to return).
+///
+/// [`list_adapters`]: crate::wgpu_backend::list_adapters
+pub(crate) fn adapter_filter_from_env() -> Config {
+    Config {
+        adapter: std::env::var_os("GDN_ADAPTER").map(|s| s.to_string_lossy().into_owned()),
+        ..Config::default()
+    }
+}
+
+fn parse_v_block(s: &str) -> Result<u32> {
+    s.trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|bv| V_BLOCK_WIDTHS.contains(bv))
+        .ok_or_else(|| Error::value("GDN_V_BLOCK", "16, 32 or 64", format!("{s:?}")))
+}
+
+fn parse_segment_chunks(s: &str) -> Result<usize> {
+    s.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            Error::value(
+                "GDN_SEGMENT_CHUNKS",
+                "a positive number of chunks",
+                format!("{s:?}"),
+            )
+        })
+}
+
+fn parse_shader_checks(s: &str) -> Result<ShaderChecks> {
+    match s {
+        "all" => Ok(ShaderChecks::All),
+        "no-loop-bounding" => Ok(ShaderChecks::NoLoopBounding),
+        "none" => Ok(ShaderChecks::None),
+        other => Err(Error::value(
+            "GDN_SHADER_CHECKS",
+            "all, no-loop-bounding or none",
+            format!("{other:?}"),
+        )),
+    }
+}

@@ -1,0 +1,229 @@
+//! `Config`: every environment knob the wgpu backend reads, parsed from a lookup (never the
+//! process environment: tests run in parallel), each bad value a typed error naming it.
+
+use std::collections::HashMap;
+
+use gdn_wgpu::Error;
+use gdn_wgpu::wgpu_backend::{ComputePath, Config, Context, ShaderChecks, list_adapters_matching};
+
+fn parse(vars: &[(&str, &str)]) -> gdn_wgpu::Result<Config> {
+    let map: HashMap<String, String> = vars
+        .iter()
+        .map(|&(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    Config::from_lookup(|name| map.get(name).cloned())
+}
+
+/// The error of `vars`, which must be an `Error::Value` naming `variable`.
+fn expect_bad(vars: &[(&str, &str)], variable: &str) {
+    let e = parse(vars).expect_err("a bad value");
+    assert!(e.is_input_error(), "{e}");
+    match &e {
+        Error::Value { name, expected, .. } => {
+            assert_eq!(name, variable, "{e}");
+            assert!(!expected.is_empty(), "{e}");
+        }
+        other => panic!("{vars:?}: expected Error::Value naming {variable}, got {other:?}"),
+    }
+}
+
+#[test]
+fn empty_environment_is_the_default() {
+    let c = parse(&[]).unwrap();
+    assert_eq!(c, Config::default());
+    assert_eq!(c.shader_checks, ShaderChecks::None);
+    assert_eq!(c.compute_path, None);
+    assert_eq!(c.v_block, None);
+    assert_eq!(c.segment_chunks, None);
+    assert_eq!(c.adapter, None);
+}
+
+#[test]
+fn every_variable_parses() {
+    let c = parse(&[
+        ("GDN_ADAPTER", "llvmpipe"),
+        ("GDN_COMPUTE_PATH", "coop"),
+        ("GDN_V_BLOCK", "32"),
+        ("GDN_SEGMENT_CHUNKS", " 4 "),
+        ("GDN_SHADER_CHECKS", "no-loop-bounding"),
+    ])
+    .unwrap();
+    assert_eq!(c.adapter.as_deref(), Some("llvmpipe"));
+    assert_eq!(c.compute_path, Some(ComputePath::CoopMatrix));
+    assert_eq!(c.v_block, Some(32));
+    assert_eq!(c.segment_chunks, Some(4));
+    assert_eq!(c.shader_checks, ShaderChecks::NoLoopBounding);
+    for (s, path) in [
+        ("auto", None),
+        ("", None),
+        ("scalar", Some(ComputePath::Scalar)),
+        ("F16", Some(ComputePath::F16Math)),
+    ] {
+        assert_eq!(
+            parse(&[("GDN_COMPUTE_PATH", s)]).unwrap().compute_path,
+            path,
+            "{s:?}"
+        );
+    }
+    for bv in [16, 32, 64] {
+        let c = parse(&[("GDN_V_BLOCK", &bv.to_string())]).unwrap();
+        assert_eq!(c.v_block, Some(bv));
+    }
+    assert_eq!(
+        parse(&[("GDN_SHADER_CHECKS", "all")])
+            .unwrap()
+            .shader_checks,
+        ShaderChecks::All
+    );
+}
+
+#[test]
+fn adapter_filter_is_a_case_insensitive_substring() {
+    let c = parse(&[("GDN_ADAPTER", "LLVM")]).unwrap();
+    assert!(c.adapter_matches("llvmpipe (LLVM 15.0.7, 256 bits)"));
+    assert!(!c.adapter_matches("NVIDIA H200"));
+    assert!(Config::default().adapter_matches("anything"));
+}
+
+#[test]
+fn bad_v_block_is_an_error() {
+    // Was silently ignored before the config was read in one place.
+    for bad in ["", "abc", "0", "8", "48", "128", "-16", "32.0"] {
+        expect_bad(&[("GDN_V_BLOCK", bad)], "GDN_V_BLOCK");
+    }
+}
+
+#[test]
+fn bad_segment_chunks_is_an_error() {
+    for bad in ["", "0", "-1", "two", "1.5"] {
+        expect_bad(&[("GDN_SEGMENT_CHUNKS", bad)], "GDN_SEGMENT_CHUNKS");
+    }
+}
+
+#[test]
+fn bad_compute_path_is_an_error() {
+    for bad in ["gpu", "coop2", "scalar,f16"] {
+        expect_bad(&[("GDN_COMPUTE_PATH", bad)], "GDN_COMPUTE_PATH");
+    }
+}
+
+#[test]
+fn bad_shader_checks_is_an_error() {
+    for bad in ["", "ALL", "some", "off"] {
+        expect_bad(&[("GDN_SHADER_CHECKS", bad)], "GDN_SHADER_CHECKS");
+    }
+}
+
+#[test]
+fn one_bad_value_fails_the_whole_config() {
+    expect_bad(
+        &[
+            ("GDN_COMPUTE_PATH", "scalar"),
+            ("GDN_V_BLOCK", "24"),
+            ("GDN_SEGMENT_CHUNKS", "2"),
+        ],
+        "GDN_V_BLOCK",
+    );
+}
+
+/// An adapter for the device tests, or `None` (loudly) without one unless GDN_REQUIRE_GPU=1.
+fn adapter() -> Option<wgpu::Adapter> {
+    let found = pollster::block_on(list_adapters_matching(&Config::default()))
+        .into_iter()
+        .next();
+    if found.is_none() {
+        assert!(
+            std::env::var("GDN_REQUIRE_GPU").as_deref() != Ok("1"),
+            "GDN_REQUIRE_GPU=1 but no GPU adapter"
+        );
+        eprintln!("SKIPPED (no GPU adapter; set GDN_REQUIRE_GPU=1 to fail instead)");
+    }
+    found
+}
+
+#[test]
+fn config_reaches_the_context() {
+    let Some(adapter) = adapter() else { return };
+    let limits = adapter.limits();
+    let config = parse(&[("GDN_V_BLOCK", "16"), ("GDN_SEGMENT_CHUNKS", "3")]).unwrap();
+    let ctx = pollster::block_on(Context::from_adapter_with_config(
+        adapter,
+        limits,
+        config.clone(),
+    ))
+    .unwrap();
+    assert_eq!(ctx.config(), &config);
+    assert_eq!(ctx.tuning().forced_v_block, Some(16));
+    assert_eq!(ctx.forced_compute_path(), None);
+}
+
+#[test]
+fn v_block_the_device_cannot_fit_is_an_error() {
+    let Some(adapter) = adapter() else { return };
+    // WebGPU's default 16 KiB of workgroup memory fits the forward scan at V-block 16 only.
+    let config = parse(&[("GDN_V_BLOCK", "64")]).unwrap();
+    let e = pollster::block_on(Context::from_adapter_with_config(
+        adapter,
+        wgpu::Limits::default(),
+        config,
+    ))
+    .err()
+    .expect("V-block 64 does not fit 16 KiB of workgroup memory");
+    match &e {
+        Error::Value { name, .. } => assert_eq!(name, "GDN_V_BLOCK", "{e}"),
+        other => panic!("expected Error::Value naming GDN_V_BLOCK, got {other:?}"),
+    }
+}
+
+#[test]
+fn adapter_filter_that_matches_nothing_is_no_adapter() {
+    if adapter().is_none() {
+        return;
+    }
+    let config = parse(&[("GDN_ADAPTER", "no adapter is called this 0x5f3759df")]).unwrap();
+    let e = pollster::block_on(Context::with_config(config))
+        .err()
+        .expect("no adapter matches");
+    assert!(matches!(e, Error::NoAdapter(_)), "{e}");
+    assert!(e.to_string().contains("GDN_ADAPTER"), "{e}");
+}
+
+#[test]
+fn grid_past_the_device_limit_names_the_pass_and_dimension() {
+    let Some(adapter) = adapter() else { return };
+    // A device granting 4 workgroups per dimension: a forward over 5 chunks cannot dispatch
+    // wy_inverse's one workgroup per chunk.
+    let limits = wgpu::Limits {
+        max_compute_workgroups_per_dimension: 4,
+        ..adapter.limits()
+    };
+    let ctx = pollster::block_on(Context::from_adapter_with_config(
+        adapter,
+        limits,
+        Config::default(),
+    ))
+    .unwrap();
+    let problem =
+        gdn_wgpu::Problem::new(1, 5 * 64, 1, 1, 16, 16, None, Default::default()).unwrap();
+    let inputs = gdn_wgpu::RandomSpec::default().generate(&problem);
+    let inputs = gdn_wgpu::wgpu_backend::upload_inputs(&ctx, &inputs.as_ref()).unwrap();
+    let mut encoder = ctx.create_encoder("too many chunks");
+    let e = gdn_wgpu::wgpu_backend::forward(&ctx, &mut encoder, &problem, &inputs.as_ref())
+        .expect_err("5 chunks on a 4-workgroup grid");
+    match &e {
+        Error::TooLarge {
+            name,
+            bytes,
+            limit_name,
+            limit,
+        } => {
+            assert_eq!(name, "wy_inverse grid x (chunks)", "{e}");
+            assert_eq!((*bytes, *limit), (5, 4), "{e}");
+            assert_eq!(*limit_name, "max_compute_workgroups_per_dimension", "{e}");
+        }
+        other => panic!("expected Error::TooLarge, got {other:?}"),
+    }
+    assert!(e.to_string().contains("5 workgroups exceed"), "{e}");
+    assert!(e.is_input_error(), "{e}");
+    ctx.check().unwrap();
+}
