@@ -434,8 +434,12 @@ const FEATURES_OF_INTEREST: [(&str, wgpu::Features); 4] = [
 fn info() -> Result<(), Failure> {
     #[cfg(feature = "cuda")]
     print_cuda();
-    let adapters = pollster::block_on(wgpu_backend::list_adapters());
-    let filter = std::env::var("GDN_ADAPTER")
+    // The library's one reading of the environment; a bad GDN_* value is an error here too.
+    let config = wgpu_backend::Config::from_env()?;
+    let adapters = pollster::block_on(wgpu_backend::list_adapters_matching(&config));
+    let filter = config
+        .adapter
+        .as_ref()
         .map(|f| format!(" matching GDN_ADAPTER={f:?}"))
         .unwrap_or_default();
     let Some(best) = adapters.first() else {

@@ -112,14 +112,6 @@ fn env_value(name: &str) -> Result<Option<String>> {
     }
 }
 
-/// `GDN_SEGMENT_CHUNKS=n` (n ≥ 1) from the environment: what a forward without a workspace
-/// uses (kept for callers that read it without a context; see [`Config::segment_chunks`]).
-pub fn segment_chunks_from_env() -> Result<Option<usize>> {
-    env_value("GDN_SEGMENT_CHUNKS")?
-        .map(|s| parse_segment_chunks(&s))
-        .transpose()
-}
-
 /// The `GDN_ADAPTER` filter of the environment, for [`list_adapters`] without a config (a
 /// value that is not UTF-8 filters by its lossy text: a listing has no error to return).
 ///

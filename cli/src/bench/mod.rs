@@ -779,7 +779,7 @@ fn variant(
             let vb = check::forward_v_block(ctx, p, path);
             let mut name = check::forward_variant_name(path, vb);
             // GDN_SEGMENT_CHUNKS makes every forward sequence-parallel (checked and timed).
-            if let Some(n) = gdn_wgpu::wgpu_backend::forward::segment_chunks_from_env()? {
+            if let Some(n) = ctx.config().segment_chunks {
                 name.push_str(&format!(", sequence-parallel segments of {n} chunks"));
             }
             (Variant::Forward(path, vb), name, None)

@@ -12,7 +12,6 @@ mod to_half;
 mod workspace;
 mod wy_inverse;
 
-pub use crate::wgpu_backend::config::segment_chunks_from_env;
 pub use crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES;
 pub use gate_q::gate_q;
 pub use prepare_gate::{PrepareGateBuffers, prepare_gate};
