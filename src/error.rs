@@ -12,34 +12,53 @@ pub enum Error {
     /// A tensor has the wrong shape.
     #[error("{name}: expected shape {expected}, got {got}")]
     Shape {
+        /// The tensor, as the API names it (`q`, `initial_state`, …).
         name: String,
+        /// The expected shape, written out with its sizes.
         expected: String,
+        /// The shape that was given.
         got: ShapeList,
     },
 
     /// A tensor has the wrong element type.
     #[error("{name}: expected dtype {expected}, got {got}")]
     DType {
+        /// The tensor, as the API names it.
         name: String,
+        /// The dtype (or dtypes) accepted.
         expected: String,
+        /// The dtype that was given.
         got: String,
     },
 
     /// A value (an option, a size, a tensor entry) is out of its allowed range.
     #[error("{name}: expected {expected}, got {got}")]
     Value {
+        /// The option, size or tensor the value belongs to.
         name: String,
+        /// The allowed range or set, in words.
         expected: String,
+        /// The value that was given.
         got: String,
     },
 
     /// A tensor or option the caller must give is missing.
     #[error("{name}: required {why}")]
-    Missing { name: String, why: String },
+    Missing {
+        /// The tensor or option that is missing.
+        name: String,
+        /// Why it is needed (the message reads "`name`: required `why`").
+        why: String,
+    },
 
     /// Something valid that this build or this device does not support (yet).
     #[error("{name}: {what} is not yet supported")]
-    Unsupported { name: String, what: String },
+    Unsupported {
+        /// The parameter or feature the request is about.
+        name: String,
+        /// What is not supported, in words.
+        what: String,
+    },
 
     /// A buffer, or a dispatch's workgroup count along one grid dimension, would exceed a
     /// device limit. `bytes` is counted in the limit's unit: workgroups for
@@ -50,9 +69,13 @@ pub enum Error {
         too_large_words(limit_name).1
     )]
     TooLarge {
+        /// The buffer or pass that is too large.
         name: String,
+        /// Its size, in the limit's unit (see the variant's doc).
         bytes: u64,
+        /// The `wgpu::Limits` field exceeded, e.g. `max_storage_buffer_binding_size`.
         limit_name: &'static str,
+        /// The device's value of that limit.
         limit: u64,
     },
 
@@ -75,13 +98,20 @@ pub enum Error {
     /// Reading or writing a file.
     #[error("{path}: {source}")]
     Io {
+        /// The file being read or written.
         path: String,
+        /// The underlying I/O error.
         source: std::io::Error,
     },
 
     /// A malformed safetensors file.
     #[error("{path}: not a valid safetensors file: {msg}")]
-    Safetensors { path: String, msg: String },
+    Safetensors {
+        /// The file.
+        path: String,
+        /// What is wrong with it, from the safetensors parser or our own checks.
+        msg: String,
+    },
 }
 
 /// The unit words of a `TooLarge` message: every limit is in bytes except the grid's.

@@ -19,15 +19,20 @@ const HEADER_LEN_BYTES: usize = 8;
 /// Element type of an integer tensor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IntDType {
+    /// 32-bit signed; widened to i64 on read, narrowed back on write.
     I32,
+    /// 64-bit signed.
     I64,
 }
 
 /// An integer tensor (e.g. `cu_seqlens`), values widened to i64.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IntTensor {
+    /// Dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// The stored integer type, kept so the tensor is written back as it was read.
     pub dtype: IntDType,
+    /// The values, row-major, widened to i64.
     pub data: Vec<i64>,
 }
 
@@ -63,6 +68,7 @@ impl TensorFile {
         })
     }
 
+    /// The path the file was opened from, as error messages show it.
     pub fn path(&self) -> &str {
         &self.path
     }
@@ -154,7 +160,9 @@ fn dtype_error(name: &str, expected: &str, got: Dtype) -> Error {
 /// A tensor to write: float (in its recorded dtype) or integer.
 #[derive(Debug, Clone, Copy)]
 pub enum TensorRef<'a> {
+    /// A float tensor, written in its recorded dtype.
     Float(&'a HostTensor),
+    /// An integer tensor, written in its recorded integer dtype.
     Int(&'a IntTensor),
 }
 

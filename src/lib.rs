@@ -18,6 +18,8 @@
 //! # Ok::<(), gdn_wgpu::Error>(())
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod cuda_backend;

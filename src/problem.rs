@@ -51,6 +51,7 @@ pub struct Problem {
     pub value_dim: usize,
     /// Packed sequence boundaries (requires B == 1).
     pub cu_seqlens: Option<Vec<usize>>,
+    /// The FLA flags: scale, activations, in-kernel gate, state layout.
     pub options: Options,
 }
 
@@ -58,11 +59,17 @@ pub struct Problem {
 /// later CUDA) shares one description and one validation.
 #[derive(Debug, Clone, Copy)]
 pub struct ForwardInputs<T> {
+    /// `[B,T,H,K]`, in the storage dtype (F32, F16 or BF16), which k and v share.
     pub q: T,
+    /// `[B,T,H,K]`, in the dtype of q.
     pub k: T,
+    /// `[B,T,HV,V]`, in the dtype of q.
     pub v: T,
+    /// `[B,T,HV]` f32: the log-decay (≤ 0), or the raw gate with `gate_in_kernel`.
     pub g: T,
+    /// `[B,T,HV]` f32: β, or its logits with `beta_sigmoid`.
     pub beta: T,
+    /// `[N,HV,K,V]` (or V-first) f32; `None` starts every sequence from a zero state.
     pub initial_state: Option<T>,
     /// `[HV]`, with `gate_in_kernel`.
     pub a_log: Option<T>,
@@ -269,12 +276,15 @@ impl Problem {
             .unwrap_or(1.0 / (self.key_dim as f32).sqrt())
     }
 
+    /// `[B,T,H,K]`: the shape of q and k.
     pub fn qk_shape(&self) -> [usize; 4] {
         [self.batch, self.tokens, self.heads_qk, self.key_dim]
     }
+    /// `[B,T,HV,V]`: the shape of v and o.
     pub fn v_shape(&self) -> [usize; 4] {
         [self.batch, self.tokens, self.heads_v, self.value_dim]
     }
+    /// `[B,T,HV]`: the shape of g and beta.
     pub fn gate_shape(&self) -> [usize; 3] {
         [self.batch, self.tokens, self.heads_v]
     }

@@ -9,6 +9,7 @@ use crate::tensor::HostTensor;
 /// How to draw a problem's inputs.
 #[derive(Debug, Clone)]
 pub struct RandomSpec {
+    /// Seed of the generator: the same spec on the same problem draws the same inputs.
     pub seed: u64,
     /// Give the problem an initial state (standard normal entries × 0.5).
     pub initial_state: bool,

@@ -6,8 +6,11 @@ use std::fmt;
 /// storage type; states, gate cumsums and accumulators are always f32.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DType {
+    /// IEEE single precision, 4 bytes.
     F32,
+    /// IEEE half precision, 2 bytes.
     F16,
+    /// bfloat16 (f32's exponent, 8-bit mantissa), 2 bytes.
     BF16,
 }
 
@@ -20,6 +23,7 @@ impl DType {
         }
     }
 
+    /// The safetensors spelling (`F32`, `F16`, `BF16`), also what `Display` prints.
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "F32",
@@ -37,7 +41,9 @@ impl fmt::Display for DType {
 
 /// What validation needs to know about a tensor, on any backend.
 pub trait TensorMeta {
+    /// Dimensions, outermost first (row-major).
     fn shape(&self) -> &[usize];
+    /// The storage element type.
     fn dtype(&self) -> DType;
 }
 
@@ -45,8 +51,11 @@ pub trait TensorMeta {
 /// `dtype` records the storage type the values came from or should be written as.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HostTensor {
+    /// Dimensions, outermost first; `data` is row-major in this shape.
     pub shape: Vec<usize>,
+    /// The storage dtype the values came from or will be written as.
     pub dtype: DType,
+    /// The values as f32, `shape.iter().product()` of them.
     pub data: Vec<f32>,
 }
 
@@ -73,10 +82,12 @@ impl HostTensor {
         self
     }
 
+    /// Number of elements.
     pub fn len(&self) -> usize {
         self.data.len()
     }
 
+    /// True when the tensor has no elements.
     pub fn is_empty(&self) -> bool {
         self.data.is_empty()
     }

@@ -19,6 +19,7 @@ pub fn l2norm(x: &[f64]) -> Vec<f64> {
     x.iter().map(|a| a * r).collect()
 }
 
+/// The logistic function `1 / (1 + e⁻ˣ)`.
 pub fn sigmoid(x: f64) -> f64 {
     1.0 / (1.0 + (-x).exp())
 }

@@ -13,7 +13,9 @@ use crate::wgpu_backend::tuning::Tuning;
 /// A device and queue plus everything the launchers need: capabilities, tile choices and the
 /// pipeline cache. Cheap to share by reference; create one per device.
 pub struct Context {
+    /// The device every buffer and pipeline of this context is created on.
     pub device: wgpu::Device,
+    /// The device's queue, which the context's blocking helpers submit to.
     pub queue: wgpu::Queue,
     /// Adapter description, when known (not for a caller-supplied device without it).
     pub adapter_info: Option<wgpu::AdapterInfo>,
@@ -262,10 +264,12 @@ impl Context {
         })
     }
 
+    /// The features the device was created with.
     pub fn features(&self) -> wgpu::Features {
         self.device.features()
     }
 
+    /// The limits the device was created with; launches check grids and buffers against them.
     pub fn limits(&self) -> wgpu::Limits {
         self.device.limits()
     }
@@ -363,6 +367,7 @@ impl Context {
         self.check()
     }
 
+    /// A new command encoder on the device; `label` shows in validation errors and captures.
     pub fn create_encoder(&self, label: &str) -> wgpu::CommandEncoder {
         self.device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some(label) })

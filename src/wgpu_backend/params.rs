@@ -6,29 +6,48 @@ use wgpu::util::DeviceExt;
 use crate::problem::Problem;
 use crate::wgpu_backend::Context;
 
+/// [`Params::flags`] bit: `Options::l2norm_qk`.
 pub const FLAG_L2NORM: u32 = 1;
+/// [`Params::flags`] bit: `Options::beta_sigmoid`.
 pub const FLAG_BETA_SIGMOID: u32 = 2;
+/// [`Params::flags`] bit: `Options::allow_neg_eigval`.
 pub const FLAG_NEG_EIGVAL: u32 = 4;
+/// [`Params::flags`] bit: `Options::gate_in_kernel`.
 pub const FLAG_GATE_IN_KERNEL: u32 = 8;
+/// [`Params::flags`] bit: `Options::state_v_first`.
 pub const FLAG_STATE_V_FIRST: u32 = 16;
 
+/// The uniform block every pass reads: `Params` in `shaders/common/params.wgsl`, 48 bytes.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, bytemuck::Pod, bytemuck::Zeroable)]
 pub struct Params {
+    /// B·T, the tokens of all batch rows.
     pub total_tokens: u32,
+    /// H, the q/k heads.
     pub heads_qk: u32,
+    /// HV, the v heads.
     pub heads_v: u32,
+    /// K, the key head dimension.
     pub key_dim: u32,
+    /// V, the value head dimension.
     pub value_dim: u32,
+    /// Rows of the chunk table.
     pub num_chunks: u32,
+    /// Rows of the segment table.
     pub num_segments: u32,
+    /// The options as `FLAG_*` bits.
     pub flags: u32,
+    /// The output scale (`Problem::scale`).
     pub scale: f32,
+    /// A pass-specific count (pool slots for `recurrent_step`, identity entries for
+    /// `segment_combine`); 0 otherwise.
     pub rows: u32,
+    /// Pads the block to a multiple of 16 bytes, as uniform layout requires.
     pub _pad: [u32; 2],
 }
 
 impl Params {
+    /// The block for `problem` with chunk and segment tables of these lengths; `rows` is 0.
     pub fn for_problem(problem: &Problem, num_chunks: usize, num_segments: usize) -> Self {
         let o = problem.options;
         let flags = [
@@ -56,6 +75,7 @@ impl Params {
         }
     }
 
+    /// A new uniform buffer holding the block.
     pub fn upload(&self, ctx: &Context) -> wgpu::Buffer {
         ctx.device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {

@@ -51,6 +51,7 @@ pub enum ComputePath {
 }
 
 impl ComputePath {
+    /// Every path, simplest first.
     pub const ALL: [ComputePath; 3] = [
         ComputePath::Scalar,
         ComputePath::F16Math,
@@ -91,7 +92,9 @@ impl fmt::Display for ComputePath {
 /// The path a forward will take and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PathChoice {
+    /// The path the forward will take.
     pub path: ComputePath,
+    /// Why: forced, or what the device offers or lacks.
     pub reason: String,
 }
 
@@ -114,6 +117,8 @@ pub struct PathSupport {
 pub use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_TILE, COOP_V_BLOCK};
 
 impl PathSupport {
+    /// What a device offers, from its features, cooperative-matrix properties, workgroup memory
+    /// and adapter info (the coop path needs subgroups of exactly 32; `None` rules it out).
     pub fn detect(
         features: wgpu::Features,
         coop_properties: &[wgpu::CooperativeMatrixProperties],

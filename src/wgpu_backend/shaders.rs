@@ -12,9 +12,13 @@ use crate::tensor::DType;
 /// A pass's WGSL file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Pass {
+    /// `forward/prepare_qk.wgsl`: the in-kernel l2norm of q and k.
     PrepareQk,
+    /// `forward/prepare_gate.wgsl`: gate and β activations, chunk-local gate cumsum.
     PrepareGate,
+    /// `forward/wy_inverse.wgsl`: the gate-free WY inverse A and the scan's gated matrices (f32).
     WyInverse,
+    /// `forward/state_scan.wgsl`: the sequential inter-chunk scan, f32 arithmetic.
     StateScan,
     /// The scalar scan's f16-math variant (same file): f16 operands in workgroup memory,
     /// multiplied in f16, accumulated in f32.
@@ -29,18 +33,28 @@ pub enum Pass {
     StateScanCoop,
     /// Intra-device sequence parallelism: segment start states from transitions and ends.
     SegmentCombine,
+    /// `backward/state_recompute.wgsl`: the forward scan replayed for the backward.
     StateRecompute,
+    /// `backward/dh_scan.wgsl`: the reverse scan of the state gradient.
     DhScan,
+    /// `backward/value_grams.wgsl`: dP and dAb per chunk.
     ValueGrams,
+    /// `backward/wy_grad.wgsl`: gradients through A·diag(β) and the WY inverse.
     WyGrad,
+    /// `backward/state_grad.wgsl`: the dq, dk and gate terms through the states.
     StateGrad,
+    /// `backward/qk_grad.wgsl`: dq and dk per v-head, and dg.
     QkGrad,
+    /// `backward/qk_finish.wgsl`: GVA group sums and the l2norm backward of dq, dk; dv to storage.
     QkFinish,
+    /// `backward/gate_finish.wgsl`: β and gate activation chain rules, dA_log and ddt_bias.
     GateFinish,
+    /// `decode/recurrent_step.wgsl`: one decode token on pooled states.
     RecurrentStep,
 }
 
 impl Pass {
+    /// Every pass, each once.
     pub const ALL: [Pass; 19] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
@@ -217,8 +231,11 @@ fn dtype_snippet(dtype: DType) -> &'static str {
 /// An assembled shader: its text and a hash of it, computed once.
 #[derive(Debug)]
 pub struct ShaderSource {
+    /// The pass's file under `shaders/` ([`Pass::file`]).
     pub name: &'static str,
+    /// The assembled WGSL: enables, dtype snippet, params block, family snippets, the pass.
     pub text: String,
+    /// A hash of `text`, a cheap key for caches.
     pub hash: u64,
 }
 
@@ -266,8 +283,11 @@ pub fn source(pass: Pass, dtype: DType) -> Result<&'static ShaderSource> {
 /// One pipeline the launchers build: a pass, its entry point and its override constants.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Variant {
+    /// The pass (the WGSL file) the pipeline is built from.
     pub pass: Pass,
+    /// The entry point's function name.
     pub entry: &'static str,
+    /// Override constants (name, value) the pipeline is built with.
     pub constants: Vec<(&'static str, f64)>,
 }
 

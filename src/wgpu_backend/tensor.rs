@@ -11,8 +11,11 @@ use crate::wgpu_backend::Context;
 /// readback and is explicit.
 #[derive(Debug, Clone)]
 pub struct GpuTensor {
+    /// The storage buffer, padded to a multiple of 4 bytes.
     pub buffer: wgpu::Buffer,
+    /// Dimensions, outermost first (row-major).
     pub shape: Vec<usize>,
+    /// The element type in `buffer`.
     pub dtype: DType,
 }
 
@@ -65,10 +68,12 @@ fn decode(bytes: &[u8], len: usize, dtype: DType) -> Vec<f32> {
 }
 
 impl GpuTensor {
+    /// Number of elements.
     pub fn len(&self) -> usize {
         self.shape.iter().product()
     }
 
+    /// True when the tensor has no elements.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

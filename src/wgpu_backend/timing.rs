@@ -21,6 +21,8 @@ pub struct GpuTimer {
 }
 
 impl GpuTimer {
+    /// A timer of up to `capacity` marks, or `None` when the device lacks timestamp queries
+    /// inside encoders or `capacity < 2`.
     pub fn new(ctx: &Context, capacity: u32) -> Option<Self> {
         let need =
             wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;

@@ -136,6 +136,8 @@ pub fn state_scan_bytes(bv: u32) -> u32 {
 pub const WY_INVERSE_WORDS: u32 = 11 * 256;
 
 impl Tuning {
+    /// The tile choices for a device with `limits`; `Error::Unsupported` when its workgroups or
+    /// storage-buffer bindings are too few for the kernels.
     pub fn for_device(limits: &wgpu::Limits) -> Result<Self> {
         if limits.max_compute_invocations_per_workgroup < WORKGROUP
             || limits.max_compute_workgroup_size_x < WORKGROUP

@@ -63,27 +63,35 @@ pub fn forward_variant_name(path: ComputePath, v_block: u32) -> String {
 /// One output of a kernel next to the oracle's.
 #[derive(Debug, Clone)]
 pub struct Compared {
+    /// The output's name (`o`, `final_state`, `dq`, …).
     pub name: String,
+    /// The kernel's values, flattened row-major.
     pub got: Vec<f32>,
+    /// The oracle's values, in the same order.
     pub want: Vec<f64>,
+    /// The largest relative L2 error that passes.
     pub tolerance: f64,
 }
 
 /// The outputs of one check run, before they are judged by [`verify`].
 #[derive(Debug, Clone)]
 pub struct CheckCase {
+    /// The op that was checked.
     pub op: Op,
     /// The check shape and kernel variant, for messages.
     pub shape: String,
+    /// Every output of the op, each with its oracle values and tolerance.
     pub compared: Vec<Compared>,
 }
 
 /// What a passed check measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct CheckSummary {
+    /// The check shape and kernel variant, for the record.
     pub shape: String,
     /// The largest relative L2 error over the outputs.
     pub worst: f64,
+    /// The largest tolerance over the outputs.
     pub tolerance: f64,
 }
 

@@ -32,6 +32,7 @@ pub enum MemorySource {
 }
 
 impl MemorySource {
+    /// The name written to `memory_source` in the JSON: `allocator` or `estimate`.
     pub fn name(self) -> &'static str {
         match self {
             MemorySource::Allocator => "allocator",

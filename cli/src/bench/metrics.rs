@@ -19,14 +19,19 @@ use gdn_wgpu::wgpu_backend::backward::{saved_bytes, workspace_bytes};
 /// Which operation a record measures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Op {
+    /// The chunked forward (o and the final state).
     Forward,
+    /// The chunked backward (dq, dk, dv, dg, dβ, dh0), timed without its forward.
     Backward,
+    /// One recurrent decode step per sequence on a state pool.
     Decode,
 }
 
 impl Op {
+    /// Every op, in the order a sweep runs them.
     pub const ALL: [Op; 3] = [Op::Forward, Op::Backward, Op::Decode];
 
+    /// The op's name as `--ops` takes it and records show it.
     pub fn name(self) -> &'static str {
         match self {
             Op::Forward => "forward",
@@ -35,6 +40,7 @@ impl Op {
         }
     }
 
+    /// The op named `s` (surrounding whitespace ignored), or a message listing the names.
     pub fn parse(s: &str) -> std::result::Result<Op, String> {
         Op::ALL
             .into_iter()

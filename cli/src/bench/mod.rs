@@ -48,6 +48,7 @@ use report::{AdapterRecord, CheckRecord, PassTime, ShapeRecord};
 /// Everything `gdn bench` can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
+    /// An error from the library (bad shape, device failure, …).
     #[error(transparent)]
     Gdn(#[from] Error),
     /// The correctness gate: a kernel's output on the check shape is off.
@@ -55,10 +56,15 @@ pub enum BenchError {
         "{op} check failed before timing, on {shape}: {output} has relative L2 error {error:.3e} against the f64 oracle (tolerance {tolerance:.0e}); the kernel is wrong, so it is not timed"
     )]
     CheckFailed {
+        /// The op checked: `forward`, `backward` or `decode`.
         op: &'static str,
+        /// The check shape and kernel variant.
         shape: String,
+        /// The first output over its tolerance.
         output: String,
+        /// Its relative L2 error against the f64 oracle (NaN fails too).
         error: f64,
+        /// The tolerance it exceeded.
         tolerance: f64,
     },
     /// Bad flags.
@@ -69,7 +75,12 @@ pub enum BenchError {
     Unsupported(String),
     /// Writing `--json` or `--plot`.
     #[error("{path}: {msg}")]
-    Output { path: String, msg: String },
+    Output {
+        /// The file being written.
+        path: String,
+        /// What went wrong.
+        msg: String,
+    },
     /// A case's host inputs would not fit this machine's memory (not generated).
     #[error("{0}")]
     HostMemory(String),
@@ -104,12 +115,16 @@ impl BenchError {
 /// Storage dtype of q, k, v and o.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BenchDType {
+    /// 32-bit floats, 4 bytes per element.
     F32,
+    /// IEEE half precision, 2 bytes (arithmetic stays f32).
     F16,
+    /// bfloat16, 2 bytes (arithmetic stays f32).
     Bf16,
 }
 
 impl BenchDType {
+    /// The library's [`DType`] for this flag value.
     pub fn dtype(self) -> DType {
         match self {
             BenchDType::F32 => DType::F32,
@@ -134,6 +149,7 @@ pub enum BenchPath {
 }
 
 impl BenchPath {
+    /// The path to force, or `None` for `Auto` (the context's choice).
     pub fn path(self) -> Option<ComputePath> {
         match self {
             BenchPath::Auto => None,
@@ -220,24 +236,39 @@ pub struct BenchArgs {
 /// A resolved sweep.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The ops to run (`--ops`).
     pub ops: Vec<Op>,
+    /// Where the kernels run (`--backend`).
     pub backend: BackendKind,
+    /// Storage dtype of q, k, v, o (`--dtype`).
     pub dtype: DType,
+    /// Use the first adapter whose name contains this, case-insensitive (`--adapter`).
     pub adapter: Option<String>,
     /// A forced forward compute path (`None`: the context's choice).
     pub compute_path: Option<ComputePath>,
+    /// Head configurations to sweep (`--heads`).
     pub heads: Vec<HeadConfig>,
+    /// Sequence sets of the forward and backward cases (`--seqs`).
     pub seqs: Vec<SeqSet>,
+    /// Decode batch sizes: sequences per step, one token each (`--decode-batch`).
     pub decode_batches: Vec<usize>,
+    /// K, the key head dimension.
     pub key_dim: usize,
+    /// V, the value head dimension.
     pub value_dim: usize,
+    /// Untimed runs per case before timing (at least 1: it compiles the pipelines).
     pub warmup: usize,
+    /// Timed repetitions per case (fewer past `max_seconds`).
     pub reps: usize,
+    /// Per-case time budget in seconds: fewer repetitions (at least 3) beyond it.
     pub max_seconds: f64,
+    /// Bytes of input copies to rotate through (`--rotate-mib` × 2²⁰; 0: one copy).
     pub rotate_bytes: f64,
     /// At most this many input copies.
     pub max_sets: usize,
+    /// Seed of the random inputs.
     pub seed: u64,
+    /// Draw a progress bar on a terminal (off with `--no-progress`).
     pub progress: bool,
     /// A new device (Context) per case.
     pub fresh_device: bool,

@@ -9,8 +9,11 @@ use crate::bench::memory::MemorySource;
 /// Median, minimum and maximum of a list of milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub struct Stats {
+    /// Median (the mean of the middle two for an even count), ms.
     pub median: f64,
+    /// Fastest, ms.
     pub min: f64,
+    /// Slowest, ms.
     pub max: f64,
 }
 
@@ -53,6 +56,7 @@ pub enum Status {
 }
 
 impl Status {
+    /// The status as the table prints it (`check failed` with a space; JSON uses snake_case).
     pub fn name(self) -> &'static str {
         match self {
             Status::Ok => "ok",
@@ -71,9 +75,13 @@ pub struct ShapeRecord {
     pub label: String,
     /// `"1x32768"`, `"4096x8"`, `"28672+4096"`; decode: `"B=64"`.
     pub seqs: String,
+    /// H, the q/k heads.
     pub heads_qk: usize,
+    /// HV, the v heads.
     pub heads_v: usize,
+    /// K, the key head dimension.
     pub key_dim: usize,
+    /// V, the value head dimension.
     pub value_dim: usize,
     /// B of the call (1 for packed sequences).
     pub batch: usize,
@@ -86,7 +94,9 @@ pub struct ShapeRecord {
 /// GPU time of one pass (median over repetitions).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct PassTime {
+    /// The pass (its launcher's name, e.g. `state_scan`), or `tail`: the copies after the last pass.
     pub name: String,
+    /// Median GPU time of the pass over the repetitions, ms.
     pub median_ms: f64,
 }
 
@@ -97,6 +107,7 @@ pub struct CheckRecord {
     pub shape: String,
     /// Largest relative L2 error against the f64 oracle over the op's outputs.
     pub max_rel_l2: f64,
+    /// The largest relative L2 error that passes.
     pub tolerance: f64,
 }
 
@@ -111,13 +122,17 @@ pub struct Record {
     pub dtype: String,
     /// Adapter name and API, e.g. `"NVIDIA H200 (Vulkan)"`.
     pub adapter: String,
+    /// The case's shape.
     pub shape: ShapeRecord,
+    /// Whether the case was timed, and if not why.
     pub status: Status,
     /// Why a case was not timed, or other remarks.
     pub note: Option<String>,
     /// The kernel variant timed (V-block width, decode tiling).
     pub variant: Option<String>,
+    /// Untimed runs before timing.
     pub warmup: usize,
+    /// Timed repetitions (after any `--max-seconds` trimming).
     pub reps: usize,
     /// Copies of the inputs the repetitions rotate through (cache-cold timing).
     pub input_sets: usize,
@@ -154,6 +169,7 @@ pub struct Record {
     /// `"allocator"` (measured) or `"estimate"` (buffer sizes the launchers are known to
     /// allocate; BENCHMARKS.md, "Memory").
     pub memory_source: Option<MemorySource>,
+    /// The oracle check that gated the case (`None` when it never ran).
     pub check: Option<CheckRecord>,
 }
 
@@ -167,28 +183,39 @@ impl Record {
 /// The adapter a sweep ran on.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct AdapterRecord {
+    /// Adapter name, e.g. `NVIDIA H200`.
     pub name: String,
+    /// Graphics API, as `wgpu::Backend` debug-prints it (`Vulkan`, `Metal`, …).
     pub backend: String,
+    /// `wgpu::DeviceType` debug-printed (`DiscreteGpu`, `Cpu`, …).
     pub device_type: String,
+    /// Driver name, as the adapter reports it.
     pub driver: String,
+    /// Driver version and details, as the adapter reports them.
     pub driver_info: String,
+    /// Whether GPU timestamps inside encoders are available (else records have wall time only).
     pub timestamp_queries: bool,
 }
 
 /// The whole `--json` document.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Report {
+    /// `"gdn bench"`.
     pub tool: String,
+    /// The gdn-cli version (`CARGO_PKG_VERSION`).
     pub version: String,
     /// UTC, ISO 8601.
     pub date_utc: String,
     /// The commit the binary was built from (`+dirty` with uncommitted changes), or `git
     /// rev-parse --short HEAD` where it ran when unknown at build time.
     pub commit: Option<String>,
+    /// The command line that produced the report.
     pub command: String,
+    /// The adapter of the sweep (`None` off wgpu).
     pub adapter: Option<AdapterRecord>,
     /// Cache size the input rotation aims past (0: no rotation).
     pub rotate_bytes: f64,
+    /// Every case, in run order.
     pub records: Vec<Record>,
 }
 

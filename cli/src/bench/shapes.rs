@@ -12,7 +12,9 @@ use gdn_wgpu::{Options, Result};
 /// q/k heads and v heads (GVA when `heads_v > heads_qk`), written `H/HV`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct HeadConfig {
+    /// H, the q/k heads.
     pub heads_qk: usize,
+    /// HV, the v heads (a multiple of H).
     pub heads_v: usize,
 }
 
@@ -45,7 +47,12 @@ impl HeadConfig {
 pub enum SeqSet {
     /// `count` sequences of `len` tokens as a dense batch `[B = count, T = len]` (`LEN` or
     /// `LENxCOUNT`; FlashQLA writes one sequence as `1×LEN` and a batch as `LEN×COUNT`).
-    Uniform { len: usize, count: usize },
+    Uniform {
+        /// T, tokens per sequence.
+        len: usize,
+        /// B, the number of sequences.
+        count: usize,
+    },
     /// Sequences of differing lengths packed with `cu_seqlens` (`L1+L2+…`, B = 1).
     Packed(Vec<usize>),
 }
@@ -182,8 +189,8 @@ pub fn default_seqs() -> Vec<SeqSet> {
 /// Decode batch sizes (sequences per step, one token each).
 pub const DEFAULT_DECODE_BATCHES: [usize; 3] = [1, 64, 256];
 
-/// The `--quick` sweep: tiny shapes of every op that run in seconds on lavapipe.
-pub fn quick_heads() -> Vec<HeadConfig> {
+/// The `--quick` head configs: tiny shapes of every op that run in seconds on lavapipe.
+pub(crate) fn quick_heads() -> Vec<HeadConfig> {
     vec![
         HeadConfig {
             heads_qk: 1,
@@ -196,15 +203,18 @@ pub fn quick_heads() -> Vec<HeadConfig> {
     ]
 }
 
-pub fn quick_seqs() -> Vec<SeqSet> {
+/// The `--quick` sequence sets: one sequence, a dense batch, two packed.
+pub(crate) fn quick_seqs() -> Vec<SeqSet> {
     ["1x256", "64x2", "100+92"]
         .iter()
         .map(|s| SeqSet::parse(s).expect("built-in set"))
         .collect()
 }
 
-pub const QUICK_DECODE_BATCHES: [usize; 2] = [1, 4];
-pub const QUICK_HEAD_DIM: usize = 32;
+/// The `--quick` decode batch sizes.
+pub(crate) const QUICK_DECODE_BATCHES: [usize; 2] = [1, 4];
+/// K = V of the `--quick` sweep.
+pub(crate) const QUICK_HEAD_DIM: usize = 32;
 
 #[cfg(test)]
 mod tests {

@@ -10,11 +10,15 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the reverse scan reads and writes.
 pub struct DhScanBuffers<'a> {
+    /// `[B,T,H,K]` q in the storage dtype (normalized with `l2norm_qk`).
     pub q: &'a GpuTensor,
+    /// `[B,T,H,K]` k in the storage dtype (normalized with `l2norm_qk`).
     pub k: &'a GpuTensor,
+    /// `[B·T, HV, 2]` f32: the forward's (G, β).
     pub gate_beta: &'a GpuTensor,
     /// `[B·T, HV, 128]` f32: rows of Γ⊙A⊙β, then Γ⊙QKᵀ (the forward's `wy_inverse` output).
     pub gated: &'a GpuTensor,
+    /// `[B,T,HV,V]`: the upstream gradient of o, in the dtype of v.
     pub d_o: &'a GpuTensor,
     /// Segment table: (start token, length, first chunk, sequence) per segment.
     pub segments: &'a wgpu::Buffer,

@@ -9,12 +9,17 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The buffers the pass reads and writes.
 pub struct GateFinishBuffers<'a> {
+    /// `[B,T,HV]` f32: the forward's g input (the raw gate with `gate_in_kernel`).
     pub g: &'a GpuTensor,
+    /// `[B,T,HV]` f32: the forward's beta input (logits with `beta_sigmoid`).
     pub beta: &'a GpuTensor,
     /// `[A_log (HV), dt_bias (HV)]` (any small buffer without the in-kernel gate).
     pub gate_params: &'a wgpu::Buffer,
+    /// `[B·T, HV, 2]` f32: (dg, dβ) w.r.t. the activated values, from `qk_grad`.
     pub dg_dbeta: &'a GpuTensor,
+    /// `[B,T,HV]` f32 (written): the gradient w.r.t. the g input.
     pub dg: &'a GpuTensor,
+    /// `[B,T,HV]` f32 (written): the gradient w.r.t. the beta input.
     pub dbeta: &'a GpuTensor,
     /// Receives `[dA_log, ddt_bias]`.
     pub dgate_params: &'a wgpu::Buffer,

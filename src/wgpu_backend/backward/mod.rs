@@ -145,8 +145,11 @@ pub fn scan_v_block(ctx: &Context, problem: &Problem) -> Result<u32> {
 /// context an autograd integration saves between forward and backward.
 #[derive(Debug, Clone)]
 pub struct Saved {
+    /// The problem the forward ran.
     pub problem: Problem,
+    /// The forward's inputs as given (raw q, k, before any l2norm).
     pub inputs: ForwardInputs<GpuTensor>,
+    /// What the forward kept for the backward ([`Forward::saved`](crate::wgpu_backend::Forward::saved)).
     pub intermediates: Intermediates,
 }
 

@@ -8,13 +8,15 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors `qk_finish` reads and writes.
 pub struct QkFinishBuffers<'a> {
-    /// The forward's raw q, k (read only with `l2norm_qk`).
+    /// The forward's raw q `[B,T,H,K]` (read only with `l2norm_qk`).
     pub q_raw: &'a GpuTensor,
+    /// The forward's raw k `[B,T,H,K]` (read only with `l2norm_qk`).
     pub k_raw: &'a GpuTensor,
     /// dq, dk per v-head from `qk_grad`.
     pub dqk_parts: &'a GpuTensor,
     /// `[B,T,H,K]` in the dtype of q (written).
     pub dq: &'a GpuTensor,
+    /// `[B,T,H,K]` in the dtype of k (written).
     pub dk: &'a GpuTensor,
 }
 

@@ -8,7 +8,9 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the pass reads and writes.
 pub struct QkGradBuffers<'a> {
+    /// `[B,T,H,K]` q in the storage dtype (normalized with `l2norm_qk`).
     pub q: &'a GpuTensor,
+    /// `[B,T,H,K]` k in the storage dtype (normalized with `l2norm_qk`).
     pub k: &'a GpuTensor,
     /// dP and dAt from `wy_grad`.
     pub mats: &'a GpuTensor,

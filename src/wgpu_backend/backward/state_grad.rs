@@ -8,12 +8,19 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the pass reads and writes.
 pub struct StateGradBuffers<'a> {
+    /// `[B,T,HV,V]`: the upstream gradient of o, in the dtype of v.
     pub d_o: &'a GpuTensor,
+    /// `[2, B·T, HV, V]` f32: W, then V' (from `state_recompute`).
     pub w_vnew: &'a GpuTensor,
+    /// `[2, B·T, HV, V]` f32: dV', then dv (from `dh_scan`).
     pub dvnew_dv: &'a GpuTensor,
+    /// `[chunks + N, HV, K, V]` f32: the chunk-start states from `state_recompute`.
     pub states: &'a GpuTensor,
+    /// `[chunks + N, HV, K, V]` f32: the chunk-end state gradients from `dh_scan`.
     pub dstates: &'a GpuTensor,
+    /// `[B·T, HV, 2]` f32: the forward's (G, β).
     pub gate_beta: &'a GpuTensor,
+    /// The chunk table (start, length).
     pub chunks: &'a wgpu::Buffer,
     /// `[B·T, HV, 3K + 1]` f32.
     pub dqk_parts: &'a GpuTensor,

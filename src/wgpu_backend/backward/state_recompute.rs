@@ -10,8 +10,11 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the replay reads and writes.
 pub struct RecomputeBuffers<'a> {
+    /// `[B,T,H,K]` k in the storage dtype (normalized with `l2norm_qk`).
     pub k: &'a GpuTensor,
+    /// `[B,T,HV,V]`, in the dtype of k.
     pub v: &'a GpuTensor,
+    /// `[B·T, HV, 2]` f32: the forward's (G, β).
     pub gate_beta: &'a GpuTensor,
     /// `[B·T, HV, 128]` f32: rows of Γ⊙A⊙β, then Γ⊙QKᵀ (the forward's `wy_inverse` output).
     pub gated: &'a GpuTensor,

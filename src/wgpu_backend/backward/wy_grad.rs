@@ -8,10 +8,13 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the pass reads and writes.
 pub struct WyGradBuffers<'a> {
+    /// `[B,T,H,K]` q in the storage dtype (normalized with `l2norm_qk`).
     pub q: &'a GpuTensor,
+    /// `[B,T,H,K]` k in the storage dtype (normalized with `l2norm_qk`).
     pub k: &'a GpuTensor,
     /// The forward's gate-free inverse A, `[B·T, HV, 64]` f32.
     pub a: &'a GpuTensor,
+    /// `[B·T, HV, 2]` f32: the forward's (G, β).
     pub gate_beta: &'a GpuTensor,
     /// The chunk table (start, length).
     pub chunks: &'a wgpu::Buffer,

@@ -12,7 +12,9 @@ use crate::wgpu_backend::{Context, GpuTensor};
 /// computing with Sᵀ gives plausible-looking wrong answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum StateLayout {
+    /// Each slot is `[HV, K, V]` (FLA's default).
     KFirst,
+    /// Each slot is `[HV, V, K]` (`state_v_first`).
     VFirst,
 }
 
@@ -177,10 +179,12 @@ impl StatePool {
         Ok(StatePool { states, layout })
     }
 
+    /// The states, `[P, HV, K, V]` (or `[P, HV, V, K]`) f32.
     pub fn tensor(&self) -> &GpuTensor {
         &self.states
     }
 
+    /// How each slot's state is laid out.
     pub fn layout(&self) -> StateLayout {
         self.layout
     }

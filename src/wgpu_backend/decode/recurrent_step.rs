@@ -46,6 +46,7 @@ pub struct DecodeOutputs<'a> {
 /// the row along k).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecurrentStepTiles {
+    /// Value columns per workgroup: a workgroup owns a K × `v_block` slice of the state.
     pub v_block: u32,
     /// Invocations along the slice's non-contiguous axis (k rows for K-first, v rows for
     /// V-first).
@@ -54,6 +55,7 @@ pub struct RecurrentStepTiles {
     pub row_vecs: u32,
     /// vec4 registers of state per invocation.
     pub vec4s_per_thread: u32,
+    /// Tiles for V-first states (`[.., V, K]`), which swap the lane axes.
     pub v_first: bool,
     key_dim: u32,
 }
@@ -371,6 +373,7 @@ impl DecodePlan {
         &self.slots
     }
 
+    /// The tile sizes the plan's pipeline is built with.
     pub fn tiles(&self) -> RecurrentStepTiles {
         self.tiles
     }

@@ -36,7 +36,9 @@ use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
 /// packed (G, β) per token and v-head, and the gate-free inverse A `[B·T, HV, 64]`.
 #[derive(Debug, Clone)]
 pub struct Intermediates {
+    /// `[B,T,H,K]` l2-normalized q in the dtype of q; `Some` only with `l2norm_qk`.
     pub q_normed: Option<GpuTensor>,
+    /// `[B,T,H,K]` l2-normalized k in the dtype of k; `Some` only with `l2norm_qk`.
     pub k_normed: Option<GpuTensor>,
     /// `[B·T, HV, 2]` f32: chunk-local gate cumsum G and activated β.
     pub gate_beta: GpuTensor,
@@ -47,8 +49,11 @@ pub struct Intermediates {
 /// A recorded forward: outputs plus intermediates.
 #[derive(Debug, Clone)]
 pub struct Forward {
+    /// `[B,T,HV,V]`, in the dtype of v.
     pub o: GpuTensor,
+    /// `[N,HV,K,V]` (or V-first) f32.
     pub final_state: GpuTensor,
+    /// What the backward needs from this forward.
     pub saved: Intermediates,
 }
 

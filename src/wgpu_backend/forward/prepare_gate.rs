@@ -9,7 +9,9 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The buffers the pass reads and writes.
 pub struct PrepareGateBuffers<'a> {
+    /// `[B,T,HV]` f32: the log-decay, or the raw gate with `gate_in_kernel`.
     pub g: &'a GpuTensor,
+    /// `[B,T,HV]` f32: β, or its logits with `beta_sigmoid`.
     pub beta: &'a GpuTensor,
     /// `[A_log (HV), dt_bias (HV)]` (any small buffer when the gate is not computed in the
     /// kernel).

@@ -13,9 +13,13 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the scan reads and writes.
 pub struct ScanBuffers<'a> {
+    /// `[B,T,H,K]` in the storage dtype (normalized with `l2norm_qk`).
     pub q: &'a GpuTensor,
+    /// `[B,T,H,K]` in the storage dtype (normalized with `l2norm_qk`).
     pub k: &'a GpuTensor,
+    /// `[B,T,HV,V]`, in the dtype of k.
     pub v: &'a GpuTensor,
+    /// `[B·T, HV, 2]` f32: (G, β) from `prepare_gate`.
     pub gate_beta: &'a GpuTensor,
     /// `[B·T, HV, 128]`: Γ⊙A⊙β and Γ⊙QKᵀ rows from `wy_inverse`.
     pub gated: &'a GpuTensor,
@@ -23,6 +27,7 @@ pub struct ScanBuffers<'a> {
     pub segments: &'a wgpu::Buffer,
     /// Start states on entry, end states on exit.
     pub state: &'a GpuTensor,
+    /// `[B,T,HV,V]` (written), in the dtype of v.
     pub o: &'a GpuTensor,
 }
 
@@ -38,9 +43,13 @@ pub enum ScanMath {
 /// The size of a sequential scan's dispatch: one workgroup per segment, v-head and V-block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ScanDims {
+    /// Rows of the segment table: one workgroup row each.
     pub num_segments: usize,
+    /// HV, the number of v-heads.
     pub heads_v: usize,
+    /// K, the key head dimension.
     pub key_dim: usize,
+    /// V, the value head dimension (split into V-blocks of `v_block`).
     pub value_dim: usize,
     /// V-block width (the launcher's caller picks it: `Tuning::state_scan_v_block` for the
     /// forward, `backward::scan_v_block` for the backward).

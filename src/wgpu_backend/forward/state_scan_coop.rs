@@ -14,7 +14,9 @@ pub struct CoopScanBuffers<'a> {
     pub qg16: &'a GpuTensor,
     /// `[B·T + 64, H, K]` f16 (see `to_half`).
     pub k16: &'a GpuTensor,
+    /// `[B,T,HV,V]` in the storage dtype.
     pub v: &'a GpuTensor,
+    /// `[B·T, HV, 2]` f32: (G, β) from `prepare_gate`.
     pub gate_beta: &'a GpuTensor,
     /// `[B·T + 64, HV, 128]` f16: Γ⊙A⊙β | Γ⊙QKᵀ rows from wy_inverse, padding rows zero.
     pub gated16: &'a GpuTensor,
@@ -22,6 +24,7 @@ pub struct CoopScanBuffers<'a> {
     pub segments: &'a wgpu::Buffer,
     /// Start states on entry, end states on exit.
     pub state: &'a GpuTensor,
+    /// `[B,T,HV,V]` (written), in the dtype of v.
     pub o: &'a GpuTensor,
 }
 

@@ -8,8 +8,11 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the pass reads and writes.
 pub struct WyInverseBuffers<'a> {
+    /// `[B,T,H,K]` in the storage dtype (normalized with `l2norm_qk`).
     pub k: &'a GpuTensor,
+    /// `[B,T,H,K]` in the storage dtype (normalized with `l2norm_qk`).
     pub q: &'a GpuTensor,
+    /// `[B·T, HV, 2]` f32: (G, β) from `prepare_gate`.
     pub gate_beta: &'a GpuTensor,
     /// The chunk table (start, length).
     pub chunks: &'a wgpu::Buffer,
