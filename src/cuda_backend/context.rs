@@ -117,10 +117,12 @@ impl Context {
         &self.ctx
     }
 
+    /// The CUDA device ordinal this context runs on.
     pub fn ordinal(&self) -> usize {
         self.ordinal
     }
 
+    /// The device's name as the driver reports it (e.g. "NVIDIA H200").
     pub fn device_name(&self) -> &str {
         &self.name
     }

@@ -7,7 +7,9 @@ pub const PRELUDE: &str = include_str!("../../shaders/cuda/common.cuh");
 /// One pass: its file name under `shaders/cuda/` and its source.
 #[derive(Debug, Clone, Copy)]
 pub struct Source {
+    /// File name under `shaders/cuda/` (also the NVRTC program name in compile logs).
     pub file: &'static str,
+    /// The CUDA C++ text, without the prelude.
     pub text: &'static str,
 }
 

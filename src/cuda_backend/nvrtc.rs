@@ -60,7 +60,9 @@ impl Target {
 /// A compiled module image: a cubin, or NUL-terminated PTX for [`Target::Compute80Ptx`].
 #[derive(Debug, Clone)]
 pub struct Image {
+    /// What the image was compiled for.
     pub target: Target,
+    /// The cubin, or NUL-terminated PTX text.
     pub bytes: Vec<u8>,
 }
 

@@ -79,7 +79,9 @@ impl SeqBounds {
 /// sequence's start (clamped to its end).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Window {
+    /// First token, relative to each sequence's start.
     pub begin: usize,
+    /// Tokens per sequence (at most; a shorter sequence stops at its end).
     pub len: usize,
 }
 
