@@ -36,6 +36,8 @@ pub enum Arithmetic {
     F16Operands,
     /// Operands and products in f16, at most four-term f16 sums accumulated in f32.
     F16Math,
+    /// GEMM operands rounded to bf16, products summed in f32 (the CUDA chunked forward).
+    Bf16Operands,
 }
 
 /// Which result is compared.
@@ -150,6 +152,8 @@ pub fn tolerance(case: Case, quantity: Quantity) -> f64 {
                     }
                 }
                 (F16Operands, _) => 3e-3,
+                // PROVISIONAL (not yet measured): bf16 operands (W, U, P, v', the state copy).
+                (Arithmetic::Bf16Operands, _) => 2e-2,
             };
             // Rounded operands add to the storage rounding: never tighter than f32 arithmetic.
             own.max(if arithmetic == Arithmetic::F32 {
@@ -197,7 +201,11 @@ mod tests {
             for l2 in [false, true] {
                 for q in [Quantity::Output, Quantity::State] {
                     let exact = Case::new(Op::Forward, dtype).with_l2norm(l2).tolerance(q);
-                    for a in [Arithmetic::F16Operands, Arithmetic::F16Math] {
+                    for a in [
+                        Arithmetic::F16Operands,
+                        Arithmetic::F16Math,
+                        Arithmetic::Bf16Operands,
+                    ] {
                         let rounded = Case::new(Op::Forward, dtype)
                             .with_arithmetic(a)
                             .with_l2norm(l2)
