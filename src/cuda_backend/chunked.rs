@@ -157,7 +157,10 @@ impl ChunkPlan {
         }
         let value_block = value_block(ctx, problem, dtype)?.unwrap_or(32);
         let p = problem;
-        for (name, x) in [("heads_v (HV)", p.heads_v), ("sequences (N)", p.num_sequences())] {
+        for (name, x) in [
+            ("heads_v (HV)", p.heads_v),
+            ("sequences (N)", p.num_sequences()),
+        ] {
             if x > 65535 {
                 return Err(Error::unsupported(
                     name,
@@ -220,7 +223,10 @@ impl ChunkPlan {
             .iter()
             .map(|b| b.len())
             .sum::<usize>()
-            + self.normalized.as_ref().map_or(0, |(a, b)| a.len() + b.len())
+            + self
+                .normalized
+                .as_ref()
+                .map_or(0, |(a, b)| a.len() + b.len())
     }
 }
 
@@ -244,7 +250,12 @@ pub fn launch_chunked(
         ));
     }
     check_tensor("o", outputs.o, &p.v_shape(), dtype)?;
-    check_tensor("final_state", outputs.final_state, &p.state_shape(), DType::F32)?;
+    check_tensor(
+        "final_state",
+        outputs.final_state,
+        &p.state_shape(),
+        DType::F32,
+    )?;
     if let Some(h) = inputs.initial_state {
         check_tensor("initial_state", h, &p.state_shape(), DType::F32)?;
     }

@@ -30,7 +30,7 @@ mod tensor;
 pub use chunked::{ChunkPlan, ForwardPath, forward_path, launch_chunked};
 pub use context::Context;
 pub use recurrent::{
-    SeqBounds, Window, decode_host, decode_into, forward_host, forward_into, forward_recurrent_into,
-    launch_recurrent,
+    SeqBounds, Window, decode_host, decode_into, forward_host, forward_into,
+    forward_recurrent_into, launch_recurrent,
 };
 pub use tensor::CudaTensor;

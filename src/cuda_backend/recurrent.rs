@@ -83,7 +83,12 @@ pub struct Window {
     pub len: usize,
 }
 
-pub(crate) fn check_tensor<T: TensorMeta>(name: &str, t: &T, shape: &[usize], dtype: DType) -> Result<()> {
+pub(crate) fn check_tensor<T: TensorMeta>(
+    name: &str,
+    t: &T,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<()> {
     if t.shape() != shape {
         return Err(Error::shape(name, shape, t.shape()));
     }
