@@ -4,8 +4,10 @@
 //!
 //! `cargo run --release --features cuda --example cuda_forward -- [runs]` (default 20 runs).
 
+use cudarc::driver::sys::CUevent_flags;
 use gdn_wgpu::cuda_backend::{
-    self, ChunkPlan, Context, CudaTensor, ForwardPath, SeqBounds, forward_path, launch_chunked,
+    self, ChunkPlan, ChunkedPasses, Context, CudaTensor, ForwardPath, SeqBounds, forward_path,
+    launch_chunked, launch_chunked_passes,
 };
 use gdn_wgpu::{
     Backend, DType, Error, ForwardInputs, ForwardOutputs, Options, Problem, RandomSpec, Result,
@@ -23,8 +25,10 @@ fn gpu(what: &str, e: impl std::fmt::Debug) -> Error {
 fn time_ms(ctx: &Context, runs: usize, mut f: impl FnMut() -> Result<()>) -> Result<f64> {
     let cu = ctx.cuda_context();
     let (start, end) = (
-        cu.new_event(None).map_err(|e| gpu("event", e))?,
-        cu.new_event(None).map_err(|e| gpu("event", e))?,
+        cu.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| gpu("event", e))?,
+        cu.new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| gpu("event", e))?,
     );
     for _ in 0..2 {
         f()?;
@@ -96,7 +100,20 @@ fn shape(ctx: &Context, h: usize, hv: usize, seqs: usize, len: usize, runs: usiz
         println!("{name}: the chunked path does not run here ({path:?})");
         return Ok(());
     }
+    // The state rounded once per chunk (FLA's choice) first, then the default split state,
+    // whose o and state are the ones compared below.
+    let rounded = ChunkPlan::new(ctx, &problem, dtype)?.with_split_state(false);
+    let rounded_ms = time_ms(ctx, runs, || {
+        launch_chunked(ctx, &problem, &rounded, &dev.as_ref(), &out_c)
+    })?;
+    ctx.synchronize()?;
+    let (o_rounded, s_rounded) = (o_c.download(ctx)?, s_c.download(ctx)?);
+    drop(rounded);
     let plan = ChunkPlan::new(ctx, &problem, dtype)?;
+    let parallel = time_ms(ctx, runs, || {
+        let passes = ChunkedPasses::Parallel;
+        launch_chunked_passes(ctx, &problem, &plan, &dev.as_ref(), &out_c, passes)
+    })?;
     let chunked = time_ms(ctx, runs, || {
         launch_chunked(ctx, &problem, &plan, &dev.as_ref(), &out_c)
     })?;
@@ -109,7 +126,14 @@ fn shape(ctx: &Context, h: usize, hv: usize, seqs: usize, len: usize, runs: usiz
     let (sc, sr) = (s_c.download(ctx)?, s_r.download(ctx)?);
     let to64 = |x: &[f32]| x.iter().map(|&v| v as f64).collect::<Vec<_>>();
     println!(
-        "{name}: chunked {chunked:.3} ms ({:.1} TFLOP/s, V-block {}, workspace {:.0} MiB), \
+        "{name}: chunked, state rounded once per chunk: {rounded_ms:.3} ms ({:.1} TFLOP/s); \
+         vs recurrent rel-L2 o {:.2e}, state {:.2e}",
+        flop / rounded_ms * 1e-9,
+        relative_l2(&o_rounded.data, &to64(&or.data)),
+        relative_l2(&s_rounded.data, &to64(&sr.data)),
+    );
+    println!(
+        "{name}: chunked {chunked:.3} ms (parallel passes {parallel:.3} ms; {:.1} TFLOP/s, V-block {}, workspace {:.0} MiB), \
          recurrent {recurrent:.3} ms ({:.1}× faster); chunked vs recurrent rel-L2 o {:.2e}, state {:.2e}",
         flop / chunked * 1e-9,
         plan.value_block(),

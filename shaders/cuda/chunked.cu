@@ -6,10 +6,11 @@
 //                    β transform, chunk-local cumsum G (f32, padded with the last valid value),
 //                    L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32 forward
 //                    substitution, one column per thread), W = T·diag(βγ)·K, U = T·diag(β)·V and
-//                    P = scale·(Γ⊙QKᵀ) (i ≥ j), stored to a workspace in the storage dtype.
+//                    P = scale·(Γ⊙QKᵀ) (i ≥ j), stored to a workspace: W and P in the storage
+//                    dtype (MMA operands), U in f32 (only ever added: no rounding needed).
 //   gdn_chunk_fwd_*  one block per (V-block, v-head, sequence), sequential over the sequence's
-//                    chunks: the f32 state lives in shared memory (a rounded copy is the MMA
-//                    operand), and per chunk
+//                    chunks: the f32 state lives in shared memory (as MMA operand it is split
+//                    into two 16-bit parts, hi + lo, unless SPLIT_STATE is off), and per chunk
 //                      v' = U − W·S,  O = scale·diag(γ)·Q·S + P·v',
 //                      S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v').
 //
@@ -23,7 +24,9 @@
 //   Operands (q, k, v, W, U, P, v', the state copy) are in the storage dtype, as in FLA; the
 //   inverse, the cumsum and every accumulator are f32.
 // - The state accumulates in f32 shared memory (accumulator fragments are loaded, scaled by
-//   γ_C, multiplied into and stored back), so its precision is that of the recurrent kernel's.
+//   γ_C, multiplied into and stored back). Where it is an operand (W·S, Q·S) it enters as
+//   S_hi + S_lo, both 16-bit (SPLIT_STATE, the default): twice those MMAs, but no rounding of
+//   the state, whose error otherwise feeds every later chunk (FLA rounds it to bf16).
 // - Chunks never cross a sequence boundary: the host's chunk table gives each chunk's first
 //   token and length, and each sequence's first chunk.
 // - Limits: K ≤ 128 (the sequential pass's shared memory); f32 storage and K = 256 use the
@@ -149,6 +152,17 @@ __host__ __device__ constexpr int ld16(int n) { return n + 8; }
 __host__ __device__ constexpr int ld32(int n) { return n + 4; }
 __device__ __forceinline__ size_t align128(size_t x) { return (x + 127) & ~(size_t)127; }
 
+// x as hi + lo, both in T: hi = round(x), lo = round(x − hi).
+template <typename T>
+__device__ __forceinline__ void split_store(T* hi, T* lo, float x) {
+    const T h = from_f32<T>(x);
+    *hi = h;
+    *lo = from_f32<T>(x - to_f32(h));
+}
+
+// Option bit of the chunked passes only (src/cuda_backend/chunked.rs SPLIT_STATE).
+constexpr int SPLIT_STATE = 1 << 8;
+
 // Copy `rows` rows of `n` 16-bit elements (n a multiple of 8) from global rows `stride`
 // elements apart into shared rows `ld` apart; rows rows..C-1 are zeroed.
 template <typename T>
@@ -190,7 +204,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
                      const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
                      const float* __restrict__ beta, const float* __restrict__ a_log,
                      const float* __restrict__ dt_bias, float* __restrict__ ws_g, T* __restrict__ ws_w,
-                     T* __restrict__ ws_u, T* __restrict__ ws_p) {
+                     float* __restrict__ ws_u, T* __restrict__ ws_p) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
@@ -314,8 +328,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         const T* lhs = pass == 0 ? a1 : a2;
         const T* rhs = pass == 0 ? ks : vs;
         const int ldr = pass == 0 ? ldk : ldv;
-        T* out = (pass == 0 ? ws_w + ((size_t)chunk * HV + hv) * C * K
-                            : ws_u + ((size_t)chunk * HV + hv) * C * V);
+        const size_t base = ((size_t)chunk * HV + hv) * C * n;
         FragA fa[C / 16];
 #pragma unroll
         for (int s = 0; s < C / 16; ++s) load_a<T, false>(fa[s], lhs + row0 * ldt + s * 16, ldt);
@@ -331,7 +344,9 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
             store_c(stage, acc, 16);
             __syncwarp();
             for (int e = lane; e < 256; e += 32) {
-                out[(size_t)(row0 + e / 16) * n + c0 + e % 16] = from_f32<T>(stage[e]);
+                const size_t at = base + (size_t)(row0 + e / 16) * n + c0 + e % 16;
+                if (pass == 0) ws_w[at] = from_f32<T>(stage[e]);
+                else ws_u[at] = stage[e];
             }
             __syncwarp();
         }
@@ -345,7 +360,7 @@ template <typename T, int BV>
 __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     const int* __restrict__ seq_chunks, const T* __restrict__ q,
                     const T* __restrict__ k, const float* __restrict__ ws_g,
-                    const T* __restrict__ ws_w, const T* __restrict__ ws_u,
+                    const T* __restrict__ ws_w, const float* __restrict__ ws_u,
                     const T* __restrict__ ws_p, const float* h_in, T* __restrict__ o, float* h_out) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
@@ -353,11 +368,14 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const int ldk = ld16(K), lds = ld32(BV), ldd = ld16(BV), ldp = ld16(C);
     const int warp = threadIdx.x >> 5;
     const int flags = p.flags;
+    const bool split = flags & SPLIT_STATE;
 
     size_t off = 0;
     float* sf = reinterpret_cast<float*>(smem + off);  // the f32 state, K × BV
     off = align128(off + sizeof(float) * K * lds);
-    T* sd = reinterpret_cast<T*>(smem + off);  // its rounded copy (MMA operand)
+    T* sd = reinterpret_cast<T*>(smem + off);  // its 16-bit part hi (MMA operand)
+    off = align128(off + sizeof(T) * K * ldd);
+    T* sdl = reinterpret_cast<T*>(smem + off);  // the rest, lo = S − hi (SPLIT_STATE)
     off = align128(off + sizeof(T) * K * ldd);
     T* qs = reinterpret_cast<T*>(smem + off);
     off = align128(off + sizeof(T) * C * ldk);
@@ -386,7 +404,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         float x = 0.0f;
         if (h_in != nullptr && v0 + c < V) x = h_in[state_at(r, c)];
         sf[r * lds + c] = x;
-        sd[r * ldd + c] = from_f32<T>(x);
+        split_store(sd + r * ldd + c, sdl + r * ldd + c, x);
     }
 
     const int first = seq_chunks[n], last = seq_chunks[n + 1];
@@ -415,6 +433,11 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 load_b<T, false>(fs, sd + kk * ldd + c0, ldd);
                 mma<T>(acc1, fw, fs);
                 mma<T>(acc2, fq, fs);
+                if (split) {
+                    load_b<T, false>(fs, sdl + kk * ldd + c0, ldd);
+                    mma<T>(acc1, fw, fs);
+                    mma<T>(acc2, fq, fs);
+                }
             }
             store_c(x1 + row0 * lds + c0, acc1, lds);
             store_c(x2 + row0 * lds + c0, acc2, lds);
@@ -423,10 +446,10 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 
         // v' = U − W·S; its decayed copy for the state; x2 ← scale·γ⊙(Q·S).
         const float g_last = sg[C - 1];
-        const T* u = ws_u + ch * C * V;
+        const float* u = ws_u + ch * C * V;
         for (int idx = threadIdx.x; idx < C * BV; idx += THREADS) {
             const int i = idx / BV, c = idx % BV;
-            const float ui = v0 + c < V ? to_f32(u[(size_t)i * V + v0 + c]) : 0.0f;
+            const float ui = v0 + c < V ? u[(size_t)i * V + v0 + c] : 0.0f;
             const float vi = ui - x1[i * lds + c];
             vn[i * ldd + c] = from_f32<T>(vi);
             vd[i * ldd + c] = from_f32<T>(vi * expf(g_last - sg[i]));
@@ -476,7 +499,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }
         for (int idx = threadIdx.x; idx < K * BV; idx += THREADS) {
             const int r = idx / BV, c = idx % BV;
-            sd[r * ldd + c] = from_f32<T>(sf[r * lds + c]);
+            split_store(sd + r * ldd + c, sdl + r * ldd + c, sf[r * lds + c]);
         }
         __syncthreads();  // before the next chunk overwrites qs, ks, x2
     }
@@ -494,7 +517,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS)                            \
         gdn_chunk_fwd##BV##_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks,          \
                                      const int* seq_chunks, const T* q, const T* k,                 \
-                                     const float* ws_g, const T* ws_w, const T* ws_u,               \
+                                     const float* ws_g, const T* ws_w, const float* ws_u,               \
                                      const T* ws_p, const float* h_in, T* o, float* h_out) {        \
         gdn::chunked::fwd<T, BV>(p, chunks, seq_chunks, q, k, ws_g, ws_w, ws_u, ws_p, h_in, o,     \
                                  h_out);                                                           \
@@ -508,7 +531,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS) gdn_chunk_prep_##SUFFIX(   \
         const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k, const T* v,  \
         const float* g, const float* beta, const float* a_log, const float* dt_bias,               \
-        float* ws_g, T* ws_w, T* ws_u, T* ws_p) {                                                  \
+        float* ws_g, T* ws_w, float* ws_u, T* ws_p) {                                                  \
         gdn::chunked::prep<T>(p, chunks, q, k, v, g, beta, a_log, dt_bias, ws_g, ws_w, ws_u,       \
                               ws_p);                                                               \
     }                                                                                              \

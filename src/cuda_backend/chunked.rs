@@ -22,6 +22,9 @@ pub const MAX_CHUNKED_KEY_DIM: usize = 128;
 
 const THREADS: u32 = 128;
 
+/// chunked.cu's SPLIT_STATE bit: the state enters W·S and Q·S as two 16-bit parts.
+const SPLIT_STATE: i32 = 1 << 8;
+
 /// Which kernel a forward call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ForwardPath {
@@ -68,7 +71,7 @@ fn fwd_smem(dtype: DType, k: usize, bv: usize) -> usize {
     let s = dtype.size();
     let c = CHUNK;
     align128(4 * k * (bv + 4))
-        + align128(s * k * (bv + 8))
+        + 2 * align128(s * k * (bv + 8))
         + 3 * align128(s * c * (k + 8))
         + align128(s * c * (c + 8))
         + 2 * align128(4 * c * (bv + 4))
@@ -139,6 +142,7 @@ pub struct ChunkPlan {
     ws_p: CudaSlice<u8>,
     /// l2-normalized q and k (only with `Options::l2norm_qk`).
     normalized: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
+    split_state: bool,
 }
 
 impl ChunkPlan {
@@ -206,10 +210,26 @@ impl ChunkPlan {
             seq_chunks,
             ws_g: alloc(ctx, "gate cumsum workspace", rows * 4)?,
             ws_w: alloc(ctx, "W workspace", rows * p.key_dim * s)?,
-            ws_u: alloc(ctx, "U workspace", rows * p.value_dim * s)?,
+            ws_u: alloc(ctx, "U workspace", rows * p.value_dim * 4)?,
             ws_p: alloc(ctx, "P workspace", rows * CHUNK * s)?,
             normalized,
+            split_state: true,
         })
+    }
+
+    /// The same plan with the state entering W·S and Q·S as two 16-bit parts (`true`, the
+    /// default: no rounding of the state) or rounded once to the storage dtype (`false`, as
+    /// FLA: half those MMAs).
+    pub fn with_split_state(self, split_state: bool) -> Self {
+        ChunkPlan {
+            split_state,
+            ..self
+        }
+    }
+
+    /// Whether the state enters the MMAs as two 16-bit parts.
+    pub fn split_state(&self) -> bool {
+        self.split_state
     }
 
     /// The V-block width of the sequential pass.
@@ -230,6 +250,15 @@ impl ChunkPlan {
     }
 }
 
+/// Which passes [`launch_chunked_passes`] enqueues.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChunkedPasses {
+    /// Everything: o and the final state.
+    All,
+    /// The parallel passes only (l2norm, per-chunk W, U, P): for timing them apart.
+    Parallel,
+}
+
 /// Enqueue the chunked forward with `plan` (made for this problem and dtype): o and the final
 /// state into `outputs`. No allocation, no host synchronisation.
 pub fn launch_chunked(
@@ -238,6 +267,18 @@ pub fn launch_chunked(
     plan: &ChunkPlan,
     inputs: &ForwardInputs<&CudaTensor>,
     outputs: &ForwardOutputs<&CudaTensor>,
+) -> Result<()> {
+    launch_chunked_passes(ctx, problem, plan, inputs, outputs, ChunkedPasses::All)
+}
+
+/// [`launch_chunked`], or only its parallel passes.
+pub fn launch_chunked_passes(
+    ctx: &Context,
+    problem: &Problem,
+    plan: &ChunkPlan,
+    inputs: &ForwardInputs<&CudaTensor>,
+    outputs: &ForwardOutputs<&CudaTensor>,
+    passes: ChunkedPasses,
 ) -> Result<()> {
     let p = problem;
     p.check_inputs(inputs, &[DType::F16, DType::BF16])?;
@@ -265,7 +306,7 @@ pub fn launch_chunked(
         key_dim: p.key_dim as i32,
         value_dim: p.value_dim as i32,
         group: p.group() as i32,
-        flags: option_flags(p),
+        flags: option_flags(p) | if plan.split_state { SPLIT_STATE } else { 0 },
         num_chunks: plan.num_chunks as i32,
         scale: p.scale(),
     };
@@ -352,6 +393,9 @@ pub fn launch_chunked(
         unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
     }
 
+    if passes == ChunkedPasses::Parallel {
+        return Ok(());
+    }
     let name = format!("gdn_chunk_fwd{}_{suffix}", plan.value_block);
     let func = ctx.function(&CHUNKED, &name)?;
     let smem = fwd_smem(dtype, p.key_dim, plan.value_block);

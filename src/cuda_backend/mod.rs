@@ -27,7 +27,9 @@ pub mod nvrtc;
 pub mod recurrent;
 mod tensor;
 
-pub use chunked::{ChunkPlan, ForwardPath, forward_path, launch_chunked};
+pub use chunked::{
+    ChunkPlan, ChunkedPasses, ForwardPath, forward_path, launch_chunked, launch_chunked_passes,
+};
 pub use context::Context;
 pub use recurrent::{
     SeqBounds, Window, decode_host, decode_into, forward_host, forward_into,
