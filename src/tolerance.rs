@@ -152,8 +152,15 @@ pub fn tolerance(case: Case, quantity: Quantity) -> f64 {
                     }
                 }
                 (F16Operands, _) => 3e-3,
-                // PROVISIONAL (not yet measured): bf16 operands (W, U, P, v', the state copy).
-                (Arithmetic::Bf16Operands, _) => 2e-2,
+                // The CUDA chunked forward (bf16 operands W, P, v', the state as hi + lo).
+                // Measured on the H200 over tests/cuda.rs's hard cases (T ≤ 330, every
+                // option): o ≤ 3.7e-3 (4.3e-3 with l2norm, which rounds q̂, k̂ to bf16),
+                // state ≤ 3.0e-3; bf16 storage of o alone is 1.7e-3.
+                (Arithmetic::Bf16Operands, _) => match (l2norm_qk, state) {
+                    (true, _) => 7e-3,
+                    (false, true) => 5e-3,
+                    (false, false) => 6e-3,
+                },
             };
             // Rounded operands add to the storage rounding: never tighter than f32 arithmetic.
             own.max(if arithmetic == Arithmetic::F32 {
