@@ -4,10 +4,12 @@
 //                    dtype (as FLA's separate l2norm kernel does); the passes below read q̂, k̂.
 //   gdn_chunk_prep_* one block per (chunk, v-head), fully parallel: gate activation and
 //                    β transform, chunk-local cumsum G (f32, padded with the last valid value),
-//                    L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32 forward
-//                    substitution, one column per thread), W = T·diag(βγ)·K, U = T·diag(β)·V and
-//                    P = scale·(Γ⊙QKᵀ) (i ≥ j), stored to a workspace: W and P in the storage
-//                    dtype (MMA operands), U in f32 (only ever added: no rounding needed).
+//                    L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16 blocks:
+//                    forward substitution on the diagonal, block products below it),
+//                    W = T·diag(βγ)·K, U = T·diag(β)·V and P = scale·(Γ⊙QKᵀ) (i ≥ j), stored
+//                    to a workspace: −W and P in the storage dtype (MMA operands; −W so the
+//                    sequential pass starts its accumulator at U and adds (−W)·S), U in f32
+//                    (only ever an addend: no rounding needed).
 //   gdn_chunk_fwd_*  one block per (V-block, v-head, sequence), sequential over the sequence's
 //                    chunks: the f32 state lives in shared memory (as MMA operand it is split
 //                    into two 16-bit parts, hi + lo, unless SPLIT_STATE is off), and per chunk
@@ -19,10 +21,11 @@
 //   sequential pass, and every exponent is a difference G_i − G_j (i ≥ j), G_last − G_i or G_i
 //   of chunk-local cumsums: never positive (§7.2). Padded rows have β = 0 and the last valid
 //   G, so their L rows, W, U, v' rows and state contributions are exactly zero.
-// - 16×16×16 tiles of mma.sync m16n8k16 with f32 accumulators: the same source runs on sm_80
-//   and sm_90a (wgmma is a later step).
-//   Operands (q, k, v, W, U, P, v', the state copy) are in the storage dtype, as in FLA; the
-//   inverse, the cumsum and every accumulator are f32.
+// - 16×16×16 tiles of mma.sync m16n8k16 (operands by ldmatrix) with f32 accumulators: the
+//   same source runs on sm_80 and sm_90a (wgmma is a later step). Operands (q, k, v, W, P,
+//   v', the state parts) are in the storage dtype, as in FLA; the inverse, the cumsum, U and
+//   every accumulator are f32. Global → shared copies are cp.async, all of a chunk in flight
+//   at once (no double buffering yet: the sequential pass's shared memory is near the limit).
 // - The state accumulates in f32 shared memory (accumulator fragments are loaded, scaled by
 //   γ_C, multiplied into and stored back). Where it is an operand (W·S, Q·S) it enters as
 //   S_hi + S_lo, both 16-bit (SPLIT_STATE, the default): twice those MMAs, but no rounding of
@@ -35,10 +38,10 @@ namespace gdn {
 namespace chunked {
 
 // A 16×16×16 tile product (the subset of WMMA this file needs) from two mma.sync.m16n8k16
-// per tile, operands gathered from shared memory with 32-bit loads. Written out because
-// NVRTC ships no <mma.h> implementation header (crt/mma.h) with the PyPI wheels, and the
-// inline PTX is the same on sm_80 and sm_90a. Fragment layouts: PTX ISA, "Matrix Fragments
-// for mma.m16n8k16 with floating point type": g = lane / 4, t = lane % 4.
+// per tile, operands loaded from shared memory by ldmatrix. Written out because NVRTC ships
+// no <mma.h> implementation header (crt/mma.h) with the PyPI wheels, and the inline PTX is
+// the same on sm_80 and sm_90a. Fragment layouts: PTX ISA, "Matrix Fragments for
+// mma.m16n8k16 with floating point type": g = lane / 4, t = lane % 4.
 struct FragA { unsigned x[4]; };   // 16×16 (m × k)
 struct FragB { unsigned x[4]; };   // 16×16 (k × n): n 0..7 in x[0..1], n 8..15 in x[2..3]
 struct FragC {                     // 16×16 f32: n 0..7 in x[0..3], n 8..15 in x[4..7]
@@ -46,38 +49,43 @@ struct FragC {                     // 16×16 f32: n 0..7 in x[0..3], n 8..15 in 
     float x[8];
 };
 
-template <typename T>
-__device__ __forceinline__ unsigned bits(const T* p, int i) {
-    return reinterpret_cast<const unsigned short*>(p)[i];
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
 }
-template <typename T>
-__device__ __forceinline__ unsigned pair(const T* p, int i, int j) {
-    return bits(p, i) | (bits(p, j) << 16);
+
+// Four 8×8 16-bit matrices from shared memory; lane l gives the address of row l % 8 of
+// matrix l / 8. TRANS hands each thread the transposed elements.
+template <bool TRANS>
+__device__ __forceinline__ void ldsm_x4(unsigned* x, const void* p) {
+    if (TRANS) {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                     : "r"(smem_addr(p)));
+    } else {
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                     : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                     : "r"(smem_addr(p)));
+    }
 }
 
 // Element (r, c) of a row-major tile is p[r·ld + c]; of a column-major one p[c·ld + r].
+// The fragment registers are, in order, the 8×8 blocks (rows 0–7 | 8–15) × (cols 0–7 | 8–15)
+// row block fastest for A (m × k) and for B (k × n); a tile stored with its fragment's
+// rows along memory rows loads without transposition, the others with .trans.
 template <typename T, bool COL>
 __device__ __forceinline__ void load_a(FragA& f, const T* p, int ld) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    auto at = [&](int r, int c) { return COL ? c * ld + r : r * ld + c; };
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {  // k columns 0..7, then 8..15
-        const int c = 2 * t + 8 * h;
-        f.x[2 * h] = pair(p, at(g, c), at(g, c + 1));
-        f.x[2 * h + 1] = pair(p, at(g + 8, c), at(g + 8, c + 1));
-    }
+    const int lane = threadIdx.x & 31, j = lane >> 3, r8 = lane & 7;
+    if (!COL) ldsm_x4<false>(f.x, p + ((j & 1) * 8 + r8) * ld + (j >> 1) * 8);
+    else ldsm_x4<true>(f.x, p + ((j >> 1) * 8 + r8) * ld + (j & 1) * 8);
 }
 
 template <typename T, bool COL>
 __device__ __forceinline__ void load_b(FragB& f, const T* p, int ld) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    auto at = [&](int k, int n) { return COL ? n * ld + k : k * ld + n; };
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-        const int n = 8 * j + g;
-        f.x[2 * j] = pair(p, at(2 * t, n), at(2 * t + 1, n));
-        f.x[2 * j + 1] = pair(p, at(2 * t + 8, n), at(2 * t + 9, n));
-    }
+    const int lane = threadIdx.x & 31, j = lane >> 3, r8 = lane & 7;
+    if (!COL) ldsm_x4<true>(f.x, p + ((j & 1) * 8 + r8) * ld + (j >> 1) * 8);
+    else ldsm_x4<false>(f.x, p + ((j >> 1) * 8 + r8) * ld + (j & 1) * 8);
 }
 
 __device__ __forceinline__ void fill_zero(FragC& f) {
@@ -163,16 +171,26 @@ __device__ __forceinline__ void split_store(T* hi, T* lo, float x) {
 // Option bit of the chunked passes only (src/cuda_backend/chunked.rs SPLIT_STATE).
 constexpr int SPLIT_STATE = 1 << 8;
 
-// Copy `rows` rows of `n` 16-bit elements (n a multiple of 8) from global rows `stride`
-// elements apart into shared rows `ld` apart; rows rows..C-1 are zeroed.
-template <typename T>
-__device__ __forceinline__ void load_rows(T* dst, int ld, const T* src, size_t stride, int rows, int n) {
-    const int vecs = n / 8;
+// 16 bytes global → shared without passing through registers (sm_80+): every copy of a
+// chunk is in flight at once, and cp_async_wait waits for all of this thread's.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Start copying `rows` rows of `n` elements (n·sizeof(E) a multiple of 16) from global rows
+// `stride` elements apart into shared rows `ld` apart; rows rows..C-1 and columns from
+// `valid` on are zeroed. Complete after cp_async_wait and a barrier.
+template <typename E>
+__device__ __forceinline__ void load_rows(E* dst, int ld, const E* src, size_t stride, int rows, int n,
+                                          int valid) {
+    constexpr int PER = 16 / sizeof(E);
+    const int vecs = n / PER;
     for (int idx = threadIdx.x; idx < C * vecs; idx += THREADS) {
-        const int r = idx / vecs, c = (idx % vecs) * 8;
-        uint4 x = make_uint4(0, 0, 0, 0);
-        if (r < rows) x = *reinterpret_cast<const uint4*>(src + r * stride + c);
-        *reinterpret_cast<uint4*>(dst + r * ld + c) = x;
+        const int r = idx / vecs, c = (idx % vecs) * PER;
+        if (r < rows && c < valid) cp_async16(dst + r * ld + c, src + r * stride + c);
+        else *reinterpret_cast<uint4*>(dst + r * ld + c) = make_uint4(0, 0, 0, 0);
     }
 }
 
@@ -227,6 +245,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     off = align128(off + sizeof(T) * C * ldt);
     T* a2 = reinterpret_cast<T*>(smem + off);  // T·diag(β)
     off = align128(off + sizeof(T) * C * ldt);
+    const size_t stage_off = off;
     float* stage = reinterpret_cast<float*>(smem + off) + warp * 16 * 16;  // one tile per warp
     off = align128(off + sizeof(float) * 4 * 16 * 16);
     float* sg = reinterpret_cast<float*>(smem + off);
@@ -254,9 +273,10 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         sb[i] = bi;
     }
     const size_t qk_stride = (size_t)H * K;
-    load_rows(ks, ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K);
-    load_rows(qs, ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K);
-    load_rows(vs, ldv, v + ((size_t)start * HV + hv) * V, (size_t)HV * V, len, V);
+    load_rows(ks, ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
+    load_rows(qs, ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
+    load_rows(vs, ldv, v + ((size_t)start * HV + hv) * V, (size_t)HV * V, len, V, V);
+    cp_async_wait();
     __syncthreads();
     if (threadIdx.x >= 32 && threadIdx.x < C) sg[threadIdx.x] += sg[31];
     __syncthreads();
@@ -300,19 +320,44 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     }
     __syncthreads();
 
-    // T = (I + L)⁻¹ by forward substitution, one column c per thread (no barriers):
-    // T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c].
+    // T = (I + L)⁻¹ in 16×16 blocks (§2.3). Diagonal blocks by forward substitution, one
+    // column per thread: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within the block.
+    for (int idx = threadIdx.x; idx < C * C; idx += THREADS) t[(idx / C) * lda + idx % C] = 0.0f;
+    __syncthreads();
     if (threadIdx.x < C) {
-        const int c = threadIdx.x;
-        for (int i = 0; i < c; ++i) t[i * lda + c] = 0.0f;
-        t[c * lda + c] = 1.0f;
-        for (int i = c + 1; i < C; ++i) {
+        const int b = (threadIdx.x / 16) * 16, c = threadIdx.x % 16;
+        t[(b + c) * lda + b + c] = 1.0f;
+        for (int i = c + 1; i < 16; ++i) {
             float acc = 0.0f;
-            for (int j = c; j < i; ++j) acc = fmaf(a[i * lda + j], t[j * lda + c], acc);
-            t[i * lda + c] = -acc;
+            for (int j = c; j < i; ++j) acc = fmaf(a[(b + i) * lda + b + j], t[(b + j) * lda + b + c], acc);
+            t[(b + i) * lda + b + c] = -acc;
         }
     }
     __syncthreads();
+    // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
+    // sums staged in the (not yet used) W/U staging tiles.
+    float* xs = reinterpret_cast<float*>(smem + stage_off);
+    for (int r = 1; r < C / 16; ++r) {
+        for (int e = threadIdx.x; e < r * 256; e += THREADS) {
+            const int c = e / 256, i = (e % 256) / 16, j = e % 16;
+            float acc = 0.0f;
+            for (int m = c; m < r; ++m) {
+#pragma unroll
+                for (int l = 0; l < 16; ++l) {
+                    acc = fmaf(a[(16 * r + i) * lda + 16 * m + l], t[(16 * m + l) * lda + 16 * c + j], acc);
+                }
+            }
+            xs[e] = acc;
+        }
+        __syncthreads();
+        for (int e = threadIdx.x; e < r * 256; e += THREADS) {
+            const int c = e / 256, i = (e % 256) / 16, j = e % 16;
+            float acc = 0.0f;
+            for (int l = 0; l <= i; ++l) acc = fmaf(t[(16 * r + i) * lda + 16 * r + l], xs[c * 256 + l * 16 + j], acc);
+            t[(16 * r + i) * lda + 16 * c + j] = -acc;
+        }
+        __syncthreads();
+    }
     for (int idx = threadIdx.x; idx < C * C; idx += THREADS) {
         const int i = idx / C, j = idx % C;
         const float tij = t[i * lda + j];
@@ -345,7 +390,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
             __syncwarp();
             for (int e = lane; e < 256; e += 32) {
                 const size_t at = base + (size_t)(row0 + e / 16) * n + c0 + e % 16;
-                if (pass == 0) ws_w[at] = from_f32<T>(stage[e]);
+                if (pass == 0) ws_w[at] = from_f32<T>(-stage[e]);  // −W: see the fwd pass
                 else ws_u[at] = stage[e];
             }
             __syncwarp();
@@ -385,7 +430,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     off = align128(off + sizeof(T) * C * ldk);
     T* ps = reinterpret_cast<T*>(smem + off);
     off = align128(off + sizeof(T) * C * ldp);
-    float* x1 = reinterpret_cast<float*>(smem + off);  // W·S
+    float* x1 = reinterpret_cast<float*>(smem + off);  // U, then v' = U − W·S
     off = align128(off + sizeof(float) * C * lds);
     float* x2 = reinterpret_cast<float*>(smem + off);  // Q·S, then O
     off = align128(off + sizeof(float) * C * lds);
@@ -413,17 +458,20 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
         const size_t ch = (size_t)chunk * HV + hv;
         const size_t qk_stride = (size_t)H * K;
-        load_rows(qs, ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K);
-        load_rows(ks, ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K);
-        load_rows(ws, ldk, ws_w + ch * C * K, (size_t)K, C, K);
-        load_rows(ps, ldp, ws_p + ch * C * C, (size_t)C, C, C);
+        load_rows(qs, ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
+        load_rows(ks, ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
+        load_rows(ws, ldk, ws_w + ch * C * K, (size_t)K, C, K, K);
+        load_rows(ps, ldp, ws_p + ch * C * C, (size_t)C, C, C, C);
+        // x1 ← U's V-block (columns past V zeroed): the accumulator of v' = U + (−W)·S.
+        load_rows(x1, lds, ws_u + ch * C * V + v0, (size_t)V, C, BV, V - v0);
         if (threadIdx.x < C) sg[threadIdx.x] = ws_g[ch * C + threadIdx.x];
+        cp_async_wait();
         __syncthreads();  // also: the previous chunk's sd is complete
 
-        // x1 = W·S, x2 = Q·S (the chunk-start state).
+        // x1 = v' = U + (−W)·S, x2 = Q·S (the chunk-start state).
         for (int c0 = 0; c0 < BV; c0 += 16) {
             FragC acc1, acc2;
-            fill_zero(acc1);
+            load_c(acc1, x1 + row0 * lds + c0, lds);
             fill_zero(acc2);
             for (int kk = 0; kk < K; kk += 16) {
                 FragA fw, fq;
@@ -444,13 +492,11 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }
         __syncthreads();
 
-        // v' = U − W·S; its decayed copy for the state; x2 ← scale·γ⊙(Q·S).
+        // v' in the storage dtype; its decayed copy for the state; x2 ← scale·γ⊙(Q·S).
         const float g_last = sg[C - 1];
-        const float* u = ws_u + ch * C * V;
         for (int idx = threadIdx.x; idx < C * BV; idx += THREADS) {
             const int i = idx / BV, c = idx % BV;
-            const float ui = v0 + c < V ? u[(size_t)i * V + v0 + c] : 0.0f;
-            const float vi = ui - x1[i * lds + c];
+            const float vi = x1[i * lds + c];
             vn[i * ldd + c] = from_f32<T>(vi);
             vd[i * ldd + c] = from_f32<T>(vi * expf(g_last - sg[i]));
             x2[i * lds + c] *= p.scale * expf(sg[i]);
