@@ -584,6 +584,44 @@ fn the_recurrent_forward_matches_the_oracle_for_every_dtype() {
 }
 
 #[test]
+fn the_split_state_option_matches_the_oracle() {
+    let Some(ctx) = cuda() else { return };
+    let mut failures = Vec::new();
+    for case in hard_cases() {
+        for dtype in [DType::F16, DType::BF16] {
+            let p = &case.problem;
+            if forward_path(ctx, p, dtype).unwrap() != ForwardPath::Chunked {
+                continue;
+            }
+            let (inputs, expected) = inputs_and_oracle(&case, dtype);
+            let dev = upload(ctx, &inputs);
+            let plan = ChunkPlan::new(ctx, p, dtype)
+                .unwrap()
+                .with_split_state(true);
+            assert!(plan.split_state());
+            let o = CudaTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
+            let state =
+                CudaTensor::filled(ctx, "state", &p.state_shape(), DType::F32, f32::NAN).unwrap();
+            let outputs = ForwardOutputs {
+                o: &o,
+                final_state: &state,
+            };
+            cuda_backend::launch_chunked(ctx, p, &plan, &dev.as_ref(), &outputs).unwrap();
+            let got = ForwardOutputs {
+                o: o.download(ctx).unwrap(),
+                final_state: state.download(ctx).unwrap(),
+            };
+            let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
+            let what = "forward (Chunked, split state)";
+            if let Err(e) = check(what, &case, Op::Forward, dtype, arithmetic, &got, &expected) {
+                failures.push(e);
+            }
+        }
+    }
+    fail_on(failures);
+}
+
+#[test]
 fn a_chunk_plan_is_reusable_and_checked() {
     let Some(ctx) = cuda() else { return };
     let cases = hard_cases();

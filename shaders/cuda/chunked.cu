@@ -11,8 +11,8 @@
 //                    sequential pass starts its accumulator at U and adds (−W)·S), U in f32
 //                    (only ever an addend: no rounding needed).
 //   gdn_chunk_fwd_*  one block per (V-block, v-head, sequence), sequential over the sequence's
-//                    chunks: the f32 state lives in shared memory (as MMA operand it is split
-//                    into two 16-bit parts, hi + lo, unless SPLIT_STATE is off), and per chunk
+//                    chunks: the f32 state lives in shared memory (as MMA operand it is
+//                    rounded to the storage dtype, or split hi + lo with SPLIT_STATE), per chunk
 //                      v' = U − W·S,  O = scale·diag(γ)·Q·S + P·v',
 //                      S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v').
 //
@@ -27,9 +27,10 @@
 //   every accumulator are f32. Global → shared copies are cp.async, all of a chunk in flight
 //   at once (no double buffering yet: the sequential pass's shared memory is near the limit).
 // - The state accumulates in f32 shared memory (accumulator fragments are loaded, scaled by
-//   γ_C, multiplied into and stored back). Where it is an operand (W·S, Q·S) it enters as
-//   S_hi + S_lo, both 16-bit (SPLIT_STATE, the default): twice those MMAs, but no rounding of
-//   the state, whose error otherwise feeds every later chunk (FLA rounds it to bf16).
+//   γ_C, multiplied into and stored back). Where it is an operand (W·S, Q·S) it is rounded to
+//   the storage dtype as in FLA, or with SPLIT_STATE enters as S_hi + S_lo (twice those
+//   MMAs, no rounding of the state; measured on the H200 it did not change the error, so it
+//   is off by default).
 // - Chunks never cross a sequence boundary: the host's chunk table gives each chunk's first
 //   token and length, and each sequence's first chunk.
 // - Limits: K ≤ 128 (the sequential pass's shared memory); f32 storage and K = 256 use the
@@ -139,7 +140,8 @@ __device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
 }
 
 constexpr int C = 64;          // chunk length
-constexpr int THREADS = 128;   // 4 warps; warp w owns row tile w of every 64-row product
+constexpr int THREADS = 128;   // l2norm and prep: 4 warps; warp w owns row tile w
+constexpr int FWD_THREADS = 256;  // the sequential pass: 8 warps, two per 16-row tile
 constexpr int MAX_K = 128;
 
 // Mirrors ChunkParams in src/cuda_backend/chunked.rs (repr(C), all 4-byte fields).
@@ -187,7 +189,7 @@ __device__ __forceinline__ void load_rows(E* dst, int ld, const E* src, size_t s
                                           int valid) {
     constexpr int PER = 16 / sizeof(E);
     const int vecs = n / PER;
-    for (int idx = threadIdx.x; idx < C * vecs; idx += THREADS) {
+    for (int idx = threadIdx.x; idx < C * vecs; idx += blockDim.x) {
         const int r = idx / vecs, c = (idx % vecs) * PER;
         if (r < rows && c < valid) cp_async16(dst + r * ld + c, src + r * stride + c);
         else *reinterpret_cast<uint4*>(dst + r * ld + c) = make_uint4(0, 0, 0, 0);
@@ -411,7 +413,10 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int v0 = blockIdx.x * BV, hv = blockIdx.y, n = blockIdx.z, h = hv / p.group;
     const int ldk = ld16(K), lds = ld32(BV), ldd = ld16(BV), ldp = ld16(C);
+    // Warp w owns row tile w % 4 and the column half w / 4 of every 64 × BV product, and the
+    // state row tiles w % 4, w % 4 + 4, … in the same column half.
     const int warp = threadIdx.x >> 5;
+    const int cb = (warp >> 2) * (BV / 2), ce = cb + BV / 2;
     const int flags = p.flags;
     const bool split = flags & SPLIT_STATE;
 
@@ -444,7 +449,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     auto state_at = [&](int r, int c) -> size_t {
         return slice + ((flags & STATE_V_FIRST) ? (size_t)(v0 + c) * K + r : (size_t)r * V + v0 + c);
     };
-    for (int idx = threadIdx.x; idx < K * BV; idx += THREADS) {
+    for (int idx = threadIdx.x; idx < K * BV; idx += FWD_THREADS) {
         const int r = idx / BV, c = idx % BV;
         float x = 0.0f;
         if (h_in != nullptr && v0 + c < V) x = h_in[state_at(r, c)];
@@ -453,7 +458,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     }
 
     const int first = seq_chunks[n], last = seq_chunks[n + 1];
-    const int row0 = warp * 16;
+    const int row0 = (warp & 3) * 16;
     for (int chunk = first; chunk < last; ++chunk) {
         const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
         const size_t ch = (size_t)chunk * HV + hv;
@@ -469,7 +474,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         __syncthreads();  // also: the previous chunk's sd is complete
 
         // x1 = v' = U + (−W)·S, x2 = Q·S (the chunk-start state).
-        for (int c0 = 0; c0 < BV; c0 += 16) {
+        for (int c0 = cb; c0 < ce; c0 += 16) {
             FragC acc1, acc2;
             load_c(acc1, x1 + row0 * lds + c0, lds);
             fill_zero(acc2);
@@ -494,7 +499,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 
         // v' in the storage dtype; its decayed copy for the state; x2 ← scale·γ⊙(Q·S).
         const float g_last = sg[C - 1];
-        for (int idx = threadIdx.x; idx < C * BV; idx += THREADS) {
+        for (int idx = threadIdx.x; idx < C * BV; idx += FWD_THREADS) {
             const int i = idx / BV, c = idx % BV;
             const float vi = x1[i * lds + c];
             vn[i * ldd + c] = from_f32<T>(vi);
@@ -503,8 +508,8 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }
         __syncthreads();
 
-        // O = x2 + P·v' (warp w: row tile w); S ← γ_C·S + Kᵀ·vd (warp w: row tiles w, w+4, …).
-        for (int c0 = 0; c0 < BV; c0 += 16) {
+        // O = x2 + P·v'; S ← γ_C·S + Kᵀ·vd.
+        for (int c0 = cb; c0 < ce; c0 += 16) {
             FragC acc;
             load_c(acc, x2 + row0 * lds + c0, lds);
 #pragma unroll
@@ -519,7 +524,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }
         const float gamma_c = expf(g_last);
         for (int r0 = row0; r0 < K; r0 += C) {
-            for (int c0 = 0; c0 < BV; c0 += 16) {
+            for (int c0 = cb; c0 < ce; c0 += 16) {
                 FragC acc;
                 load_c(acc, sf + r0 * lds + c0, lds);
 #pragma unroll
@@ -537,20 +542,20 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }
         __syncthreads();
 
-        for (int idx = threadIdx.x; idx < C * BV; idx += THREADS) {
+        for (int idx = threadIdx.x; idx < C * BV; idx += FWD_THREADS) {
             const int i = idx / BV, c = idx % BV;
             if (i < len && v0 + c < V) {
                 o[((size_t)(start + i) * HV + hv) * V + v0 + c] = from_f32<T>(x2[i * lds + c]);
             }
         }
-        for (int idx = threadIdx.x; idx < K * BV; idx += THREADS) {
+        for (int idx = threadIdx.x; idx < K * BV; idx += FWD_THREADS) {
             const int r = idx / BV, c = idx % BV;
             split_store(sd + r * ldd + c, sdl + r * ldd + c, sf[r * lds + c]);
         }
         __syncthreads();  // before the next chunk overwrites qs, ks, x2
     }
 
-    for (int idx = threadIdx.x; idx < K * BV; idx += THREADS) {
+    for (int idx = threadIdx.x; idx < K * BV; idx += FWD_THREADS) {
         const int r = idx / BV, c = idx % BV;
         if (v0 + c < V) h_out[state_at(r, c)] = sf[r * lds + c];
     }
@@ -560,7 +565,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 }  // namespace gdn
 
 #define GDN_CHUNK_FWD(SUFFIX, T, BV)                                                               \
-    extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS)                            \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::FWD_THREADS)                        \
         gdn_chunk_fwd##BV##_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks,          \
                                      const int* seq_chunks, const T* q, const T* k,                 \
                                      const float* ws_g, const T* ws_w, const float* ws_u,               \
