@@ -100,7 +100,7 @@ fn shape(ctx: &Context, h: usize, hv: usize, seqs: usize, len: usize, runs: usiz
         println!("{name}: the chunked path does not run here ({path:?})");
         return Ok(());
     }
-    // The state split hi + lo as MMA operand first, then the default (split once per chunk,
+    // The state split hi + lo as MMA operand first, then the default (rounded once per chunk,
     // FLA's choice), whose o and state are the ones compared below.
     let split = ChunkPlan::new(ctx, &problem, dtype)?.with_split_state(true);
     let split_ms = time_ms(ctx, runs, || {
