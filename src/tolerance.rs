@@ -36,6 +36,8 @@ pub enum Arithmetic {
     F16Operands,
     /// Operands and products in f16, at most four-term f16 sums accumulated in f32.
     F16Math,
+    /// GEMM operands rounded to bf16, products summed in f32 (the CUDA chunked forward).
+    Bf16Operands,
 }
 
 /// Which result is compared.
@@ -150,6 +152,16 @@ pub fn tolerance(case: Case, quantity: Quantity) -> f64 {
                     }
                 }
                 (F16Operands, _) => 3e-3,
+                // The CUDA chunked forward (bf16 operands −W, P, v', the state). Measured on
+                // the H200 over tests/cuda.rs's hard cases (T ≤ 330, every option; state
+                // rounded or split hi + lo alike): o ≤ 3.7e-3 (4.4e-3 with l2norm, which
+                // rounds q̂, k̂ to bf16; median 3.1e-3), state ≤ 3.1e-3 (median 2.1e-3);
+                // bf16 storage of o alone is 1.7e-3.
+                (Arithmetic::Bf16Operands, _) => match (l2norm_qk, state) {
+                    (true, _) => 7e-3,
+                    (false, true) => 5e-3,
+                    (false, false) => 6e-3,
+                },
             };
             // Rounded operands add to the storage rounding: never tighter than f32 arithmetic.
             own.max(if arithmetic == Arithmetic::F32 {
@@ -197,7 +209,11 @@ mod tests {
             for l2 in [false, true] {
                 for q in [Quantity::Output, Quantity::State] {
                     let exact = Case::new(Op::Forward, dtype).with_l2norm(l2).tolerance(q);
-                    for a in [Arithmetic::F16Operands, Arithmetic::F16Math] {
+                    for a in [
+                        Arithmetic::F16Operands,
+                        Arithmetic::F16Math,
+                        Arithmetic::Bf16Operands,
+                    ] {
                         let rounded = Case::new(Op::Forward, dtype)
                             .with_arithmetic(a)
                             .with_l2norm(l2)

@@ -4,8 +4,9 @@
 //! compute_80 (needs libnvrtc on LD_LIBRARY_PATH; a missing NVRTC fails the test), the kernel
 //! cache, and a typed error (not a panic) from `Context::new` when there is no driver.
 //!
-//! With a CUDA device: forward and decode of the recurrent kernel against the f64 oracle on the
-//! hard cases (T not a multiple of 64, T = 1, varlen with empty and length-1 sequences, GVA,
+//! With a CUDA device: the forward (the chunked tensor-core path for f16/bf16 with K ≤ 128,
+//! the recurrent kernel for f32 and K = 256, and the recurrent kernel forced for every dtype)
+//! and decode against the f64 oracle on the hard cases (T not a multiple of 64, T = 1, varlen with empty and length-1 sequences, GVA,
 //! g = 0 and g ≈ −20 heads, β near 0 and near 2, h0 on/off, every option, every dtype), outputs
 //! NaN-poisoned before the kernels run, tolerances from `gdn_wgpu::tolerance`. Without a
 //! device they print "not run", unless `GDN_REQUIRE_CUDA=1`, which makes them fail.
@@ -18,8 +19,10 @@ use std::sync::OnceLock;
 
 use common::each_single_option;
 use gdn_wgpu::cuda_backend::nvrtc::{self, Target};
-use gdn_wgpu::cuda_backend::{self, Context, CudaTensor, SeqBounds, kernels};
-use gdn_wgpu::tolerance::{Case, Op, Quantity};
+use gdn_wgpu::cuda_backend::{
+    self, ChunkPlan, Context, CudaTensor, ForwardPath, SeqBounds, forward_path, kernels,
+};
+use gdn_wgpu::tolerance::{Arithmetic, Case, Op, Quantity};
 use gdn_wgpu::{
     Backend, DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec,
     reference, relative_l2,
@@ -104,6 +107,24 @@ fn the_recurrent_kernel_exports_every_dtype() {
         "gdn_recurrent_bf16",
     ] {
         assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+    }
+}
+
+#[test]
+fn the_chunked_kernels_export_every_16_bit_dtype() {
+    require_nvrtc();
+    let image = nvrtc::compile(
+        kernels::CHUNKED.file,
+        &kernels::CHUNKED.full_text(),
+        Target::Compute80Ptx,
+    )
+    .unwrap();
+    let ptx = String::from_utf8_lossy(&image.bytes);
+    for dtype in ["f16", "bf16"] {
+        for pass in ["l2norm", "chunk_prep", "chunk_fwd32", "chunk_fwd64"] {
+            let name = format!("gdn_{pass}_{dtype}");
+            assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+        }
     }
 }
 
@@ -323,6 +344,31 @@ fn hard_cases() -> Vec<HardCase> {
                 ..spec(9, true)
             },
         ),
+        // Several chunks per sequence, two V-blocks of 64, strong and zero gates.
+        case(
+            "T300 K128 V128 GVA2 special gates h0",
+            problem(1, 300, 1, 2, 128, 128, None, d),
+            RandomSpec {
+                zero_gate_heads: 1,
+                strong_gate_heads: 1,
+                ..spec(10, true)
+            },
+        ),
+        // Sequences ending on, just after and just before chunk boundaries.
+        case(
+            "varlen chunk boundaries",
+            problem(
+                1,
+                330,
+                2,
+                2,
+                64,
+                64,
+                Some(vec![0, 64, 65, 129, 192, 193, 330]),
+                d,
+            ),
+            spec(11, true),
+        ),
     ];
     for (i, options) in each_single_option().into_iter().enumerate() {
         cases.push(case(
@@ -387,19 +433,20 @@ fn upload(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> ForwardInputs<Cu
     }
 }
 
-/// Compare o and the state with the oracle within the policy's tolerance for `op`.
+/// Compare o and the state with the oracle within the policy's tolerance for `op` computed
+/// with `arithmetic`.
 fn check(
     what: &str,
     case: &HardCase,
     op: Op,
     dtype: DType,
-    ctx: &Context,
+    arithmetic: Arithmetic,
     got: &ForwardOutputs<HostTensor>,
     expected: &ForwardOutputs<Vec<f64>>,
 ) -> Result<(), String> {
     let (o, state) = (&got.o, &got.final_state);
     let tol = Case::new(op, dtype)
-        .with_arithmetic(ctx.arithmetic(&case.problem, dtype))
+        .with_arithmetic(arithmetic)
         .with_l2norm(case.problem.options.l2norm_qk);
     let (eo, es) = (
         relative_l2(&o.data, &expected.o),
@@ -410,7 +457,7 @@ fn check(
         tol.tolerance(Quantity::State),
     );
     eprintln!(
-        "{what} [{}] {dtype}: rel-L2 o {eo:.2e} (≤ {to:.0e}), state {es:.2e} (≤ {ts:.0e})",
+        "{what} [{}] {dtype} {arithmetic:?}: rel-L2 o {eo:.2e} (≤ {to:.0e}), state {es:.2e} (≤ {ts:.0e})",
         case.name
     );
     if o.dtype != dtype {
@@ -438,16 +485,120 @@ fn fail_on(failures: Vec<String>) {
     );
 }
 
+/// The path the forward is expected to take: chunked for 16-bit storage with K ≤ 128.
+fn expected_path(problem: &Problem, dtype: DType) -> ForwardPath {
+    if dtype != DType::F32 && problem.key_dim <= cuda_backend::chunked::MAX_CHUNKED_KEY_DIM {
+        ForwardPath::Chunked
+    } else {
+        ForwardPath::Recurrent
+    }
+}
+
+/// The arithmetic of `path` for `dtype`.
+fn arithmetic_of(path: ForwardPath, dtype: DType) -> Arithmetic {
+    match (path, dtype) {
+        (ForwardPath::Recurrent, _) | (_, DType::F32) => Arithmetic::F32,
+        (ForwardPath::Chunked, DType::BF16) => Arithmetic::Bf16Operands,
+        (ForwardPath::Chunked, DType::F16) => Arithmetic::F16Operands,
+    }
+}
+
+/// Run the forward of `case` in `dtype` into NaN-poisoned outputs: through `forward_into`
+/// (its own path choice) or forced onto the recurrent kernel.
+fn run_forward(
+    ctx: &Context,
+    case: &HardCase,
+    inputs: &ForwardInputs<HostTensor>,
+    dtype: DType,
+    force_recurrent: bool,
+) -> ForwardOutputs<HostTensor> {
+    let p = &case.problem;
+    let dev = upload(ctx, inputs);
+    let seq = SeqBounds::upload(ctx, p).unwrap();
+    let o = CudaTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
+    let state = CudaTensor::filled(ctx, "state", &p.state_shape(), DType::F32, f32::NAN).unwrap();
+    let outputs = ForwardOutputs {
+        o: &o,
+        final_state: &state,
+    };
+    if force_recurrent {
+        cuda_backend::forward_recurrent_into(ctx, p, &seq, &dev.as_ref(), &outputs).unwrap();
+    } else {
+        cuda_backend::forward_into(ctx, p, &seq, &dev.as_ref(), &outputs).unwrap();
+    }
+    ctx.synchronize().unwrap();
+    ForwardOutputs {
+        o: o.download(ctx).unwrap(),
+        final_state: state.download(ctx).unwrap(),
+    }
+}
+
 #[test]
 fn forward_matches_the_oracle_on_the_hard_cases_every_dtype() {
     let Some(ctx) = cuda() else { return };
     let mut failures = Vec::new();
+    let mut chunked_runs = 0;
     for case in hard_cases() {
         for dtype in DTYPES {
             let p = &case.problem;
+            let path = forward_path(ctx, p, dtype).unwrap();
+            assert_eq!(path, expected_path(p, dtype), "[{}] {dtype}", case.name);
+            assert_eq!(ctx.arithmetic(p, dtype), arithmetic_of(path, dtype));
+            chunked_runs += usize::from(path == ForwardPath::Chunked);
+            let (inputs, expected) = inputs_and_oracle(&case, dtype);
+            let got = run_forward(ctx, &case, &inputs, dtype, false);
+            let what = format!("forward ({path:?})");
+            let arithmetic = arithmetic_of(path, dtype);
+            if let Err(e) = check(
+                &what,
+                &case,
+                Op::Forward,
+                dtype,
+                arithmetic,
+                &got,
+                &expected,
+            ) {
+                failures.push(e);
+            }
+        }
+    }
+    assert!(chunked_runs > 0, "no case ran the chunked path");
+    fail_on(failures);
+}
+
+#[test]
+fn the_recurrent_forward_matches_the_oracle_for_every_dtype() {
+    let Some(ctx) = cuda() else { return };
+    let mut failures = Vec::new();
+    for case in hard_cases() {
+        for dtype in [DType::F16, DType::BF16] {
+            let (inputs, expected) = inputs_and_oracle(&case, dtype);
+            let got = run_forward(ctx, &case, &inputs, dtype, true);
+            let (what, f32_math) = ("forward (forced Recurrent)", Arithmetic::F32);
+            if let Err(e) = check(what, &case, Op::Forward, dtype, f32_math, &got, &expected) {
+                failures.push(e);
+            }
+        }
+    }
+    fail_on(failures);
+}
+
+#[test]
+fn the_split_state_option_matches_the_oracle() {
+    let Some(ctx) = cuda() else { return };
+    let mut failures = Vec::new();
+    for case in hard_cases() {
+        for dtype in [DType::F16, DType::BF16] {
+            let p = &case.problem;
+            if forward_path(ctx, p, dtype).unwrap() != ForwardPath::Chunked {
+                continue;
+            }
             let (inputs, expected) = inputs_and_oracle(&case, dtype);
             let dev = upload(ctx, &inputs);
-            let seq = SeqBounds::upload(ctx, p).unwrap();
+            let plan = ChunkPlan::new(ctx, p, dtype)
+                .unwrap()
+                .with_split_state(true);
+            assert!(plan.split_state());
             let o = CudaTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
             let state =
                 CudaTensor::filled(ctx, "state", &p.state_shape(), DType::F32, f32::NAN).unwrap();
@@ -455,18 +606,82 @@ fn forward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                 o: &o,
                 final_state: &state,
             };
-            cuda_backend::forward_into(ctx, p, &seq, &dev.as_ref(), &outputs).unwrap();
-            ctx.synchronize().unwrap();
+            cuda_backend::launch_chunked(ctx, p, &plan, &dev.as_ref(), &outputs).unwrap();
             let got = ForwardOutputs {
                 o: o.download(ctx).unwrap(),
                 final_state: state.download(ctx).unwrap(),
             };
-            if let Err(e) = check("forward", &case, Op::Forward, dtype, ctx, &got, &expected) {
+            let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
+            let what = "forward (Chunked, split state)";
+            if let Err(e) = check(what, &case, Op::Forward, dtype, arithmetic, &got, &expected) {
                 failures.push(e);
             }
         }
     }
     fail_on(failures);
+}
+
+#[test]
+fn a_chunk_plan_is_reusable_and_checked() {
+    let Some(ctx) = cuda() else { return };
+    let cases = hard_cases();
+    let case = &cases[0];
+    let p = &case.problem;
+    let dtype = DType::BF16;
+    let (inputs, _) = inputs_and_oracle(case, dtype);
+    let dev = upload(ctx, &inputs);
+    let plan = ChunkPlan::new(ctx, p, dtype).unwrap();
+    assert!(plan.workspace_bytes() > 0);
+    let mut results = Vec::new();
+    for _ in 0..2 {
+        let o = CudaTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
+        let state =
+            CudaTensor::filled(ctx, "state", &p.state_shape(), DType::F32, f32::NAN).unwrap();
+        let outputs = ForwardOutputs {
+            o: &o,
+            final_state: &state,
+        };
+        cuda_backend::launch_chunked(ctx, p, &plan, &dev.as_ref(), &outputs).unwrap();
+        results.push((o.download(ctx).unwrap(), state.download(ctx).unwrap()));
+    }
+    assert_eq!(
+        results[0].0.data, results[1].0.data,
+        "o differs between runs"
+    );
+    assert_eq!(
+        results[0].1.data, results[1].1.data,
+        "state differs between runs"
+    );
+    // A plan of another problem or dtype is a typed error, as is a plan for f32 storage.
+    let other = problem(3, 130, 2, 4, 64, 64, None, Options::default());
+    let o = CudaTensor::zeros(ctx, "o", &other.v_shape(), dtype).unwrap();
+    let state = CudaTensor::zeros(ctx, "state", &other.state_shape(), DType::F32).unwrap();
+    let other_inputs = RandomSpec::default().generate(&other);
+    let mut other_inputs = other_inputs;
+    for t in [
+        &mut other_inputs.q,
+        &mut other_inputs.k,
+        &mut other_inputs.v,
+    ] {
+        *t = t.clone().with_dtype(dtype);
+    }
+    let other_dev = upload(ctx, &other_inputs);
+    let err = cuda_backend::launch_chunked(
+        ctx,
+        &other,
+        &plan,
+        &other_dev.as_ref(),
+        &ForwardOutputs {
+            o: &o,
+            final_state: &state,
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(err, Error::Value { .. }), "{err:?}");
+    assert!(matches!(
+        ChunkPlan::new(ctx, p, DType::F32),
+        Err(Error::Unsupported { .. })
+    ));
 }
 
 #[test]
@@ -493,7 +708,9 @@ fn decode_matches_the_oracle_on_the_hard_cases_every_dtype() {
                     final_state: pool.download(ctx).unwrap(),
                 };
                 let what = format!("decode ({tokens_per_step}/step)");
-                if let Err(e) = check(&what, &case, Op::Decode, dtype, ctx, &got, &expected) {
+                // Decode always runs the recurrent kernel: f32 arithmetic.
+                let f32_math = Arithmetic::F32;
+                if let Err(e) = check(&what, &case, Op::Decode, dtype, f32_math, &got, &expected) {
                     failures.push(e);
                 }
             }
@@ -515,12 +732,13 @@ fn the_backend_trait_runs_forward_and_decode_and_refuses_backward() {
         let (inputs, expected) = inputs_and_oracle(case, dtype);
         let fwd = ctx.forward(&case.problem, &inputs.as_ref()).unwrap();
         let dec = ctx.decode(&case.problem, &inputs.as_ref(), 3).unwrap();
-        for (what, op, out) in [
-            ("Backend::forward", Op::Forward, fwd),
-            ("Backend::decode", Op::Decode, dec),
+        let fwd_math = ctx.arithmetic(&case.problem, dtype);
+        for (what, op, out, arithmetic) in [
+            ("Backend::forward", Op::Forward, fwd, fwd_math),
+            ("Backend::decode", Op::Decode, dec, Arithmetic::F32),
         ] {
             assert_eq!(out.final_state.shape, case.problem.state_shape().to_vec());
-            if let Err(e) = check(what, case, op, dtype, ctx, &out, &expected) {
+            if let Err(e) = check(what, case, op, dtype, arithmetic, &out, &expected) {
                 failures.push(e);
             }
         }

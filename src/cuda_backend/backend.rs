@@ -32,9 +32,16 @@ impl Backend for Context {
         }
     }
 
-    fn arithmetic(&self, _problem: &Problem, _dtype: DType) -> Arithmetic {
-        // The recurrent kernel multiplies in f32 whatever the storage dtype.
-        Arithmetic::F32
+    fn arithmetic(&self, problem: &Problem, dtype: DType) -> Arithmetic {
+        // The recurrent kernel multiplies in f32 whatever the storage dtype; the chunked one
+        // rounds its MMA operands to the storage dtype. (Decode always runs the recurrent one.)
+        match super::forward_path(self, problem, dtype) {
+            Ok(super::ForwardPath::Chunked) => match dtype {
+                DType::BF16 => Arithmetic::Bf16Operands,
+                _ => Arithmetic::F16Operands,
+            },
+            _ => Arithmetic::F32,
+        }
     }
 
     fn forward(

@@ -27,5 +27,11 @@ pub const RECURRENT: Source = Source {
     text: include_str!("../../shaders/cuda/recurrent.cu"),
 };
 
+/// The chunked tensor-core forward (l2norm, per-chunk prep, sequential state pass).
+pub const CHUNKED: Source = Source {
+    file: "chunked.cu",
+    text: include_str!("../../shaders/cuda/chunked.cu"),
+};
+
 /// Every pass; the `cuda` test checks that this lists every `shaders/cuda/*.cu`.
-pub const SOURCES: &[Source] = &[RECURRENT];
+pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED];

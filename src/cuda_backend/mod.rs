@@ -6,7 +6,8 @@
 //! without CUDA; [`Context::new`] without a driver or device is an [`crate::Error::NoAdapter`].
 //!
 //! So far: the recurrent kernel (forward and decode, every option and storage dtype, f32
-//! arithmetic). The chunked tensor-core forward and the backward come later;
+//! arithmetic) and the chunked tensor-core forward for f16/bf16 storage with K ≤ 128
+//! ([`forward_path`] says which one a forward call runs). The backward comes later;
 //! `forward_backward` answers [`crate::Error::Unsupported`].
 //!
 //! ```no_run
@@ -19,14 +20,19 @@
 //! ```
 
 mod backend;
+pub mod chunked;
 mod context;
 pub mod kernels;
 pub mod nvrtc;
 pub mod recurrent;
 mod tensor;
 
+pub use chunked::{
+    ChunkPlan, ChunkedPasses, ForwardPath, forward_path, launch_chunked, launch_chunked_passes,
+};
 pub use context::Context;
 pub use recurrent::{
-    SeqBounds, Window, decode_host, decode_into, forward_host, forward_into, launch_recurrent,
+    SeqBounds, Window, decode_host, decode_into, forward_host, forward_into,
+    forward_recurrent_into, launch_recurrent,
 };
 pub use tensor::CudaTensor;

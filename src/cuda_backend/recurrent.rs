@@ -85,7 +85,12 @@ pub struct Window {
     pub len: usize,
 }
 
-fn check_tensor<T: TensorMeta>(name: &str, t: &T, shape: &[usize], dtype: DType) -> Result<()> {
+pub(crate) fn check_tensor<T: TensorMeta>(
+    name: &str,
+    t: &T,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<()> {
     if t.shape() != shape {
         return Err(Error::shape(name, shape, t.shape()));
     }
@@ -97,6 +102,21 @@ fn check_tensor<T: TensorMeta>(name: &str, t: &T, shape: &[usize], dtype: DType)
         });
     }
     Ok(())
+}
+
+/// The option bits of common.cuh for `problem`'s options.
+pub(crate) fn option_flags(problem: &Problem) -> i32 {
+    let o = problem.options;
+    [
+        (o.l2norm_qk, L2NORM_QK),
+        (o.beta_sigmoid, BETA_SIGMOID),
+        (o.allow_neg_eigval, NEG_EIGVAL),
+        (o.gate_in_kernel, GATE_IN_KERNEL),
+        (o.state_v_first, STATE_V_FIRST),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |acc, (_, bit)| acc | bit)
 }
 
 /// Enqueue one recurrent launch: for every sequence and v-head, read the state from `h_in`
@@ -141,17 +161,7 @@ pub fn launch_recurrent(
             ));
         }
     }
-    let o_ = p.options;
-    let flags = [
-        (o_.l2norm_qk, L2NORM_QK),
-        (o_.beta_sigmoid, BETA_SIGMOID),
-        (o_.allow_neg_eigval, NEG_EIGVAL),
-        (o_.gate_in_kernel, GATE_IN_KERNEL),
-        (o_.state_v_first, STATE_V_FIRST),
-    ]
-    .iter()
-    .filter(|(on, _)| *on)
-    .fold(0, |acc, (_, bit)| acc | bit);
+    let flags = option_flags(p);
     let params = RecurrentParams {
         heads_qk: p.heads_qk as i32,
         heads_v: p.heads_v as i32,
@@ -209,8 +219,35 @@ pub fn launch_recurrent(
     Ok(())
 }
 
-/// Enqueue the forward: one launch over every token, o and the final state into `outputs`.
+/// Enqueue the forward on the path [`forward_path`](super::forward_path) picks: the chunked
+/// kernels (with a [`ChunkPlan`](super::ChunkPlan) made for this call: it allocates and uploads
+/// the chunk table) or one recurrent launch over every token. o and the final state into
+/// `outputs`.
 pub fn forward_into(
+    ctx: &Context,
+    problem: &Problem,
+    seq: &SeqBounds,
+    inputs: &ForwardInputs<&CudaTensor>,
+    outputs: &ForwardOutputs<&CudaTensor>,
+) -> Result<()> {
+    let dtype = inputs.q.dtype();
+    if super::forward_path(ctx, problem, dtype)? == super::ForwardPath::Chunked {
+        if seq.sequences != problem.num_sequences() {
+            return Err(Error::value(
+                "sequence bounds",
+                format!("{} sequences (the problem's N)", problem.num_sequences()),
+                seq.sequences,
+            ));
+        }
+        let plan = super::ChunkPlan::new(ctx, problem, dtype)?;
+        return super::launch_chunked(ctx, problem, &plan, inputs, outputs);
+    }
+    forward_recurrent_into(ctx, problem, seq, inputs, outputs)
+}
+
+/// Enqueue the forward on the recurrent kernel whatever the dtype: one launch over every
+/// token, o and the final state into `outputs`.
+pub fn forward_recurrent_into(
     ctx: &Context,
     problem: &Problem,
     seq: &SeqBounds,
