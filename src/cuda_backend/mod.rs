@@ -19,6 +19,7 @@
 //! ```
 
 mod backend;
+pub mod backward;
 mod context;
 pub mod kernels;
 pub mod nvrtc;
