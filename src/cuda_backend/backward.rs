@@ -292,8 +292,7 @@ pub fn backward_into(
     };
     if tokens > 0 {
         // SAFETY: as above (gdn_bwd_qk_finish_* in backward.cu).
-        unsafe { launch.launch(cfg) }
-            .map_err(|e| driver_error(&format!("launch of {name}"), e))?;
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     }
 
     // 3. dβ, dg, dA_log, ddt_bias.
