@@ -640,7 +640,7 @@ fn check_gradients(
             ));
         }
         // NaN compares false: a poisoned element left unwritten fails here.
-        if !(err <= t) {
+        if err.is_nan() || err > t {
             failures.push(format!(
                 "{what} [{}] {dtype}: {name} rel-L2 {err:e} (tol {t:e}) for {:?}",
                 case.name, p

@@ -6,8 +6,8 @@
 //! without CUDA; [`Context::new`] without a driver or device is an [`crate::Error::NoAdapter`].
 //!
 //! So far: the recurrent kernel (forward and decode, every option and storage dtype, f32
-//! arithmetic). The chunked tensor-core forward and the backward come later;
-//! `forward_backward` answers [`crate::Error::Unsupported`].
+//! arithmetic) and the exact BPTT backward ([`backward`], every gradient, f32 arithmetic).
+//! The chunked tensor-core kernels come later.
 //!
 //! ```no_run
 //! use gdn_wgpu::{cuda_backend::Context, Backend, Options, Problem, RandomSpec};
