@@ -5,8 +5,9 @@
 //! cache, and a typed error (not a panic) from `Context::new` when there is no driver.
 //!
 //! With a CUDA device: the forward (the chunked tensor-core path for f16/bf16 with K ≤ 128,
-//! the recurrent kernel for f32 and K = 256, and the recurrent kernel forced for every dtype)
-//! and decode against the f64 oracle on the hard cases (T not a multiple of 64, T = 1, varlen with empty and length-1 sequences, GVA,
+//! the recurrent kernel for f32 and K = 256, and the recurrent kernel forced for every dtype),
+//! decode and the backward (every gradient) against the f64 oracle on the hard cases (T not a
+//! multiple of 64, T = 1, varlen with empty and length-1 sequences, GVA,
 //! g = 0 and g ≈ −20 heads, β near 0 and near 2, h0 on/off, every option, every dtype), outputs
 //! NaN-poisoned before the kernels run, tolerances from `gdn_wgpu::tolerance`. Without a
 //! device they print "not run", unless `GDN_REQUIRE_CUDA=1`, which makes them fail.
@@ -720,11 +721,10 @@ fn decode_matches_the_oracle_on_the_hard_cases_every_dtype() {
 }
 
 #[test]
-fn the_backend_trait_runs_forward_and_decode_and_refuses_backward() {
+fn the_backend_trait_runs_forward_and_decode() {
     let Some(ctx) = cuda() else { return };
     assert_eq!(ctx.name(), "cuda");
     assert_eq!(ctx.storage_dtypes(Op::Forward), DTYPES.to_vec());
-    assert!(ctx.storage_dtypes(Op::Backward).is_empty());
     let cases = hard_cases();
     let mut failures = Vec::new();
     for case in [&cases[0], &cases[3], cases.last().unwrap()] {
@@ -744,18 +744,6 @@ fn the_backend_trait_runs_forward_and_decode_and_refuses_backward() {
         }
     }
     fail_on(failures);
-
-    let case = &cases[0];
-    let inputs = case.spec.generate(&case.problem);
-    let d_o = inputs.v.clone();
-    let err = ctx
-        .forward_backward(&case.problem, &inputs.as_ref(), &d_o, None)
-        .unwrap_err();
-    assert!(
-        matches!(err, Error::Unsupported { .. })
-            && err.to_string().contains("backward on the cuda backend"),
-        "{err}"
-    );
 }
 
 #[test]
@@ -808,4 +796,217 @@ fn bad_input_is_a_typed_error() {
     )
     .unwrap_err();
     assert!(matches!(err, Error::Value { .. }), "{err:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The backward (shaders/cuda/backward.cu) against the f64 BPTT oracle
+
+/// Compare every gradient with the oracle within the policy's tolerance; the failures.
+fn check_gradients(
+    what: &str,
+    case: &HardCase,
+    dtype: DType,
+    got: &gdn_wgpu::Gradients<HostTensor>,
+    expected: &reference::Gradients,
+) -> Vec<String> {
+    let p = &case.problem;
+    let tol = Case::new(Op::Backward, dtype).with_l2norm(p.options.l2norm_qk);
+    let mut pairs: Vec<(&str, &HostTensor, &[f64], Quantity, DType)> = vec![
+        ("dq", &got.dq, &expected.dq, Quantity::GradQkv, dtype),
+        ("dk", &got.dk, &expected.dk, Quantity::GradQkv, dtype),
+        ("dv", &got.dv, &expected.dv, Quantity::GradQkv, dtype),
+        ("dg", &got.dg, &expected.dg, Quantity::GradGates, DType::F32),
+        (
+            "dbeta",
+            &got.dbeta,
+            &expected.dbeta,
+            Quantity::GradGates,
+            DType::F32,
+        ),
+    ];
+    let mut failures = Vec::new();
+    let optional = [
+        ("dh0", &got.dh0, &expected.dh0, Quantity::GradGates),
+        ("dA_log", &got.da_log, &expected.da_log, Quantity::GradSums),
+        (
+            "ddt_bias",
+            &got.ddt_bias,
+            &expected.ddt_bias,
+            Quantity::GradSums,
+        ),
+    ];
+    for (name, g, e, quantity) in optional {
+        match (g, e) {
+            (Some(g), Some(e)) => pairs.push((name, g, e, quantity, DType::F32)),
+            (None, None) => {}
+            _ => failures.push(format!(
+                "{what} [{}] {dtype}: {name} present {} but expected {}",
+                case.name,
+                g.is_some(),
+                e.is_some()
+            )),
+        }
+    }
+    let mut line = format!("{what} [{}] {dtype}:", case.name);
+    for (name, g, e, quantity, want_dtype) in pairs {
+        let err = relative_l2(&g.data, e);
+        let t = tol.tolerance(quantity);
+        line.push_str(&format!(" {name} {err:.1e}"));
+        if g.dtype != want_dtype {
+            failures.push(format!(
+                "{what} [{}]: {name} came back as {}",
+                case.name, g.dtype
+            ));
+        }
+        // NaN compares false: a poisoned element left unwritten fails here.
+        if err.is_nan() || err > t {
+            failures.push(format!(
+                "{what} [{}] {dtype}: {name} rel-L2 {err:e} (tol {t:e}) for {:?}",
+                case.name, p
+            ));
+        }
+    }
+    eprintln!("{line}");
+    failures
+}
+
+/// The case's inputs (q, k, v and do in `dtype`), upstream gradients and the oracle's.
+fn backward_case(
+    case: &HardCase,
+    dtype: DType,
+    with_dht: bool,
+) -> (
+    ForwardInputs<HostTensor>,
+    HostTensor,
+    Option<HostTensor>,
+    reference::Gradients,
+) {
+    let (inputs, _) = inputs_and_oracle(case, dtype);
+    let (d_o, dht) = common::backward::upstream(&case.problem, case.spec.seed, with_dht);
+    let d_o = d_o.with_dtype(dtype);
+    let expected =
+        reference::backward(&case.problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+    (inputs, d_o, dht, expected)
+}
+
+#[test]
+fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
+    let Some(ctx) = cuda() else { return };
+    let mut failures = Vec::new();
+    for case in hard_cases() {
+        for dtype in DTYPES {
+            for with_dht in [false, true] {
+                let p = &case.problem;
+                let (inputs, d_o, dht, expected) = backward_case(&case, dtype, with_dht);
+                let dev = upload(ctx, &inputs);
+                let dev = dev.as_ref();
+                let d_o = CudaTensor::upload(ctx, "do", &d_o).unwrap();
+                let dht = dht.map(|t| CudaTensor::upload(ctx, "dht", &t).unwrap());
+                let ws = cuda_backend::backward::BackwardWorkspace::new(ctx, p).unwrap();
+                let grads =
+                    cuda_backend::backward::alloc_gradients(ctx, p, &dev, f32::NAN).unwrap();
+                cuda_backend::backward::backward_into(
+                    ctx,
+                    p,
+                    &ws,
+                    &dev,
+                    &d_o,
+                    dht.as_ref(),
+                    &cuda_backend::backward::gradients_ref(&grads),
+                )
+                .unwrap();
+                ctx.synchronize().unwrap();
+                let down = |t: &CudaTensor| t.download(ctx).unwrap();
+                let got = gdn_wgpu::Gradients {
+                    dq: down(&grads.dq),
+                    dk: down(&grads.dk),
+                    dv: down(&grads.dv),
+                    dg: down(&grads.dg),
+                    dbeta: down(&grads.dbeta),
+                    dh0: grads.dh0.as_ref().map(down),
+                    da_log: grads.da_log.as_ref().map(down),
+                    ddt_bias: grads.ddt_bias.as_ref().map(down),
+                };
+                let what = if with_dht {
+                    "backward + dht"
+                } else {
+                    "backward"
+                };
+                failures.extend(check_gradients(what, &case, dtype, &got, &expected));
+            }
+        }
+    }
+    fail_on(failures);
+}
+
+#[test]
+fn the_backend_trait_runs_forward_backward() {
+    let Some(ctx) = cuda() else { return };
+    assert_eq!(ctx.storage_dtypes(Op::Backward), DTYPES.to_vec());
+    let cases = hard_cases();
+    let mut failures = Vec::new();
+    for (case, dtype) in [
+        (&cases[0], DType::F32),
+        (&cases[3], DType::BF16),
+        (cases.last().unwrap(), DType::F16),
+    ] {
+        let (inputs, d_o, dht, expected) = backward_case(case, dtype, true);
+        let (out, grads) = ctx
+            .forward_backward(&case.problem, &inputs.as_ref(), &d_o, dht.as_ref())
+            .unwrap();
+        let fwd = reference::forward(&case.problem, &inputs.as_ref()).unwrap();
+        let what = "Backend::forward_backward";
+        if let Err(e) = check(
+            what,
+            case,
+            Op::Forward,
+            dtype,
+            ctx.arithmetic(&case.problem, dtype),
+            &out,
+            &fwd,
+        ) {
+            failures.push(e);
+        }
+        failures.extend(check_gradients(what, case, dtype, &grads, &expected));
+    }
+    fail_on(failures);
+}
+
+#[test]
+fn backward_bad_input_is_a_typed_error() {
+    let Some(ctx) = cuda() else { return };
+    let case = &hard_cases()[0];
+    let p = &case.problem;
+    let (inputs, d_o, _, _) = backward_case(case, DType::F32, false);
+    // do in another dtype than v.
+    let err = ctx
+        .forward_backward(
+            p,
+            &inputs.as_ref(),
+            &d_o.clone().with_dtype(DType::BF16),
+            None,
+        )
+        .unwrap_err();
+    assert!(matches!(err, Error::DType { .. }), "{err:?}");
+    let dev = upload(ctx, &inputs);
+    let dev = dev.as_ref();
+    let d_o = CudaTensor::upload(ctx, "do", &d_o).unwrap();
+    let grads = cuda_backend::backward::alloc_gradients(ctx, p, &dev, 0.0).unwrap();
+    let run = |ws_problem: &Problem, grads: &gdn_wgpu::Gradients<&CudaTensor>| {
+        let ws = cuda_backend::backward::BackwardWorkspace::new(ctx, ws_problem).unwrap();
+        cuda_backend::backward::backward_into(ctx, p, &ws, &dev, &d_o, None, grads)
+    };
+    let all = cuda_backend::backward::gradients_ref(&grads);
+    run(p, &all).unwrap();
+    // A workspace made for another problem.
+    let other = problem(3, 130, 2, 4, 64, 64, None, Options::default());
+    assert!(matches!(run(&other, &all), Err(Error::Value { .. })));
+    // dh0 missing although the forward had an initial state.
+    let no_dh0 = gdn_wgpu::Gradients { dh0: None, ..all };
+    assert!(matches!(run(p, &no_dh0), Err(Error::Missing { .. })));
+    // dq in the wrong dtype.
+    let bad = CudaTensor::zeros(ctx, "dq", &p.qk_shape(), DType::BF16).unwrap();
+    let wrong = gdn_wgpu::Gradients { dq: &bad, ..all };
+    assert!(matches!(run(p, &wrong), Err(Error::DType { .. })));
+    ctx.synchronize().unwrap();
 }

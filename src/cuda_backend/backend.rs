@@ -1,7 +1,7 @@
 //! The CUDA [`Context`] as a [`Backend`] (`--backend cuda`).
 
 use crate::backend::Backend;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::problem::{ForwardInputs, ForwardOutputs, Gradients, Problem};
 use crate::tensor::{DType, HostTensor};
 use crate::tolerance::{Arithmetic, Op};
@@ -26,9 +26,7 @@ impl Backend for Context {
 
     fn storage_dtypes(&self, op: Op) -> Vec<DType> {
         match op {
-            Op::Forward | Op::Decode => STORAGE_DTYPES.to_vec(),
-            // No backward kernels yet.
-            Op::Backward => Vec::new(),
+            Op::Forward | Op::Decode | Op::Backward => STORAGE_DTYPES.to_vec(),
         }
     }
 
@@ -54,15 +52,12 @@ impl Backend for Context {
 
     fn forward_backward(
         &self,
-        _problem: &Problem,
-        _inputs: &ForwardInputs<&HostTensor>,
-        _d_o: &HostTensor,
-        _d_final_state: Option<&HostTensor>,
+        problem: &Problem,
+        inputs: &ForwardInputs<&HostTensor>,
+        d_o: &HostTensor,
+        d_final_state: Option<&HostTensor>,
     ) -> Result<(ForwardOutputs<HostTensor>, Gradients<HostTensor>)> {
-        Err(Error::unsupported(
-            "cuda",
-            "backward on the cuda backend (no backward kernels yet)",
-        ))
+        super::backward::forward_backward_host(self, problem, inputs, d_o, d_final_state)
     }
 
     fn decode(

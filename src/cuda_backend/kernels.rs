@@ -33,5 +33,11 @@ pub const CHUNKED: Source = Source {
     text: include_str!("../../shaders/cuda/chunked.cu"),
 };
 
+/// The exact backward: BPTT kernel, dq/dk and gate finishing kernels.
+pub const BACKWARD: Source = Source {
+    file: "backward.cu",
+    text: include_str!("../../shaders/cuda/backward.cu"),
+};
+
 /// Every pass; the `cuda` test checks that this lists every `shaders/cuda/*.cu`.
-pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED];
+pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED, BACKWARD];

@@ -6,9 +6,9 @@
 //! without CUDA; [`Context::new`] without a driver or device is an [`crate::Error::NoAdapter`].
 //!
 //! So far: the recurrent kernel (forward and decode, every option and storage dtype, f32
-//! arithmetic) and the chunked tensor-core forward for f16/bf16 storage with K ≤ 128
-//! ([`forward_path`] says which one a forward call runs). The backward comes later;
-//! `forward_backward` answers [`crate::Error::Unsupported`].
+//! arithmetic), the chunked tensor-core forward for f16/bf16 storage with K ≤ 128
+//! ([`forward_path`] says which one a forward call runs) and the exact BPTT backward
+//! ([`backward`], every gradient, f32 arithmetic).
 //!
 //! ```no_run
 //! use gdn_wgpu::{cuda_backend::Context, Backend, Options, Problem, RandomSpec};
@@ -20,6 +20,7 @@
 //! ```
 
 mod backend;
+pub mod backward;
 pub mod chunked;
 mod context;
 pub mod kernels;

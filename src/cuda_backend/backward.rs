@@ -1,0 +1,456 @@
+//! The exact backward (`shaders/cuda/backward.cu`): BPTT through the token recurrence in f32,
+//! every gradient and option of [`crate::reference::backward`]. A [`BackwardWorkspace`] holds
+//! everything the kernels need besides inputs and outputs, so [`backward_into`] only enqueues
+//! launches (no allocation, no host synchronisation).
+
+use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::context::{Context, driver_error};
+use super::kernels::BACKWARD;
+use super::recurrent::{self, STORAGE_DTYPES, SeqBounds};
+use super::tensor::CudaTensor;
+use crate::error::{Error, Result};
+use crate::problem::{ForwardInputs, ForwardOutputs, Gradients, Problem};
+use crate::tensor::{DType, HostTensor, TensorMeta};
+
+/// v columns per block of the recurrent backward kernel (`BV` in backward.cu).
+const BLOCK_V: usize = 32;
+/// Tokens per checkpoint segment (`CK` in backward.cu).
+const CHECKPOINT: usize = 64;
+
+// Option bits, as in common.cuh.
+const L2NORM_QK: i32 = 1;
+const BETA_SIGMOID: i32 = 2;
+const NEG_EIGVAL: i32 = 4;
+const GATE_IN_KERNEL: i32 = 8;
+const STATE_V_FIRST: i32 = 16;
+
+/// Mirrors `gdn::BackwardParams` in backward.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct BackwardParams {
+    heads_qk: i32,
+    heads_v: i32,
+    key_dim: i32,
+    value_dim: i32,
+    group: i32,
+    flags: i32,
+    v_blocks: i32,
+    total_tokens: i32,
+    scale: f32,
+}
+
+// SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernel takes by value.
+unsafe impl DeviceRepr for BackwardParams {}
+
+fn to_i32(name: &str, x: usize) -> Result<i32> {
+    i32::try_from(x).map_err(|_| Error::value(name, format!("at most {}", i32::MAX), x))
+}
+
+fn alloc_f32(ctx: &Context, name: &str, len: usize) -> Result<CudaSlice<f32>> {
+    // A zero-length allocation is refused by the driver; one spare element is never read.
+    ctx.stream()
+        .alloc_zeros::<f32>(len.max(1))
+        .map_err(|e| driver_error(&format!("allocation of {name}"), e))
+}
+
+/// Scratch memory of the backward for one problem shape: sequence bounds, checkpoints (the
+/// state every 64 tokens), one 64-token replay buffer per (sequence, v-head, V-block), and the
+/// per-V-block partial sums of dq, dk, dβ, dg.
+#[derive(Debug)]
+pub struct BackwardWorkspace {
+    problem: Problem,
+    bounds: CudaSlice<i32>,
+    ckpt_base: CudaSlice<i32>,
+    ckpt: CudaSlice<f32>,
+    seg: CudaSlice<f32>,
+    dq_part: CudaSlice<f32>,
+    dk_part: CudaSlice<f32>,
+    dbeta_part: CudaSlice<f32>,
+    dg_part: CudaSlice<f32>,
+}
+
+impl BackwardWorkspace {
+    /// Allocate the workspace for `problem` (enqueued on the context's stream). Its size is
+    /// `4·HV·K·V·(Σ⌈len/64⌉ + 64·N) + 8·⌈V/32⌉·B·T·HV·(K + 1)` bytes.
+    pub fn new(ctx: &Context, problem: &Problem) -> Result<Self> {
+        let p = problem;
+        let seqs = p.sequences();
+        let mut bounds = vec![0i32];
+        let mut base = vec![0i32];
+        let mut checkpoints = 0usize;
+        for s in &seqs {
+            bounds.push(to_i32("tokens (B·T)", s.end)?);
+            checkpoints += s.len().div_ceil(CHECKPOINT);
+            base.push(to_i32("checkpoints", checkpoints)?);
+        }
+        let up = |name: &str, x: &[i32]| {
+            ctx.stream()
+                .clone_htod(x)
+                .map_err(|e| driver_error(&format!("upload of {name}"), e))
+        };
+        let vb = p.value_dim.div_ceil(BLOCK_V);
+        let slice = p.key_dim * vb * BLOCK_V; // one block's state slice, V padded to whole blocks
+        let per_token = vb * p.total_tokens() * p.heads_v;
+        Ok(BackwardWorkspace {
+            problem: p.clone(),
+            bounds: up("sequence bounds", &bounds)?,
+            ckpt_base: up("checkpoint offsets", &base)?,
+            ckpt: alloc_f32(ctx, "checkpoints", checkpoints * p.heads_v * slice)?,
+            seg: alloc_f32(
+                ctx,
+                "replay buffer",
+                seqs.len() * p.heads_v * CHECKPOINT * slice,
+            )?,
+            dq_part: alloc_f32(ctx, "dq partials", per_token * p.key_dim)?,
+            dk_part: alloc_f32(ctx, "dk partials", per_token * p.key_dim)?,
+            dbeta_part: alloc_f32(ctx, "dbeta partials", per_token)?,
+            dg_part: alloc_f32(ctx, "dg partials", per_token)?,
+        })
+    }
+}
+
+fn check_tensor<T: TensorMeta>(name: &str, t: &T, shape: &[usize], dtype: DType) -> Result<()> {
+    if t.shape() != shape {
+        return Err(Error::shape(name, shape, t.shape()));
+    }
+    if t.dtype() != dtype {
+        return Err(Error::DType {
+            name: name.into(),
+            expected: dtype.to_string(),
+            got: t.dtype().to_string(),
+        });
+    }
+    Ok(())
+}
+
+fn present(name: &str, want: bool, got: bool, why: &str) -> Result<()> {
+    match (want, got) {
+        (true, false) => Err(Error::Missing {
+            name: name.into(),
+            why: why.into(),
+        }),
+        (false, true) => Err(Error::value(name, format!("none ({why})"), "a tensor")),
+        _ => Ok(()),
+    }
+}
+
+fn flags(p: &Problem) -> i32 {
+    let o = p.options;
+    [
+        (o.l2norm_qk, L2NORM_QK),
+        (o.beta_sigmoid, BETA_SIGMOID),
+        (o.allow_neg_eigval, NEG_EIGVAL),
+        (o.gate_in_kernel, GATE_IN_KERNEL),
+        (o.state_v_first, STATE_V_FIRST),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |acc, (_, bit)| acc | bit)
+}
+
+/// Enqueue the backward of `L = Σ o ⊙ d_o + Σ final_state ⊙ dht` into `grads`: three
+/// launches, no allocation, no host synchronisation. `d_o` is `[B,T,HV,V]` in the dtype of v,
+/// `dht` (optional) the state shape in f32. `grads.dh0` must be present exactly when the
+/// inputs have an initial state, `da_log` / `ddt_bias` exactly with `gate_in_kernel`.
+pub fn backward_into(
+    ctx: &Context,
+    problem: &Problem,
+    workspace: &BackwardWorkspace,
+    inputs: &ForwardInputs<&CudaTensor>,
+    d_o: &CudaTensor,
+    dht: Option<&CudaTensor>,
+    grads: &Gradients<&CudaTensor>,
+) -> Result<()> {
+    let p = problem;
+    p.check_inputs(inputs, &STORAGE_DTYPES)?;
+    if workspace.problem != *p {
+        return Err(Error::value(
+            "backward workspace",
+            "one made for this problem",
+            format!("{:?}", workspace.problem),
+        ));
+    }
+    let dtype = inputs.q.dtype();
+    let f32_ = DType::F32;
+    check_tensor("do", d_o, &p.v_shape(), inputs.v.dtype())?;
+    if let Some(t) = dht {
+        check_tensor("dht", t, &p.state_shape(), f32_)?;
+    }
+    check_tensor("dq", grads.dq, &p.qk_shape(), dtype)?;
+    check_tensor("dk", grads.dk, &p.qk_shape(), inputs.k.dtype())?;
+    check_tensor("dv", grads.dv, &p.v_shape(), inputs.v.dtype())?;
+    check_tensor("dg", grads.dg, &p.gate_shape(), f32_)?;
+    check_tensor("dbeta", grads.dbeta, &p.gate_shape(), f32_)?;
+    let has_h0 = inputs.initial_state.is_some();
+    present("dh0", has_h0, grads.dh0.is_some(), "exactly with h0")?;
+    if let Some(t) = grads.dh0 {
+        check_tensor("dh0", t, &p.state_shape(), f32_)?;
+    }
+    let gate = p.options.gate_in_kernel;
+    for (name, t) in [("dA_log", grads.da_log), ("ddt_bias", grads.ddt_bias)] {
+        present(name, gate, t.is_some(), "exactly with gate_in_kernel")?;
+        if let Some(t) = t {
+            check_tensor(name, t, &[p.heads_v], f32_)?;
+        }
+    }
+    let tokens = to_i32("tokens (B·T)", p.total_tokens())?;
+    for (name, x) in [
+        ("heads_v (HV)", p.heads_v),
+        ("sequences (N)", p.num_sequences()),
+        ("heads_qk (H)", p.heads_qk),
+    ] {
+        if x > 65535 {
+            return Err(Error::unsupported(
+                name,
+                format!("{x} on the cuda backend (at most 65535)"),
+            ));
+        }
+    }
+    let v_blocks = p.value_dim.div_ceil(BLOCK_V);
+    let params = BackwardParams {
+        heads_qk: p.heads_qk as i32,
+        heads_v: p.heads_v as i32,
+        key_dim: p.key_dim as i32,
+        value_dim: p.value_dim as i32,
+        group: p.group() as i32,
+        flags: flags(p),
+        v_blocks: v_blocks as i32,
+        total_tokens: tokens,
+        scale: p.scale(),
+    };
+    let suffix = match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+    };
+    let stream = ctx.stream();
+    let null: u64 = 0;
+    let ws = workspace;
+
+    // 1. The recurrent BPTT kernel.
+    let name = format!("gdn_bwd_recurrent_{suffix}");
+    let func = ctx.function(&BACKWARD, &name)?;
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&params)
+        .arg(&ws.bounds)
+        .arg(&ws.ckpt_base)
+        .arg(inputs.q.buffer())
+        .arg(inputs.k.buffer())
+        .arg(inputs.v.buffer())
+        .arg(inputs.g.buffer())
+        .arg(inputs.beta.buffer());
+    for t in [
+        inputs.a_log,
+        inputs.dt_bias,
+        inputs.initial_state,
+        Some(d_o),
+        dht,
+        Some(grads.dv),
+        grads.dh0,
+    ] {
+        // Absent optional tensors are null pointers.
+        match t {
+            Some(t) => launch.arg(t.buffer()),
+            None => launch.arg(&null),
+        };
+    }
+    launch
+        .arg(&ws.ckpt)
+        .arg(&ws.seg)
+        .arg(&ws.dq_part)
+        .arg(&ws.dk_part)
+        .arg(&ws.dbeta_part)
+        .arg(&ws.dg_part);
+    let cfg = LaunchConfig {
+        grid_dim: (v_blocks as u32, p.heads_v as u32, p.num_sequences() as u32),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match GDN_BWD in backward.cu; every tensor was checked above to
+    // have the shape and dtype the kernel indexes with, the workspace was made for `problem`.
+    unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
+
+    // 2. dq, dk: V-block and GVA sums, l2norm chain rule (no tokens: nothing to write, and a
+    // grid of zero blocks is refused).
+    let name = format!("gdn_bwd_qk_finish_{suffix}");
+    let func = ctx.function(&BACKWARD, &name)?;
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&params)
+        .arg(inputs.q.buffer())
+        .arg(inputs.k.buffer())
+        .arg(&ws.dq_part)
+        .arg(&ws.dk_part)
+        .arg(grads.dq.buffer())
+        .arg(grads.dk.buffer());
+    let cfg = LaunchConfig {
+        grid_dim: (tokens as u32, p.heads_qk as u32, 1),
+        block_dim: (128, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    if tokens > 0 {
+        // SAFETY: as above (gdn_bwd_qk_finish_* in backward.cu).
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
+    }
+
+    // 3. dβ, dg, dA_log, ddt_bias.
+    let name = "gdn_bwd_gate_finish";
+    let func = ctx.function(&BACKWARD, name)?;
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&params)
+        .arg(inputs.g.buffer())
+        .arg(inputs.beta.buffer());
+    for t in [inputs.a_log, inputs.dt_bias] {
+        match t {
+            Some(t) => launch.arg(t.buffer()),
+            None => launch.arg(&null),
+        };
+    }
+    launch
+        .arg(&ws.dbeta_part)
+        .arg(&ws.dg_part)
+        .arg(grads.dg.buffer())
+        .arg(grads.dbeta.buffer());
+    for t in [grads.da_log, grads.ddt_bias] {
+        match t {
+            Some(t) => launch.arg(t.buffer()),
+            None => launch.arg(&null),
+        };
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (p.heads_v as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: as above (gdn_bwd_gate_finish in backward.cu).
+    unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
+    Ok(())
+}
+
+/// Gradient tensors for `problem` on the device, every element `fill` (NaN poisons in tests).
+pub fn alloc_gradients(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&CudaTensor>,
+    fill: f32,
+) -> Result<Gradients<CudaTensor>> {
+    let p = problem;
+    let f = |name: &str, shape: &[usize], dtype: DType| {
+        CudaTensor::filled(ctx, name, shape, dtype, fill)
+    };
+    let gate = p.options.gate_in_kernel;
+    Ok(Gradients {
+        dq: f("dq", &p.qk_shape(), inputs.q.dtype())?,
+        dk: f("dk", &p.qk_shape(), inputs.k.dtype())?,
+        dv: f("dv", &p.v_shape(), inputs.v.dtype())?,
+        dg: f("dg", &p.gate_shape(), DType::F32)?,
+        dbeta: f("dbeta", &p.gate_shape(), DType::F32)?,
+        dh0: match inputs.initial_state {
+            Some(_) => Some(f("dh0", &p.state_shape(), DType::F32)?),
+            None => None,
+        },
+        da_log: gate
+            .then(|| f("dA_log", &[p.heads_v], DType::F32))
+            .transpose()?,
+        ddt_bias: gate
+            .then(|| f("ddt_bias", &[p.heads_v], DType::F32))
+            .transpose()?,
+    })
+}
+
+/// Borrow every gradient tensor.
+pub fn gradients_ref(g: &Gradients<CudaTensor>) -> Gradients<&CudaTensor> {
+    Gradients {
+        dq: &g.dq,
+        dk: &g.dk,
+        dv: &g.dv,
+        dg: &g.dg,
+        dbeta: &g.dbeta,
+        dh0: g.dh0.as_ref(),
+        da_log: g.da_log.as_ref(),
+        ddt_bias: g.ddt_bias.as_ref(),
+    }
+}
+
+fn upload_inputs(
+    ctx: &Context,
+    inputs: &ForwardInputs<&HostTensor>,
+) -> Result<ForwardInputs<CudaTensor>> {
+    let up = |name: &str, t: &HostTensor| CudaTensor::upload(ctx, name, t);
+    Ok(ForwardInputs {
+        q: up("q", inputs.q)?,
+        k: up("k", inputs.k)?,
+        v: up("v", inputs.v)?,
+        g: up("g", inputs.g)?,
+        beta: up("beta", inputs.beta)?,
+        initial_state: inputs
+            .initial_state
+            .map(|t| up("initial_state", t))
+            .transpose()?,
+        a_log: inputs.a_log.map(|t| up("A_log", t)).transpose()?,
+        dt_bias: inputs.dt_bias.map(|t| up("dt_bias", t)).transpose()?,
+    })
+}
+
+/// Forward and backward on host tensors: check, upload, launch, wait, download.
+pub fn forward_backward_host(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&HostTensor>,
+    d_o: &HostTensor,
+    dht: Option<&HostTensor>,
+) -> Result<(ForwardOutputs<HostTensor>, Gradients<HostTensor>)> {
+    problem.check_inputs(inputs, &STORAGE_DTYPES)?;
+    crate::problem::check_host_values(problem, inputs)?;
+    crate::wgpu_backend::backward::check_host_gradients(problem, inputs.v.dtype, d_o, dht)?;
+    let dev = upload_inputs(ctx, inputs)?;
+    let dev = dev.as_ref();
+    let d_o = CudaTensor::upload(ctx, "do", d_o)?;
+    let dht = dht.map(|t| CudaTensor::upload(ctx, "dht", t)).transpose()?;
+    let seq = SeqBounds::upload(ctx, problem)?;
+    let o = CudaTensor::zeros(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
+    let state = CudaTensor::zeros(ctx, "final_state", &problem.state_shape(), DType::F32)?;
+    recurrent::forward_into(
+        ctx,
+        problem,
+        &seq,
+        &dev,
+        &ForwardOutputs {
+            o: &o,
+            final_state: &state,
+        },
+    )?;
+    let ws = BackwardWorkspace::new(ctx, problem)?;
+    let grads = alloc_gradients(ctx, problem, &dev, 0.0)?;
+    backward_into(
+        ctx,
+        problem,
+        &ws,
+        &dev,
+        &d_o,
+        dht.as_ref(),
+        &gradients_ref(&grads),
+    )?;
+    ctx.synchronize()?;
+    let down = |t: &CudaTensor| t.download(ctx);
+    let opt = |t: &Option<CudaTensor>| t.as_ref().map(down).transpose();
+    Ok((
+        ForwardOutputs {
+            o: down(&o)?,
+            final_state: down(&state)?,
+        },
+        Gradients {
+            dq: down(&grads.dq)?,
+            dk: down(&grads.dk)?,
+            dv: down(&grads.dv)?,
+            dg: down(&grads.dg)?,
+            dbeta: down(&grads.dbeta)?,
+            dh0: opt(&grads.dh0)?,
+            da_log: opt(&grads.da_log)?,
+            ddt_bias: opt(&grads.ddt_bias)?,
+        },
+    ))
+}
