@@ -15,6 +15,8 @@
 mod cases;
 mod ceiling;
 pub mod check;
+#[cfg(feature = "cuda")]
+mod cuda;
 mod inputs;
 pub mod memory;
 pub mod metrics;
@@ -1054,7 +1056,19 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                                 run_host_check(backend, c, pc).map_err(err)
                             })?);
                     }
-                    time_host(engine.backend(), c, pc.op, hc).map_err(|e| err(e.into()))?
+                    match &engine {
+                        #[cfg(feature = "cuda")]
+                        Engine::Cuda(ctx) => {
+                            let (variant, timing) =
+                                cuda::time(ctx, pc.op, hc, c.warmup, c.reps, c.max_seconds, c.seed)
+                                    .map_err(|e| err(e.into()))?;
+                            record.variant = Some(variant);
+                            timing
+                        }
+                        _ => {
+                            time_host(engine.backend(), c, pc.op, hc).map_err(|e| err(e.into()))?
+                        }
+                    }
                 }
                 Some(ctx) => {
                     let (v, vname, tiles) =

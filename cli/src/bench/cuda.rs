@@ -1,0 +1,153 @@
+//! `gdn bench --backend cuda`: the CUDA kernels timed with CUDA events around the launches on
+//! the context's stream, after inputs, outputs and workspaces are made once per case (as a
+//! serving or training loop would). GPU ms is the event time, host ms the time to enqueue,
+//! wall ms enqueue plus the wait.
+
+use std::time::Instant;
+
+use gdn_wgpu::cuda_backend::{
+    self, ChunkPlan, Context, CudaTensor, ForwardPath, SeqBounds, backward::BackwardWorkspace,
+};
+use gdn_wgpu::error::{Error, Result};
+use gdn_wgpu::tensor::{DType, HostTensor};
+use gdn_wgpu::{ForwardInputs, ForwardOutputs};
+
+use super::Timing;
+use super::cases::HostCase;
+use super::inputs::normal;
+use super::metrics::Op;
+
+fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Gpu(format!("CUDA {what}: {e:?}"))
+}
+
+fn upload(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> Result<ForwardInputs<CudaTensor>> {
+    let up = |name: &str, t: &HostTensor| CudaTensor::upload(ctx, name, t);
+    let opt = |name: &str, t: &Option<HostTensor>| t.as_ref().map(|t| up(name, t)).transpose();
+    Ok(ForwardInputs {
+        q: up("q", &inputs.q)?,
+        k: up("k", &inputs.k)?,
+        v: up("v", &inputs.v)?,
+        g: up("g", &inputs.g)?,
+        beta: up("beta", &inputs.beta)?,
+        initial_state: opt("h0", &inputs.initial_state)?,
+        a_log: opt("A_log", &inputs.a_log)?,
+        dt_bias: opt("dt_bias", &inputs.dt_bias)?,
+    })
+}
+
+/// Warm up, then time `reps` repetitions of `op` on `host` (fewer when they would take longer
+/// than `max_seconds`). Also returns what the launches run, in words (the record's variant).
+pub fn time(
+    ctx: &Context,
+    op: Op,
+    host: &HostCase,
+    warmup: usize,
+    reps: usize,
+    max_seconds: f64,
+    seed: u64,
+) -> Result<(String, Timing)> {
+    let p = &host.problem;
+    let dev = upload(ctx, &host.inputs)?;
+    let inputs = dev.as_ref();
+    let seq = SeqBounds::upload(ctx, p)?;
+    let o = CudaTensor::zeros(ctx, "o", &p.v_shape(), host.dtype)?;
+    let state = CudaTensor::zeros(ctx, "final state", &p.state_shape(), DType::F32)?;
+    let outputs = ForwardOutputs {
+        o: &o,
+        final_state: &state,
+    };
+    // Each op's launches, enqueued with everything they need made beforehand.
+    let variant: String;
+    let launch: Box<dyn Fn() -> Result<()>> = match op {
+        Op::Forward => match cuda_backend::forward_path(ctx, p, host.dtype)? {
+            ForwardPath::Chunked => {
+                let plan = ChunkPlan::new(ctx, p, host.dtype)?;
+                variant = format!(
+                    "cuda chunked tensor-core forward, V-block {}",
+                    plan.value_block()
+                );
+                Box::new(move || cuda_backend::launch_chunked(ctx, p, &plan, &inputs, &outputs))
+            }
+            ForwardPath::Recurrent => {
+                variant = "cuda recurrent forward".into();
+                Box::new(move || {
+                    cuda_backend::forward_recurrent_into(ctx, p, &seq, &inputs, &outputs)
+                })
+            }
+        },
+        Op::Decode => {
+            variant = "cuda recurrent decode step over an in-place pool".into();
+            // The pool starts from h0 and is updated in place, one token per sequence.
+            let pool = match &host.inputs.initial_state {
+                Some(h0) => CudaTensor::upload(ctx, "pool", h0)?,
+                None => CudaTensor::zeros(ctx, "pool", &p.state_shape(), DType::F32)?,
+            };
+            Box::new(move || cuda_backend::decode_into(ctx, p, &seq, &inputs, &o, &pool, 1))
+        }
+        Op::Backward => {
+            variant = "cuda exact backward (BPTT, checkpoints every 64 tokens)".into();
+            let workspace = BackwardWorkspace::new(ctx, p)?;
+            let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0).with_dtype(host.dtype);
+            let d_o = CudaTensor::upload(ctx, "do", &d_o)?;
+            let dht = CudaTensor::upload(ctx, "dht", &normal(&p.state_shape(), 0.5, seed ^ 0xd7))?;
+            let grads = cuda_backend::backward::alloc_gradients(ctx, p, &inputs, 0.0)?;
+            Box::new(move || {
+                let grads = cuda_backend::backward::gradients_ref(&grads);
+                cuda_backend::backward::backward_into(
+                    ctx,
+                    p,
+                    &workspace,
+                    &inputs,
+                    &d_o,
+                    Some(&dht),
+                    &grads,
+                )
+            })
+        }
+    };
+
+    let cu = ctx.cuda_context();
+    let event = || {
+        cu.new_event(None)
+            .map_err(|e| cuda_error("event creation", e))
+    };
+    let (start, end) = (event()?, event()?);
+    let mut t = Timing::default();
+    let run = |record: bool, t: &mut Timing| -> Result<f64> {
+        let begin = Instant::now();
+        start
+            .record(ctx.stream())
+            .map_err(|e| cuda_error("event record", e))?;
+        launch()?;
+        end.record(ctx.stream())
+            .map_err(|e| cuda_error("event record", e))?;
+        let enqueued = Instant::now();
+        end.synchronize()
+            .map_err(|e| cuda_error("event synchronize", e))?;
+        let wall = begin.elapsed().as_secs_f64() * 1e3;
+        if record {
+            let gpu = start
+                .elapsed_ms(&end)
+                .map_err(|e| cuda_error("event elapsed time", e))?;
+            t.gpu.push(gpu as f64);
+            t.wall.push(wall);
+            t.host.push((enqueued - begin).as_secs_f64() * 1e3);
+        }
+        Ok(wall)
+    };
+    let mut last_wall = 0.0;
+    for _ in 0..warmup.max(1) {
+        last_wall = run(false, &mut t)?;
+    }
+    let reps = if last_wall > 0.0 {
+        reps.min(((max_seconds * 1e3 / last_wall).floor() as usize).max(3))
+    } else {
+        reps
+    };
+    for _ in 0..reps {
+        run(true, &mut t)?;
+    }
+    t.reps = reps;
+    Ok((variant, t))
+}
