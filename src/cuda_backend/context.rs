@@ -137,6 +137,14 @@ impl Context {
         self.target
     }
 
+    /// An event that records time (cudarc's default event has timing disabled, and
+    /// `elapsed_ms` between such events fails with an invalid-handle error).
+    pub fn timing_event(&self) -> Result<cudarc::driver::CudaEvent> {
+        self.ctx
+            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(|e| driver_error("event creation", e))
+    }
+
     /// Wait until everything enqueued on [`Context::stream`] has run.
     pub fn synchronize(&self) -> Result<()> {
         self.stream

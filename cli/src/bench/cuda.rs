@@ -107,12 +107,7 @@ pub fn time(
         }
     };
 
-    let cu = ctx.cuda_context();
-    let event = || {
-        cu.new_event(None)
-            .map_err(|e| cuda_error("event creation", e))
-    };
-    let (start, end) = (event()?, event()?);
+    let (start, end) = (ctx.timing_event()?, ctx.timing_event()?);
     let mut t = Timing::default();
     let run = |record: bool, t: &mut Timing| -> Result<f64> {
         let begin = Instant::now();
