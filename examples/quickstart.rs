@@ -26,7 +26,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let want = reference::forward(&problem, &inputs.as_ref())?;
 
     // The bound depends on how this device multiplies (its compute path) and the storage.
-    let case = Case::new(Op::Forward, dtype).with_arithmetic(ctx.arithmetic(&problem, dtype));
+    let case =
+        Case::new(Op::Forward, dtype).with_arithmetic(ctx.arithmetic(Op::Forward, &problem, dtype));
     let mut pass = true;
     for (name, got, want, quantity) in [
         ("o", &got.o, &want.o, Quantity::Output),

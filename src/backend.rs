@@ -22,9 +22,9 @@ pub trait Backend {
     /// Storage dtypes of q, k, v (and o) that `op` takes on this device.
     fn storage_dtypes(&self, op: Op) -> Vec<DType>;
 
-    /// How the backend's forward multiplies for `problem` with `dtype` storage: picks the
-    /// tolerance the oracle comparison uses ([`crate::tolerance`]).
-    fn arithmetic(&self, problem: &Problem, dtype: DType) -> Arithmetic;
+    /// How the backend's kernels for `op` multiply for `problem` with `dtype` storage: picks
+    /// the tolerance the oracle comparison uses ([`crate::tolerance`]).
+    fn arithmetic(&self, op: Op, problem: &Problem, dtype: DType) -> Arithmetic;
 
     /// The forward: o and the final states.
     fn forward(
@@ -74,7 +74,7 @@ impl Backend for Oracle {
         vec![DType::F32, DType::F16, DType::BF16]
     }
 
-    fn arithmetic(&self, _problem: &Problem, _dtype: DType) -> Arithmetic {
+    fn arithmetic(&self, _op: Op, _problem: &Problem, _dtype: DType) -> Arithmetic {
         Arithmetic::F32
     }
 

@@ -544,7 +544,11 @@ fn forward_matches_the_oracle_on_the_hard_cases_every_dtype() {
             let p = &case.problem;
             let path = forward_path(ctx, p, dtype).unwrap();
             assert_eq!(path, expected_path(p, dtype), "[{}] {dtype}", case.name);
-            assert_eq!(ctx.arithmetic(p, dtype), arithmetic_of(path, dtype));
+            assert_eq!(
+                ctx.arithmetic(Op::Forward, p, dtype),
+                arithmetic_of(path, dtype)
+            );
+            assert_eq!(ctx.arithmetic(Op::Decode, p, dtype), Arithmetic::F32);
             chunked_runs += usize::from(path == ForwardPath::Chunked);
             let (inputs, expected) = inputs_and_oracle(&case, dtype);
             let got = run_forward(ctx, &case, &inputs, dtype, false);
@@ -732,7 +736,7 @@ fn the_backend_trait_runs_forward_and_decode() {
         let (inputs, expected) = inputs_and_oracle(case, dtype);
         let fwd = ctx.forward(&case.problem, &inputs.as_ref()).unwrap();
         let dec = ctx.decode(&case.problem, &inputs.as_ref(), 3).unwrap();
-        let fwd_math = ctx.arithmetic(&case.problem, dtype);
+        let fwd_math = ctx.arithmetic(Op::Forward, &case.problem, dtype);
         for (what, op, out, arithmetic) in [
             ("Backend::forward", Op::Forward, fwd, fwd_math),
             ("Backend::decode", Op::Decode, dec, Arithmetic::F32),
@@ -961,7 +965,7 @@ fn the_backend_trait_runs_forward_backward() {
             case,
             Op::Forward,
             dtype,
-            ctx.arithmetic(&case.problem, dtype),
+            ctx.arithmetic(Op::Forward, &case.problem, dtype),
             &out,
             &fwd,
         ) {

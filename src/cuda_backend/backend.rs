@@ -30,9 +30,13 @@ impl Backend for Context {
         }
     }
 
-    fn arithmetic(&self, problem: &Problem, dtype: DType) -> Arithmetic {
-        // The recurrent kernel multiplies in f32 whatever the storage dtype; the chunked one
-        // rounds its MMA operands to the storage dtype. (Decode always runs the recurrent one.)
+    fn arithmetic(&self, op: Op, problem: &Problem, dtype: DType) -> Arithmetic {
+        // The recurrent kernel (decode, and the forward where the chunked path does not run)
+        // and the backward multiply in f32 whatever the storage dtype; the chunked forward
+        // rounds its MMA operands to the storage dtype.
+        if op != Op::Forward {
+            return Arithmetic::F32;
+        }
         match super::forward_path(self, problem, dtype) {
             Ok(super::ForwardPath::Chunked) => match dtype {
                 DType::BF16 => Arithmetic::Bf16Operands,

@@ -44,9 +44,14 @@ mod host {
             }
         }
 
-        fn arithmetic(&self, problem: &Problem, dtype: DType) -> Arithmetic {
-            self.forward_path(problem, dtype)
-                .map_or(Arithmetic::F32, |choice| choice.path.arithmetic())
+        fn arithmetic(&self, op: Op, problem: &Problem, dtype: DType) -> Arithmetic {
+            // Only the forward has compute paths; backward and decode multiply in f32.
+            match op {
+                Op::Forward => self
+                    .forward_path(problem, dtype)
+                    .map_or(Arithmetic::F32, |choice| choice.path.arithmetic()),
+                Op::Backward | Op::Decode => Arithmetic::F32,
+            }
         }
 
         fn forward(

@@ -188,7 +188,7 @@ pub fn check_forward_on(
     let expected = reference::forward_heads(p, &inputs.as_ref(), &heads)?;
     let out = backend.forward(p, &inputs.as_ref())?;
     let (hv, kv) = (p.heads_v, p.key_dim * p.value_dim);
-    let arithmetic = backend.arithmetic(p, dtype);
+    let arithmetic = backend.arithmetic(tolerance::Op::Forward, p, dtype);
     let tol = |q| bound(Op::Forward, arithmetic, p, dtype, q);
     Ok(CheckCase {
         op: Op::Forward,
@@ -356,8 +356,7 @@ pub fn check_decode_on(
     let heads = sample_heads(p.heads_v);
     let expected = reference::forward_heads(p, &inputs.as_ref(), &heads)?;
     let out = backend.decode(p, &inputs.as_ref(), 1)?;
-    // What the trait says of the backend's forward: never tighter than f32 arithmetic.
-    let arithmetic = backend.arithmetic(p, dtype);
+    let arithmetic = backend.arithmetic(tolerance::Op::Decode, p, dtype);
     let tol = |q| bound(Op::Decode, arithmetic, p, dtype, q);
     let got = (out.o.data.as_slice(), out.final_state.data.as_slice());
     Ok(decode_case(p, variant, &heads, &expected, got, &tol))
