@@ -6,7 +6,7 @@
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::context::{Context, driver_error};
-use super::kernels::BACKWARD;
+use super::kernels::{BACKWARD, option_flags};
 use super::recurrent::{self, STORAGE_DTYPES, SeqBounds};
 use super::tensor::CudaTensor;
 use crate::error::{Error, Result};
@@ -17,13 +17,6 @@ use crate::tensor::{DType, HostTensor, TensorMeta};
 const BLOCK_V: usize = 32;
 /// Tokens per checkpoint segment (`CK` in backward.cu).
 const CHECKPOINT: usize = 64;
-
-// Option bits, as in common.cuh.
-const L2NORM_QK: i32 = 1;
-const BETA_SIGMOID: i32 = 2;
-const NEG_EIGVAL: i32 = 4;
-const GATE_IN_KERNEL: i32 = 8;
-const STATE_V_FIRST: i32 = 16;
 
 /// Mirrors `gdn::BackwardParams` in backward.cu.
 #[repr(C)]
@@ -135,20 +128,6 @@ fn present(name: &str, want: bool, got: bool, why: &str) -> Result<()> {
     }
 }
 
-fn flags(p: &Problem) -> i32 {
-    let o = p.options;
-    [
-        (o.l2norm_qk, L2NORM_QK),
-        (o.beta_sigmoid, BETA_SIGMOID),
-        (o.allow_neg_eigval, NEG_EIGVAL),
-        (o.gate_in_kernel, GATE_IN_KERNEL),
-        (o.state_v_first, STATE_V_FIRST),
-    ]
-    .iter()
-    .filter(|(on, _)| *on)
-    .fold(0, |acc, (_, bit)| acc | bit)
-}
-
 /// Enqueue the backward of `L = Σ o ⊙ d_o + Σ final_state ⊙ dht` into `grads`: three
 /// launches, no allocation, no host synchronisation. `d_o` is `[B,T,HV,V]` in the dtype of v,
 /// `dht` (optional) the state shape in f32. `grads.dh0` must be present exactly when the
@@ -214,7 +193,7 @@ pub fn backward_into(
         key_dim: p.key_dim as i32,
         value_dim: p.value_dim as i32,
         group: p.group() as i32,
-        flags: flags(p),
+        flags: option_flags(p),
         v_blocks: v_blocks as i32,
         total_tokens: tokens,
         scale: p.scale(),

@@ -10,8 +10,8 @@
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, sys};
 
 use super::context::{Context, driver_error};
-use super::kernels::CHUNKED;
-use super::recurrent::{check_tensor, option_flags};
+use super::kernels::{CHUNKED, option_flags};
+use super::recurrent::check_tensor;
 use super::tensor::CudaTensor;
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};

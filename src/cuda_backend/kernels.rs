@@ -1,6 +1,8 @@
 //! The CUDA sources (`shaders/cuda/*.cu`, one file per pass) built into the crate, each
 //! compiled after the shared prelude `shaders/cuda/common.cuh`.
 
+use crate::problem::Problem;
+
 /// The prelude every pass is compiled after (dtype conversions, activations, option bits).
 pub const PRELUDE: &str = include_str!("../../shaders/cuda/common.cuh");
 
@@ -41,3 +43,25 @@ pub const BACKWARD: Source = Source {
 
 /// Every pass; the `cuda` test checks that this lists every `shaders/cuda/*.cu`.
 pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED, BACKWARD];
+
+// Option bits of `RecurrentParams::flags` and friends, as in common.cuh.
+const L2NORM_QK: i32 = 1;
+const BETA_SIGMOID: i32 = 2;
+const NEG_EIGVAL: i32 = 4;
+const GATE_IN_KERNEL: i32 = 8;
+const STATE_V_FIRST: i32 = 16;
+
+/// The option bits of common.cuh for `problem`'s options.
+pub(crate) fn option_flags(problem: &Problem) -> i32 {
+    let o = problem.options;
+    [
+        (o.l2norm_qk, L2NORM_QK),
+        (o.beta_sigmoid, BETA_SIGMOID),
+        (o.allow_neg_eigval, NEG_EIGVAL),
+        (o.gate_in_kernel, GATE_IN_KERNEL),
+        (o.state_v_first, STATE_V_FIRST),
+    ]
+    .iter()
+    .filter(|(on, _)| *on)
+    .fold(0, |acc, (_, bit)| acc | bit)
+}

@@ -33,7 +33,7 @@ pub use chunked::{
 };
 pub use context::Context;
 pub use recurrent::{
-    SeqBounds, Window, decode_host, decode_into, forward_host, forward_into,
+    RecurrentIo, SeqBounds, Window, decode_host, decode_into, forward_host, forward_into,
     forward_recurrent_into, launch_recurrent,
 };
 pub use tensor::CudaTensor;

@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::context::{Context, driver_error};
-use super::kernels::RECURRENT;
+use super::kernels::{RECURRENT, option_flags};
 use super::tensor::CudaTensor;
 use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, ForwardOutputs, Problem};
@@ -17,13 +17,6 @@ pub const STORAGE_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 /// v columns per thread block and threads per block: `BV` and `BV·KSPLIT` in recurrent.cu.
 const BLOCK_V: usize = 32;
 const THREADS: u32 = 128;
-
-// Option bits, as in common.cuh.
-const L2NORM_QK: i32 = 1;
-const BETA_SIGMOID: i32 = 2;
-const NEG_EIGVAL: i32 = 4;
-const GATE_IN_KERNEL: i32 = 8;
-const STATE_V_FIRST: i32 = 16;
 
 /// Mirrors `gdn::RecurrentParams` in recurrent.cu.
 #[repr(C)]
@@ -104,35 +97,29 @@ pub(crate) fn check_tensor<T: TensorMeta>(
     Ok(())
 }
 
-/// The option bits of common.cuh for `problem`'s options.
-pub(crate) fn option_flags(problem: &Problem) -> i32 {
-    let o = problem.options;
-    [
-        (o.l2norm_qk, L2NORM_QK),
-        (o.beta_sigmoid, BETA_SIGMOID),
-        (o.allow_neg_eigval, NEG_EIGVAL),
-        (o.gate_in_kernel, GATE_IN_KERNEL),
-        (o.state_v_first, STATE_V_FIRST),
-    ]
-    .iter()
-    .filter(|(on, _)| *on)
-    .fold(0, |acc, (_, bit)| acc | bit)
+/// Where one recurrent launch reads its states and writes o and its states.
+#[derive(Debug, Clone, Copy)]
+pub struct RecurrentIo<'a> {
+    /// The state each sequence starts from (the problem's state shape, f32); zeros when `None`.
+    pub h_in: Option<&'a CudaTensor>,
+    /// `[B,T,HV,V]` in the dtype of v: o of the window's tokens.
+    pub o: &'a CudaTensor,
+    /// The state after the window (may be `h_in`: a pool updated in place).
+    pub h_out: &'a CudaTensor,
 }
 
-/// Enqueue one recurrent launch: for every sequence and v-head, read the state from `h_in`
-/// (zeros when `None`), run the tokens of `window`, write o for them and the state to `h_out`.
-/// `h_in` may be `h_out` (a state pool updated in place). No host synchronisation.
-#[allow(clippy::too_many_arguments)]
+/// Enqueue one recurrent launch: for every sequence and v-head, read the state from `io.h_in`,
+/// run the tokens of `window`, write o for them and the state to `io.h_out`. No host
+/// synchronisation.
 pub fn launch_recurrent(
     ctx: &Context,
     problem: &Problem,
     seq: &SeqBounds,
     inputs: &ForwardInputs<&CudaTensor>,
-    h_in: Option<&CudaTensor>,
-    o: &CudaTensor,
-    h_out: &CudaTensor,
+    io: RecurrentIo<'_>,
     window: Window,
 ) -> Result<()> {
+    let RecurrentIo { h_in, o, h_out } = io;
     let p = problem;
     p.check_inputs(inputs, &STORAGE_DTYPES)?;
     let dtype = inputs.q.dtype();
@@ -265,9 +252,11 @@ pub fn forward_recurrent_into(
         problem,
         seq,
         inputs,
-        inputs.initial_state,
-        outputs.o,
-        outputs.final_state,
+        RecurrentIo {
+            h_in: inputs.initial_state,
+            o: outputs.o,
+            h_out: outputs.final_state,
+        },
         Window {
             begin: 0,
             len: longest,
@@ -307,7 +296,12 @@ pub fn decode_into(
             begin: step * tokens_per_step,
             len: tokens_per_step,
         };
-        launch_recurrent(ctx, problem, seq, &inputs, Some(pool), o, pool, window)?;
+        let io = RecurrentIo {
+            h_in: Some(pool),
+            o,
+            h_out: pool,
+        };
+        launch_recurrent(ctx, problem, seq, &inputs, io, window)?;
     }
     Ok(())
 }
