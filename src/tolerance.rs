@@ -100,7 +100,7 @@ impl Case {
 pub fn tolerance(case: Case, quantity: Quantity) -> f64 {
     use Arithmetic::{F16Math, F16Operands};
     use DType::{BF16, F16, F32};
-    use Quantity::{GradQkv, Output, State};
+    use Quantity::{GradQkv, GradSums, Output, State};
     let Case {
         op,
         arithmetic,
@@ -174,9 +174,13 @@ pub fn tolerance(case: Case, quantity: Quantity) -> f64 {
             // Measured on lavapipe: dq/dk/dv bf16 1.1e-3..1.7e-3, f16 1.1e-4..2.5e-4; the f32
             // gradients ≤ 2e-5; with l2norm every gradient ≤ 2.7e-3 (bf16; dA_log, ddt_bias
             // 8e-3) and ≤ 3.4e-4 (f16; dA_log 7.8e-4). The backward has f32 arithmetic only.
+            // The sums over every token (dA_log, ddt_bias) cancel: on the shared hard case
+            // "every option, dense, no h0" the wgpu backward's f16 dA_log measured 3.25e-3
+            // (lavapipe, 2026-12-01; it keeps q̂, k̂ in f16), hence 1e-2 for f16 sums.
             match (dtype, quantity, l2norm_qk) {
                 (F32, _, _) => 1e-4,
                 (BF16, _, true) => 3e-2,
+                (F16, GradSums, true) => 1e-2,
                 (F16, _, true) => 3e-3,
                 (BF16, Output | GradQkv, false) => 3e-3,
                 (F16, Output | GradQkv, false) => 5e-4,

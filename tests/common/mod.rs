@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod backward;
+pub mod cases;
 pub mod decode;
 
 use std::sync::OnceLock;
