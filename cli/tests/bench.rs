@@ -395,6 +395,7 @@ fn bad_flags_exit_2_with_one_error_line() {
         &["bench", "--max-seconds", "0"],
         &["bench", "--json", "/nonexistent-dir/gdn.json"],
         &["bench", "--plot", "/nonexistent-dir/gdn.svg"],
+        &["bench", "--decode-tiles", "64"],
     ] {
         let out = gdn().args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -494,4 +495,47 @@ fn a_dtype_the_kernels_lack_is_not_yet_supported_not_a_number() {
         ),
         other => panic!("exit {other:?}: {stderr}"),
     }
+}
+
+/// `--decode-tiles` times the named tiling (checked by the gate first, named in the record's
+/// variant); one the shape cannot take is an error naming the flag, not a number.
+#[test]
+fn decode_tiles_are_timed_as_named_or_refused() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let json = temp_path("tiles.json");
+    let run = |tiles: &str| {
+        gdn()
+            .args(["bench", "--quick", "--ops", "decode", "--heads", "1/2"])
+            .args([
+                "--decode-batch",
+                "1",
+                "--no-progress",
+                "--decode-tiles",
+                tiles,
+            ])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap()
+    };
+    let out = run("16x2");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    let record = &report["records"][0];
+    assert_eq!(record["status"], "ok", "{record}");
+    let variant = record["variant"].as_str().unwrap();
+    assert!(variant.contains("v_block 16 vec4s 2 "), "{variant}");
+    let out = run("17x2");
+    assert_ne!(out.status.code(), Some(0));
+    let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+    std::fs::remove_file(&json).ok();
+    let note = report["records"][0]["note"].as_str().unwrap_or_default();
+    assert!(note.contains("--decode-tiles"), "{note}");
 }

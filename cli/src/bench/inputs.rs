@@ -49,8 +49,9 @@ pub fn gpu_inputs(
 /// A decode tiling in words, for records and messages.
 pub fn tiles_name(t: &RecurrentStepTiles) -> String {
     format!(
-        "recurrent_step v_block {} row_lanes {} workgroup {}",
+        "recurrent_step v_block {} vec4s {} row_lanes {} workgroup {}",
         t.v_block,
+        t.vec4s_per_thread,
         t.row_lanes,
         t.workgroup()
     )

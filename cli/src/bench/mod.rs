@@ -233,6 +233,12 @@ pub struct BenchArgs {
     /// slower than alone (BENCHMARKS.md); whether a fresh device avoids it is not yet measured.
     #[arg(long)]
     pub fresh_device: bool,
+    /// Time decode with this tiling instead of the default: `V_BLOCKxVEC4S` (value columns per
+    /// workgroup × vec4 registers of state per invocation, e.g. `64x16`), for tiling sweeps —
+    /// run each tiling in its own process and alternate them (a sweep inside one process once
+    /// picked a default that made decode 33 % slower).
+    #[arg(long, value_name = "VxN")]
+    pub decode_tiles: Option<String>,
 }
 
 /// A resolved sweep.
@@ -274,6 +280,8 @@ pub struct Config {
     pub progress: bool,
     /// A new device (Context) per case.
     pub fresh_device: bool,
+    /// A forced decode tiling: (V-block, vec4s per invocation) (`--decode-tiles`).
+    pub decode_tiles: Option<(u32, u32)>,
 }
 
 impl BenchArgs {
@@ -381,6 +389,12 @@ impl BenchArgs {
             seed: self.seed,
             progress: !self.no_progress,
             fresh_device: self.fresh_device,
+            decode_tiles: self
+                .decode_tiles
+                .as_deref()
+                .map(parse_decode_tiles)
+                .transpose()
+                .map_err(usage)?,
         })
     }
 }
@@ -798,11 +812,19 @@ enum Variant {
     Host,
 }
 
+/// `V_BLOCKxVEC4S` of `--decode-tiles`.
+fn parse_decode_tiles(s: &str) -> Result<(u32, u32), String> {
+    s.split_once('x')
+        .and_then(|(v, n)| Some((v.trim().parse().ok()?, n.trim().parse().ok()?)))
+        .ok_or_else(|| format!("--decode-tiles: expected V_BLOCKxVEC4S such as 64x16, got {s:?}"))
+}
+
 fn variant(
     ctx: &Context,
     op: Op,
     p: &Problem,
     dtype: DType,
+    decode_tiles: Option<(u32, u32)>,
 ) -> gdn_wgpu::Result<(Variant, String, Option<RecurrentStepTiles>)> {
     Ok(match op {
         Op::Forward => {
@@ -826,7 +848,19 @@ fn variant(
             )
         }
         Op::Decode => {
-            let tiles = RecurrentStepTiles::choose(&ctx.limits(), p)?;
+            let tiles = match decode_tiles {
+                None => RecurrentStepTiles::choose(&ctx.limits(), p)?,
+                Some((v_block, vec4s)) => RecurrentStepTiles::candidates(&ctx.limits(), p)
+                    .into_iter()
+                    .find(|t| t.v_block == v_block && t.vec4s_per_thread == vec4s)
+                    .ok_or_else(|| {
+                        Error::Value {
+                            name: "--decode-tiles".into(),
+                            expected: "a tiling this device and shape fit (a V-block dividing V, vec4s a power of two)".into(),
+                            got: format!("{v_block}x{vec4s}"),
+                        }
+                    })?,
+            };
             let name = inputs::tiles_name(&tiles);
             (Variant::Tiles(name.clone()), name, Some(tiles))
         }
@@ -1071,8 +1105,8 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     }
                 }
                 Some(ctx) => {
-                    let (v, vname, tiles) =
-                        variant(ctx, pc.op, &p, c.dtype).map_err(|e| err(e.into()))?;
+                    let (v, vname, tiles) = variant(ctx, pc.op, &p, c.dtype, c.decode_tiles)
+                        .map_err(|e| err(e.into()))?;
                     record.variant = Some(vname);
                     let key = (pc.op, pc.heads, v.clone(), pc.check_seqs());
                     record.check = Some(gate(&mut checks, &mut unsupported, &bar, key, || {
