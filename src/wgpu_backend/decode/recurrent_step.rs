@@ -149,31 +149,28 @@ impl RecurrentStepTiles {
     /// The default tiling. Decode moves every state byte once in and once out with ~2 FLOPs
     /// per byte, so it is bound by memory bandwidth, and what matters is how many bytes each
     /// SM keeps in flight and how short a workgroup's life is beyond its one memory latency:
-    /// - 16 vec4s (64 registers) of state per invocation when the state is large (≥ 16 MiB,
-    ///   e.g. B = 256, HV = 32, K = V = 128): most of the register file then holds state in
-    ///   flight, and per-invocation overheads (staging, the partial sums — K / 16 = 8 lanes
-    ///   at K = 128 — addresses) are spread over 256 B. 32 would leave too few invocations
-    ///   per SM to overlap one workgroup's reduction with another's loads, 8 doubles the
-    ///   reduction lanes for the same bytes.
-    /// - 8 when the state is small (B = 1): all of it is one wave of loads; more invocations
-    ///   with fewer registers each spread it over more SMs.
-    /// - Workgroups near 128 invocations; K-first V-blocks of ≥ 32 columns (a warp reads
-    ///   128-byte row segments, full cache lines), V-first ≥ 4 invocations along a row (64 B);
-    ///   when the grid would have fewer than ~256 workgroups, narrower V-blocks to spread
-    ///   over the SMs.
+    /// - K-first, large state (≥ 16 MiB, e.g. B ≥ 64 at HV = 32, K = V = 128): 32 vec4s (128
+    ///   registers) of state per invocation in workgroups of 64 (V-block 64, 4 row lanes).
+    ///   Chosen from a sweep on the H200 (2026-12-01, commit fcb1eab, `gdn bench --ops decode
+    ///   --heads 16/32 --decode-batch B --dtype f32 --reps 50 --decode-tiles VxN`, one process
+    ///   per tiling, two alternating rounds that agreed within 1 %): B = 256 64x32 0.330 ms,
+    ///   32x32 0.337, 64x16 0.362, 32x16 0.363, 64x8 0.383, 128x16 (the previous default, from
+    ///   a sweep inside one process) 0.422; B = 64 64x32 0.1035, 64x16 0.1055, 128x16 0.119.
+    /// - V-first, large state: 16 vec4s in workgroups of 128 (not yet swept).
+    /// - Small state (B = 1): 8 vec4s in workgroups of 128 — all of it is one wave of loads, and
+    ///   more invocations with fewer registers each spread it over more SMs (same sweep, B = 1:
+    ///   32x8 0.0150 ms, 64x8 0.0150, 16x8 0.0153, 64x16 0.0156, 64x32 0.0184).
+    /// - K-first V-blocks of ≥ 32 columns (a warp reads 128-byte row segments, full cache
+    ///   lines), V-first ≥ 4 invocations along a row (64 B); when the grid would have fewer
+    ///   than ~256 workgroups, narrower V-blocks to spread over the SMs.
     pub fn choose(limits: &wgpu::Limits, problem: &Problem) -> Result<Self> {
         let total_vec4s =
             problem.num_sequences() * problem.heads_v * problem.key_dim * problem.value_dim / 4;
         let large = total_vec4s >= 1 << 20;
-        let target = if large { 16.0 } else { 8.0 };
-        // Measured on the H200 (B=256, HV=32, K=V=128, K-first): 16 vec4s per invocation in
-        // workgroups of 256 (V-block 128) ran 300 µs per step (3.58 TB/s) against 318 µs
-        // (3.38 TB/s) in workgroups of 128 (V-block 64); B=1 preferred small workgroups.
-        // V-first has not been measured with this kernel yet: it keeps 128.
-        let wg_target = if large && !problem.options.state_v_first {
-            256.0
-        } else {
-            128.0
+        let (target, wg_target) = match (large, problem.options.state_v_first) {
+            (true, false) => (32.0, 64.0),
+            (true, true) => (16.0, 128.0),
+            (false, _) => (8.0, 128.0),
         };
         let blocks = problem.num_sequences() * problem.heads_v;
         let score = |t: &Self| {
