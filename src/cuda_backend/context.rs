@@ -23,6 +23,8 @@ pub struct Context {
     target: Target,
     cache_dir: Option<PathBuf>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Dynamic shared memory each kernel was opted into so far (set once, not per launch).
+    smem_opt_in: Mutex<HashMap<String, usize>>,
     borrowed_stream: bool,
 }
 
@@ -171,6 +173,7 @@ impl Context {
             target,
             cache_dir: nvrtc::default_cache_dir(),
             modules: Mutex::new(HashMap::new()),
+            smem_opt_in: Mutex::new(HashMap::new()),
             borrowed_stream: borrowed.is_some(),
         })
     }
@@ -234,6 +237,32 @@ impl Context {
         module
             .load_function(function)
             .map_err(|e| driver_error(&format!("kernel {function} of {}", source.file), e))
+    }
+
+    /// [`Context::function`], opted into at least `smem` bytes of dynamic shared memory: the
+    /// attribute is set on first use only, so warm launches make no such driver call.
+    pub(crate) fn function_with_smem(
+        &self,
+        source: &Source,
+        function: &str,
+        smem: usize,
+    ) -> Result<CudaFunction> {
+        let func = self.function(source, function)?;
+        let mut set = self
+            .smem_opt_in
+            .lock()
+            .map_err(|_| Error::Gpu("CUDA shared-memory table poisoned by a panic".into()))?;
+        if set.get(function).is_none_or(|&have| have < smem) {
+            let bytes = i32::try_from(smem)
+                .map_err(|_| Error::value("shared memory", "at most i32::MAX bytes", smem))?;
+            func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
+            .map_err(|e| driver_error(&format!("shared memory opt-in of {function}"), e))?;
+            set.insert(function.to_string(), smem);
+        }
+        Ok(func)
     }
 
     fn module(&self, source: &Source) -> Result<Arc<CudaModule>> {

@@ -36,4 +36,4 @@ pub use recurrent::{
     RecurrentIo, SeqBounds, Window, decode_host, decode_into, forward_host, forward_into,
     forward_recurrent_into, launch_recurrent,
 };
-pub use tensor::CudaTensor;
+pub use tensor::{CudaTensor, RAW_ALIGNMENT};

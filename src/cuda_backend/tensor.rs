@@ -46,14 +46,8 @@ fn pointer_attribute<T: Default>(
     let mut value = T::default();
     // SAFETY: `value` is the type the driver writes for the attributes asked below (an int
     // or a device pointer / size, 8 bytes); a bad `ptr` is an error, not undefined behaviour.
-    unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut value as *mut T).cast(),
-            attribute,
-            ptr,
-        )
-    }
-    .result()?;
+    unsafe { sys::cuPointerGetAttribute((&mut value as *mut T).cast(), attribute, ptr) }
+        .result()?;
     Ok(value)
 }
 
@@ -110,8 +104,8 @@ fn check_device_range(ctx: &Context, ptr: sys::CUdeviceptr, bytes: usize) -> Res
             format!("{ptr:#x} ({e:?})"),
         )
     };
-    let ordinal: i32 = pointer_attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)
-        .map_err(not_device)?;
+    let ordinal: i32 =
+        pointer_attribute(A::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr).map_err(not_device)?;
     if usize::try_from(ordinal).ok() != Some(ctx.ordinal()) {
         return Err(Error::value(
             "device pointer",
@@ -119,8 +113,8 @@ fn check_device_range(ctx: &Context, ptr: sys::CUdeviceptr, bytes: usize) -> Res
             format!("memory of device {ordinal}"),
         ));
     }
-    let start: u64 = pointer_attribute(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr)
-        .map_err(not_device)?;
+    let start: u64 =
+        pointer_attribute(A::CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, ptr).map_err(not_device)?;
     let size: u64 =
         pointer_attribute(A::CU_POINTER_ATTRIBUTE_RANGE_SIZE, ptr).map_err(not_device)?;
     let end = ptr.checked_add(bytes as u64);
@@ -255,7 +249,7 @@ impl CudaTensor {
         dtype: DType,
     ) -> Result<Self> {
         let bytes = shape.iter().product::<usize>() * dtype.size();
-        if ptr % RAW_ALIGNMENT != 0 {
+        if !ptr.is_multiple_of(RAW_ALIGNMENT) {
             return Err(Error::value(
                 "device pointer",
                 format!("a multiple of {RAW_ALIGNMENT}"),
