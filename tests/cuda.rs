@@ -687,3 +687,535 @@ fn backward_bad_input_is_a_typed_error() {
     assert!(matches!(run(p, &wrong), Err(Error::DType { .. })));
     ctx.synchronize().unwrap();
 }
+
+// ---------------------------------------------------------------------------------------------
+// Interop: a caller's stream and caller-owned device memory (as PyTorch hands them over), and
+// CUDA-graph capture + replay
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys};
+use gdn_wgpu::cuda_backend::backward::{BackwardWorkspace, backward_into};
+use gdn_wgpu::{Gradients, TensorMeta};
+
+/// The caller's side: its own cudarc context (the device's primary context, as the CUDA
+/// runtime's) and stream, and the device memory it allocated.
+struct Caller {
+    stream: Arc<CudaStream>,
+    buffers: Vec<CudaSlice<u8>>,
+}
+
+impl Caller {
+    fn new() -> Self {
+        let ctx = CudaContext::new(0).unwrap();
+        Caller {
+            stream: ctx.new_stream().unwrap(),
+            buffers: Vec::new(),
+        }
+    }
+
+    /// An interop context enqueuing on the caller's stream.
+    fn context(&self) -> Context {
+        // SAFETY: the stream is the caller's, of device 0's primary context, and outlives the
+        // context (both live for the test).
+        unsafe { Context::from_raw_stream(0, self.stream.cu_stream()) }.unwrap()
+    }
+
+    /// Caller memory holding `bytes` (at least 16), wrapped without a copy.
+    fn wrap(&mut self, ctx: &Context, bytes: Vec<u8>, shape: &[usize], dtype: DType) -> CudaTensor {
+        let mut bytes = bytes;
+        bytes.resize(bytes.len().max(16), 0);
+        let buf = self.stream.clone_htod(&bytes).unwrap();
+        let ptr = buf.device_ptr(&self.stream).0;
+        self.buffers.push(buf);
+        // SAFETY: `buf` holds the tensor's bytes on device 0 and lives in `self.buffers` until
+        // the end of the test, after every launch on it has been waited for.
+        unsafe { CudaTensor::from_raw(ctx, ptr, shape, dtype) }.unwrap()
+    }
+}
+
+fn encode(t: &HostTensor) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(t.data.len() * t.dtype.size());
+    for &x in &t.data {
+        match t.dtype {
+            DType::F32 => bytes.extend_from_slice(&x.to_le_bytes()),
+            DType::F16 => bytes.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
+            DType::BF16 => bytes.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
+        }
+    }
+    bytes
+}
+
+/// Where a run's tensors live: memory the crate allocates on the shared context, or caller
+/// memory wrapped by an interop context on the caller's stream.
+enum Mem<'a> {
+    Owning(&'a Context),
+    Caller(&'a Context, &'a mut Caller),
+}
+
+impl Mem<'_> {
+    fn ctx(&self) -> &Context {
+        match self {
+            Mem::Owning(ctx) | Mem::Caller(ctx, _) => ctx,
+        }
+    }
+
+    fn input(&mut self, t: &HostTensor) -> CudaTensor {
+        match self {
+            Mem::Owning(ctx) => CudaTensor::upload(ctx, "input", t).unwrap(),
+            Mem::Caller(ctx, caller) => caller.wrap(ctx, encode(t), &t.shape, t.dtype),
+        }
+    }
+
+    /// NaN in every element (all-ones bits are NaN in f32, f16 and bf16).
+    fn poisoned(&mut self, shape: &[usize], dtype: DType) -> CudaTensor {
+        match self {
+            Mem::Owning(ctx) => CudaTensor::filled(ctx, "output", shape, dtype, f32::NAN).unwrap(),
+            Mem::Caller(ctx, caller) => {
+                let bytes = vec![0xff; shape.iter().product::<usize>() * dtype.size()];
+                caller.wrap(ctx, bytes, shape, dtype)
+            }
+        }
+    }
+
+    fn inputs(&mut self, inputs: &ForwardInputs<HostTensor>) -> ForwardInputs<CudaTensor> {
+        ForwardInputs {
+            q: self.input(&inputs.q),
+            k: self.input(&inputs.k),
+            v: self.input(&inputs.v),
+            g: self.input(&inputs.g),
+            beta: self.input(&inputs.beta),
+            initial_state: inputs.initial_state.as_ref().map(|t| self.input(t)),
+            a_log: inputs.a_log.as_ref().map(|t| self.input(t)),
+            dt_bias: inputs.dt_bias.as_ref().map(|t| self.input(t)),
+        }
+    }
+
+    fn gradients(
+        &mut self,
+        p: &Problem,
+        inputs: &ForwardInputs<HostTensor>,
+    ) -> Gradients<CudaTensor> {
+        let gate = p.options.gate_in_kernel;
+        Gradients {
+            dq: self.poisoned(&p.qk_shape(), inputs.q.dtype),
+            dk: self.poisoned(&p.qk_shape(), inputs.k.dtype),
+            dv: self.poisoned(&p.v_shape(), inputs.v.dtype),
+            dg: self.poisoned(&p.gate_shape(), DType::F32),
+            dbeta: self.poisoned(&p.gate_shape(), DType::F32),
+            dh0: inputs
+                .initial_state
+                .as_ref()
+                .map(|_| self.poisoned(&p.state_shape(), DType::F32)),
+            da_log: gate.then(|| self.poisoned(&[p.heads_v], DType::F32)),
+            ddt_bias: gate.then(|| self.poisoned(&[p.heads_v], DType::F32)),
+        }
+    }
+}
+
+fn download_outputs(
+    ctx: &Context,
+    o: &CudaTensor,
+    state: &CudaTensor,
+) -> ForwardOutputs<HostTensor> {
+    ForwardOutputs {
+        o: o.download(ctx).unwrap(),
+        final_state: state.download(ctx).unwrap(),
+    }
+}
+
+fn download_gradients(ctx: &Context, g: &Gradients<CudaTensor>) -> Gradients<HostTensor> {
+    let down = |t: &CudaTensor| t.download(ctx).unwrap();
+    Gradients {
+        dq: down(&g.dq),
+        dk: down(&g.dk),
+        dv: down(&g.dv),
+        dg: down(&g.dg),
+        dbeta: down(&g.dbeta),
+        dh0: g.dh0.as_ref().map(down),
+        da_log: g.da_log.as_ref().map(down),
+        ddt_bias: g.ddt_bias.as_ref().map(down),
+    }
+}
+
+fn gradient_list(g: &Gradients<HostTensor>) -> Vec<(&'static str, &HostTensor)> {
+    let mut list = vec![
+        ("dq", &g.dq),
+        ("dk", &g.dk),
+        ("dv", &g.dv),
+        ("dg", &g.dg),
+        ("dbeta", &g.dbeta),
+    ];
+    for (name, t) in [
+        ("dh0", &g.dh0),
+        ("dA_log", &g.da_log),
+        ("ddt_bias", &g.ddt_bias),
+    ] {
+        if let Some(t) = t {
+            list.push((name, t));
+        }
+    }
+    list
+}
+
+/// `a` and `b` hold the same bits; a failure message otherwise.
+fn same_bits(what: &str, a: &HostTensor, b: &HostTensor) -> Result<(), String> {
+    let bits = |t: &HostTensor| t.data.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    if a.shape != b.shape || a.dtype != b.dtype || bits(a) != bits(b) {
+        let differ = a
+            .data
+            .iter()
+            .zip(&b.data)
+            .filter(|(x, y)| x.to_bits() != y.to_bits());
+        return Err(format!(
+            "{what}: not bitwise equal ({} elements differ)",
+            differ.count()
+        ));
+    }
+    Ok(())
+}
+
+/// What one run of every launcher gave.
+struct LauncherRuns {
+    chunked: Option<ForwardOutputs<HostTensor>>,
+    recurrent: ForwardOutputs<HostTensor>,
+    decode: ForwardOutputs<HostTensor>,
+    grads: Gradients<HostTensor>,
+}
+
+/// The chunked bf16 forward (with a plan, where the case takes that path), the recurrent f32
+/// forward, decode one token per step over a pool, and the bf16 backward with a workspace and
+/// dht, every output NaN-poisoned first.
+fn run_launchers(mem: &mut Mem<'_>, case: &HardCase) -> LauncherRuns {
+    let p = &case.problem;
+    let chunked = (expected_path(p, DType::BF16) == ForwardPath::Chunked).then(|| {
+        let (inputs, _) = inputs_and_oracle(case, DType::BF16);
+        let dev = mem.inputs(&inputs);
+        let o = mem.poisoned(&p.v_shape(), DType::BF16);
+        let state = mem.poisoned(&p.state_shape(), DType::F32);
+        let ctx = mem.ctx();
+        let plan = ChunkPlan::new(ctx, p, DType::BF16).unwrap();
+        let outputs = ForwardOutputs {
+            o: &o,
+            final_state: &state,
+        };
+        cuda_backend::launch_chunked(ctx, p, &plan, &dev.as_ref(), &outputs).unwrap();
+        ctx.synchronize().unwrap();
+        download_outputs(ctx, &o, &state)
+    });
+    let (inputs, _) = inputs_and_oracle(case, DType::F32);
+    let dev = mem.inputs(&inputs);
+    let o = mem.poisoned(&p.v_shape(), DType::F32);
+    let state = mem.poisoned(&p.state_shape(), DType::F32);
+    let pool = match &inputs.initial_state {
+        Some(h0) => mem.input(h0),
+        None => mem.input(&HostTensor {
+            shape: p.state_shape().to_vec(),
+            dtype: DType::F32,
+            data: vec![0.0; p.state_shape().iter().product()],
+        }),
+    };
+    let o_dec = mem.poisoned(&p.v_shape(), DType::F32);
+    let (bwd_inputs, d_o, dht, _) = backward_case(case, DType::BF16, true);
+    let bwd_dev = mem.inputs(&bwd_inputs);
+    let d_o = mem.input(&d_o);
+    let dht = dht.map(|t| mem.input(&t));
+    let grads = mem.gradients(p, &bwd_inputs);
+    let ctx = mem.ctx();
+    let seq = SeqBounds::upload(ctx, p).unwrap();
+    let outputs = ForwardOutputs {
+        o: &o,
+        final_state: &state,
+    };
+    cuda_backend::forward_recurrent_into(ctx, p, &seq, &dev.as_ref(), &outputs).unwrap();
+    cuda_backend::decode_into(ctx, p, &seq, &dev.as_ref(), &o_dec, &pool, 1).unwrap();
+    let ws = BackwardWorkspace::new(ctx, p).unwrap();
+    let g = cuda_backend::backward::gradients_ref(&grads);
+    backward_into(ctx, p, &ws, &bwd_dev.as_ref(), &d_o, dht.as_ref(), &g).unwrap();
+    ctx.synchronize().unwrap();
+    LauncherRuns {
+        chunked,
+        recurrent: download_outputs(ctx, &o, &state),
+        decode: download_outputs(ctx, &o_dec, &pool),
+        grads: download_gradients(ctx, &grads),
+    }
+}
+
+#[test]
+fn launches_on_a_caller_stream_over_caller_memory_match_the_owning_path_and_the_oracle() {
+    let Some(own) = cuda() else { return };
+    let mut caller = Caller::new();
+    let ctx = caller.context();
+    assert!(ctx.borrows_stream() && !own.borrows_stream());
+    let mut failures = Vec::new();
+    for case in hard_cases() {
+        let theirs = run_launchers(&mut Mem::Caller(&ctx, &mut caller), &case);
+        let ours = run_launchers(&mut Mem::Owning(own), &case);
+        let name = &case.name;
+        let mut pairs = vec![
+            ("recurrent o", &theirs.recurrent.o, &ours.recurrent.o),
+            (
+                "recurrent state",
+                &theirs.recurrent.final_state,
+                &ours.recurrent.final_state,
+            ),
+            ("decode o", &theirs.decode.o, &ours.decode.o),
+            (
+                "decode pool",
+                &theirs.decode.final_state,
+                &ours.decode.final_state,
+            ),
+        ];
+        if let (Some(a), Some(b)) = (&theirs.chunked, &ours.chunked) {
+            pairs.push(("chunked o", &a.o, &b.o));
+            pairs.push(("chunked state", &a.final_state, &b.final_state));
+        }
+        for ((what, a), (_, b)) in gradient_list(&theirs.grads)
+            .into_iter()
+            .zip(gradient_list(&ours.grads))
+        {
+            pairs.push((what, a, b));
+        }
+        for (what, a, b) in pairs {
+            if let Err(e) = same_bits(&format!("interop {what} [{name}]"), a, b) {
+                failures.push(e);
+            }
+        }
+        // And the oracle, as the owning path is checked.
+        if let Some(got) = &theirs.chunked {
+            let (_, expected) = inputs_and_oracle(&case, DType::BF16);
+            let math = arithmetic_of(ForwardPath::Chunked, DType::BF16);
+            failures.extend(
+                check(
+                    "interop chunked",
+                    &case,
+                    Op::Forward,
+                    DType::BF16,
+                    math,
+                    got,
+                    &expected,
+                )
+                .err(),
+            );
+        }
+        let (_, expected) = inputs_and_oracle(&case, DType::F32);
+        let f32_math = Arithmetic::F32;
+        failures.extend(
+            check(
+                "interop recurrent",
+                &case,
+                Op::Forward,
+                DType::F32,
+                f32_math,
+                &theirs.recurrent,
+                &expected,
+            )
+            .err(),
+        );
+        failures.extend(
+            check(
+                "interop decode",
+                &case,
+                Op::Decode,
+                DType::F32,
+                f32_math,
+                &theirs.decode,
+                &expected,
+            )
+            .err(),
+        );
+        let (_, _, _, expected) = backward_case(&case, DType::BF16, true);
+        failures.extend(check_gradients(
+            "interop backward",
+            &case,
+            DType::BF16,
+            &theirs.grads,
+            &expected,
+        ));
+    }
+    fail_on(failures);
+}
+
+#[test]
+fn caller_memory_is_checked_not_trusted() {
+    if cuda().is_none() {
+        return;
+    }
+    let mut caller = Caller::new();
+    let ctx = caller.context();
+    let t = caller.wrap(&ctx, vec![0; 64], &[16], DType::F32);
+    let ptr = t.device_ptr();
+    assert!(t.is_borrowed());
+    let wrap = |ptr: u64, len: usize| {
+        // SAFETY: every call below is refused by the checks before the memory is touched.
+        unsafe { CudaTensor::from_raw(&ctx, ptr, &[len], DType::F32) }
+    };
+    // Misaligned, past the allocation, null: typed errors.
+    assert!(matches!(wrap(ptr + 4, 4), Err(Error::Value { .. })));
+    assert!(matches!(wrap(ptr, 1 << 30), Err(Error::Value { .. })));
+    assert!(matches!(wrap(0, 4), Err(Error::Value { .. })));
+    // A stream of a context other than the device's primary one is refused.
+    let other = CudaContext::new_non_primary(0, 0).unwrap();
+    let foreign = other.new_stream().unwrap();
+    // SAFETY: a live stream; refused before use.
+    let err = unsafe { Context::from_raw_stream(0, foreign.cu_stream()) }.unwrap_err();
+    assert!(matches!(err, Error::Value { .. }), "{err:?}");
+    // Dropping a borrowed tensor frees nothing: the caller's buffer still reads back.
+    drop(t);
+    let back = caller.stream.clone_dtoh(&caller.buffers[0]).unwrap();
+    assert_eq!(back, vec![0u8; 64]);
+}
+
+/// Every node of `graph` is a kernel launch: no allocation, memset, copy or event node was
+/// captured.
+fn graph_node_types(graph: sys::CUgraph) -> Vec<sys::CUgraphNodeType> {
+    let mut count = 0usize;
+    // SAFETY: a live graph; the first call asks for the count, the second fills `nodes`.
+    unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }
+        .result()
+        .unwrap();
+    let mut nodes = vec![std::ptr::null_mut(); count];
+    unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }
+        .result()
+        .unwrap();
+    nodes
+        .iter()
+        .map(|&node| {
+            let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+            // SAFETY: a node of the live graph.
+            unsafe { sys::cuGraphNodeGetType(node, &mut kind) }
+                .result()
+                .unwrap();
+            kind
+        })
+        .collect()
+}
+
+#[test]
+fn cuda_graph_capture_and_replay_give_the_eager_result() {
+    if cuda().is_none() {
+        return;
+    }
+    let mut caller = Caller::new();
+    let ctx = caller.context();
+    let case = &hard_cases()[0];
+    let p = &case.problem;
+    assert_eq!(expected_path(p, DType::BF16), ForwardPath::Chunked);
+    let mut mem = Mem::Caller(&ctx, &mut caller);
+    // Forward: chunked bf16 with a plan, recurrent f32.
+    let (fwd16, _) = inputs_and_oracle(case, DType::BF16);
+    let fwd16 = mem.inputs(&fwd16);
+    let (fwd32, _) = inputs_and_oracle(case, DType::F32);
+    let fwd32 = mem.inputs(&fwd32);
+    // Decode: one token per sequence over a pool seeded with h0.
+    let dp = problem(4, 1, 2, 4, 64, 64, None, Options::default());
+    let dec = mem.inputs(&common::cases::spec(7, true).generate(&dp));
+    let pool0 = dec.initial_state.as_ref().unwrap();
+    let pool = mem.poisoned(&dp.state_shape(), DType::F32);
+    // Backward: bf16 with a workspace and dht.
+    let (bwd, d_o, dht, _) = backward_case(case, DType::BF16, true);
+    let grads = mem.gradients(p, &bwd);
+    let bwd = mem.inputs(&bwd);
+    let d_o = mem.input(&d_o);
+    let dht = mem.input(dht.as_ref().unwrap());
+    let outs = [
+        mem.poisoned(&p.v_shape(), DType::BF16),
+        mem.poisoned(&p.state_shape(), DType::F32),
+        mem.poisoned(&p.v_shape(), DType::F32),
+        mem.poisoned(&p.state_shape(), DType::F32),
+        mem.poisoned(&dp.v_shape(), DType::F32),
+    ];
+    let plan = ChunkPlan::new(&ctx, p, DType::BF16).unwrap();
+    let seq = SeqBounds::upload(&ctx, p).unwrap();
+    let dseq = SeqBounds::upload(&ctx, &dp).unwrap();
+    let ws = BackwardWorkspace::new(&ctx, p).unwrap();
+    let g = cuda_backend::backward::gradients_ref(&grads);
+    let mut written: Vec<&CudaTensor> = outs.iter().collect();
+    written.extend([&g.dq, &g.dk, &g.dv, &g.dg, &g.dbeta]);
+    written.extend(g.dh0.iter().chain(&g.da_log).chain(&g.ddt_bias));
+    let stream = ctx.stream().cu_stream();
+    let bytes = |t: &CudaTensor| t.shape().iter().product::<usize>() * t.dtype().size();
+    // Before every run, outside any graph: outputs poisoned, the pool reset to h0.
+    let reset = || {
+        for t in &written {
+            // SAFETY: the tensor's own bytes, on the stream every launch uses.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(t.device_ptr(), 0xff, bytes(t), stream)
+            }
+            .unwrap();
+        }
+        // SAFETY: both hold the decode problem's state, f32.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                pool.device_ptr(),
+                pool0.device_ptr(),
+                bytes(&pool),
+                stream,
+            )
+        }
+        .unwrap();
+    };
+    let launch_all = || {
+        let fwd = |o, final_state| ForwardOutputs { o, final_state };
+        cuda_backend::launch_chunked(&ctx, p, &plan, &fwd16.as_ref(), &fwd(&outs[0], &outs[1]))
+            .unwrap();
+        cuda_backend::forward_recurrent_into(
+            &ctx,
+            p,
+            &seq,
+            &fwd32.as_ref(),
+            &fwd(&outs[2], &outs[3]),
+        )
+        .unwrap();
+        cuda_backend::decode_into(&ctx, &dp, &dseq, &dec.as_ref(), &outs[4], &pool, 1).unwrap();
+        backward_into(&ctx, p, &ws, &bwd.as_ref(), &d_o, Some(&dht), &g).unwrap();
+    };
+    let results = || -> Vec<HostTensor> {
+        ctx.synchronize().unwrap();
+        written
+            .iter()
+            .chain([&&pool])
+            .map(|t| t.download(&ctx).unwrap())
+            .collect()
+    };
+    // Eager (also compiles and loads every kernel: nothing of that may happen in a capture).
+    reset();
+    launch_all();
+    let eager = results();
+    assert!(eager.iter().all(|t| t.data.iter().all(|x| x.is_finite())));
+    reset();
+    ctx.synchronize().unwrap();
+    // Capture on the caller's stream (thread-local mode: an allocation, a synchronisation or
+    // any other unsafe call of this thread invalidates the capture).
+    let capture = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    caller_stream_of(&ctx).begin_capture(capture).unwrap();
+    launch_all();
+    let graph = caller_stream_of(&ctx)
+        .end_capture(sys::CUgraphInstantiate_flags(0))
+        .unwrap()
+        .expect("a captured graph");
+    let kinds = graph_node_types(graph.cu_graph());
+    eprintln!("captured graph: {} nodes {kinds:?}", kinds.len());
+    assert!(kinds.len() >= 5, "{kinds:?}");
+    assert!(
+        kinds
+            .iter()
+            .all(|&k| k == sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_KERNEL),
+        "only kernel launches may be captured: {kinds:?}"
+    );
+    for replay in 0..2 {
+        reset();
+        graph.launch().unwrap();
+        let got = results();
+        let mut failures = Vec::new();
+        for (i, (a, b)) in got.iter().zip(&eager).enumerate() {
+            failures.extend(same_bits(&format!("replay {replay}, tensor {i}"), a, b).err());
+        }
+        fail_on(failures);
+    }
+}
+
+/// The interop context's stream as cudarc's stream object (for its graph API).
+fn caller_stream_of(ctx: &Context) -> &Arc<CudaStream> {
+    ctx.stream()
+}

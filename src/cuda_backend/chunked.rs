@@ -353,19 +353,10 @@ pub fn launch_chunked_passes(
         None => (inputs.q.buffer(), inputs.k.buffer()),
     };
 
-    let set_smem = |func: &cudarc::driver::CudaFunction, name: &str, bytes: usize| {
-        func.set_attribute(
-            sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            bytes as i32,
-        )
-        .map_err(|e| driver_error(&format!("shared memory opt-in of {name}"), e))
-    };
-
     if plan.num_chunks > 0 {
         let name = format!("gdn_chunk_prep_{suffix}");
-        let func = ctx.function(&CHUNKED, &name)?;
         let smem = prep_smem(dtype, p.key_dim, p.value_dim);
-        set_smem(&func, &name, smem)?;
+        let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.num_chunks as u32, p.heads_v as u32, 1),
             block_dim: (THREADS, 1, 1),
@@ -400,9 +391,8 @@ pub fn launch_chunked_passes(
         return Ok(());
     }
     let name = format!("gdn_chunk_fwd{}_{suffix}", plan.value_block);
-    let func = ctx.function(&CHUNKED, &name)?;
     let smem = fwd_smem(dtype, p.key_dim, plan.value_block);
-    set_smem(&func, &name, smem)?;
+    let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
     let cfg = LaunchConfig {
         grid_dim: (
             p.value_dim.div_ceil(plan.value_block) as u32,

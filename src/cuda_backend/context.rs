@@ -11,7 +11,9 @@ use super::kernels::Source;
 use super::nvrtc::{self, Target};
 use crate::error::{Error, Result};
 
-/// One CUDA device and the stream this crate's launchers enqueue on.
+/// One CUDA device and the stream this crate's launchers enqueue on: a stream of its own
+/// ([`Context::new`]) or a caller's ([`Context::from_raw_stream`], for PyTorch/JAX interop and
+/// CUDA-graph capture).
 pub struct Context {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -21,6 +23,9 @@ pub struct Context {
     target: Target,
     cache_dir: Option<PathBuf>,
     modules: Mutex<HashMap<&'static str, Arc<CudaModule>>>,
+    /// Dynamic shared memory each kernel was opted into so far (set once, not per launch).
+    smem_opt_in: Mutex<HashMap<String, usize>>,
+    borrowed_stream: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -30,8 +35,37 @@ impl std::fmt::Debug for Context {
             .field("name", &self.name)
             .field("capability", &self.capability)
             .field("target", &self.target)
+            .field("borrowed_stream", &self.borrowed_stream)
             .finish_non_exhaustive()
     }
+}
+
+/// The stream handles that name no stream object: the legacy default stream (null), and the
+/// legacy and per-thread default stream aliases (1, 2).
+fn is_default_stream_alias(stream: sys::CUstream) -> bool {
+    (stream as usize) <= 2
+}
+
+/// A caller's stream must belong to the context the kernels are loaded into.
+fn check_stream_context(ctx: &CudaContext, stream: sys::CUstream) -> Result<()> {
+    if is_default_stream_alias(stream) {
+        return Ok(());
+    }
+    ctx.bind_to_thread()
+        .map_err(|e| driver_error("context binding", e))?;
+    let mut owner: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: a query on the stream the caller vouches for; `owner` is a valid out-pointer.
+    unsafe { sys::cuStreamGetCtx(stream, &mut owner) }
+        .result()
+        .map_err(|e| driver_error("stream context query", e))?;
+    if owner != ctx.cu_ctx() {
+        return Err(Error::value(
+            "stream",
+            "a stream of the device's primary context (the CUDA runtime's)",
+            "a stream of another context",
+        ));
+    }
+    Ok(())
 }
 
 /// A driver error as the crate's error, naming what was being done.
@@ -57,6 +91,33 @@ impl Context {
     /// compute capability 8.0 this is an error ([`Error::NoAdapter`], [`Error::Unsupported`]),
     /// never a panic.
     pub fn with_ordinal(ordinal: usize) -> Result<Self> {
+        Self::open(ordinal, None)
+    }
+
+    /// A context on device `ordinal` whose launchers enqueue on the caller's stream `stream`
+    /// (PyTorch: `torch.cuda.current_stream().cuda_stream`; a null handle is the legacy default
+    /// stream). Nothing is copied or synchronised behind the caller's back: cudarc's per-buffer
+    /// event tracking is off for this context (its events would be recorded into a CUDA-graph
+    /// capture), so plans, workspaces and tensors made on it are ordered by this one stream
+    /// alone. Errors as [`Context::with_ordinal`], and [`Error::Value`] for a stream of another
+    /// context.
+    ///
+    /// # Safety
+    /// `stream` must be a valid `CUstream` (`cudaStream_t`) of device `ordinal`'s primary
+    /// context (the one the CUDA runtime, and so PyTorch and JAX, use), alive as long as this
+    /// context and everything made from it (tensors, plans, workspaces: their memory is freed
+    /// in order on that stream). Work the caller submits to other streams on memory these
+    /// calls use must be ordered by the caller (events, as between any two streams).
+    pub unsafe fn from_raw_stream(ordinal: usize, stream: sys::CUstream) -> Result<Self> {
+        Self::open(ordinal, Some(stream))
+    }
+
+    /// Whether the launchers enqueue on a caller's stream ([`Context::from_raw_stream`]).
+    pub fn borrows_stream(&self) -> bool {
+        self.borrowed_stream
+    }
+
+    fn open(ordinal: usize, borrowed: Option<sys::CUstream>) -> Result<Self> {
         // cudarc's dynamic loading panics when libcuda cannot be opened (on the first driver
         // call); probe for the library first, and catch any panic of the calls below too.
         let present =
@@ -64,6 +125,8 @@ impl Context {
         if !present {
             return Err(missing_driver());
         }
+        // The raw handle crosses the unwind boundary as an integer.
+        let borrowed_bits = borrowed.map(|s| s as usize);
         let made = std::panic::catch_unwind(|| -> Result<_> {
             let ctx = CudaContext::new(ordinal).map_err(|e| match e.0 {
                 sys::CUresult::CUDA_ERROR_NO_DEVICE => {
@@ -81,9 +144,21 @@ impl Context {
             let capability = ctx
                 .compute_capability()
                 .map_err(|e| driver_error("compute capability", e))?;
-            let stream = ctx
-                .new_stream()
-                .map_err(|e| driver_error("stream creation", e))?;
+            let stream = match borrowed_bits {
+                None => ctx
+                    .new_stream()
+                    .map_err(|e| driver_error("stream creation", e))?,
+                Some(bits) => {
+                    let raw = bits as sys::CUstream;
+                    check_stream_context(&ctx, raw)?;
+                    // SAFETY: this CudaContext is new and private to the Context: no buffer
+                    // has events yet, and every use of its buffers is on the one stream.
+                    unsafe { ctx.disable_event_tracking() };
+                    // SAFETY: the caller of from_raw_stream promises a live stream of this
+                    // device's primary context; the wrapper never destroys it.
+                    unsafe { ctx.wrap_borrowed_stream(raw) }
+                }
+            };
             Ok((ctx, stream, name, capability))
         })
         .map_err(|_| missing_driver())?;
@@ -98,6 +173,8 @@ impl Context {
             target,
             cache_dir: nvrtc::default_cache_dir(),
             modules: Mutex::new(HashMap::new()),
+            smem_opt_in: Mutex::new(HashMap::new()),
+            borrowed_stream: borrowed.is_some(),
         })
     }
 
@@ -107,7 +184,8 @@ impl Context {
         self
     }
 
-    /// The stream every launcher enqueues on; [`Context::synchronize`] waits for it.
+    /// The stream every launcher enqueues on (the caller's with
+    /// [`Context::from_raw_stream`]); [`Context::synchronize`] waits for it.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -159,6 +237,32 @@ impl Context {
         module
             .load_function(function)
             .map_err(|e| driver_error(&format!("kernel {function} of {}", source.file), e))
+    }
+
+    /// [`Context::function`], opted into at least `smem` bytes of dynamic shared memory: the
+    /// attribute is set on first use only, so warm launches make no such driver call.
+    pub(crate) fn function_with_smem(
+        &self,
+        source: &Source,
+        function: &str,
+        smem: usize,
+    ) -> Result<CudaFunction> {
+        let func = self.function(source, function)?;
+        let mut set = self
+            .smem_opt_in
+            .lock()
+            .map_err(|_| Error::Gpu("CUDA shared-memory table poisoned by a panic".into()))?;
+        if set.get(function).is_none_or(|&have| have < smem) {
+            let bytes = i32::try_from(smem)
+                .map_err(|_| Error::value("shared memory", "at most i32::MAX bytes", smem))?;
+            func.set_attribute(
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes,
+            )
+            .map_err(|e| driver_error(&format!("shared memory opt-in of {function}"), e))?;
+            set.insert(function.to_string(), smem);
+        }
+        Ok(func)
     }
 
     fn module(&self, source: &Source) -> Result<Arc<CudaModule>> {

@@ -10,6 +10,11 @@
 //! ([`forward_path`] says which one a forward call runs) and the exact BPTT backward
 //! ([`backward`], every gradient, f32 arithmetic).
 //!
+//! Interop (PyTorch, JAX, CUDA graphs): [`Context::from_raw_stream`] launches on a caller's
+//! stream, [`CudaTensor::from_raw`] wraps caller-owned device memory without a copy; with a
+//! [`ChunkPlan`] or a [`backward::BackwardWorkspace`] made beforehand, the launchers neither
+//! allocate nor synchronise, so they can be captured in a CUDA graph (docs/cuda.md).
+//!
 //! ```no_run
 //! use gdn_wgpu::{cuda_backend::Context, Backend, Options, Problem, RandomSpec};
 //! let problem = Problem::new(1, 256, 2, 4, 64, 64, None, Options::default())?;
@@ -36,4 +41,4 @@ pub use recurrent::{
     RecurrentIo, SeqBounds, Window, decode_host, decode_into, forward_host, forward_into,
     forward_recurrent_into, launch_recurrent,
 };
-pub use tensor::CudaTensor;
+pub use tensor::{CudaTensor, RAW_ALIGNMENT};

@@ -209,7 +209,8 @@ pub fn launch_recurrent(
 /// Enqueue the forward on the path [`forward_path`](super::forward_path) picks: the chunked
 /// kernels (with a [`ChunkPlan`](super::ChunkPlan) made for this call: it allocates and uploads
 /// the chunk table) or one recurrent launch over every token. o and the final state into
-/// `outputs`.
+/// `outputs`. Not for CUDA-graph capture on the chunked path (the plan allocates): use
+/// [`launch_chunked`](super::launch_chunked) with a plan made beforehand.
 pub fn forward_into(
     ctx: &Context,
     problem: &Problem,
