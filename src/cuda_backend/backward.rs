@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 use super::context::{Context, driver_error};
 use super::kernels::{BACKWARD, option_flags};
 use super::recurrent::{self, STORAGE_DTYPES, SeqBounds};
-use super::tensor::CudaTensor;
+use super::tensor::{CudaTensor, upload_inputs};
 use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, ForwardOutputs, Gradients, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
@@ -352,26 +352,6 @@ pub fn gradients_ref(g: &Gradients<CudaTensor>) -> Gradients<&CudaTensor> {
         da_log: g.da_log.as_ref(),
         ddt_bias: g.ddt_bias.as_ref(),
     }
-}
-
-fn upload_inputs(
-    ctx: &Context,
-    inputs: &ForwardInputs<&HostTensor>,
-) -> Result<ForwardInputs<CudaTensor>> {
-    let up = |name: &str, t: &HostTensor| CudaTensor::upload(ctx, name, t);
-    Ok(ForwardInputs {
-        q: up("q", inputs.q)?,
-        k: up("k", inputs.k)?,
-        v: up("v", inputs.v)?,
-        g: up("g", inputs.g)?,
-        beta: up("beta", inputs.beta)?,
-        initial_state: inputs
-            .initial_state
-            .map(|t| up("initial_state", t))
-            .transpose()?,
-        a_log: inputs.a_log.map(|t| up("A_log", t)).transpose()?,
-        dt_bias: inputs.dt_bias.map(|t| up("dt_bias", t)).transpose()?,
-    })
 }
 
 /// Forward and backward on host tensors: check, upload, launch, wait, download.

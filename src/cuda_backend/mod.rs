@@ -41,4 +41,4 @@ pub use recurrent::{
     RecurrentIo, SeqBounds, Window, decode_host, decode_into, forward_host, forward_into,
     forward_recurrent_into, launch_recurrent,
 };
-pub use tensor::{CudaTensor, RAW_ALIGNMENT};
+pub use tensor::{CudaTensor, RAW_ALIGNMENT, upload_inputs};

@@ -6,7 +6,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::context::{Context, driver_error};
 use super::kernels::{RECURRENT, option_flags};
-use super::tensor::CudaTensor;
+use super::tensor::{CudaTensor, upload_inputs};
 use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, ForwardOutputs, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
@@ -305,26 +305,6 @@ pub fn decode_into(
         launch_recurrent(ctx, problem, seq, &inputs, io, window)?;
     }
     Ok(())
-}
-
-fn upload_inputs(
-    ctx: &Context,
-    inputs: &ForwardInputs<&HostTensor>,
-) -> Result<ForwardInputs<CudaTensor>> {
-    let up = |name: &str, t: &HostTensor| CudaTensor::upload(ctx, name, t);
-    Ok(ForwardInputs {
-        q: up("q", inputs.q)?,
-        k: up("k", inputs.k)?,
-        v: up("v", inputs.v)?,
-        g: up("g", inputs.g)?,
-        beta: up("beta", inputs.beta)?,
-        initial_state: inputs
-            .initial_state
-            .map(|t| up("initial_state", t))
-            .transpose()?,
-        a_log: inputs.a_log.map(|t| up("A_log", t)).transpose()?,
-        dt_bias: inputs.dt_bias.map(|t| up("dt_bias", t)).transpose()?,
-    })
 }
 
 fn check_host(problem: &Problem, inputs: &ForwardInputs<&HostTensor>) -> Result<()> {

@@ -7,6 +7,7 @@ use cudarc::driver::{CudaSlice, DevicePtr, sys};
 
 use super::context::{Context, driver_error};
 use crate::error::{Error, Result};
+use crate::problem::ForwardInputs;
 use crate::tensor::{DType, HostTensor, TensorMeta};
 
 /// A tensor in device memory on a [`Context`]: contiguous, row-major, in memory it owns
@@ -276,4 +277,26 @@ impl CudaTensor {
             borrowed: true,
         })
     }
+}
+
+/// Upload every host input of a forward (copies; a caller's own device memory needs none:
+/// [`CudaTensor::from_raw`]).
+pub fn upload_inputs(
+    ctx: &Context,
+    inputs: &ForwardInputs<&HostTensor>,
+) -> Result<ForwardInputs<CudaTensor>> {
+    let up = |name: &str, t: &HostTensor| CudaTensor::upload(ctx, name, t);
+    Ok(ForwardInputs {
+        q: up("q", inputs.q)?,
+        k: up("k", inputs.k)?,
+        v: up("v", inputs.v)?,
+        g: up("g", inputs.g)?,
+        beta: up("beta", inputs.beta)?,
+        initial_state: inputs
+            .initial_state
+            .map(|t| up("initial_state", t))
+            .transpose()?,
+        a_log: inputs.a_log.map(|t| up("A_log", t)).transpose()?,
+        dt_bias: inputs.dt_bias.map(|t| up("dt_bias", t)).transpose()?,
+    })
 }

@@ -5,12 +5,12 @@
 
 use std::time::Instant;
 
+use gdn_wgpu::ForwardOutputs;
 use gdn_wgpu::cuda_backend::{
     self, ChunkPlan, Context, CudaTensor, ForwardPath, SeqBounds, backward::BackwardWorkspace,
 };
 use gdn_wgpu::error::{Error, Result};
-use gdn_wgpu::tensor::{DType, HostTensor};
-use gdn_wgpu::{ForwardInputs, ForwardOutputs};
+use gdn_wgpu::tensor::DType;
 
 use super::Timing;
 use super::cases::HostCase;
@@ -19,21 +19,6 @@ use super::metrics::Op;
 
 fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Gpu(format!("CUDA {what}: {e:?}"))
-}
-
-fn upload(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> Result<ForwardInputs<CudaTensor>> {
-    let up = |name: &str, t: &HostTensor| CudaTensor::upload(ctx, name, t);
-    let opt = |name: &str, t: &Option<HostTensor>| t.as_ref().map(|t| up(name, t)).transpose();
-    Ok(ForwardInputs {
-        q: up("q", &inputs.q)?,
-        k: up("k", &inputs.k)?,
-        v: up("v", &inputs.v)?,
-        g: up("g", &inputs.g)?,
-        beta: up("beta", &inputs.beta)?,
-        initial_state: opt("h0", &inputs.initial_state)?,
-        a_log: opt("A_log", &inputs.a_log)?,
-        dt_bias: opt("dt_bias", &inputs.dt_bias)?,
-    })
 }
 
 /// Warm up, then time `reps` repetitions of `op` on `host` (fewer when they would take longer
@@ -48,7 +33,7 @@ pub fn time(
     seed: u64,
 ) -> Result<(String, Timing)> {
     let p = &host.problem;
-    let dev = upload(ctx, &host.inputs)?;
+    let dev = cuda_backend::upload_inputs(ctx, &host.inputs.as_ref())?;
     let inputs = dev.as_ref();
     let seq = SeqBounds::upload(ctx, p)?;
     let o = CudaTensor::zeros(ctx, "o", &p.v_shape(), host.dtype)?;
