@@ -16,9 +16,10 @@
 //   k (8 lanes cover 128 contiguous bytes per v row). K-first ([K,V]): the lane's 4 columns are
 //   contiguous (col0 + 4*vl + c), so each state row is one float4 per lane and a warp reads
 //   64 contiguous bytes per row. Both layouts move the state with 128-bit loads and stores.
-// - 2 warps per block (64 threads): at B = 1 with HV = 32, V = 128 that is 256 warps in 128
-//   blocks, each lane with 16 independent 16 B state loads in flight, so one memory round trip
-//   fetches the whole state. A warp past V returns at once (nothing to wait for).
+// - 2 warps per block (64 threads) for small grids: at B = 1 with HV = 32, V = 128 that is 256
+//   warps in 128 blocks, each lane with 16 independent 16 B state loads in flight, so one
+//   memory round trip fetches the whole state; 4 warps per block for large grids (fewer block
+//   launches; measured below). A warp past V returns at once (nothing to wait for).
 // - A sequence with no token in the window leaves its state untouched (no read, no write): the
 //   pool is updated in place, so skipping is exact and saves the traffic of finished sequences.
 // - Two instantiations per dtype: KMAX = 128 (registers for K <= 128) and 256 (K <= 256), so
@@ -33,7 +34,6 @@
 namespace gdn {
 
 constexpr int DECODE_COLS = 16;   // v columns per warp
-constexpr int DECODE_WARPS = 2;   // warps per block
 
 // Mirrors DecodeParams in src/cuda_backend/decode.rs (repr(C), all 4-byte fields).
 struct DecodeParams {
@@ -73,7 +73,7 @@ __device__ __forceinline__ float klane_sum(float x) {
     return x;
 }
 
-template <typename T, int KMAX>
+template <typename T, int KMAX, int WARPS>
 __device__ __forceinline__ void decode(const DecodeParams p, const int* __restrict__ seq_bounds,
                                        const T* __restrict__ q, const T* __restrict__ k,
                                        const T* __restrict__ v, const float* __restrict__ g,
@@ -87,19 +87,13 @@ __device__ __forceinline__ void decode(const DecodeParams p, const int* __restri
     const int vl = lane & 3;
     const int kl = lane >> 2;
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int col0 = (blockIdx.x * DECODE_WARPS + warp) * DECODE_COLS;
+    const int col0 = (blockIdx.x * WARPS + warp) * DECODE_COLS;
     if (col0 >= V) return;  // V is a multiple of 16: a warp is either all in or all out
     const int hv = blockIdx.y;
     const int n = blockIdx.z;
     const int h = hv / p.group;
     const int flags = p.flags;
     const bool v_first = (flags & STATE_V_FIRST) != 0;
-
-    const int seq_start = seq_bounds[n];
-    const int seq_end = seq_bounds[n + 1];
-    const int first = min(seq_start + p.window_begin, seq_end);
-    const int last = min(first + p.window_len, seq_end);
-    if (first >= last) return;  // nothing to run: the pooled state stays as it is
 
     float* slice = state + ((size_t)n * HV + hv) * (size_t)K * V;
     // This lane's 4 columns: contiguous for K-first (one float4 per state row), strided by 4
@@ -131,6 +125,15 @@ __device__ __forceinline__ void decode(const DecodeParams p, const int* __restri
                 for (int c = 0; c < 4; ++c) s[gi][e][c] = 0.0f;
         }
     }
+
+    // The state is read before the window is known (it exists for every sequence), so its
+    // load overlaps the dependent loads of the bounds and then q, k, v: one DRAM round trip
+    // fewer on the latency-bound B = 1 path.
+    const int seq_start = seq_bounds[n];
+    const int seq_end = seq_bounds[n + 1];
+    const int first = min(seq_start + p.window_begin, seq_end);
+    const int last = min(first + p.window_len, seq_end);
+    if (first >= last) return;  // nothing to run: the pooled state is not written
 
     // Per-head constants of the gate activation.
     float neg_a = 0.0f, bias = 0.0f;
@@ -249,17 +252,23 @@ __device__ __forceinline__ void decode(const DecodeParams p, const int* __restri
 
 }  // namespace gdn
 
-#define GDN_DECODE(NAME, T, KMAX)                                                                   \
-    extern "C" __global__ void __launch_bounds__(gdn::DECODE_WARPS * 32) NAME(                      \
+#define GDN_DECODE(NAME, T, KMAX, WARPS)                                                            \
+    extern "C" __global__ void __launch_bounds__(WARPS * 32, KMAX == 128 ? 16 / WARPS : 1) NAME( \
         const gdn::DecodeParams p, const int* seq_bounds, const T* q, const T* k, const T* v,       \
         const float* g, const float* beta, const float* a_log, const float* dt_bias, T* o,          \
         float* state) {                                                                             \
-        gdn::decode<T, KMAX>(p, seq_bounds, q, k, v, g, beta, a_log, dt_bias, o, state);            \
+        gdn::decode<T, KMAX, WARPS>(p, seq_bounds, q, k, v, g, beta, a_log, dt_bias, o, state);            \
     }
 
-GDN_DECODE(gdn_decode_f32_k128, float, 128)
-GDN_DECODE(gdn_decode_f16_k128, __half, 128)
-GDN_DECODE(gdn_decode_bf16_k128, __nv_bfloat16, 128)
-GDN_DECODE(gdn_decode_f32_k256, float, 256)
-GDN_DECODE(gdn_decode_f16_k256, __half, 256)
-GDN_DECODE(gdn_decode_bf16_k256, __nv_bfloat16, 256)
+GDN_DECODE(gdn_decode_f32_k128_w2, float, 128, 2)
+GDN_DECODE(gdn_decode_f16_k128_w2, __half, 128, 2)
+GDN_DECODE(gdn_decode_bf16_k128_w2, __nv_bfloat16, 128, 2)
+GDN_DECODE(gdn_decode_f32_k256_w2, float, 256, 2)
+GDN_DECODE(gdn_decode_f16_k256_w2, __half, 256, 2)
+GDN_DECODE(gdn_decode_bf16_k256_w2, __nv_bfloat16, 256, 2)
+GDN_DECODE(gdn_decode_f32_k128_w4, float, 128, 4)
+GDN_DECODE(gdn_decode_f16_k128_w4, __half, 128, 4)
+GDN_DECODE(gdn_decode_bf16_k128_w4, __nv_bfloat16, 128, 4)
+GDN_DECODE(gdn_decode_f32_k256_w4, float, 256, 4)
+GDN_DECODE(gdn_decode_f16_k256_w4, __half, 256, 4)
+GDN_DECODE(gdn_decode_bf16_k256_w4, __nv_bfloat16, 256, 4)
