@@ -474,7 +474,7 @@ fn decode_matches_the_oracle_on_the_hard_cases_every_dtype() {
                     final_state: pool.download(ctx).unwrap(),
                 };
                 let what = format!("decode ({tokens_per_step}/step)");
-                // Decode always runs the recurrent kernel: f32 arithmetic.
+                // The decode kernel (decode.cu) multiplies in f32.
                 let f32_math = Arithmetic::F32;
                 if let Err(e) = check(&what, &case, Op::Decode, dtype, f32_math, &got, &expected) {
                     failures.push(e);

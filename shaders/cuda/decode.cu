@@ -20,16 +20,31 @@
 //   warps in 128 blocks, each lane with 16 independent 16 B state loads in flight, so one
 //   memory round trip fetches the whole state; 4 warps per block for large grids (fewer block
 //   launches; measured below). A warp past V returns at once (nothing to wait for).
-// - A sequence with no token in the window leaves its state untouched (no read, no write): the
-//   pool is updated in place, so skipping is exact and saves the traffic of finished sequences.
-// - Two instantiations per dtype: KMAX = 128 (registers for K <= 128) and 256 (K <= 256), so
-//   the common K = 128 does not pay the K = 256 register budget.
+// - The state load is issued first, before the window bounds are known (the slot exists for
+//   every sequence), so it overlaps the dependent loads of the bounds and then q, k, v. A
+//   sequence with no token in the window is not written: the pool is updated in place, so
+//   skipping is exact (finished sequences cost a read, no write).
+// - Instantiations per dtype: KMAX = 128 (K <= 128, capped at 128 registers so 16 warps fit
+//   per SM) and 256 (K <= 256), each with 2- and 4-warp blocks.
 // Requires: K, V multiples of 16 (Problem validates), base pointers 16 B aligned (cudarc
 // allocations are 256 B aligned); every per-row offset is then a multiple of the vector width.
 //
-// Measured (H200, state f32, K = V = 128, bf16 q/k/v/o, median of 50 CUDA-event-timed steps):
-//   see the commit log and BENCHMARKS notes; numbers of the first device run are below.
-//   <filled in after the device run>
+// Measured (H200, 2026-12-01; state f32, K = V = 128, bf16 q/k/v/o, one token per step):
+//   `gdn bench --no-progress --backend cuda --ops decode --heads 16/32,2/8 --decode-batch 1,64,256
+//    --dtype bf16 --reps 50` (median GPU ms, CUDA events around each step):
+//     16/32 B=1 0.0135 (host-bound, see below), B=64 0.0832, B=256 0.2878 ms = 3753 GB/s;
+//     2/8 B=1 0.0135, B=64 0.0241, B=256 0.0825 ms.
+//   Before (recurrent.cu): 16/32 B=1 0.0161, B=64 0.1290, B=256 0.4727 ms (2285 GB/s);
+//     FLA fused_recurrent: 16/32 B=1 0.0043, B=256 0.3638 ms.
+//   The bench's B=1 figure is the host enqueue time (host ms ~ GPU ms: the events bracket an
+//   idle GPU waiting for the launch). Kernel time from Nsight Compute (`ncu --clock-control
+//   none --cache-control all|none -k regex:gdn_decode`, same bench): 16/32 B=1 5.15 us with a
+//   cold L2 / 4.03 us warm; 2/8 B=1 4.80 / 3.78 us; 16/32 B=256 274 us = 3.92 TB/s (80 % of
+//   DRAM peak). Variants measured and dropped: 1 warp per block (B=256 0.346 ms), 8 warps
+//   (0.297), __ldcs/__stcs streaming hints (0.302-0.354: worse at every block size); 4 warps vs
+//   2 at B=256: 0.2857 vs 0.2910 ms (kept for large grids); reading the state before the
+//   window bounds: B=1 5.50 us before, 5.15 after, cold L2 (but ncu ran at base clocks before and
+//   unlocked after, so the effect is not isolated).
 
 namespace gdn {
 
