@@ -474,7 +474,7 @@ fn decode_matches_the_oracle_on_the_hard_cases_every_dtype() {
                     final_state: pool.download(ctx).unwrap(),
                 };
                 let what = format!("decode ({tokens_per_step}/step)");
-                // Decode always runs the recurrent kernel: f32 arithmetic.
+                // The decode kernel (decode.cu) multiplies in f32.
                 let f32_math = Arithmetic::F32;
                 if let Err(e) = check(&what, &case, Op::Decode, dtype, f32_math, &got, &expected) {
                     failures.push(e);
@@ -1218,4 +1218,185 @@ fn cuda_graph_capture_and_replay_give_the_eager_result() {
 /// The interop context's stream as cudarc's stream object (for its graph API).
 fn caller_stream_of(ctx: &Context) -> &Arc<CudaStream> {
     ctx.stream()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The decode kernel (decode.cu): `decode_into` routes every window to it.
+
+/// Decode cases for the warp-per-16-columns kernel: both state layouts, GVA, K not a multiple
+/// of 32 (partial k-groups), V not a multiple of 32 (a block with one warp past V), K = 256
+/// (the large-register instantiation), varlen with empty and length-1 sequences, every option.
+fn decode_kernel_cases() -> Vec<HardCase> {
+    let d = Options::default();
+    let all = Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: false,
+    };
+    let v_first = Options {
+        state_v_first: true,
+        ..d
+    };
+    let all_v_first = Options {
+        state_v_first: true,
+        ..all
+    };
+    let case = |name: &str, problem: Problem, seed: u64| HardCase {
+        name: name.into(),
+        problem,
+        spec: RandomSpec {
+            zero_gate_heads: 1,
+            strong_gate_heads: 1,
+            ..common::cases::spec(seed, true)
+        },
+    };
+    vec![
+        case(
+            "dec B3 T4 GVA2 K128 V128",
+            problem(3, 4, 2, 4, 128, 128, None, d),
+            41,
+        ),
+        case(
+            "dec B3 T4 GVA2 K128 V128 V-first",
+            problem(3, 4, 2, 4, 128, 128, None, v_first),
+            42,
+        ),
+        case(
+            "dec B2 T3 K48 V80 all options",
+            problem(2, 3, 1, 2, 48, 80, None, all),
+            43,
+        ),
+        case(
+            "dec B2 T3 K48 V80 all options V-first",
+            problem(2, 3, 1, 2, 48, 80, None, all_v_first),
+            44,
+        ),
+        case(
+            "dec B2 T2 GVA4 K256 V64",
+            problem(2, 2, 1, 4, 256, 64, None, d),
+            45,
+        ),
+        case(
+            "dec B1 T2 K256 V32 V-first all",
+            problem(1, 2, 2, 2, 256, 32, None, all_v_first),
+            46,
+        ),
+        case(
+            "dec varlen empty/len-1 K64 V128",
+            problem(1, 7, 2, 4, 64, 128, Some(vec![0, 0, 1, 4, 4, 7]), all),
+            47,
+        ),
+        case(
+            "dec varlen empty/len-1 K16 V16 V-first",
+            problem(1, 7, 1, 1, 16, 16, Some(vec![0, 3, 3, 4, 7]), v_first),
+            48,
+        ),
+    ]
+}
+
+/// Decode `case` in `dtype` through `decode_into` (`tokens_per_step` per step) into a
+/// NaN-poisoned o over a pool seeded from h0; o and the pool after the last step.
+fn run_decode(
+    ctx: &Context,
+    case: &HardCase,
+    inputs: &ForwardInputs<HostTensor>,
+    tokens_per_step: usize,
+) -> ForwardOutputs<HostTensor> {
+    let p = &case.problem;
+    let dev = upload(ctx, inputs);
+    let seq = SeqBounds::upload(ctx, p).unwrap();
+    let h0 = inputs.initial_state.as_ref().unwrap();
+    let pool = CudaTensor::upload(ctx, "pool", h0).unwrap();
+    let o = CudaTensor::filled(ctx, "o", &p.v_shape(), inputs.q.dtype, f32::NAN).unwrap();
+    cuda_backend::decode_into(ctx, p, &seq, &dev.as_ref(), &o, &pool, tokens_per_step).unwrap();
+    ctx.synchronize().unwrap();
+    ForwardOutputs {
+        o: o.download(ctx).unwrap(),
+        final_state: pool.download(ctx).unwrap(),
+    }
+}
+
+#[test]
+fn the_decode_kernel_matches_the_oracle_step_by_step_every_dtype_and_layout() {
+    let Some(ctx) = cuda() else { return };
+    let mut failures = Vec::new();
+    for case in decode_kernel_cases() {
+        for dtype in DTYPES {
+            let (inputs, expected) = inputs_and_oracle(&case, dtype);
+            for tokens_per_step in [1, 2, 3] {
+                let got = run_decode(ctx, &case, &inputs, tokens_per_step);
+                let what = format!("decode kernel ({tokens_per_step}/step)");
+                if let Err(e) = check(
+                    &what,
+                    &case,
+                    Op::Decode,
+                    dtype,
+                    Arithmetic::F32,
+                    &got,
+                    &expected,
+                ) {
+                    failures.push(e);
+                }
+                // An empty sequence's slot is never touched: bit-equal to its h0.
+                let p = &case.problem;
+                let slot = p.heads_v * p.key_dim * p.value_dim;
+                let h0 = &inputs.initial_state.as_ref().unwrap().data;
+                for (n, s) in p.sequences().iter().enumerate() {
+                    let r = n * slot..(n + 1) * slot;
+                    if s.is_empty() && got.final_state.data[r.clone()] != h0[r] {
+                        failures.push(format!("{}: empty sequence {n}'s slot changed", case.name));
+                    }
+                }
+            }
+        }
+    }
+    fail_on(failures);
+}
+
+#[test]
+fn a_decode_window_past_every_sequence_touches_nothing() {
+    let Some(ctx) = cuda() else { return };
+    let case = &decode_kernel_cases()[2];
+    let p = &case.problem;
+    let (inputs, _) = inputs_and_oracle(case, DType::BF16);
+    let dev = upload(ctx, &inputs);
+    let seq = SeqBounds::upload(ctx, p).unwrap();
+    let h0 = inputs.initial_state.as_ref().unwrap();
+    let pool = CudaTensor::upload(ctx, "pool", h0).unwrap();
+    let o = CudaTensor::filled(ctx, "o", &p.v_shape(), DType::BF16, f32::NAN).unwrap();
+    let window = cuda_backend::Window {
+        begin: p.tokens,
+        len: 4,
+    };
+    cuda_backend::decode::launch_decode(ctx, p, &seq, &dev.as_ref(), &o, &pool, window).unwrap();
+    ctx.synchronize().unwrap();
+    assert_eq!(pool.download(ctx).unwrap().data, h0.data);
+    assert!(o.download(ctx).unwrap().data.iter().all(|x| x.is_nan()));
+}
+
+#[test]
+fn the_decode_kernel_refuses_a_bad_pool_with_a_typed_error() {
+    let Some(ctx) = cuda() else { return };
+    let case = &decode_kernel_cases()[0];
+    let p = &case.problem;
+    let (inputs, _) = inputs_and_oracle(case, DType::F16);
+    let dev = upload(ctx, &inputs);
+    let seq = SeqBounds::upload(ctx, p).unwrap();
+    let o = CudaTensor::zeros(ctx, "o", &p.v_shape(), DType::F16).unwrap();
+    let window = cuda_backend::Window { begin: 0, len: 1 };
+    let launch = |pool: &CudaTensor, o: &CudaTensor| {
+        cuda_backend::decode::launch_decode(ctx, p, &seq, &dev.as_ref(), o, pool, window)
+    };
+    let half_pool = CudaTensor::zeros(ctx, "pool", &p.state_shape(), DType::F16).unwrap();
+    assert!(matches!(launch(&half_pool, &o), Err(Error::DType { .. })));
+    let mut shape = p.state_shape().to_vec();
+    shape[0] += 1;
+    let big_pool = CudaTensor::zeros(ctx, "pool", &shape, DType::F32).unwrap();
+    assert!(matches!(launch(&big_pool, &o), Err(Error::Shape { .. })));
+    let pool = CudaTensor::zeros(ctx, "pool", &p.state_shape(), DType::F32).unwrap();
+    let o32 = CudaTensor::zeros(ctx, "o", &p.v_shape(), DType::F32).unwrap();
+    assert!(matches!(launch(&pool, &o32), Err(Error::DType { .. })));
 }

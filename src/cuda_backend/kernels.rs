@@ -41,8 +41,14 @@ pub const BACKWARD: Source = Source {
     text: include_str!("../../shaders/cuda/backward.cu"),
 };
 
+/// The decode kernel: a window of tokens per sequence over an in-place state pool.
+pub const DECODE: Source = Source {
+    file: "decode.cu",
+    text: include_str!("../../shaders/cuda/decode.cu"),
+};
+
 /// Every pass; the `cuda` test checks that this lists every `shaders/cuda/*.cu`.
-pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED, BACKWARD];
+pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED, BACKWARD, DECODE];
 
 // Option bits of `RecurrentParams::flags` and friends, as in common.cuh.
 const L2NORM_QK: i32 = 1;

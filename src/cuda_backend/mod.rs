@@ -28,6 +28,7 @@ mod backend;
 pub mod backward;
 pub mod chunked;
 mod context;
+pub mod decode;
 pub mod kernels;
 pub mod nvrtc;
 pub mod recurrent;

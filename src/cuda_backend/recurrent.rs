@@ -66,6 +66,16 @@ impl SeqBounds {
             buf,
         })
     }
+
+    /// How many sequences (N).
+    pub(crate) fn sequences(&self) -> usize {
+        self.sequences
+    }
+
+    /// The device buffer of the N + 1 bounds, for kernel arguments.
+    pub(crate) fn buffer(&self) -> &CudaSlice<i32> {
+        &self.buf
+    }
 }
 
 /// The tokens of each sequence one launch runs: `begin..begin + len` relative to each
@@ -297,12 +307,8 @@ pub fn decode_into(
             begin: step * tokens_per_step,
             len: tokens_per_step,
         };
-        let io = RecurrentIo {
-            h_in: Some(pool),
-            o,
-            h_out: pool,
-        };
-        launch_recurrent(ctx, problem, seq, &inputs, io, window)?;
+        // The barrier-free decode kernel runs every window (any length, every option).
+        super::decode::launch_decode(ctx, problem, seq, &inputs, o, pool, window)?;
     }
     Ok(())
 }

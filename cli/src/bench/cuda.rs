@@ -62,7 +62,7 @@ pub fn time(
             }
         },
         Op::Decode => {
-            variant = "cuda recurrent decode step over an in-place pool".into();
+            variant = "cuda decode kernel (decode.cu) step over an in-place pool".into();
             // The pool starts from h0 and is updated in place, one token per sequence.
             let pool = match &host.inputs.initial_state {
                 Some(h0) => CudaTensor::upload(ctx, "pool", h0)?,

@@ -1,0 +1,173 @@
+//! The decode kernel (`shaders/cuda/decode.cu`): a window of tokens per sequence (one per step
+//! in serving, a few for speculative verification) over an f32 state pool updated in place,
+//! every option and storage dtype, f32 arithmetic. One warp per 16 v columns and the whole K:
+//! no shared memory and no block barriers, the state streamed once with 128-bit accesses.
+//! [`decode_into`](super::decode_into) routes decode steps here.
+
+use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::context::{Context, driver_error};
+use super::kernels::{DECODE, option_flags};
+use super::recurrent::{STORAGE_DTYPES, SeqBounds, Window, check_tensor};
+use super::tensor::CudaTensor;
+use crate::error::{Error, Result};
+use crate::problem::{ForwardInputs, Problem};
+use crate::tensor::{DType, TensorMeta};
+
+/// v columns per warp: `DECODE_COLS` in decode.cu.
+const WARP_COLS: usize = 16;
+
+/// Grids of at least this many warps run 4-warp blocks, smaller ones 2-warp blocks: on the
+/// H200, 4 warps measured 1–2 % faster at B = 64 and 256 (16/32 heads, 8192+ warps), 2 warps
+/// ~10 % faster at B = 1 (more SMs busy on a latency-bound launch).
+const LARGE_GRID_WARPS: usize = 8192;
+
+/// The largest K of the smaller-register instantiation (`*_k128`); larger K up to 256 runs
+/// `*_k256`.
+const SMALL_KEY_DIM: usize = 128;
+
+/// Mirrors `gdn::DecodeParams` in decode.cu.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+struct DecodeParams {
+    heads_qk: i32,
+    heads_v: i32,
+    key_dim: i32,
+    value_dim: i32,
+    group: i32,
+    flags: i32,
+    window_begin: i32,
+    window_len: i32,
+    scale: f32,
+}
+
+// SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernel takes by value.
+unsafe impl DeviceRepr for DecodeParams {}
+
+fn to_i32(name: &str, x: usize) -> Result<i32> {
+    i32::try_from(x).map_err(|_| Error::value(name, format!("at most {}", i32::MAX), x))
+}
+
+/// The kernel name for `dtype`, `key_dim` and warps per block (2 or 4).
+fn function_name(dtype: DType, key_dim: usize, warps: usize) -> String {
+    let dtype = match dtype {
+        DType::F32 => "f32",
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+    };
+    let k = if key_dim <= SMALL_KEY_DIM { 128 } else { 256 };
+    format!("gdn_decode_{dtype}_k{k}_w{warps}")
+}
+
+/// Enqueue one decode launch: for every sequence and v-head, run the tokens of `window` on the
+/// state in `pool` (the problem's state shape, f32), write o for them and the state back in
+/// place. A sequence with no token in the window is not touched. `inputs.initial_state` is
+/// ignored. No host synchronisation.
+pub fn launch_decode(
+    ctx: &Context,
+    problem: &Problem,
+    seq: &SeqBounds,
+    inputs: &ForwardInputs<&CudaTensor>,
+    o: &CudaTensor,
+    pool: &CudaTensor,
+    window: Window,
+) -> Result<()> {
+    let p = problem;
+    p.check_inputs(inputs, &STORAGE_DTYPES)?;
+    let dtype = inputs.q.dtype();
+    check_tensor("o", o, &p.v_shape(), dtype)?;
+    check_tensor("state pool", pool, &p.state_shape(), DType::F32)?;
+    if seq.sequences() != p.num_sequences() {
+        return Err(Error::value(
+            "sequence bounds",
+            format!("{} sequences (the problem's N)", p.num_sequences()),
+            seq.sequences(),
+        ));
+    }
+    to_i32("tokens (B·T)", p.total_tokens())?;
+    // Grid y and z are limited to 65535 blocks.
+    for (name, x) in [
+        ("heads_v (HV)", p.heads_v),
+        ("sequences (N)", seq.sequences()),
+    ] {
+        if x > 65535 {
+            return Err(Error::unsupported(
+                name,
+                format!("{x} on the cuda backend (at most 65535)"),
+            ));
+        }
+    }
+    let params = DecodeParams {
+        heads_qk: to_i32("heads_qk", p.heads_qk)?,
+        heads_v: to_i32("heads_v", p.heads_v)?,
+        key_dim: to_i32("key_dim", p.key_dim)?,
+        value_dim: to_i32("value_dim", p.value_dim)?,
+        group: to_i32("group", p.group())?,
+        flags: option_flags(p),
+        window_begin: window.begin.min(i32::MAX as usize) as i32,
+        window_len: window.len.min(i32::MAX as usize) as i32,
+        scale: p.scale(),
+    };
+    let warps_needed = p.value_dim.div_ceil(WARP_COLS) * p.heads_v * seq.sequences();
+    let warps = if warps_needed >= LARGE_GRID_WARPS {
+        4
+    } else {
+        2
+    };
+    let function = function_name(dtype, p.key_dim, warps);
+    let func = ctx.function(&DECODE, &function)?;
+    let cfg = LaunchConfig {
+        grid_dim: (
+            p.value_dim.div_ceil(WARP_COLS * warps) as u32,
+            p.heads_v as u32,
+            seq.sequences() as u32,
+        ),
+        block_dim: ((warps * 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // Absent optional tensors are null pointers.
+    let null: u64 = 0;
+    let stream = ctx.stream();
+    let mut launch = stream.launch_builder(&func);
+    launch
+        .arg(&params)
+        .arg(seq.buffer())
+        .arg(inputs.q.buffer())
+        .arg(inputs.k.buffer())
+        .arg(inputs.v.buffer())
+        .arg(inputs.g.buffer())
+        .arg(inputs.beta.buffer());
+    match inputs.a_log {
+        Some(t) => launch.arg(t.buffer()),
+        None => launch.arg(&null),
+    };
+    match inputs.dt_bias {
+        Some(t) => launch.arg(t.buffer()),
+        None => launch.arg(&null),
+    };
+    launch.arg(o.buffer()).arg(pool.buffer());
+    // SAFETY: the argument list matches GDN_DECODE in decode.cu; every buffer was checked above
+    // to have the shape and dtype the kernel indexes with (K, V multiples of 16, so every
+    // vector access is aligned on the allocations' 256-byte bases).
+    unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {function}"), e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_k128_kernels_cover_k_up_to_128() {
+        assert_eq!(
+            function_name(DType::BF16, 128, 2),
+            "gdn_decode_bf16_k128_w2"
+        );
+        assert_eq!(function_name(DType::F16, 16, 4), "gdn_decode_f16_k128_w4");
+        assert_eq!(function_name(DType::F32, 144, 2), "gdn_decode_f32_k256_w2");
+        assert_eq!(
+            function_name(DType::BF16, 256, 4),
+            "gdn_decode_bf16_k256_w4"
+        );
+    }
+}
