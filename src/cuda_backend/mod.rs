@@ -5,10 +5,11 @@
 //! Driver and NVRTC are loaded dynamically when first needed, so the crate builds and runs
 //! without CUDA; [`Context::new`] without a driver or device is an [`crate::Error::NoAdapter`].
 //!
-//! So far: the recurrent kernel (forward and decode, every option and storage dtype, f32
-//! arithmetic), the chunked tensor-core forward for f16/bf16 storage with K ≤ 128
-//! ([`forward_path`] says which one a forward call runs) and the exact BPTT backward
-//! ([`backward`], every gradient, f32 arithmetic).
+//! So far: the recurrent kernel (the forward for f32 storage and K > 128; every option and
+//! storage dtype, f32 arithmetic), the chunked tensor-core forward for f16/bf16 storage with
+//! K ≤ 128 ([`forward_path`] says which one a forward call runs), the decode kernel
+//! ([`decode`]: every decode step, bandwidth-bound) and the exact BPTT backward ([`backward`],
+//! every gradient, f32 arithmetic).
 //!
 //! Interop (PyTorch, JAX, CUDA graphs): [`Context::from_raw_stream`] launches on a caller's
 //! stream, [`CudaTensor::from_raw`] wraps caller-owned device memory without a copy; with a
