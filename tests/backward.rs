@@ -5,6 +5,7 @@
 mod common;
 
 use common::backward::{normal, upstream};
+use common::{dense, problem};
 use gdn_wgpu::reference::{self, forward_f64};
 use gdn_wgpu::tolerance::{Case, Op, Quantity};
 use gdn_wgpu::wgpu_backend::{self, Context};
@@ -20,24 +21,6 @@ fn grad_tol(dtype: DType, l2norm_qk: bool, name: &str) -> f64 {
     Case::new(Op::Backward, dtype)
         .with_l2norm(l2norm_qk)
         .tolerance(quantity)
-}
-
-#[allow(clippy::too_many_arguments)]
-fn problem(
-    options: Options,
-    b: usize,
-    t: usize,
-    h: usize,
-    hv: usize,
-    k: usize,
-    v: usize,
-    cu: Option<Vec<usize>>,
-) -> Problem {
-    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
-}
-
-fn dense(b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize) -> Problem {
-    problem(Options::default(), b, t, h, hv, k, v, None)
 }
 
 /// Relative L2 of every gradient of the GPU backward against the oracle, by name.
@@ -132,7 +115,7 @@ fn with_and_without_initial_state_and_dht() {
 fn varlen_with_length_one_and_empty_sequences() {
     let cu = vec![0, 1, 2, 67, 67, 68, 131, 132];
     check_backward(
-        &problem(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu.clone())),
+        &problem(1, 132, 1, 2, 32, 32, Some(cu.clone()), Options::default()),
         &spec(20),
         true,
     );
@@ -142,7 +125,7 @@ fn varlen_with_length_one_and_empty_sequences() {
         ..RandomSpec::default()
     };
     check_backward(
-        &problem(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu)),
+        &problem(1, 132, 1, 2, 32, 32, Some(cu), Options::default()),
         &s,
         false,
     );
@@ -223,7 +206,7 @@ fn within_webgpu_default_limits() {
         ..Options::default()
     };
     for (i, (k, v)) in [(64, 64), (256, 256)].into_iter().enumerate() {
-        let problem = problem(o, 1, 70, 1, 2, k, v, None);
+        let problem = problem(1, 70, 1, 2, k, v, None, o);
         assert_eq!(
             wgpu_backend::backward::scan_v_block(&ctx, &problem).unwrap(),
             16
@@ -241,7 +224,7 @@ fn each_option() {
             strong_gate_heads: 1,
             ..RandomSpec::default()
         };
-        check_backward(&problem(o, 1, 70, 1, 3, 32, 32, None), &s, true);
+        check_backward(&problem(1, 70, 1, 3, 32, 32, None, o), &s, true);
     }
 }
 
@@ -264,7 +247,7 @@ fn every_option_together_with_varlen_and_gva() {
             strong_gate_heads: 1,
             ..RandomSpec::default()
         };
-        check_backward(&problem(o, 1, 140, 2, 4, 32, 48, Some(cu.clone())), &s, dht);
+        check_backward(&problem(1, 140, 2, 4, 32, 48, Some(cu.clone()), o), &s, dht);
     }
 }
 
@@ -309,22 +292,16 @@ fn half_precision_storage() {
     let cases = [
         (
             "plain",
-            problem(Options::default(), 1, 130, 1, 2, 32, 48, None),
+            problem(1, 130, 1, 2, 32, 48, None, Options::default()),
         ),
-        ("T=1", problem(Options::default(), 1, 1, 1, 1, 16, 16, None)),
+        ("T=1", problem(1, 1, 1, 1, 16, 16, None, Options::default())),
         (
             "K=V=128",
-            problem(Options::default(), 1, 70, 1, 1, 128, 128, None),
+            problem(1, 70, 1, 1, 128, 128, None, Options::default()),
         ),
         (
             "gate in kernel, V-first, varlen, GVA",
             problem(
-                Options {
-                    gate_in_kernel: true,
-                    state_v_first: true,
-                    beta_sigmoid: true,
-                    ..Options::default()
-                },
                 1,
                 140,
                 2,
@@ -332,11 +309,17 @@ fn half_precision_storage() {
                 32,
                 48,
                 Some(vec![0, 1, 66, 140]),
+                Options {
+                    gate_in_kernel: true,
+                    state_v_first: true,
+                    beta_sigmoid: true,
+                    ..Options::default()
+                },
             ),
         ),
         (
             "every option, varlen, GVA",
-            problem(full, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140])),
+            problem(1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140]), full),
         ),
     ];
     let available = wgpu_backend::backward::storage_dtypes(ctx);
@@ -406,7 +389,7 @@ fn repeated_runs_are_bitwise_identical() {
         gate_in_kernel: true,
         ..Options::default()
     };
-    let problem = problem(o, 1, 100, 1, 2, 32, 32, None);
+    let problem = problem(1, 100, 1, 2, 32, 32, None, o);
     let inputs = spec(110).generate(&problem);
     let (d_o, dht) = upstream(&problem, 110, true);
     let run = || {
@@ -439,7 +422,7 @@ fn finite_differences_of_the_f64_forward_match_the_gpu_gradients() {
         .into_iter()
         .enumerate()
     {
-        let problem = problem(o, 1, 70, 1, 2, 16, 16, cu);
+        let problem = problem(1, 70, 1, 2, 16, 16, cu, o);
         let seed = 120 + i as u64;
         let inputs = spec(seed).generate(&problem);
         let (d_o, dht) = upstream(&problem, seed, true);

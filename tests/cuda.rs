@@ -21,7 +21,7 @@ use std::sync::OnceLock;
 use common::cases::{
     HardCase, backward_case, check, check_gradients, fail_on, hard_cases, inputs_and_oracle,
 };
-use common::decode::problem;
+use common::problem;
 use gdn_wgpu::cuda_backend::nvrtc::{self, Target};
 use gdn_wgpu::cuda_backend::{
     self, ChunkPlan, Context, CudaTensor, ForwardPath, SeqBounds, forward_path, kernels,

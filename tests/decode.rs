@@ -8,8 +8,8 @@ mod common;
 
 use std::ops::Range;
 
-use common::decode::{problem, random_pool, spec};
-use common::{dense, gpu, tol_o_state, upload_inputs};
+use common::decode::{random_pool, spec};
+use common::{dense, gpu, problem, tol_o_state, upload_inputs};
 use gdn_wgpu::tolerance::{Case, Op};
 use gdn_wgpu::wgpu_backend::decode::{
     RecurrentStepTiles, StateLayout, StatePool, StateSlot, decode_host,

@@ -223,7 +223,8 @@ fn gpu_outputs_and_sizes() {
 
 /// Decode: bad input is a typed error naming the tensor, and the pool is left untouched.
 mod decode {
-    use crate::common::decode::{problem, random_pool, spec};
+    use crate::common::decode::{random_pool, spec};
+    use crate::common::problem;
     use crate::common::{gpu, upload_inputs};
     use gdn_wgpu::wgpu_backend::decode::{StateLayout, StatePool, StateSlot};
     use gdn_wgpu::wgpu_backend::{Context, DecodeOutputs, DecodePlan, GpuTensor, decode_step};

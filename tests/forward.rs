@@ -4,30 +4,16 @@
 
 mod common;
 
-use common::{F32_TOL, check_forward, dense, forward_errors, tol_o_state};
+use common::{F32_TOL, check_forward, dense, forward_errors, problem, tol_o_state};
 use gdn_wgpu::tolerance::{Case, Op, Quantity};
 use gdn_wgpu::wgpu_backend::{Context, GpuTensor};
-use gdn_wgpu::{DType, Options, Problem, RandomSpec};
+use gdn_wgpu::{DType, Options, RandomSpec};
 
 fn spec(seed: u64) -> RandomSpec {
     RandomSpec {
         seed,
         ..RandomSpec::default()
     }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn with(
-    options: Options,
-    b: usize,
-    t: usize,
-    h: usize,
-    hv: usize,
-    k: usize,
-    v: usize,
-    cu: Option<Vec<usize>>,
-) -> Problem {
-    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
 }
 
 #[test]
@@ -58,7 +44,7 @@ fn with_and_without_initial_state() {
 fn varlen_with_length_one_sequences() {
     let cu = vec![0, 1, 2, 67, 68, 131, 132];
     check_forward(
-        &with(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu.clone())),
+        &problem(1, 132, 1, 2, 32, 32, Some(cu.clone()), Options::default()),
         &spec(30),
     );
     let s = RandomSpec {
@@ -67,7 +53,7 @@ fn varlen_with_length_one_sequences() {
         ..RandomSpec::default()
     };
     check_forward(
-        &with(Options::default(), 1, 132, 1, 2, 32, 32, Some(cu)),
+        &problem(1, 132, 1, 2, 32, 32, Some(cu), Options::default()),
         &s,
     );
 }
@@ -76,8 +62,7 @@ fn varlen_with_length_one_sequences() {
 fn varlen_with_an_empty_sequence_keeps_its_initial_state() {
     // A zero-length sequence has no chunk: its final state must be exactly its initial state.
     check_forward(
-        &with(
-            Options::default(),
+        &problem(
             1,
             70,
             1,
@@ -85,6 +70,7 @@ fn varlen_with_an_empty_sequence_keeps_its_initial_state() {
             16,
             16,
             Some(vec![0, 5, 5, 70]),
+            Options::default(),
         ),
         &spec(35),
     );
@@ -143,7 +129,7 @@ fn state_v_first() {
         state_v_first: true,
         ..Options::default()
     };
-    check_forward(&with(o, 1, 70, 1, 2, 32, 48, None), &spec(90));
+    check_forward(&problem(1, 70, 1, 2, 32, 48, None, o), &spec(90));
 }
 
 #[test]
@@ -155,7 +141,7 @@ fn each_option() {
             strong_gate_heads: 1,
             ..RandomSpec::default()
         };
-        check_forward(&with(o, 1, 70, 1, 3, 32, 32, None), &s);
+        check_forward(&problem(1, 70, 1, 3, 32, 32, None, o), &s);
     }
 }
 
@@ -176,7 +162,7 @@ fn every_option_together_with_varlen_and_gva() {
         ..RandomSpec::default()
     };
     check_forward(
-        &with(o, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140])),
+        &problem(1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140]), o),
         &s,
     );
 }
@@ -231,7 +217,7 @@ fn workspace_reuse_matches_per_call_scratch() {
         beta_sigmoid: true,
         ..Options::default()
     };
-    let problem = with(options, 1, 140, 1, 2, 32, 32, Some(vec![0, 1, 70, 140]));
+    let problem = problem(1, 140, 1, 2, 32, 32, Some(vec![0, 1, 70, 140]), options);
     let ws = ForwardWorkspace::new(ctx, &problem, DType::F32).unwrap();
     assert!(ws.bytes() > 0);
     let run = |seed: u64, workspace: Option<&ForwardWorkspace>| {
@@ -303,11 +289,18 @@ fn sequence_parallel_segments() {
     let cases = [
         (
             "varlen with length-1 and empty sequences, GVA 2",
-            with(d, 1, 300, 1, 2, 32, 32, Some(vec![0, 1, 1, 200, 201, 300])),
+            problem(1, 300, 1, 2, 32, 32, Some(vec![0, 1, 1, 200, 201, 300]), d),
         ),
         (
             "V-first, every option, K != V",
-            with(
+            problem(
+                2,
+                150,
+                1,
+                2,
+                32,
+                48,
+                None,
                 Options {
                     l2norm_qk: true,
                     beta_sigmoid: true,
@@ -316,13 +309,6 @@ fn sequence_parallel_segments() {
                     state_v_first: true,
                     scale: Some(0.5),
                 },
-                2,
-                150,
-                1,
-                2,
-                32,
-                48,
-                None,
             ),
         ),
     ];
@@ -403,12 +389,12 @@ fn half_precision_storage() {
     let cases = [
         (
             "plain",
-            with(Options::default(), 1, 130, 1, 2, 32, 48, None),
+            problem(1, 130, 1, 2, 32, 48, None, Options::default()),
         ),
-        ("T=1", with(Options::default(), 1, 1, 1, 1, 16, 16, None)),
+        ("T=1", problem(1, 1, 1, 1, 16, 16, None, Options::default())),
         (
             "every option, varlen, GVA",
-            with(full, 1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140])),
+            problem(1, 140, 2, 4, 32, 48, Some(vec![0, 1, 66, 140]), full),
         ),
     ];
     for dtype in [DType::BF16, DType::F16] {
@@ -473,7 +459,7 @@ fn within_webgpu_default_limits_on_a_caller_device() {
         state_v_first: true,
     };
     for (i, (k, v)) in [(32, 48), (256, 256)].into_iter().enumerate() {
-        let problem = with(all, 1, 70, 1, 2, k, v, Some(vec![0, 1, 70]));
+        let problem = problem(1, 70, 1, 2, k, v, Some(vec![0, 1, 70]), all);
         let s = spec(300 + i as u64);
         let e = forward_errors(&ctx, &problem, &s);
         let (tol_o, tol_s) = tol_o_state(Case::new(Op::Forward, DType::F32));
@@ -515,11 +501,18 @@ fn coop_matrix_path() {
         ("GVA 4, 64 v-heads", dense(2, 100, 16, 64, 128, 64)),
         (
             "varlen, length-1 sequences, GVA 2",
-            with(d, 1, 132, 2, 4, 128, 64, Some(cu.clone())),
+            problem(1, 132, 2, 4, 128, 64, Some(cu.clone()), d),
         ),
         (
             "every option, varlen, GVA 2",
-            with(
+            problem(
+                1,
+                132,
+                1,
+                2,
+                128,
+                32,
+                Some(cu),
                 Options {
                     scale: Some(0.3),
                     l2norm_qk: true,
@@ -528,22 +521,11 @@ fn coop_matrix_path() {
                     gate_in_kernel: true,
                     state_v_first: true,
                 },
-                1,
-                132,
-                1,
-                2,
-                128,
-                32,
-                Some(cu),
             ),
         ),
         (
             "state V-first",
-            with(
-                Options {
-                    state_v_first: true,
-                    ..d
-                },
+            problem(
                 1,
                 100,
                 1,
@@ -551,6 +533,10 @@ fn coop_matrix_path() {
                 128,
                 64,
                 None,
+                Options {
+                    state_v_first: true,
+                    ..d
+                },
             ),
         ),
     ];
@@ -690,15 +676,11 @@ fn f16_math_path() {
         ("T=130 B=2, V=48", dense(2, 130, 1, 2, 32, 48)),
         (
             "varlen, length-1 sequences, GVA 2",
-            with(d, 1, 132, 2, 4, 32, 32, Some(cu.clone())),
+            problem(1, 132, 2, 4, 32, 32, Some(cu.clone()), d),
         ),
         (
             "state V-first",
-            with(
-                Options {
-                    state_v_first: true,
-                    ..d
-                },
+            problem(
                 1,
                 100,
                 1,
@@ -706,11 +688,15 @@ fn f16_math_path() {
                 32,
                 48,
                 None,
+                Options {
+                    state_v_first: true,
+                    ..d
+                },
             ),
         ),
         (
             "every option, varlen, GVA 2",
-            with(full, 1, 132, 1, 2, 32, 32, Some(cu)),
+            problem(1, 132, 1, 2, 32, 32, Some(cu), full),
         ),
         ("K = V = 128", dense(1, 65, 1, 2, 128, 128)),
         ("K = 256", dense(1, 65, 1, 1, 256, 64)),

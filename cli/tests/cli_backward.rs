@@ -1,27 +1,15 @@
 //! `gdn run backward` end to end: the gradients file against the f64 oracle on both backends,
-//! and a malformed upstream gradient named on one line with exit code 2. Self-contained (no
-//! tests/common) so it can move with the CLI.
+//! and a malformed upstream gradient named on one line with exit code 2.
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::backward::{normal, upstream};
+use common::{dense, problem};
 use gdn_wgpu::tolerance::{Case, Op, Quantity};
 use gdn_wgpu::{
     DType, ForwardInputs, HostTensor, Options, Problem, RandomSpec, reference, relative_l2,
 };
-use rand::{SeedableRng, rngs::SmallRng};
-use rand_distr::{Distribution, StandardNormal};
-
-/// Whether a wgpu adapter exists; with `GDN_REQUIRE_GPU=1` a missing one fails the test.
-fn wgpu_available() -> bool {
-    match gdn_wgpu::wgpu_backend::Context::new_blocking() {
-        Ok(_) => true,
-        Err(e) => {
-            if std::env::var("GDN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("GDN_REQUIRE_GPU=1 but no GPU context: {e}");
-            }
-            eprintln!("SKIPPED the wgpu backend (no GPU adapter): {e}");
-            false
-        }
-    }
-}
 
 /// The policy's bound for gradient `name` with f32 storage.
 fn grad_tol(name: &str, l2norm_qk: bool) -> f64 {
@@ -35,48 +23,11 @@ fn grad_tol(name: &str, l2norm_qk: bool) -> f64 {
         .tolerance(quantity)
 }
 
-#[allow(clippy::too_many_arguments)]
-fn problem(
-    options: Options,
-    b: usize,
-    t: usize,
-    h: usize,
-    hv: usize,
-    k: usize,
-    v: usize,
-    cu: Option<Vec<usize>>,
-) -> Problem {
-    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
-}
-
-fn dense(b: usize, t: usize, h: usize, hv: usize, k: usize, v: usize) -> Problem {
-    problem(Options::default(), b, t, h, hv, k, v, None)
-}
-
 fn spec(seed: u64) -> RandomSpec {
     RandomSpec {
         seed,
         ..RandomSpec::default()
     }
-}
-
-fn normal(seed: u64, shape: &[usize], scale: f32) -> HostTensor {
-    let mut rng = SmallRng::seed_from_u64(seed);
-    let n = shape.iter().product();
-    let data = (0..n)
-        .map(|_| {
-            let z: f32 = StandardNormal.sample(&mut rng);
-            scale * z
-        })
-        .collect();
-    HostTensor::new(shape.to_vec(), data)
-}
-
-/// The upstream gradients of a test: `do` ~ N(0, 1), `dht` ~ N(0, 0.5²) when asked for.
-fn upstream(problem: &Problem, seed: u64, with_dht: bool) -> (HostTensor, Option<HostTensor>) {
-    let d_o = normal(seed ^ 0xd0, &problem.v_shape(), 1.0);
-    let dht = with_dht.then(|| normal(seed ^ 0xd7, &problem.state_shape(), 0.5));
-    (d_o, dht)
 }
 
 /// A scratch directory unique to this process and test, removed when dropped.
@@ -153,7 +104,7 @@ fn cli_backward_matches_the_oracle_on_both_backends() {
         gate_in_kernel: true,
         ..Options::default()
     };
-    let problem = problem(o, 1, 80, 1, 2, 16, 32, Some(vec![0, 9, 80]));
+    let problem = problem(1, 80, 1, 2, 16, 32, Some(vec![0, 9, 80]), o);
     let inputs = spec(140).generate(&problem);
     let (d_o, dht) = upstream(&problem, 140, true);
     let dht = dht.unwrap();
@@ -162,7 +113,7 @@ fn cli_backward_matches_the_oracle_on_both_backends() {
     let input = dir.path("in.safetensors");
     write_backward_inputs(&input, &problem, &inputs, &[("do", &d_o), ("dht", &dht)]);
     let mut backends = vec!["cpu"];
-    if wgpu_available() {
+    if common::gpu().is_some() {
         backends.push("wgpu");
     }
     for backend in backends {

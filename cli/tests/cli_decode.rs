@@ -1,40 +1,16 @@
 //! `gdn run decode` end to end: it agrees with `gdn run forward` and the f64 oracle, in f32 and
-//! on a bf16 file. Self-contained (no tests/common) so it can move with the CLI.
+//! on a bf16 file.
 
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "../../tests/common/mod.rs"]
+mod common;
+
+use common::problem;
 use gdn_wgpu::io::{self, TensorFile};
 use gdn_wgpu::tolerance::{Case, Op, Quantity};
-use gdn_wgpu::{DType, ForwardOutputs, Options, Problem, RandomSpec, reference, relative_l2};
-
-/// Whether a wgpu adapter exists; with `GDN_REQUIRE_GPU=1` a missing one fails the test.
-fn wgpu_available() -> bool {
-    match gdn_wgpu::wgpu_backend::Context::new_blocking() {
-        Ok(_) => true,
-        Err(e) => {
-            if std::env::var("GDN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
-                panic!("GDN_REQUIRE_GPU=1 but no GPU context: {e}");
-            }
-            eprintln!("SKIPPED (no GPU adapter; set GDN_REQUIRE_GPU=1 to fail instead): {e}");
-            false
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn problem(
-    b: usize,
-    t: usize,
-    h: usize,
-    hv: usize,
-    k: usize,
-    v: usize,
-    cu: Option<Vec<usize>>,
-    options: Options,
-) -> Problem {
-    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
-}
+use gdn_wgpu::{DType, ForwardOutputs, Options, RandomSpec, reference, relative_l2};
 
 fn spec(seed: u64) -> RandomSpec {
     RandomSpec {
@@ -58,7 +34,7 @@ fn gdn(args: &[&str]) -> std::process::Output {
 
 #[test]
 fn cli_run_decode_agrees_with_forward() {
-    if !wgpu_available() {
+    if common::gpu().is_none() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("gdn-decode-cli-{}", std::process::id()));
@@ -140,7 +116,7 @@ fn cli_run_decode_agrees_with_forward() {
 /// on the same file and with the oracle on the rounded inputs; the f32 final state to 1e-5.
 #[test]
 fn cli_run_decode_bf16_file() {
-    if !wgpu_available() {
+    if common::gpu().is_none() {
         return;
     }
     let dir = std::env::temp_dir().join(format!("gdn-decode-cli-bf16-{}", std::process::id()));

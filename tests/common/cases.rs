@@ -10,7 +10,7 @@ use gdn_wgpu::{
     relative_l2,
 };
 
-use super::decode::problem;
+use super::problem;
 
 /// One hard case: a problem and how its inputs are drawn.
 pub struct HardCase {

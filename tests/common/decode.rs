@@ -1,20 +1,8 @@
 //! Decode scaffolding: problems, seeds and random state pools.
 
-use gdn_wgpu::{HostTensor, Options, Problem, RandomSpec};
+use gdn_wgpu::{HostTensor, Problem, RandomSpec};
 
-#[allow(clippy::too_many_arguments)]
-pub fn problem(
-    b: usize,
-    t: usize,
-    h: usize,
-    hv: usize,
-    k: usize,
-    v: usize,
-    cu: Option<Vec<usize>>,
-    options: Options,
-) -> Problem {
-    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
-}
+use super::problem;
 
 /// Random inputs without an initial state (a decode's states come from the pool).
 pub fn spec(seed: u64) -> RandomSpec {

@@ -15,6 +15,21 @@ use gdn_wgpu::{
     relative_l2,
 };
 
+/// `Problem::new(..).unwrap()`: the test files' one shorthand for a valid problem.
+#[allow(clippy::too_many_arguments)]
+pub fn problem(
+    b: usize,
+    t: usize,
+    h: usize,
+    hv: usize,
+    k: usize,
+    v: usize,
+    cu: Option<Vec<usize>>,
+    options: Options,
+) -> Problem {
+    Problem::new(b, t, h, hv, k, v, cu, options).unwrap()
+}
+
 /// The policy's f32-storage bound for o and the final state, as a constant for tests/cli.rs
 /// (the policy is not `const`); tests/forward.rs asserts it equals the policy.
 pub const F32_TOL: f64 = 1e-5;
