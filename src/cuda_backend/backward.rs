@@ -7,7 +7,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::context::{Context, driver_error};
 use super::kernels::{BACKWARD, option_flags};
-use super::recurrent::{self, STORAGE_DTYPES, SeqBounds};
+use super::recurrent::{self, STORAGE_DTYPES, SeqBounds, to_i32};
 use super::tensor::{CudaTensor, upload_inputs};
 use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, ForwardOutputs, Gradients, Problem};
@@ -35,10 +35,6 @@ struct BackwardParams {
 
 // SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernel takes by value.
 unsafe impl DeviceRepr for BackwardParams {}
-
-fn to_i32(name: &str, x: usize) -> Result<i32> {
-    i32::try_from(x).map_err(|_| Error::value(name, format!("at most {}", i32::MAX), x))
-}
 
 fn alloc_f32(ctx: &Context, name: &str, len: usize) -> Result<CudaSlice<f32>> {
     // A zero-length allocation is refused by the driver; one spare element is never read.

@@ -4,11 +4,11 @@
 //! no shared memory and no block barriers, the state streamed once with 128-bit accesses.
 //! [`decode_into`](super::decode_into) routes decode steps here.
 
-use cudarc::driver::{DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::context::{Context, driver_error};
-use super::kernels::{DECODE, option_flags};
-use super::recurrent::{STORAGE_DTYPES, SeqBounds, Window, check_tensor};
+use super::kernels::DECODE;
+use super::recurrent::{RecurrentParams, STORAGE_DTYPES, SeqBounds, Window, check_tensor, to_i32};
 use super::tensor::CudaTensor;
 use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, Problem};
@@ -25,28 +25,6 @@ const LARGE_GRID_WARPS: usize = 8192;
 /// The largest K of the smaller-register instantiation (`*_k128`); larger K up to 256 runs
 /// `*_k256`.
 const SMALL_KEY_DIM: usize = 128;
-
-/// Mirrors `gdn::DecodeParams` in decode.cu.
-#[repr(C)]
-#[derive(Debug, Clone, Copy)]
-struct DecodeParams {
-    heads_qk: i32,
-    heads_v: i32,
-    key_dim: i32,
-    value_dim: i32,
-    group: i32,
-    flags: i32,
-    window_begin: i32,
-    window_len: i32,
-    scale: f32,
-}
-
-// SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernel takes by value.
-unsafe impl DeviceRepr for DecodeParams {}
-
-fn to_i32(name: &str, x: usize) -> Result<i32> {
-    i32::try_from(x).map_err(|_| Error::value(name, format!("at most {}", i32::MAX), x))
-}
 
 /// The kernel name for `dtype`, `key_dim` and warps per block (2 or 4).
 fn function_name(dtype: DType, key_dim: usize, warps: usize) -> String {
@@ -97,17 +75,7 @@ pub fn launch_decode(
             ));
         }
     }
-    let params = DecodeParams {
-        heads_qk: to_i32("heads_qk", p.heads_qk)?,
-        heads_v: to_i32("heads_v", p.heads_v)?,
-        key_dim: to_i32("key_dim", p.key_dim)?,
-        value_dim: to_i32("value_dim", p.value_dim)?,
-        group: to_i32("group", p.group())?,
-        flags: option_flags(p),
-        window_begin: window.begin.min(i32::MAX as usize) as i32,
-        window_len: window.len.min(i32::MAX as usize) as i32,
-        scale: p.scale(),
-    };
+    let params = RecurrentParams::new(p, window)?;
     let warps_needed = p.value_dim.div_ceil(WARP_COLS) * p.heads_v * seq.sequences();
     let warps = if warps_needed >= LARGE_GRID_WARPS {
         4

@@ -18,10 +18,11 @@ pub const STORAGE_DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
 const BLOCK_V: usize = 32;
 const THREADS: u32 = 128;
 
-/// Mirrors `gdn::RecurrentParams` in recurrent.cu.
+/// Mirrors `gdn::RecurrentParams` in recurrent.cu and `gdn::DecodeParams` in decode.cu (the
+/// same layout): the problem's dims and options and the window of tokens one launch runs.
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct RecurrentParams {
+pub(crate) struct RecurrentParams {
     heads_qk: i32,
     heads_v: i32,
     key_dim: i32,
@@ -36,6 +37,23 @@ struct RecurrentParams {
 // SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernel takes by value.
 unsafe impl DeviceRepr for RecurrentParams {}
 
+impl RecurrentParams {
+    /// The parameters of a launch of `p` over `window`; a dim past i32 is an error naming it.
+    pub(crate) fn new(p: &Problem, window: Window) -> Result<Self> {
+        Ok(RecurrentParams {
+            heads_qk: to_i32("heads_qk", p.heads_qk)?,
+            heads_v: to_i32("heads_v", p.heads_v)?,
+            key_dim: to_i32("key_dim", p.key_dim)?,
+            value_dim: to_i32("value_dim", p.value_dim)?,
+            group: to_i32("group", p.group())?,
+            flags: option_flags(p),
+            window_begin: window.begin.min(i32::MAX as usize) as i32,
+            window_len: window.len.min(i32::MAX as usize) as i32,
+            scale: p.scale(),
+        })
+    }
+}
+
 /// The sequences' token boundaries on the packed axis (`cu_seqlens`, or `b·T` without it), as
 /// the kernel reads them (i32, N + 1 entries).
 #[derive(Debug)]
@@ -44,7 +62,7 @@ pub struct SeqBounds {
     buf: CudaSlice<i32>,
 }
 
-fn to_i32(name: &str, x: usize) -> Result<i32> {
+pub(crate) fn to_i32(name: &str, x: usize) -> Result<i32> {
     i32::try_from(x).map_err(|_| Error::value(name, format!("at most {}", i32::MAX), x))
 }
 
@@ -158,18 +176,7 @@ pub fn launch_recurrent(
             ));
         }
     }
-    let flags = option_flags(p);
-    let params = RecurrentParams {
-        heads_qk: p.heads_qk as i32,
-        heads_v: p.heads_v as i32,
-        key_dim: p.key_dim as i32,
-        value_dim: p.value_dim as i32,
-        group: p.group() as i32,
-        flags,
-        window_begin: window.begin.min(i32::MAX as usize) as i32,
-        window_len: window.len.min(i32::MAX as usize) as i32,
-        scale: p.scale(),
-    };
+    let params = RecurrentParams::new(p, window)?;
     let function = match dtype {
         DType::F32 => "gdn_recurrent_f32",
         DType::F16 => "gdn_recurrent_f16",
