@@ -1,5 +1,5 @@
 //! Every WGSL pass, as assembled with each storage dtype and specialized with the override
-//! constants the launchers really use (`shaders::variants`, built from their tiling code), is
+//! constants the launchers really use (`variants::variants`, built from their tiling code), is
 //! validated by naga and translated to SPIR-V, MSL and HLSL — so shader errors and Metal / DX12
 //! portability problems fail on machines without a GPU — and its workgroup memory is checked
 //! against the device limits the tiling was chosen for.
@@ -8,7 +8,8 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
 use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
-use gdn_wgpu::wgpu_backend::shaders::{Pass, Variant, source, variants};
+use gdn_wgpu::wgpu_backend::shaders::{Pass, source};
+use gdn_wgpu::wgpu_backend::variants::{Variant, variants};
 use gdn_wgpu::{DType, Options, Problem};
 
 /// The device-limit tables the tiling code is exercised with: WebGPU's defaults (16 KiB of

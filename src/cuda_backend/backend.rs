@@ -70,6 +70,6 @@ impl Backend for Context {
         inputs: &ForwardInputs<&HostTensor>,
         tokens_per_step: usize,
     ) -> Result<ForwardOutputs<HostTensor>> {
-        recurrent::decode_host(self, problem, inputs, tokens_per_step)
+        super::decode::decode_host(self, problem, inputs, tokens_per_step)
     }
 }

@@ -2,17 +2,19 @@
 //! in serving, a few for speculative verification) over an f32 state pool updated in place,
 //! every option and storage dtype, f32 arithmetic. One warp per 16 v columns and the whole K:
 //! no shared memory and no block barriers, the state streamed once with 128-bit accesses.
-//! [`decode_into`](super::decode_into) routes decode steps here.
+//! [`decode_into`] (below) runs every decode step here.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::context::{Context, driver_error};
 use super::kernels::DECODE;
-use super::recurrent::{RecurrentParams, STORAGE_DTYPES, SeqBounds, Window, check_tensor, to_i32};
-use super::tensor::CudaTensor;
+use super::recurrent::{
+    RecurrentParams, STORAGE_DTYPES, SeqBounds, Window, check_host, check_tensor, to_i32,
+};
+use super::tensor::{CudaTensor, upload_inputs};
 use crate::error::{Error, Result};
-use crate::problem::{ForwardInputs, Problem};
-use crate::tensor::{DType, TensorMeta};
+use crate::problem::{ForwardInputs, ForwardOutputs, Problem};
+use crate::tensor::{DType, HostTensor, TensorMeta};
 
 /// v columns per warp: `DECODE_COLS` in decode.cu.
 const WARP_COLS: usize = 16;
@@ -119,6 +121,79 @@ pub fn launch_decode(
     // vector access is aligned on the allocations' 256-byte bases).
     unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {function}"), e))?;
     Ok(())
+}
+
+/// Enqueue decode steps of `tokens_per_step` tokens per sequence over `pool` (the state
+/// shape, f32, holding each sequence's starting state), updated in place; o into `o`.
+/// `inputs.initial_state` is ignored: the pool is the state.
+pub fn decode_into(
+    ctx: &Context,
+    problem: &Problem,
+    seq: &SeqBounds,
+    inputs: &ForwardInputs<&CudaTensor>,
+    o: &CudaTensor,
+    pool: &CudaTensor,
+    tokens_per_step: usize,
+) -> Result<()> {
+    if tokens_per_step == 0 {
+        return Err(Error::value("tokens_per_step", "at least 1", 0));
+    }
+    let inputs = ForwardInputs {
+        initial_state: None,
+        ..*inputs
+    };
+    let longest = problem
+        .sequences()
+        .iter()
+        .map(|s| s.len())
+        .max()
+        .unwrap_or(0);
+    // One launch even for empty sequences, so the pool is validated and o checked.
+    let steps = longest.div_ceil(tokens_per_step).max(1);
+    for step in 0..steps {
+        let window = Window {
+            begin: step * tokens_per_step,
+            len: tokens_per_step,
+        };
+        // The barrier-free decode kernel runs every window (any length, every option).
+        launch_decode(ctx, problem, seq, &inputs, o, pool, window)?;
+    }
+    Ok(())
+}
+
+/// Decode on host tensors: a pool seeded with the initial states (zeros without), steps of
+/// `tokens_per_step` tokens, wait, download o and the pool.
+pub fn decode_host(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&HostTensor>,
+    tokens_per_step: usize,
+) -> Result<ForwardOutputs<HostTensor>> {
+    check_host(problem, inputs)?;
+    if tokens_per_step == 0 {
+        return Err(Error::value("tokens_per_step", "at least 1", 0));
+    }
+    let mut dev = upload_inputs(ctx, inputs)?;
+    let pool = match dev.initial_state.take() {
+        Some(h0) => h0,
+        None => CudaTensor::zeros(ctx, "state pool", &problem.state_shape(), DType::F32)?,
+    };
+    let seq = SeqBounds::upload(ctx, problem)?;
+    let o = CudaTensor::zeros(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
+    decode_into(
+        ctx,
+        problem,
+        &seq,
+        &dev.as_ref(),
+        &o,
+        &pool,
+        tokens_per_step,
+    )?;
+    ctx.synchronize()?;
+    Ok(ForwardOutputs {
+        o: o.download(ctx)?,
+        final_state: pool.download(ctx)?,
+    })
 }
 
 #[cfg(test)]

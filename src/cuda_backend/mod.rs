@@ -39,8 +39,9 @@ pub use chunked::{
     ChunkPlan, ChunkedPasses, ForwardPath, forward_path, launch_chunked, launch_chunked_passes,
 };
 pub use context::Context;
+pub use decode::{decode_host, decode_into};
 pub use recurrent::{
-    RecurrentIo, SeqBounds, Window, decode_host, decode_into, forward_host, forward_into,
-    forward_recurrent_into, launch_recurrent,
+    RecurrentIo, SeqBounds, Window, forward_host, forward_into, forward_recurrent_into,
+    launch_recurrent,
 };
 pub use tensor::{CudaTensor, RAW_ALIGNMENT, upload_inputs};

@@ -282,45 +282,7 @@ pub fn forward_recurrent_into(
     )
 }
 
-/// Enqueue decode steps of `tokens_per_step` tokens per sequence over `pool` (the state
-/// shape, f32, holding each sequence's starting state), updated in place; o into `o`.
-/// `inputs.initial_state` is ignored: the pool is the state.
-pub fn decode_into(
-    ctx: &Context,
-    problem: &Problem,
-    seq: &SeqBounds,
-    inputs: &ForwardInputs<&CudaTensor>,
-    o: &CudaTensor,
-    pool: &CudaTensor,
-    tokens_per_step: usize,
-) -> Result<()> {
-    if tokens_per_step == 0 {
-        return Err(Error::value("tokens_per_step", "at least 1", 0));
-    }
-    let inputs = ForwardInputs {
-        initial_state: None,
-        ..*inputs
-    };
-    let longest = problem
-        .sequences()
-        .iter()
-        .map(|s| s.len())
-        .max()
-        .unwrap_or(0);
-    // One launch even for empty sequences, so the pool is validated and o checked.
-    let steps = longest.div_ceil(tokens_per_step).max(1);
-    for step in 0..steps {
-        let window = Window {
-            begin: step * tokens_per_step,
-            len: tokens_per_step,
-        };
-        // The barrier-free decode kernel runs every window (any length, every option).
-        super::decode::launch_decode(ctx, problem, seq, &inputs, o, pool, window)?;
-    }
-    Ok(())
-}
-
-fn check_host(problem: &Problem, inputs: &ForwardInputs<&HostTensor>) -> Result<()> {
+pub(crate) fn check_host(problem: &Problem, inputs: &ForwardInputs<&HostTensor>) -> Result<()> {
     problem.check_inputs(inputs, &STORAGE_DTYPES)?;
     crate::problem::check_host_values(problem, inputs)
 }
@@ -350,40 +312,5 @@ pub fn forward_host(
     Ok(ForwardOutputs {
         o: o.download(ctx)?,
         final_state: state.download(ctx)?,
-    })
-}
-
-/// Decode on host tensors: a pool seeded with the initial states (zeros without), steps of
-/// `tokens_per_step` tokens, wait, download o and the pool.
-pub fn decode_host(
-    ctx: &Context,
-    problem: &Problem,
-    inputs: &ForwardInputs<&HostTensor>,
-    tokens_per_step: usize,
-) -> Result<ForwardOutputs<HostTensor>> {
-    check_host(problem, inputs)?;
-    if tokens_per_step == 0 {
-        return Err(Error::value("tokens_per_step", "at least 1", 0));
-    }
-    let mut dev = upload_inputs(ctx, inputs)?;
-    let pool = match dev.initial_state.take() {
-        Some(h0) => h0,
-        None => CudaTensor::zeros(ctx, "state pool", &problem.state_shape(), DType::F32)?,
-    };
-    let seq = SeqBounds::upload(ctx, problem)?;
-    let o = CudaTensor::zeros(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
-    decode_into(
-        ctx,
-        problem,
-        &seq,
-        &dev.as_ref(),
-        &o,
-        &pool,
-        tokens_per_step,
-    )?;
-    ctx.synchronize()?;
-    Ok(ForwardOutputs {
-        o: o.download(ctx)?,
-        final_state: pool.download(ctx)?,
     })
 }

@@ -16,6 +16,7 @@ pub mod shaders;
 mod tensor;
 pub mod timing;
 pub mod tuning;
+pub mod variants;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use backward::backward_host;

@@ -1,0 +1,110 @@
+//! Every pipeline the launchers may build for a problem on a device, listed with the
+//! launchers' own tiling code so the tests compile and size exactly what runs. It sits above
+//! the launchers (it imports them; nothing in the library imports it), so `shaders` stays a
+//! leaf that the launchers import.
+
+use crate::error::Result;
+use crate::wgpu_backend::shaders::Pass;
+
+/// One pipeline the launchers build: a pass, its entry point and its override constants.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Variant {
+    /// The pass (the WGSL file) the pipeline is built from.
+    pub pass: Pass,
+    /// The entry point's function name.
+    pub entry: &'static str,
+    /// Override constants (name, value) the pipeline is built with.
+    pub constants: Vec<(&'static str, f64)>,
+}
+
+/// Every (pass, entry point, override constants) the launchers may instantiate for `problem`
+/// on a device with `limits`, whatever the dtype, compute path or `GDN_V_BLOCK`; built with
+/// the launchers' own tiling code, so tests compile and size exactly what runs.
+pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Result<Vec<Variant>> {
+    use crate::wgpu_backend::backward::{
+        dh_scan_tiling, recompute_token_slice, scan_arena_words, scan_bytes,
+    };
+    use crate::wgpu_backend::decode::RecurrentStepTiles;
+    use crate::wgpu_backend::forward::STATE_SCAN_COOP_BYTES;
+    use crate::wgpu_backend::path::{COOP_KEY_DIM, COOP_V_BLOCK};
+    use crate::wgpu_backend::tuning::{
+        Tuning, state_scan_arena_words, state_scan_f16_arena_slots, state_scan_token_slice,
+    };
+
+    let tuning = Tuning::for_device(limits)?;
+    let bytes = tuning.workgroup_bytes;
+    let (k, v) = (problem.key_dim as u32, problem.value_dim as u32);
+    let kf = k as f64;
+    let variant = |pass, entry, constants: &[(&'static str, f64)]| Variant {
+        pass,
+        entry,
+        constants: constants.to_vec(),
+    };
+    let mut out = vec![
+        variant(Pass::PrepareQk, "prepare_qk", &[]),
+        variant(Pass::PrepareGate, "prepare_gate", &[]),
+        variant(Pass::WyInverse, "wy_inverse", &[("K_DIM", kf)]),
+        variant(Pass::WyInverseCoop, "wy_inverse", &[("K_DIM", kf)]),
+        variant(Pass::ToHalf, "to_half", &[]),
+        variant(Pass::GateQ, "gate_q", &[]),
+        variant(Pass::SegmentCombine, "identity", &[]),
+        variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 0.0)]),
+        variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 1.0)]),
+        variant(Pass::ValueGrams, "value_grams", &[]),
+        variant(Pass::WyGrad, "wy_grad", &[("K_DIM", kf)]),
+        variant(Pass::StateGrad, "state_grad", &[("K_DIM", kf)]),
+        variant(Pass::QkGrad, "qk_grad", &[("K_DIM", kf)]),
+        variant(Pass::QkFinish, "qk_finish", &[]),
+        variant(Pass::QkFinish, "dv_finish", &[]),
+        variant(Pass::GateFinish, "gate_finish", &[]),
+    ];
+    // A forced GDN_V_BLOCK may pick any width that fits, dividing V or not.
+    for &bv in &tuning.v_blocks {
+        for (pass, arena) in [
+            (Pass::StateScan, state_scan_arena_words(bv)),
+            (Pass::StateScanF16, state_scan_f16_arena_slots(bv)),
+        ] {
+            let constants = [
+                ("K_DIM", kf),
+                ("V_BLOCK", bv as f64),
+                ("ARENA", arena as f64),
+                ("T_SLICE", state_scan_token_slice(k) as f64),
+            ];
+            out.push(variant(pass, "state_scan", &constants));
+        }
+    }
+    if k as usize == COOP_KEY_DIM
+        && (v as usize).is_multiple_of(COOP_V_BLOCK)
+        && STATE_SCAN_COOP_BYTES <= bytes
+    {
+        out.push(variant(Pass::StateScanCoop, "state_scan_coop", &[]));
+    }
+    // The backward scans' widths: those `backward::scan_v_block` picks from.
+    for bv in [64, 32, 16] {
+        if scan_bytes(bv) > bytes || !v.is_multiple_of(bv) {
+            continue;
+        }
+        let recompute = [
+            ("K_DIM", kf),
+            ("V_BLOCK", bv as f64),
+            ("ARENA", scan_arena_words(bv) as f64),
+            ("T_SLICE", recompute_token_slice(k) as f64),
+        ];
+        out.push(variant(Pass::StateRecompute, "state_recompute", &recompute));
+        let (t_slice, arena) = dh_scan_tiling(bv, k, bytes);
+        let dh = [
+            ("K_DIM", kf),
+            ("V_BLOCK", bv as f64),
+            ("ARENA", arena as f64),
+            ("T_SLICE", t_slice as f64),
+        ];
+        out.push(variant(Pass::DhScan, "dh_scan", &dh));
+    }
+    for tiles in RecurrentStepTiles::candidates(limits, problem) {
+        for per_token_states in [false, true] {
+            let constants = tiles.pipeline_constants(per_token_states);
+            out.push(variant(Pass::RecurrentStep, "recurrent_step", &constants));
+        }
+    }
+    Ok(out)
+}
