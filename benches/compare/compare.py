@@ -372,41 +372,61 @@ def cmd_report(args):
     if fla.get("versions"):
         v = fla["versions"]
         say(f"FLA {v.get('fla')} (Triton {v.get('triton')}, torch {v.get('torch')}, CUDA {v.get('cuda')}) on {v.get('device')}")
-    say("ours: f32 storage (WGSL compute, no tensor cores), GPU time by timestamp queries, median; "
-        "FLA: Triton, CUDA-graph replay, median; both rotate the same number of input copies. "
-        "ratio = ours / FLA (> 1: we are slower). (pub.) = FlashQLA's published H200 table (bf16), not measured here.")
-    say()
-    header = ["op", "heads", "seqs", "tokens", "ours ms", "FLA bf16 ms", "ratio", "FLA fp32 ms", "ratio", "FlashQLA pub. bf16"]
-    say("| " + " | ".join(header) + " |")
-    say("|" + "---|" * len(header))
-    table = []
+    # One column per (backend, storage dtype) of ours, in the order the runs were merged: e.g.
+    # wgpu F32, wgpu BF16, cuda BF16. Ratios compare like with like: f32 storage with FLA fp32,
+    # f16/bf16 storage with FLA bf16.
+    runs, groups = [], {}
     for rec in ours["records"]:
         if rec["op"] not in ("forward", "decode", "backward"):
             continue
-        s = rec["shape"]
+        run = (rec.get("backend", "wgpu"), rec.get("dtype", "F32"))
+        if run not in runs:
+            runs.append(run)
+        groups.setdefault(case_key(rec), []).append(rec)
+    say("ours: wgpu = WGSL compute (Vulkan; GPU time by timestamp queries), cuda = the CUDA kernels "
+        "(CUDA-event time; per call from graph replays where the variant says so); median. "
+        "FLA: Triton, CUDA-graph replay, median; both rotate the same number of input copies. "
+        "ratio = ours / FLA of the same storage class (f32 vs FLA fp32, f16/bf16 vs FLA bf16; > 1: we are slower). "
+        "(pub.) = FlashQLA's published H200 table (bf16), not measured here.")
+    say()
+    run_name = lambda r: f"{r[0]} {r[1].lower()}"
+    header = ["op", "heads", "seqs", "tokens"] + [f"{run_name(r)} ms" for r in runs] + \
+        ["FLA bf16 ms", "FLA fp32 ms"] + [f"ratio {run_name(r)}" for r in runs] + ["FlashQLA pub. bf16"]
+    say("| " + " | ".join(header) + " |")
+    say("|" + "---|" * len(header))
+    table = []
+    for key, recs in groups.items():
+        first = recs[0]
+        s = first["shape"]
         heads = f'{s["heads_qk"]}/{s["heads_v"]}'
-        t = rec.get("gpu_ms") or rec.get("wall_ms")
-        ours_ms = t["median"] if (t and rec["status"] == "ok") else None
-        f = fla_rows.get(case_key(rec), {})
-        cells = [rec["op"], heads, s["seqs"], str(s["total_tokens"]),
-                 fmt(ours_ms) if ours_ms is not None else rec["status"]]
-        entry = dict(key=case_key(rec), ours_ms=ours_ms)
-        pub = PUBLISHED.get((rec["op"], heads, s["seqs"]))
+        pub = PUBLISHED.get((first["op"], heads, s["seqs"]))
+        f = fla_rows.get(key, {})
+        fla_ms = {name: (f.get(name) or {}).get("ms") for name in ("bf16", "fp32")}
+        if first["op"] == "backward":
+            # FLA's backward refuses that machine's Triton 3.6: its published bf16 time.
+            fla_ms = dict(bf16=pub[1] if pub else None, fp32=None)
+        entry = dict(key=key, ours={}, fla_bf16_ms=fla_ms["bf16"], fla_fp32_ms=fla_ms["fp32"],
+                     fla_published=first["op"] == "backward", ratios={})
+        cells, ratios = [first["op"], heads, s["seqs"], str(s["total_tokens"])], []
+        for run in runs:
+            rec = next((r for r in recs if (r.get("backend", "wgpu"), r.get("dtype", "F32")) == run), None)
+            t = rec and (rec.get("gpu_ms") or rec.get("wall_ms"))
+            ours_ms = t["median"] if (t and rec["status"] == "ok") else None
+            cells.append(fmt(ours_ms) if ours_ms is not None else (rec["status"] if rec else "—"))
+            ref = fla_ms["fp32" if run[1] == "F32" else "bf16"]
+            ratio = ours_ms / ref if (ours_ms and ref) else None
+            ratios.append(f"{ratio:.2f}×" if ratio else "—")
+            entry["ours"][run_name(run)] = ours_ms
+            entry["ratios"][run_name(run)] = ratio
         for name in ("bf16", "fp32"):
-            ms = (f.get(name) or {}).get("ms")
             err = (f.get(name) or {}).get("error")
-            if rec["op"] == "backward":
-                # FLA's backward refuses that machine's Triton 3.6: its published bf16 time.
-                ms = pub[1] if (pub and name == "bf16") else None
-                ratio = ours_ms / ms if (ours_ms and ms) else None
-                cells += [f"{fmt(ms)} (pub.)" if ms else ("n/a (Triton 3.6)" if name == "bf16" else "—"), f"{ratio:.1f}×" if ratio else "—"]
-                entry[f"fla_{name}_published_ms"], entry[f"ratio_{name}"] = ms, ratio
-                continue
-            ratio = ours_ms / ms if (ours_ms and ms) else None
-            cells += [fmt(ms) if ms is not None else ("error" if err else "—"), f"{ratio:.1f}×" if ratio else "—"]
-            entry[f"fla_{name}_ms"], entry[f"ratio_{name}"] = ms, ratio
+            if first["op"] == "backward":
+                cells.append(f"{fmt(fla_ms[name])} (pub.)" if fla_ms[name] else ("n/a (Triton 3.6)" if name == "bf16" else "—"))
+            else:
+                cells.append(fmt(fla_ms[name]) if fla_ms[name] is not None else ("error" if err else "—"))
             if err:
                 entry[f"fla_{name}_error"] = err
+        cells += ratios
         cells.append(fmt(pub[0]) if pub else "—")
         say("| " + " | ".join(cells) + " |")
         table.append(entry)

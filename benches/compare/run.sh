@@ -3,9 +3,12 @@
 # Triton kernels (installed from .whl/), same shapes, one table, plus a numerics cross-check on
 # identical inputs. See benches/compare/README.md for the steps that prepare .carry, .whl, .gl.
 #
-#   bash benches/compare/run.sh [all|ours|fla|xcheck|report|ours-backward]...   (default: all)
+#   bash benches/compare/run.sh [all|ours|ours-bf16|ours-cuda|fla|xcheck|report|ours-backward|ours-cuda-backward]...
 #
-# all = ours fla xcheck report. Phases keep their results in $WORK (default /tmp/gdn-compare,
+# all = ours ours-bf16 [ours-cuda when $GDN was built with the `cuda` feature] fla xcheck report
+# (default). ours: the WGSL kernels with f32 storage; ours-bf16: the same with bf16 storage (the
+# cooperative-matrix forward); ours-cuda: the CUDA kernels, bf16, timed per call from CUDA-graph
+# replays as FLA is. Phases keep their results in $WORK (default /tmp/gdn-compare,
 # so later calls on a still-warm machine find earlier phases' files) and copy the small ones
 # (ours*.json/svg, fla.json, compare.md/json, versions.txt, run.log) to $OUT when it is set
 # (the device tool's output folder). Environment: GDN (binary, default .carry/gdn), BENCH_ARGS
@@ -72,6 +75,31 @@ phase_ours() {
         --json "$WORK/ours.json" --plot "$WORK/ours.svg" $BENCH_ARGS || status=1
 }
 
+phase_ours_bf16() {
+    log "ours: gdn bench --ops forward --dtype bf16 (wgpu)"
+    # shellcheck disable=SC2086
+    "$GDN" bench --ops forward --dtype bf16 --max-seconds 4 --no-progress \
+        --json "$WORK/ours_bf16.json" $BENCH_ARGS || status=1
+}
+
+has_cuda() { "$GDN" bench --help 2>/dev/null | grep -q 'possible values:.*cuda'; }
+
+phase_ours_cuda() {
+    log "ours: gdn bench --backend cuda --ops forward,decode --dtype bf16 --cuda-graph 10"
+    has_cuda || { echo "error: $GDN was built without the cuda feature" >&2; status=1; return; }
+    # shellcheck disable=SC2086
+    "$GDN" bench --backend cuda --ops forward,decode --dtype bf16 --cuda-graph 10 --max-seconds 4 \
+        --no-progress --json "$WORK/ours_cuda.json" $BENCH_ARGS || status=1
+}
+
+phase_ours_cuda_backward() {
+    log "ours: gdn bench --backend cuda --ops backward --dtype bf16"
+    has_cuda || { echo "error: $GDN was built without the cuda feature" >&2; status=1; return; }
+    # shellcheck disable=SC2086
+    "$GDN" bench --backend cuda --ops backward --dtype bf16 --max-seconds 4 --no-progress \
+        --json "$WORK/ours_cuda_backward.json" $BENCH_ARGS || status=1
+}
+
 phase_ours_backward() {
     log "ours: gdn bench --ops backward"
     # shellcheck disable=SC2086
@@ -83,7 +111,7 @@ phase_fla() {
     log "FLA: chunk_gated_delta_rule + fused_recurrent_gated_delta_rule (CUDA graphs)"
     setup_fla || { status=1; return; }
     [ -f "$WORK/ours.json" ] || { echo "error: $WORK/ours.json missing: run the 'ours' phase first" >&2; status=1; return; }
-    python3 "$HERE/compare.py" fla --ours "$WORK/ours.json" --out "$WORK/fla.json" || status=1
+    python3 "$HERE/compare.py" fla --ours "$WORK"/ours*.json --out "$WORK/fla.json" || status=1
 }
 
 phase_xcheck() {
@@ -102,7 +130,9 @@ phase_xcheck() {
 phase_report() {
     log "report"
     ours=("$WORK/ours.json")
-    [ -f "$WORK/ours_backward.json" ] && ours+=("$WORK/ours_backward.json")
+    for f in ours_bf16 ours_cuda ours_backward ours_cuda_backward; do
+        [ -f "$WORK/$f.json" ] && ours+=("$WORK/$f.json")
+    done
     args=(report --ours "${ours[@]}" --fla "$WORK/fla.json" --out-md "$WORK/compare.md" --out-json "$WORK/compare.json")
     [ -d "$XCHECK_DIR" ] && args+=(--xcheck "$XCHECK_DIR")
     python3 "$HERE/compare.py" "${args[@]}" || status=1
@@ -113,13 +143,19 @@ phases=("$@")
 versions
 for phase in "${phases[@]}"; do
     case "$phase" in
-        all) phase_ours; phase_fla; phase_xcheck; phase_report ;;
+        all)
+            phase_ours; phase_ours_bf16
+            if has_cuda; then phase_ours_cuda; fi
+            phase_fla; phase_xcheck; phase_report ;;
         ours) phase_ours ;;
+        ours-bf16) phase_ours_bf16 ;;
+        ours-cuda) phase_ours_cuda ;;
         ours-backward) phase_ours_backward ;;
+        ours-cuda-backward) phase_ours_cuda_backward ;;
         fla) phase_fla ;;
         xcheck) phase_xcheck ;;
         report) phase_report ;;
-        *) echo "error: unknown phase $phase (all ours fla xcheck report ours-backward)" >&2; exit 2 ;;
+        *) echo "error: unknown phase $phase (all ours ours-bf16 ours-cuda fla xcheck report ours-backward ours-cuda-backward)" >&2; exit 2 ;;
     esac
 done
 if [ -n "$OUT" ] && [ "$OUT" != "$WORK" ]; then

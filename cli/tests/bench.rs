@@ -396,6 +396,7 @@ fn bad_flags_exit_2_with_one_error_line() {
         &["bench", "--json", "/nonexistent-dir/gdn.json"],
         &["bench", "--plot", "/nonexistent-dir/gdn.svg"],
         &["bench", "--decode-tiles", "64"],
+        &["bench", "--cuda-graph", "10"],
     ] {
         let out = gdn().args(args).output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

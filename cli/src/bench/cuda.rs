@@ -1,9 +1,14 @@
 //! `gdn bench --backend cuda`: the CUDA kernels timed with CUDA events around the launches on
 //! the context's stream, after inputs, outputs and workspaces are made once per case (as a
 //! serving or training loop would). GPU ms is the event time, host ms the time to enqueue,
-//! wall ms enqueue plus the wait.
+//! wall ms enqueue plus the wait. With `--cuda-graph N` a repetition replays a CUDA graph of N
+//! calls and each time is divided by N (FLA's `do_bench_cudagraph` measures the same way), so
+//! launch gaps and host enqueue time drop out: what a serving loop that replays graphs sees.
 
+use std::sync::Arc;
 use std::time::Instant;
+
+use cudarc::driver::{CudaContext, CudaStream, sys};
 
 use gdn_wgpu::ForwardOutputs;
 use gdn_wgpu::cuda_backend::{
@@ -12,10 +17,10 @@ use gdn_wgpu::cuda_backend::{
 use gdn_wgpu::error::{Error, Result};
 use gdn_wgpu::tensor::DType;
 
-use super::Timing;
 use super::cases::HostCase;
 use super::inputs::normal;
 use super::metrics::Op;
+use super::{Config, Timing};
 
 fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Gpu(format!("CUDA {what}: {e:?}"))
@@ -23,15 +28,29 @@ fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
 
 /// Warm up, then time `reps` repetitions of `op` on `host` (fewer when they would take longer
 /// than `max_seconds`). Also returns what the launches run, in words (the record's variant).
-pub fn time(
+pub fn time(ctx: &Context, op: Op, host: &HostCase, c: &Config) -> Result<(String, Timing)> {
+    if c.cuda_graph == 0 {
+        return time_on(ctx, op, host, c, None);
+    }
+    // Capture needs a stream without cudarc's per-buffer event tracking (its event records
+    // would enter the graph): a stream of our own, wrapped as a caller's stream.
+    let stream = CudaContext::new(ctx.ordinal())
+        .and_then(|owner| owner.new_stream())
+        .map_err(|e| cuda_error("stream for graph capture", e))?;
+    // SAFETY: `stream` belongs to the device's primary context and outlives `graph_ctx` (both
+    // are dropped at the end of this function, after every launch has been waited for).
+    let graph_ctx = unsafe { Context::from_raw_stream(ctx.ordinal(), stream.cu_stream()) }?;
+    time_on(&graph_ctx, op, host, c, Some(&stream))
+}
+
+fn time_on(
     ctx: &Context,
     op: Op,
     host: &HostCase,
-    warmup: usize,
-    reps: usize,
-    max_seconds: f64,
-    seed: u64,
+    c: &Config,
+    graph_stream: Option<&Arc<CudaStream>>,
 ) -> Result<(String, Timing)> {
+    let (warmup, reps, max_seconds, seed) = (c.warmup, c.reps, c.max_seconds, c.seed);
     let p = &host.problem;
     let dev = cuda_backend::upload_inputs(ctx, &host.inputs.as_ref())?;
     let inputs = dev.as_ref();
@@ -43,7 +62,7 @@ pub fn time(
         final_state: &state,
     };
     // Each op's launches, enqueued with everything they need made beforehand.
-    let variant: String;
+    let mut variant: String;
     let launch: Box<dyn Fn() -> Result<()>> = match op {
         Op::Forward => match cuda_backend::forward_path(ctx, p, host.dtype)? {
             ForwardPath::Chunked => {
@@ -92,6 +111,30 @@ pub fn time(
         }
     };
 
+    // One repetition: the eager launches, or one replay of a graph of `calls` launches
+    // (captured after an eager call has compiled and loaded every kernel).
+    let (replay, calls): (Box<dyn Fn() -> Result<()>>, usize) = match graph_stream {
+        None => (launch, 1),
+        Some(stream) => {
+            let calls = c.cuda_graph;
+            launch()?;
+            ctx.synchronize()?;
+            let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+            stream
+                .begin_capture(mode)
+                .map_err(|e| cuda_error("begin graph capture", e))?;
+            let captured = (0..calls).try_for_each(|_| launch());
+            let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            captured?;
+            let graph = graph
+                .map_err(|e| cuda_error("end graph capture", e))?
+                .ok_or_else(|| Error::Gpu("CUDA graph capture recorded nothing".into()))?;
+            variant = format!("{variant}; CUDA graph of {calls} calls, times per call");
+            let replay = move || graph.launch().map_err(|e| cuda_error("graph launch", e));
+            (Box::new(replay), calls)
+        }
+    };
+    let per_call = 1.0 / calls as f64;
     let (start, end) = (ctx.timing_event()?, ctx.timing_event()?);
     let mut t = Timing::default();
     let run = |record: bool, t: &mut Timing| -> Result<f64> {
@@ -99,7 +142,7 @@ pub fn time(
         start
             .record(ctx.stream())
             .map_err(|e| cuda_error("event record", e))?;
-        launch()?;
+        replay()?;
         end.record(ctx.stream())
             .map_err(|e| cuda_error("event record", e))?;
         let enqueued = Instant::now();
@@ -110,9 +153,10 @@ pub fn time(
             let gpu = start
                 .elapsed_ms(&end)
                 .map_err(|e| cuda_error("event elapsed time", e))?;
-            t.gpu.push(gpu as f64);
-            t.wall.push(wall);
-            t.host.push((enqueued - begin).as_secs_f64() * 1e3);
+            t.gpu.push(gpu as f64 * per_call);
+            t.wall.push(wall * per_call);
+            t.host
+                .push((enqueued - begin).as_secs_f64() * 1e3 * per_call);
         }
         Ok(wall)
     };

@@ -239,6 +239,11 @@ pub struct BenchArgs {
     /// picked a default that made decode 33 % slower).
     #[arg(long, value_name = "VxN")]
     pub decode_tiles: Option<String>,
+    /// `--backend cuda`: time replays of a CUDA graph holding this many calls (per-call time =
+    /// replay time / N, as FLA's `do_bench_cudagraph` measures) instead of eager launches; 0
+    /// times eager launches.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub cuda_graph: usize,
 }
 
 /// A resolved sweep.
@@ -282,6 +287,8 @@ pub struct Config {
     pub fresh_device: bool,
     /// A forced decode tiling: (V-block, vec4s per invocation) (`--decode-tiles`).
     pub decode_tiles: Option<(u32, u32)>,
+    /// Calls per captured CUDA graph; 0: eager launches (`--cuda-graph`).
+    pub cuda_graph: usize,
 }
 
 impl BenchArgs {
@@ -354,6 +361,13 @@ impl BenchArgs {
                 ))
             })?;
         }
+        #[cfg(feature = "cuda")]
+        let cuda = matches!(self.backend, BackendKind::Cuda);
+        #[cfg(not(feature = "cuda"))]
+        let cuda = false;
+        if self.cuda_graph > 0 && !cuda {
+            return Err(usage("--cuda-graph needs --backend cuda".into()));
+        }
         if self.reps == Some(0) {
             return Err(usage("--reps must be at least 1".into()));
         }
@@ -395,6 +409,7 @@ impl BenchArgs {
                 .map(parse_decode_tiles)
                 .transpose()
                 .map_err(usage)?,
+            cuda_graph: self.cuda_graph,
         })
     }
 }
@@ -1094,8 +1109,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                         #[cfg(feature = "cuda")]
                         Engine::Cuda(ctx) => {
                             let (variant, timing) =
-                                cuda::time(ctx, pc.op, hc, c.warmup, c.reps, c.max_seconds, c.seed)
-                                    .map_err(|e| err(e.into()))?;
+                                cuda::time(ctx, pc.op, hc, c).map_err(|e| err(e.into()))?;
                             record.variant = Some(variant);
                             timing
                         }
