@@ -259,7 +259,9 @@ fn encode(name: &str, tensor: TensorRef<'_>) -> Result<Encoded> {
 }
 
 /// Write `tensors` to `path` as a safetensors file, floats in their recorded dtype (values
-/// round to nearest even for F16/BF16).
+/// round to nearest even for F16/BF16). The file appears whole or not at all: it is written
+/// beside `path` under a temporary name and renamed, so a failed write (a full disk, a
+/// missing folder) leaves no partial file and an existing file at `path` as it was.
 pub fn write<'a>(
     path: impl AsRef<Path>,
     tensors: impl IntoIterator<Item = (&'a str, TensorRef<'a>)>,
@@ -276,5 +278,19 @@ pub fn write<'a>(
                 msg: e.to_string(),
             }
         })?;
-    std::fs::write(&path, bytes).map_err(|source| Error::Io { path, source })
+    let temporary = temporary_sibling(Path::new(&path));
+    let written = std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, &path));
+    if let Err(source) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(Error::Io { path, source });
+    }
+    Ok(())
+}
+
+/// `dir/.name.tmp-PID` beside `path`: the same file system, so the rename is atomic.
+fn temporary_sibling(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }
