@@ -808,9 +808,10 @@ fn bad_input_catalogue() {
                 input.to_str().unwrap(),
                 "--output",
                 output.to_str().unwrap(),
-                "--backend",
-                "cpu",
             ];
+            if !files.flags.contains(&"--backend") {
+                args.extend(["--backend", "cpu"]);
+            }
             args.extend(files.flags.iter().copied());
             let out = gdn(&args);
             let err = stderr(&out);
