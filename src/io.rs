@@ -279,7 +279,8 @@ pub fn write<'a>(
             }
         })?;
     let temporary = temporary_sibling(Path::new(&path));
-    let written = std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, &path));
+    let written =
+        std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, &path));
     if let Err(source) = written {
         let _ = std::fs::remove_file(&temporary);
         return Err(Error::Io { path, source });

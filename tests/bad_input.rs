@@ -155,7 +155,12 @@ fn problems() {
         (
             "K 24",
             p(1, 8, 1, 1, 24, 16, None, d),
-            expect("head-dim", Value, "key_dim (K)", "multiple of 16 in 16..=256"),
+            expect(
+                "head-dim",
+                Value,
+                "key_dim (K)",
+                "multiple of 16 in 16..=256",
+            ),
         ),
         (
             "K 272",
@@ -205,12 +210,22 @@ fn problems() {
         (
             "cu_seqlens [8]",
             p(1, 8, 1, 1, 16, 16, Some(vec![8]), d),
-            expect("cu-seqlens-short", Value, "cu_seqlens", "at least 2 entries"),
+            expect(
+                "cu-seqlens-short",
+                Value,
+                "cu_seqlens",
+                "at least 2 entries",
+            ),
         ),
         (
             "cu_seqlens []",
             p(1, 8, 1, 1, 16, 16, Some(vec![]), d),
-            expect("cu-seqlens-short", Value, "cu_seqlens", "at least 2 entries"),
+            expect(
+                "cu-seqlens-short",
+                Value,
+                "cu_seqlens",
+                "at least 2 entries",
+            ),
         ),
         (
             "cu_seqlens from 1",
@@ -225,12 +240,22 @@ fn problems() {
         (
             "cu_seqlens ends before T",
             p(1, 8, 1, 1, 16, 16, Some(vec![0, 4, 7]), d),
-            expect("cu-seqlens-end", Value, "cu_seqlens", "last entry equal to T = 8"),
+            expect(
+                "cu-seqlens-end",
+                Value,
+                "cu_seqlens",
+                "last entry equal to T = 8",
+            ),
         ),
         (
             "cu_seqlens beyond T",
             p(1, 8, 1, 1, 16, 16, Some(vec![0, 4, 9]), d),
-            expect("cu-seqlens-end", Value, "cu_seqlens", "last entry equal to T = 8"),
+            expect(
+                "cu-seqlens-end",
+                Value,
+                "cu_seqlens",
+                "last entry equal to T = 8",
+            ),
         ),
     ];
     for (case, result, expect) in cases {
@@ -368,13 +393,23 @@ fn host_cases() -> Vec<HostCase> {
             "A_log missing",
             gated(),
             |x| x.a_log = None,
-            expect("gate-params-missing", Missing, "A_log", "with gate_in_kernel"),
+            expect(
+                "gate-params-missing",
+                Missing,
+                "A_log",
+                "with gate_in_kernel",
+            ),
         ),
         case(
             "dt_bias missing",
             gated(),
             |x| x.dt_bias = None,
-            expect("gate-params-missing", Missing, "dt_bias", "with gate_in_kernel"),
+            expect(
+                "gate-params-missing",
+                Missing,
+                "dt_bias",
+                "with gate_in_kernel",
+            ),
         ),
         case(
             "A_log without gate_in_kernel",
@@ -565,7 +600,12 @@ fn host_upstream_gradients() {
             );
         }
     }
-    let zero = expect("tokens-per-step-zero", Value, "tokens_per_step", "at least 1");
+    let zero = expect(
+        "tokens-per-step-zero",
+        Value,
+        "tokens_per_step",
+        "at least 1",
+    );
     for b in &backends {
         zero.check(
             &format!("0 tokens per step via {}", b.name()),
@@ -581,12 +621,7 @@ struct Watched<'a>(Vec<(&'a str, &'a GpuTensor, Vec<u32>)>);
 
 impl<'a> Watched<'a> {
     fn new(ctx: &Context, tensors: &[(&'a str, &'a GpuTensor)]) -> Self {
-        Watched(
-            tensors
-                .iter()
-                .map(|&(n, t)| (n, t, bits(ctx, t)))
-                .collect(),
-        )
+        Watched(tensors.iter().map(|&(n, t)| (n, t, bits(ctx, t))).collect())
     }
 
     /// Panics if any watched tensor differs from when it was first read.
@@ -785,7 +820,12 @@ fn gpu_forward() {
         ctx,
         &watched,
         "workspace of a dense problem",
-        expect("workspace-mismatch", Value, "workspace", "made for this problem"),
+        expect(
+            "workspace-mismatch",
+            Value,
+            "workspace",
+            "made for this problem",
+        ),
         |enc| {
             wgpu_backend::forward_into_workspace(
                 ctx,
@@ -810,7 +850,13 @@ fn gpu_forward() {
             GpuTensor::filled(ctx, "v", &[limit / 4 + 1024], DType::F32, 0.0),
         ),
     ] {
-        expect("too-large", TooLarge, "v", "max_storage_buffer_binding_size").check(case, result);
+        expect(
+            "too-large",
+            TooLarge,
+            "v",
+            "max_storage_buffer_binding_size",
+        )
+        .check(case, result);
     }
     expect("size-overflow", Value, "v", "fits in usize").check(
         "a shape whose element count overflows",
@@ -884,7 +930,12 @@ fn gpu_decode() {
             "one slot for two sequences",
             vec![Resume(0)],
             out(&o, None),
-            expect("slot-count", Value, "slots", "one slot per sequence (N = 2)"),
+            expect(
+                "slot-count",
+                Value,
+                "slots",
+                "one slot per sequence (N = 2)",
+            ),
         ),
         (
             "o over the pool's buffer",
@@ -924,11 +975,20 @@ fn gpu_decode() {
         ..valid
     };
     let q_wide = GpuTensor::filled(ctx, "q", &[2, 1, 1, 32], DType::F32, 0.5).unwrap();
-    let wide_q = ForwardInputs { q: &q_wide, ..valid };
+    let wide_q = ForwardInputs {
+        q: &q_wide,
+        ..valid
+    };
     let states_per_sequence =
         GpuTensor::filled(ctx, "per_token_states", &[2, 1, 16, 16], DType::F32, 0.5).unwrap();
     let o_bf16 = GpuTensor::filled(ctx, "o", &p.v_shape(), DType::BF16, 0.5).unwrap();
-    let calls: Vec<(&str, ForwardInputs<&GpuTensor>, &StatePool, DecodeOutputs, Expect)> = vec![
+    let calls: Vec<(
+        &str,
+        ForwardInputs<&GpuTensor>,
+        &StatePool,
+        DecodeOutputs,
+        Expect,
+    )> = vec![
         (
             "pool of HV 1",
             valid,
@@ -948,7 +1008,12 @@ fn gpu_decode() {
             with_h0,
             &pool,
             out(&o, None),
-            expect("decode-initial-state", Value, "initial_state", "from the pool's slots"),
+            expect(
+                "decode-initial-state",
+                Value,
+                "initial_state",
+                "from the pool's slots",
+            ),
         ),
         (
             "q with K = 32",
@@ -962,7 +1027,12 @@ fn gpu_decode() {
             valid,
             &pool,
             out(&o, Some(&states_per_sequence)),
-            expect("per-token-states-shape", Shape, "per_token_states", "[2, 2, 16, 16]"),
+            expect(
+                "per-token-states-shape",
+                Shape,
+                "per_token_states",
+                "[2, 2, 16, 16]",
+            ),
         ),
         (
             "o BF16 while v F32",
@@ -978,14 +1048,26 @@ fn gpu_decode() {
         });
     }
     let flat = GpuTensor::empty(ctx, "flat", &[3, 512], DType::F32).unwrap();
-    expect("pool-tensor", Shape, "pool", "K-first [P, HV, K, V] with P ≥ 1")
-        .check("a 2-D pool", StatePool::from_tensor(flat, StateLayout::KFirst));
+    expect(
+        "pool-tensor",
+        Shape,
+        "pool",
+        "K-first [P, HV, K, V] with P ≥ 1",
+    )
+    .check(
+        "a 2-D pool",
+        StatePool::from_tensor(flat, StateLayout::KFirst),
+    );
     let half = GpuTensor::empty(ctx, "half", &[3, 2, 16, 16], DType::F16).unwrap();
-    expect("pool-tensor", Dt, "pool", "F32")
-        .check("an F16 pool", StatePool::from_tensor(half, StateLayout::KFirst));
+    expect("pool-tensor", Dt, "pool", "F32").check(
+        "an F16 pool",
+        StatePool::from_tensor(half, StateLayout::KFirst),
+    );
     let empty = GpuTensor::empty(ctx, "empty", &[0, 2, 16, 16], DType::F32).unwrap();
-    expect("pool-tensor", Shape, "pool", "P ≥ 1")
-        .check("a pool of 0 slots", StatePool::from_tensor(empty, StateLayout::KFirst));
+    expect("pool-tensor", Shape, "pool", "P ≥ 1").check(
+        "a pool of 0 slots",
+        StatePool::from_tensor(empty, StateLayout::KFirst),
+    );
     expect("pool-tensor", Value, "pool", "at least one slot").check(
         "zeros(0 slots)",
         StatePool::zeros(ctx, 0, 2, 16, 16, StateLayout::KFirst),
@@ -1026,12 +1108,20 @@ fn gpu_decode() {
         ),
     ];
     for (case, states, entry, slot, e) in &copy_cases {
-        refused(ctx, &watched, &format!("copy_into_slot {case}"), *e, |enc| {
-            pool.copy_into_slot(enc, states, *entry, *slot)
-        });
-        refused(ctx, &watched, &format!("copy_from_slot {case}"), *e, |enc| {
-            pool.copy_from_slot(enc, *slot, states, *entry)
-        });
+        refused(
+            ctx,
+            &watched,
+            &format!("copy_into_slot {case}"),
+            *e,
+            |enc| pool.copy_into_slot(enc, states, *entry, *slot),
+        );
+        refused(
+            ctx,
+            &watched,
+            &format!("copy_from_slot {case}"),
+            *e,
+            |enc| pool.copy_from_slot(enc, *slot, states, *entry),
+        );
     }
 
     // More sequences than one call's uniform tables address: all padding, one token.
@@ -1093,7 +1183,13 @@ fn gpu_backward() {
     other.problem = problem(1, 70, 1, 2, 16, 32, None, Options::default());
     let mut no_normed = saved.clone();
     no_normed.problem.options.l2norm_qk = true;
-    let cases: Vec<(&str, &wgpu_backend::backward::Saved, &GpuTensor, Option<&GpuTensor>, Expect)> = vec![
+    let cases: Vec<(
+        &str,
+        &wgpu_backend::backward::Saved,
+        &GpuTensor,
+        Option<&GpuTensor>,
+        Expect,
+    )> = vec![
         (
             "do's buffer holds 64 values",
             &saved,
@@ -1120,14 +1216,24 @@ fn gpu_backward() {
             &other,
             &d_o,
             None,
-            expect("saved-context-mismatch", Shape, "initial_state", "[1, 2, 16, 32]"),
+            expect(
+                "saved-context-mismatch",
+                Shape,
+                "initial_state",
+                "[1, 2, 16, 32]",
+            ),
         ),
         (
             "saved without the normalized q, k",
             &no_normed,
             &d_o,
             None,
-            expect("saved-context-mismatch", Missing, "saved q_normed", "l2norm_qk"),
+            expect(
+                "saved-context-mismatch",
+                Missing,
+                "saved q_normed",
+                "l2norm_qk",
+            ),
         ),
     ];
     for (case, saved, d_o, dht, e) in &cases {
@@ -1198,8 +1304,16 @@ fn files() {
     let dir = Scratch::new("files");
     let valid = valid_file_bytes(&dir);
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("truncated by 4 bytes", valid[..valid.len() - 4].to_vec(), "file-truncated"),
-        ("only the header length", valid[..8].to_vec(), "file-truncated"),
+        (
+            "truncated by 4 bytes",
+            valid[..valid.len() - 4].to_vec(),
+            "file-truncated",
+        ),
+        (
+            "only the header length",
+            valid[..8].to_vec(),
+            "file-truncated",
+        ),
         ("3 bytes", valid[..3].to_vec(), "file-truncated"),
         (
             "header length beyond the file",
@@ -1239,7 +1353,11 @@ fn files() {
             ),
             "file-corrupt-header",
         ),
-        ("text", b"this is not a safetensors file at all".to_vec(), "file-not-safetensors"),
+        (
+            "text",
+            b"this is not a safetensors file at all".to_vec(),
+            "file-not-safetensors",
+        ),
     ];
     for (case, bytes, class) in cases {
         let path = dir.path("bad.safetensors");
@@ -1253,7 +1371,10 @@ fn files() {
         };
         e.check(case, TensorFile::open(&path));
         let msg = TensorFile::open(&path).unwrap_err().to_string();
-        assert!(msg.starts_with(&shown), "{case}: {msg} does not name the file");
+        assert!(
+            msg.starts_with(&shown),
+            "{case}: {msg} does not name the file"
+        );
         std::fs::remove_file(&path).unwrap();
     }
     let missing = dir.path("missing.safetensors");
@@ -1280,8 +1401,10 @@ fn files() {
         dtype: DType::F32,
         data: vec![1.0; 5],
     };
-    expect("host-storage-length", Value, "o", "6 values")
-        .check("o of 5 values for [2, 3]", io::write(&out, [("o", (&short).into())]));
+    expect("host-storage-length", Value, "o", "6 values").check(
+        "o of 5 values for [2, 3]",
+        io::write(&out, [("o", (&short).into())]),
+    );
     let wide = IntTensor {
         shape: vec![2],
         dtype: IntDType::I32,
@@ -1302,7 +1425,11 @@ fn files() {
     std::fs::create_dir(&folder).unwrap();
     let e = io::write(&folder, [("q", (&q).into())]).unwrap_err();
     assert!(matches!(e, Error::Io { .. }), "output-unwritable: {e}");
-    assert_eq!(dir.files(), ["a folder"], "a refused write left files behind");
+    assert_eq!(
+        dir.files(),
+        ["a folder"],
+        "a refused write left files behind"
+    );
 }
 
 // ---------------------------------------------------------------- the catalogue
@@ -1339,6 +1466,9 @@ fn the_catalogue_is_documented() {
     let source = read("tests/bad_input.rs");
     for tagged in source.split("expect(\"").skip(1) {
         let class = tagged.split('"').next().unwrap();
-        assert!(classes.contains(&class), "class {class} is not in docs/errors.md");
+        assert!(
+            classes.contains(&class),
+            "class {class} is not in docs/errors.md"
+        );
     }
 }

@@ -214,8 +214,16 @@ fn forward_matches_the_oracle() {
             .map_err(|e| TestCaseError::fail(e.to_string()))?;
         let got = ForwardOutputs { o, final_state };
         let what = "forward";
-        check(what, &oracle_case, Op::Forward, dtype, arithmetic, &got, &expected)
-            .map_err(TestCaseError::fail)
+        check(
+            what,
+            &oracle_case,
+            Op::Forward,
+            dtype,
+            arithmetic,
+            &got,
+            &expected,
+        )
+        .map_err(TestCaseError::fail)
     });
 }
 

@@ -403,7 +403,13 @@ fn bad_runs() -> Vec<BadRun> {
     };
     vec![
         // Files.
-        case("input missing", "file-missing", ALL, |f| f.no_input = true, "{input}:"),
+        case(
+            "input missing",
+            "file-missing",
+            ALL,
+            |f| f.no_input = true,
+            "{input}:",
+        ),
         case(
             "text, not safetensors",
             "file-not-safetensors",
@@ -430,8 +436,20 @@ fn bad_runs() -> Vec<BadRun> {
             },
             "{input}: not a valid safetensors file",
         ),
-        case("beta missing", "tensor-missing", ALL, |f| f.remove("beta"), "beta: required"),
-        case("v missing", "tensor-missing", ALL, |f| f.remove("v"), "v: required"),
+        case(
+            "beta missing",
+            "tensor-missing",
+            ALL,
+            |f| f.remove("beta"),
+            "beta: required",
+        ),
+        case(
+            "v missing",
+            "tensor-missing",
+            ALL,
+            |f| f.remove("v"),
+            "v: required",
+        ),
         case(
             "output folder missing",
             "output-unwritable",
@@ -587,7 +605,12 @@ fn bad_runs() -> Vec<BadRun> {
             "cu_seqlens as F32",
             "cu-seqlens-dtype",
             ALL,
-            |f| f.set("cu_seqlens", Owned::Float(HostTensor::new([2], vec![0.0, 64.0]))),
+            |f| {
+                f.set(
+                    "cu_seqlens",
+                    Owned::Float(HostTensor::new([2], vec![0.0, 64.0])),
+                )
+            },
             "cu_seqlens: expected dtype I32 or I64, got F32",
         ),
         case(
@@ -729,7 +752,13 @@ fn bad_runs() -> Vec<BadRun> {
             "g: expected log-space decays ≤ 0, got 0.25 at flat index 5",
         ),
         // The backward's upstream gradients.
-        case("do missing", "upstream-gradient", BACKWARD, |f| f.remove("do"), "do: required"),
+        case(
+            "do missing",
+            "upstream-gradient",
+            BACKWARD,
+            |f| f.remove("do"),
+            "do: required",
+        ),
         case(
             "do of the shape of q",
             "upstream-gradient",
@@ -758,7 +787,12 @@ fn bad_runs() -> Vec<BadRun> {
             "dht per batch row of another K",
             "upstream-gradient",
             BACKWARD,
-            |f| f.set("dht", Owned::Float(HostTensor::new([1, 4, 16, 32], vec![0.0; 2048]))),
+            |f| {
+                f.set(
+                    "dht",
+                    Owned::Float(HostTensor::new([1, 4, 16, 32], vec![0.0; 2048])),
+                )
+            },
             "dht: expected shape [1, 4, 32, 32]",
         ),
         case(
@@ -825,7 +859,9 @@ fn bad_input_catalogue() {
             if out.status.code() != Some(2) {
                 failures.push(format!("{what}: exit {}, stderr: {err}", out.status));
             } else if err.lines().count() != 1 || !err.starts_with(&expected) {
-                failures.push(format!("{what}: expected one line `{expected}…`, got: {err}"));
+                failures.push(format!(
+                    "{what}: expected one line `{expected}…`, got: {err}"
+                ));
             }
             if listing() != before {
                 failures.push(format!("{what}: files were written: {:?}", listing()));
