@@ -261,7 +261,8 @@ fn encode(name: &str, tensor: TensorRef<'_>) -> Result<Encoded> {
 /// Write `tensors` to `path` as a safetensors file, floats in their recorded dtype (values
 /// round to nearest even for F16/BF16). The file appears whole or not at all: it is written
 /// beside `path` under a temporary name and renamed, so a failed write (a full disk, a
-/// missing folder) leaves no partial file and an existing file at `path` as it was.
+/// missing folder) leaves no partial file and an existing file at `path` as it was. Devices
+/// and pipes (`/dev/null`) are written in place.
 pub fn write<'a>(
     path: impl AsRef<Path>,
     tensors: impl IntoIterator<Item = (&'a str, TensorRef<'a>)>,
@@ -278,6 +279,11 @@ pub fn write<'a>(
                 msg: e.to_string(),
             }
         })?;
+    // A device or pipe (`/dev/null`, `/dev/stdout`) is written in place: renaming over it
+    // would replace it with a regular file.
+    if std::fs::metadata(&path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        return std::fs::write(&path, bytes).map_err(|source| Error::Io { path, source });
+    }
     let temporary = temporary_sibling(Path::new(&path));
     let written =
         std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, &path));

@@ -1430,6 +1430,29 @@ fn files() {
         ["a folder"],
         "a refused write left files behind"
     );
+    // A pipe (like /dev/null or /dev/stdout, a special file) is written in place, never
+    // renamed over; a FIFO in the scratch folder stands in for them, held open for reading so
+    // the write does not wait.
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        let fifo = dir.path("fifo");
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        if made.is_ok_and(|s| s.success()) {
+            let reader = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&fifo)
+                .unwrap();
+            io::write(&fifo, [("q", (&q).into())]).unwrap();
+            let kind = std::fs::metadata(&fifo).unwrap().file_type();
+            assert!(
+                kind.is_fifo(),
+                "io::write replaced a FIFO with a regular file"
+            );
+            drop(reader);
+        }
+    }
 }
 
 // ---------------------------------------------------------------- the catalogue
