@@ -83,6 +83,9 @@ impl Backend for Oracle {
         problem: &Problem,
         inputs: &ForwardInputs<&HostTensor>,
     ) -> Result<ForwardOutputs<HostTensor>> {
+        // The same refusals as the GPU backends' host entry points: finite values, g ≤ 0.
+        problem.check_inputs(inputs, &self.storage_dtypes(Op::Forward))?;
+        crate::problem::check_host_values(problem, inputs)?;
         let out = crate::reference::forward(problem, inputs)?;
         let mut o = narrow(out.o);
         crate::tensor::round_to_dtype(&mut o, inputs.v.dtype);
@@ -99,6 +102,13 @@ impl Backend for Oracle {
         d_o: &HostTensor,
         d_final_state: Option<&HostTensor>,
     ) -> Result<(ForwardOutputs<HostTensor>, Gradients<HostTensor>)> {
+        problem.check_inputs(inputs, &self.storage_dtypes(Op::Backward))?;
+        crate::wgpu_backend::backward::check_host_gradients(
+            problem,
+            inputs.v.dtype,
+            d_o,
+            d_final_state,
+        )?;
         let outputs = self.forward(problem, inputs)?;
         let g = crate::reference::backward(problem, inputs, d_o, d_final_state)?;
         let qk = |x: Vec<f64>, dtype: DType| {
@@ -130,8 +140,11 @@ impl Backend for Oracle {
         &self,
         problem: &Problem,
         inputs: &ForwardInputs<&HostTensor>,
-        _tokens_per_step: usize,
+        tokens_per_step: usize,
     ) -> Result<ForwardOutputs<HostTensor>> {
+        if tokens_per_step == 0 {
+            return Err(crate::Error::value("tokens_per_step", "at least 1", 0));
+        }
         // The recurrence is the same token by token: the oracle has one path.
         self.forward(problem, inputs)
     }

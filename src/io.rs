@@ -259,7 +259,10 @@ fn encode(name: &str, tensor: TensorRef<'_>) -> Result<Encoded> {
 }
 
 /// Write `tensors` to `path` as a safetensors file, floats in their recorded dtype (values
-/// round to nearest even for F16/BF16).
+/// round to nearest even for F16/BF16). The file appears whole or not at all: it is written
+/// beside `path` under a temporary name and renamed, so a failed write (a full disk, a
+/// missing folder) leaves no partial file and an existing file at `path` as it was. Devices
+/// and pipes (`/dev/null`) are written in place.
 pub fn write<'a>(
     path: impl AsRef<Path>,
     tensors: impl IntoIterator<Item = (&'a str, TensorRef<'a>)>,
@@ -276,5 +279,25 @@ pub fn write<'a>(
                 msg: e.to_string(),
             }
         })?;
-    std::fs::write(&path, bytes).map_err(|source| Error::Io { path, source })
+    // A device or pipe (`/dev/null`, `/dev/stdout`) is written in place: renaming over it
+    // would replace it with a regular file.
+    if std::fs::metadata(&path).is_ok_and(|m| !m.is_file() && !m.is_dir()) {
+        return std::fs::write(&path, bytes).map_err(|source| Error::Io { path, source });
+    }
+    let temporary = temporary_sibling(Path::new(&path));
+    let written =
+        std::fs::write(&temporary, bytes).and_then(|()| std::fs::rename(&temporary, &path));
+    if let Err(source) = written {
+        let _ = std::fs::remove_file(&temporary);
+        return Err(Error::Io { path, source });
+    }
+    Ok(())
+}
+
+/// `dir/.name.tmp-PID` beside `path`: the same file system, so the rename is atomic.
+fn temporary_sibling(path: &Path) -> std::path::PathBuf {
+    let name = path
+        .file_name()
+        .map_or_else(|| "output".into(), |n| n.to_string_lossy().into_owned());
+    path.with_file_name(format!(".{name}.tmp-{}", std::process::id()))
 }

@@ -180,6 +180,21 @@ impl Problem {
                 ));
             }
         }
+        // Every tensor's element count must fit in usize (the shapes below multiply them).
+        let dims = |d: &[usize]| d.iter().try_fold(1usize, |n, &x| n.checked_mul(x));
+        let qk = dims(&[self.batch, self.tokens, self.heads_qk, self.key_dim]);
+        let v = dims(&[self.batch, self.tokens, self.heads_v, self.value_dim]);
+        let state = dims(&[self.batch, self.heads_v, self.key_dim, self.value_dim]);
+        if qk.is_none() || v.is_none() || state.is_none() {
+            return Err(Error::value(
+                "problem size",
+                "element counts of q, v and the states that fit in usize",
+                format!(
+                    "B = {}, T = {}, H = {}, HV = {}",
+                    self.batch, self.tokens, self.heads_qk, self.heads_v
+                ),
+            ));
+        }
         if let Some(s) = self.options.scale
             && !s.is_finite()
         {
@@ -383,12 +398,12 @@ impl Problem {
     }
 }
 
+/// The shape, then that the storage holds it (see [`TensorMeta::check_storage`]).
 fn check_shape<T: TensorMeta>(name: &str, t: &T, expected: &[usize]) -> Result<()> {
     if t.shape() != expected {
-        Err(Error::shape(name, expected, t.shape()))
-    } else {
-        Ok(())
+        return Err(Error::shape(name, expected, t.shape()));
     }
+    t.check_storage(name)
 }
 
 fn check_f32<T: TensorMeta>(name: &str, t: &T) -> Result<()> {

@@ -45,6 +45,27 @@ pub trait TensorMeta {
     fn shape(&self) -> &[usize];
     /// The storage element type.
     fn dtype(&self) -> DType;
+    /// Check that the storage holds the elements the shape says (a host tensor's `data`, a GPU
+    /// tensor's buffer): kernels and the oracle index by shape, so a short storage would be
+    /// read or written out of bounds. `name` is the tensor as the error names it.
+    fn check_storage(&self, name: &str) -> crate::Result<()> {
+        let _ = name;
+        Ok(())
+    }
+}
+
+/// Elements of `shape`, or an error naming `name` when the product overflows `usize`.
+pub fn element_count(name: &str, shape: &[usize]) -> crate::Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            crate::Error::value(
+                name,
+                "a shape whose element count fits in usize",
+                format!("{shape:?}"),
+            )
+        })
 }
 
 /// A tensor in host memory. Values are held as f32 (f16 and bf16 convert to f32 exactly);
@@ -99,6 +120,17 @@ impl TensorMeta for HostTensor {
     }
     fn dtype(&self) -> DType {
         self.dtype
+    }
+    fn check_storage(&self, name: &str) -> crate::Result<()> {
+        let len = element_count(name, &self.shape)?;
+        if self.data.len() != len {
+            return Err(crate::Error::value(
+                name,
+                format!("{len} values (shape {:?})", self.shape),
+                format!("{} values", self.data.len()),
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -122,7 +122,16 @@ impl Failure {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => e.exit(), // --help, --version
+        Err(e) => {
+            // clap's usage block spans lines; keep the promise of one `error:` line (code 2).
+            let text = e.render().to_string();
+            eprintln!("error: {}", one_line(text.trim_start_matches("error: ")));
+            return ExitCode::from(2);
+        }
+    };
     let result = match &cli.command {
         Command::Info => info(),
         Command::Run(Kernel::Forward(args)) => run_forward(args, GpuPath::Chunked),
@@ -134,17 +143,19 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure { error, code }) => {
             // Device messages (wgpu validation errors) can span lines; keep the promise of one.
-            let message = error
-                .to_string()
-                .lines()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .collect::<Vec<_>>()
-                .join(" ");
-            eprintln!("error: {message}");
+            eprintln!("error: {}", one_line(&error.to_string()));
             ExitCode::from(code)
         }
     }
+}
+
+/// `text`'s non-empty lines, trimmed and joined by spaces.
+fn one_line(text: &str) -> String {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// The tensors `gdn run forward` reads; anything else in the input is ignored with a warning.
@@ -179,6 +190,7 @@ impl GpuPath {
 }
 
 fn run_forward(args: &RunArgs, path: GpuPath) -> Result<(), Failure> {
+    check_output(&args.output)?;
     let file = TensorFile::open(&args.input)?;
     let (problem, inputs) = read_forward(&file, args.flags.options())?;
     for name in file.names() {
@@ -227,6 +239,7 @@ fn run_forward(args: &RunArgs, path: GpuPath) -> Result<(), Failure> {
 const BACKWARD_TENSORS: [&str; 2] = ["do", "dht"];
 
 fn run_backward(args: &RunArgs) -> Result<(), Failure> {
+    check_output(&args.output)?;
     let file = TensorFile::open(&args.input)?;
     let (problem, inputs) = read_forward(&file, args.flags.options())?;
     let d_o = file.float("do")?.ok_or_else(|| Error::Missing {
@@ -285,6 +298,30 @@ fn run_backward(args: &RunArgs) -> Result<(), Failure> {
         p.num_sequences(),
         args.output.display()
     );
+    Ok(())
+}
+
+/// Refuse an output path that cannot be written before reading or computing anything: its
+/// folder must exist and it must not be a folder itself. (A write that fails later still
+/// leaves no file: `io::write` renames a finished temporary file into place.)
+fn check_output(path: &std::path::Path) -> gdn_wgpu::Result<()> {
+    let refuse = |expected: &str| {
+        Err(Error::Value {
+            name: "--output".into(),
+            expected: expected.into(),
+            got: path.display().to_string(),
+        })
+    };
+    if path.is_dir() {
+        return refuse("a file path, not a folder");
+    }
+    let folder = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => std::path::Path::new("."),
+    };
+    if !folder.is_dir() {
+        return refuse("a path in an existing folder");
+    }
     Ok(())
 }
 

@@ -274,51 +274,9 @@ fn unknown_tensors_are_ignored_with_a_warning() {
     );
 }
 
-/// A valid problem small enough for the oracle; bad-input tests break one thing in it.
+/// A valid problem small enough for the oracle; bad-input cases break one thing in it.
 fn valid_problem() -> Problem {
     Problem::new(1, 64, 2, 4, 32, 32, None, Options::default()).unwrap()
-}
-
-/// Assert that `gdn` exits 2 with exactly one stderr line, `error: <expected_start>…`.
-fn assert_input_error(out: &Output, expected_start: &str) {
-    let err = stderr(out);
-    assert_eq!(
-        out.status.code(),
-        Some(2),
-        "expected exit 2, got {}; stderr: {err}",
-        out.status
-    );
-    assert!(!err.contains("panicked"), "panicked: {err}");
-    let lines: Vec<&str> = err.lines().collect();
-    assert_eq!(lines.len(), 1, "expected one stderr line, got: {err}");
-    let expected = format!("error: {expected_start}");
-    assert!(
-        lines[0].starts_with(&expected),
-        "expected a line starting `{expected}`, got: {err}"
-    );
-}
-
-/// Write `inputs` (and `cu_seqlens`) to a scratch file, run the forward on it, and expect an
-/// input error naming `expected_start`.
-fn expect_input_error(
-    test: &str,
-    inputs: &ForwardInputs<HostTensor>,
-    cu_seqlens: Option<&IntTensor>,
-    expected_start: &str,
-) -> String {
-    let scratch = Scratch::new(test);
-    let (input, output) = (
-        scratch.path("in.safetensors"),
-        scratch.path("out.safetensors"),
-    );
-    write_inputs(&input, inputs, cu_seqlens);
-    let out = run_forward(&input, &output, "auto", &[]);
-    assert_input_error(&out, expected_start);
-    assert!(
-        !output.exists(),
-        "{test}: an output was written despite the error"
-    );
-    stderr(&out)
 }
 
 fn valid_inputs() -> ForwardInputs<HostTensor> {
@@ -329,88 +287,593 @@ fn valid_inputs() -> ForwardInputs<HostTensor> {
     .generate(&valid_problem())
 }
 
+/// A tensor of the input file, owned so a case can replace it.
+#[derive(Clone)]
+enum Owned {
+    Float(HostTensor),
+    Int(IntTensor),
+}
+
+/// What one `gdn run` of the catalogue is given: the input's tensors (or raw bytes in their
+/// place), the flags, and where the output goes (relative to the scratch folder).
+#[derive(Clone)]
+struct RunFiles {
+    tensors: Vec<(&'static str, Owned)>,
+    raw: Option<Vec<u8>>,
+    /// Bytes cut from the end of the file.
+    truncate: usize,
+    no_input: bool,
+    flags: Vec<&'static str>,
+    output: &'static str,
+}
+
+impl RunFiles {
+    /// The valid problem's tensors with h0, plus `do` for the backward.
+    fn valid() -> Self {
+        let inputs = valid_inputs();
+        let d_o = HostTensor::new(
+            valid_problem().v_shape(),
+            vec![0.5; valid_problem().v_shape().iter().product()],
+        );
+        let mut tensors: Vec<(&'static str, Owned)> = input_tensors(&inputs, None)
+            .into_iter()
+            .map(|(name, t)| match t {
+                TensorRef::Float(t) => (name, Owned::Float(t.clone())),
+                TensorRef::Int(t) => (name, Owned::Int(t.clone())),
+            })
+            .collect();
+        tensors.push(("do", Owned::Float(d_o)));
+        RunFiles {
+            tensors,
+            raw: None,
+            truncate: 0,
+            no_input: false,
+            flags: Vec::new(),
+            output: "out.safetensors",
+        }
+    }
+
+    fn float(&mut self, name: &str) -> &mut HostTensor {
+        match self.tensors.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, Owned::Float(t))) => t,
+            _ => panic!("no float tensor {name}"),
+        }
+    }
+
+    fn set(&mut self, name: &'static str, t: Owned) {
+        self.remove(name);
+        self.tensors.push((name, t));
+    }
+
+    fn remove(&mut self, name: &str) {
+        self.tensors.retain(|(n, _)| *n != name);
+    }
+
+    fn cu_seqlens(&mut self, dtype: IntDType, shape: &[usize], data: &[i64]) {
+        let cu = IntTensor {
+            shape: shape.to_vec(),
+            dtype,
+            data: data.to_vec(),
+        };
+        self.set("cu_seqlens", Owned::Int(cu));
+    }
+
+    fn bytes(&self, dir: &Scratch) -> Vec<u8> {
+        if let Some(raw) = &self.raw {
+            return raw.clone();
+        }
+        let path = dir.path("valid.safetensors");
+        let refs = self.tensors.iter().map(|(n, t)| {
+            let r: TensorRef = match t {
+                Owned::Float(t) => t.into(),
+                Owned::Int(t) => t.into(),
+            };
+            (*n, r)
+        });
+        io::write(&path, refs).unwrap();
+        let mut bytes = std::fs::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        bytes.truncate(bytes.len() - self.truncate);
+        bytes
+    }
+}
+
+/// The commands a case runs with.
+const ALL: &[&str] = &["forward", "decode", "backward"];
+const BACKWARD: &[&str] = &["backward"];
+
+/// One bad input for `gdn run`: its class (a slug of docs/errors.md), the commands, how the
+/// valid files are spoiled, and how the one error line must start after `error: ` (`{input}`
+/// and `{output}` stand for the paths).
+struct BadRun {
+    case: &'static str,
+    class: &'static str,
+    commands: &'static [&'static str],
+    spoil: fn(&mut RunFiles),
+    expected: &'static str,
+}
+
+fn bad_runs() -> Vec<BadRun> {
+    let case = |case, class, commands, spoil: fn(&mut RunFiles), expected| BadRun {
+        case,
+        class,
+        commands,
+        spoil,
+        expected,
+    };
+    vec![
+        // Files.
+        case(
+            "input missing",
+            "file-missing",
+            ALL,
+            |f| f.no_input = true,
+            "{input}:",
+        ),
+        case(
+            "text, not safetensors",
+            "file-not-safetensors",
+            ALL,
+            |f| f.raw = Some(b"this is not a safetensors file at all".to_vec()),
+            "{input}: not a valid safetensors file",
+        ),
+        case(
+            "truncated by 100 bytes",
+            "file-truncated",
+            ALL,
+            |f| f.truncate = 100,
+            "{input}: not a valid safetensors file",
+        ),
+        case(
+            "header not JSON",
+            "file-corrupt-header",
+            ALL,
+            |f| {
+                let header = b"{\"q\": {\"dtype\": ";
+                let mut b = (header.len() as u64).to_le_bytes().to_vec();
+                b.extend(header);
+                f.raw = Some(b);
+            },
+            "{input}: not a valid safetensors file",
+        ),
+        case(
+            "beta missing",
+            "tensor-missing",
+            ALL,
+            |f| f.remove("beta"),
+            "beta: required",
+        ),
+        case(
+            "v missing",
+            "tensor-missing",
+            ALL,
+            |f| f.remove("v"),
+            "v: required",
+        ),
+        case(
+            "output folder missing",
+            "output-unwritable",
+            ALL,
+            |f| f.output = "no such folder/out.safetensors",
+            "--output: expected a path in an existing folder",
+        ),
+        case(
+            "output is a folder",
+            "output-unwritable",
+            ALL,
+            |f| f.output = ".",
+            "--output: expected a file path, not a folder",
+        ),
+        // Flags.
+        case(
+            "unknown flag",
+            "cli-flags",
+            ALL,
+            |f| f.flags.push("--frobnicate"),
+            "unexpected argument '--frobnicate'",
+        ),
+        case(
+            "unknown backend",
+            "cli-flags",
+            ALL,
+            |f| f.flags.extend(["--backend", "sideways"]),
+            "invalid value 'sideways' for '--backend",
+        ),
+        case(
+            "scale not a number",
+            "cli-flags",
+            ALL,
+            |f| f.flags.extend(["--scale", "half"]),
+            "invalid value 'half' for '--scale",
+        ),
+        case(
+            "scale NaN",
+            "scale",
+            ALL,
+            |f| f.flags.extend(["--scale", "NaN"]),
+            "scale: expected a finite number, got NaN",
+        ),
+        case(
+            "scale inf",
+            "scale",
+            ALL,
+            |f| f.flags.extend(["--scale", "inf"]),
+            "scale: expected a finite number, got inf",
+        ),
+        case(
+            "--allow-neg-eigval alone",
+            "neg-eigval-without-sigmoid",
+            ALL,
+            |f| f.flags.push("--allow-neg-eigval"),
+            "allow_neg_eigval: expected use together with beta_sigmoid",
+        ),
+        // Sizes read from q and v.
+        case(
+            "q of rank 3",
+            "tensor-rank",
+            ALL,
+            |f| f.float("q").shape = vec![1, 64, 64],
+            "q: expected shape [B, T, H, K] (4-D), got [1, 64, 64]",
+        ),
+        case(
+            "v of rank 5",
+            "tensor-rank",
+            ALL,
+            |f| f.float("v").shape = vec![1, 64, 4, 2, 16],
+            "v: expected shape [B, T, HV, V] (4-D)",
+        ),
+        case(
+            "T = 0",
+            "zero-size",
+            ALL,
+            |f| *f.float("q") = HostTensor::new([1, 0, 2, 32], vec![]),
+            "tokens (T) of q: expected at least 1, got 0",
+        ),
+        case(
+            "HV = 3 with H = 2",
+            "gva-ratio",
+            ALL,
+            |f| *f.float("v") = HostTensor::new([1, 64, 3, 32], vec![0.5; 64 * 3 * 32]),
+            "heads_v (HV) of v: expected a positive multiple of H = 2",
+        ),
+        case(
+            "K = 24",
+            "head-dim",
+            ALL,
+            |f| *f.float("q") = HostTensor::new([1, 64, 2, 24], vec![0.5; 64 * 2 * 24]),
+            "key_dim (K) of q: expected a multiple of 16 in 16..=256, got 24",
+        ),
+        case(
+            "V = 272",
+            "head-dim",
+            ALL,
+            |f| *f.float("v") = HostTensor::new([1, 64, 4, 272], vec![0.5; 64 * 4 * 272]),
+            "value_dim (V) of v: expected a multiple of 16 in 16..=256, got 272",
+        ),
+        // cu_seqlens.
+        case(
+            "cu_seqlens with B = 2",
+            "cu-seqlens-batch",
+            ALL,
+            |f| {
+                for name in ["q", "k", "v", "g", "beta", "do"] {
+                    let t = f.float(name);
+                    t.shape[0] = 2;
+                    t.shape[1] = 32;
+                }
+                f.remove("initial_state");
+                f.cu_seqlens(IntDType::I64, &[3], &[0, 30, 64]);
+            },
+            "cu_seqlens: expected batch (B) == 1",
+        ),
+        case(
+            "cu_seqlens [64]",
+            "cu-seqlens-short",
+            ALL,
+            |f| f.cu_seqlens(IntDType::I32, &[1], &[64]),
+            "cu_seqlens: expected at least 2 entries",
+        ),
+        case(
+            "cu_seqlens from 2",
+            "cu-seqlens-start",
+            ALL,
+            |f| f.cu_seqlens(IntDType::I32, &[2], &[2, 64]),
+            "cu_seqlens: expected first entry 0, got 2",
+        ),
+        case(
+            "cu_seqlens 40 then 20",
+            "cu-seqlens-unsorted",
+            ALL,
+            |f| f.cu_seqlens(IntDType::I64, &[4], &[0, 40, 20, 64]),
+            "cu_seqlens: expected non-decreasing entries, got 40 followed by 20",
+        ),
+        case(
+            "cu_seqlens ends at 60",
+            "cu-seqlens-end",
+            ALL,
+            |f| f.cu_seqlens(IntDType::I32, &[3], &[0, 30, 60]),
+            "cu_seqlens: expected last entry equal to T = 64, got 60",
+        ),
+        case(
+            "cu_seqlens ends at 100",
+            "cu-seqlens-end",
+            ALL,
+            |f| f.cu_seqlens(IntDType::I64, &[3], &[0, 30, 100]),
+            "cu_seqlens: expected last entry equal to T = 64, got 100",
+        ),
+        case(
+            "cu_seqlens as F32",
+            "cu-seqlens-dtype",
+            ALL,
+            |f| {
+                f.set(
+                    "cu_seqlens",
+                    Owned::Float(HostTensor::new([2], vec![0.0, 64.0])),
+                )
+            },
+            "cu_seqlens: expected dtype I32 or I64, got F32",
+        ),
+        case(
+            "cu_seqlens with -5",
+            "cu-seqlens-negative",
+            ALL,
+            |f| f.cu_seqlens(IntDType::I64, &[3], &[0, -5, 64]),
+            "cu_seqlens: expected non-negative entries, got -5",
+        ),
+        case(
+            "cu_seqlens of rank 2",
+            "cu-seqlens-rank",
+            ALL,
+            |f| f.cu_seqlens(IntDType::I32, &[1, 2], &[0, 64]),
+            "cu_seqlens: expected shape [N + 1] (1-D), got [1, 2]",
+        ),
+        // Tensors against the problem.
+        case(
+            "k with K = 16",
+            "tensor-shape",
+            ALL,
+            |f| *f.float("k") = HostTensor::new([1, 64, 2, 16], vec![0.5; 64 * 2 * 16]),
+            "k: expected shape [1, 64, 2, 32], got [1, 64, 2, 16]",
+        ),
+        case(
+            "beta per q-head",
+            "tensor-shape",
+            ALL,
+            |f| *f.float("beta") = HostTensor::new([1, 64, 2], vec![0.5; 128]),
+            "beta: expected shape [1, 64, 4], got [1, 64, 2]",
+        ),
+        case(
+            "initial_state with K = 16",
+            "tensor-shape",
+            ALL,
+            |f| f.float("initial_state").shape = vec![1, 4, 64, 16],
+            "initial_state: expected shape [1, 4, 32, 32]",
+        ),
+        case(
+            "q F16, k and v F32",
+            "qkv-dtype-mixed",
+            ALL,
+            |f| {
+                let q = f.float("q");
+                *q = q.clone().with_dtype(DType::F16);
+            },
+            "k: expected dtype F16 (the dtype of q), got F32",
+        ),
+        case(
+            "g F16",
+            "f32-only-dtype",
+            ALL,
+            |f| {
+                let g = f.float("g");
+                *g = g.clone().with_dtype(DType::F16);
+            },
+            "g: expected dtype F32, got F16",
+        ),
+        case(
+            "initial_state BF16",
+            "f32-only-dtype",
+            ALL,
+            |f| {
+                let h0 = f.float("initial_state");
+                *h0 = h0.clone().with_dtype(DType::BF16);
+            },
+            "initial_state: expected dtype F32, got BF16",
+        ),
+        case(
+            "q stored as I32",
+            "non-float-tensor",
+            ALL,
+            |f| {
+                let n = 64 * 2 * 32;
+                let q = IntTensor {
+                    shape: vec![1, 64, 2, 32],
+                    dtype: IntDType::I32,
+                    data: vec![1; n],
+                };
+                f.set("q", Owned::Int(q));
+            },
+            "q: expected dtype F32, F16 or BF16, got I32",
+        ),
+        case(
+            "--gate-in-kernel without A_log",
+            "gate-params-missing",
+            ALL,
+            |f| {
+                f.flags.push("--gate-in-kernel");
+                f.set("dt_bias", Owned::Float(HostTensor::new([4], vec![0.0; 4])));
+            },
+            "A_log: required with gate_in_kernel",
+        ),
+        case(
+            "A_log without --gate-in-kernel",
+            "gate-params-unexpected",
+            ALL,
+            |f| f.set("A_log", Owned::Float(HostTensor::new([4], vec![0.0; 4]))),
+            "A_log: expected no A_log unless gate_in_kernel is set",
+        ),
+        case(
+            "dt_bias per q-head",
+            "gate-params-shape",
+            ALL,
+            |f| {
+                f.flags.push("--gate-in-kernel");
+                f.set("A_log", Owned::Float(HostTensor::new([4], vec![0.0; 4])));
+                f.set("dt_bias", Owned::Float(HostTensor::new([2], vec![0.0; 2])));
+            },
+            "dt_bias: expected shape [4], got [2]",
+        ),
+        // Values.
+        case(
+            "NaN in v",
+            "non-finite",
+            ALL,
+            |f| f.float("v").data[17] = f32::NAN,
+            "v: expected finite values, got NaN at flat index 17",
+        ),
+        case(
+            "inf in g",
+            "non-finite",
+            ALL,
+            |f| f.float("g").data[3] = f32::NEG_INFINITY,
+            "g: expected finite values, got -inf at flat index 3",
+        ),
+        case(
+            "NaN in initial_state",
+            "non-finite",
+            ALL,
+            |f| f.float("initial_state").data[0] = f32::NAN,
+            "initial_state: expected finite values",
+        ),
+        case(
+            "g = 0.25",
+            "positive-log-decay",
+            ALL,
+            |f| f.float("g").data[5] = 0.25,
+            "g: expected log-space decays ≤ 0, got 0.25 at flat index 5",
+        ),
+        // The backward's upstream gradients.
+        case(
+            "do missing",
+            "upstream-gradient",
+            BACKWARD,
+            |f| f.remove("do"),
+            "do: required",
+        ),
+        case(
+            "do of the shape of q",
+            "upstream-gradient",
+            BACKWARD,
+            |f| f.float("do").shape = vec![1, 64, 2, 64],
+            "do: expected shape [1, 64, 4, 32], got [1, 64, 2, 64]",
+        ),
+        case(
+            "do BF16 while v F32",
+            "upstream-gradient",
+            BACKWARD,
+            |f| {
+                let d_o = f.float("do");
+                *d_o = d_o.clone().with_dtype(DType::BF16);
+            },
+            "do: expected dtype F32 (the dtype of v), got BF16",
+        ),
+        case(
+            "NaN in do",
+            "upstream-gradient",
+            BACKWARD,
+            |f| f.float("do").data[1] = f32::NAN,
+            "do: expected finite values",
+        ),
+        case(
+            "dht per batch row of another K",
+            "upstream-gradient",
+            BACKWARD,
+            |f| {
+                f.set(
+                    "dht",
+                    Owned::Float(HostTensor::new([1, 4, 16, 32], vec![0.0; 2048])),
+                )
+            },
+            "dht: expected shape [1, 4, 32, 32]",
+        ),
+        case(
+            "dht F16",
+            "upstream-gradient",
+            BACKWARD,
+            |f| {
+                let dht = HostTensor::new([1, 4, 32, 32], vec![0.0; 4096]).with_dtype(DType::F16);
+                f.set("dht", Owned::Float(dht));
+            },
+            "dht: expected dtype F32, got F16",
+        ),
+    ]
+}
+
+/// Every case of the catalogue with each of its commands: exit code 2, one stderr line
+/// `error: <expected>…`, and nothing written (the scratch folder holds what it held before).
+/// The cpu backend is named so an input wrongly accepted would still finish without a GPU.
 #[test]
-fn missing_beta() {
-    let scratch = Scratch::new("missing_beta");
-    let (input, output) = (
-        scratch.path("in.safetensors"),
-        scratch.path("out.safetensors"),
+fn bad_input_catalogue() {
+    let scratch = Scratch::new("catalogue");
+    let input = scratch.path("in.safetensors");
+    let mut failures = Vec::new();
+    for run in bad_runs() {
+        let mut files = RunFiles::valid();
+        (run.spoil)(&mut files);
+        if files.no_input {
+            let _ = std::fs::remove_file(&input);
+        } else {
+            std::fs::write(&input, files.bytes(&scratch)).unwrap();
+        }
+        let output = scratch.path(files.output);
+        let listing = || {
+            let mut names: Vec<String> = std::fs::read_dir(&scratch.0)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            names
+        };
+        let before = listing();
+        for command in run.commands {
+            let mut args = vec![
+                "run",
+                command,
+                "--input",
+                input.to_str().unwrap(),
+                "--output",
+                output.to_str().unwrap(),
+            ];
+            if !files.flags.contains(&"--backend") {
+                args.extend(["--backend", "cpu"]);
+            }
+            args.extend(files.flags.iter().copied());
+            let out = gdn(&args);
+            let err = stderr(&out);
+            let expected = format!(
+                "error: {}",
+                run.expected
+                    .replace("{input}", input.to_str().unwrap())
+                    .replace("{output}", output.to_str().unwrap())
+            );
+            let what = format!("[{}] {} (gdn run {command})", run.class, run.case);
+            if out.status.code() != Some(2) {
+                failures.push(format!("{what}: exit {}, stderr: {err}", out.status));
+            } else if err.lines().count() != 1 || !err.starts_with(&expected) {
+                failures.push(format!(
+                    "{what}: expected one line `{expected}…`, got: {err}"
+                ));
+            }
+            if listing() != before {
+                failures.push(format!("{what}: files were written: {:?}", listing()));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} failure(s):\n{}",
+        failures.len(),
+        failures.join("\n")
     );
-    let inputs = valid_inputs();
-    let without_beta = input_tensors(&inputs, None)
-        .into_iter()
-        .filter(|&(name, _)| name != "beta");
-    io::write(&input, without_beta).unwrap();
-    assert_input_error(&run_forward(&input, &output, "auto", &[]), "beta: required");
-}
-
-#[test]
-fn q_of_rank_3() {
-    let mut inputs = valid_inputs();
-    let [b, t, h, k] = valid_problem().qk_shape();
-    inputs.q.shape = vec![b, t, h * k];
-    expect_input_error("q_rank_3", &inputs, None, "q: expected shape [B, T, H, K]");
-}
-
-#[test]
-fn v_heads_not_a_multiple_of_q_heads() {
-    let mut inputs = valid_inputs();
-    let [b, t, _, v] = valid_problem().v_shape();
-    inputs.v = HostTensor::new([b, t, 3, v], vec![0.5; b * t * 3 * v]);
-    expect_input_error("v_wrong_hv", &inputs, None, "heads_v (HV) of v:");
-}
-
-#[test]
-fn g_of_dtype_f16() {
-    let mut inputs = valid_inputs();
-    inputs.g = inputs.g.with_dtype(DType::F16);
-    let err = expect_input_error("g_f16", &inputs, None, "g: expected dtype F32");
-    assert!(err.contains("F16"), "{err}");
-}
-
-#[test]
-fn cu_seqlens_with_batch_2() {
-    let problem = Problem::new(2, 64, 2, 4, 32, 32, None, Options::default()).unwrap();
-    let inputs = RandomSpec::default().generate(&problem);
-    let cu = IntTensor {
-        shape: vec![3],
-        dtype: IntDType::I64,
-        data: vec![0, 30, 64],
-    };
-    expect_input_error("cu_batch_2", &inputs, Some(&cu), "cu_seqlens:");
-}
-
-#[test]
-fn cu_seqlens_not_ending_at_t() {
-    let cu = IntTensor {
-        shape: vec![3],
-        dtype: IntDType::I32,
-        data: vec![0, 30, 60],
-    };
-    let err = expect_input_error("cu_end", &valid_inputs(), Some(&cu), "cu_seqlens:");
-    assert!(err.contains("T = 64"), "{err}");
-}
-
-#[test]
-fn positive_g() {
-    let mut inputs = valid_inputs();
-    inputs.g.data[5] = 0.25;
-    expect_input_error("positive_g", &inputs, None, "g:");
-}
-
-#[test]
-fn nan_in_v() {
-    let mut inputs = valid_inputs();
-    inputs.v.data[17] = f32::NAN;
-    expect_input_error("nan_v", &inputs, None, "v:");
-}
-
-#[test]
-fn q_k_v_of_mixed_dtypes() {
-    let mut inputs = valid_inputs();
-    inputs.q = inputs.q.with_dtype(DType::F16);
-    let err = expect_input_error("mixed_qkv", &inputs, None, "k:");
-    assert!(err.contains("F16"), "{err}");
 }
 
 /// f16 and bf16 files: o comes back in the dtype of v and matches the oracle on the same
@@ -506,28 +969,6 @@ fn bf16_backward_on_wgpu() {
         let err = relative_l2(&t.data, want);
         assert!(err <= tol, "{name}: rel-L2 {err:e} > {tol:e}");
     }
-}
-
-#[test]
-fn nonexistent_input_file() {
-    let scratch = Scratch::new("nonexistent");
-    let input = scratch.path("missing.safetensors");
-    let out = run_forward(&input, &scratch.path("out.safetensors"), "auto", &[]);
-    assert_input_error(&out, input.to_str().unwrap());
-}
-
-#[test]
-fn garbage_input_file() {
-    let scratch = Scratch::new("garbage");
-    let input = scratch.path("garbage.safetensors");
-    std::fs::write(&input, b"this is not a safetensors file at all").unwrap();
-    let out = run_forward(&input, &scratch.path("out.safetensors"), "auto", &[]);
-    assert_input_error(&out, input.to_str().unwrap());
-    assert!(
-        stderr(&out).contains("not a valid safetensors file"),
-        "{}",
-        stderr(&out)
-    );
 }
 
 #[test]

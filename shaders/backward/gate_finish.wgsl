@@ -1,6 +1,6 @@
 // gate_finish: one workgroup per v-head chains the activations onto the raw inputs and
 // reduces the per-head parameter gradients over all tokens:
-//     β: sigmoid → dbeta = dβ·σ(1 − σ) (×2 with negative eigenvalues), else dbeta = dβ
+//     β: sigmoid → dbeta = dβ·σ(x)σ(−x) (×2 with negative eigenvalues), else dbeta = dβ
 //     g: in-kernel gate g = −exp(A_log)·softplus(x), x = g_raw + dt_bias →
 //        dg_raw = dg·(−exp(A_log)·softplus'(x)),  dA_log = Σ dg·g,  ddt_bias = Σ dg_raw
 // (softplus' = 1 above 20, as softplus is the identity there). The sums are per-invocation
@@ -47,8 +47,10 @@ fn gate_finish(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
         let grads = dg_dbeta[at];
         var dbeta = grads.y;
         if (has_flag(flags, FLAG_BETA_SIGMOID)) {
-            let s = sigmoid(beta_raw[at]);
-            dbeta *= s * (1.0 - s);
+            // σ' = σ(x)·σ(−x): 1 − σ(x) would cancel for large logits (x = 10 already loses
+            // 1e-3 of σ' in f32; found by tests/properties.rs).
+            let x = beta_raw[at];
+            dbeta *= sigmoid(x) * sigmoid(-x);
         }
         if (has_flag(flags, FLAG_NEG_EIGVAL)) {
             dbeta *= 2.0;

@@ -94,8 +94,10 @@ fn backward_impl(
     use DType::*;
     problem.check_inputs(inputs, &[F32, F16, BF16])?;
     check_shape("d_o", &d_o.shape, &problem.v_shape())?;
+    crate::TensorMeta::check_storage(d_o, "d_o")?;
     if let Some(dht) = dht {
         check_shape("dht", &dht.shape, &problem.state_shape())?;
+        crate::TensorMeta::check_storage(dht, "dht")?;
     }
     let wide = |t: &HostTensor| -> Vec<f64> { t.data.iter().map(|&x| x as f64).collect() };
     let inputs = ForwardInputs {

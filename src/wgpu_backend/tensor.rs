@@ -26,6 +26,62 @@ impl TensorMeta for GpuTensor {
     fn dtype(&self) -> DType {
         self.dtype
     }
+    fn check_storage(&self, name: &str) -> Result<()> {
+        let len = crate::tensor::element_count(name, &self.shape)?;
+        let needed = (len as u64).saturating_mul(self.dtype.size() as u64);
+        if self.buffer.size() < needed {
+            return Err(Error::value(
+                name,
+                format!(
+                    "a buffer of at least {needed} bytes ({:?} {})",
+                    self.shape, self.dtype
+                ),
+                format!("{} bytes", self.buffer.size()),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The inputs of a forward by name, optional ones only when given.
+pub(crate) fn named_inputs<'a>(
+    inputs: &ForwardInputs<&'a GpuTensor>,
+) -> Vec<(&'static str, &'a GpuTensor)> {
+    let optional = [
+        ("initial_state", inputs.initial_state),
+        ("A_log", inputs.a_log),
+        ("dt_bias", inputs.dt_bias),
+    ];
+    let mut named = vec![
+        ("q", inputs.q),
+        ("k", inputs.k),
+        ("v", inputs.v),
+        ("g", inputs.g),
+        ("beta", inputs.beta),
+    ];
+    named.extend(optional.into_iter().filter_map(|(n, t)| Some((n, t?))));
+    named
+}
+
+/// Refuse a call whose output shares its buffer with an input or another output: a pass that
+/// reads one binding while writing the other races (and wgpu refuses the usage conflict at
+/// submit, after the call has returned). `outputs` are checked against each other and against
+/// `inputs`.
+pub(crate) fn check_distinct_buffers(
+    outputs: &[(&str, &GpuTensor)],
+    inputs: &[(&str, &GpuTensor)],
+) -> Result<()> {
+    for (i, (out, t)) in outputs.iter().enumerate() {
+        let others = outputs[..i].iter().chain(inputs);
+        if let Some((other, _)) = others.into_iter().find(|(_, u)| u.buffer == t.buffer) {
+            return Err(Error::value(
+                out,
+                format!("a buffer of its own (not the buffer of {other})"),
+                format!("the buffer of {other}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 const USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
@@ -118,7 +174,7 @@ impl GpuTensor {
         dtype: DType,
         values: &[f32],
     ) -> Result<Self> {
-        let len: usize = shape.iter().product();
+        let len = crate::tensor::element_count(name, shape)?;
         if values.len() != len {
             return Err(Error::value(
                 name,
@@ -150,14 +206,17 @@ impl GpuTensor {
         dtype: DType,
         value: f32,
     ) -> Result<Self> {
-        let len: usize = shape.iter().product();
+        let len = crate::tensor::element_count(name, shape)?;
+        Self::check_size(ctx, name, (len as u64).saturating_mul(dtype.size() as u64))?;
         Self::from_values(ctx, name, shape, dtype, &vec![value; len])
     }
 
     /// An uninitialized (zeroed by wgpu) tensor.
     pub fn empty(ctx: &Context, name: &str, shape: &[usize], dtype: DType) -> Result<Self> {
-        let len: usize = shape.iter().product();
-        let size = padded_bytes(len, dtype);
+        let len = crate::tensor::element_count(name, shape)?;
+        let size = (len as u64)
+            .checked_mul(dtype.size() as u64)
+            .map_or(u64::MAX, |b| b.div_ceil(4).max(1) * 4);
         Self::check_size(ctx, name, size)?;
         let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(name),

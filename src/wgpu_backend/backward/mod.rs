@@ -275,7 +275,9 @@ fn check_saved(
             got: d_o.dtype.to_string(),
         });
     }
+    d_o.check_storage("do")?;
     if let Some(dht) = dht {
+        dht.check_storage("dht")?;
         if dht.shape() != p.state_shape() {
             return Err(Error::shape("dht", &p.state_shape(), dht.shape()));
         }
@@ -590,6 +592,7 @@ pub fn check_host_gradients(
     if d_o.shape() != problem.v_shape() {
         return Err(Error::shape("do", &problem.v_shape(), d_o.shape()));
     }
+    d_o.check_storage("do")?;
     if d_o.dtype != v_dtype {
         return Err(Error::DType {
             name: "do".into(),
@@ -602,6 +605,7 @@ pub fn check_host_gradients(
         if dht.shape() != problem.state_shape() {
             return Err(Error::shape("dht", &problem.state_shape(), dht.shape()));
         }
+        dht.check_storage("dht")?;
         if dht.dtype != DType::F32 {
             return Err(Error::DType {
                 name: "dht".into(),

@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, Problem};
 use crate::tensor::{DType, TensorMeta};
 use crate::wgpu_backend::shaders::Pass;
+use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// Record one decode (or verification) call: every sequence of `problem` continues from its
@@ -121,6 +122,14 @@ pub(crate) fn check_decode(
             });
         }
     }
+
+    o.check_storage("o")?;
+    let mut written = vec![("pool", pool.tensor()), ("o", o)];
+    if let Some(states) = outputs.per_token_states {
+        states.check_storage("per_token_states")?;
+        written.push(("per_token_states", states));
+    }
+    check_distinct_buffers(&written, &named_inputs(inputs))?;
 
     // The grid's limits are checked where the plan's pass is prepared (`launch`).
     let limits = ctx.limits();

@@ -176,6 +176,7 @@ impl StatePool {
                 got: states.dtype.to_string(),
             });
         }
+        states.check_storage("pool")?;
         Ok(StatePool { states, layout })
     }
 
@@ -261,6 +262,14 @@ impl StatePool {
 
     fn check_entry(&self, name: &str, states: &GpuTensor, entry: usize, slot: usize) -> Result<()> {
         let inner = &self.states.shape[1..];
+        if states.buffer == self.states.buffer {
+            // A buffer copy onto itself is refused by wgpu at submit.
+            return Err(Error::value(
+                name,
+                "a tensor other than the pool itself (copy through a separate tensor)",
+                "the pool's own buffer",
+            ));
+        }
         if states.dtype != DType::F32 {
             return Err(Error::DType {
                 name: name.into(),

@@ -30,6 +30,7 @@ use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
 use crate::tensor::HostTensor;
 use crate::tensor::{DType, TensorMeta};
 use crate::wgpu_backend::path::ComputePath;
+use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
 use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
 
 /// What the forward keeps for the backward: the normalized q and k (with `l2norm_qk`), the
@@ -243,6 +244,12 @@ fn record_forward(
             got: outputs.final_state.dtype.to_string(),
         });
     }
+    outputs.o.check_storage("o")?;
+    outputs.final_state.check_storage("final_state")?;
+    check_distinct_buffers(
+        &[("o", outputs.o), ("final_state", outputs.final_state)],
+        &named_inputs(inputs),
+    )?;
 
     let dtype = inputs.q.dtype;
     let owned;
