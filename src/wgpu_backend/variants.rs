@@ -24,7 +24,9 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
     use crate::wgpu_backend::backward::{
         dh_scan_tiling, recompute_token_slice, scan_arena_words, scan_bytes,
     };
+    use crate::tensor::DType;
     use crate::wgpu_backend::decode::RecurrentStepTiles;
+    use crate::wgpu_backend::validate::find_nonfinite_constants;
     use crate::wgpu_backend::forward::STATE_SCAN_COOP_BYTES;
     use crate::wgpu_backend::path::{COOP_KEY_DIM, COOP_V_BLOCK};
     use crate::wgpu_backend::tuning::{
@@ -99,6 +101,13 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             ("T_SLICE", t_slice as f64),
         ];
         out.push(variant(Pass::DhScan, "dh_scan", &dh));
+    }
+    // The finite check reads words whatever the dtype: one pipeline per (dtype, sign check).
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for reject_positive in [false, true] {
+            let constants = find_nonfinite_constants(dtype, reject_positive);
+            out.push(variant(Pass::FindNonfinite, "find_nonfinite", &constants));
+        }
     }
     for tiles in RecurrentStepTiles::candidates(limits, problem) {
         for per_token_states in [false, true] {
