@@ -25,6 +25,12 @@ fn dtypes(ctx: &gdn_wgpu::wgpu_backend::Context) -> Vec<DType> {
     ctx.forward_storage_dtypes()
 }
 
+const BACKWARD: Runs<'static> = Runs {
+    backward: true,
+    saturated_beta: false,
+    ctx: None,
+};
+
 fn with_storage(mut inputs: ForwardInputs<HostTensor>, dtype: DType) -> ForwardInputs<HostTensor> {
     for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
         *t = t.clone().with_dtype(dtype);
@@ -143,6 +149,18 @@ fn all_finite(what: &str, t: &HostTensor) -> Result<(), String> {
     }
 }
 
+/// What a stress run does besides forward and decode against the oracle.
+#[derive(Default, Clone, Copy)]
+struct Runs<'a> {
+    /// Run the backward too.
+    backward: bool,
+    /// β-sigmoid saturated (|logit| ≳ 17): 1 − σ rounds to 0 in f32, so dβ is 0 where the f64
+    /// oracle has ~1e-13. dβ is then held to an absolute bound instead of a relative one.
+    saturated_beta: bool,
+    /// A context other than the shared one (e.g. with sequence-parallel segments).
+    ctx: Option<&'a gdn_wgpu::wgpu_backend::Context>,
+}
+
 /// Forward, decode (`tokens_per_step` tokens a step) and, when asked, the backward of
 /// `inputs` on the wgpu backend: every result finite and within the policy's tolerance of the
 /// oracle on the same rounded inputs. The failures.
@@ -152,9 +170,11 @@ fn stress(
     inputs: &ForwardInputs<HostTensor>,
     dtype: DType,
     tokens_per_step: usize,
-    backward: bool,
+    runs: Runs<'_>,
 ) -> Vec<String> {
-    let Some(ctx) = gpu() else { return Vec::new() };
+    let Some(ctx) = runs.ctx.or_else(|| gpu()) else {
+        return Vec::new();
+    };
     let case = HardCase {
         name: name.into(),
         problem: p.clone(),
@@ -174,11 +194,11 @@ fn stress(
     failures.extend(all_finite(&format!("{name} decode o"), &dec.o).err());
     failures.extend(all_finite(&format!("{name} decode state"), &dec.final_state).err());
     failures.extend(check("decode", &case, Op::Decode, dtype, arithmetic, &dec, &expected).err());
-    if backward {
+    if runs.backward {
         let (d_o, dht) = upstream(p, 5, true);
         let d_o = d_o.with_dtype(dtype);
-        let want = reference::backward(p, &h, &d_o, dht.as_ref()).unwrap();
-        let (_, grads) = ctx.forward_backward(p, &h, &d_o, dht.as_ref()).unwrap();
+        let mut want = reference::backward(p, &h, &d_o, dht.as_ref()).unwrap();
+        let (_, mut grads) = ctx.forward_backward(p, &h, &d_o, dht.as_ref()).unwrap();
         for (what, t) in [
             ("dq", &grads.dq),
             ("dk", &grads.dk),
@@ -187,6 +207,22 @@ fn stress(
             ("dbeta", &grads.dbeta),
         ] {
             failures.extend(all_finite(&format!("{name} {what}"), t).err());
+        }
+        if runs.saturated_beta {
+            let worst = grads
+                .dbeta
+                .data
+                .iter()
+                .zip(&want.dbeta)
+                .map(|(&g, &w)| (g as f64 - w).abs())
+                .fold(0.0, f64::max);
+            eprintln!("{name} {dtype}: saturated dβ, largest |GPU − oracle| {worst:.1e}");
+            if !(worst <= 1e-9) {
+                failures.push(format!("{name} {dtype}: saturated dβ off by {worst:e}"));
+            }
+            // Compared above; the relative check would divide by ~1e-13.
+            grads.dbeta.data.iter_mut().for_each(|x| *x = 1.0);
+            want.dbeta.iter_mut().for_each(|x| *x = 1.0);
         }
         failures.extend(check_gradients("backward", &case, dtype, &grads, &want));
     }
@@ -215,7 +251,7 @@ fn very_strong_gates_stay_finite() {
     }
     let mut failures = Vec::new();
     for dtype in dtypes(ctx) {
-        failures.extend(stress("g = -1e4", &p, &inputs, dtype, 7, true));
+        failures.extend(stress("g = -1e4", &p, &inputs, dtype, 7, BACKWARD));
     }
     // The same decays from the in-kernel gate: −exp(A_log)·softplus(g + dt_bias) ≈ −1e4.
     let gated = Options {
@@ -233,17 +269,37 @@ fn very_strong_gates_stay_finite() {
     for g in inputs.g.data.iter_mut() {
         *g = 1.0 + g.abs(); // softplus ≥ 1.3: decays of −1.3e4 and beyond
     }
-    failures.extend(stress("gate_in_kernel, decay ≈ -1e4", &p, &inputs, DType::F32, 7, true));
+    failures.extend(stress(
+        "gate_in_kernel, decay ≈ -1e4",
+        &p,
+        &inputs,
+        DType::F32,
+        7,
+        BACKWARD,
+    ));
     fail_on(failures);
 }
 
 /// β = 2 with negative eigenvalues: `I − βkkᵀ` has eigenvalue −1 along k (a reflection), the
 /// most negative the option allows; with g = 0 on one head nothing decays. Unit keys, and keys
-/// normalised in the kernel.
+/// normalised in the kernel. β = 2·σ(30) rounds to 2 in f32, where σ is saturated: dβ is
+/// held to an absolute bound (`Runs::saturated_beta`).
+///
+/// With in-kernel l2norm and 16-bit storage the forward keeps q̂, k̂ in the storage dtype (as
+/// FLA does), so β‖k̂‖² is 2 only to the storage's rounding, and on a head that never decays
+/// the reflection's scale error accumulates as a random walk: the error against the exact
+/// oracle grows like √T (measured on lavapipe, T = 300 → 1200: bf16 o 8.9e-3 → 1.7e-2, state
+/// 1.0e-2 → 2.1e-2; f16 o 1.1e-3 → 2.2e-3), past the policy's l2norm bounds. That case is
+/// checked against the oracle run on the same rounded k̂ and q̂ (the kernels' own error, at
+/// the bounds without l2norm), and its growth is in docs/accuracy.md.
 #[test]
 fn beta_two_with_negative_eigenvalues_stays_finite() {
     let Some(ctx) = gpu() else { return };
     let mut failures = Vec::new();
+    let saturated = Runs {
+        saturated_beta: true,
+        ..BACKWARD
+    };
     for l2norm_qk in [false, true] {
         let options = Options {
             beta_sigmoid: true,
@@ -258,14 +314,76 @@ fn beta_two_with_negative_eigenvalues_stays_finite() {
             ..RandomSpec::default()
         }
         .generate(&p);
-        // 2·sigmoid(30) rounds to 2 in f32: β = 2 exactly.
         inputs.beta.data.iter_mut().for_each(|b| *b = 30.0);
         let name = format!("beta = 2, l2norm_qk {l2norm_qk}");
         for dtype in dtypes(ctx) {
-            failures.extend(stress(&name, &p, &inputs, dtype, 5, true));
+            if l2norm_qk && dtype != DType::F32 {
+                failures.extend(rounded_khat_forward(&name, &p, &inputs, dtype));
+                continue;
+            }
+            failures.extend(stress(&name, &p, &inputs, dtype, 5, saturated));
         }
     }
     fail_on(failures);
+}
+
+/// The forward with in-kernel l2norm at 16-bit storage against the oracle on q̂, k̂
+/// normalised on the host and rounded to the storage dtype (what the forward keeps), at the
+/// bounds without l2norm; decode (k̂ in f32 registers) against the exact oracle.
+fn rounded_khat_forward(
+    name: &str,
+    p: &Problem,
+    inputs: &ForwardInputs<HostTensor>,
+    dtype: DType,
+) -> Vec<String> {
+    let Some(ctx) = gpu() else { return Vec::new() };
+    let inputs = with_storage(inputs.clone(), dtype);
+    let mut normalised = inputs.clone();
+    for t in [&mut normalised.q, &mut normalised.k] {
+        let mut data = t.data.clone();
+        for row in data.chunks_mut(p.key_dim) {
+            let n2: f64 = row.iter().map(|&x| (x as f64).powi(2)).sum();
+            let r = 1.0 / (n2 + gdn_wgpu::problem::L2NORM_EPS).sqrt();
+            row.iter_mut().for_each(|x| *x = (*x as f64 * r) as f32);
+        }
+        *t = HostTensor::new(t.shape.clone(), data).with_dtype(dtype);
+    }
+    let mut plain = p.clone();
+    plain.options.l2norm_qk = false;
+    let case = HardCase {
+        name: format!("{name} vs the oracle on rounded q̂, k̂"),
+        problem: plain.clone(),
+        spec: RandomSpec::default(),
+    };
+    let want = reference::forward(&plain, &normalised.as_ref()).unwrap();
+    let fwd = ctx.forward(p, &inputs.as_ref()).unwrap();
+    let arithmetic = ctx.arithmetic(Op::Forward, p, dtype);
+    let mut failures = Vec::new();
+    failures.extend(all_finite(&format!("{name} forward o"), &fwd.o).err());
+    failures.extend(all_finite(&format!("{name} forward state"), &fwd.final_state).err());
+    // o at the policy's bound. The state is f32, but the host's rounding of k̂ can differ
+    // from the kernel's in the last bit of a few elements, and at eigenvalue −1 such a
+    // difference does not decay: measured f16 1.6e-5, bf16 1.3e-6 at T = 300; held to 1e-4.
+    let tol = Case::new(Op::Forward, dtype).with_arithmetic(arithmetic);
+    let (eo, es) = (
+        relative_l2(&fwd.o.data, &want.o),
+        relative_l2(&fwd.final_state.data, &want.final_state),
+    );
+    eprintln!("forward [{}] {dtype}: o {eo:.2e}, state {es:.2e}", case.name);
+    if !(eo <= tol.tolerance(Quantity::Output) && es <= 1e-4) {
+        failures.push(format!("{}: {dtype} o {eo:e}, state {es:e}", case.name));
+    }
+    let case = HardCase {
+        name: name.into(),
+        problem: p.clone(),
+        spec: RandomSpec::default(),
+    };
+    let exact = reference::forward(p, &inputs.as_ref()).unwrap();
+    let dec = ctx.decode(p, &inputs.as_ref(), 5).unwrap();
+    let arithmetic = ctx.arithmetic(Op::Decode, p, dtype);
+    failures.extend(all_finite(&format!("{name} decode o"), &dec.o).err());
+    failures.extend(check("decode", &case, Op::Decode, dtype, arithmetic, &dec, &exact).err());
+    failures
 }
 
 /// Unnormalised keys where the exact recurrence stays bounded: β‖k‖² ≤ 2 makes the
@@ -293,7 +411,7 @@ fn unnormalised_keys_within_the_bounded_range_stay_finite() {
     }
     let mut failures = Vec::new();
     for dtype in dtypes(ctx) {
-        failures.extend(stress("beta |k|^2 <= 2", &p, &inputs, dtype, 9, true));
+        failures.extend(stress("beta |k|^2 <= 2", &p, &inputs, dtype, 9, BACKWARD));
     }
     fail_on(failures);
 }
@@ -327,7 +445,14 @@ fn growth_beyond_the_bounded_range_is_the_recurrences_not_hidden() {
     let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
     let norm = expected.final_state.iter().map(|x| x * x).sum::<f64>().sqrt();
     assert!(norm > 1e6, "the exact state grows geometrically: ‖S‖ = {norm:e}");
-    fail_on(stress("beta |k|^2 = 4, T = 16", &p, &inputs, DType::F32, 4, false));
+    fail_on(stress(
+        "beta |k|^2 = 4, T = 16",
+        &p,
+        &inputs,
+        DType::F32,
+        4,
+        Runs::default(),
+    ));
 
     let (p, inputs) = inputs_for(128);
     let gpu_inputs = common::upload_inputs(ctx, &inputs);
@@ -338,13 +463,31 @@ fn growth_beyond_the_bounded_range_is_the_recurrences_not_hidden() {
     assert!(e.to_string().starts_with("o: expected finite values"), "{e}");
 }
 
+/// llvmpipe (lavapipe) ends every loop of a shader invocation once the invocation has run
+/// 65,535 loop iterations in all (Mesa's `LP_MAX_TGSI_LOOP_ITERATIONS`, a guard against hung
+/// shaders), silently: a scan that walks a long sequence in one workgroup then stops early.
+/// Measured here (Mesa 22.3.6): the forward went wrong from token 20,604 of one sequence
+/// (K = V = 32, V-block 16) and the decode kernel from token 9,363 of one call (K = V = 16);
+/// GPUs have no such limit. On lavapipe, long-sequence tests therefore cut the scan into
+/// segments of 64 chunks (the exact sequence-parallel forward, `Config::segment_chunks`) and
+/// decode at most 4096 tokens per call; `f16_storage_at_scale` runs the long loops unsegmented
+/// on the H200.
+fn segmented_context() -> Option<gdn_wgpu::wgpu_backend::Context> {
+    gpu()?;
+    let config = gdn_wgpu::wgpu_backend::Config {
+        segment_chunks: Some(64),
+        ..gdn_wgpu::wgpu_backend::Config::from_env().unwrap()
+    };
+    Some(gdn_wgpu::wgpu_backend::Context::with_config_blocking(config).unwrap())
+}
+
 /// f16 storage over 65,536 tokens (small heads on lavapipe): a head without decay
 /// accumulates over the whole sequence; forward and decode (4096 tokens a step) stay finite
 /// and match the oracle.
 #[test]
 fn f16_storage_over_65536_tokens_stays_finite() {
-    let Some(ctx) = gpu() else { return };
-    if !dtypes(ctx).contains(&DType::F16) {
+    let Some(ctx) = segmented_context() else { return };
+    if !ctx.forward_storage_dtypes().contains(&DType::F16) {
         eprintln!("SKIPPED: no SHADER_F16 on this device");
         return;
     }
@@ -355,7 +498,11 @@ fn f16_storage_over_65536_tokens_stays_finite() {
         ..RandomSpec::default()
     }
     .generate(&p);
-    fail_on(stress("f16, T = 65536", &p, &inputs, DType::F16, 4096, false));
+    let runs = Runs {
+        ctx: Some(&ctx),
+        ..Runs::default()
+    };
+    fail_on(stress("f16, T = 65536", &p, &inputs, DType::F16, 4096, runs));
 }
 
 /// 4096 decode steps of one token (two sequences, a head without decay, β up to 2 with
@@ -431,6 +578,17 @@ fn f16_storage_at_scale() {
             failures.push(format!("{op:?}: o {eo:e}, state {es:e}"));
         }
     }
+    // The loops lavapipe cuts short (see `segmented_context`), unsegmented: the small-head
+    // sequence in one scan and in one decode call.
+    let small = problem(1, 65_536, 1, 2, 16, 16, None, Options::default());
+    failures.extend(stress(
+        "f16, T = 65536, one scan",
+        &small,
+        &spec(81).generate(&small),
+        dtype,
+        65_536,
+        Runs::default(),
+    ));
     let p = problem(1, 65_536, 2, 8, 128, 128, None, Options::default());
     let inputs = with_storage(spec(102).generate(&p), dtype);
     let h = inputs.as_ref();
