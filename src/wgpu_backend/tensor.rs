@@ -198,6 +198,7 @@ pub(crate) async fn read_buffer(
     offset: u64,
     size: u64,
 ) -> Result<Vec<u8>> {
+    ctx.check_lost()?;
     let staging = ctx.scoped("download staging", Some(size), || {
         let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("gdn download"),

@@ -366,7 +366,7 @@ impl DecodePlan {
     /// next `queue.submit`'s commands, so steps with different slots need separate submits
     /// or separate plans). Validated like the plan; on error nothing changes.
     pub fn set_slots(&mut self, ctx: &Context, slots: &[StateSlot]) -> Result<()> {
-        ctx.check_lost()?;
+        ctx.check_lost_noticed()?;
         check_slots(slots, self.slots.len(), self.pool_slots)?;
         if slots != self.slots {
             let codes: Vec<i32> = slots.iter().map(|s| s.code()).collect();

@@ -65,12 +65,16 @@ impl FiniteCheck {
                 .collect();
             (results, per_tensor)
         })?;
-        for (i, ((name, tensor, require), first_bad)) in tensors.iter().zip(&per_tensor).enumerate()
-        {
-            let reject_positive = *require == Require::FiniteNonPositive;
-            find_nonfinite(ctx, encoder, name, tensor, reject_positive, first_bad)?;
-            encoder.copy_buffer_to_buffer(first_bad, 0, &results, 4 * i as u64, 4);
-        }
+        ctx.scoped("finite check", None, || -> Result<()> {
+            for (i, ((name, tensor, require), first_bad)) in
+                tensors.iter().zip(&per_tensor).enumerate()
+            {
+                let reject_positive = *require == Require::FiniteNonPositive;
+                find_nonfinite(ctx, encoder, name, tensor, reject_positive, first_bad)?;
+                encoder.copy_buffer_to_buffer(first_bad, 0, &results, 4 * i as u64, 4);
+            }
+            Ok(())
+        })??;
         Ok(FiniteCheck {
             tensors: tensors
                 .iter()
