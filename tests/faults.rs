@@ -207,15 +207,26 @@ fn device_loss_is_typed_everywhere_and_a_new_context_works() {
     let (out, grads) = fresh.forward_backward(&p, &h, &d_o_host, None).unwrap();
     let (want, want_grads) = Oracle.forward_backward(&p, &h, &d_o_host, None).unwrap();
     let e = relative_l2(&out.o.data, &to_f64(&want.o));
-    assert!(e <= case(Op::Forward).tolerance(Quantity::Output), "o {e:e}");
+    assert!(
+        e <= case(Op::Forward).tolerance(Quantity::Output),
+        "o {e:e}"
+    );
     let e = relative_l2(&out.final_state.data, &to_f64(&want.final_state));
-    assert!(e <= case(Op::Forward).tolerance(Quantity::State), "state {e:e}");
+    assert!(
+        e <= case(Op::Forward).tolerance(Quantity::State),
+        "state {e:e}"
+    );
     for (name, got, want, quantity) in [
         ("dq", &grads.dq, &want_grads.dq, Quantity::GradQkv),
         ("dk", &grads.dk, &want_grads.dk, Quantity::GradQkv),
         ("dv", &grads.dv, &want_grads.dv, Quantity::GradQkv),
         ("dg", &grads.dg, &want_grads.dg, Quantity::GradGates),
-        ("dbeta", &grads.dbeta, &want_grads.dbeta, Quantity::GradGates),
+        (
+            "dbeta",
+            &grads.dbeta,
+            &want_grads.dbeta,
+            Quantity::GradGates,
+        ),
     ] {
         let e = relative_l2(&got.data, &to_f64(want));
         assert!(e <= case(Op::Backward).tolerance(quantity), "{name} {e:e}");
@@ -223,9 +234,15 @@ fn device_loss_is_typed_everywhere_and_a_new_context_works() {
     let out = fresh.decode(&p, &h, 4).unwrap();
     let want = Oracle.forward(&p, &h).unwrap();
     let e = relative_l2(&out.o.data, &to_f64(&want.o));
-    assert!(e <= case(Op::Decode).tolerance(Quantity::Output), "decode o {e:e}");
+    assert!(
+        e <= case(Op::Decode).tolerance(Quantity::Output),
+        "decode o {e:e}"
+    );
     let e = relative_l2(&out.final_state.data, &to_f64(&want.final_state));
-    assert!(e <= case(Op::Decode).tolerance(Quantity::State), "decode state {e:e}");
+    assert!(
+        e <= case(Op::Decode).tolerance(Quantity::State),
+        "decode state {e:e}"
+    );
     fresh.check().unwrap();
 }
 
@@ -251,8 +268,15 @@ fn loss_with_a_step_in_flight_is_reported() {
         o: &o,
         per_token_states: None,
     };
-    let plan = DecodePlan::new(&ctx, &dp, &inputs.as_ref(), &pool, &[Resume(0), Resume(1)], &outs)
-        .unwrap();
+    let plan = DecodePlan::new(
+        &ctx,
+        &dp,
+        &inputs.as_ref(),
+        &pool,
+        &[Resume(0), Resume(1)],
+        &outs,
+    )
+    .unwrap();
     let mut enc = ctx.create_encoder("step");
     plan.record(&mut enc);
     ctx.queue.submit([enc.finish()]);
@@ -376,9 +400,16 @@ fn a_failed_decode_step_leaves_the_pool_as_it_was() {
             &slot(&after, pool_slot),
             &want_states[entry * slot_len..(entry + 1) * slot_len],
         );
-        assert!(e <= tol.tolerance(Quantity::State), "slot {pool_slot}: {e:e}");
+        assert!(
+            e <= tol.tolerance(Quantity::State),
+            "slot {pool_slot}: {e:e}"
+        );
     }
-    assert_eq!(slot(&after, 1), slot(&s.pool_before, 1), "slot 1 is not in the step");
+    assert_eq!(
+        slot(&after, 1),
+        slot(&s.pool_before, 1),
+        "slot 1 is not in the step"
+    );
 }
 
 /// A validation failure inside a recording entry point is a typed `Error::Gpu` naming the
@@ -498,7 +529,11 @@ fn out_of_memory_on_the_device() {
 /// context allocates again and runs an oracle-correct forward.
 fn fill_the_device(ctx: &Context) {
     let limits = ctx.limits();
-    let too_large = limits.max_buffer_size.max(limits.max_storage_buffer_binding_size) / 4 + 1;
+    let too_large = limits
+        .max_buffer_size
+        .max(limits.max_storage_buffer_binding_size)
+        / 4
+        + 1;
     let e = GpuTensor::empty(ctx, "huge", &[too_large as usize], DType::F32).unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
     // Large tensors, then smaller ones, so that what is left is below the last size.
@@ -520,7 +555,9 @@ fn fill_the_device(ctx: &Context) {
         };
         eprintln!("{} tensors held; {bytes} bytes more: {err}", held.len());
         match &err {
-            Error::OutOfMemory { name, bytes: got, .. } => {
+            Error::OutOfMemory {
+                name, bytes: got, ..
+            } => {
                 assert_eq!(name, "ballast");
                 assert_eq!(*got, Some(4 * elements as u64));
             }
@@ -544,7 +581,10 @@ fn fill_the_device(ctx: &Context) {
     let out = wgpu_backend::forward_host(ctx, &p, &inputs.as_ref()).unwrap();
     let want = Oracle.forward(&p, &inputs.as_ref()).unwrap();
     let e = relative_l2(&out.o.data, &to_f64(&want.o));
-    assert!(e <= Case::new(Op::Forward, DType::F32).tolerance(Quantity::Output), "{e:e}");
+    assert!(
+        e <= Case::new(Op::Forward, DType::F32).tolerance(Quantity::Output),
+        "{e:e}"
+    );
 }
 
 /// A context on the caller's device leaves the device-lost callback to the caller, who
@@ -553,8 +593,12 @@ fn fill_the_device(ctx: &Context) {
 fn a_context_on_the_callers_device_reports_a_forwarded_loss() {
     let Some(own) = own_context() else { return };
     let ctx = std::sync::Arc::new(
-        Context::from_device(own.device.clone(), own.queue.clone(), own.adapter_info.clone())
-            .unwrap(),
+        Context::from_device(
+            own.device.clone(),
+            own.queue.clone(),
+            own.adapter_info.clone(),
+        )
+        .unwrap(),
     );
     let weak = std::sync::Arc::downgrade(&ctx);
     ctx.device.set_device_lost_callback(move |reason, msg| {
@@ -567,4 +611,3 @@ fn a_context_on_the_callers_device_reports_a_forwarded_loss() {
     assert!(ctx.is_lost());
     assert_lost("empty", GpuTensor::empty(&ctx, "x", &[4], DType::F32));
 }
-

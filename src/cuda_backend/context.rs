@@ -74,11 +74,14 @@ fn check_stream_context(ctx: &CudaContext, stream: sys::CUstream) -> Result<()> 
 /// context) as [`Error::DeviceLost`]; everything else as [`Error::Gpu`].
 pub(crate) fn driver_error(what: &str, e: DriverError) -> Error {
     use sys::CUresult::*;
-    match e.0 {
+    // The result code's name, not `DriverError`'s Debug, which asks the driver for a string
+    // (and panics where the driver library cannot be loaded).
+    let code = e.0;
+    match code {
         CUDA_ERROR_OUT_OF_MEMORY => Error::OutOfMemory {
             name: format!("CUDA {what}"),
             bytes: None,
-            msg: format!("{e:?}"),
+            msg: format!("{code:?}"),
         },
         CUDA_ERROR_ILLEGAL_ADDRESS
         | CUDA_ERROR_LAUNCH_FAILED
@@ -92,9 +95,9 @@ pub(crate) fn driver_error(what: &str, e: DriverError) -> Error {
         | CUDA_ERROR_NVLINK_UNCORRECTABLE
         | CUDA_ERROR_CONTEXT_IS_DESTROYED
         | CUDA_ERROR_DEINITIALIZED => Error::DeviceLost(format!(
-            "CUDA {what}: {e:?} (the CUDA context can run nothing more)"
+            "CUDA {what}: {code:?} (the CUDA context can run nothing more)"
         )),
-        _ => Error::Gpu(format!("CUDA {what}: {e:?}")),
+        _ => Error::Gpu(format!("CUDA {what}: {code:?}")),
     }
 }
 
@@ -336,7 +339,11 @@ mod tests {
             Error::OutOfMemory { name, .. } => assert_eq!(name, "CUDA allocation of v"),
             e => panic!("{e}"),
         }
-        for sticky in [CUDA_ERROR_ILLEGAL_ADDRESS, CUDA_ERROR_LAUNCH_FAILED, CUDA_ERROR_ECC_UNCORRECTABLE] {
+        for sticky in [
+            CUDA_ERROR_ILLEGAL_ADDRESS,
+            CUDA_ERROR_LAUNCH_FAILED,
+            CUDA_ERROR_ECC_UNCORRECTABLE,
+        ] {
             assert!(matches!(typed(sticky), Error::DeviceLost(_)), "{sticky:?}");
         }
         assert!(matches!(typed(CUDA_ERROR_INVALID_VALUE), Error::Gpu(_)));

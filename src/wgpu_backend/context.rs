@@ -225,7 +225,9 @@ impl Context {
         let lost = ctx.lost.clone();
         ctx.device.set_device_lost_callback(move |reason, msg| {
             log::debug!("gdn-wgpu: device lost ({reason:?}): {msg}");
-            lost.lock().unwrap().get_or_insert(format!("{reason:?}: {msg}"));
+            lost.lock()
+                .unwrap()
+                .get_or_insert(format!("{reason:?}: {msg}"));
         });
         Ok(ctx)
     }

@@ -35,6 +35,6 @@ pub use path::{ComputePath, PathChoice, PathSupport};
 pub use tensor::{GpuTensor, upload_inputs};
 pub use timing::GpuTimer;
 pub use tuning::Tuning;
+pub use validate::{FiniteCheck, Require};
 #[cfg(not(target_arch = "wasm32"))]
 pub use validate::{check_finite, check_inputs_finite};
-pub use validate::{FiniteCheck, Require};

@@ -21,17 +21,17 @@ pub struct Variant {
 /// on a device with `limits`, whatever the dtype, compute path or `GDN_V_BLOCK`; built with
 /// the launchers' own tiling code, so tests compile and size exactly what runs.
 pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Result<Vec<Variant>> {
+    use crate::tensor::DType;
     use crate::wgpu_backend::backward::{
         dh_scan_tiling, recompute_token_slice, scan_arena_words, scan_bytes,
     };
-    use crate::tensor::DType;
     use crate::wgpu_backend::decode::RecurrentStepTiles;
-    use crate::wgpu_backend::validate::find_nonfinite_constants;
     use crate::wgpu_backend::forward::STATE_SCAN_COOP_BYTES;
     use crate::wgpu_backend::path::{COOP_KEY_DIM, COOP_V_BLOCK};
     use crate::wgpu_backend::tuning::{
         Tuning, state_scan_arena_words, state_scan_f16_arena_slots, state_scan_token_slice,
     };
+    use crate::wgpu_backend::validate::find_nonfinite_constants;
 
     let tuning = Tuning::for_device(limits)?;
     let bytes = tuning.workgroup_bytes;
