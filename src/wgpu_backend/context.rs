@@ -46,6 +46,7 @@ impl DeviceError {
 }
 
 /// The typed error for a device error caught while making or recording `name`.
+#[cfg(not(target_arch = "wasm32"))]
 fn typed(name: &str, bytes: Option<u64>, e: wgpu::Error) -> Error {
     match e {
         wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory {

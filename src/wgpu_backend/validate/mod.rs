@@ -12,6 +12,7 @@ mod find_nonfinite;
 pub use find_nonfinite::{find_nonfinite, find_nonfinite_constants};
 
 use crate::error::{Error, Result};
+#[cfg(not(target_arch = "wasm32"))]
 use crate::problem::{ForwardInputs, Problem};
 use crate::tensor::DType;
 use crate::wgpu_backend::params::init_buffer;
