@@ -95,6 +95,19 @@ pub enum Error {
     #[error("GPU device lost: {0}")]
     DeviceLost(String),
 
+    /// The device could not allocate memory for a buffer or a pipeline; nothing was recorded
+    /// into the caller's encoder after the failure. Free memory (or use smaller problems) and
+    /// retry: the context stays usable.
+    #[error("{name}: out of GPU memory{}: {msg}", oom_bytes(*bytes))]
+    OutOfMemory {
+        /// The buffer or pass that could not be allocated.
+        name: String,
+        /// Bytes requested, when one allocation failed.
+        bytes: Option<u64>,
+        /// The device's message.
+        msg: String,
+    },
+
     /// Reading or writing a file.
     #[error("{path}: {source}")]
     Io {
@@ -121,6 +134,10 @@ fn too_large_words(limit_name: &str) -> (&'static str, &'static str) {
     } else {
         ("bytes exceeds", " bytes")
     }
+}
+
+fn oom_bytes(bytes: Option<u64>) -> String {
+    bytes.map_or(String::new(), |b| format!(" allocating {b} bytes"))
 }
 
 /// A shape printed as `[a, b, c]`.

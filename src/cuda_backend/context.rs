@@ -68,9 +68,37 @@ fn check_stream_context(ctx: &CudaContext, stream: sys::CUstream) -> Result<()> 
     Ok(())
 }
 
-/// A driver error as the crate's error, naming what was being done.
+/// A driver error as the crate's error, naming what was being done: out of memory as
+/// [`Error::OutOfMemory`]; the "sticky" errors after which the CUDA context cannot run
+/// anything more (a faulting or timed-out kernel, an uncorrectable ECC error, a destroyed
+/// context) as [`Error::DeviceLost`]; everything else as [`Error::Gpu`].
 pub(crate) fn driver_error(what: &str, e: DriverError) -> Error {
-    Error::Gpu(format!("CUDA {what}: {e:?}"))
+    use sys::CUresult::*;
+    // The result code's name, not `DriverError`'s Debug, which asks the driver for a string
+    // (and panics where the driver library cannot be loaded).
+    let code = e.0;
+    match code {
+        CUDA_ERROR_OUT_OF_MEMORY => Error::OutOfMemory {
+            name: format!("CUDA {what}"),
+            bytes: None,
+            msg: format!("{code:?}"),
+        },
+        CUDA_ERROR_ILLEGAL_ADDRESS
+        | CUDA_ERROR_LAUNCH_FAILED
+        | CUDA_ERROR_LAUNCH_TIMEOUT
+        | CUDA_ERROR_HARDWARE_STACK_ERROR
+        | CUDA_ERROR_ILLEGAL_INSTRUCTION
+        | CUDA_ERROR_MISALIGNED_ADDRESS
+        | CUDA_ERROR_INVALID_ADDRESS_SPACE
+        | CUDA_ERROR_INVALID_PC
+        | CUDA_ERROR_ECC_UNCORRECTABLE
+        | CUDA_ERROR_NVLINK_UNCORRECTABLE
+        | CUDA_ERROR_CONTEXT_IS_DESTROYED
+        | CUDA_ERROR_DEINITIALIZED => Error::DeviceLost(format!(
+            "CUDA {what}: {code:?} (the CUDA context can run nothing more)"
+        )),
+        _ => Error::Gpu(format!("CUDA {what}: {code:?}")),
+    }
 }
 
 fn missing_driver() -> Error {
@@ -294,5 +322,31 @@ impl Context {
     fn load(&self, image: nvrtc::Image) -> std::result::Result<Arc<CudaModule>, DriverError> {
         self.ctx
             .load_module(cudarc::nvrtc::Ptx::from_binary(image.bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Driver errors come back typed: out of memory, a context that can run nothing more
+    /// (device lost), and the rest.
+    #[test]
+    fn driver_errors_are_typed() {
+        use sys::CUresult::*;
+        let typed = |r| driver_error("allocation of v", DriverError(r));
+        match typed(CUDA_ERROR_OUT_OF_MEMORY) {
+            Error::OutOfMemory { name, .. } => assert_eq!(name, "CUDA allocation of v"),
+            e => panic!("{e}"),
+        }
+        for sticky in [
+            CUDA_ERROR_ILLEGAL_ADDRESS,
+            CUDA_ERROR_LAUNCH_FAILED,
+            CUDA_ERROR_ECC_UNCORRECTABLE,
+        ] {
+            assert!(matches!(typed(sticky), Error::DeviceLost(_)), "{sticky:?}");
+        }
+        assert!(matches!(typed(CUDA_ERROR_INVALID_VALUE), Error::Gpu(_)));
+        assert!(!typed(CUDA_ERROR_OUT_OF_MEMORY).is_input_error());
     }
 }

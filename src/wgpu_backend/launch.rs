@@ -63,7 +63,9 @@ impl Launch<'_> {
     /// Check the grid (before compiling anything), then the cached pipeline and a bind group.
     pub fn prepare(&self, ctx: &Context) -> Result<Prepared> {
         let grid = checked_grid(ctx, self.name, &self.grid)?;
-        let pipeline = ctx.pipelines.get(self.source, self.entry, self.constants);
+        let pipeline = ctx
+            .pipelines
+            .get(ctx, self.source, self.entry, self.constants)?;
         let layout = pipeline.get_bind_group_layout(0);
         let entries: Vec<wgpu::BindGroupEntry> = match self.bindings {
             Bindings::Ordered(buffers) => buffers
@@ -73,11 +75,15 @@ impl Launch<'_> {
                 .collect(),
             Bindings::At(buffers) => buffers.iter().map(|&(i, b)| entry(i, b)).collect(),
         };
-        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(self.name),
-            layout: &layout,
-            entries: &entries,
-        });
+        // A binding the device refuses (e.g. a buffer that failed to allocate) fails here,
+        // before anything is recorded into the caller's encoder.
+        let bind_group = ctx.scoped(self.name, None, || {
+            ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(self.name),
+                layout: &layout,
+                entries: &entries,
+            })
+        })?;
         Ok(Prepared {
             name: self.name,
             pipeline,

@@ -16,6 +16,7 @@ pub mod shaders;
 mod tensor;
 pub mod timing;
 pub mod tuning;
+pub mod validate;
 pub mod variants;
 
 #[cfg(not(target_arch = "wasm32"))]
@@ -34,3 +35,6 @@ pub use path::{ComputePath, PathChoice, PathSupport};
 pub use tensor::{GpuTensor, upload_inputs};
 pub use timing::GpuTimer;
 pub use tuning::Tuning;
+pub use validate::{FiniteCheck, Require};
+#[cfg(not(target_arch = "wasm32"))]
+pub use validate::{check_finite, check_inputs_finite};

@@ -1,8 +1,6 @@
 //! The uniform parameter block shared by every pass (mirrors `shaders/common/params.wgsl`),
 //! and the small u32 tables the passes read. Binding and dispatch are in `launch`.
 
-use wgpu::util::DeviceExt;
-
 use crate::problem::Problem;
 use crate::wgpu_backend::Context;
 
@@ -77,12 +75,12 @@ impl Params {
 
     /// A new uniform buffer holding the block.
     pub fn upload(&self, ctx: &Context) -> wgpu::Buffer {
-        ctx.device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("gdn params"),
-                contents: bytemuck::bytes_of(self),
-                usage: wgpu::BufferUsages::UNIFORM,
-            })
+        init_buffer(
+            ctx,
+            "gdn params",
+            bytemuck::bytes_of(self),
+            wgpu::BufferUsages::UNIFORM,
+        )
     }
 }
 
@@ -93,10 +91,30 @@ pub fn upload_u32(ctx: &Context, label: &str, words: &[u32]) -> wgpu::Buffer {
     } else {
         bytemuck::cast_slice(words)
     };
-    ctx.device
-        .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents,
-            usage: wgpu::BufferUsages::STORAGE,
-        })
+    init_buffer(ctx, label, contents, wgpu::BufferUsages::STORAGE)
+}
+
+/// A buffer holding `contents` (padded to 4 bytes): `create_buffer_init` without its panic.
+/// wgpu's version panics when the device cannot make the buffer (its mapping fails); here a
+/// buffer that failed is returned unwritten, its error goes to the enclosing error scope (or
+/// the context's handler), and it fails validation wherever it is bound. Callers that must
+/// report the failure at once wrap the call in `Context::scoped`.
+pub(crate) fn init_buffer(
+    ctx: &Context,
+    label: &str,
+    contents: &[u8],
+    usage: wgpu::BufferUsages,
+) -> wgpu::Buffer {
+    let size = (contents.len() as u64).div_ceil(4).max(1) * 4;
+    let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size,
+        usage,
+        mapped_at_creation: true,
+    });
+    if let Ok(mut view) = buffer.get_mapped_range_mut(..) {
+        view.slice(..contents.len()).copy_from_slice(contents);
+    }
+    buffer.unmap();
+    buffer
 }

@@ -4,6 +4,8 @@
 use std::collections::HashMap;
 use std::sync::Mutex;
 
+use crate::error::Result;
+use crate::wgpu_backend::Context;
 use crate::wgpu_backend::config::ShaderChecks;
 use crate::wgpu_backend::shaders::ShaderSource;
 
@@ -45,12 +47,15 @@ impl PipelineCache {
     }
 
     /// The pipeline for `entry` of `source` specialized with `constants`, compiled on first use.
+    /// A pipeline the device refuses (validation, out of memory) is a typed error and is not
+    /// cached, so a later call tries again.
     pub fn get(
         &self,
+        ctx: &Context,
         source: &ShaderSource,
         entry: &'static str,
         constants: &[(&'static str, f64)],
-    ) -> wgpu::ComputePipeline {
+    ) -> Result<wgpu::ComputePipeline> {
         let mut sorted: Vec<(&'static str, u64)> =
             constants.iter().map(|&(n, v)| (n, v.to_bits())).collect();
         sorted.sort_unstable();
@@ -62,12 +67,23 @@ impl PipelineCache {
         };
         let mut map = self.pipelines.lock().unwrap();
         if let Some(p) = map.get(&key) {
-            return p.clone();
+            return Ok(p.clone());
         }
         log::debug!(
             "gdn-wgpu: compiling {}::{entry} with {constants:?}",
             source.name
         );
+        let pipeline = ctx.scoped(source.name, None, || self.compile(source, entry, constants))?;
+        map.insert(key, pipeline.clone());
+        Ok(pipeline)
+    }
+
+    fn compile(
+        &self,
+        source: &ShaderSource,
+        entry: &'static str,
+        constants: &[(&'static str, f64)],
+    ) -> wgpu::ComputePipeline {
         let desc = wgpu::ShaderModuleDescriptor {
             label: Some(source.name),
             source: wgpu::ShaderSource::Wgsl(source.text.as_str().into()),
@@ -82,8 +98,7 @@ impl PipelineCache {
                     .create_shader_module_trusted(desc, other.runtime_checks())
             },
         };
-        let pipeline = self
-            .device
+        self.device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(entry),
                 layout: None,
@@ -95,9 +110,7 @@ impl PipelineCache {
                     zero_initialize_workgroup_memory: false,
                 },
                 cache: None,
-            });
-        map.insert(key, pipeline.clone());
-        pipeline
+            })
     }
 
     /// Number of compiled pipelines (for tests and `gdn info`).

@@ -51,11 +51,13 @@ pub enum Pass {
     GateFinish,
     /// `decode/recurrent_step.wgsl`: one decode token on pooled states.
     RecurrentStep,
+    /// `validate/find_nonfinite.wgsl`: the first NaN/±Inf (or positive log-decay) of a tensor.
+    FindNonfinite,
 }
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 19] = [
+    pub const ALL: [Pass; 20] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -75,6 +77,7 @@ impl Pass {
         Pass::QkFinish,
         Pass::GateFinish,
         Pass::RecurrentStep,
+        Pass::FindNonfinite,
     ];
 
     /// Path under `shaders/`.
@@ -99,6 +102,7 @@ impl Pass {
             Pass::QkFinish => "backward/qk_finish.wgsl",
             Pass::GateFinish => "backward/gate_finish.wgsl",
             Pass::RecurrentStep => "decode/recurrent_step.wgsl",
+            Pass::FindNonfinite => "validate/find_nonfinite.wgsl",
         }
     }
 
@@ -125,6 +129,7 @@ impl Pass {
             Pass::QkFinish => include_str!("../../shaders/backward/qk_finish.wgsl"),
             Pass::GateFinish => include_str!("../../shaders/backward/gate_finish.wgsl"),
             Pass::RecurrentStep => include_str!("../../shaders/decode/recurrent_step.wgsl"),
+            Pass::FindNonfinite => include_str!("../../shaders/validate/find_nonfinite.wgsl"),
         }
     }
 }

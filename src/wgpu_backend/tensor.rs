@@ -1,11 +1,10 @@
 //! Typed GPU tensors: a storage buffer with a shape and a storage dtype.
 
-use wgpu::util::DeviceExt;
-
 use crate::error::{Error, Result};
 use crate::problem::ForwardInputs;
 use crate::tensor::{DType, HostTensor, TensorMeta};
 use crate::wgpu_backend::Context;
+use crate::wgpu_backend::params::init_buffer;
 
 /// A tensor in a GPU storage buffer. Creating one never submits work; `download` is the only
 /// readback and is explicit.
@@ -184,13 +183,9 @@ impl GpuTensor {
         }
         let contents = encode(values, dtype);
         Self::check_size(ctx, name, contents.len() as u64)?;
-        let buffer = ctx
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(name),
-                contents: &contents,
-                usage: USAGE,
-            });
+        let buffer = ctx.scoped(name, Some(contents.len() as u64), || {
+            init_buffer(ctx, name, &contents, USAGE)
+        })?;
         Ok(GpuTensor {
             buffer,
             shape: shape.to_vec(),
@@ -218,12 +213,14 @@ impl GpuTensor {
             .checked_mul(dtype.size() as u64)
             .map_or(u64::MAX, |b| b.div_ceil(4).max(1) * 4);
         Self::check_size(ctx, name, size)?;
-        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(name),
-            size,
-            usage: USAGE,
-            mapped_at_creation: false,
-        });
+        let buffer = ctx.scoped(name, Some(size), || {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(name),
+                size,
+                usage: USAGE,
+                mapped_at_creation: false,
+            })
+        })?;
         Ok(GpuTensor {
             buffer,
             shape: shape.to_vec(),
@@ -231,45 +228,16 @@ impl GpuTensor {
         })
     }
 
-    /// Copy the tensor back to the host (submits a copy and waits for it).
+    /// Copy the tensor back to the host (submits a copy and waits for it). Errors are typed:
+    /// [`Error::DeviceLost`] on a lost device, [`Error::OutOfMemory`] when the staging buffer
+    /// cannot be allocated.
     pub async fn download(&self, ctx: &Context) -> Result<HostTensor> {
         let size = padded_bytes(self.len(), self.dtype);
-        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("gdn download"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut encoder = ctx.create_encoder("gdn download");
-        encoder.copy_buffer_to_buffer(&self.buffer, 0, &staging, 0, size);
-        ctx.queue.submit(Some(encoder.finish()));
-        let (tx, rx) = futures::channel::oneshot::channel();
-        staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        #[cfg(not(target_arch = "wasm32"))]
-        ctx.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: None,
-            })
-            .map_err(|e| Error::Gpu(e.to_string()))?;
-        rx.await
-            .map_err(|_| Error::Gpu("buffer mapping was cancelled".into()))?
-            .map_err(|e| Error::Gpu(e.to_string()))?;
-        ctx.check()?;
-        let data = {
-            let view = staging
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| Error::Gpu(e.to_string()))?;
-            decode(&view, self.len(), self.dtype)
-        };
-        staging.unmap();
+        let bytes = read_buffer(ctx, &self.buffer, 0, size).await?;
         Ok(HostTensor {
             shape: self.shape.clone(),
             dtype: self.dtype,
-            data,
+            data: decode(&bytes, self.len(), self.dtype),
         })
     }
 
@@ -278,6 +246,54 @@ impl GpuTensor {
     pub fn download_blocking(&self, ctx: &Context) -> Result<HostTensor> {
         pollster::block_on(self.download(ctx))
     }
+}
+
+/// Copy `size` bytes of `buffer` from `offset` (both multiples of 4) to the host: submits a
+/// copy and waits for it. Errors are typed: [`Error::DeviceLost`] on a lost device,
+/// [`Error::OutOfMemory`] when the staging buffer cannot be allocated.
+pub(crate) async fn read_buffer(
+    ctx: &Context,
+    buffer: &wgpu::Buffer,
+    offset: u64,
+    size: u64,
+) -> Result<Vec<u8>> {
+    ctx.check_lost()?;
+    let staging = ctx.scoped("download staging", Some(size), || {
+        let staging = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("gdn download"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = ctx.create_encoder("gdn download");
+        encoder.copy_buffer_to_buffer(buffer, offset, &staging, 0, size);
+        ctx.queue.submit(Some(encoder.finish()));
+        staging
+    })?;
+    let (tx, rx) = futures::channel::oneshot::channel();
+    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    #[cfg(not(target_arch = "wasm32"))]
+    ctx.poll(wgpu::PollType::Wait {
+        submission_index: None,
+        timeout: None,
+    })?;
+    let mapped = rx
+        .await
+        .map_err(|_| Error::Gpu("buffer mapping was cancelled".into()))
+        .and_then(|r| r.map_err(|e| Error::Gpu(e.to_string())));
+    if let Err(e) = mapped {
+        return Err(ctx.lost_or(e));
+    }
+    ctx.check()?;
+    let bytes = staging
+        .slice(..)
+        .get_mapped_range()
+        .map_err(|e| ctx.lost_or(Error::Gpu(e.to_string())))?
+        .to_vec();
+    staging.unmap();
+    Ok(bytes)
 }
 
 /// Upload every tensor of a problem's inputs (each in its own dtype).

@@ -87,16 +87,14 @@ impl GpuTimer {
         }
         let slice = self.readback.slice(..8 * labels.len() as u64);
         slice.map_async(wgpu::MapMode::Read, |_| {});
-        ctx.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: None,
-                timeout: None,
-            })
-            .map_err(|e| Error::Gpu(e.to_string()))?;
+        ctx.poll(wgpu::PollType::Wait {
+            submission_index: None,
+            timeout: None,
+        })?;
         let ticks: Vec<u64> = {
             let view = slice
                 .get_mapped_range()
-                .map_err(|e| Error::Gpu(e.to_string()))?;
+                .map_err(|e| ctx.lost_or(Error::Gpu(e.to_string())))?;
             view.chunks_exact(8)
                 .map(|b| u64::from_le_bytes(b.try_into().unwrap()))
                 .collect()

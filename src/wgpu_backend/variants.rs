@@ -21,6 +21,7 @@ pub struct Variant {
 /// on a device with `limits`, whatever the dtype, compute path or `GDN_V_BLOCK`; built with
 /// the launchers' own tiling code, so tests compile and size exactly what runs.
 pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Result<Vec<Variant>> {
+    use crate::tensor::DType;
     use crate::wgpu_backend::backward::{
         dh_scan_tiling, recompute_token_slice, scan_arena_words, scan_bytes,
     };
@@ -30,6 +31,7 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
     use crate::wgpu_backend::tuning::{
         Tuning, state_scan_arena_words, state_scan_f16_arena_slots, state_scan_token_slice,
     };
+    use crate::wgpu_backend::validate::find_nonfinite_constants;
 
     let tuning = Tuning::for_device(limits)?;
     let bytes = tuning.workgroup_bytes;
@@ -99,6 +101,13 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             ("T_SLICE", t_slice as f64),
         ];
         out.push(variant(Pass::DhScan, "dh_scan", &dh));
+    }
+    // The finite check reads words whatever the dtype: one pipeline per (dtype, sign check).
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for reject_positive in [false, true] {
+            let constants = find_nonfinite_constants(dtype, reject_positive);
+            out.push(variant(Pass::FindNonfinite, "find_nonfinite", &constants));
+        }
     }
     for tiles in RecurrentStepTiles::candidates(limits, problem) {
         for per_token_states in [false, true] {

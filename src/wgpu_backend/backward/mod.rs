@@ -322,6 +322,20 @@ fn record_backward(
     dht: Option<&GpuTensor>,
     timer: Option<&GpuTimer>,
 ) -> Result<Gradients<GpuTensor>> {
+    // Device errors anywhere in the recording (scratch, tables, pipelines) come back typed.
+    ctx.scoped("backward", None, || {
+        record_backward_scoped(ctx, encoder, saved, d_o, dht, timer)
+    })?
+}
+
+fn record_backward_scoped(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    saved: &Saved,
+    d_o: &GpuTensor,
+    dht: Option<&GpuTensor>,
+    timer: Option<&GpuTimer>,
+) -> Result<Gradients<GpuTensor>> {
     let mark = |encoder: &mut wgpu::CommandEncoder, label| {
         if let Some(t) = timer {
             t.mark(encoder, label);

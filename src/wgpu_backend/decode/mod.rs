@@ -18,6 +18,19 @@
 //!   `final_state` into the pool with [`StatePool::copy_into_slot`].
 //! - Hot path: build a [`DecodePlan`] once and call [`DecodePlan::record`] per step (one
 //!   compute pass, no allocation); [`decode_step`] builds a plan per call.
+//! - A step that fails leaves the pool as it was. Everything that can fail is done before
+//!   anything touches the pool: inputs and slots are checked on the host, and the plan's
+//!   buffers, pipeline and bind group are made inside error scopes, so an allocation or
+//!   validation failure is an error from [`DecodePlan::new`]. What is left is the submission,
+//!   and WebGPU runs a command buffer whole or not at all: if anything in it is invalid (an
+//!   output the caller destroyed, an invalid command recorded after the step) none of it runs
+//!   and the pool keeps its states (tests/faults.rs reads it back). The kernel updates the
+//!   pool in place rather than through a staging copy, which would double the traffic of a
+//!   bandwidth-bound step and protect against nothing more: on a live device a dispatch
+//!   cannot stop half-way, and a device lost mid-step takes the pool's memory with it. After
+//!   a loss every call returns `Error::DeviceLost`; rebuild the states on a new `Context`
+//!   (re-run the prompts), or restore slots checkpointed to the host
+//!   ([`StatePool::copy_from_slot`], then a download).
 
 mod pool;
 mod recurrent_step;
@@ -271,14 +284,12 @@ pub fn decode_host(
                 bytes,
             );
         }
-        ctx.queue.submit([encoder.finish()]);
+        ctx.scoped("decode step", None, || ctx.queue.submit([encoder.finish()]))?;
     }
-    ctx.device
-        .poll(wgpu::PollType::Wait {
-            submission_index: None,
-            timeout: None,
-        })
-        .map_err(|e| Error::Gpu(e.to_string()))?;
+    ctx.poll(wgpu::PollType::Wait {
+        submission_index: None,
+        timeout: None,
+    })?;
     ctx.check()?;
     Ok(crate::ForwardOutputs {
         o: o.download_blocking(ctx)?,

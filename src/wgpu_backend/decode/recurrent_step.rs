@@ -2,13 +2,11 @@
 //! state pool. A [`DecodePlan`] holds everything a step needs (pipeline, bind group, uniform
 //! tables), so recording a step is one compute pass: the decode hot path allocates nothing.
 
-use wgpu::util::DeviceExt;
-
 use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, Problem};
 use crate::wgpu_backend::decode::pool::{StatePool, StateSlot, check_slots};
 use crate::wgpu_backend::launch::{Bindings, Grid, Launch, Prepared};
-use crate::wgpu_backend::params::Params;
+use crate::wgpu_backend::params::{Params, init_buffer};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -268,6 +266,23 @@ impl DecodePlan {
             ));
         }
 
+        // Every buffer, the pipeline and the bind group are made here, inside error scopes,
+        // so an allocation or validation failure is an error from `new` and `record` only
+        // ever records a pass the device accepted.
+        ctx.scoped("recurrent_step plan", None, || {
+            Self::build(ctx, problem, inputs, pool, slots, outputs, tiles)
+        })?
+    }
+
+    fn build(
+        ctx: &Context,
+        problem: &Problem,
+        inputs: &ForwardInputs<&GpuTensor>,
+        pool: &StatePool,
+        slots: &[StateSlot],
+        outputs: &DecodeOutputs<'_>,
+        tiles: RecurrentStepTiles,
+    ) -> Result<Self> {
         let n = problem.num_sequences();
         let hv = problem.heads_v;
         let mut params = Params::for_problem(problem, 0, n);
@@ -287,13 +302,12 @@ impl DecodePlan {
         for (w, s) in words[n + 1..].iter_mut().zip(slots) {
             *w = s.code() as u32;
         }
-        let tables = ctx
-            .device
-            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some("decode tables"),
-                contents: bytemuck::cast_slice(&words),
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            });
+        let tables = init_buffer(
+            ctx,
+            "decode tables",
+            bytemuck::cast_slice(&words),
+            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        );
         let gate_params = match (inputs.a_log, inputs.dt_bias) {
             (Some(a), Some(d)) => Some((a.buffer.clone(), d.buffer.clone(), (2 * n + 1) as u64)),
             _ => None,
@@ -352,6 +366,7 @@ impl DecodePlan {
     /// next `queue.submit`'s commands, so steps with different slots need separate submits
     /// or separate plans). Validated like the plan; on error nothing changes.
     pub fn set_slots(&mut self, ctx: &Context, slots: &[StateSlot]) -> Result<()> {
+        ctx.check_lost_noticed()?;
         check_slots(slots, self.slots.len(), self.pool_slots)?;
         if slots != self.slots {
             let codes: Vec<i32> = slots.iter().map(|s| s.code()).collect();
@@ -377,7 +392,9 @@ impl DecodePlan {
 
     /// Record one step: one compute pass (plus, with `gate_in_kernel`, two small copies of
     /// A_log and dt_bias into the uniform tables, since a ninth storage binding would exceed
-    /// WebGPU's default of 8).
+    /// WebGPU's default of 8). Recording cannot fail: everything was checked and made by
+    /// [`DecodePlan::new`]. A device lost since shows at the caller's submit and at the
+    /// context's next call ([`Context::check`], [`Context::is_lost`]).
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
         if let Some((a_log, dt_bias, word)) = &self.gate_params {
             let bytes = 4 * self.heads_v as u64;

@@ -208,6 +208,20 @@ fn record_forward(
     outputs: &ForwardOutputs<&GpuTensor>,
     rec: Recording<'_>,
 ) -> Result<Intermediates> {
+    // Device errors anywhere in the recording (scratch, tables, pipelines) come back typed.
+    ctx.scoped("forward", None, || {
+        record_forward_scoped(ctx, encoder, problem, inputs, outputs, rec)
+    })?
+}
+
+fn record_forward_scoped(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    rec: Recording<'_>,
+) -> Result<Intermediates> {
     let Recording {
         timer,
         path,
