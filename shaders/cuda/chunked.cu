@@ -1,4 +1,4 @@
-// The chunked GDN forward (C = 64) on tensor cores, for f16/bf16 storage: FLA's split.
+// The chunked GDN forward (C = 64) on tensor cores, for f16/bf16 storage.
 //
 //   gdn_l2norm_*     (optional) q̂ = q / sqrt(Σq² + eps), k̂ likewise, rounded to the storage
 //                    dtype (as FLA's separate l2norm kernel does); the passes below read q̂, k̂.
@@ -10,11 +10,16 @@
 //                    to a workspace: −W and P in the storage dtype (MMA operands; −W so the
 //                    sequential pass starts its accumulator at U and adds (−W)·S), U in f32
 //                    (only ever an addend: no rounding needed).
-//   gdn_chunk_fwd_*  one block per (V-block, v-head, sequence), sequential over the sequence's
-//                    chunks: the f32 state lives in shared memory (as MMA operand it is
-//                    rounded to the storage dtype, or split hi + lo with SPLIT_STATE), per chunk
+//   gdn_chunk_fwd{32,64,128}_*
+//                    one block per (V-block, v-head, unit), sequential over the unit's chunks,
+//                    a warp per 16 state columns, the f32 state in registers; per chunk
 //                      v' = U − W·S,  O = scale·diag(γ)·Q·S + P·v',
 //                      S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v').
+//                    A unit is a sequence, or with sequence parallelism a segment of one: then
+//                    a local pass of the same kernel (LOCAL_PASS) gives each segment's end state
+//                    from zero, E, and its transition M (S_end = M·S_start + E), chunk_combine.cu
+//                    chains them into every segment's exact start state, and the main pass runs
+//                    the segments from those (src/cuda_backend/chunked.rs decides).
 //
 // Decisions and why:
 // - FLA's gated T (not FlashQLA's gate-free A): W and U then need no gate work in the
@@ -23,18 +28,20 @@
 //   G, so their L rows, W, U, v' rows and state contributions are exactly zero.
 // - 16×16×16 tiles of mma.sync m16n8k16 (operands by ldmatrix) with f32 accumulators: the
 //   same source runs on sm_80 and sm_90a (wgmma is a later step). Operands (q, k, v, W, P,
-//   v', the state parts) are in the storage dtype, as in FLA; the inverse, the cumsum, U and
-//   every accumulator are f32. Global → shared copies are cp.async, all of a chunk in flight
-//   at once (no double buffering yet: the sequential pass's shared memory is near the limit).
-// - The state accumulates in f32 shared memory (accumulator fragments are loaded, scaled by
-//   γ_C, multiplied into and stored back). Where it is an operand (W·S, Q·S) it is rounded to
-//   the storage dtype as in FLA, or with SPLIT_STATE enters as S_hi + S_lo (twice those
-//   MMAs, no rounding of the state; measured on the H200 it did not change the error, so it
-//   is off by default).
+//   v', the state) are in the storage dtype, as in FLA; the inverse, the cumsum, U and every
+//   accumulator are f32.
+// - The output stays in the sequential pass (not FLA's separate output kernel): with the
+//   state in registers it costs MMAs but no barrier, while a separate pass would write and
+//   read back the per-chunk states and v' (3 GiB more traffic at 16/64 × 32768).
+// - The sequential pass keeps each warp's state columns transposed in accumulator registers
+//   (see fwd below): no shared-memory round trip of the state, one barrier per chunk, the
+//   next chunk's tiles copied by cp.async while this one computes. With SPLIT_STATE the
+//   state enters W·S and Q·S as S_hi + S_lo (twice those MMAs, no rounding of the state;
+//   measured on the H200 it did not change the error, so it is off by default).
 // - Chunks never cross a sequence boundary: the host's chunk table gives each chunk's first
-//   token and length, and each sequence's first chunk.
-// - Limits: K ≤ 128 (the sequential pass's shared memory); f32 storage and K = 256 use the
-//   recurrent kernel (src/cuda_backend/chunked.rs decides per call).
+//   token and length, and the unit table each unit's chunks, sequence and first/last flags.
+// - Limits: K ≤ 128 (registers and shared memory); f32 storage and K = 256 use the recurrent
+//   kernel (src/cuda_backend/chunked.rs decides per call).
 namespace gdn {
 namespace chunked {
 
@@ -50,11 +57,6 @@ struct FragC {                     // 16×16 f32: n 0..7 in x[0..3], n 8..15 in 
     float x[8];
 };
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
 
 // Four 8×8 16-bit matrices from shared memory; lane l gives the address of row l % 8 of
 // matrix l / 8. TRANS hands each thread the transposed elements.
@@ -141,7 +143,6 @@ __device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
 
 constexpr int C = 64;          // chunk length
 constexpr int THREADS = 128;   // l2norm and prep: 4 warps; warp w owns row tile w
-constexpr int FWD_THREADS = 256;  // the sequential pass: 8 warps, two per 16-row tile
 constexpr int MAX_K = 128;
 
 // Mirrors ChunkParams in src/cuda_backend/chunked.rs (repr(C), all 4-byte fields).
@@ -173,13 +174,6 @@ __device__ __forceinline__ void split_store(T* hi, T* lo, float x) {
 // Option bit of the chunked passes only (src/cuda_backend/chunked.rs SPLIT_STATE).
 constexpr int SPLIT_STATE = 1 << 8;
 
-// 16 bytes global → shared without passing through registers (sm_80+): every copy of a
-// chunk is in flight at once, and cp_async_wait waits for all of this thread's.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
 // Start copying `rows` rows of `n` elements (n·sizeof(E) a multiple of 16) from global rows
 // `stride` elements apart into shared rows `ld` apart; rows rows..C-1 and columns from
@@ -401,163 +395,289 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pass 2: per (V-block, v-head, sequence), sequential over the sequence's chunks.
+// Pass 2: per (V-block, v-head, unit), sequential over the unit's chunks. A unit is a whole
+// sequence, or with sequence parallelism one segment of it (the host's unit table).
+//
+// Warp w owns the 16 state columns col0 + 16w.. of the block and everything computed from
+// them, in the transposed orientation (columns as the MMA's M dimension), so that every
+// accumulator is already the A operand of the next product (FlashAttention's P·V trick):
+//   Sᵀ (16 × K, f32)   the state's accumulators; rounded to the storage dtype they are the
+//                      A operand of v'ᵀ = Uᵀ + Sᵀ·(−W)ᵀ and of (Q·S)ᵀ = Sᵀ·Qᵀ,
+//   v'ᵀ (16 × C, f32)  rounded, the A operand of Oᵀ += v'ᵀ·Pᵀ; decayed by γ_C/γ and rounded,
+//                      of Sᵀ ← γ_C·Sᵀ + vdᵀ·K.
+// The state never leaves registers; W, U, K, Q, P and G are shared B operands, copied in
+// by cp.async one chunk ahead (two stages), so the chunk step has one block barrier.
+
+// The unit table's flags (src/cuda_backend/chunked.rs mirrors them).
+constexpr int UNIT_FIRST = 1;  // the unit starts its sequence: its state is h0 (or 0)
+constexpr int UNIT_LAST = 2;   // the unit ends its sequence: its end state is the final state
+
+// Option bit of pass 2 only: the segments' local pass. Each unit starts from zero (the v
+// columns: its end state E) and from the identity with U = 0 (the K extra columns past the
+// v-blocks: its transition M, S_end = M·S_start + E); no output, and the unit that ends its
+// sequence is skipped (nobody reads its E and M).
+constexpr int LOCAL_PASS = 1 << 9;
+
+// Two 16-bit values in one register, `lo` in the low half (the lower MMA column).
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+// The rest of (lo, hi) after rounding to T: what SPLIT_STATE adds as a second operand.
+template <typename T> __device__ __forceinline__ unsigned pack2_rest(float lo, float hi) {
+    return pack2<T>(lo - to_f32(from_f32<T>(lo)), hi - to_f32(from_f32<T>(hi)));
+}
+
+// Bytes of one stage of pass 2's copied tiles (mirrored by fwd_stage_bytes in chunked.rs).
+__device__ __forceinline__ size_t fwd_tile_bytes(int K, size_t elem) {
+    return align128(elem * C * ld16(K));
+}
 
 template <typename T, int BV>
 __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
-                    const int* __restrict__ seq_chunks, const T* __restrict__ q,
+                    const int* __restrict__ units, const T* __restrict__ q,
                     const T* __restrict__ k, const float* __restrict__ ws_g,
                     const T* __restrict__ ws_w, const float* __restrict__ ws_u,
-                    const T* __restrict__ ws_p, const float* h_in, T* __restrict__ o, float* h_out) {
+                    const T* __restrict__ ws_p, const float* h_in,
+                    const float* __restrict__ seg_start, T* __restrict__ o, float* h_out,
+                    float* __restrict__ seg_end) {
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int v0 = blockIdx.x * BV, hv = blockIdx.y, n = blockIdx.z, h = hv / p.group;
-    const int ldk = ld16(K), lds = ld32(BV), ldd = ld16(BV), ldp = ld16(C);
-    // Warp w owns row tile w % 4 and the column half w / 4 of every 64 × BV product, and the
-    // state row tiles w % 4, w % 4 + 4, … in the same column half.
-    const int warp = threadIdx.x >> 5;
-    const int cb = (warp >> 2) * (BV / 2), ce = cb + BV / 2;
+    const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
+    const int first = units[4 * unit], end = units[4 * unit + 1];
+    const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
     const int flags = p.flags;
-    const bool split = flags & SPLIT_STATE;
+    const bool local = flags & LOCAL_PASS, split = flags & SPLIT_STATE;
+    if (local && (unit_flags & UNIT_LAST)) return;
+    const int v_blocks = (V + BV - 1) / BV;
+    // Local pass: blocks past the v-blocks carry the transition's K columns (U = 0).
+    const bool transition = local && (int)blockIdx.x >= v_blocks;
+    const int cols = transition ? K : V;
+    const int col0 = (transition ? (int)blockIdx.x - v_blocks : (int)blockIdx.x) * BV;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wc = warp * 16;  // the warp's first column in the block
+    const int c0 = col0 + wc;  // ... in the state (cols and c0 are multiples of 16)
+    const bool active = c0 < cols;
+    const int nk = K / 16;
+    const int ldk = ld16(K), ldu = ld32(BV), ldp = ld16(C), ldo = ld16(16);
 
-    size_t off = 0;
-    float* sf = reinterpret_cast<float*>(smem + off);  // the f32 state, K × BV
-    off = align128(off + sizeof(float) * K * lds);
-    T* sd = reinterpret_cast<T*>(smem + off);  // its 16-bit part hi (MMA operand)
-    off = align128(off + sizeof(T) * K * ldd);
-    T* sdl = reinterpret_cast<T*>(smem + off);  // the rest, lo = S − hi (SPLIT_STATE)
-    off = align128(off + sizeof(T) * K * ldd);
-    T* qs = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    T* ks = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    T* ws = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    T* ps = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldp);
-    float* x1 = reinterpret_cast<float*>(smem + off);  // U, then v' = U − W·S
-    off = align128(off + sizeof(float) * C * lds);
-    float* x2 = reinterpret_cast<float*>(smem + off);  // Q·S, then O
-    off = align128(off + sizeof(float) * C * lds);
-    T* vn = reinterpret_cast<T*>(smem + off);  // v'
-    off = align128(off + sizeof(T) * C * ldd);
-    T* vd = reinterpret_cast<T*>(smem + off);  // diag(γ_C/γ)·v'
-    off = align128(off + sizeof(T) * C * ldd);
-    float* sg = reinterpret_cast<float*>(smem + off);
-
-    const size_t slice = ((size_t)n * HV + hv) * (size_t)K * V;
-    auto state_at = [&](int r, int c) -> size_t {
-        return slice + ((flags & STATE_V_FIRST) ? (size_t)(v0 + c) * K + r : (size_t)r * V + v0 + c);
+    // Stage layout: −W, K, U, G, then Q and P (not in the local pass); after both stages,
+    // one C × 16 staging tile of o per warp.
+    const size_t tile = fwd_tile_bytes(K, sizeof(T));
+    const size_t u_bytes = align128(sizeof(float) * C * ldu);
+    const size_t g_bytes = align128(sizeof(float) * C);
+    const size_t stage_bytes =
+        2 * tile + u_bytes + g_bytes + (local ? 0 : tile + align128(sizeof(T) * C * ldp));
+    T* const o_stage = reinterpret_cast<T*>(smem + 2 * stage_bytes) + warp * C * ldo;
+    auto stage_w = [&](int s) { return reinterpret_cast<T*>(smem + s * stage_bytes); };
+    auto stage_k = [&](int s) { return reinterpret_cast<T*>(smem + s * stage_bytes + tile); };
+    auto stage_u = [&](int s) {
+        return reinterpret_cast<float*>(smem + s * stage_bytes + 2 * tile);
     };
-    for (int idx = threadIdx.x; idx < K * BV; idx += FWD_THREADS) {
-        const int r = idx / BV, c = idx % BV;
-        float x = 0.0f;
-        if (h_in != nullptr && v0 + c < V) x = h_in[state_at(r, c)];
-        sf[r * lds + c] = x;
-        split_store(sd + r * ldd + c, sdl + r * ldd + c, x);
-    }
+    auto stage_g = [&](int s) {
+        return reinterpret_cast<float*>(smem + s * stage_bytes + 2 * tile + u_bytes);
+    };
+    auto stage_q = [&](int s) {
+        return reinterpret_cast<T*>(smem + s * stage_bytes + 2 * tile + u_bytes + g_bytes);
+    };
+    auto stage_p = [&](int s) {
+        return reinterpret_cast<T*>(smem + s * stage_bytes + 3 * tile + u_bytes + g_bytes);
+    };
 
-    const int first = seq_chunks[n], last = seq_chunks[n + 1];
-    const int row0 = (warp & 3) * 16;
-    for (int chunk = first; chunk < last; ++chunk) {
+    const size_t qk_stride = (size_t)H * K;
+    auto prefetch = [&](int chunk, int s) {
         const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
         const size_t ch = (size_t)chunk * HV + hv;
-        const size_t qk_stride = (size_t)H * K;
-        load_rows(qs, ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
-        load_rows(ks, ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
-        load_rows(ws, ldk, ws_w + ch * C * K, (size_t)K, C, K, K);
-        load_rows(ps, ldp, ws_p + ch * C * C, (size_t)C, C, C, C);
-        // x1 ← U's V-block (columns past V zeroed): the accumulator of v' = U + (−W)·S.
-        load_rows(x1, lds, ws_u + ch * C * V + v0, (size_t)V, C, BV, V - v0);
-        if (threadIdx.x < C) sg[threadIdx.x] = ws_g[ch * C + threadIdx.x];
-        cp_async_wait();
-        __syncthreads();  // also: the previous chunk's sd is complete
-
-        // x1 = v' = U + (−W)·S, x2 = Q·S (the chunk-start state).
-        for (int c0 = cb; c0 < ce; c0 += 16) {
-            FragC acc1, acc2;
-            load_c(acc1, x1 + row0 * lds + c0, lds);
-            fill_zero(acc2);
-            for (int kk = 0; kk < K; kk += 16) {
-                FragA fw, fq;
-                FragB fs;
-                load_a<T, false>(fw, ws + row0 * ldk + kk, ldk);
-                load_a<T, false>(fq, qs + row0 * ldk + kk, ldk);
-                load_b<T, false>(fs, sd + kk * ldd + c0, ldd);
-                mma<T>(acc1, fw, fs);
-                mma<T>(acc2, fq, fs);
-                if (split) {
-                    load_b<T, false>(fs, sdl + kk * ldd + c0, ldd);
-                    mma<T>(acc1, fw, fs);
-                    mma<T>(acc2, fq, fs);
-                }
-            }
-            store_c(x1 + row0 * lds + c0, acc1, lds);
-            store_c(x2 + row0 * lds + c0, acc2, lds);
+        load_rows(stage_w(s), ldk, ws_w + ch * C * K, (size_t)K, C, K, K);
+        load_rows(stage_k(s), ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
+        if (!transition) {
+            load_rows(stage_u(s), ldu, ws_u + ch * C * V + col0, (size_t)V, C, BV, V - col0);
         }
-        __syncthreads();
-
-        // v' in the storage dtype; its decayed copy for the state; x2 ← scale·γ⊙(Q·S).
-        const float g_last = sg[C - 1];
-        for (int idx = threadIdx.x; idx < C * BV; idx += FWD_THREADS) {
-            const int i = idx / BV, c = idx % BV;
-            const float vi = x1[i * lds + c];
-            vn[i * ldd + c] = from_f32<T>(vi);
-            vd[i * ldd + c] = from_f32<T>(vi * expf(g_last - sg[i]));
-            x2[i * lds + c] *= p.scale * expf(sg[i]);
+        if (threadIdx.x < C / 4) cp_async16(stage_g(s) + 4 * threadIdx.x, ws_g + ch * C + 4 * threadIdx.x);
+        if (!local) {
+            load_rows(stage_q(s), ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
+            load_rows(stage_p(s), ldp, ws_p + ch * C * C, (size_t)C, C, C, C);
         }
-        __syncthreads();
+    };
 
-        // O = x2 + P·v'; S ← γ_C·S + Kᵀ·vd.
-        for (int c0 = cb; c0 < ce; c0 += 16) {
-            FragC acc;
-            load_c(acc, x2 + row0 * lds + c0, lds);
+    // The state: sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows 8j + 2t, 8j + 2t + 1.
+    const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
+    auto user_state_at = [&](int r, int c) -> size_t {
+        return user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c);
+    };
+    const size_t unit_slice = ((size_t)unit * HV + hv) * (size_t)K;
+    float sacc[MAX_K / 8][4];
 #pragma unroll
-            for (int s = 0; s < C / 16; ++s) {
-                FragA fp;
-                FragB fv;
-                load_a<T, false>(fp, ps + row0 * ldp + s * 16, ldp);
-                load_b<T, false>(fv, vn + s * 16 * ldd + c0, ldd);
-                mma<T>(acc, fp, fv);
-            }
-            store_c(x2 + row0 * lds + c0, acc, lds);
-        }
-        const float gamma_c = expf(g_last);
-        for (int r0 = row0; r0 < K; r0 += C) {
-            for (int c0 = cb; c0 < ce; c0 += 16) {
-                FragC acc;
-                load_c(acc, sf + r0 * lds + c0, lds);
+    for (int j = 0; j < MAX_K / 8; ++j) {
 #pragma unroll
-                for (int e = 0; e < FragC::num_elements; ++e) acc.x[e] *= gamma_c;
-#pragma unroll
-                for (int s = 0; s < C / 16; ++s) {
-                    FragA fkt;  // Kᵀ: element (r, t) at ks[t·ldk + r]
-                    FragB fv;
-                    load_a<T, true>(fkt, ks + s * 16 * ldk + r0, ldk);
-                    load_b<T, false>(fv, vd + s * 16 * ldd + c0, ldd);
-                    mma<T>(acc, fkt, fv);
-                }
-                store_c(sf + r0 * lds + c0, acc, lds);
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            float x = 0.0f;
+            if (active && j < 2 * nk) {
+                if (transition) x = r == c ? 1.0f : 0.0f;
+                else if (local) x = 0.0f;
+                else if (unit_flags & UNIT_FIRST) x = h_in != nullptr ? h_in[user_state_at(r, c)] : 0.0f;
+                else x = seg_start[(unit_slice + r) * V + c];
             }
+            sacc[j][e] = x;
         }
-        __syncthreads();
-
-        for (int idx = threadIdx.x; idx < C * BV; idx += FWD_THREADS) {
-            const int i = idx / BV, c = idx % BV;
-            if (i < len && v0 + c < V) {
-                o[((size_t)(start + i) * HV + hv) * V + v0 + c] = from_f32<T>(x2[i * lds + c]);
-            }
-        }
-        for (int idx = threadIdx.x; idx < K * BV; idx += FWD_THREADS) {
-            const int r = idx / BV, c = idx % BV;
-            split_store(sd + r * ldd + c, sdl + r * ldd + c, sf[r * lds + c]);
-        }
-        __syncthreads();  // before the next chunk overwrites qs, ks, x2
     }
 
-    for (int idx = threadIdx.x; idx < K * BV; idx += FWD_THREADS) {
-        const int r = idx / BV, c = idx % BV;
-        if (v0 + c < V) h_out[state_at(r, c)] = sf[r * lds + c];
+    if (first < end) prefetch(first, 0);
+    for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
+        cp_async_wait();
+        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        if (chunk + 1 < end) prefetch(chunk + 1, s ^ 1);
+        if (!active) continue;
+        const T* ws = stage_w(s);
+        const T* ks = stage_k(s);
+        const float* us = stage_u(s);
+        const float* sg = stage_g(s);
+        const T* qs = stage_q(s);
+        const T* ps = stage_p(s);
+
+        // vacc[j]: v'ᵀ (columns g, g + 8) × tokens 8j + 2t, 8j + 2t + 1; oacc likewise Oᵀ.
+        float vacc[C / 8][4], oacc[C / 8][4];
+#pragma unroll
+        for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int i = 8 * j + 2 * t + (e & 1), c = wc + g + 8 * (e >> 1);
+                vacc[j][e] = transition ? 0.0f : us[i * ldu + c];
+                oacc[j][e] = 0.0f;
+            }
+        }
+        // v'ᵀ = Uᵀ + Sᵀ·(−W)ᵀ and (Q·S)ᵀ = Sᵀ·Qᵀ over K in 16-row blocks.
+#pragma unroll
+        for (int kb = 0; kb < MAX_K / 16; ++kb) {
+            if (kb < nk) {
+                const float* s0 = sacc[2 * kb];
+                const float* s1 = sacc[2 * kb + 1];
+                unsigned a[4] = {pack2<T>(s0[0], s0[1]), pack2<T>(s0[2], s0[3]),
+                                 pack2<T>(s1[0], s1[1]), pack2<T>(s1[2], s1[3])};
+                unsigned a_rest[4] = {0, 0, 0, 0};
+                if (split) {
+                    a_rest[0] = pack2_rest<T>(s0[0], s0[1]);
+                    a_rest[1] = pack2_rest<T>(s0[2], s0[3]);
+                    a_rest[2] = pack2_rest<T>(s1[0], s1[1]);
+                    a_rest[3] = pack2_rest<T>(s1[2], s1[3]);
+                }
+#pragma unroll
+                for (int jp = 0; jp < C / 16; ++jp) {
+                    FragB fb;
+                    load_b<T, true>(fb, ws + 16 * jp * ldk + 16 * kb, ldk);  // (−W)ᵀ
+                    MmaOp<T>::run(vacc[2 * jp], a, fb.x[0], fb.x[1]);
+                    MmaOp<T>::run(vacc[2 * jp + 1], a, fb.x[2], fb.x[3]);
+                    if (split) {
+                        MmaOp<T>::run(vacc[2 * jp], a_rest, fb.x[0], fb.x[1]);
+                        MmaOp<T>::run(vacc[2 * jp + 1], a_rest, fb.x[2], fb.x[3]);
+                    }
+                    if (!local) {
+                        load_b<T, true>(fb, qs + 16 * jp * ldk + 16 * kb, ldk);  // Qᵀ
+                        MmaOp<T>::run(oacc[2 * jp], a, fb.x[0], fb.x[1]);
+                        MmaOp<T>::run(oacc[2 * jp + 1], a, fb.x[2], fb.x[3]);
+                        if (split) {
+                            MmaOp<T>::run(oacc[2 * jp], a_rest, fb.x[0], fb.x[1]);
+                            MmaOp<T>::run(oacc[2 * jp + 1], a_rest, fb.x[2], fb.x[3]);
+                        }
+                    }
+                }
+            }
+        }
+
+        // v' rounded (for P·v') and decayed by γ_C/γ (for the state) as A operands over the
+        // tokens; Oᵀ so far ← scale·γ⊙(Q·S)ᵀ. Every exponent is ≤ 0 (§7.2 of the study).
+        const float g_last = sg[C - 1];
+        unsigned va[C / 16][4], vd[C / 16][4];
+#pragma unroll
+        for (int j = 0; j < C / 8; ++j) {
+            const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
+            const float g0 = sg[i], g1 = sg[i + 1];
+            const float d0 = expf(g_last - g0), d1 = expf(g_last - g1);
+            va[kb][half] = pack2<T>(vacc[j][0], vacc[j][1]);
+            va[kb][half + 1] = pack2<T>(vacc[j][2], vacc[j][3]);
+            vd[kb][half] = pack2<T>(vacc[j][0] * d0, vacc[j][1] * d1);
+            vd[kb][half + 1] = pack2<T>(vacc[j][2] * d0, vacc[j][3] * d1);
+            if (!local) {
+                const float o0 = p.scale * expf(g0), o1 = p.scale * expf(g1);
+                oacc[j][0] *= o0;
+                oacc[j][1] *= o1;
+                oacc[j][2] *= o0;
+                oacc[j][3] *= o1;
+            }
+        }
+
+        if (!local) {
+            // Oᵀ += v'ᵀ·Pᵀ; P is lower triangular: token block ip reads blocks kb ≤ ip.
+#pragma unroll
+            for (int ip = 0; ip < C / 16; ++ip) {
+#pragma unroll
+                for (int kb = 0; kb <= ip; ++kb) {
+                    FragB fb;
+                    load_b<T, true>(fb, ps + 16 * ip * ldp + 16 * kb, ldp);
+                    MmaOp<T>::run(oacc[2 * ip], va[kb], fb.x[0], fb.x[1]);
+                    MmaOp<T>::run(oacc[2 * ip + 1], va[kb], fb.x[2], fb.x[3]);
+                }
+            }
+            // o through the warp's staging tile: 16-byte stores of whole rows.
+            const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+                const int i = 8 * j + 2 * t;
+                o_stage[i * ldo + g] = from_f32<T>(oacc[j][0]);
+                o_stage[(i + 1) * ldo + g] = from_f32<T>(oacc[j][1]);
+                o_stage[i * ldo + g + 8] = from_f32<T>(oacc[j][2]);
+                o_stage[(i + 1) * ldo + g + 8] = from_f32<T>(oacc[j][3]);
+            }
+            __syncwarp();
+#pragma unroll
+            for (int r = 0; r < C * 2 / 32; ++r) {
+                const int idx = lane + 32 * r, i = idx >> 1, half = idx & 1;
+                if (i < len) {
+                    *reinterpret_cast<uint4*>(o + ((size_t)(start + i) * HV + hv) * V + c0 + 8 * half) =
+                        *reinterpret_cast<const uint4*>(o_stage + i * ldo + 8 * half);
+                }
+            }
+            __syncwarp();
+        }
+
+        // Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks.
+        const float gamma_c = expf(g_last);
+#pragma unroll
+        for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+        }
+#pragma unroll
+        for (int kb = 0; kb < C / 16; ++kb) {
+#pragma unroll
+            for (int jp = 0; jp < MAX_K / 16; ++jp) {
+                if (jp < nk) {
+                    FragB fb;
+                    load_b<T, false>(fb, ks + 16 * kb * ldk + 16 * jp, ldk);
+                    MmaOp<T>::run(sacc[2 * jp], vd[kb], fb.x[0], fb.x[1]);
+                    MmaOp<T>::run(sacc[2 * jp + 1], vd[kb], fb.x[2], fb.x[3]);
+                }
+            }
+        }
+    }
+
+    if (!active) return;
+#pragma unroll
+    for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            if (j < 2 * nk) {
+                if (local) seg_end[(unit_slice + r) * (V + K) + (transition ? V : 0) + c] = sacc[j][e];
+                else if (unit_flags & UNIT_LAST) h_out[user_state_at(r, c)] = sacc[j][e];
+            }
+        }
     }
 }
 
@@ -565,13 +685,12 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 }  // namespace gdn
 
 #define GDN_CHUNK_FWD(SUFFIX, T, BV)                                                               \
-    extern "C" __global__ void __launch_bounds__(gdn::chunked::FWD_THREADS)                        \
-        gdn_chunk_fwd##BV##_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks,          \
-                                     const int* seq_chunks, const T* q, const T* k,                 \
-                                     const float* ws_g, const T* ws_w, const float* ws_u,               \
-                                     const T* ws_p, const float* h_in, T* o, float* h_out) {        \
-        gdn::chunked::fwd<T, BV>(p, chunks, seq_chunks, q, k, ws_g, ws_w, ws_u, ws_p, h_in, o,     \
-                                 h_out);                                                           \
+    extern "C" __global__ void __launch_bounds__(BV * 2, 1) gdn_chunk_fwd##BV##_##SUFFIX(          \
+        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
+        const T* k, const float* ws_g, const T* ws_w, const float* ws_u, const T* ws_p,            \
+        const float* h_in, const float* seg_start, T* o, float* h_out, float* seg_end) {           \
+        gdn::chunked::fwd<T, BV>(p, chunks, units, q, k, ws_g, ws_w, ws_u, ws_p, h_in, seg_start,  \
+                                 o, h_out, seg_end);                                               \
     }
 
 #define GDN_CHUNKED(SUFFIX, T)                                                                     \
@@ -582,12 +701,13 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS) gdn_chunk_prep_##SUFFIX(   \
         const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k, const T* v,  \
         const float* g, const float* beta, const float* a_log, const float* dt_bias,               \
-        float* ws_g, T* ws_w, float* ws_u, T* ws_p) {                                                  \
+        float* ws_g, T* ws_w, float* ws_u, T* ws_p) {                                              \
         gdn::chunked::prep<T>(p, chunks, q, k, v, g, beta, a_log, dt_bias, ws_g, ws_w, ws_u,       \
                               ws_p);                                                               \
     }                                                                                              \
     GDN_CHUNK_FWD(SUFFIX, T, 32)                                                                   \
-    GDN_CHUNK_FWD(SUFFIX, T, 64)
+    GDN_CHUNK_FWD(SUFFIX, T, 64)                                                                   \
+    GDN_CHUNK_FWD(SUFFIX, T, 128)
 
 GDN_CHUNKED(f16, __half)
 GDN_CHUNKED(bf16, __nv_bfloat16)

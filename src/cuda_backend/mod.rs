@@ -27,6 +27,7 @@
 
 mod backend;
 pub mod backward;
+mod chunk_combine;
 pub mod chunked;
 mod context;
 pub mod decode;
@@ -36,7 +37,8 @@ pub mod recurrent;
 mod tensor;
 
 pub use chunked::{
-    ChunkPlan, ChunkedPasses, ForwardPath, forward_path, launch_chunked, launch_chunked_passes,
+    ChunkPlan, ChunkedPasses, ForwardPath, PlanOptions, Segments, forward_path, launch_chunked,
+    launch_chunked_passes,
 };
 pub use context::Context;
 pub use decode::{decode_host, decode_into};
