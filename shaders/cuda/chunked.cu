@@ -5,15 +5,14 @@
 //   gdn_chunk_prep_* one block per (chunk, v-head), fully parallel: gate activation and
 //                    β transform, chunk-local cumsum G (f32, padded with the last valid value),
 //                    L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16 blocks:
-//                    forward substitution on the diagonal, block products below it),
-//                    W = T·diag(βγ)·K, U = T·diag(β)·V and P = scale·(Γ⊙QKᵀ) (i ≥ j), stored
-//                    to a workspace: −W and P in the storage dtype (MMA operands; −W so the
-//                    sequential pass starts its accumulator at U and adds (−W)·S), U in f32
-//                    (only ever an addend: no rounding needed).
+//                    forward substitution on the diagonal, block products below it), stored
+//                    to a workspace in the storage dtype (MMA operands): T·diag(β) and
+//                    P = scale·(Γ⊙QKᵀ) (i ≥ j), with G in f32.
 //   gdn_chunk_fwd{32,64,128}_*
 //                    one block per (V-block, v-head, unit), sequential over the unit's chunks,
 //                    a warp per 16 state columns, the f32 state in registers; per chunk
-//                      v' = U − W·S,  O = scale·diag(γ)·Q·S + P·v',
+//                      X = V − diag(γ)·K·S,  v' = T·diag(β)·X   (= FLA's U − W·S),
+//                      O = scale·diag(γ)·Q·S + P·v',
 //                      S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v').
 //                    A unit is a sequence, or with sequence parallelism a segment of one: then
 //                    a local pass of the same kernel (LOCAL_PASS) gives each segment's end state
@@ -22,21 +21,25 @@
 //                    the segments from those (src/cuda_backend/chunked.rs decides).
 //
 // Decisions and why:
-// - FLA's gated T (not FlashQLA's gate-free A): W and U then need no gate work in the
+// - FLA's gated T (not FlashQLA's gate-free A): no gate work on the T operand in the
 //   sequential pass, and every exponent is a difference G_i − G_j (i ≥ j), G_last − G_i or G_i
-//   of chunk-local cumsums: never positive (§7.2). Padded rows have β = 0 and the last valid
-//   G, so their L rows, W, U, v' rows and state contributions are exactly zero.
+//   of chunk-local cumsums: never positive (§7.2). Padded rows have β = 0, zero k and v rows
+//   and the last valid G, so their T·diag(β) columns, v' rows and state contributions are
+//   exactly zero.
+// - W = T·diag(βγ)·K and U = T·diag(β)·V are never formed (FlashQLA's trick): v' comes from
+//   X = V − diag(γ)·K·S, one more 64×64 product per chunk instead of writing and reading back
+//   W and U (1.5 GiB at 16/64 × 32768); X is rounded to the storage dtype as an operand.
 // - 16×16×16 tiles of mma.sync m16n8k16 (operands by ldmatrix) with f32 accumulators: the
-//   same source runs on sm_80 and sm_90a (wgmma is a later step). Operands (q, k, v, W, P,
-//   v', the state) are in the storage dtype, as in FLA; the inverse, the cumsum, U and every
+//   same source runs on sm_80 and sm_90a (wgmma is a later step). Operands (q, k, v, T·diag(β),
+//   P, X, v', the state) are in the storage dtype, as in FLA; the inverse, the cumsum and every
 //   accumulator are f32.
 // - The output stays in the sequential pass (not FLA's separate output kernel): with the
 //   state in registers it costs MMAs but no barrier, while a separate pass would write and
-//   read back the per-chunk states and v' (3 GiB more traffic at 16/64 × 32768).
+//   read back the per-chunk states and v' (1.5 GiB more traffic at 16/64 × 32768).
 // - The sequential pass keeps each warp's state columns transposed in accumulator registers
 //   (see fwd below): no shared-memory round trip of the state, one barrier per chunk, the
 //   next chunk's tiles copied by cp.async while this one computes. With SPLIT_STATE the
-//   state enters W·S and Q·S as S_hi + S_lo (twice those MMAs, no rounding of the state;
+//   state enters K·S and Q·S as S_hi + S_lo (twice those MMAs, no rounding of the state;
 //   measured on the H200 it did not change the error, so it is off by default).
 // - Chunks never cross a sequence boundary: the host's chunk table gives each chunk's first
 //   token and length, and the unit table each unit's chunks, sequence and first/last flags.
@@ -215,15 +218,15 @@ __device__ void l2norm(int rows, int K, const T* __restrict__ q, const T* __rest
 
 template <typename T>
 __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
-                     const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
+                     const T* __restrict__ k, const float* __restrict__ g,
                      const float* __restrict__ beta, const float* __restrict__ a_log,
-                     const float* __restrict__ dt_bias, float* __restrict__ ws_g, T* __restrict__ ws_w,
-                     float* __restrict__ ws_u, T* __restrict__ ws_p) {
+                     const float* __restrict__ dt_bias, float* __restrict__ ws_g,
+                     T* __restrict__ ws_a, T* __restrict__ ws_p) {
     extern __shared__ __align__(128) unsigned char smem[];
-    const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int K = p.key_dim, H = p.heads_qk, HV = p.heads_v;
     const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
     const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
-    const int ldk = ld16(K), ldv = ld16(V), lda = ld32(C), ldt = ld16(C);
+    const int ldk = ld16(K), lda = ld32(C);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 
     size_t off = 0;
@@ -231,18 +234,11 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     off = align128(off + sizeof(T) * C * ldk);
     T* qs = reinterpret_cast<T*>(smem + off);
     off = align128(off + sizeof(T) * C * ldk);
-    T* vs = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldv);
     float* a = reinterpret_cast<float*>(smem + off);  // KKᵀ, then L
     off = align128(off + sizeof(float) * C * lda);
     float* t = reinterpret_cast<float*>(smem + off);  // QKᵀ, then T = (I + L)⁻¹
     off = align128(off + sizeof(float) * C * lda);
-    T* a1 = reinterpret_cast<T*>(smem + off);  // T·diag(βγ)
-    off = align128(off + sizeof(T) * C * ldt);
-    T* a2 = reinterpret_cast<T*>(smem + off);  // T·diag(β)
-    off = align128(off + sizeof(T) * C * ldt);
-    const size_t stage_off = off;
-    float* stage = reinterpret_cast<float*>(smem + off) + warp * 16 * 16;  // one tile per warp
+    float* xs = reinterpret_cast<float*>(smem + off);  // the inverse's block sums
     off = align128(off + sizeof(float) * 4 * 16 * 16);
     float* sg = reinterpret_cast<float*>(smem + off);
     float* sb = sg + C;
@@ -271,7 +267,6 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     const size_t qk_stride = (size_t)H * K;
     load_rows(ks, ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
     load_rows(qs, ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
-    load_rows(vs, ldv, v + ((size_t)start * HV + hv) * V, (size_t)HV * V, len, V, V);
     cp_async_wait();
     __syncthreads();
     if (threadIdx.x >= 32 && threadIdx.x < C) sg[threadIdx.x] += sg[31];
@@ -331,8 +326,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     }
     __syncthreads();
     // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
-    // sums staged in the (not yet used) W/U staging tiles.
-    float* xs = reinterpret_cast<float*>(smem + stage_off);
+    // sums staged in xs.
     for (int r = 1; r < C / 16; ++r) {
         for (int e = threadIdx.x; e < r * 256; e += THREADS) {
             const int c = e / 256, i = (e % 256) / 16, j = e % 16;
@@ -354,43 +348,11 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         }
         __syncthreads();
     }
+    // T·diag(β) to the workspace (the sequential pass's A operand of v' = T·diag(β)·X).
+    T* a_out = ws_a + ((size_t)chunk * HV + hv) * C * C;
     for (int idx = threadIdx.x; idx < C * C; idx += THREADS) {
         const int i = idx / C, j = idx % C;
-        const float tij = t[i * lda + j];
-        a1[i * ldt + j] = from_f32<T>(tij * sb[j] * expf(sg[j]));
-        a2[i * ldt + j] = from_f32<T>(tij * sb[j]);
-    }
-    __syncthreads();
-
-    // W = a1·K (C×K) and U = a2·V (C×V); warp w owns row tile w, staged through f32 shared.
-    const int row0 = warp * 16;
-    for (int pass = 0; pass < 2; ++pass) {
-        const int n = pass == 0 ? K : V;
-        const T* lhs = pass == 0 ? a1 : a2;
-        const T* rhs = pass == 0 ? ks : vs;
-        const int ldr = pass == 0 ? ldk : ldv;
-        const size_t base = ((size_t)chunk * HV + hv) * C * n;
-        FragA fa[C / 16];
-#pragma unroll
-        for (int s = 0; s < C / 16; ++s) load_a<T, false>(fa[s], lhs + row0 * ldt + s * 16, ldt);
-        for (int c0 = 0; c0 < n; c0 += 16) {
-            FragC acc;
-            fill_zero(acc);
-#pragma unroll
-            for (int s = 0; s < C / 16; ++s) {
-                FragB fb;
-                load_b<T, false>(fb, rhs + s * 16 * ldr + c0, ldr);
-                mma<T>(acc, fa[s], fb);
-            }
-            store_c(stage, acc, 16);
-            __syncwarp();
-            for (int e = lane; e < 256; e += 32) {
-                const size_t at = base + (size_t)(row0 + e / 16) * n + c0 + e % 16;
-                if (pass == 0) ws_w[at] = from_f32<T>(-stage[e]);  // −W: see the fwd pass
-                else ws_u[at] = stage[e];
-            }
-            __syncwarp();
-        }
+        a_out[idx] = from_f32<T>(t[i * lda + j] * sb[j]);
     }
 }
 
@@ -402,18 +364,20 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
 // them, in the transposed orientation (columns as the MMA's M dimension), so that every
 // accumulator is already the A operand of the next product (FlashAttention's P·V trick):
 //   Sᵀ (16 × K, f32)   the state's accumulators; rounded to the storage dtype they are the
-//                      A operand of v'ᵀ = Uᵀ + Sᵀ·(−W)ᵀ and of (Q·S)ᵀ = Sᵀ·Qᵀ,
+//                      A operand of (K·S)ᵀ = Sᵀ·Kᵀ and of (Q·S)ᵀ = Sᵀ·Qᵀ,
+//   Xᵀ (16 × C)        Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ,
 //   v'ᵀ (16 × C, f32)  rounded, the A operand of Oᵀ += v'ᵀ·Pᵀ; decayed by γ_C/γ and rounded,
 //                      of Sᵀ ← γ_C·Sᵀ + vdᵀ·K.
-// The state never leaves registers; W, U, K, Q, P and G are shared B operands, copied in
-// by cp.async one chunk ahead (two stages), so the chunk step has one block barrier.
+// The state never leaves registers; K, V, T·diag(β), Q, P and G are shared B operands (or
+// addends), copied in by cp.async one chunk ahead (two stages), so the chunk step has one
+// block barrier.
 
 // The unit table's flags (src/cuda_backend/chunked.rs mirrors them).
 constexpr int UNIT_FIRST = 1;  // the unit starts its sequence: its state is h0 (or 0)
 constexpr int UNIT_LAST = 2;   // the unit ends its sequence: its end state is the final state
 
 // Option bit of pass 2 only: the segments' local pass. Each unit starts from zero (the v
-// columns: its end state E) and from the identity with U = 0 (the K extra columns past the
+// columns: its end state E) and from the identity with V = 0 (the K extra columns past the
 // v-blocks: its transition M, S_end = M·S_start + E); no output, and the unit that ends its
 // sequence is skipped (nobody reads its E and M).
 constexpr int LOCAL_PASS = 1 << 9;
@@ -441,8 +405,8 @@ __device__ __forceinline__ size_t fwd_tile_bytes(int K, size_t elem) {
 template <typename T, int BV>
 __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     const int* __restrict__ units, const T* __restrict__ q,
-                    const T* __restrict__ k, const float* __restrict__ ws_g,
-                    const T* __restrict__ ws_w, const float* __restrict__ ws_u,
+                    const T* __restrict__ k, const T* __restrict__ v,
+                    const float* __restrict__ ws_g, const T* __restrict__ ws_a,
                     const T* __restrict__ ws_p, const float* h_in,
                     const float* __restrict__ seg_start, T* __restrict__ o, float* h_out,
                     float* __restrict__ seg_end) {
@@ -455,7 +419,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const bool local = flags & LOCAL_PASS, split = flags & SPLIT_STATE;
     if (local && (unit_flags & UNIT_LAST)) return;
     const int v_blocks = (V + BV - 1) / BV;
-    // Local pass: blocks past the v-blocks carry the transition's K columns (U = 0).
+    // Local pass: blocks past the v-blocks carry the transition's K columns (V = 0).
     const bool transition = local && (int)blockIdx.x >= v_blocks;
     const int cols = transition ? K : V;
     const int col0 = (transition ? (int)blockIdx.x - v_blocks : (int)blockIdx.x) * BV;
@@ -464,40 +428,41 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const int c0 = col0 + wc;  // ... in the state (cols and c0 are multiples of 16)
     const bool active = c0 < cols;
     const int nk = K / 16;
-    const int ldk = ld16(K), ldu = ld32(BV), ldp = ld16(C), ldo = ld16(16);
+    const int ldk = ld16(K), ldv = ld16(BV), ldp = ld16(C), ldo = ld16(16);
 
-    // Stage layout: −W, K, U, G, then Q and P (not in the local pass); after both stages,
-    // one C × 16 staging tile of o per warp.
+    // Stage layout: K, V's block, T·diag(β), G, then Q and P (not in the local pass); after
+    // both stages, one C × 16 staging tile of o per warp.
     const size_t tile = fwd_tile_bytes(K, sizeof(T));
-    const size_t u_bytes = align128(sizeof(float) * C * ldu);
+    const size_t v_bytes = align128(sizeof(T) * C * ldv);
+    const size_t a_bytes = align128(sizeof(T) * C * ldp);
     const size_t g_bytes = align128(sizeof(float) * C);
-    const size_t stage_bytes =
-        2 * tile + u_bytes + g_bytes + (local ? 0 : tile + align128(sizeof(T) * C * ldp));
+    const size_t stage_bytes = tile + v_bytes + a_bytes + g_bytes + (local ? 0 : tile + a_bytes);
     T* const o_stage = reinterpret_cast<T*>(smem + 2 * stage_bytes) + warp * C * ldo;
-    auto stage_w = [&](int s) { return reinterpret_cast<T*>(smem + s * stage_bytes); };
-    auto stage_k = [&](int s) { return reinterpret_cast<T*>(smem + s * stage_bytes + tile); };
-    auto stage_u = [&](int s) {
-        return reinterpret_cast<float*>(smem + s * stage_bytes + 2 * tile);
+    auto stage_k = [&](int s) { return reinterpret_cast<T*>(smem + s * stage_bytes); };
+    auto stage_v = [&](int s) { return reinterpret_cast<T*>(smem + s * stage_bytes + tile); };
+    auto stage_a = [&](int s) {
+        return reinterpret_cast<T*>(smem + s * stage_bytes + tile + v_bytes);
     };
     auto stage_g = [&](int s) {
-        return reinterpret_cast<float*>(smem + s * stage_bytes + 2 * tile + u_bytes);
+        return reinterpret_cast<float*>(smem + s * stage_bytes + tile + v_bytes + a_bytes);
     };
     auto stage_q = [&](int s) {
-        return reinterpret_cast<T*>(smem + s * stage_bytes + 2 * tile + u_bytes + g_bytes);
+        return reinterpret_cast<T*>(smem + s * stage_bytes + tile + v_bytes + a_bytes + g_bytes);
     };
     auto stage_p = [&](int s) {
-        return reinterpret_cast<T*>(smem + s * stage_bytes + 3 * tile + u_bytes + g_bytes);
+        return reinterpret_cast<T*>(smem + s * stage_bytes + 2 * tile + v_bytes + a_bytes + g_bytes);
     };
 
     const size_t qk_stride = (size_t)H * K;
     auto prefetch = [&](int chunk, int s) {
         const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
         const size_t ch = (size_t)chunk * HV + hv;
-        load_rows(stage_w(s), ldk, ws_w + ch * C * K, (size_t)K, C, K, K);
         load_rows(stage_k(s), ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
         if (!transition) {
-            load_rows(stage_u(s), ldu, ws_u + ch * C * V + col0, (size_t)V, C, BV, V - col0);
+            load_rows(stage_v(s), ldv, v + ((size_t)start * HV + hv) * V + col0, (size_t)HV * V, len,
+                      BV, V - col0);
         }
+        load_rows(stage_a(s), ldp, ws_a + ch * C * C, (size_t)C, C, C, C);
         if (threadIdx.x < C / 4) cp_async16(stage_g(s) + 4 * threadIdx.x, ws_g + ch * C + 4 * threadIdx.x);
         if (!local) {
             load_rows(stage_q(s), ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
@@ -534,25 +499,24 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
         if (chunk + 1 < end) prefetch(chunk + 1, s ^ 1);
         if (!active) continue;
-        const T* ws = stage_w(s);
         const T* ks = stage_k(s);
-        const float* us = stage_u(s);
+        const T* vs = stage_v(s);
+        const T* as = stage_a(s);
         const float* sg = stage_g(s);
         const T* qs = stage_q(s);
         const T* ps = stage_p(s);
 
-        // vacc[j]: v'ᵀ (columns g, g + 8) × tokens 8j + 2t, 8j + 2t + 1; oacc likewise Oᵀ.
-        float vacc[C / 8][4], oacc[C / 8][4];
+        // xacc[j]: (K·S)ᵀ (columns g, g + 8) × tokens 8j + 2t, 8j + 2t + 1; oacc likewise Oᵀ.
+        float xacc[C / 8][4], oacc[C / 8][4];
 #pragma unroll
         for (int j = 0; j < C / 8; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
-                const int i = 8 * j + 2 * t + (e & 1), c = wc + g + 8 * (e >> 1);
-                vacc[j][e] = transition ? 0.0f : us[i * ldu + c];
+                xacc[j][e] = 0.0f;
                 oacc[j][e] = 0.0f;
             }
         }
-        // v'ᵀ = Uᵀ + Sᵀ·(−W)ᵀ and (Q·S)ᵀ = Sᵀ·Qᵀ over K in 16-row blocks.
+        // (K·S)ᵀ = Sᵀ·Kᵀ and (Q·S)ᵀ = Sᵀ·Qᵀ over K in 16-row blocks.
 #pragma unroll
         for (int kb = 0; kb < MAX_K / 16; ++kb) {
             if (kb < nk) {
@@ -570,12 +534,12 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
                 for (int jp = 0; jp < C / 16; ++jp) {
                     FragB fb;
-                    load_b<T, true>(fb, ws + 16 * jp * ldk + 16 * kb, ldk);  // (−W)ᵀ
-                    MmaOp<T>::run(vacc[2 * jp], a, fb.x[0], fb.x[1]);
-                    MmaOp<T>::run(vacc[2 * jp + 1], a, fb.x[2], fb.x[3]);
+                    load_b<T, true>(fb, ks + 16 * jp * ldk + 16 * kb, ldk);  // Kᵀ
+                    MmaOp<T>::run(xacc[2 * jp], a, fb.x[0], fb.x[1]);
+                    MmaOp<T>::run(xacc[2 * jp + 1], a, fb.x[2], fb.x[3]);
                     if (split) {
-                        MmaOp<T>::run(vacc[2 * jp], a_rest, fb.x[0], fb.x[1]);
-                        MmaOp<T>::run(vacc[2 * jp + 1], a_rest, fb.x[2], fb.x[3]);
+                        MmaOp<T>::run(xacc[2 * jp], a_rest, fb.x[0], fb.x[1]);
+                        MmaOp<T>::run(xacc[2 * jp + 1], a_rest, fb.x[2], fb.x[3]);
                     }
                     if (!local) {
                         load_b<T, true>(fb, qs + 16 * jp * ldk + 16 * kb, ldk);  // Qᵀ
@@ -590,26 +554,59 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             }
         }
 
+        // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ (FLA's
+        // v' = U − W·S with U = T·diag(β)·V and W = T·diag(βγ)·K, without forming W and U).
+        // Oᵀ so far ← scale·(Q·S)ᵀ·diag(γ). Every exponent is ≤ 0 (§7.2 of the study).
+        unsigned xa[C / 16][4];
+#pragma unroll
+        for (int j = 0; j < C / 8; ++j) {
+            const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
+            const float e0 = expf(sg[i]), e1 = expf(sg[i + 1]);
+            float x[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const float vi = transition ? 0.0f : to_f32(vs[(i + (e & 1)) * ldv + wc + g + 8 * (e >> 1)]);
+                x[e] = vi - ((e & 1) ? e1 : e0) * xacc[j][e];
+            }
+            xa[kb][half] = pack2<T>(x[0], x[1]);
+            xa[kb][half + 1] = pack2<T>(x[2], x[3]);
+            if (!local) {
+                oacc[j][0] *= p.scale * e0;
+                oacc[j][1] *= p.scale * e1;
+                oacc[j][2] *= p.scale * e0;
+                oacc[j][3] *= p.scale * e1;
+            }
+        }
+        // v'ᵀ = Xᵀ·(T·diag(β))ᵀ; T is lower triangular: token block ip reads blocks kb ≤ ip.
+        float vacc[C / 8][4];
+#pragma unroll
+        for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) vacc[j][e] = 0.0f;
+        }
+#pragma unroll
+        for (int ip = 0; ip < C / 16; ++ip) {
+#pragma unroll
+            for (int kb = 0; kb <= ip; ++kb) {
+                FragB fb;
+                load_b<T, true>(fb, as + 16 * ip * ldp + 16 * kb, ldp);
+                MmaOp<T>::run(vacc[2 * ip], xa[kb], fb.x[0], fb.x[1]);
+                MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fb.x[2], fb.x[3]);
+            }
+        }
+
         // v' rounded (for P·v') and decayed by γ_C/γ (for the state) as A operands over the
-        // tokens; Oᵀ so far ← scale·γ⊙(Q·S)ᵀ. Every exponent is ≤ 0 (§7.2 of the study).
+        // tokens.
         const float g_last = sg[C - 1];
         unsigned va[C / 16][4], vd[C / 16][4];
 #pragma unroll
         for (int j = 0; j < C / 8; ++j) {
             const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
-            const float g0 = sg[i], g1 = sg[i + 1];
-            const float d0 = expf(g_last - g0), d1 = expf(g_last - g1);
+            const float d0 = expf(g_last - sg[i]), d1 = expf(g_last - sg[i + 1]);
             va[kb][half] = pack2<T>(vacc[j][0], vacc[j][1]);
             va[kb][half + 1] = pack2<T>(vacc[j][2], vacc[j][3]);
             vd[kb][half] = pack2<T>(vacc[j][0] * d0, vacc[j][1] * d1);
             vd[kb][half + 1] = pack2<T>(vacc[j][2] * d0, vacc[j][3] * d1);
-            if (!local) {
-                const float o0 = p.scale * expf(g0), o1 = p.scale * expf(g1);
-                oacc[j][0] *= o0;
-                oacc[j][1] *= o1;
-                oacc[j][2] *= o0;
-                oacc[j][3] *= o1;
-            }
         }
 
         if (!local) {
@@ -687,10 +684,10 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 #define GDN_CHUNK_FWD(SUFFIX, T, BV)                                                               \
     extern "C" __global__ void __launch_bounds__(BV * 2, 1) gdn_chunk_fwd##BV##_##SUFFIX(          \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
-        const T* k, const float* ws_g, const T* ws_w, const float* ws_u, const T* ws_p,            \
+        const T* k, const T* v, const float* ws_g, const T* ws_a, const T* ws_p,                   \
         const float* h_in, const float* seg_start, T* o, float* h_out, float* seg_end) {           \
-        gdn::chunked::fwd<T, BV>(p, chunks, units, q, k, ws_g, ws_w, ws_u, ws_p, h_in, seg_start,  \
-                                 o, h_out, seg_end);                                               \
+        gdn::chunked::fwd<T, BV>(p, chunks, units, q, k, v, ws_g, ws_a, ws_p, h_in, seg_start, o,  \
+                                 h_out, seg_end);                                                  \
     }
 
 #define GDN_CHUNKED(SUFFIX, T)                                                                     \
@@ -699,11 +696,10 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         gdn::chunked::l2norm<T>(rows, key_dim, q, k, qn, kn);                                      \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS) gdn_chunk_prep_##SUFFIX(   \
-        const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k, const T* v,  \
+        const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k,              \
         const float* g, const float* beta, const float* a_log, const float* dt_bias,               \
-        float* ws_g, T* ws_w, float* ws_u, T* ws_p) {                                              \
-        gdn::chunked::prep<T>(p, chunks, q, k, v, g, beta, a_log, dt_bias, ws_g, ws_w, ws_u,       \
-                              ws_p);                                                               \
+        float* ws_g, T* ws_a, T* ws_p) {                                                           \
+        gdn::chunked::prep<T>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_g, ws_a, ws_p);         \
     }                                                                                              \
     GDN_CHUNK_FWD(SUFFIX, T, 32)                                                                   \
     GDN_CHUNK_FWD(SUFFIX, T, 64)                                                                   \

@@ -2,8 +2,8 @@
 //! and the per-call choice between it and the recurrent kernel ([`forward_path`]).
 //!
 //! Launches: the in-kernel l2norm of q and k (only with `Options::l2norm_qk`), the parallel
-//! per-(chunk, v-head) pass that writes W, U, P and the chunk-local gate cumsum to a
-//! workspace, and the sequential per-(V-block, v-head, unit) pass that carries the f32 state
+//! per-(chunk, v-head) pass that writes T·diag(β), P = scale·Γ⊙QKᵀ and the chunk-local gate
+//! cumsum to a workspace, and the sequential per-(V-block, v-head, unit) pass that carries the f32 state
 //! in registers and writes o and the final state. A unit is a sequence; with sequence
 //! parallelism ([`Segments`]) a segment of one, and two launches come first: the same
 //! sequential kernel's local pass (each segment's end state from zero and its transition)
@@ -97,29 +97,22 @@ fn align128(x: usize) -> usize {
     x.div_ceil(128) * 128
 }
 
-fn prep_smem(dtype: DType, k: usize, v: usize) -> usize {
+fn prep_smem(dtype: DType, k: usize) -> usize {
     let s = dtype.size();
     let c = CHUNK;
-    2 * align128(s * c * (k + 8))
-        + align128(s * c * (v + 8))
-        + 2 * align128(4 * c * (c + 4))
-        + 2 * align128(s * c * (c + 8))
-        + align128(4 * 4 * 16 * 16)
-        + 2 * c * 4
+    2 * align128(s * c * (k + 8)) + 2 * align128(4 * c * (c + 4)) + align128(4 * 4 * 16 * 16) + 2 * c * 4
 }
 
 fn fwd_smem(dtype: DType, k: usize, bv: usize, local: bool) -> usize {
     let s = dtype.size();
     let c = CHUNK;
     let tile = align128(s * c * (k + 8));
-    let stage = 2 * tile
-        + align128(4 * c * (bv + 4))
+    let small = align128(s * c * (c + 8));
+    let stage = tile
+        + align128(s * c * (bv + 8))
+        + small
         + align128(4 * c)
-        + if local {
-            0
-        } else {
-            tile + align128(s * c * (c + 8))
-        };
+        + if local { 0 } else { tile + small };
     2 * stage + if local { 0 } else { (bv / 16) * c * 24 * s }
 }
 
@@ -142,7 +135,7 @@ fn device_attribute(ctx: &Context, attr: sys::CUdevice_attribute, what: &str) ->
 /// pass at its smallest V-block).
 fn chunked_fits(ctx: &Context, problem: &Problem, dtype: DType) -> Result<bool> {
     let limit = max_shared_optin(ctx)?;
-    Ok(prep_smem(dtype, problem.key_dim, problem.value_dim) <= limit
+    Ok(prep_smem(dtype, problem.key_dim) <= limit
         && fwd_smem(dtype, problem.key_dim, VALUE_BLOCKS[0], false) <= limit)
 }
 
@@ -255,8 +248,8 @@ pub struct ChunkPlan {
     /// The segment length where some sequence was cut.
     segment_chunks: Option<usize>,
     ws_g: CudaSlice<u8>,
-    ws_w: CudaSlice<u8>,
-    ws_u: CudaSlice<u8>,
+    /// T·diag(β) per chunk and v-head (C × C, storage dtype).
+    ws_a: CudaSlice<u8>,
     ws_p: CudaSlice<u8>,
     /// Sequence parallelism: per unit [E | M] (K × (V + K) f32) and the start state (K × V).
     segment_states: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
@@ -421,8 +414,7 @@ impl ChunkPlan {
             seq_units,
             segment_chunks,
             ws_g: alloc(ctx, "gate cumsum workspace", rows * 4)?,
-            ws_w: alloc(ctx, "W workspace", rows * k * s)?,
-            ws_u: alloc(ctx, "U workspace", rows * v * 4)?,
+            ws_a: alloc(ctx, "T·diag(β) workspace", rows * CHUNK * s)?,
             ws_p: alloc(ctx, "P workspace", rows * CHUNK * s)?,
             segment_states,
             normalized,
@@ -462,7 +454,7 @@ impl ChunkPlan {
         let pair = |x: &Option<(CudaSlice<u8>, CudaSlice<u8>)>| {
             x.as_ref().map_or(0, |(a, b)| a.len() + b.len())
         };
-        [&self.ws_g, &self.ws_w, &self.ws_u, &self.ws_p]
+        [&self.ws_g, &self.ws_a, &self.ws_p]
             .iter()
             .map(|b| b.len())
             .sum::<usize>()
@@ -476,7 +468,7 @@ impl ChunkPlan {
 pub enum ChunkedPasses {
     /// Everything: o and the final state.
     All,
-    /// The parallel passes only (l2norm, per-chunk W, U, P): for timing them apart.
+    /// The parallel passes only (l2norm, per-chunk T·diag(β), P): for timing them apart.
     Parallel,
 }
 
@@ -573,7 +565,7 @@ pub fn launch_chunked_passes(
 
     if plan.num_chunks > 0 {
         let name = format!("gdn_chunk_prep_{suffix}");
-        let smem = prep_smem(dtype, p.key_dim, p.value_dim);
+        let smem = prep_smem(dtype, p.key_dim);
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.num_chunks as u32, p.heads_v as u32, 1),
@@ -585,7 +577,6 @@ pub fn launch_chunked_passes(
             .arg(&plan.chunks)
             .arg(q)
             .arg(k)
-            .arg(inputs.v.buffer())
             .arg(inputs.g.buffer())
             .arg(inputs.beta.buffer());
         match inputs.a_log {
@@ -596,10 +587,7 @@ pub fn launch_chunked_passes(
             Some(t) => l.arg(t.buffer()),
             None => l.arg(&null),
         };
-        l.arg(&plan.ws_g)
-            .arg(&plan.ws_w)
-            .arg(&plan.ws_u)
-            .arg(&plan.ws_p);
+        l.arg(&plan.ws_g).arg(&plan.ws_a).arg(&plan.ws_p);
         // SAFETY: matches gdn_chunk_prep_* in chunked.cu; inputs were checked against the
         // problem, the workspace was sized for it by ChunkPlan::new.
         unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
@@ -630,9 +618,9 @@ pub fn launch_chunked_passes(
             .arg(&plan.units)
             .arg(q)
             .arg(k)
+            .arg(inputs.v.buffer())
             .arg(&plan.ws_g)
-            .arg(&plan.ws_w)
-            .arg(&plan.ws_u)
+            .arg(&plan.ws_a)
             .arg(&plan.ws_p);
         match inputs.initial_state {
             Some(t) => l.arg(t.buffer()),
