@@ -115,7 +115,6 @@ __device__ __forceinline__ void move_c(FragC& f, float* p, int ld) {
     }
 }
 __device__ __forceinline__ void store_c(float* p, FragC& f, int ld) { move_c<true>(f, p, ld); }
-__device__ __forceinline__ void load_c(FragC& f, float* p, int ld) { move_c<false>(f, p, ld); }
 
 template <typename T> struct MmaOp;
 template <> struct MmaOp<__half> {
@@ -144,6 +143,21 @@ __device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
     MmaOp<T>::run(d.x + 4, a.x, b.x[2], b.x[3]);
 }
 
+// Two 16-bit values in one register, `lo` in the low half (the lower MMA column).
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+// The rest of (lo, hi) after rounding to T: what SPLIT_STATE adds as a second operand.
+template <typename T> __device__ __forceinline__ unsigned pack2_rest(float lo, float hi) {
+    return pack2<T>(lo - to_f32(from_f32<T>(lo)), hi - to_f32(from_f32<T>(hi)));
+}
+
 constexpr int C = 64;          // chunk length
 constexpr int THREADS = 128;   // l2norm and prep: 4 warps; warp w owns row tile w
 constexpr int MAX_K = 128;
@@ -160,36 +174,43 @@ struct ChunkParams {
     float scale;
 };
 
-// Shared-memory row strides: 8 extra 16-bit elements (4 extra f32) keep rows 16-byte aligned
-// (vector copies) while spreading them over banks.
-__host__ __device__ constexpr int ld16(int n) { return n + 8; }
-__host__ __device__ constexpr int ld32(int n) { return n + 4; }
-__device__ __forceinline__ size_t align128(size_t x) { return (x + 127) & ~(size_t)127; }
-
-// x as hi + lo, both in T: hi = round(x), lo = round(x − hi).
-template <typename T>
-__device__ __forceinline__ void split_store(T* hi, T* lo, float x) {
-    const T h = from_f32<T>(x);
-    *hi = h;
-    *lo = from_f32<T>(x - to_f32(h));
-}
+// Shared-memory row strides in elements, fixed whatever K is (so that every tile offset is a
+// compile-time constant): 8 extra 16-bit elements (4 extra f32) keep rows 16-byte aligned
+// while spreading them over banks.
+constexpr int LDK = MAX_K + 8;  // 16-bit C × K tiles (k, q)
+constexpr int LDC = C + 8;      // 16-bit C × C tiles (T·diag(β), P)
+constexpr int LDF = C + 4;      // f32 C × C tiles (prep)
+constexpr int LDO = 16 + 8;     // a warp's o staging tile (pass 2)
 
 // Option bit of the chunked passes only (src/cuda_backend/chunked.rs SPLIT_STATE).
 constexpr int SPLIT_STATE = 1 << 8;
 
+// cp.async of 16 bytes to a shared-memory byte address; zeros when !valid (src-size 0: the
+// source is not read).
+__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
 
-// Start copying `rows` rows of `n` elements (n·sizeof(E) a multiple of 16) from global rows
-// `stride` elements apart into shared rows `ld` apart; rows rows..C-1 and columns from
-// `valid` on are zeroed. Complete after cp_async_wait and a barrier.
-template <typename E>
-__device__ __forceinline__ void load_rows(E* dst, int ld, const E* src, size_t stride, int rows, int n,
-                                          int valid) {
-    constexpr int PER = 16 / sizeof(E);
-    const int vecs = n / PER;
-    for (int idx = threadIdx.x; idx < C * vecs; idx += blockDim.x) {
-        const int r = idx / vecs, c = (idx % vecs) * PER;
-        if (r < rows && c < valid) cp_async16(dst + r * ld + c, src + r * stride + c);
-        else *reinterpret_cast<uint4*>(dst + r * ld + c) = make_uint4(0, 0, 0, 0);
+// Start copying a C-row tile of 16-bit elements: VECS 16-byte vectors per row, shared rows
+// LD elements apart, global rows `stride` elements apart; each thread copies PER consecutive
+// vectors of one row (one row address per thread). Rows from `rows` on are zeros; vectors
+// from `valid_vecs` on are left alone (never read). Complete after cp_async_wait and a
+// barrier.
+template <int NTHREADS, int VECS, int LD, typename E>
+__device__ __forceinline__ void copy_tile(unsigned dst, const E* src, size_t stride, int rows,
+                                          int valid_vecs) {
+    static_assert(sizeof(E) == 2, "16-bit tiles");
+    constexpr int PER = C * VECS / NTHREADS;
+    static_assert(PER >= 1 && VECS % PER == 0 && C * VECS == PER * NTHREADS, "tile split");
+    const int r = threadIdx.x / (VECS / PER), v0 = (threadIdx.x % (VECS / PER)) * PER;
+    const bool ok = r < rows;
+    const E* row = src + (size_t)(ok ? r : 0) * stride + 8 * v0;
+    const unsigned d = dst + 2 * (r * LD + 8 * v0);
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        if (v0 + u < valid_vecs) cp_async16_zfill(d + 16 * u, row + 8 * u, ok);
     }
 }
 
@@ -214,33 +235,32 @@ __device__ void l2norm(int rows, int K, const T* __restrict__ q, const T* __rest
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pass 1: per (chunk, v-head).
+// Pass 1: per (chunk, v-head). Shared memory: k then the inverse's block sums, q then T, L,
+// the gates (52.7 KB: four blocks per SM).
+
+// Bytes of each of pass 1's three tiles (then the gates; prep_smem in chunked.rs mirrors it).
+constexpr int PREP_TILE = 2 * C * LDK;  // = 4 · C · LDF
 
 template <typename T>
 __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
                      const T* __restrict__ k, const float* __restrict__ g,
                      const float* __restrict__ beta, const float* __restrict__ a_log,
-                     const float* __restrict__ dt_bias, float* __restrict__ ws_g,
+                     const float* __restrict__ dt_bias, float* __restrict__ ws_f,
                      T* __restrict__ ws_a, T* __restrict__ ws_p) {
+    static_assert(PREP_TILE == 4 * C * LDF, "q's tile is reused for T");
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, H = p.heads_qk, HV = p.heads_v;
     const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
     const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
-    const int ldk = ld16(K), lda = ld32(C);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t ch = (size_t)chunk * HV + hv;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
 
-    size_t off = 0;
-    T* ks = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    T* qs = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    float* a = reinterpret_cast<float*>(smem + off);  // KKᵀ, then L
-    off = align128(off + sizeof(float) * C * lda);
-    float* t = reinterpret_cast<float*>(smem + off);  // QKᵀ, then T = (I + L)⁻¹
-    off = align128(off + sizeof(float) * C * lda);
-    float* xs = reinterpret_cast<float*>(smem + off);  // the inverse's block sums
-    off = align128(off + sizeof(float) * 4 * 16 * 16);
-    float* sg = reinterpret_cast<float*>(smem + off);
+    T* ks = reinterpret_cast<T*>(smem);
+    float* xs = reinterpret_cast<float*>(smem);  // after the Gram products: block sums
+    T* qs = reinterpret_cast<T*>(smem + PREP_TILE);
+    float* t = reinterpret_cast<float*>(smem + PREP_TILE);  // after the Gram products: T
+    float* a = reinterpret_cast<float*>(smem + 2 * PREP_TILE);  // KKᵀ, then L
+    float* sg = reinterpret_cast<float*>(smem + 3 * PREP_TILE);
     float* sb = sg + C;
 
     // Gates and β of the chunk's tokens; padding: g = 0 (so G keeps its last value), β = 0.
@@ -265,15 +285,24 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         sb[i] = bi;
     }
     const size_t qk_stride = (size_t)H * K;
-    load_rows(ks, ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
-    load_rows(qs, ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
+    copy_tile<THREADS, MAX_K / 8, LDK>(smem_addr(ks), k + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
+    copy_tile<THREADS, MAX_K / 8, LDK>(smem_addr(qs), q + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
     cp_async_wait();
     __syncthreads();
     if (threadIdx.x >= 32 && threadIdx.x < C) sg[threadIdx.x] += sg[31];
     __syncthreads();
-    if (threadIdx.x < C) ws_g[((size_t)chunk * HV + hv) * C + threadIdx.x] = sg[threadIdx.x];
+    // The sequential pass's decays: γ_i = e^{G_i} and γ_C/γ_i = e^{G_last − G_i} (exponents ≤ 0).
+    if (threadIdx.x < C) {
+        const int i = threadIdx.x;
+        ws_f[ch * 2 * C + i] = expf(sg[i]);
+        ws_f[ch * 2 * C + C + i] = expf(sg[C - 1] - sg[i]);
+    }
 
-    // KKᵀ and QKᵀ, lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w.
+    // KKᵀ (to shared) and P = scale·Γ⊙QKᵀ (i ≥ j, straight from the accumulators to the
+    // workspace), lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w. The
+    // sequential pass never reads P's tiles above the diagonal. Only i ≥ j is exponentiated,
+    // so G_i − G_j ≤ 0.
+    T* p_out = ws_p + ch * C * C;
     {
         const int ti = warp;
         for (int tj = 0; tj <= ti; ++tj) {
@@ -283,45 +312,49 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
             for (int kk = 0; kk < K; kk += 16) {
                 FragA fk, fq;
                 FragB fkt;
-                load_a<T, false>(fk, ks + ti * 16 * ldk + kk, ldk);
-                load_a<T, false>(fq, qs + ti * 16 * ldk + kk, ldk);
-                load_b<T, true>(fkt, ks + tj * 16 * ldk + kk, ldk);
+                load_a<T, false>(fk, ks + ti * 16 * LDK + kk, LDK);
+                load_a<T, false>(fq, qs + ti * 16 * LDK + kk, LDK);
+                load_b<T, true>(fkt, ks + tj * 16 * LDK + kk, LDK);
                 mma<T>(ckk, fk, fkt);
                 mma<T>(cqk, fq, fkt);
             }
-            store_c(a + ti * 16 * lda + tj * 16, ckk, lda);
-            store_c(t + ti * 16 * lda + tj * 16, cqk, lda);
+            store_c(a + ti * 16 * LDF + tj * 16, ckk, LDF);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+#pragma unroll
+                for (int rh = 0; rh < 2; ++rh) {
+                    const int i = ti * 16 + g4 + 8 * rh, j = tj * 16 + 8 * half + 2 * t4;
+                    float x[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float qk = cqk.x[4 * half + 2 * rh + e];
+                        x[e] = j + e <= i ? p.scale * qk * __expf(sg[i] - sg[j + e]) : 0.0f;
+                    }
+                    *reinterpret_cast<unsigned*>(p_out + i * C + j) = pack2<T>(x[0], x[1]);
+                }
+            }
         }
     }
     __syncthreads();
 
-    // L (strictly lower, gated, β rows) in place; P = scale·Γ⊙QKᵀ (i ≥ j) straight to the
-    // workspace. Only i ≥ j is exponentiated, so G_i − G_j ≤ 0.
-    T* p_out = ws_p + ((size_t)chunk * HV + hv) * C * C;
+    // L (strictly lower, gated, β rows) in place.
     for (int idx = threadIdx.x; idx < C * C; idx += THREADS) {
         const int i = idx / C, j = idx % C;
-        float l = 0.0f, pij = 0.0f;
-        if (j <= i) {
-            const float decay = expf(sg[i] - sg[j]);
-            if (j < i) l = sb[i] * a[i * lda + j] * decay;
-            pij = p.scale * t[i * lda + j] * decay;
-        }
-        a[i * lda + j] = l;
-        p_out[idx] = from_f32<T>(pij);
+        a[i * LDF + j] = j < i ? sb[i] * a[i * LDF + j] * __expf(sg[i] - sg[j]) : 0.0f;
     }
     __syncthreads();
 
     // T = (I + L)⁻¹ in 16×16 blocks (§2.3). Diagonal blocks by forward substitution, one
     // column per thread: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within the block.
-    for (int idx = threadIdx.x; idx < C * C; idx += THREADS) t[(idx / C) * lda + idx % C] = 0.0f;
+    for (int idx = threadIdx.x; idx < C * C; idx += THREADS) t[(idx / C) * LDF + idx % C] = 0.0f;
     __syncthreads();
     if (threadIdx.x < C) {
         const int b = (threadIdx.x / 16) * 16, c = threadIdx.x % 16;
-        t[(b + c) * lda + b + c] = 1.0f;
+        t[(b + c) * LDF + b + c] = 1.0f;
         for (int i = c + 1; i < 16; ++i) {
             float acc = 0.0f;
-            for (int j = c; j < i; ++j) acc = fmaf(a[(b + i) * lda + b + j], t[(b + j) * lda + b + c], acc);
-            t[(b + i) * lda + b + c] = -acc;
+            for (int j = c; j < i; ++j) acc = fmaf(a[(b + i) * LDF + b + j], t[(b + j) * LDF + b + c], acc);
+            t[(b + i) * LDF + b + c] = -acc;
         }
     }
     __syncthreads();
@@ -334,7 +367,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
             for (int m = c; m < r; ++m) {
 #pragma unroll
                 for (int l = 0; l < 16; ++l) {
-                    acc = fmaf(a[(16 * r + i) * lda + 16 * m + l], t[(16 * m + l) * lda + 16 * c + j], acc);
+                    acc = fmaf(a[(16 * r + i) * LDF + 16 * m + l], t[(16 * m + l) * LDF + 16 * c + j], acc);
                 }
             }
             xs[e] = acc;
@@ -343,16 +376,23 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         for (int e = threadIdx.x; e < r * 256; e += THREADS) {
             const int c = e / 256, i = (e % 256) / 16, j = e % 16;
             float acc = 0.0f;
-            for (int l = 0; l <= i; ++l) acc = fmaf(t[(16 * r + i) * lda + 16 * r + l], xs[c * 256 + l * 16 + j], acc);
-            t[(16 * r + i) * lda + 16 * c + j] = -acc;
+            for (int l = 0; l <= i; ++l) acc = fmaf(t[(16 * r + i) * LDF + 16 * r + l], xs[c * 256 + l * 16 + j], acc);
+            t[(16 * r + i) * LDF + 16 * c + j] = -acc;
         }
         __syncthreads();
     }
-    // T·diag(β) to the workspace (the sequential pass's A operand of v' = T·diag(β)·X).
-    T* a_out = ws_a + ((size_t)chunk * HV + hv) * C * C;
-    for (int idx = threadIdx.x; idx < C * C; idx += THREADS) {
-        const int i = idx / C, j = idx % C;
-        a_out[idx] = from_f32<T>(t[i * lda + j] * sb[j]);
+    // T·diag(β) to the workspace (the sequential pass's operand of v' = T·diag(β)·X), eight
+    // elements per 16-byte store.
+    T* a_out = ws_a + ch * C * C;
+    for (int idx = threadIdx.x; idx < C * C / 8; idx += THREADS) {
+        const int i = idx / (C / 8), j = (idx % (C / 8)) * 8;
+        uint4 out;
+        unsigned* w = reinterpret_cast<unsigned*>(&out);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            w[e] = pack2<T>(t[i * LDF + j + 2 * e] * sb[j + 2 * e], t[i * LDF + j + 2 * e + 1] * sb[j + 2 * e + 1]);
+        }
+        *reinterpret_cast<uint4*>(a_out + i * C + j) = out;
     }
 }
 
@@ -368,9 +408,10 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
 //   Xᵀ (16 × C)        Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ,
 //   v'ᵀ (16 × C, f32)  rounded, the A operand of Oᵀ += v'ᵀ·Pᵀ; decayed by γ_C/γ and rounded,
 //                      of Sᵀ ← γ_C·Sᵀ + vdᵀ·K.
-// The state never leaves registers; K, V, T·diag(β), Q, P and G are shared B operands (or
-// addends), copied in by cp.async one chunk ahead (two stages), so the chunk step has one
-// block barrier.
+// The state never leaves registers; K, V, T·diag(β), Q, P and the decays are shared B
+// operands (or addends), copied in by cp.async one chunk ahead (two stages), so the chunk
+// step has one block barrier. Each product loads its B fragments in a batch before its MMAs:
+// with one warp per scheduler there is no other warp to hide a load's latency.
 
 // The unit table's flags (src/cuda_backend/chunked.rs mirrors them).
 constexpr int UNIT_FIRST = 1;  // the unit starts its sequence: its state is h0 (or 0)
@@ -382,34 +423,52 @@ constexpr int UNIT_LAST = 2;   // the unit ends its sequence: its end state is t
 // sequence is skipped (nobody reads its E and M).
 constexpr int LOCAL_PASS = 1 << 9;
 
-// Two 16-bit values in one register, `lo` in the low half (the lower MMA column).
-template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
-template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
-    const __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&v);
+// ldmatrix .x4 from a shared-memory byte address.
+__device__ __forceinline__ void ldsm4(unsigned (&x)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                 : "r"(addr));
 }
-template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<const unsigned*>(&v);
+__device__ __forceinline__ void ldsm4_t(unsigned (&x)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                 : "r"(addr));
 }
-// The rest of (lo, hi) after rounding to T: what SPLIT_STATE adds as a second operand.
-template <typename T> __device__ __forceinline__ unsigned pack2_rest(float lo, float hi) {
-    return pack2<T>(lo - to_f32(from_f32<T>(lo)), hi - to_f32(from_f32<T>(hi)));
+// This lane's element offset for a B fragment (k × n) of a tile stored n-major (B[k][n] at
+// tile[n·LD + k]: ldsm4) or k-major (B[k][n] at tile[k·LD + n]: ldsm4_t), as load_b does.
+template <int LD> __device__ __forceinline__ int lane_b_nmajor(int lane) {
+    return ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+}
+template <int LD> __device__ __forceinline__ int lane_b_kmajor(int lane) {
+    return (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
 }
 
-// Bytes of one stage of pass 2's copied tiles (mirrored by fwd_stage_bytes in chunked.rs).
-__device__ __forceinline__ size_t fwd_tile_bytes(int K, size_t elem) {
-    return align128(elem * C * ld16(K));
-}
+// Pass 2's stage layout (byte offsets; mirrored by fwd_smem in chunked.rs): k, V's block,
+// T·diag(β), the decays (γ, then γ_C/γ), then q and P (not in the local pass). After both
+// stages, one C × 16 staging tile of o per warp.
+template <int BV> struct FwdLayout {
+    static constexpr int LDV = BV + 8;
+    static constexpr int K_OFF = 0;
+    static constexpr int V_OFF = K_OFF + 2 * C * LDK;
+    static constexpr int A_OFF = V_OFF + 2 * C * LDV;
+    static constexpr int F_OFF = A_OFF + 2 * C * LDC;
+    static constexpr int Q_OFF = F_OFF + 4 * 2 * C;
+    static constexpr int P_OFF = Q_OFF + 2 * C * LDK;
+    static constexpr int LOCAL_STAGE = Q_OFF;
+    static constexpr int MAIN_STAGE = P_OFF + 2 * C * LDC;
+    static constexpr int WARPS = BV / 16;
+    static constexpr int THREADS = 32 * WARPS;
+};
 
 template <typename T, int BV>
 __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     const int* __restrict__ units, const T* __restrict__ q,
                     const T* __restrict__ k, const T* __restrict__ v,
-                    const float* __restrict__ ws_g, const T* __restrict__ ws_a,
+                    const float* __restrict__ ws_f, const T* __restrict__ ws_a,
                     const T* __restrict__ ws_p, const float* h_in,
                     const float* __restrict__ seg_start, T* __restrict__ o, float* h_out,
                     float* __restrict__ seg_end) {
+    using L = FwdLayout<BV>;
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
@@ -428,45 +487,38 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const int c0 = col0 + wc;  // ... in the state (cols and c0 are multiples of 16)
     const bool active = c0 < cols;
     const int nk = K / 16;
-    const int ldk = ld16(K), ldv = ld16(BV), ldp = ld16(C), ldo = ld16(16);
 
-    // Stage layout: K, V's block, T·diag(β), G, then Q and P (not in the local pass); after
-    // both stages, one C × 16 staging tile of o per warp.
-    const size_t tile = fwd_tile_bytes(K, sizeof(T));
-    const size_t v_bytes = align128(sizeof(T) * C * ldv);
-    const size_t a_bytes = align128(sizeof(T) * C * ldp);
-    const size_t g_bytes = align128(sizeof(float) * C);
-    const size_t stage_bytes = tile + v_bytes + a_bytes + g_bytes + (local ? 0 : tile + a_bytes);
-    T* const o_stage = reinterpret_cast<T*>(smem + 2 * stage_bytes) + warp * C * ldo;
-    auto stage_k = [&](int s) { return reinterpret_cast<T*>(smem + s * stage_bytes); };
-    auto stage_v = [&](int s) { return reinterpret_cast<T*>(smem + s * stage_bytes + tile); };
-    auto stage_a = [&](int s) {
-        return reinterpret_cast<T*>(smem + s * stage_bytes + tile + v_bytes);
-    };
-    auto stage_g = [&](int s) {
-        return reinterpret_cast<float*>(smem + s * stage_bytes + tile + v_bytes + a_bytes);
-    };
-    auto stage_q = [&](int s) {
-        return reinterpret_cast<T*>(smem + s * stage_bytes + tile + v_bytes + a_bytes + g_bytes);
-    };
-    auto stage_p = [&](int s) {
-        return reinterpret_cast<T*>(smem + s * stage_bytes + 2 * tile + v_bytes + a_bytes + g_bytes);
-    };
+    const int stage_bytes = local ? L::LOCAL_STAGE : L::MAIN_STAGE;
+    const unsigned smem0 = smem_addr(smem);
+    T* const o_stage = reinterpret_cast<T*>(smem + 2 * L::MAIN_STAGE) + warp * C * LDO;
+    // This lane's ldmatrix addresses within a stage.
+    const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ (B[k][n] = K[n][k])
+    const unsigned lane_qt = 2 * (L::Q_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Qᵀ
+    const unsigned lane_at = 2 * (L::A_OFF / 2 + lane_b_nmajor<LDC>(lane));  // (T·diag(β))ᵀ
+    const unsigned lane_pt = 2 * (L::P_OFF / 2 + lane_b_nmajor<LDC>(lane));  // Pᵀ
+    const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
 
     const size_t qk_stride = (size_t)H * K;
-    auto prefetch = [&](int chunk, int s) {
-        const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
+    const int v_vecs = (min(BV, V - col0) + 7) / 8;
+    auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
+    auto prefetch = [&](int chunk, int s, int2 info) {
+        const unsigned base = smem0 + s * stage_bytes;
+        const int start = info.x, len = info.y;
         const size_t ch = (size_t)chunk * HV + hv;
-        load_rows(stage_k(s), ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
+        copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K,
+                                              qk_stride, len, K / 8);
         if (!transition) {
-            load_rows(stage_v(s), ldv, v + ((size_t)start * HV + hv) * V + col0, (size_t)HV * V, len,
-                      BV, V - col0);
+            copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, v + ((size_t)start * HV + hv) * V + col0,
+                                                  (size_t)HV * V, len, v_vecs);
         }
-        load_rows(stage_a(s), ldp, ws_a + ch * C * C, (size_t)C, C, C, C);
-        if (threadIdx.x < C / 4) cp_async16(stage_g(s) + 4 * threadIdx.x, ws_g + ch * C + 4 * threadIdx.x);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8);
+        if (threadIdx.x < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x, ws_f + ch * 2 * C + 4 * threadIdx.x, true);
+        }
         if (!local) {
-            load_rows(stage_q(s), ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
-            load_rows(stage_p(s), ldp, ws_p + ch * C * C, (size_t)C, C, C, C);
+            copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::Q_OFF, q + ((size_t)start * H + h) * K,
+                                                  qk_stride, len, K / 8);
+            copy_tile<L::THREADS, C / 8, LDC>(base + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C / 8);
         }
     };
 
@@ -493,175 +545,196 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }
     }
 
-    if (first < end) prefetch(first, 0);
+    int2 info = make_int2(0, 0), info_next = make_int2(0, 0);
+    if (first < end) {
+        info = chunk_info(first);
+        if (first + 1 < end) info_next = chunk_info(first + 1);
+        prefetch(first, 0, info);
+    }
     for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
+        // Read a step early, so the next prefetch does not wait for the table.
+        const int2 info_after = chunk + 2 < end ? chunk_info(chunk + 2) : make_int2(0, 0);
         cp_async_wait();
         __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
-        if (chunk + 1 < end) prefetch(chunk + 1, s ^ 1);
-        if (!active) continue;
-        const T* ks = stage_k(s);
-        const T* vs = stage_v(s);
-        const T* as = stage_a(s);
-        const float* sg = stage_g(s);
-        const T* qs = stage_q(s);
-        const T* ps = stage_p(s);
+        if (chunk + 1 < end) prefetch(chunk + 1, s ^ 1, info_next);
+        if (active) {
+            const unsigned base = smem0 + s * stage_bytes;
+            const unsigned char* stage = smem + s * stage_bytes;
+            const T* vs = reinterpret_cast<const T*>(stage + L::V_OFF);
+            const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
+            const float* dec = gam + C;                                            // γ_C/γ_i
 
-        // xacc[j]: (K·S)ᵀ (columns g, g + 8) × tokens 8j + 2t, 8j + 2t + 1; oacc likewise Oᵀ.
-        float xacc[C / 8][4], oacc[C / 8][4];
-#pragma unroll
-        for (int j = 0; j < C / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                xacc[j][e] = 0.0f;
-                oacc[j][e] = 0.0f;
-            }
-        }
-        // (K·S)ᵀ = Sᵀ·Kᵀ and (Q·S)ᵀ = Sᵀ·Qᵀ over K in 16-row blocks.
-#pragma unroll
-        for (int kb = 0; kb < MAX_K / 16; ++kb) {
-            if (kb < nk) {
+            // The state's 16-row block kb as an A operand: rounded, or the rest after rounding.
+            auto state_frag = [&](int kb, bool rest) {
                 const float* s0 = sacc[2 * kb];
                 const float* s1 = sacc[2 * kb + 1];
-                unsigned a[4] = {pack2<T>(s0[0], s0[1]), pack2<T>(s0[2], s0[3]),
-                                 pack2<T>(s1[0], s1[1]), pack2<T>(s1[2], s1[3])};
-                unsigned a_rest[4] = {0, 0, 0, 0};
-                if (split) {
-                    a_rest[0] = pack2_rest<T>(s0[0], s0[1]);
-                    a_rest[1] = pack2_rest<T>(s0[2], s0[3]);
-                    a_rest[2] = pack2_rest<T>(s1[0], s1[1]);
-                    a_rest[3] = pack2_rest<T>(s1[2], s1[3]);
-                }
+                auto pk = [&](float lo, float hi) { return rest ? pack2_rest<T>(lo, hi) : pack2<T>(lo, hi); };
+                return make_uint4(pk(s0[0], s0[1]), pk(s0[2], s0[3]), pk(s1[0], s1[1]), pk(s1[2], s1[3]));
+            };
+            // acc[0..7] += Sᵀ·Bᵀ over K in 16-row blocks, B = k or q (C × K, token rows).
+            auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt) {
 #pragma unroll
-                for (int jp = 0; jp < C / 16; ++jp) {
-                    FragB fb;
-                    load_b<T, true>(fb, ks + 16 * jp * ldk + 16 * kb, ldk);  // Kᵀ
-                    MmaOp<T>::run(xacc[2 * jp], a, fb.x[0], fb.x[1]);
-                    MmaOp<T>::run(xacc[2 * jp + 1], a, fb.x[2], fb.x[3]);
-                    if (split) {
-                        MmaOp<T>::run(xacc[2 * jp], a_rest, fb.x[0], fb.x[1]);
-                        MmaOp<T>::run(xacc[2 * jp + 1], a_rest, fb.x[2], fb.x[3]);
+                for (int kb = 0; kb < MAX_K / 16; ++kb) {
+                    if (kb < nk) {
+                        unsigned fb[C / 16][4];
+#pragma unroll
+                        for (int jp = 0; jp < C / 16; ++jp) ldsm4(fb[jp], base + lane_bt + 2 * (16 * jp * LDK + 16 * kb));
+#pragma unroll
+                        for (int part = 0; part < 2; ++part) {
+                            if (part == 1 && !split) break;
+                            const uint4 a4 = state_frag(kb, part == 1);
+                            const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                            for (int jp = 0; jp < C / 16; ++jp) {
+                                MmaOp<T>::run(acc[2 * jp], a, fb[jp][0], fb[jp][1]);
+                                MmaOp<T>::run(acc[2 * jp + 1], a, fb[jp][2], fb[jp][3]);
+                            }
+                        }
                     }
-                    if (!local) {
-                        load_b<T, true>(fb, qs + 16 * jp * ldk + 16 * kb, ldk);  // Qᵀ
-                        MmaOp<T>::run(oacc[2 * jp], a, fb.x[0], fb.x[1]);
-                        MmaOp<T>::run(oacc[2 * jp + 1], a, fb.x[2], fb.x[3]);
-                        if (split) {
-                            MmaOp<T>::run(oacc[2 * jp], a_rest, fb.x[0], fb.x[1]);
-                            MmaOp<T>::run(oacc[2 * jp + 1], a_rest, fb.x[2], fb.x[3]);
+                }
+            };
+
+            // (K·S)ᵀ = Sᵀ·Kᵀ.
+            float xacc[C / 8][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) xacc[j][e] = 0.0f;
+            }
+            state_times(xacc, lane_kt);
+
+            // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ
+            // (FLA's v' = U − W·S with U = T·diag(β)·V and W = T·diag(βγ)·K, without forming
+            // W and U).
+            unsigned xa[C / 16][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+                const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
+                const float e0 = gam[i], e1 = gam[i + 1];
+                float x[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float vi = transition ? 0.0f : to_f32(vs[(i + (e & 1)) * L::LDV + wc + g + 8 * (e >> 1)]);
+                    x[e] = vi - ((e & 1) ? e1 : e0) * xacc[j][e];
+                }
+                xa[kb][half] = pack2<T>(x[0], x[1]);
+                xa[kb][half + 1] = pack2<T>(x[2], x[3]);
+            }
+
+            // Oᵀ = scale·(Q·S)ᵀ·diag(γ) so far (main pass only).
+            float oacc[C / 8][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) oacc[j][e] = 0.0f;
+            }
+            if (!local) {
+                state_times(oacc, lane_qt);
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+                    const int i = 8 * j + 2 * t;
+                    const float o0 = p.scale * gam[i], o1 = p.scale * gam[i + 1];
+                    oacc[j][0] *= o0;
+                    oacc[j][1] *= o1;
+                    oacc[j][2] *= o0;
+                    oacc[j][3] *= o1;
+                }
+            }
+            // v'ᵀ = Xᵀ·(T·diag(β))ᵀ; T is lower triangular: token block ip reads blocks kb ≤ ip.
+            float vacc[C / 8][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) vacc[j][e] = 0.0f;
+            }
+#pragma unroll
+            for (int ip = 0; ip < C / 16; ++ip) {
+                unsigned fa[C / 16][4];
+#pragma unroll
+                for (int kb = 0; kb <= ip; ++kb) ldsm4(fa[kb], base + lane_at + 2 * (16 * ip * LDC + 16 * kb));
+#pragma unroll
+                for (int kb = 0; kb <= ip; ++kb) {
+                    MmaOp<T>::run(vacc[2 * ip], xa[kb], fa[kb][0], fa[kb][1]);
+                    MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fa[kb][2], fa[kb][3]);
+                }
+            }
+
+            // v' rounded (for P·v') and decayed by γ_C/γ (for the state) as A operands over
+            // the tokens.
+            unsigned va[C / 16][4], vd[C / 16][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+                const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
+                const float d0 = dec[i], d1 = dec[i + 1];
+                va[kb][half] = pack2<T>(vacc[j][0], vacc[j][1]);
+                va[kb][half + 1] = pack2<T>(vacc[j][2], vacc[j][3]);
+                vd[kb][half] = pack2<T>(vacc[j][0] * d0, vacc[j][1] * d1);
+                vd[kb][half + 1] = pack2<T>(vacc[j][2] * d0, vacc[j][3] * d1);
+            }
+
+            if (!local) {
+                // Oᵀ += v'ᵀ·Pᵀ; P is lower triangular: token block ip reads blocks kb ≤ ip.
+#pragma unroll
+                for (int ip = 0; ip < C / 16; ++ip) {
+                    unsigned fp[C / 16][4];
+#pragma unroll
+                    for (int kb = 0; kb <= ip; ++kb) ldsm4(fp[kb], base + lane_pt + 2 * (16 * ip * LDC + 16 * kb));
+#pragma unroll
+                    for (int kb = 0; kb <= ip; ++kb) {
+                        MmaOp<T>::run(oacc[2 * ip], va[kb], fp[kb][0], fp[kb][1]);
+                        MmaOp<T>::run(oacc[2 * ip + 1], va[kb], fp[kb][2], fp[kb][3]);
+                    }
+                }
+                // o through the warp's staging tile: 16-byte stores of whole rows.
+                const int start = info.x, len = info.y;
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+                    const int i = 8 * j + 2 * t;
+                    o_stage[i * LDO + g] = from_f32<T>(oacc[j][0]);
+                    o_stage[(i + 1) * LDO + g] = from_f32<T>(oacc[j][1]);
+                    o_stage[i * LDO + g + 8] = from_f32<T>(oacc[j][2]);
+                    o_stage[(i + 1) * LDO + g + 8] = from_f32<T>(oacc[j][3]);
+                }
+                __syncwarp();
+#pragma unroll
+                for (int r = 0; r < C * 2 / 32; ++r) {
+                    const int idx = lane + 32 * r, i = idx >> 1, half = idx & 1;
+                    if (i < len) {
+                        *reinterpret_cast<uint4*>(o + ((size_t)(start + i) * HV + hv) * V + c0 + 8 * half) =
+                            *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * half);
+                    }
+                }
+                __syncwarp();
+            }
+
+            // Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks.
+            const float gamma_c = gam[C - 1];
+#pragma unroll
+            for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+            }
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+#pragma unroll
+                for (int jb = 0; jb < MAX_K / 16; jb += 4) {
+                    unsigned fk[4][4];
+#pragma unroll
+                    for (int jj = 0; jj < 4; ++jj) {
+                        if (jb + jj < nk) ldsm4_t(fk[jj], base + lane_k + 2 * (16 * kb * LDK + 16 * (jb + jj)));
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < 4; ++jj) {
+                        if (jb + jj < nk) {
+                            MmaOp<T>::run(sacc[2 * (jb + jj)], vd[kb], fk[jj][0], fk[jj][1]);
+                            MmaOp<T>::run(sacc[2 * (jb + jj) + 1], vd[kb], fk[jj][2], fk[jj][3]);
                         }
                     }
                 }
             }
         }
-
-        // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ (FLA's
-        // v' = U − W·S with U = T·diag(β)·V and W = T·diag(βγ)·K, without forming W and U).
-        // Oᵀ so far ← scale·(Q·S)ᵀ·diag(γ). Every exponent is ≤ 0 (§7.2 of the study).
-        unsigned xa[C / 16][4];
-#pragma unroll
-        for (int j = 0; j < C / 8; ++j) {
-            const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
-            const float e0 = expf(sg[i]), e1 = expf(sg[i + 1]);
-            float x[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const float vi = transition ? 0.0f : to_f32(vs[(i + (e & 1)) * ldv + wc + g + 8 * (e >> 1)]);
-                x[e] = vi - ((e & 1) ? e1 : e0) * xacc[j][e];
-            }
-            xa[kb][half] = pack2<T>(x[0], x[1]);
-            xa[kb][half + 1] = pack2<T>(x[2], x[3]);
-            if (!local) {
-                oacc[j][0] *= p.scale * e0;
-                oacc[j][1] *= p.scale * e1;
-                oacc[j][2] *= p.scale * e0;
-                oacc[j][3] *= p.scale * e1;
-            }
-        }
-        // v'ᵀ = Xᵀ·(T·diag(β))ᵀ; T is lower triangular: token block ip reads blocks kb ≤ ip.
-        float vacc[C / 8][4];
-#pragma unroll
-        for (int j = 0; j < C / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) vacc[j][e] = 0.0f;
-        }
-#pragma unroll
-        for (int ip = 0; ip < C / 16; ++ip) {
-#pragma unroll
-            for (int kb = 0; kb <= ip; ++kb) {
-                FragB fb;
-                load_b<T, true>(fb, as + 16 * ip * ldp + 16 * kb, ldp);
-                MmaOp<T>::run(vacc[2 * ip], xa[kb], fb.x[0], fb.x[1]);
-                MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fb.x[2], fb.x[3]);
-            }
-        }
-
-        // v' rounded (for P·v') and decayed by γ_C/γ (for the state) as A operands over the
-        // tokens.
-        const float g_last = sg[C - 1];
-        unsigned va[C / 16][4], vd[C / 16][4];
-#pragma unroll
-        for (int j = 0; j < C / 8; ++j) {
-            const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
-            const float d0 = expf(g_last - sg[i]), d1 = expf(g_last - sg[i + 1]);
-            va[kb][half] = pack2<T>(vacc[j][0], vacc[j][1]);
-            va[kb][half + 1] = pack2<T>(vacc[j][2], vacc[j][3]);
-            vd[kb][half] = pack2<T>(vacc[j][0] * d0, vacc[j][1] * d1);
-            vd[kb][half + 1] = pack2<T>(vacc[j][2] * d0, vacc[j][3] * d1);
-        }
-
-        if (!local) {
-            // Oᵀ += v'ᵀ·Pᵀ; P is lower triangular: token block ip reads blocks kb ≤ ip.
-#pragma unroll
-            for (int ip = 0; ip < C / 16; ++ip) {
-#pragma unroll
-                for (int kb = 0; kb <= ip; ++kb) {
-                    FragB fb;
-                    load_b<T, true>(fb, ps + 16 * ip * ldp + 16 * kb, ldp);
-                    MmaOp<T>::run(oacc[2 * ip], va[kb], fb.x[0], fb.x[1]);
-                    MmaOp<T>::run(oacc[2 * ip + 1], va[kb], fb.x[2], fb.x[3]);
-                }
-            }
-            // o through the warp's staging tile: 16-byte stores of whole rows.
-            const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
-#pragma unroll
-            for (int j = 0; j < C / 8; ++j) {
-                const int i = 8 * j + 2 * t;
-                o_stage[i * ldo + g] = from_f32<T>(oacc[j][0]);
-                o_stage[(i + 1) * ldo + g] = from_f32<T>(oacc[j][1]);
-                o_stage[i * ldo + g + 8] = from_f32<T>(oacc[j][2]);
-                o_stage[(i + 1) * ldo + g + 8] = from_f32<T>(oacc[j][3]);
-            }
-            __syncwarp();
-#pragma unroll
-            for (int r = 0; r < C * 2 / 32; ++r) {
-                const int idx = lane + 32 * r, i = idx >> 1, half = idx & 1;
-                if (i < len) {
-                    *reinterpret_cast<uint4*>(o + ((size_t)(start + i) * HV + hv) * V + c0 + 8 * half) =
-                        *reinterpret_cast<const uint4*>(o_stage + i * ldo + 8 * half);
-                }
-            }
-            __syncwarp();
-        }
-
-        // Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks.
-        const float gamma_c = expf(g_last);
-#pragma unroll
-        for (int j = 0; j < MAX_K / 8; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-        }
-#pragma unroll
-        for (int kb = 0; kb < C / 16; ++kb) {
-#pragma unroll
-            for (int jp = 0; jp < MAX_K / 16; ++jp) {
-                if (jp < nk) {
-                    FragB fb;
-                    load_b<T, false>(fb, ks + 16 * kb * ldk + 16 * jp, ldk);
-                    MmaOp<T>::run(sacc[2 * jp], vd[kb], fb.x[0], fb.x[1]);
-                    MmaOp<T>::run(sacc[2 * jp + 1], vd[kb], fb.x[2], fb.x[3]);
-                }
-            }
-        }
+        info = info_next;
+        info_next = info_after;
     }
 
     if (!active) return;
@@ -684,9 +757,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 #define GDN_CHUNK_FWD(SUFFIX, T, BV)                                                               \
     extern "C" __global__ void __launch_bounds__(BV * 2, 1) gdn_chunk_fwd##BV##_##SUFFIX(          \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
-        const T* k, const T* v, const float* ws_g, const T* ws_a, const T* ws_p,                   \
+        const T* k, const T* v, const float* ws_f, const T* ws_a, const T* ws_p,                   \
         const float* h_in, const float* seg_start, T* o, float* h_out, float* seg_end) {           \
-        gdn::chunked::fwd<T, BV>(p, chunks, units, q, k, v, ws_g, ws_a, ws_p, h_in, seg_start, o,  \
+        gdn::chunked::fwd<T, BV>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in, seg_start, o,  \
                                  h_out, seg_end);                                                  \
     }
 
@@ -698,8 +771,8 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS) gdn_chunk_prep_##SUFFIX(   \
         const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k,              \
         const float* g, const float* beta, const float* a_log, const float* dt_bias,               \
-        float* ws_g, T* ws_a, T* ws_p) {                                                           \
-        gdn::chunked::prep<T>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_g, ws_a, ws_p);         \
+        float* ws_f, T* ws_a, T* ws_p) {                                                           \
+        gdn::chunked::prep<T>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p);         \
     }                                                                                              \
     GDN_CHUNK_FWD(SUFFIX, T, 32)                                                                   \
     GDN_CHUNK_FWD(SUFFIX, T, 64)                                                                   \

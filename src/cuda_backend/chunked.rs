@@ -92,28 +92,27 @@ struct ChunkParams {
 // SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernels take by value.
 unsafe impl DeviceRepr for ChunkParams {}
 
-// Shared-memory sizes, mirroring the carving in chunked.cu (`ld16`, `ld32`, `align128`).
-fn align128(x: usize) -> usize {
-    x.div_ceil(128) * 128
+/// chunked.cu's fixed shared-memory row strides (elements): C × K tiles (for any K ≤ 128),
+/// C × C tiles, f32 C × C tiles, a warp's o staging tile.
+const LDK: usize = MAX_CHUNKED_KEY_DIM + 8;
+const LDC: usize = CHUNK + 8;
+const LDO: usize = 16 + 8;
+
+/// chunked.cu's PREP_SMEM: k (then block sums), q (then T), L, the gates.
+fn prep_smem() -> usize {
+    3 * 2 * CHUNK * LDK + 2 * CHUNK * 4
 }
 
-fn prep_smem(dtype: DType, k: usize) -> usize {
-    let s = dtype.size();
+/// chunked.cu's FwdLayout: per stage k, V's block, T·diag(β), the decays, then q and P (main
+/// pass only); two stages, then the main pass's o staging tiles.
+fn fwd_smem(bv: usize, local: bool) -> usize {
     let c = CHUNK;
-    2 * align128(s * c * (k + 8)) + 2 * align128(4 * c * (c + 4)) + align128(4 * 4 * 16 * 16) + 2 * c * 4
-}
-
-fn fwd_smem(dtype: DType, k: usize, bv: usize, local: bool) -> usize {
-    let s = dtype.size();
-    let c = CHUNK;
-    let tile = align128(s * c * (k + 8));
-    let small = align128(s * c * (c + 8));
-    let stage = tile
-        + align128(s * c * (bv + 8))
-        + small
-        + align128(4 * c)
-        + if local { 0 } else { tile + small };
-    2 * stage + if local { 0 } else { (bv / 16) * c * 24 * s }
+    let local_stage = 2 * c * LDK + 2 * c * (bv + 8) + 2 * c * LDC + 4 * 2 * c;
+    if local {
+        2 * local_stage
+    } else {
+        2 * (local_stage + 2 * c * LDK + 2 * c * LDC) + (bv / 16) * c * LDO * 2
+    }
 }
 
 fn max_shared_optin(ctx: &Context) -> Result<usize> {
@@ -133,10 +132,9 @@ fn device_attribute(ctx: &Context, attr: sys::CUdevice_attribute, what: &str) ->
 
 /// Whether the chunked passes fit the device's shared memory at all (prep, and the sequential
 /// pass at its smallest V-block).
-fn chunked_fits(ctx: &Context, problem: &Problem, dtype: DType) -> Result<bool> {
+fn chunked_fits(ctx: &Context) -> Result<bool> {
     let limit = max_shared_optin(ctx)?;
-    Ok(prep_smem(dtype, problem.key_dim) <= limit
-        && fwd_smem(dtype, problem.key_dim, VALUE_BLOCKS[0], false) <= limit)
+    Ok(prep_smem() <= limit && fwd_smem(VALUE_BLOCKS[0], false) <= limit)
 }
 
 /// The kernel [`forward_into`](super::forward_into) runs for `problem` with q, k, v stored as
@@ -146,7 +144,7 @@ fn chunked_fits(ctx: &Context, problem: &Problem, dtype: DType) -> Result<bool> 
 pub fn forward_path(ctx: &Context, problem: &Problem, dtype: DType) -> Result<ForwardPath> {
     let chunked = dtype != DType::F32
         && problem.key_dim <= MAX_CHUNKED_KEY_DIM
-        && chunked_fits(ctx, problem, dtype)?;
+        && chunked_fits(ctx)?;
     Ok(if chunked {
         ForwardPath::Chunked
     } else {
@@ -215,17 +213,17 @@ fn auto_segment_chunks(limits: &DeviceLimits, problem: &Problem, seq_chunks: &[u
 
 /// The automatic V-block: the smallest whose grid is resident at once (more, shorter blocks
 /// for a latency-bound scan), else the largest (fewest copies of the shared tiles).
-fn auto_value_block(limits: &DeviceLimits, problem: &Problem, dtype: DType, units: usize) -> Option<usize> {
+fn auto_value_block(limits: &DeviceLimits, problem: &Problem, units: usize) -> Option<usize> {
     let p = problem;
     let fits: Vec<usize> = VALUE_BLOCKS
         .into_iter()
-        .filter(|&bv| fwd_smem(dtype, p.key_dim, bv, false) <= limits.smem_per_block)
+        .filter(|&bv| fwd_smem(bv, false) <= limits.smem_per_block)
         .collect();
     fits.iter()
         .copied()
         .find(|&bv| {
             let blocks = p.value_dim.div_ceil(bv) * p.heads_v * units;
-            blocks <= limits.resident(fwd_smem(dtype, p.key_dim, bv, false))
+            blocks <= limits.resident(fwd_smem(bv, false))
         })
         .or(fits.last().copied())
 }
@@ -247,7 +245,8 @@ pub struct ChunkPlan {
     seq_units: CudaSlice<i32>,
     /// The segment length where some sequence was cut.
     segment_chunks: Option<usize>,
-    ws_g: CudaSlice<u8>,
+    /// γ_i = e^{G_i}, then γ_C/γ_i, per chunk and v-head (2 × C f32).
+    ws_f: CudaSlice<u8>,
     /// T·diag(β) per chunk and v-head (C × C, storage dtype).
     ws_a: CudaSlice<u8>,
     ws_p: CudaSlice<u8>,
@@ -359,10 +358,10 @@ impl ChunkPlan {
         let segment_chunks = segment_chunks.filter(|_| segmented);
 
         let value_block = match options.value_block {
-            None => auto_value_block(&limits, p, dtype, num_units).unwrap_or(VALUE_BLOCKS[0]),
+            None => auto_value_block(&limits, p, num_units).unwrap_or(VALUE_BLOCKS[0]),
             Some(bv) => {
                 if !VALUE_BLOCKS.contains(&bv)
-                    || fwd_smem(dtype, p.key_dim, bv, false) > limits.smem_per_block
+                    || fwd_smem(bv, false) > limits.smem_per_block
                 {
                     return Err(Error::value(
                         "value_block",
@@ -413,7 +412,7 @@ impl ChunkPlan {
             num_units,
             seq_units,
             segment_chunks,
-            ws_g: alloc(ctx, "gate cumsum workspace", rows * 4)?,
+            ws_f: alloc(ctx, "decay workspace", rows * 2 * 4)?,
             ws_a: alloc(ctx, "T·diag(β) workspace", rows * CHUNK * s)?,
             ws_p: alloc(ctx, "P workspace", rows * CHUNK * s)?,
             segment_states,
@@ -454,7 +453,7 @@ impl ChunkPlan {
         let pair = |x: &Option<(CudaSlice<u8>, CudaSlice<u8>)>| {
             x.as_ref().map_or(0, |(a, b)| a.len() + b.len())
         };
-        [&self.ws_g, &self.ws_a, &self.ws_p]
+        [&self.ws_f, &self.ws_a, &self.ws_p]
             .iter()
             .map(|b| b.len())
             .sum::<usize>()
@@ -565,7 +564,7 @@ pub fn launch_chunked_passes(
 
     if plan.num_chunks > 0 {
         let name = format!("gdn_chunk_prep_{suffix}");
-        let smem = prep_smem(dtype, p.key_dim);
+        let smem = prep_smem();
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.num_chunks as u32, p.heads_v as u32, 1),
@@ -587,7 +586,7 @@ pub fn launch_chunked_passes(
             Some(t) => l.arg(t.buffer()),
             None => l.arg(&null),
         };
-        l.arg(&plan.ws_g).arg(&plan.ws_a).arg(&plan.ws_p);
+        l.arg(&plan.ws_f).arg(&plan.ws_a).arg(&plan.ws_p);
         // SAFETY: matches gdn_chunk_prep_* in chunked.cu; inputs were checked against the
         // problem, the workspace was sized for it by ChunkPlan::new.
         unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
@@ -600,7 +599,7 @@ pub fn launch_chunked_passes(
     let name = format!("gdn_chunk_fwd{bv}_{suffix}");
     // The sequential kernel, in the local pass (`local`) or the main pass.
     let sequential = |local: bool| -> Result<()> {
-        let smem = fwd_smem(dtype, p.key_dim, bv, local);
+        let smem = fwd_smem(bv, local);
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let column_blocks = p.value_dim.div_ceil(bv) + if local { p.key_dim.div_ceil(bv) } else { 0 };
         let cfg = LaunchConfig {
@@ -619,7 +618,7 @@ pub fn launch_chunked_passes(
             .arg(q)
             .arg(k)
             .arg(inputs.v.buffer())
-            .arg(&plan.ws_g)
+            .arg(&plan.ws_f)
             .arg(&plan.ws_a)
             .arg(&plan.ws_p);
         match inputs.initial_state {
