@@ -129,6 +129,7 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
         for pass in [
             "l2norm",
             "chunk_prep",
+            "chunk_prep256",
             "chunk_fwd32",
             "chunk_fwd64",
             "chunk_fwd128",
@@ -402,20 +403,29 @@ fn the_split_state_option_matches_the_oracle() {
     fail_on(failures);
 }
 
-/// Every V-block of the sequential pass, and sequence parallelism with segments as short as
-/// one chunk (the local pass, the combine and segments starting mid-sequence), against the
-/// oracle on every hard case that takes the chunked path.
+/// Every V-block of the sequential pass, two and three stages of copied tiles, both thread
+/// counts of the per-chunk pass, and sequence parallelism with segments as short as one chunk
+/// (the local pass, the combine and segments starting mid-sequence), against the oracle on
+/// every hard case that takes the chunked path.
 #[test]
 fn every_value_block_and_segment_length_matches_the_oracle() {
     let Some(ctx) = cuda() else { return };
+    let variant = |segments, value_block, stages, prep_threads| PlanOptions {
+        segments,
+        value_block,
+        stages,
+        prep_threads,
+    };
     let variants = [
-        (Segments::Off, Some(32)),
-        (Segments::Off, Some(64)),
-        (Segments::Off, Some(128)),
-        (Segments::Chunks(1), Some(32)),
-        (Segments::Chunks(2), Some(64)),
-        (Segments::Chunks(1), Some(128)),
-        (Segments::Chunks(3), None),
+        variant(Segments::Off, Some(32), None, None),
+        variant(Segments::Off, Some(64), None, None),
+        variant(Segments::Off, Some(128), None, Some(256)),
+        variant(Segments::Off, Some(32), Some(3), Some(256)),
+        variant(Segments::Off, Some(64), Some(3), None),
+        variant(Segments::Chunks(1), Some(32), None, None),
+        variant(Segments::Chunks(2), Some(64), Some(3), Some(256)),
+        variant(Segments::Chunks(1), Some(128), None, None),
+        variant(Segments::Chunks(3), None, Some(3), None),
     ];
     let mut failures = Vec::new();
     let mut segmented_runs = 0;
@@ -427,17 +437,15 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
             }
             let (inputs, expected) = inputs_and_oracle(&case, dtype);
             let dev = upload(ctx, &inputs);
-            for (segments, value_block) in variants {
-                let options = PlanOptions {
-                    segments,
-                    value_block,
-                };
+            for options in variants {
                 let plan = ChunkPlan::with_options(ctx, p, dtype, options).unwrap();
-                if let Some(bv) = value_block {
+                if let Some(bv) = options.value_block {
                     assert_eq!(plan.value_block(), bv);
                 }
+                assert_eq!(plan.stages(), options.stages.unwrap_or(2));
+                assert_eq!(plan.prep_threads(), options.prep_threads.unwrap_or(128));
                 let longest = p.sequences().iter().map(|s| (s.end - s.start).div_ceil(64)).max();
-                let cut = match segments {
+                let cut = match options.segments {
                     Segments::Chunks(n) => longest.is_some_and(|c| c > n),
                     _ => false,
                 };
@@ -456,7 +464,13 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                     final_state: state.download(ctx).unwrap(),
                 };
                 let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
-                let what = format!("forward (Chunked, {segments:?}, V-block {})", plan.value_block());
+                let what = format!(
+                    "forward (Chunked, {:?}, V-block {}, {} stages, prep {})",
+                    options.segments,
+                    plan.value_block(),
+                    plan.stages(),
+                    plan.prep_threads()
+                );
                 if let Err(e) = check(&what, &case, Op::Forward, dtype, arithmetic, &got, &expected) {
                     failures.push(e);
                 }
@@ -472,7 +486,7 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
 fn plan_overrides_are_checked() {
     let Some(ctx) = cuda() else { return };
     let p = problem(1, 300, 1, 2, 128, 128, None, Options::default());
-    let with = |segments, value_block| {
+    let with = |segments, value_block, stages, prep_threads| {
         ChunkPlan::with_options(
             ctx,
             &p,
@@ -480,15 +494,24 @@ fn plan_overrides_are_checked() {
             PlanOptions {
                 segments,
                 value_block,
+                stages,
+                prep_threads,
             },
         )
     };
-    for bad in [16, 48, 256] {
-        let err = with(Segments::Auto, Some(bad)).unwrap_err();
+    let mut bad = Vec::new();
+    for value_block in [16, 48, 256] {
+        bad.push(with(Segments::Auto, Some(value_block), None, None));
+    }
+    bad.push(with(Segments::Chunks(0), None, None, None));
+    for stages in [1, 4] {
+        bad.push(with(Segments::Auto, None, Some(stages), None));
+    }
+    bad.push(with(Segments::Auto, None, None, Some(64)));
+    for err in bad {
+        let err = err.unwrap_err();
         assert!(matches!(err, Error::Value { .. }), "{err:?}");
     }
-    let err = with(Segments::Chunks(0), None).unwrap_err();
-    assert!(matches!(err, Error::Value { .. }), "{err:?}");
     let many_heads = problem(1, 2048, 16, 64, 128, 128, None, Options::default());
     let plan = ChunkPlan::new(ctx, &many_heads, DType::BF16).unwrap();
     assert_eq!(plan.segment_chunks(), None);

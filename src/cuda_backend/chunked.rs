@@ -25,19 +25,26 @@ use crate::tensor::{DType, TensorMeta};
 /// Largest K the chunked pass runs (its shared memory); larger heads take the recurrent kernel.
 pub const MAX_CHUNKED_KEY_DIM: usize = 128;
 
-/// Threads per block of l2norm and prep; the sequential pass runs a warp per 16 columns.
+/// Threads per block of l2norm (prep: the plan's; the sequential pass: a warp per 16 columns).
 const THREADS: u32 = 128;
 
 /// chunked.cu's SPLIT_STATE bit: the state enters W·S and Q·S as two 16-bit parts.
 const SPLIT_STATE: i32 = 1 << 8;
 /// chunked.cu's LOCAL_PASS bit: the segments' local pass (end states from zero, transitions).
 const LOCAL_PASS: i32 = 1 << 9;
+/// chunked.cu's THREE_STAGES bit: the sequential pass copies two chunks ahead.
+const THREE_STAGES: i32 = 1 << 10;
 /// chunked.cu's unit flags: the unit starts / ends its sequence.
 const UNIT_FIRST: i32 = 1;
 const UNIT_LAST: i32 = 2;
 
 /// The sequential pass's V-blocks (a warp per 16 columns), smallest first.
 pub const VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
+
+/// The sequential pass's stages of copied tiles (the chunk computed and those copied ahead)
+/// and the per-chunk pass's threads a plan takes unless told otherwise.
+const DEFAULT_STAGES: usize = 2;
+const DEFAULT_PREP_THREADS: usize = 128;
 
 /// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
 /// spend more on the local pass and the combine than they gain.
@@ -64,6 +71,11 @@ pub struct PlanOptions {
     pub segments: Segments,
     /// The sequential pass's V-block, one of [`VALUE_BLOCKS`]; `None`: chosen from the grid.
     pub value_block: Option<usize>,
+    /// The sequential pass's stages of copied tiles: 2 (one chunk copied ahead) or 3 (two,
+    /// where shared memory holds them: V-blocks up to 64 on the H200); `None`: 2.
+    pub stages: Option<usize>,
+    /// Threads per block of the per-chunk pass: 128 or 256; `None`: 128.
+    pub prep_threads: Option<usize>,
 }
 
 /// Which kernel a forward call runs.
@@ -104,14 +116,14 @@ fn prep_smem() -> usize {
 }
 
 /// chunked.cu's FwdLayout: per stage k, V's block, T·diag(β), the decays, then q and P (main
-/// pass only); two stages, then the main pass's o staging tiles.
-fn fwd_smem(bv: usize, local: bool) -> usize {
+/// pass only); `stages` stages, then the main pass's o staging tiles.
+fn fwd_smem(bv: usize, local: bool, stages: usize) -> usize {
     let c = CHUNK;
     let local_stage = 2 * c * LDK + 2 * c * (bv + 8) + 2 * c * LDC + 4 * 2 * c;
     if local {
-        2 * local_stage
+        stages * local_stage
     } else {
-        2 * (local_stage + 2 * c * LDK + 2 * c * LDC) + (bv / 16) * c * LDO * 2
+        stages * (local_stage + 2 * c * LDK + 2 * c * LDC) + (bv / 16) * c * LDO * 2
     }
 }
 
@@ -134,7 +146,7 @@ fn device_attribute(ctx: &Context, attr: sys::CUdevice_attribute, what: &str) ->
 /// pass at its smallest V-block).
 fn chunked_fits(ctx: &Context) -> Result<bool> {
     let limit = max_shared_optin(ctx)?;
-    Ok(prep_smem() <= limit && fwd_smem(VALUE_BLOCKS[0], false) <= limit)
+    Ok(prep_smem() <= limit && fwd_smem(VALUE_BLOCKS[0], false, DEFAULT_STAGES) <= limit)
 }
 
 /// The kernel [`forward_into`](super::forward_into) runs for `problem` with q, k, v stored as
@@ -213,17 +225,22 @@ fn auto_segment_chunks(limits: &DeviceLimits, problem: &Problem, seq_chunks: &[u
 
 /// The automatic V-block: the smallest whose grid is resident at once (more, shorter blocks
 /// for a latency-bound scan), else the largest (fewest copies of the shared tiles).
-fn auto_value_block(limits: &DeviceLimits, problem: &Problem, units: usize) -> Option<usize> {
+fn auto_value_block(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    units: usize,
+    stages: usize,
+) -> Option<usize> {
     let p = problem;
     let fits: Vec<usize> = VALUE_BLOCKS
         .into_iter()
-        .filter(|&bv| fwd_smem(bv, false) <= limits.smem_per_block)
+        .filter(|&bv| fwd_smem(bv, false, stages) <= limits.smem_per_block)
         .collect();
     fits.iter()
         .copied()
         .find(|&bv| {
             let blocks = p.value_dim.div_ceil(bv) * p.heads_v * units;
-            blocks <= limits.resident(fwd_smem(bv, false))
+            blocks <= limits.resident(fwd_smem(bv, false, stages))
         })
         .or(fits.last().copied())
 }
@@ -235,6 +252,8 @@ pub struct ChunkPlan {
     problem: Problem,
     dtype: DType,
     value_block: usize,
+    stages: usize,
+    prep_threads: usize,
     num_chunks: usize,
     /// (first token, length) per chunk; chunks never cross a sequence boundary.
     chunks: CudaSlice<i32>,
@@ -357,15 +376,32 @@ impl ChunkPlan {
         let segmented = num_units > p.num_sequences();
         let segment_chunks = segment_chunks.filter(|_| segmented);
 
+        let stages = options.stages.unwrap_or(DEFAULT_STAGES);
+        if !(2..=3).contains(&stages) {
+            return Err(Error::value("stages", "2 or 3", stages));
+        }
+        let prep_threads = options.prep_threads.unwrap_or(DEFAULT_PREP_THREADS);
+        if ![128, 256].contains(&prep_threads) {
+            return Err(Error::value("prep_threads", "128 or 256", prep_threads));
+        }
         let value_block = match options.value_block {
-            None => auto_value_block(&limits, p, num_units).unwrap_or(VALUE_BLOCKS[0]),
+            None => auto_value_block(&limits, p, num_units, stages).ok_or_else(|| {
+                Error::value(
+                    "stages",
+                    "a count whose tiles this device's shared memory holds",
+                    stages,
+                )
+            })?,
             Some(bv) => {
                 if !VALUE_BLOCKS.contains(&bv)
-                    || fwd_smem(bv, false) > limits.smem_per_block
+                    || fwd_smem(bv, false, stages) > limits.smem_per_block
                 {
                     return Err(Error::value(
                         "value_block",
-                        format!("one of {VALUE_BLOCKS:?} that this device's shared memory fits"),
+                        format!(
+                            "one of {VALUE_BLOCKS:?} that this device's shared memory fits \
+                             with {stages} stages"
+                        ),
                         bv,
                     ));
                 }
@@ -406,6 +442,8 @@ impl ChunkPlan {
             problem: p.clone(),
             dtype,
             value_block,
+            stages,
+            prep_threads,
             num_chunks,
             chunks,
             units: units_dev,
@@ -440,6 +478,16 @@ impl ChunkPlan {
     /// The V-block width of the sequential pass.
     pub fn value_block(&self) -> usize {
         self.value_block
+    }
+
+    /// The sequential pass's stages of copied tiles (2 or 3).
+    pub fn stages(&self) -> usize {
+        self.stages
+    }
+
+    /// Threads per block of the per-chunk pass (128 or 256).
+    pub fn prep_threads(&self) -> usize {
+        self.prep_threads
     }
 
     /// The segment length (in chunks of 64 tokens) where sequence parallelism cut some
@@ -563,12 +611,15 @@ pub fn launch_chunked_passes(
     };
 
     if plan.num_chunks > 0 {
-        let name = format!("gdn_chunk_prep_{suffix}");
+        let name = match plan.prep_threads {
+            128 => format!("gdn_chunk_prep_{suffix}"),
+            n => format!("gdn_chunk_prep{n}_{suffix}"),
+        };
         let smem = prep_smem();
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.num_chunks as u32, p.heads_v as u32, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (plan.prep_threads as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let mut l = stream.launch_builder(&func);
@@ -599,7 +650,7 @@ pub fn launch_chunked_passes(
     let name = format!("gdn_chunk_fwd{bv}_{suffix}");
     // The sequential kernel, in the local pass (`local`) or the main pass.
     let sequential = |local: bool| -> Result<()> {
-        let smem = fwd_smem(bv, local);
+        let smem = fwd_smem(bv, local, plan.stages);
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let column_blocks = p.value_dim.div_ceil(bv) + if local { p.key_dim.div_ceil(bv) } else { 0 };
         let cfg = LaunchConfig {
@@ -608,7 +659,9 @@ pub fn launch_chunked_passes(
             shared_mem_bytes: smem as u32,
         };
         let params = ChunkParams {
-            flags: params.flags | if local { LOCAL_PASS } else { 0 },
+            flags: params.flags
+                | if local { LOCAL_PASS } else { 0 }
+                | if plan.stages == 3 { THREE_STAGES } else { 0 },
             ..params
         };
         let mut l = stream.launch_builder(&func);

@@ -7,7 +7,8 @@
 //!
 //! So far: the recurrent kernel (the forward for f32 storage and K > 128; every option and
 //! storage dtype, f32 arithmetic), the chunked tensor-core forward for f16/bf16 storage with
-//! K ≤ 128 ([`forward_path`] says which one a forward call runs), the decode kernel
+//! K ≤ 128 ([`forward_path`] says which one a forward call runs; exact sequence parallelism
+//! for few heads, [`Segments`]), the decode kernel
 //! ([`decode`]: every decode step, bandwidth-bound) and the exact BPTT backward ([`backward`],
 //! every gradient, f32 arithmetic).
 //!

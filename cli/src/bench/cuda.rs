@@ -23,8 +23,9 @@ fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
 }
 
 /// The chunked plan's overrides for experiments: `GDN_SEGMENT_CHUNKS` (n ≥ 1: cut every
-/// sequence longer than n chunks) and `GDN_V_BLOCK` (32, 64 or 128), as docs/configuration.md
-/// says; unset: the plan's own choices.
+/// sequence longer than n chunks), `GDN_V_BLOCK` (32, 64 or 128), `GDN_CHUNK_STAGES` (2 or 3)
+/// and `GDN_PREP_THREADS` (128 or 256), as docs/configuration.md says; unset: the plan's own
+/// choices. The correctness gate runs the plan's own choices.
 fn plan_options() -> Result<PlanOptions> {
     let read = |name: &str| -> Result<Option<usize>> {
         match std::env::var(name) {
@@ -39,6 +40,8 @@ fn plan_options() -> Result<PlanOptions> {
     Ok(PlanOptions {
         segments: read("GDN_SEGMENT_CHUNKS")?.map_or(Segments::Auto, Segments::Chunks),
         value_block: read("GDN_V_BLOCK")?,
+        stages: read("GDN_CHUNK_STAGES")?,
+        prep_threads: read("GDN_PREP_THREADS")?,
     })
 }
 
@@ -98,8 +101,10 @@ pub fn time(
                 parallel()?;
                 let parallel_ms = event_median(ctx, reps.min(10), &parallel)?;
                 variant = format!(
-                    "cuda chunked tensor-core forward, V-block {}, {}, parallel passes {parallel_ms:.4} ms",
+                    "cuda chunked tensor-core forward, V-block {}, {} stages, prep {} threads, {}, parallel passes {parallel_ms:.4} ms",
                     plan.value_block(),
+                    plan.stages(),
+                    plan.prep_threads(),
                     match plan.segment_chunks() {
                         Some(n) => format!("segments of {n} chunks"),
                         None => "whole sequences".into(),
