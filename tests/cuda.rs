@@ -24,7 +24,7 @@ use common::cases::{
 use common::problem;
 use gdn_wgpu::cuda_backend::nvrtc::{self, Target};
 use gdn_wgpu::cuda_backend::{
-    self, ChunkPlan, Context, CudaTensor, ForwardPath, PlanOptions, SeqBounds, Segments,
+    self, ChunkPlan, Context, CudaTensor, ForwardPath, PlanOptions, Segments, SeqBounds,
     forward_path, kernels,
 };
 use gdn_wgpu::tolerance::{Arithmetic, Op};
@@ -129,7 +129,6 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
         for pass in [
             "l2norm",
             "chunk_prep",
-            "chunk_prep256",
             "chunk_fwd32",
             "chunk_fwd64",
             "chunk_fwd128",
@@ -145,7 +144,10 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
     )
     .unwrap();
     let ptx = String::from_utf8_lossy(&image.bytes);
-    assert!(ptx.contains(".entry gdn_chunk_combine("), "gdn_chunk_combine missing");
+    assert!(
+        ptx.contains(".entry gdn_chunk_combine("),
+        "gdn_chunk_combine missing"
+    );
 }
 
 #[test]
@@ -403,29 +405,24 @@ fn the_split_state_option_matches_the_oracle() {
     fail_on(failures);
 }
 
-/// Every V-block of the sequential pass, two and three stages of copied tiles, both thread
-/// counts of the per-chunk pass, and sequence parallelism with segments as short as one chunk
-/// (the local pass, the combine and segments starting mid-sequence), against the oracle on
-/// every hard case that takes the chunked path.
+/// Every V-block of the sequential pass, and sequence parallelism with segments as short as
+/// one chunk (the local pass, the combine and segments starting mid-sequence), against the
+/// oracle on every hard case that takes the chunked path.
 #[test]
 fn every_value_block_and_segment_length_matches_the_oracle() {
     let Some(ctx) = cuda() else { return };
-    let variant = |segments, value_block, stages, prep_threads| PlanOptions {
+    let variant = |segments, value_block| PlanOptions {
         segments,
         value_block,
-        stages,
-        prep_threads,
     };
     let variants = [
-        variant(Segments::Off, Some(32), None, None),
-        variant(Segments::Off, Some(64), None, None),
-        variant(Segments::Off, Some(128), None, Some(256)),
-        variant(Segments::Off, Some(32), Some(3), Some(256)),
-        variant(Segments::Off, Some(64), Some(3), None),
-        variant(Segments::Chunks(1), Some(32), None, None),
-        variant(Segments::Chunks(2), Some(64), Some(3), Some(256)),
-        variant(Segments::Chunks(1), Some(128), None, None),
-        variant(Segments::Chunks(3), None, Some(3), None),
+        variant(Segments::Off, Some(32)),
+        variant(Segments::Off, Some(64)),
+        variant(Segments::Off, Some(128)),
+        variant(Segments::Chunks(1), Some(32)),
+        variant(Segments::Chunks(2), Some(64)),
+        variant(Segments::Chunks(1), Some(128)),
+        variant(Segments::Chunks(3), None),
     ];
     let mut failures = Vec::new();
     let mut segmented_runs = 0;
@@ -442,9 +439,11 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 if let Some(bv) = options.value_block {
                     assert_eq!(plan.value_block(), bv);
                 }
-                assert_eq!(plan.stages(), options.stages.unwrap_or(2));
-                assert_eq!(plan.prep_threads(), options.prep_threads.unwrap_or(128));
-                let longest = p.sequences().iter().map(|s| (s.end - s.start).div_ceil(64)).max();
+                let longest = p
+                    .sequences()
+                    .iter()
+                    .map(|s| (s.end - s.start).div_ceil(64))
+                    .max();
                 let cut = match options.segments {
                     Segments::Chunks(n) => longest.is_some_and(|c| c > n),
                     _ => false,
@@ -452,8 +451,9 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 assert_eq!(plan.segment_chunks().is_some(), cut, "[{}]", case.name);
                 segmented_runs += usize::from(cut);
                 let o = CudaTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
-                let state = CudaTensor::filled(ctx, "state", &p.state_shape(), DType::F32, f32::NAN)
-                    .unwrap();
+                let state =
+                    CudaTensor::filled(ctx, "state", &p.state_shape(), DType::F32, f32::NAN)
+                        .unwrap();
                 let outputs = ForwardOutputs {
                     o: &o,
                     final_state: &state,
@@ -465,13 +465,19 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 };
                 let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
                 let what = format!(
-                    "forward (Chunked, {:?}, V-block {}, {} stages, prep {})",
+                    "forward (Chunked, {:?}, V-block {})",
                     options.segments,
-                    plan.value_block(),
-                    plan.stages(),
-                    plan.prep_threads()
+                    plan.value_block()
                 );
-                if let Err(e) = check(&what, &case, Op::Forward, dtype, arithmetic, &got, &expected) {
+                if let Err(e) = check(
+                    &what,
+                    &case,
+                    Op::Forward,
+                    dtype,
+                    arithmetic,
+                    &got,
+                    &expected,
+                ) {
                     failures.push(e);
                 }
             }
@@ -486,7 +492,7 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
 fn plan_overrides_are_checked() {
     let Some(ctx) = cuda() else { return };
     let p = problem(1, 300, 1, 2, 128, 128, None, Options::default());
-    let with = |segments, value_block, stages, prep_threads| {
+    let with = |segments, value_block| {
         ChunkPlan::with_options(
             ctx,
             &p,
@@ -494,20 +500,14 @@ fn plan_overrides_are_checked() {
             PlanOptions {
                 segments,
                 value_block,
-                stages,
-                prep_threads,
             },
         )
     };
     let mut bad = Vec::new();
     for value_block in [16, 48, 256] {
-        bad.push(with(Segments::Auto, Some(value_block), None, None));
+        bad.push(with(Segments::Auto, Some(value_block)));
     }
-    bad.push(with(Segments::Chunks(0), None, None, None));
-    for stages in [1, 4] {
-        bad.push(with(Segments::Auto, None, Some(stages), None));
-    }
-    bad.push(with(Segments::Auto, None, None, Some(64)));
+    bad.push(with(Segments::Chunks(0), None));
     for err in bad {
         let err = err.unwrap_err();
         assert!(matches!(err, Error::Value { .. }), "{err:?}");

@@ -2,12 +2,12 @@
 //
 //   gdn_l2norm_*     (optional) q̂ = q / sqrt(Σq² + eps), k̂ likewise, rounded to the storage
 //                    dtype (as FLA's separate l2norm kernel does); the passes below read q̂, k̂.
-//   gdn_chunk_prep_* one block per (chunk, v-head), fully parallel: gate activation and
-//                    β transform, chunk-local cumsum G (f32, padded with the last valid value),
-//                    L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16 blocks:
-//                    forward substitution on the diagonal, block products below it), stored
-//                    to a workspace in the storage dtype (MMA operands): T·diag(β) and
-//                    P = scale·(Γ⊙QKᵀ) (i ≥ j), with G in f32.
+//   gdn_chunk_prep_* one block (8 warps) per (chunk, v-head), fully parallel: gate activation
+//                    and β transform, chunk-local cumsum G (f32, padded with the last valid
+//                    value), L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16
+//                    blocks: forward substitution on the diagonal, block products below it),
+//                    stored to a workspace in the storage dtype (MMA operands): T·diag(β) and
+//                    P = scale·(Γ⊙QKᵀ) (i ≥ j); and the decays γ = e^G, γ_C/γ in f32.
 //   gdn_chunk_fwd{32,64,128}_*
 //                    one block per (V-block, v-head, unit), sequential over the unit's chunks,
 //                    a warp per 16 state columns, the f32 state in registers; per chunk
@@ -43,6 +43,8 @@
 //   measured on the H200 it did not change the error, so it is off by default).
 // - Chunks never cross a sequence boundary: the host's chunk table gives each chunk's first
 //   token and length, and the unit table each unit's chunks, sequence and first/last flags.
+// - Shared-memory strides are fixed (MAX_K wide tiles whatever K is), so every tile offset is
+//   a compile-time constant and each lane computes its ldmatrix addresses once.
 // - Limits: K ≤ 128 (registers and shared memory); f32 storage and K = 256 use the recurrent
 //   kernel (src/cuda_backend/chunked.rs decides per call).
 namespace gdn {
@@ -159,7 +161,8 @@ template <typename T> __device__ __forceinline__ unsigned pack2_rest(float lo, f
 }
 
 constexpr int C = 64;          // chunk length
-constexpr int THREADS = 128;   // l2norm: 4 warps, a row each
+constexpr int THREADS = 128;       // l2norm: 4 warps, a row each
+constexpr int PREP_THREADS = 256;  // pass 1: 8 warps (4 blocks of 8 warps per SM)
 constexpr int MAX_K = 128;
 
 // Mirrors ChunkParams in src/cuda_backend/chunked.rs (repr(C), all 4-byte fields).
@@ -235,13 +238,13 @@ __device__ void l2norm(int rows, int K, const T* __restrict__ q, const T* __rest
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pass 1: per (chunk, v-head). Shared memory: k then the inverse's block sums, q then T, L,
-// the gates (52.7 KB: four blocks per SM).
+// Pass 1: per (chunk, v-head), 8 warps. Shared memory: k then the inverse's block sums, q
+// then T, L, the gates (52.7 KB: four blocks per SM).
 
 // Bytes of each of pass 1's three tiles (then the gates; prep_smem in chunked.rs mirrors it).
 constexpr int PREP_TILE = 2 * C * LDK;  // = 4 · C · LDF
 
-template <typename T, int NT>
+template <typename T>
 __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
                      const T* __restrict__ k, const float* __restrict__ g,
                      const float* __restrict__ beta, const float* __restrict__ a_log,
@@ -285,8 +288,8 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         sb[i] = bi;
     }
     const size_t qk_stride = (size_t)H * K;
-    copy_tile<NT, MAX_K / 8, LDK>(smem_addr(ks), k + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
-    copy_tile<NT, MAX_K / 8, LDK>(smem_addr(qs), q + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
+    copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(ks), k + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
+    copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(qs), q + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
     cp_async_wait();
     __syncthreads();
     if (threadIdx.x >= 32 && threadIdx.x < C) sg[threadIdx.x] += sg[31];
@@ -300,12 +303,12 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
 
     // KKᵀ (to shared) and P = scale·Γ⊙QKᵀ (i ≥ j, straight from the accumulators to the
     // workspace), lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w % 4 and
-    // every (NT / 128)-th of its tiles. The sequential pass never reads P's tiles above the
+    // every other of its tiles. The sequential pass never reads P's tiles above the
     // diagonal. Only i ≥ j is exponentiated, so G_i − G_j ≤ 0.
     T* p_out = ws_p + ch * C * C;
     {
         const int ti = warp & 3;
-        for (int tj = warp >> 2; tj <= ti; tj += NT / 128) {
+        for (int tj = warp >> 2; tj <= ti; tj += 2) {
             FragC ckk, cqk;
             fill_zero(ckk);
             fill_zero(cqk);
@@ -338,7 +341,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     __syncthreads();
 
     // L (strictly lower, gated, β rows) in place.
-    for (int idx = threadIdx.x; idx < C * C; idx += NT) {
+    for (int idx = threadIdx.x; idx < C * C; idx += PREP_THREADS) {
         const int i = idx / C, j = idx % C;
         a[i * LDF + j] = j < i ? sb[i] * a[i * LDF + j] * __expf(sg[i] - sg[j]) : 0.0f;
     }
@@ -346,7 +349,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
 
     // T = (I + L)⁻¹ in 16×16 blocks (§2.3). Diagonal blocks by forward substitution, one
     // column per thread: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within the block.
-    for (int idx = threadIdx.x; idx < C * C; idx += NT) t[(idx / C) * LDF + idx % C] = 0.0f;
+    for (int idx = threadIdx.x; idx < C * C; idx += PREP_THREADS) t[(idx / C) * LDF + idx % C] = 0.0f;
     __syncthreads();
     if (threadIdx.x < C) {
         const int b = (threadIdx.x / 16) * 16, c = threadIdx.x % 16;
@@ -361,7 +364,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
     // sums staged in xs.
     for (int r = 1; r < C / 16; ++r) {
-        for (int e = threadIdx.x; e < r * 256; e += NT) {
+        for (int e = threadIdx.x; e < r * 256; e += PREP_THREADS) {
             const int c = e / 256, i = (e % 256) / 16, j = e % 16;
             float acc = 0.0f;
             for (int m = c; m < r; ++m) {
@@ -373,7 +376,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
             xs[e] = acc;
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < r * 256; e += NT) {
+        for (int e = threadIdx.x; e < r * 256; e += PREP_THREADS) {
             const int c = e / 256, i = (e % 256) / 16, j = e % 16;
             float acc = 0.0f;
             for (int l = 0; l <= i; ++l) acc = fmaf(t[(16 * r + i) * LDF + 16 * r + l], xs[c * 256 + l * 16 + j], acc);
@@ -384,7 +387,7 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     // T·diag(β) to the workspace (the sequential pass's operand of v' = T·diag(β)·X), eight
     // elements per 16-byte store.
     T* a_out = ws_a + ch * C * C;
-    for (int idx = threadIdx.x; idx < C * C / 8; idx += NT) {
+    for (int idx = threadIdx.x; idx < C * C / 8; idx += PREP_THREADS) {
         const int i = idx / (C / 8), j = (idx % (C / 8)) * 8;
         uint4 out;
         unsigned* w = reinterpret_cast<unsigned*>(&out);
@@ -409,8 +412,8 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
 //   v'ᵀ (16 × C, f32)  rounded, the A operand of Oᵀ += v'ᵀ·Pᵀ; decayed by γ_C/γ and rounded,
 //                      of Sᵀ ← γ_C·Sᵀ + vdᵀ·K.
 // The state never leaves registers; K, V, T·diag(β), Q, P and the decays are shared B
-// operands (or addends), copied in by cp.async one chunk ahead (two stages; or two chunks
-// ahead, THREE_STAGES), so the chunk step has one block barrier. Each product loads its B fragments in a batch before its MMAs:
+// operands (or addends), copied in by cp.async one chunk ahead (two stages), so the chunk
+// step has one block barrier. Each product loads its B fragments in a batch before its MMAs:
 // with one warp per scheduler there is no other warp to hide a load's latency.
 
 // The unit table's flags (src/cuda_backend/chunked.rs mirrors them).
@@ -422,8 +425,6 @@ constexpr int UNIT_LAST = 2;   // the unit ends its sequence: its end state is t
 // v-blocks: its transition M, S_end = M·S_start + E); no output, and the unit that ends its
 // sequence is skipped (nobody reads its E and M).
 constexpr int LOCAL_PASS = 1 << 9;
-// Option bit of pass 2: three stages of tiles (two chunks copied ahead) instead of two.
-constexpr int THREE_STAGES = 1 << 10;
 
 // ldmatrix .x4 from a shared-memory byte address.
 __device__ __forceinline__ void ldsm4(unsigned (&x)[4], unsigned addr) {
@@ -446,8 +447,8 @@ template <int LD> __device__ __forceinline__ int lane_b_kmajor(int lane) {
 }
 
 // Pass 2's stage layout (byte offsets; mirrored by fwd_smem in chunked.rs): k, V's block,
-// T·diag(β), the decays (γ, then γ_C/γ), then q and P (not in the local pass). After the two
-// or three stages, one C × 16 staging tile of o per warp.
+// T·diag(β), the decays (γ, then γ_C/γ), then q and P (not in the local pass). After both
+// stages, one C × 16 staging tile of o per warp.
 template <int BV> struct FwdLayout {
     static constexpr int LDV = BV + 8;
     static constexpr int K_OFF = 0;
@@ -491,9 +492,8 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const int nk = K / 16;
 
     const int stage_bytes = local ? L::LOCAL_STAGE : L::MAIN_STAGE;
-    const int stages = (flags & THREE_STAGES) ? 3 : 2;
     const unsigned smem0 = smem_addr(smem);
-    T* const o_stage = reinterpret_cast<T*>(smem + stages * L::MAIN_STAGE) + warp * C * LDO;
+    T* const o_stage = reinterpret_cast<T*>(smem + 2 * L::MAIN_STAGE) + warp * C * LDO;
     // This lane's ldmatrix addresses within a stage.
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ (B[k][n] = K[n][k])
     const unsigned lane_qt = 2 * (L::Q_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Qᵀ
@@ -548,28 +548,19 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }
     }
 
-    // Chunks in flight: `ahead` more than the one being computed, each in its own stage.
-    const int ahead = stages - 1;
     auto info_of = [&](int c) { return c < end ? chunk_info(c) : make_int2(0, 0); };
-    int2 info = info_of(first), info1 = info_of(first + 1), info2 = info_of(first + 2);
+    int2 info = info_of(first), info1 = info_of(first + 1);
     if (first < end) {
         prefetch(first, 0, info);
         cp_async_commit();
-        if (ahead == 2 && first + 1 < end) {
-            prefetch(first + 1, 1, info1);
-            cp_async_commit();
-        }
     }
-    for (int chunk = first, s = 0; chunk < end; ++chunk, s = s + 1 == stages ? 0 : s + 1) {
+    for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
         // Read a step early, so that no prefetch waits for the table.
-        const int2 info3 = info_of(chunk + 3);
-        if (ahead == 2 && chunk + 1 < end) cp_async_wait_group<1>();
-        else cp_async_wait_group<0>();
-        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with the
-                          // stage the next prefetch fills (read for the previous chunk)
-        if (chunk + ahead < end) {
-            const int s_next = s + ahead >= stages ? s + ahead - stages : s + ahead;
-            prefetch(chunk + ahead, s_next, ahead == 2 ? info2 : info1);
+        const int2 info2 = info_of(chunk + 2);
+        cp_async_wait_group<0>();
+        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        if (chunk + 1 < end) {
+            prefetch(chunk + 1, s ^ 1, info1);
             cp_async_commit();
         }
         if (active) {
@@ -750,7 +741,6 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }
         info = info1;
         info1 = info2;
-        info2 = info3;
     }
 
     if (!active) return;
@@ -779,22 +769,17 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                                  h_out, seg_end);                                                  \
     }
 
-// Pass 1 with NT threads (4 or 8 warps); NAME is what follows "prep" in the kernel's name.
-#define GDN_CHUNK_PREP(SUFFIX, T, NT, NAME)                                                        \
-    extern "C" __global__ void __launch_bounds__(NT) gdn_chunk_prep##NAME##_##SUFFIX(              \
-        const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k,              \
-        const float* g, const float* beta, const float* a_log, const float* dt_bias,               \
-        float* ws_f, T* ws_a, T* ws_p) {                                                           \
-        gdn::chunked::prep<T, NT>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p);     \
-    }
-
 #define GDN_CHUNKED(SUFFIX, T)                                                                     \
     extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS)                            \
         gdn_l2norm_##SUFFIX(int rows, int key_dim, const T* q, const T* k, T* qn, T* kn) {         \
         gdn::chunked::l2norm<T>(rows, key_dim, q, k, qn, kn);                                      \
     }                                                                                              \
-    GDN_CHUNK_PREP(SUFFIX, T, 128, )                                                               \
-    GDN_CHUNK_PREP(SUFFIX, T, 256, 256)                                                            \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS)                       \
+        gdn_chunk_prep_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks, const T* q,  \
+                                const T* k, const float* g, const float* beta, const float* a_log, \
+                                const float* dt_bias, float* ws_f, T* ws_a, T* ws_p) {             \
+        gdn::chunked::prep<T>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p);         \
+    }                                                                                              \
     GDN_CHUNK_FWD(SUFFIX, T, 32)                                                                   \
     GDN_CHUNK_FWD(SUFFIX, T, 64)                                                                   \
     GDN_CHUNK_FWD(SUFFIX, T, 128)

@@ -25,26 +25,21 @@ use crate::tensor::{DType, TensorMeta};
 /// Largest K the chunked pass runs (its shared memory); larger heads take the recurrent kernel.
 pub const MAX_CHUNKED_KEY_DIM: usize = 128;
 
-/// Threads per block of l2norm (prep: the plan's; the sequential pass: a warp per 16 columns).
+/// Threads per block of l2norm (`THREADS`) and prep (`PREP_THREADS`); the sequential pass
+/// runs a warp per 16 columns.
 const THREADS: u32 = 128;
+const PREP_THREADS: u32 = 256;
 
 /// chunked.cu's SPLIT_STATE bit: the state enters W·S and Q·S as two 16-bit parts.
 const SPLIT_STATE: i32 = 1 << 8;
 /// chunked.cu's LOCAL_PASS bit: the segments' local pass (end states from zero, transitions).
 const LOCAL_PASS: i32 = 1 << 9;
-/// chunked.cu's THREE_STAGES bit: the sequential pass copies two chunks ahead.
-const THREE_STAGES: i32 = 1 << 10;
 /// chunked.cu's unit flags: the unit starts / ends its sequence.
 const UNIT_FIRST: i32 = 1;
 const UNIT_LAST: i32 = 2;
 
 /// The sequential pass's V-blocks (a warp per 16 columns), smallest first.
 pub const VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
-
-/// The sequential pass's stages of copied tiles (the chunk computed and those copied ahead)
-/// and the per-chunk pass's threads a plan takes unless told otherwise.
-const DEFAULT_STAGES: usize = 2;
-const DEFAULT_PREP_THREADS: usize = 128;
 
 /// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
 /// spend more on the local pass and the combine than they gain.
@@ -71,11 +66,6 @@ pub struct PlanOptions {
     pub segments: Segments,
     /// The sequential pass's V-block, one of [`VALUE_BLOCKS`]; `None`: chosen from the grid.
     pub value_block: Option<usize>,
-    /// The sequential pass's stages of copied tiles: 2 (one chunk copied ahead) or 3 (two,
-    /// where shared memory holds them: V-blocks up to 64 on the H200); `None`: 2.
-    pub stages: Option<usize>,
-    /// Threads per block of the per-chunk pass: 128 or 256; `None`: 128.
-    pub prep_threads: Option<usize>,
 }
 
 /// Which kernel a forward call runs.
@@ -110,20 +100,20 @@ const LDK: usize = MAX_CHUNKED_KEY_DIM + 8;
 const LDC: usize = CHUNK + 8;
 const LDO: usize = 16 + 8;
 
-/// chunked.cu's PREP_SMEM: k (then block sums), q (then T), L, the gates.
+/// Pass 1's shared memory (chunked.cu PREP_TILE): k (then block sums), q (then T), L, gates.
 fn prep_smem() -> usize {
     3 * 2 * CHUNK * LDK + 2 * CHUNK * 4
 }
 
 /// chunked.cu's FwdLayout: per stage k, V's block, T·diag(β), the decays, then q and P (main
-/// pass only); `stages` stages, then the main pass's o staging tiles.
-fn fwd_smem(bv: usize, local: bool, stages: usize) -> usize {
+/// pass only); two stages, then the main pass's o staging tiles.
+fn fwd_smem(bv: usize, local: bool) -> usize {
     let c = CHUNK;
     let local_stage = 2 * c * LDK + 2 * c * (bv + 8) + 2 * c * LDC + 4 * 2 * c;
     if local {
-        stages * local_stage
+        2 * local_stage
     } else {
-        stages * (local_stage + 2 * c * LDK + 2 * c * LDC) + (bv / 16) * c * LDO * 2
+        2 * (local_stage + 2 * c * LDK + 2 * c * LDC) + (bv / 16) * c * LDO * 2
     }
 }
 
@@ -146,7 +136,7 @@ fn device_attribute(ctx: &Context, attr: sys::CUdevice_attribute, what: &str) ->
 /// pass at its smallest V-block).
 fn chunked_fits(ctx: &Context) -> Result<bool> {
     let limit = max_shared_optin(ctx)?;
-    Ok(prep_smem() <= limit && fwd_smem(VALUE_BLOCKS[0], false, DEFAULT_STAGES) <= limit)
+    Ok(prep_smem() <= limit && fwd_smem(VALUE_BLOCKS[0], false) <= limit)
 }
 
 /// The kernel [`forward_into`](super::forward_into) runs for `problem` with q, k, v stored as
@@ -154,9 +144,8 @@ fn chunked_fits(ctx: &Context) -> Result<bool> {
 /// holds them, the recurrent kernel otherwise (f32 storage keeps the exact f32 mode). Every
 /// option, GVA and varlen run on either path.
 pub fn forward_path(ctx: &Context, problem: &Problem, dtype: DType) -> Result<ForwardPath> {
-    let chunked = dtype != DType::F32
-        && problem.key_dim <= MAX_CHUNKED_KEY_DIM
-        && chunked_fits(ctx)?;
+    let chunked =
+        dtype != DType::F32 && problem.key_dim <= MAX_CHUNKED_KEY_DIM && chunked_fits(ctx)?;
     Ok(if chunked {
         ForwardPath::Chunked
     } else {
@@ -211,7 +200,11 @@ impl DeviceLimits {
 /// The automatic segment length: only when even 32-wide V-blocks leave more than half the
 /// SMs idle, and then about one wave of the main pass at V-block 64 (the local pass, with
 /// the transition's K extra columns, is about two).
-fn auto_segment_chunks(limits: &DeviceLimits, problem: &Problem, seq_chunks: &[usize]) -> Option<usize> {
+fn auto_segment_chunks(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    seq_chunks: &[usize],
+) -> Option<usize> {
     let p = problem;
     let busy = p.heads_v * seq_chunks.len() * p.value_dim.div_ceil(32);
     if 2 * busy >= limits.sms {
@@ -225,22 +218,17 @@ fn auto_segment_chunks(limits: &DeviceLimits, problem: &Problem, seq_chunks: &[u
 
 /// The automatic V-block: the smallest whose grid is resident at once (more, shorter blocks
 /// for a latency-bound scan), else the largest (fewest copies of the shared tiles).
-fn auto_value_block(
-    limits: &DeviceLimits,
-    problem: &Problem,
-    units: usize,
-    stages: usize,
-) -> Option<usize> {
+fn auto_value_block(limits: &DeviceLimits, problem: &Problem, units: usize) -> Option<usize> {
     let p = problem;
     let fits: Vec<usize> = VALUE_BLOCKS
         .into_iter()
-        .filter(|&bv| fwd_smem(bv, false, stages) <= limits.smem_per_block)
+        .filter(|&bv| fwd_smem(bv, false) <= limits.smem_per_block)
         .collect();
     fits.iter()
         .copied()
         .find(|&bv| {
             let blocks = p.value_dim.div_ceil(bv) * p.heads_v * units;
-            blocks <= limits.resident(fwd_smem(bv, false, stages))
+            blocks <= limits.resident(fwd_smem(bv, false))
         })
         .or(fits.last().copied())
 }
@@ -252,8 +240,6 @@ pub struct ChunkPlan {
     problem: Problem,
     dtype: DType,
     value_block: usize,
-    stages: usize,
-    prep_threads: usize,
     num_chunks: usize,
     /// (first token, length) per chunk; chunks never cross a sequence boundary.
     chunks: CudaSlice<i32>,
@@ -356,7 +342,8 @@ impl ChunkPlan {
             let mut a = first;
             loop {
                 let b = a.saturating_add(per).min(end);
-                let flags = if a == first { UNIT_FIRST } else { 0 } | if b == end { UNIT_LAST } else { 0 };
+                let flags =
+                    if a == first { UNIT_FIRST } else { 0 } | if b == end { UNIT_LAST } else { 0 };
                 units.extend([a as i32, b as i32, n as i32, flags]);
                 if b == end {
                     break;
@@ -376,32 +363,13 @@ impl ChunkPlan {
         let segmented = num_units > p.num_sequences();
         let segment_chunks = segment_chunks.filter(|_| segmented);
 
-        let stages = options.stages.unwrap_or(DEFAULT_STAGES);
-        if !(2..=3).contains(&stages) {
-            return Err(Error::value("stages", "2 or 3", stages));
-        }
-        let prep_threads = options.prep_threads.unwrap_or(DEFAULT_PREP_THREADS);
-        if ![128, 256].contains(&prep_threads) {
-            return Err(Error::value("prep_threads", "128 or 256", prep_threads));
-        }
         let value_block = match options.value_block {
-            None => auto_value_block(&limits, p, num_units, stages).ok_or_else(|| {
-                Error::value(
-                    "stages",
-                    "a count whose tiles this device's shared memory holds",
-                    stages,
-                )
-            })?,
+            None => auto_value_block(&limits, p, num_units).unwrap_or(VALUE_BLOCKS[0]),
             Some(bv) => {
-                if !VALUE_BLOCKS.contains(&bv)
-                    || fwd_smem(bv, false, stages) > limits.smem_per_block
-                {
+                if !VALUE_BLOCKS.contains(&bv) || fwd_smem(bv, false) > limits.smem_per_block {
                     return Err(Error::value(
                         "value_block",
-                        format!(
-                            "one of {VALUE_BLOCKS:?} that this device's shared memory fits \
-                             with {stages} stages"
-                        ),
+                        format!("one of {VALUE_BLOCKS:?} that this device's shared memory fits"),
                         bv,
                     ));
                 }
@@ -442,8 +410,6 @@ impl ChunkPlan {
             problem: p.clone(),
             dtype,
             value_block,
-            stages,
-            prep_threads,
             num_chunks,
             chunks,
             units: units_dev,
@@ -478,16 +444,6 @@ impl ChunkPlan {
     /// The V-block width of the sequential pass.
     pub fn value_block(&self) -> usize {
         self.value_block
-    }
-
-    /// The sequential pass's stages of copied tiles (2 or 3).
-    pub fn stages(&self) -> usize {
-        self.stages
-    }
-
-    /// Threads per block of the per-chunk pass (128 or 256).
-    pub fn prep_threads(&self) -> usize {
-        self.prep_threads
     }
 
     /// The segment length (in chunks of 64 tokens) where sequence parallelism cut some
@@ -611,15 +567,12 @@ pub fn launch_chunked_passes(
     };
 
     if plan.num_chunks > 0 {
-        let name = match plan.prep_threads {
-            128 => format!("gdn_chunk_prep_{suffix}"),
-            n => format!("gdn_chunk_prep{n}_{suffix}"),
-        };
+        let name = format!("gdn_chunk_prep_{suffix}");
         let smem = prep_smem();
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.num_chunks as u32, p.heads_v as u32, 1),
-            block_dim: (plan.prep_threads as u32, 1, 1),
+            block_dim: (PREP_THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let mut l = stream.launch_builder(&func);
@@ -650,18 +603,21 @@ pub fn launch_chunked_passes(
     let name = format!("gdn_chunk_fwd{bv}_{suffix}");
     // The sequential kernel, in the local pass (`local`) or the main pass.
     let sequential = |local: bool| -> Result<()> {
-        let smem = fwd_smem(bv, local, plan.stages);
+        let smem = fwd_smem(bv, local);
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
-        let column_blocks = p.value_dim.div_ceil(bv) + if local { p.key_dim.div_ceil(bv) } else { 0 };
+        let column_blocks =
+            p.value_dim.div_ceil(bv) + if local { p.key_dim.div_ceil(bv) } else { 0 };
         let cfg = LaunchConfig {
-            grid_dim: (column_blocks as u32, p.heads_v as u32, plan.num_units as u32),
+            grid_dim: (
+                column_blocks as u32,
+                p.heads_v as u32,
+                plan.num_units as u32,
+            ),
             block_dim: ((bv / 16 * 32) as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let params = ChunkParams {
-            flags: params.flags
-                | if local { LOCAL_PASS } else { 0 }
-                | if plan.stages == 3 { THREE_STAGES } else { 0 },
+            flags: params.flags | if local { LOCAL_PASS } else { 0 },
             ..params
         };
         let mut l = stream.launch_builder(&func);

@@ -23,25 +23,26 @@ fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
 }
 
 /// The chunked plan's overrides for experiments: `GDN_SEGMENT_CHUNKS` (n ≥ 1: cut every
-/// sequence longer than n chunks), `GDN_V_BLOCK` (32, 64 or 128), `GDN_CHUNK_STAGES` (2 or 3)
-/// and `GDN_PREP_THREADS` (128 or 256), as docs/configuration.md says; unset: the plan's own
-/// choices. The correctness gate runs the plan's own choices.
+/// sequence longer than n chunks) and `GDN_V_BLOCK` (32, 64 or 128), as docs/configuration.md
+/// says; unset: the plan's own choices. The correctness gate runs the plan's own choices.
 fn plan_options() -> Result<PlanOptions> {
     let read = |name: &str| -> Result<Option<usize>> {
         match std::env::var(name) {
             Err(_) => Ok(None),
-            Ok(s) => s.trim().parse::<usize>().map(Some).map_err(|_| Error::Value {
-                name: name.into(),
-                expected: "a positive integer".into(),
-                got: s,
-            }),
+            Ok(s) => s
+                .trim()
+                .parse::<usize>()
+                .map(Some)
+                .map_err(|_| Error::Value {
+                    name: name.into(),
+                    expected: "a positive integer".into(),
+                    got: s,
+                }),
         }
     };
     Ok(PlanOptions {
         segments: read("GDN_SEGMENT_CHUNKS")?.map_or(Segments::Auto, Segments::Chunks),
         value_block: read("GDN_V_BLOCK")?,
-        stages: read("GDN_CHUNK_STAGES")?,
-        prep_threads: read("GDN_PREP_THREADS")?,
     })
 }
 
@@ -50,11 +51,19 @@ fn event_median(ctx: &Context, reps: usize, launch: &dyn Fn() -> Result<()>) -> 
     let (start, end) = (ctx.timing_event()?, ctx.timing_event()?);
     let mut ms = Vec::with_capacity(reps);
     for _ in 0..reps.max(1) {
-        start.record(ctx.stream()).map_err(|e| cuda_error("event record", e))?;
+        start
+            .record(ctx.stream())
+            .map_err(|e| cuda_error("event record", e))?;
         launch()?;
-        end.record(ctx.stream()).map_err(|e| cuda_error("event record", e))?;
-        end.synchronize().map_err(|e| cuda_error("event synchronize", e))?;
-        ms.push(start.elapsed_ms(&end).map_err(|e| cuda_error("event elapsed time", e))? as f64);
+        end.record(ctx.stream())
+            .map_err(|e| cuda_error("event record", e))?;
+        end.synchronize()
+            .map_err(|e| cuda_error("event synchronize", e))?;
+        ms.push(
+            start
+                .elapsed_ms(&end)
+                .map_err(|e| cuda_error("event elapsed time", e))? as f64,
+        );
     }
     ms.sort_by(f64::total_cmp);
     Ok(ms[ms.len() / 2])
@@ -101,10 +110,8 @@ pub fn time(
                 parallel()?;
                 let parallel_ms = event_median(ctx, reps.min(10), &parallel)?;
                 variant = format!(
-                    "cuda chunked tensor-core forward, V-block {}, {} stages, prep {} threads, {}, parallel passes {parallel_ms:.4} ms",
+                    "cuda chunked tensor-core forward, V-block {}, {}, parallel passes {parallel_ms:.4} ms",
                     plan.value_block(),
-                    plan.stages(),
-                    plan.prep_threads(),
                     match plan.segment_chunks() {
                         Some(n) => format!("segments of {n} chunks"),
                         None => "whole sequences".into(),
