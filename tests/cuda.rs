@@ -24,7 +24,8 @@ use common::cases::{
 use common::problem;
 use gdn_wgpu::cuda_backend::nvrtc::{self, Target};
 use gdn_wgpu::cuda_backend::{
-    self, ChunkPlan, Context, CudaTensor, ForwardPath, SeqBounds, forward_path, kernels,
+    self, ChunkPlan, Context, CudaTensor, ForwardPath, PlanOptions, Segments, SeqBounds,
+    forward_path, kernels,
 };
 use gdn_wgpu::tolerance::{Arithmetic, Op};
 use gdn_wgpu::{
@@ -125,11 +126,28 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
     .unwrap();
     let ptx = String::from_utf8_lossy(&image.bytes);
     for dtype in ["f16", "bf16"] {
-        for pass in ["l2norm", "chunk_prep", "chunk_fwd32", "chunk_fwd64"] {
+        for pass in [
+            "l2norm",
+            "chunk_prep",
+            "chunk_fwd32",
+            "chunk_fwd64",
+            "chunk_fwd128",
+        ] {
             let name = format!("gdn_{pass}_{dtype}");
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
         }
     }
+    let image = nvrtc::compile(
+        kernels::CHUNK_COMBINE.file,
+        &kernels::CHUNK_COMBINE.full_text(),
+        Target::Compute80Ptx,
+    )
+    .unwrap();
+    let ptx = String::from_utf8_lossy(&image.bytes);
+    assert!(
+        ptx.contains(".entry gdn_chunk_combine("),
+        "gdn_chunk_combine missing"
+    );
 }
 
 #[test]
@@ -385,6 +403,118 @@ fn the_split_state_option_matches_the_oracle() {
         }
     }
     fail_on(failures);
+}
+
+/// Every V-block of the sequential pass, and sequence parallelism with segments as short as
+/// one chunk (the local pass, the combine and segments starting mid-sequence), against the
+/// oracle on every hard case that takes the chunked path.
+#[test]
+fn every_value_block_and_segment_length_matches_the_oracle() {
+    let Some(ctx) = cuda() else { return };
+    let variant = |segments, value_block| PlanOptions {
+        segments,
+        value_block,
+    };
+    let variants = [
+        variant(Segments::Off, Some(32)),
+        variant(Segments::Off, Some(64)),
+        variant(Segments::Off, Some(128)),
+        variant(Segments::Chunks(1), Some(32)),
+        variant(Segments::Chunks(2), Some(64)),
+        variant(Segments::Chunks(1), Some(128)),
+        variant(Segments::Chunks(3), None),
+    ];
+    let mut failures = Vec::new();
+    let mut segmented_runs = 0;
+    for case in hard_cases() {
+        for dtype in [DType::F16, DType::BF16] {
+            let p = &case.problem;
+            if forward_path(ctx, p, dtype).unwrap() != ForwardPath::Chunked {
+                continue;
+            }
+            let (inputs, expected) = inputs_and_oracle(&case, dtype);
+            let dev = upload(ctx, &inputs);
+            for options in variants {
+                let plan = ChunkPlan::with_options(ctx, p, dtype, options).unwrap();
+                if let Some(bv) = options.value_block {
+                    assert_eq!(plan.value_block(), bv);
+                }
+                let longest = p
+                    .sequences()
+                    .iter()
+                    .map(|s| (s.end - s.start).div_ceil(64))
+                    .max();
+                let cut = match options.segments {
+                    Segments::Chunks(n) => longest.is_some_and(|c| c > n),
+                    _ => false,
+                };
+                assert_eq!(plan.segment_chunks().is_some(), cut, "[{}]", case.name);
+                segmented_runs += usize::from(cut);
+                let o = CudaTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
+                let state =
+                    CudaTensor::filled(ctx, "state", &p.state_shape(), DType::F32, f32::NAN)
+                        .unwrap();
+                let outputs = ForwardOutputs {
+                    o: &o,
+                    final_state: &state,
+                };
+                cuda_backend::launch_chunked(ctx, p, &plan, &dev.as_ref(), &outputs).unwrap();
+                let got = ForwardOutputs {
+                    o: o.download(ctx).unwrap(),
+                    final_state: state.download(ctx).unwrap(),
+                };
+                let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
+                let what = format!(
+                    "forward (Chunked, {:?}, V-block {})",
+                    options.segments,
+                    plan.value_block()
+                );
+                if let Err(e) = check(
+                    &what,
+                    &case,
+                    Op::Forward,
+                    dtype,
+                    arithmetic,
+                    &got,
+                    &expected,
+                ) {
+                    failures.push(e);
+                }
+            }
+        }
+    }
+    assert!(segmented_runs > 0, "no case was cut into segments");
+    fail_on(failures);
+}
+
+/// Bad plan overrides are typed errors; the automatic choice keeps a many-head problem whole.
+#[test]
+fn plan_overrides_are_checked() {
+    let Some(ctx) = cuda() else { return };
+    let p = problem(1, 300, 1, 2, 128, 128, None, Options::default());
+    let with = |segments, value_block| {
+        ChunkPlan::with_options(
+            ctx,
+            &p,
+            DType::BF16,
+            PlanOptions {
+                segments,
+                value_block,
+            },
+        )
+    };
+    let mut bad = Vec::new();
+    for value_block in [16, 48, 256] {
+        bad.push(with(Segments::Auto, Some(value_block)));
+    }
+    bad.push(with(Segments::Chunks(0), None));
+    for err in bad {
+        let err = err.unwrap_err();
+        assert!(matches!(err, Error::Value { .. }), "{err:?}");
+    }
+    let many_heads = problem(1, 2048, 16, 64, 128, 128, None, Options::default());
+    let plan = ChunkPlan::new(ctx, &many_heads, DType::BF16).unwrap();
+    assert_eq!(plan.segment_chunks(), None);
 }
 
 #[test]

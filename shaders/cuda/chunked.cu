@@ -1,40 +1,52 @@
-// The chunked GDN forward (C = 64) on tensor cores, for f16/bf16 storage: FLA's split.
+// The chunked GDN forward (C = 64) on tensor cores, for f16/bf16 storage.
 //
 //   gdn_l2norm_*     (optional) q̂ = q / sqrt(Σq² + eps), k̂ likewise, rounded to the storage
 //                    dtype (as FLA's separate l2norm kernel does); the passes below read q̂, k̂.
-//   gdn_chunk_prep_* one block per (chunk, v-head), fully parallel: gate activation and
-//                    β transform, chunk-local cumsum G (f32, padded with the last valid value),
-//                    L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16 blocks:
-//                    forward substitution on the diagonal, block products below it),
-//                    W = T·diag(βγ)·K, U = T·diag(β)·V and P = scale·(Γ⊙QKᵀ) (i ≥ j), stored
-//                    to a workspace: −W and P in the storage dtype (MMA operands; −W so the
-//                    sequential pass starts its accumulator at U and adds (−W)·S), U in f32
-//                    (only ever an addend: no rounding needed).
-//   gdn_chunk_fwd_*  one block per (V-block, v-head, sequence), sequential over the sequence's
-//                    chunks: the f32 state lives in shared memory (as MMA operand it is
-//                    rounded to the storage dtype, or split hi + lo with SPLIT_STATE), per chunk
-//                      v' = U − W·S,  O = scale·diag(γ)·Q·S + P·v',
+//   gdn_chunk_prep_* one block (8 warps) per (chunk, v-head), fully parallel: gate activation
+//                    and β transform, chunk-local cumsum G (f32, padded with the last valid
+//                    value), L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16
+//                    blocks: forward substitution on the diagonal, block products below it),
+//                    stored to a workspace in the storage dtype (MMA operands): T·diag(β) and
+//                    P = scale·(Γ⊙QKᵀ) (i ≥ j); and the decays γ = e^G, γ_C/γ in f32.
+//   gdn_chunk_fwd{32,64,128}_*
+//                    one block per (V-block, v-head, unit), sequential over the unit's chunks,
+//                    a warp per 16 state columns, the f32 state in registers; per chunk
+//                      X = V − diag(γ)·K·S,  v' = T·diag(β)·X   (= FLA's U − W·S),
+//                      O = scale·diag(γ)·Q·S + P·v',
 //                      S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v').
+//                    A unit is a sequence, or with sequence parallelism a segment of one: then
+//                    a local pass of the same kernel (LOCAL_PASS) gives each segment's end state
+//                    from zero, E, and its transition M (S_end = M·S_start + E), chunk_combine.cu
+//                    chains them into every segment's exact start state, and the main pass runs
+//                    the segments from those (src/cuda_backend/chunked.rs decides).
 //
 // Decisions and why:
-// - FLA's gated T (not FlashQLA's gate-free A): W and U then need no gate work in the
+// - FLA's gated T (not FlashQLA's gate-free A): no gate work on the T operand in the
 //   sequential pass, and every exponent is a difference G_i − G_j (i ≥ j), G_last − G_i or G_i
-//   of chunk-local cumsums: never positive (§7.2). Padded rows have β = 0 and the last valid
-//   G, so their L rows, W, U, v' rows and state contributions are exactly zero.
+//   of chunk-local cumsums: never positive (§7.2). Padded rows have β = 0, zero k and v rows
+//   and the last valid G, so their T·diag(β) columns, v' rows and state contributions are
+//   exactly zero.
+// - W = T·diag(βγ)·K and U = T·diag(β)·V are never formed (FlashQLA's trick): v' comes from
+//   X = V − diag(γ)·K·S, one more 64×64 product per chunk instead of writing and reading back
+//   W and U (1.5 GiB at 16/64 × 32768); X is rounded to the storage dtype as an operand.
 // - 16×16×16 tiles of mma.sync m16n8k16 (operands by ldmatrix) with f32 accumulators: the
-//   same source runs on sm_80 and sm_90a (wgmma is a later step). Operands (q, k, v, W, P,
-//   v', the state parts) are in the storage dtype, as in FLA; the inverse, the cumsum, U and
-//   every accumulator are f32. Global → shared copies are cp.async, all of a chunk in flight
-//   at once (no double buffering yet: the sequential pass's shared memory is near the limit).
-// - The state accumulates in f32 shared memory (accumulator fragments are loaded, scaled by
-//   γ_C, multiplied into and stored back). Where it is an operand (W·S, Q·S) it is rounded to
-//   the storage dtype as in FLA, or with SPLIT_STATE enters as S_hi + S_lo (twice those
-//   MMAs, no rounding of the state; measured on the H200 it did not change the error, so it
-//   is off by default).
+//   same source runs on sm_80 and sm_90a (wgmma is a later step). Operands (q, k, v, T·diag(β),
+//   P, X, v', the state) are in the storage dtype, as in FLA; the inverse, the cumsum and every
+//   accumulator are f32.
+// - The output stays in the sequential pass (not FLA's separate output kernel): with the
+//   state in registers it costs MMAs but no barrier, while a separate pass would write and
+//   read back the per-chunk states and v' (1.5 GiB more traffic at 16/64 × 32768).
+// - The sequential pass keeps each warp's state columns transposed in accumulator registers
+//   (see fwd below): no shared-memory round trip of the state, one barrier per chunk, the
+//   next chunk's tiles copied by cp.async while this one computes. With SPLIT_STATE the
+//   state enters K·S and Q·S as S_hi + S_lo (twice those MMAs, no rounding of the state;
+//   measured on the H200 it did not change the error, so it is off by default).
 // - Chunks never cross a sequence boundary: the host's chunk table gives each chunk's first
-//   token and length, and each sequence's first chunk.
-// - Limits: K ≤ 128 (the sequential pass's shared memory); f32 storage and K = 256 use the
-//   recurrent kernel (src/cuda_backend/chunked.rs decides per call).
+//   token and length, and the unit table each unit's chunks, sequence and first/last flags.
+// - Shared-memory strides are fixed (MAX_K wide tiles whatever K is), so every tile offset is
+//   a compile-time constant and each lane computes its ldmatrix addresses once.
+// - Limits: K ≤ 128 (registers and shared memory); f32 storage and K = 256 use the recurrent
+//   kernel (src/cuda_backend/chunked.rs decides per call).
 namespace gdn {
 namespace chunked {
 
@@ -50,11 +62,6 @@ struct FragC {                     // 16×16 f32: n 0..7 in x[0..3], n 8..15 in 
     float x[8];
 };
 
-__device__ __forceinline__ unsigned smem_addr(const void* p) {
-    unsigned a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
 
 // Four 8×8 16-bit matrices from shared memory; lane l gives the address of row l % 8 of
 // matrix l / 8. TRANS hands each thread the transposed elements.
@@ -110,7 +117,6 @@ __device__ __forceinline__ void move_c(FragC& f, float* p, int ld) {
     }
 }
 __device__ __forceinline__ void store_c(float* p, FragC& f, int ld) { move_c<true>(f, p, ld); }
-__device__ __forceinline__ void load_c(FragC& f, float* p, int ld) { move_c<false>(f, p, ld); }
 
 template <typename T> struct MmaOp;
 template <> struct MmaOp<__half> {
@@ -139,9 +145,24 @@ __device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
     MmaOp<T>::run(d.x + 4, a.x, b.x[2], b.x[3]);
 }
 
+// Two 16-bit values in one register, `lo` in the low half (the lower MMA column).
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi);
+template <> __device__ __forceinline__ unsigned pack2<__half>(float lo, float hi) {
+    const __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+template <> __device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const unsigned*>(&v);
+}
+// The rest of (lo, hi) after rounding to T: what SPLIT_STATE adds as a second operand.
+template <typename T> __device__ __forceinline__ unsigned pack2_rest(float lo, float hi) {
+    return pack2<T>(lo - to_f32(from_f32<T>(lo)), hi - to_f32(from_f32<T>(hi)));
+}
+
 constexpr int C = 64;          // chunk length
-constexpr int THREADS = 128;   // l2norm and prep: 4 warps; warp w owns row tile w
-constexpr int FWD_THREADS = 256;  // the sequential pass: 8 warps, two per 16-row tile
+constexpr int THREADS = 128;       // l2norm: 4 warps, a row each
+constexpr int PREP_THREADS = 256;  // pass 1: 8 warps (4 blocks of 8 warps per SM)
 constexpr int MAX_K = 128;
 
 // Mirrors ChunkParams in src/cuda_backend/chunked.rs (repr(C), all 4-byte fields).
@@ -156,43 +177,43 @@ struct ChunkParams {
     float scale;
 };
 
-// Shared-memory row strides: 8 extra 16-bit elements (4 extra f32) keep rows 16-byte aligned
-// (vector copies) while spreading them over banks.
-__host__ __device__ constexpr int ld16(int n) { return n + 8; }
-__host__ __device__ constexpr int ld32(int n) { return n + 4; }
-__device__ __forceinline__ size_t align128(size_t x) { return (x + 127) & ~(size_t)127; }
-
-// x as hi + lo, both in T: hi = round(x), lo = round(x − hi).
-template <typename T>
-__device__ __forceinline__ void split_store(T* hi, T* lo, float x) {
-    const T h = from_f32<T>(x);
-    *hi = h;
-    *lo = from_f32<T>(x - to_f32(h));
-}
+// Shared-memory row strides in elements, fixed whatever K is (so that every tile offset is a
+// compile-time constant): 8 extra 16-bit elements (4 extra f32) keep rows 16-byte aligned
+// while spreading them over banks.
+constexpr int LDK = MAX_K + 8;  // 16-bit C × K tiles (k, q)
+constexpr int LDC = C + 8;      // 16-bit C × C tiles (T·diag(β), P)
+constexpr int LDF = C + 4;      // f32 C × C tiles (prep)
+constexpr int LDO = 16 + 8;     // a warp's o staging tile (pass 2)
 
 // Option bit of the chunked passes only (src/cuda_backend/chunked.rs SPLIT_STATE).
 constexpr int SPLIT_STATE = 1 << 8;
 
-// 16 bytes global → shared without passing through registers (sm_80+): every copy of a
-// chunk is in flight at once, and cp_async_wait waits for all of this thread's.
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+// cp.async of 16 bytes to a shared-memory byte address; zeros when !valid (src-size 0: the
+// source is not read).
+__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
-// Start copying `rows` rows of `n` elements (n·sizeof(E) a multiple of 16) from global rows
-// `stride` elements apart into shared rows `ld` apart; rows rows..C-1 and columns from
-// `valid` on are zeroed. Complete after cp_async_wait and a barrier.
-template <typename E>
-__device__ __forceinline__ void load_rows(E* dst, int ld, const E* src, size_t stride, int rows, int n,
-                                          int valid) {
-    constexpr int PER = 16 / sizeof(E);
-    const int vecs = n / PER;
-    for (int idx = threadIdx.x; idx < C * vecs; idx += blockDim.x) {
-        const int r = idx / vecs, c = (idx % vecs) * PER;
-        if (r < rows && c < valid) cp_async16(dst + r * ld + c, src + r * stride + c);
-        else *reinterpret_cast<uint4*>(dst + r * ld + c) = make_uint4(0, 0, 0, 0);
+// Start copying a C-row tile of 16-bit elements: VECS 16-byte vectors per row, shared rows
+// LD elements apart, global rows `stride` elements apart; each thread copies PER consecutive
+// vectors of one row (one row address per thread). Rows from `rows` on are zeros; vectors
+// from `valid_vecs` on are left alone (never read). Complete after cp_async_wait and a
+// barrier.
+template <int NTHREADS, int VECS, int LD, typename E>
+__device__ __forceinline__ void copy_tile(unsigned dst, const E* src, size_t stride, int rows,
+                                          int valid_vecs) {
+    static_assert(sizeof(E) == 2, "16-bit tiles");
+    constexpr int PER = C * VECS / NTHREADS;
+    static_assert(PER >= 1 && VECS % PER == 0 && C * VECS == PER * NTHREADS, "tile split");
+    const int r = threadIdx.x / (VECS / PER), v0 = (threadIdx.x % (VECS / PER)) * PER;
+    const bool ok = r < rows;
+    const E* row = src + (size_t)(ok ? r : 0) * stride + 8 * v0;
+    const unsigned d = dst + 2 * (r * LD + 8 * v0);
+#pragma unroll
+    for (int u = 0; u < PER; ++u) {
+        if (v0 + u < valid_vecs) cp_async16_zfill(d + 16 * u, row + 8 * u, ok);
     }
 }
 
@@ -217,40 +238,32 @@ __device__ void l2norm(int rows, int K, const T* __restrict__ q, const T* __rest
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pass 1: per (chunk, v-head).
+// Pass 1: per (chunk, v-head), 8 warps. Shared memory: k then the inverse's block sums, q
+// then T, L, the gates (52.7 KB: four blocks per SM).
+
+// Bytes of each of pass 1's three tiles (then the gates; prep_smem in chunked.rs mirrors it).
+constexpr int PREP_TILE = 2 * C * LDK;  // = 4 · C · LDF
 
 template <typename T>
 __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
-                     const T* __restrict__ k, const T* __restrict__ v, const float* __restrict__ g,
+                     const T* __restrict__ k, const float* __restrict__ g,
                      const float* __restrict__ beta, const float* __restrict__ a_log,
-                     const float* __restrict__ dt_bias, float* __restrict__ ws_g, T* __restrict__ ws_w,
-                     float* __restrict__ ws_u, T* __restrict__ ws_p) {
+                     const float* __restrict__ dt_bias, float* __restrict__ ws_f,
+                     T* __restrict__ ws_a, T* __restrict__ ws_p) {
+    static_assert(PREP_TILE == 4 * C * LDF, "q's tile is reused for T");
     extern __shared__ __align__(128) unsigned char smem[];
-    const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int K = p.key_dim, H = p.heads_qk, HV = p.heads_v;
     const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
     const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
-    const int ldk = ld16(K), ldv = ld16(V), lda = ld32(C), ldt = ld16(C);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const size_t ch = (size_t)chunk * HV + hv;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
 
-    size_t off = 0;
-    T* ks = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    T* qs = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    T* vs = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldv);
-    float* a = reinterpret_cast<float*>(smem + off);  // KKᵀ, then L
-    off = align128(off + sizeof(float) * C * lda);
-    float* t = reinterpret_cast<float*>(smem + off);  // QKᵀ, then T = (I + L)⁻¹
-    off = align128(off + sizeof(float) * C * lda);
-    T* a1 = reinterpret_cast<T*>(smem + off);  // T·diag(βγ)
-    off = align128(off + sizeof(T) * C * ldt);
-    T* a2 = reinterpret_cast<T*>(smem + off);  // T·diag(β)
-    off = align128(off + sizeof(T) * C * ldt);
-    const size_t stage_off = off;
-    float* stage = reinterpret_cast<float*>(smem + off) + warp * 16 * 16;  // one tile per warp
-    off = align128(off + sizeof(float) * 4 * 16 * 16);
-    float* sg = reinterpret_cast<float*>(smem + off);
+    T* ks = reinterpret_cast<T*>(smem);
+    float* xs = reinterpret_cast<float*>(smem);  // after the Gram products: block sums
+    T* qs = reinterpret_cast<T*>(smem + PREP_TILE);
+    float* t = reinterpret_cast<float*>(smem + PREP_TILE);  // after the Gram products: T
+    float* a = reinterpret_cast<float*>(smem + 2 * PREP_TILE);  // KKᵀ, then L
+    float* sg = reinterpret_cast<float*>(smem + 3 * PREP_TILE);
     float* sb = sg + C;
 
     // Gates and β of the chunk's tokens; padding: g = 0 (so G keeps its last value), β = 0.
@@ -275,289 +288,472 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         sb[i] = bi;
     }
     const size_t qk_stride = (size_t)H * K;
-    load_rows(ks, ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
-    load_rows(qs, ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
-    load_rows(vs, ldv, v + ((size_t)start * HV + hv) * V, (size_t)HV * V, len, V, V);
+    copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(ks), k + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
+    copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(qs), q + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
     cp_async_wait();
     __syncthreads();
     if (threadIdx.x >= 32 && threadIdx.x < C) sg[threadIdx.x] += sg[31];
     __syncthreads();
-    if (threadIdx.x < C) ws_g[((size_t)chunk * HV + hv) * C + threadIdx.x] = sg[threadIdx.x];
+    // The sequential pass's decays: γ_i = e^{G_i} and γ_C/γ_i = e^{G_last − G_i} (exponents ≤ 0).
+    if (threadIdx.x < C) {
+        const int i = threadIdx.x;
+        ws_f[ch * 2 * C + i] = expf(sg[i]);
+        ws_f[ch * 2 * C + C + i] = expf(sg[C - 1] - sg[i]);
+    }
 
-    // KKᵀ and QKᵀ, lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w.
+    // KKᵀ (to shared) and P = scale·Γ⊙QKᵀ (i ≥ j, straight from the accumulators to the
+    // workspace), lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w % 4 and
+    // every other of its tiles. The sequential pass never reads P's tiles above the
+    // diagonal. Only i ≥ j is exponentiated, so G_i − G_j ≤ 0.
+    T* p_out = ws_p + ch * C * C;
     {
-        const int ti = warp;
-        for (int tj = 0; tj <= ti; ++tj) {
+        const int ti = warp & 3;
+        for (int tj = warp >> 2; tj <= ti; tj += 2) {
             FragC ckk, cqk;
             fill_zero(ckk);
             fill_zero(cqk);
             for (int kk = 0; kk < K; kk += 16) {
                 FragA fk, fq;
                 FragB fkt;
-                load_a<T, false>(fk, ks + ti * 16 * ldk + kk, ldk);
-                load_a<T, false>(fq, qs + ti * 16 * ldk + kk, ldk);
-                load_b<T, true>(fkt, ks + tj * 16 * ldk + kk, ldk);
+                load_a<T, false>(fk, ks + ti * 16 * LDK + kk, LDK);
+                load_a<T, false>(fq, qs + ti * 16 * LDK + kk, LDK);
+                load_b<T, true>(fkt, ks + tj * 16 * LDK + kk, LDK);
                 mma<T>(ckk, fk, fkt);
                 mma<T>(cqk, fq, fkt);
             }
-            store_c(a + ti * 16 * lda + tj * 16, ckk, lda);
-            store_c(t + ti * 16 * lda + tj * 16, cqk, lda);
+            store_c(a + ti * 16 * LDF + tj * 16, ckk, LDF);
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+#pragma unroll
+                for (int rh = 0; rh < 2; ++rh) {
+                    const int i = ti * 16 + g4 + 8 * rh, j = tj * 16 + 8 * half + 2 * t4;
+                    float x[2];
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const float qk = cqk.x[4 * half + 2 * rh + e];
+                        x[e] = j + e <= i ? p.scale * qk * __expf(sg[i] - sg[j + e]) : 0.0f;
+                    }
+                    *reinterpret_cast<unsigned*>(p_out + i * C + j) = pack2<T>(x[0], x[1]);
+                }
+            }
         }
     }
     __syncthreads();
 
-    // L (strictly lower, gated, β rows) in place; P = scale·Γ⊙QKᵀ (i ≥ j) straight to the
-    // workspace. Only i ≥ j is exponentiated, so G_i − G_j ≤ 0.
-    T* p_out = ws_p + ((size_t)chunk * HV + hv) * C * C;
-    for (int idx = threadIdx.x; idx < C * C; idx += THREADS) {
+    // L (strictly lower, gated, β rows) in place.
+    for (int idx = threadIdx.x; idx < C * C; idx += PREP_THREADS) {
         const int i = idx / C, j = idx % C;
-        float l = 0.0f, pij = 0.0f;
-        if (j <= i) {
-            const float decay = expf(sg[i] - sg[j]);
-            if (j < i) l = sb[i] * a[i * lda + j] * decay;
-            pij = p.scale * t[i * lda + j] * decay;
-        }
-        a[i * lda + j] = l;
-        p_out[idx] = from_f32<T>(pij);
+        a[i * LDF + j] = j < i ? sb[i] * a[i * LDF + j] * __expf(sg[i] - sg[j]) : 0.0f;
     }
     __syncthreads();
 
     // T = (I + L)⁻¹ in 16×16 blocks (§2.3). Diagonal blocks by forward substitution, one
     // column per thread: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within the block.
-    for (int idx = threadIdx.x; idx < C * C; idx += THREADS) t[(idx / C) * lda + idx % C] = 0.0f;
+    for (int idx = threadIdx.x; idx < C * C; idx += PREP_THREADS) t[(idx / C) * LDF + idx % C] = 0.0f;
     __syncthreads();
     if (threadIdx.x < C) {
         const int b = (threadIdx.x / 16) * 16, c = threadIdx.x % 16;
-        t[(b + c) * lda + b + c] = 1.0f;
+        t[(b + c) * LDF + b + c] = 1.0f;
         for (int i = c + 1; i < 16; ++i) {
             float acc = 0.0f;
-            for (int j = c; j < i; ++j) acc = fmaf(a[(b + i) * lda + b + j], t[(b + j) * lda + b + c], acc);
-            t[(b + i) * lda + b + c] = -acc;
+            for (int j = c; j < i; ++j) acc = fmaf(a[(b + i) * LDF + b + j], t[(b + j) * LDF + b + c], acc);
+            t[(b + i) * LDF + b + c] = -acc;
         }
     }
     __syncthreads();
     // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
-    // sums staged in the (not yet used) W/U staging tiles.
-    float* xs = reinterpret_cast<float*>(smem + stage_off);
+    // sums staged in xs.
     for (int r = 1; r < C / 16; ++r) {
-        for (int e = threadIdx.x; e < r * 256; e += THREADS) {
+        for (int e = threadIdx.x; e < r * 256; e += PREP_THREADS) {
             const int c = e / 256, i = (e % 256) / 16, j = e % 16;
             float acc = 0.0f;
             for (int m = c; m < r; ++m) {
 #pragma unroll
                 for (int l = 0; l < 16; ++l) {
-                    acc = fmaf(a[(16 * r + i) * lda + 16 * m + l], t[(16 * m + l) * lda + 16 * c + j], acc);
+                    acc = fmaf(a[(16 * r + i) * LDF + 16 * m + l], t[(16 * m + l) * LDF + 16 * c + j], acc);
                 }
             }
             xs[e] = acc;
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < r * 256; e += THREADS) {
+        for (int e = threadIdx.x; e < r * 256; e += PREP_THREADS) {
             const int c = e / 256, i = (e % 256) / 16, j = e % 16;
             float acc = 0.0f;
-            for (int l = 0; l <= i; ++l) acc = fmaf(t[(16 * r + i) * lda + 16 * r + l], xs[c * 256 + l * 16 + j], acc);
-            t[(16 * r + i) * lda + 16 * c + j] = -acc;
+            for (int l = 0; l <= i; ++l) acc = fmaf(t[(16 * r + i) * LDF + 16 * r + l], xs[c * 256 + l * 16 + j], acc);
+            t[(16 * r + i) * LDF + 16 * c + j] = -acc;
         }
         __syncthreads();
     }
-    for (int idx = threadIdx.x; idx < C * C; idx += THREADS) {
-        const int i = idx / C, j = idx % C;
-        const float tij = t[i * lda + j];
-        a1[i * ldt + j] = from_f32<T>(tij * sb[j] * expf(sg[j]));
-        a2[i * ldt + j] = from_f32<T>(tij * sb[j]);
-    }
-    __syncthreads();
-
-    // W = a1·K (C×K) and U = a2·V (C×V); warp w owns row tile w, staged through f32 shared.
-    const int row0 = warp * 16;
-    for (int pass = 0; pass < 2; ++pass) {
-        const int n = pass == 0 ? K : V;
-        const T* lhs = pass == 0 ? a1 : a2;
-        const T* rhs = pass == 0 ? ks : vs;
-        const int ldr = pass == 0 ? ldk : ldv;
-        const size_t base = ((size_t)chunk * HV + hv) * C * n;
-        FragA fa[C / 16];
+    // T·diag(β) to the workspace (the sequential pass's operand of v' = T·diag(β)·X), eight
+    // elements per 16-byte store.
+    T* a_out = ws_a + ch * C * C;
+    for (int idx = threadIdx.x; idx < C * C / 8; idx += PREP_THREADS) {
+        const int i = idx / (C / 8), j = (idx % (C / 8)) * 8;
+        uint4 out;
+        unsigned* w = reinterpret_cast<unsigned*>(&out);
 #pragma unroll
-        for (int s = 0; s < C / 16; ++s) load_a<T, false>(fa[s], lhs + row0 * ldt + s * 16, ldt);
-        for (int c0 = 0; c0 < n; c0 += 16) {
-            FragC acc;
-            fill_zero(acc);
-#pragma unroll
-            for (int s = 0; s < C / 16; ++s) {
-                FragB fb;
-                load_b<T, false>(fb, rhs + s * 16 * ldr + c0, ldr);
-                mma<T>(acc, fa[s], fb);
-            }
-            store_c(stage, acc, 16);
-            __syncwarp();
-            for (int e = lane; e < 256; e += 32) {
-                const size_t at = base + (size_t)(row0 + e / 16) * n + c0 + e % 16;
-                if (pass == 0) ws_w[at] = from_f32<T>(-stage[e]);  // −W: see the fwd pass
-                else ws_u[at] = stage[e];
-            }
-            __syncwarp();
+        for (int e = 0; e < 4; ++e) {
+            w[e] = pack2<T>(t[i * LDF + j + 2 * e] * sb[j + 2 * e], t[i * LDF + j + 2 * e + 1] * sb[j + 2 * e + 1]);
         }
+        *reinterpret_cast<uint4*>(a_out + i * C + j) = out;
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pass 2: per (V-block, v-head, sequence), sequential over the sequence's chunks.
+// Pass 2: per (V-block, v-head, unit), sequential over the unit's chunks. A unit is a whole
+// sequence, or with sequence parallelism one segment of it (the host's unit table).
+//
+// Warp w owns the 16 state columns col0 + 16w.. of the block and everything computed from
+// them, in the transposed orientation (columns as the MMA's M dimension), so that every
+// accumulator is already the A operand of the next product (FlashAttention's P·V trick):
+//   Sᵀ (16 × K, f32)   the state's accumulators; rounded to the storage dtype they are the
+//                      A operand of (K·S)ᵀ = Sᵀ·Kᵀ and of (Q·S)ᵀ = Sᵀ·Qᵀ,
+//   Xᵀ (16 × C)        Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ,
+//   v'ᵀ (16 × C, f32)  rounded, the A operand of Oᵀ += v'ᵀ·Pᵀ; decayed by γ_C/γ and rounded,
+//                      of Sᵀ ← γ_C·Sᵀ + vdᵀ·K.
+// The state never leaves registers; K, V, T·diag(β), Q, P and the decays are shared B
+// operands (or addends), copied in by cp.async one chunk ahead (two stages), so the chunk
+// step has one block barrier. Each product loads its B fragments in a batch before its MMAs:
+// with one warp per scheduler there is no other warp to hide a load's latency.
+
+// The unit table's flags (src/cuda_backend/chunked.rs mirrors them).
+constexpr int UNIT_FIRST = 1;  // the unit starts its sequence: its state is h0 (or 0)
+constexpr int UNIT_LAST = 2;   // the unit ends its sequence: its end state is the final state
+
+// Option bit of pass 2 only: the segments' local pass. Each unit starts from zero (the v
+// columns: its end state E) and from the identity with V = 0 (the K extra columns past the
+// v-blocks: its transition M, S_end = M·S_start + E); no output, and the unit that ends its
+// sequence is skipped (nobody reads its E and M).
+constexpr int LOCAL_PASS = 1 << 9;
+
+// ldmatrix .x4 from a shared-memory byte address.
+__device__ __forceinline__ void ldsm4(unsigned (&x)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm4_t(unsigned (&x)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
+                 : "r"(addr));
+}
+// This lane's element offset for a B fragment (k × n) of a tile stored n-major (B[k][n] at
+// tile[n·LD + k]: ldsm4) or k-major (B[k][n] at tile[k·LD + n]: ldsm4_t), as load_b does.
+template <int LD> __device__ __forceinline__ int lane_b_nmajor(int lane) {
+    return ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+}
+template <int LD> __device__ __forceinline__ int lane_b_kmajor(int lane) {
+    return (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+}
+
+// Pass 2's stage layout (byte offsets; mirrored by fwd_smem in chunked.rs): k, V's block,
+// T·diag(β), the decays (γ, then γ_C/γ), then q and P (not in the local pass). After both
+// stages, one C × 16 staging tile of o per warp.
+template <int BV> struct FwdLayout {
+    static constexpr int LDV = BV + 8;
+    static constexpr int K_OFF = 0;
+    static constexpr int V_OFF = K_OFF + 2 * C * LDK;
+    static constexpr int A_OFF = V_OFF + 2 * C * LDV;
+    static constexpr int F_OFF = A_OFF + 2 * C * LDC;
+    static constexpr int Q_OFF = F_OFF + 4 * 2 * C;
+    static constexpr int P_OFF = Q_OFF + 2 * C * LDK;
+    static constexpr int LOCAL_STAGE = Q_OFF;
+    static constexpr int MAIN_STAGE = P_OFF + 2 * C * LDC;
+    static constexpr int WARPS = BV / 16;
+    static constexpr int THREADS = 32 * WARPS;
+};
 
 template <typename T, int BV>
 __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
-                    const int* __restrict__ seq_chunks, const T* __restrict__ q,
-                    const T* __restrict__ k, const float* __restrict__ ws_g,
-                    const T* __restrict__ ws_w, const float* __restrict__ ws_u,
-                    const T* __restrict__ ws_p, const float* h_in, T* __restrict__ o, float* h_out) {
+                    const int* __restrict__ units, const T* __restrict__ q,
+                    const T* __restrict__ k, const T* __restrict__ v,
+                    const float* __restrict__ ws_f, const T* __restrict__ ws_a,
+                    const T* __restrict__ ws_p, const float* h_in,
+                    const float* __restrict__ seg_start, T* __restrict__ o, float* h_out,
+                    float* __restrict__ seg_end) {
+    using L = FwdLayout<BV>;
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int v0 = blockIdx.x * BV, hv = blockIdx.y, n = blockIdx.z, h = hv / p.group;
-    const int ldk = ld16(K), lds = ld32(BV), ldd = ld16(BV), ldp = ld16(C);
-    // Warp w owns row tile w % 4 and the column half w / 4 of every 64 × BV product, and the
-    // state row tiles w % 4, w % 4 + 4, … in the same column half.
-    const int warp = threadIdx.x >> 5;
-    const int cb = (warp >> 2) * (BV / 2), ce = cb + BV / 2;
+    const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
+    const int first = units[4 * unit], end = units[4 * unit + 1];
+    const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
     const int flags = p.flags;
-    const bool split = flags & SPLIT_STATE;
+    const bool local = flags & LOCAL_PASS, split = flags & SPLIT_STATE;
+    if (local && (unit_flags & UNIT_LAST)) return;
+    const int v_blocks = (V + BV - 1) / BV;
+    // Local pass: blocks past the v-blocks carry the transition's K columns (V = 0).
+    const bool transition = local && (int)blockIdx.x >= v_blocks;
+    const int cols = transition ? K : V;
+    const int col0 = (transition ? (int)blockIdx.x - v_blocks : (int)blockIdx.x) * BV;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wc = warp * 16;  // the warp's first column in the block
+    const int c0 = col0 + wc;  // ... in the state (cols and c0 are multiples of 16)
+    const bool active = c0 < cols;
+    const int nk = K / 16;
 
-    size_t off = 0;
-    float* sf = reinterpret_cast<float*>(smem + off);  // the f32 state, K × BV
-    off = align128(off + sizeof(float) * K * lds);
-    T* sd = reinterpret_cast<T*>(smem + off);  // its 16-bit part hi (MMA operand)
-    off = align128(off + sizeof(T) * K * ldd);
-    T* sdl = reinterpret_cast<T*>(smem + off);  // the rest, lo = S − hi (SPLIT_STATE)
-    off = align128(off + sizeof(T) * K * ldd);
-    T* qs = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    T* ks = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    T* ws = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldk);
-    T* ps = reinterpret_cast<T*>(smem + off);
-    off = align128(off + sizeof(T) * C * ldp);
-    float* x1 = reinterpret_cast<float*>(smem + off);  // U, then v' = U − W·S
-    off = align128(off + sizeof(float) * C * lds);
-    float* x2 = reinterpret_cast<float*>(smem + off);  // Q·S, then O
-    off = align128(off + sizeof(float) * C * lds);
-    T* vn = reinterpret_cast<T*>(smem + off);  // v'
-    off = align128(off + sizeof(T) * C * ldd);
-    T* vd = reinterpret_cast<T*>(smem + off);  // diag(γ_C/γ)·v'
-    off = align128(off + sizeof(T) * C * ldd);
-    float* sg = reinterpret_cast<float*>(smem + off);
+    const int stage_bytes = local ? L::LOCAL_STAGE : L::MAIN_STAGE;
+    const unsigned smem0 = smem_addr(smem);
+    T* const o_stage = reinterpret_cast<T*>(smem + 2 * L::MAIN_STAGE) + warp * C * LDO;
+    // This lane's ldmatrix addresses within a stage.
+    const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ (B[k][n] = K[n][k])
+    const unsigned lane_qt = 2 * (L::Q_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Qᵀ
+    const unsigned lane_at = 2 * (L::A_OFF / 2 + lane_b_nmajor<LDC>(lane));  // (T·diag(β))ᵀ
+    const unsigned lane_pt = 2 * (L::P_OFF / 2 + lane_b_nmajor<LDC>(lane));  // Pᵀ
+    const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
 
-    const size_t slice = ((size_t)n * HV + hv) * (size_t)K * V;
-    auto state_at = [&](int r, int c) -> size_t {
-        return slice + ((flags & STATE_V_FIRST) ? (size_t)(v0 + c) * K + r : (size_t)r * V + v0 + c);
-    };
-    for (int idx = threadIdx.x; idx < K * BV; idx += FWD_THREADS) {
-        const int r = idx / BV, c = idx % BV;
-        float x = 0.0f;
-        if (h_in != nullptr && v0 + c < V) x = h_in[state_at(r, c)];
-        sf[r * lds + c] = x;
-        split_store(sd + r * ldd + c, sdl + r * ldd + c, x);
-    }
-
-    const int first = seq_chunks[n], last = seq_chunks[n + 1];
-    const int row0 = (warp & 3) * 16;
-    for (int chunk = first; chunk < last; ++chunk) {
-        const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
+    const size_t qk_stride = (size_t)H * K;
+    const int v_vecs = (min(BV, V - col0) + 7) / 8;
+    auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
+    auto prefetch = [&](int chunk, int s, int2 info) {
+        const unsigned base = smem0 + s * stage_bytes;
+        const int start = info.x, len = info.y;
         const size_t ch = (size_t)chunk * HV + hv;
-        const size_t qk_stride = (size_t)H * K;
-        load_rows(qs, ldk, q + ((size_t)start * H + h) * K, qk_stride, len, K, K);
-        load_rows(ks, ldk, k + ((size_t)start * H + h) * K, qk_stride, len, K, K);
-        load_rows(ws, ldk, ws_w + ch * C * K, (size_t)K, C, K, K);
-        load_rows(ps, ldp, ws_p + ch * C * C, (size_t)C, C, C, C);
-        // x1 ← U's V-block (columns past V zeroed): the accumulator of v' = U + (−W)·S.
-        load_rows(x1, lds, ws_u + ch * C * V + v0, (size_t)V, C, BV, V - v0);
-        if (threadIdx.x < C) sg[threadIdx.x] = ws_g[ch * C + threadIdx.x];
-        cp_async_wait();
-        __syncthreads();  // also: the previous chunk's sd is complete
-
-        // x1 = v' = U + (−W)·S, x2 = Q·S (the chunk-start state).
-        for (int c0 = cb; c0 < ce; c0 += 16) {
-            FragC acc1, acc2;
-            load_c(acc1, x1 + row0 * lds + c0, lds);
-            fill_zero(acc2);
-            for (int kk = 0; kk < K; kk += 16) {
-                FragA fw, fq;
-                FragB fs;
-                load_a<T, false>(fw, ws + row0 * ldk + kk, ldk);
-                load_a<T, false>(fq, qs + row0 * ldk + kk, ldk);
-                load_b<T, false>(fs, sd + kk * ldd + c0, ldd);
-                mma<T>(acc1, fw, fs);
-                mma<T>(acc2, fq, fs);
-                if (split) {
-                    load_b<T, false>(fs, sdl + kk * ldd + c0, ldd);
-                    mma<T>(acc1, fw, fs);
-                    mma<T>(acc2, fq, fs);
-                }
-            }
-            store_c(x1 + row0 * lds + c0, acc1, lds);
-            store_c(x2 + row0 * lds + c0, acc2, lds);
+        copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K,
+                                              qk_stride, len, K / 8);
+        if (!transition) {
+            copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, v + ((size_t)start * HV + hv) * V + col0,
+                                                  (size_t)HV * V, len, v_vecs);
         }
-        __syncthreads();
-
-        // v' in the storage dtype; its decayed copy for the state; x2 ← scale·γ⊙(Q·S).
-        const float g_last = sg[C - 1];
-        for (int idx = threadIdx.x; idx < C * BV; idx += FWD_THREADS) {
-            const int i = idx / BV, c = idx % BV;
-            const float vi = x1[i * lds + c];
-            vn[i * ldd + c] = from_f32<T>(vi);
-            vd[i * ldd + c] = from_f32<T>(vi * expf(g_last - sg[i]));
-            x2[i * lds + c] *= p.scale * expf(sg[i]);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8);
+        if (threadIdx.x < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x, ws_f + ch * 2 * C + 4 * threadIdx.x, true);
         }
-        __syncthreads();
+        if (!local) {
+            copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::Q_OFF, q + ((size_t)start * H + h) * K,
+                                                  qk_stride, len, K / 8);
+            copy_tile<L::THREADS, C / 8, LDC>(base + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C / 8);
+        }
+    };
 
-        // O = x2 + P·v'; S ← γ_C·S + Kᵀ·vd.
-        for (int c0 = cb; c0 < ce; c0 += 16) {
-            FragC acc;
-            load_c(acc, x2 + row0 * lds + c0, lds);
+    // The state: sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows 8j + 2t, 8j + 2t + 1.
+    const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
+    auto user_state_at = [&](int r, int c) -> size_t {
+        return user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c);
+    };
+    const size_t unit_slice = ((size_t)unit * HV + hv) * (size_t)K;
+    float sacc[MAX_K / 8][4];
 #pragma unroll
-            for (int s = 0; s < C / 16; ++s) {
-                FragA fp;
-                FragB fv;
-                load_a<T, false>(fp, ps + row0 * ldp + s * 16, ldp);
-                load_b<T, false>(fv, vn + s * 16 * ldd + c0, ldd);
-                mma<T>(acc, fp, fv);
-            }
-            store_c(x2 + row0 * lds + c0, acc, lds);
-        }
-        const float gamma_c = expf(g_last);
-        for (int r0 = row0; r0 < K; r0 += C) {
-            for (int c0 = cb; c0 < ce; c0 += 16) {
-                FragC acc;
-                load_c(acc, sf + r0 * lds + c0, lds);
+    for (int j = 0; j < MAX_K / 8; ++j) {
 #pragma unroll
-                for (int e = 0; e < FragC::num_elements; ++e) acc.x[e] *= gamma_c;
-#pragma unroll
-                for (int s = 0; s < C / 16; ++s) {
-                    FragA fkt;  // Kᵀ: element (r, t) at ks[t·ldk + r]
-                    FragB fv;
-                    load_a<T, true>(fkt, ks + s * 16 * ldk + r0, ldk);
-                    load_b<T, false>(fv, vd + s * 16 * ldd + c0, ldd);
-                    mma<T>(acc, fkt, fv);
-                }
-                store_c(sf + r0 * lds + c0, acc, lds);
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            float x = 0.0f;
+            if (active && j < 2 * nk) {
+                if (transition) x = r == c ? 1.0f : 0.0f;
+                else if (local) x = 0.0f;
+                else if (unit_flags & UNIT_FIRST) x = h_in != nullptr ? h_in[user_state_at(r, c)] : 0.0f;
+                else x = seg_start[(unit_slice + r) * V + c];
             }
+            sacc[j][e] = x;
         }
-        __syncthreads();
-
-        for (int idx = threadIdx.x; idx < C * BV; idx += FWD_THREADS) {
-            const int i = idx / BV, c = idx % BV;
-            if (i < len && v0 + c < V) {
-                o[((size_t)(start + i) * HV + hv) * V + v0 + c] = from_f32<T>(x2[i * lds + c]);
-            }
-        }
-        for (int idx = threadIdx.x; idx < K * BV; idx += FWD_THREADS) {
-            const int r = idx / BV, c = idx % BV;
-            split_store(sd + r * ldd + c, sdl + r * ldd + c, sf[r * lds + c]);
-        }
-        __syncthreads();  // before the next chunk overwrites qs, ks, x2
     }
 
-    for (int idx = threadIdx.x; idx < K * BV; idx += FWD_THREADS) {
-        const int r = idx / BV, c = idx % BV;
-        if (v0 + c < V) h_out[state_at(r, c)] = sf[r * lds + c];
+    auto info_of = [&](int c) { return c < end ? chunk_info(c) : make_int2(0, 0); };
+    int2 info = info_of(first), info1 = info_of(first + 1);
+    if (first < end) {
+        prefetch(first, 0, info);
+        cp_async_commit();
+    }
+    for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
+        // Read a step early, so that no prefetch waits for the table.
+        const int2 info2 = info_of(chunk + 2);
+        cp_async_wait_group<0>();
+        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        if (chunk + 1 < end) {
+            prefetch(chunk + 1, s ^ 1, info1);
+            cp_async_commit();
+        }
+        if (active) {
+            const unsigned base = smem0 + s * stage_bytes;
+            const unsigned char* stage = smem + s * stage_bytes;
+            const T* vs = reinterpret_cast<const T*>(stage + L::V_OFF);
+            const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
+            const float* dec = gam + C;                                            // γ_C/γ_i
+
+            // The state's 16-row block kb as an A operand: rounded, or the rest after rounding.
+            auto state_frag = [&](int kb, bool rest) {
+                const float* s0 = sacc[2 * kb];
+                const float* s1 = sacc[2 * kb + 1];
+                auto pk = [&](float lo, float hi) { return rest ? pack2_rest<T>(lo, hi) : pack2<T>(lo, hi); };
+                return make_uint4(pk(s0[0], s0[1]), pk(s0[2], s0[3]), pk(s1[0], s1[1]), pk(s1[2], s1[3]));
+            };
+            // acc[0..7] += Sᵀ·Bᵀ over K in 16-row blocks, B = k or q (C × K, token rows).
+            auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt) {
+#pragma unroll
+                for (int kb = 0; kb < MAX_K / 16; ++kb) {
+                    if (kb < nk) {
+                        unsigned fb[C / 16][4];
+#pragma unroll
+                        for (int jp = 0; jp < C / 16; ++jp) ldsm4(fb[jp], base + lane_bt + 2 * (16 * jp * LDK + 16 * kb));
+#pragma unroll
+                        for (int part = 0; part < 2; ++part) {
+                            if (part == 1 && !split) break;
+                            const uint4 a4 = state_frag(kb, part == 1);
+                            const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                            for (int jp = 0; jp < C / 16; ++jp) {
+                                MmaOp<T>::run(acc[2 * jp], a, fb[jp][0], fb[jp][1]);
+                                MmaOp<T>::run(acc[2 * jp + 1], a, fb[jp][2], fb[jp][3]);
+                            }
+                        }
+                    }
+                }
+            };
+
+            // (K·S)ᵀ = Sᵀ·Kᵀ.
+            float xacc[C / 8][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) xacc[j][e] = 0.0f;
+            }
+            state_times(xacc, lane_kt);
+
+            // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ
+            // (FLA's v' = U − W·S with U = T·diag(β)·V and W = T·diag(βγ)·K, without forming
+            // W and U).
+            unsigned xa[C / 16][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+                const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
+                const float e0 = gam[i], e1 = gam[i + 1];
+                float x[4];
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float vi = transition ? 0.0f : to_f32(vs[(i + (e & 1)) * L::LDV + wc + g + 8 * (e >> 1)]);
+                    x[e] = vi - ((e & 1) ? e1 : e0) * xacc[j][e];
+                }
+                xa[kb][half] = pack2<T>(x[0], x[1]);
+                xa[kb][half + 1] = pack2<T>(x[2], x[3]);
+            }
+
+            // Oᵀ = scale·(Q·S)ᵀ·diag(γ) so far (main pass only).
+            float oacc[C / 8][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) oacc[j][e] = 0.0f;
+            }
+            if (!local) {
+                state_times(oacc, lane_qt);
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+                    const int i = 8 * j + 2 * t;
+                    const float o0 = p.scale * gam[i], o1 = p.scale * gam[i + 1];
+                    oacc[j][0] *= o0;
+                    oacc[j][1] *= o1;
+                    oacc[j][2] *= o0;
+                    oacc[j][3] *= o1;
+                }
+            }
+            // v'ᵀ = Xᵀ·(T·diag(β))ᵀ; T is lower triangular: token block ip reads blocks kb ≤ ip.
+            float vacc[C / 8][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) vacc[j][e] = 0.0f;
+            }
+#pragma unroll
+            for (int ip = 0; ip < C / 16; ++ip) {
+                unsigned fa[C / 16][4];
+#pragma unroll
+                for (int kb = 0; kb <= ip; ++kb) ldsm4(fa[kb], base + lane_at + 2 * (16 * ip * LDC + 16 * kb));
+#pragma unroll
+                for (int kb = 0; kb <= ip; ++kb) {
+                    MmaOp<T>::run(vacc[2 * ip], xa[kb], fa[kb][0], fa[kb][1]);
+                    MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fa[kb][2], fa[kb][3]);
+                }
+            }
+
+            // v' rounded (for P·v') and decayed by γ_C/γ (for the state) as A operands over
+            // the tokens.
+            unsigned va[C / 16][4], vd[C / 16][4];
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+                const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
+                const float d0 = dec[i], d1 = dec[i + 1];
+                va[kb][half] = pack2<T>(vacc[j][0], vacc[j][1]);
+                va[kb][half + 1] = pack2<T>(vacc[j][2], vacc[j][3]);
+                vd[kb][half] = pack2<T>(vacc[j][0] * d0, vacc[j][1] * d1);
+                vd[kb][half + 1] = pack2<T>(vacc[j][2] * d0, vacc[j][3] * d1);
+            }
+
+            if (!local) {
+                // Oᵀ += v'ᵀ·Pᵀ; P is lower triangular: token block ip reads blocks kb ≤ ip.
+#pragma unroll
+                for (int ip = 0; ip < C / 16; ++ip) {
+                    unsigned fp[C / 16][4];
+#pragma unroll
+                    for (int kb = 0; kb <= ip; ++kb) ldsm4(fp[kb], base + lane_pt + 2 * (16 * ip * LDC + 16 * kb));
+#pragma unroll
+                    for (int kb = 0; kb <= ip; ++kb) {
+                        MmaOp<T>::run(oacc[2 * ip], va[kb], fp[kb][0], fp[kb][1]);
+                        MmaOp<T>::run(oacc[2 * ip + 1], va[kb], fp[kb][2], fp[kb][3]);
+                    }
+                }
+                // o through the warp's staging tile: 16-byte stores of whole rows.
+                const int start = info.x, len = info.y;
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+                    const int i = 8 * j + 2 * t;
+                    o_stage[i * LDO + g] = from_f32<T>(oacc[j][0]);
+                    o_stage[(i + 1) * LDO + g] = from_f32<T>(oacc[j][1]);
+                    o_stage[i * LDO + g + 8] = from_f32<T>(oacc[j][2]);
+                    o_stage[(i + 1) * LDO + g + 8] = from_f32<T>(oacc[j][3]);
+                }
+                __syncwarp();
+#pragma unroll
+                for (int r = 0; r < C * 2 / 32; ++r) {
+                    const int idx = lane + 32 * r, i = idx >> 1, half = idx & 1;
+                    if (i < len) {
+                        *reinterpret_cast<uint4*>(o + ((size_t)(start + i) * HV + hv) * V + c0 + 8 * half) =
+                            *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * half);
+                    }
+                }
+                __syncwarp();
+            }
+
+            // Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks.
+            const float gamma_c = gam[C - 1];
+#pragma unroll
+            for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+            }
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+#pragma unroll
+                for (int jb = 0; jb < MAX_K / 16; jb += 4) {
+                    unsigned fk[4][4];
+#pragma unroll
+                    for (int jj = 0; jj < 4; ++jj) {
+                        if (jb + jj < nk) ldsm4_t(fk[jj], base + lane_k + 2 * (16 * kb * LDK + 16 * (jb + jj)));
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < 4; ++jj) {
+                        if (jb + jj < nk) {
+                            MmaOp<T>::run(sacc[2 * (jb + jj)], vd[kb], fk[jj][0], fk[jj][1]);
+                            MmaOp<T>::run(sacc[2 * (jb + jj) + 1], vd[kb], fk[jj][2], fk[jj][3]);
+                        }
+                    }
+                }
+            }
+        }
+        info = info1;
+        info1 = info2;
+    }
+
+    if (!active) return;
+#pragma unroll
+    for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            if (j < 2 * nk) {
+                if (local) seg_end[(unit_slice + r) * (V + K) + (transition ? V : 0) + c] = sacc[j][e];
+                else if (unit_flags & UNIT_LAST) h_out[user_state_at(r, c)] = sacc[j][e];
+            }
+        }
     }
 }
 
@@ -565,13 +761,12 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 }  // namespace gdn
 
 #define GDN_CHUNK_FWD(SUFFIX, T, BV)                                                               \
-    extern "C" __global__ void __launch_bounds__(gdn::chunked::FWD_THREADS)                        \
-        gdn_chunk_fwd##BV##_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks,          \
-                                     const int* seq_chunks, const T* q, const T* k,                 \
-                                     const float* ws_g, const T* ws_w, const float* ws_u,               \
-                                     const T* ws_p, const float* h_in, T* o, float* h_out) {        \
-        gdn::chunked::fwd<T, BV>(p, chunks, seq_chunks, q, k, ws_g, ws_w, ws_u, ws_p, h_in, o,     \
-                                 h_out);                                                           \
+    extern "C" __global__ void __launch_bounds__(BV * 2, 1) gdn_chunk_fwd##BV##_##SUFFIX(          \
+        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
+        const T* k, const T* v, const float* ws_f, const T* ws_a, const T* ws_p,                   \
+        const float* h_in, const float* seg_start, T* o, float* h_out, float* seg_end) {           \
+        gdn::chunked::fwd<T, BV>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in, seg_start, o,  \
+                                 h_out, seg_end);                                                  \
     }
 
 #define GDN_CHUNKED(SUFFIX, T)                                                                     \
@@ -579,15 +774,15 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         gdn_l2norm_##SUFFIX(int rows, int key_dim, const T* q, const T* k, T* qn, T* kn) {         \
         gdn::chunked::l2norm<T>(rows, key_dim, q, k, qn, kn);                                      \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS) gdn_chunk_prep_##SUFFIX(   \
-        const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k, const T* v,  \
-        const float* g, const float* beta, const float* a_log, const float* dt_bias,               \
-        float* ws_g, T* ws_w, float* ws_u, T* ws_p) {                                                  \
-        gdn::chunked::prep<T>(p, chunks, q, k, v, g, beta, a_log, dt_bias, ws_g, ws_w, ws_u,       \
-                              ws_p);                                                               \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS)                       \
+        gdn_chunk_prep_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks, const T* q,  \
+                                const T* k, const float* g, const float* beta, const float* a_log, \
+                                const float* dt_bias, float* ws_f, T* ws_a, T* ws_p) {             \
+        gdn::chunked::prep<T>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p);         \
     }                                                                                              \
     GDN_CHUNK_FWD(SUFFIX, T, 32)                                                                   \
-    GDN_CHUNK_FWD(SUFFIX, T, 64)
+    GDN_CHUNK_FWD(SUFFIX, T, 64)                                                                   \
+    GDN_CHUNK_FWD(SUFFIX, T, 128)
 
 GDN_CHUNKED(f16, __half)
 GDN_CHUNKED(bf16, __nv_bfloat16)

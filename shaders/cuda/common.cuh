@@ -38,4 +38,24 @@ constexpr int STATE_V_FIRST = 16;
 // The in-kernel l2norm's epsilon, inside the square root (problem.rs L2NORM_EPS).
 constexpr float L2NORM_EPS = 1e-6f;
 
+// Shared-memory address of a generic pointer, for inline PTX.
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    unsigned a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global → shared without passing through registers (sm_80+): copies stay in flight
+// while the thread computes, and cp_async_wait waits for all of this thread's.
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(dst)), "l"(src)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Close the thread's current group of copies; wait until at most N groups are in flight.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait_group() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 }  // namespace gdn

@@ -1,14 +1,19 @@
 //! The chunked tensor-core forward (`shaders/cuda/chunked.cu`, C = 64) for f16/bf16 storage,
 //! and the per-call choice between it and the recurrent kernel ([`forward_path`]).
 //!
-//! Three launches: the in-kernel l2norm of q and k (only with `Options::l2norm_qk`), the
-//! parallel per-(chunk, v-head) pass that writes W, U, P and the chunk-local gate cumsum to a
-//! workspace, and the sequential per-(V-block, v-head, sequence) pass that carries the f32
-//! state and writes o and the final state. A [`ChunkPlan`] holds the chunk table and the
-//! workspace, so [`launch_chunked`] only enqueues (no allocation, no host synchronisation).
+//! Launches: the in-kernel l2norm of q and k (only with `Options::l2norm_qk`), the parallel
+//! per-(chunk, v-head) pass that writes T·diag(β), P = scale·Γ⊙QKᵀ and the gate decays to a
+//! workspace, and the sequential per-(V-block, v-head, unit) pass that carries the f32 state
+//! in registers and writes o and the final state. A unit is a sequence; with sequence
+//! parallelism ([`Segments`]) a segment of one, and two launches come first: the same
+//! sequential kernel's local pass (each segment's end state from zero and its transition)
+//! and the combine step (`shaders/cuda/chunk_combine.cu`, every segment's exact start
+//! state). A [`ChunkPlan`] holds the chunk and unit tables and the workspace, so
+//! [`launch_chunked`] only enqueues (no allocation, no host synchronisation).
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, sys};
 
+use super::chunk_combine::{combine_smem, launch_chunk_combine};
 use super::context::{Context, driver_error};
 use super::kernels::{CHUNKED, option_flags};
 use super::recurrent::check_tensor;
@@ -20,12 +25,49 @@ use crate::tensor::{DType, TensorMeta};
 /// Largest K the chunked pass runs (its shared memory); larger heads take the recurrent kernel.
 pub const MAX_CHUNKED_KEY_DIM: usize = 128;
 
-/// Threads per block: l2norm and prep (`THREADS`), the sequential pass (`FWD_THREADS`).
+/// Threads per block of l2norm (`THREADS`) and prep (`PREP_THREADS`); the sequential pass
+/// runs a warp per 16 columns.
 const THREADS: u32 = 128;
-const FWD_THREADS: u32 = 256;
+const PREP_THREADS: u32 = 256;
 
-/// chunked.cu's SPLIT_STATE bit: the state enters W·S and Q·S as two 16-bit parts.
+/// chunked.cu's SPLIT_STATE bit: the state enters K·S and Q·S as two 16-bit parts.
 const SPLIT_STATE: i32 = 1 << 8;
+/// chunked.cu's LOCAL_PASS bit: the segments' local pass (end states from zero, transitions).
+const LOCAL_PASS: i32 = 1 << 9;
+/// chunked.cu's unit flags: the unit starts / ends its sequence.
+const UNIT_FIRST: i32 = 1;
+const UNIT_LAST: i32 = 2;
+
+/// The sequential pass's V-blocks (a warp per 16 columns), smallest first.
+pub const VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
+
+/// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
+/// spend more on the local pass and the combine than they gain (2/8 × 32768 on the H200:
+/// segments of 16 chunks 1.45 ms, of 32 or 64 chunks 1.05 ms).
+const MIN_SEGMENT_CHUNKS: usize = 16;
+
+/// How a [`ChunkPlan`] cuts sequences into segments that are scanned at once (sequence
+/// parallelism, exact: each segment's start state is chained from the ones before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Segments {
+    /// Chosen from the grid: segments when v-heads × sequences × V-blocks leave most of the
+    /// device idle (few heads, few long sequences), never otherwise.
+    #[default]
+    Auto,
+    /// One unit per sequence.
+    Off,
+    /// Every sequence longer than this many chunks is cut into segments of this many.
+    Chunks(usize),
+}
+
+/// The choices a [`ChunkPlan`] makes, for overriding them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PlanOptions {
+    /// Sequence parallelism.
+    pub segments: Segments,
+    /// The sequential pass's V-block, one of [`VALUE_BLOCKS`]; `None`: chosen from the grid.
+    pub value_block: Option<usize>,
+}
 
 /// Which kernel a forward call runs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -53,32 +95,27 @@ struct ChunkParams {
 // SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernels take by value.
 unsafe impl DeviceRepr for ChunkParams {}
 
-// Shared-memory sizes, mirroring the carving in chunked.cu (`ld16`, `ld32`, `align128`).
-fn align128(x: usize) -> usize {
-    x.div_ceil(128) * 128
+/// chunked.cu's fixed shared-memory row strides (elements): C × K tiles (for any K ≤ 128),
+/// C × C tiles, f32 C × C tiles, a warp's o staging tile.
+const LDK: usize = MAX_CHUNKED_KEY_DIM + 8;
+const LDC: usize = CHUNK + 8;
+const LDO: usize = 16 + 8;
+
+/// Pass 1's shared memory (chunked.cu PREP_TILE): k (then block sums), q (then T), L, gates.
+fn prep_smem() -> usize {
+    3 * 2 * CHUNK * LDK + 2 * CHUNK * 4
 }
 
-fn prep_smem(dtype: DType, k: usize, v: usize) -> usize {
-    let s = dtype.size();
+/// chunked.cu's FwdLayout: per stage k, V's block, T·diag(β), the decays, then q and P (main
+/// pass only); two stages, then the main pass's o staging tiles.
+fn fwd_smem(bv: usize, local: bool) -> usize {
     let c = CHUNK;
-    2 * align128(s * c * (k + 8))
-        + align128(s * c * (v + 8))
-        + 2 * align128(4 * c * (c + 4))
-        + 2 * align128(s * c * (c + 8))
-        + align128(4 * 4 * 16 * 16)
-        + 2 * c * 4
-}
-
-fn fwd_smem(dtype: DType, k: usize, bv: usize) -> usize {
-    let s = dtype.size();
-    let c = CHUNK;
-    align128(4 * k * (bv + 4))
-        + 2 * align128(s * k * (bv + 8))
-        + 3 * align128(s * c * (k + 8))
-        + align128(s * c * (c + 8))
-        + 2 * align128(4 * c * (bv + 4))
-        + 2 * align128(s * c * (bv + 8))
-        + 4 * c
+    let local_stage = 2 * c * LDK + 2 * c * (bv + 8) + 2 * c * LDC + 4 * 2 * c;
+    if local {
+        2 * local_stage
+    } else {
+        2 * (local_stage + 2 * c * LDK + 2 * c * LDC) + (bv / 16) * c * LDO * 2
+    }
 }
 
 fn max_shared_optin(ctx: &Context) -> Result<usize> {
@@ -89,16 +126,18 @@ fn max_shared_optin(ctx: &Context) -> Result<usize> {
         .map_err(|e| driver_error("shared memory limit", e))
 }
 
-/// The V-block width of the sequential pass: 64 where its shared memory fits, else 32
-/// (Ampere's 164 KiB at K = 128), else `None`.
-fn value_block(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Option<usize>> {
+fn device_attribute(ctx: &Context, attr: sys::CUdevice_attribute, what: &str) -> Result<usize> {
+    ctx.cuda_context()
+        .attribute(attr)
+        .map(|x| x.max(0) as usize)
+        .map_err(|e| driver_error(what, e))
+}
+
+/// Whether the chunked passes fit the device's shared memory at all (prep, and the sequential
+/// pass at its smallest V-block).
+fn chunked_fits(ctx: &Context) -> Result<bool> {
     let limit = max_shared_optin(ctx)?;
-    if prep_smem(dtype, problem.key_dim, problem.value_dim) > limit {
-        return Ok(None);
-    }
-    Ok([64, 32]
-        .into_iter()
-        .find(|&bv| fwd_smem(dtype, problem.key_dim, bv) <= limit))
+    Ok(prep_smem() <= limit && fwd_smem(VALUE_BLOCKS[0], false) <= limit)
 }
 
 /// The kernel [`forward_into`](super::forward_into) runs for `problem` with q, k, v stored as
@@ -106,9 +145,8 @@ fn value_block(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Option<
 /// holds them, the recurrent kernel otherwise (f32 storage keeps the exact f32 mode). Every
 /// option, GVA and varlen run on either path.
 pub fn forward_path(ctx: &Context, problem: &Problem, dtype: DType) -> Result<ForwardPath> {
-    let chunked = dtype != DType::F32
-        && problem.key_dim <= MAX_CHUNKED_KEY_DIM
-        && value_block(ctx, problem, dtype)?.is_some();
+    let chunked =
+        dtype != DType::F32 && problem.key_dim <= MAX_CHUNKED_KEY_DIM && chunked_fits(ctx)?;
     Ok(if chunked {
         ForwardPath::Chunked
     } else {
@@ -127,7 +165,77 @@ fn alloc(ctx: &Context, name: &str, bytes: usize) -> Result<CudaSlice<u8>> {
         .map_err(|e| driver_error(&format!("allocation of {name}"), e))
 }
 
-/// The chunk table and workspace of one problem shape and dtype: reusable across calls.
+/// The device's numbers the plan's choices depend on.
+struct DeviceLimits {
+    /// Shared memory one block may opt in to.
+    smem_per_block: usize,
+    smem_per_sm: usize,
+    sms: usize,
+}
+
+impl DeviceLimits {
+    fn of(ctx: &Context) -> Result<Self> {
+        use sys::CUdevice_attribute as A;
+        Ok(DeviceLimits {
+            smem_per_block: max_shared_optin(ctx)?,
+            smem_per_sm: device_attribute(
+                ctx,
+                A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+                "shared memory per multiprocessor",
+            )?,
+            sms: device_attribute(
+                ctx,
+                A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                "multiprocessor count",
+            )?
+            .max(1),
+        })
+    }
+
+    /// Blocks of `smem` bytes resident on the whole device at once (at least one per SM).
+    fn resident(&self, smem: usize) -> usize {
+        self.sms * (self.smem_per_sm / (smem + 1024)).max(1)
+    }
+}
+
+/// The automatic segment length: only when even 32-wide V-blocks leave more than half the
+/// SMs idle, and then about one wave of the main pass at V-block 64 (the local pass, with
+/// the transition's K extra columns, is about two).
+fn auto_segment_chunks(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    seq_chunks: &[usize],
+) -> Option<usize> {
+    let p = problem;
+    let busy = p.heads_v * seq_chunks.len() * p.value_dim.div_ceil(32);
+    if 2 * busy >= limits.sms {
+        return None;
+    }
+    let units = (limits.sms / (p.heads_v * p.value_dim.div_ceil(64))).max(1);
+    let total: usize = seq_chunks.iter().sum();
+    let n = total.div_ceil(units).max(MIN_SEGMENT_CHUNKS);
+    seq_chunks.iter().any(|&c| c > n).then_some(n)
+}
+
+/// The automatic V-block: the smallest whose grid is resident at once (more, shorter blocks
+/// for a latency-bound scan), else the largest (fewest copies of the shared tiles).
+fn auto_value_block(limits: &DeviceLimits, problem: &Problem, units: usize) -> Option<usize> {
+    let p = problem;
+    let fits: Vec<usize> = VALUE_BLOCKS
+        .into_iter()
+        .filter(|&bv| fwd_smem(bv, false) <= limits.smem_per_block)
+        .collect();
+    fits.iter()
+        .copied()
+        .find(|&bv| {
+            let blocks = p.value_dim.div_ceil(bv) * p.heads_v * units;
+            blocks <= limits.resident(fwd_smem(bv, false))
+        })
+        .or(fits.last().copied())
+}
+
+/// The chunk and unit tables and the workspace of one problem shape and dtype: reusable
+/// across calls.
 #[derive(Debug)]
 pub struct ChunkPlan {
     problem: Problem,
@@ -136,21 +244,42 @@ pub struct ChunkPlan {
     num_chunks: usize,
     /// (first token, length) per chunk; chunks never cross a sequence boundary.
     chunks: CudaSlice<i32>,
-    /// Each sequence's first chunk, N + 1 entries.
-    seq_chunks: CudaSlice<i32>,
-    ws_g: CudaSlice<u8>,
-    ws_w: CudaSlice<u8>,
-    ws_u: CudaSlice<u8>,
+    /// (first chunk, end chunk, sequence, UNIT_FIRST | UNIT_LAST) per unit.
+    units: CudaSlice<i32>,
+    num_units: usize,
+    /// Each sequence's first unit, N + 1 entries.
+    seq_units: CudaSlice<i32>,
+    /// The segment length where some sequence was cut.
+    segment_chunks: Option<usize>,
+    /// γ_i = e^{G_i}, then γ_C/γ_i, per chunk and v-head (2 × C f32).
+    ws_f: CudaSlice<u8>,
+    /// T·diag(β) per chunk and v-head (C × C, storage dtype).
+    ws_a: CudaSlice<u8>,
     ws_p: CudaSlice<u8>,
+    /// Sequence parallelism: per unit [E | M] (K × (V + K) f32) and the start state (K × V).
+    segment_states: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
     /// l2-normalized q and k (only with `Options::l2norm_qk`).
     normalized: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
     split_state: bool,
 }
 
 impl ChunkPlan {
-    /// Upload the chunk table and allocate the workspace (enqueued on the context's stream).
-    /// An error where [`forward_path`] is not [`ForwardPath::Chunked`].
+    /// Upload the chunk table and allocate the workspace (enqueued on the context's stream),
+    /// with the automatic choices. An error where [`forward_path`] is not
+    /// [`ForwardPath::Chunked`].
     pub fn new(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Self> {
+        Self::with_options(ctx, problem, dtype, PlanOptions::default())
+    }
+
+    /// [`Self::new`] with the choices in `options` overridden; a V-block the device cannot
+    /// fit, or segments that need more shared memory or more units than the device allows,
+    /// is a typed error.
+    pub fn with_options(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        options: PlanOptions,
+    ) -> Result<Self> {
         if forward_path(ctx, problem, dtype)? != ForwardPath::Chunked {
             return Err(Error::unsupported(
                 "chunked cuda forward",
@@ -161,7 +290,6 @@ impl ChunkPlan {
                 ),
             ));
         }
-        let value_block = value_block(ctx, problem, dtype)?.unwrap_or(32);
         let p = problem;
         for (name, x) in [
             ("heads_v (HV)", p.heads_v),
@@ -175,31 +303,107 @@ impl ChunkPlan {
             }
         }
         to_i32("tokens (B·T)", p.total_tokens())?;
+        let limits = DeviceLimits::of(ctx)?;
+
         let mut table = Vec::new();
-        let mut seq_chunks = vec![0i32];
+        let mut seq_chunks = Vec::new();
         for s in p.sequences() {
             for c in (s.start..s.end).step_by(CHUNK) {
                 table.push(c as i32);
                 table.push(((c + CHUNK).min(s.end) - c) as i32);
             }
-            seq_chunks.push(to_i32("chunks", table.len() / 2)?);
+            seq_chunks.push((s.end - s.start).div_ceil(CHUNK));
         }
         let num_chunks = table.len() / 2;
+        to_i32("chunks", num_chunks)?;
+
+        let combine_fits = combine_smem(p.key_dim) <= limits.smem_per_block;
+        let segment_chunks = match options.segments {
+            Segments::Off => None,
+            Segments::Auto => auto_segment_chunks(&limits, p, &seq_chunks).filter(|_| combine_fits),
+            Segments::Chunks(0) => {
+                return Err(Error::value("segments", "at least 1 chunk", 0));
+            }
+            Segments::Chunks(n) => {
+                if !combine_fits {
+                    return Err(Error::unsupported(
+                        "segments",
+                        format!("K = {} on this device (its shared memory)", p.key_dim),
+                    ));
+                }
+                Some(n)
+            }
+        };
+        let mut units = Vec::new();
+        let mut seq_units = vec![0i32];
+        let mut first = 0usize;
+        for (n, &count) in seq_chunks.iter().enumerate() {
+            let end = first + count;
+            let per = segment_chunks.unwrap_or(usize::MAX).max(1);
+            let mut a = first;
+            loop {
+                let b = a.saturating_add(per).min(end);
+                let flags =
+                    if a == first { UNIT_FIRST } else { 0 } | if b == end { UNIT_LAST } else { 0 };
+                units.extend([a as i32, b as i32, n as i32, flags]);
+                if b == end {
+                    break;
+                }
+                a = b;
+            }
+            seq_units.push(to_i32("units", units.len() / 4)?);
+            first = end;
+        }
+        let num_units = units.len() / 4;
+        if num_units > 65535 {
+            return Err(Error::unsupported(
+                "segments",
+                format!("{num_units} units on the cuda backend (at most 65535: longer segments)"),
+            ));
+        }
+        let segmented = num_units > p.num_sequences();
+        let segment_chunks = segment_chunks.filter(|_| segmented);
+
+        let value_block = match options.value_block {
+            None => auto_value_block(&limits, p, num_units).unwrap_or(VALUE_BLOCKS[0]),
+            Some(bv) => {
+                if !VALUE_BLOCKS.contains(&bv) || fwd_smem(bv, false) > limits.smem_per_block {
+                    return Err(Error::value(
+                        "value_block",
+                        format!("one of {VALUE_BLOCKS:?} that this device's shared memory fits"),
+                        bv,
+                    ));
+                }
+                bv
+            }
+        };
+
         if table.is_empty() {
             table.push(0);
         }
         let stream = ctx.stream();
-        let chunks = stream
-            .clone_htod(&table)
-            .map_err(|e| driver_error("upload of the chunk table", e))?;
-        let seq_chunks = stream
-            .clone_htod(&seq_chunks)
-            .map_err(|e| driver_error("upload of the sequence chunks", e))?;
+        let upload = |what: &str, data: &[i32]| {
+            stream
+                .clone_htod(data)
+                .map_err(|e| driver_error(&format!("upload of the {what}"), e))
+        };
+        let chunks = upload("chunk table", &table)?;
+        let units_dev = upload("unit table", &units)?;
+        let seq_units = upload("sequence units", &seq_units)?;
         let s = dtype.size();
-        let rows = num_chunks * p.heads_v * CHUNK;
+        let (k, v, hv) = (p.key_dim, p.value_dim, p.heads_v);
+        let rows = num_chunks * hv * CHUNK;
         let normalized = if p.options.l2norm_qk {
-            let bytes = p.total_tokens() * p.heads_qk * p.key_dim * s;
+            let bytes = p.total_tokens() * p.heads_qk * k * s;
             Some((alloc(ctx, "q̂", bytes)?, alloc(ctx, "k̂", bytes)?))
+        } else {
+            None
+        };
+        let segment_states = if segmented {
+            Some((
+                alloc(ctx, "segment end states", num_units * hv * k * (v + k) * 4)?,
+                alloc(ctx, "segment start states", num_units * hv * k * v * 4)?,
+            ))
         } else {
             None
         };
@@ -209,20 +413,23 @@ impl ChunkPlan {
             value_block,
             num_chunks,
             chunks,
-            seq_chunks,
-            ws_g: alloc(ctx, "gate cumsum workspace", rows * 4)?,
-            ws_w: alloc(ctx, "W workspace", rows * p.key_dim * s)?,
-            ws_u: alloc(ctx, "U workspace", rows * p.value_dim * 4)?,
+            units: units_dev,
+            num_units,
+            seq_units,
+            segment_chunks,
+            ws_f: alloc(ctx, "decay workspace", rows * 2 * 4)?,
+            ws_a: alloc(ctx, "T·diag(β) workspace", rows * CHUNK * s)?,
             ws_p: alloc(ctx, "P workspace", rows * CHUNK * s)?,
+            segment_states,
             normalized,
             split_state: false,
         })
     }
 
-    /// The same plan with the state entering W·S and Q·S as two 16-bit parts (`true`: no
+    /// The same plan with the state entering K·S and Q·S as two 16-bit parts (`true`: no
     /// rounding of the state, twice those MMAs) or rounded once per chunk to the storage
     /// dtype (`false`, the default, as FLA: on the H200 both gave the same rel-L2 against the
-    /// recurrent kernel at 1×32768, o 3.61e-3, state 2.25e-3).
+    /// recurrent kernel at 1×32768, o 3.61e-3, state 2.25e-3, with the earlier kernel).
     pub fn with_split_state(self, split_state: bool) -> Self {
         ChunkPlan {
             split_state,
@@ -240,16 +447,23 @@ impl ChunkPlan {
         self.value_block
     }
 
+    /// The segment length (in chunks of 64 tokens) where sequence parallelism cut some
+    /// sequence; `None` when every sequence is scanned whole.
+    pub fn segment_chunks(&self) -> Option<usize> {
+        self.segment_chunks
+    }
+
     /// Bytes of device memory the plan holds.
     pub fn workspace_bytes(&self) -> usize {
-        [&self.ws_g, &self.ws_w, &self.ws_u, &self.ws_p]
+        let pair = |x: &Option<(CudaSlice<u8>, CudaSlice<u8>)>| {
+            x.as_ref().map_or(0, |(a, b)| a.len() + b.len())
+        };
+        [&self.ws_f, &self.ws_a, &self.ws_p]
             .iter()
             .map(|b| b.len())
             .sum::<usize>()
-            + self
-                .normalized
-                .as_ref()
-                .map_or(0, |(a, b)| a.len() + b.len())
+            + pair(&self.segment_states)
+            + pair(&self.normalized)
     }
 }
 
@@ -258,7 +472,7 @@ impl ChunkPlan {
 pub enum ChunkedPasses {
     /// Everything: o and the final state.
     All,
-    /// The parallel passes only (l2norm, per-chunk W, U, P): for timing them apart.
+    /// The parallel passes only (l2norm, per-chunk T·diag(β), P): for timing them apart.
     Parallel,
 }
 
@@ -355,11 +569,11 @@ pub fn launch_chunked_passes(
 
     if plan.num_chunks > 0 {
         let name = format!("gdn_chunk_prep_{suffix}");
-        let smem = prep_smem(dtype, p.key_dim, p.value_dim);
+        let smem = prep_smem();
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let cfg = LaunchConfig {
             grid_dim: (plan.num_chunks as u32, p.heads_v as u32, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (PREP_THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let mut l = stream.launch_builder(&func);
@@ -367,7 +581,6 @@ pub fn launch_chunked_passes(
             .arg(&plan.chunks)
             .arg(q)
             .arg(k)
-            .arg(inputs.v.buffer())
             .arg(inputs.g.buffer())
             .arg(inputs.beta.buffer());
         match inputs.a_log {
@@ -378,47 +591,67 @@ pub fn launch_chunked_passes(
             Some(t) => l.arg(t.buffer()),
             None => l.arg(&null),
         };
-        l.arg(&plan.ws_g)
-            .arg(&plan.ws_w)
-            .arg(&plan.ws_u)
-            .arg(&plan.ws_p);
+        l.arg(&plan.ws_f).arg(&plan.ws_a).arg(&plan.ws_p);
         // SAFETY: matches gdn_chunk_prep_* in chunked.cu; inputs were checked against the
         // problem, the workspace was sized for it by ChunkPlan::new.
         unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
     }
 
-    if passes == ChunkedPasses::Parallel {
+    if passes == ChunkedPasses::Parallel || plan.num_units == 0 {
         return Ok(());
     }
-    let name = format!("gdn_chunk_fwd{}_{suffix}", plan.value_block);
-    let smem = fwd_smem(dtype, p.key_dim, plan.value_block);
-    let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
-    let cfg = LaunchConfig {
-        grid_dim: (
-            p.value_dim.div_ceil(plan.value_block) as u32,
-            p.heads_v as u32,
-            p.num_sequences() as u32,
-        ),
-        block_dim: (FWD_THREADS, 1, 1),
-        shared_mem_bytes: smem as u32,
+    let bv = plan.value_block;
+    let name = format!("gdn_chunk_fwd{bv}_{suffix}");
+    // The sequential kernel, in the local pass (`local`) or the main pass.
+    let sequential = |local: bool| -> Result<()> {
+        let smem = fwd_smem(bv, local);
+        let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
+        let column_blocks =
+            p.value_dim.div_ceil(bv) + if local { p.key_dim.div_ceil(bv) } else { 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (
+                column_blocks as u32,
+                p.heads_v as u32,
+                plan.num_units as u32,
+            ),
+            block_dim: ((bv / 16 * 32) as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        let params = ChunkParams {
+            flags: params.flags | if local { LOCAL_PASS } else { 0 },
+            ..params
+        };
+        let mut l = stream.launch_builder(&func);
+        l.arg(&params)
+            .arg(&plan.chunks)
+            .arg(&plan.units)
+            .arg(q)
+            .arg(k)
+            .arg(inputs.v.buffer())
+            .arg(&plan.ws_f)
+            .arg(&plan.ws_a)
+            .arg(&plan.ws_p);
+        match inputs.initial_state {
+            Some(t) => l.arg(t.buffer()),
+            None => l.arg(&null),
+        };
+        match &plan.segment_states {
+            Some((_, start)) => l.arg(start),
+            None => l.arg(&null),
+        };
+        l.arg(outputs.o.buffer()).arg(outputs.final_state.buffer());
+        match &plan.segment_states {
+            Some((end, _)) => l.arg(end),
+            None => l.arg(&null),
+        };
+        // SAFETY: matches gdn_chunk_fwd* in chunked.cu; o, the states and the workspace were
+        // checked or sized for this problem, the unit table indexes only the chunk table.
+        unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
+        Ok(())
     };
-    let mut l = stream.launch_builder(&func);
-    l.arg(&params)
-        .arg(&plan.chunks)
-        .arg(&plan.seq_chunks)
-        .arg(q)
-        .arg(k)
-        .arg(&plan.ws_g)
-        .arg(&plan.ws_w)
-        .arg(&plan.ws_u)
-        .arg(&plan.ws_p);
-    match inputs.initial_state {
-        Some(t) => l.arg(t.buffer()),
-        None => l.arg(&null),
-    };
-    l.arg(outputs.o.buffer()).arg(outputs.final_state.buffer());
-    // SAFETY: matches gdn_chunk_fwd* in chunked.cu; o, the states and the workspace were
-    // checked or sized for this problem.
-    unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
-    Ok(())
+    if let Some((end, start)) = &plan.segment_states {
+        sequential(true)?;
+        launch_chunk_combine(ctx, p, &plan.seq_units, inputs.initial_state, end, start)?;
+    }
+    sequential(false)
 }

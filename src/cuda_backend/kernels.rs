@@ -35,6 +35,12 @@ pub const CHUNKED: Source = Source {
     text: include_str!("../../shaders/cuda/chunked.cu"),
 };
 
+/// Sequence parallelism's combine step: each segment's start state from E and M.
+pub const CHUNK_COMBINE: Source = Source {
+    file: "chunk_combine.cu",
+    text: include_str!("../../shaders/cuda/chunk_combine.cu"),
+};
+
 /// The exact backward: BPTT kernel, dq/dk and gate finishing kernels.
 pub const BACKWARD: Source = Source {
     file: "backward.cu",
@@ -48,7 +54,7 @@ pub const DECODE: Source = Source {
 };
 
 /// Every pass; the `cuda` test checks that this lists every `shaders/cuda/*.cu`.
-pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED, BACKWARD, DECODE];
+pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED, CHUNK_COMBINE, BACKWARD, DECODE];
 
 // Option bits of `RecurrentParams::flags` and friends, as in common.cuh.
 const L2NORM_QK: i32 = 1;

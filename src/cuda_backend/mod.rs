@@ -7,7 +7,8 @@
 //!
 //! So far: the recurrent kernel (the forward for f32 storage and K > 128; every option and
 //! storage dtype, f32 arithmetic), the chunked tensor-core forward for f16/bf16 storage with
-//! K ≤ 128 ([`forward_path`] says which one a forward call runs), the decode kernel
+//! K ≤ 128 ([`forward_path`] says which one a forward call runs; exact sequence parallelism
+//! for few heads, [`Segments`]), the decode kernel
 //! ([`decode`]: every decode step, bandwidth-bound) and the exact BPTT backward ([`backward`],
 //! every gradient, f32 arithmetic).
 //!
@@ -27,6 +28,7 @@
 
 mod backend;
 pub mod backward;
+mod chunk_combine;
 pub mod chunked;
 mod context;
 pub mod decode;
@@ -36,7 +38,8 @@ pub mod recurrent;
 mod tensor;
 
 pub use chunked::{
-    ChunkPlan, ChunkedPasses, ForwardPath, forward_path, launch_chunked, launch_chunked_passes,
+    ChunkPlan, ChunkedPasses, ForwardPath, PlanOptions, Segments, forward_path, launch_chunked,
+    launch_chunked_passes,
 };
 pub use context::Context;
 pub use decode::{decode_host, decode_into};

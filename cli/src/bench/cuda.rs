@@ -12,7 +12,8 @@ use cudarc::driver::{CudaContext, CudaStream, sys};
 
 use gdn_wgpu::ForwardOutputs;
 use gdn_wgpu::cuda_backend::{
-    self, ChunkPlan, Context, CudaTensor, ForwardPath, SeqBounds, backward::BackwardWorkspace,
+    self, ChunkPlan, ChunkedPasses, Context, CudaTensor, ForwardPath, PlanOptions, Segments,
+    SeqBounds, backward::BackwardWorkspace,
 };
 use gdn_wgpu::error::{Error, Result};
 use gdn_wgpu::tensor::DType;
@@ -24,6 +25,53 @@ use super::{Config, Timing};
 
 fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
     Error::Gpu(format!("CUDA {what}: {e:?}"))
+}
+
+/// The chunked plan's overrides for experiments: `GDN_SEGMENT_CHUNKS` (n ≥ 1: cut every
+/// sequence longer than n chunks) and `GDN_V_BLOCK` (32, 64 or 128), as docs/configuration.md
+/// says; unset: the plan's own choices. The correctness gate runs the plan's own choices.
+fn plan_options() -> Result<PlanOptions> {
+    let read = |name: &str| -> Result<Option<usize>> {
+        match std::env::var(name) {
+            Err(_) => Ok(None),
+            Ok(s) => s
+                .trim()
+                .parse::<usize>()
+                .map(Some)
+                .map_err(|_| Error::Value {
+                    name: name.into(),
+                    expected: "a positive integer".into(),
+                    got: s,
+                }),
+        }
+    };
+    Ok(PlanOptions {
+        segments: read("GDN_SEGMENT_CHUNKS")?.map_or(Segments::Auto, Segments::Chunks),
+        value_block: read("GDN_V_BLOCK")?,
+    })
+}
+
+/// Median GPU ms of `reps` runs of `launch` between two events on the context's stream.
+fn event_median(ctx: &Context, reps: usize, launch: &dyn Fn() -> Result<()>) -> Result<f64> {
+    let (start, end) = (ctx.timing_event()?, ctx.timing_event()?);
+    let mut ms = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        start
+            .record(ctx.stream())
+            .map_err(|e| cuda_error("event record", e))?;
+        launch()?;
+        end.record(ctx.stream())
+            .map_err(|e| cuda_error("event record", e))?;
+        end.synchronize()
+            .map_err(|e| cuda_error("event synchronize", e))?;
+        ms.push(
+            start
+                .elapsed_ms(&end)
+                .map_err(|e| cuda_error("event elapsed time", e))? as f64,
+        );
+    }
+    ms.sort_by(f64::total_cmp);
+    Ok(ms[ms.len() / 2])
 }
 
 /// Warm up, then time `reps` repetitions of `op` on `host` (fewer when they would take longer
@@ -66,10 +114,27 @@ fn time_on(
     let launch: Box<dyn Fn() -> Result<()>> = match op {
         Op::Forward => match cuda_backend::forward_path(ctx, p, host.dtype)? {
             ForwardPath::Chunked => {
-                let plan = ChunkPlan::new(ctx, p, host.dtype)?;
+                let plan = ChunkPlan::with_options(ctx, p, host.dtype, plan_options()?)?;
+                // The parallel passes (l2norm, prep) alone, after a warm-up, for the split.
+                let parallel = || {
+                    cuda_backend::launch_chunked_passes(
+                        ctx,
+                        p,
+                        &plan,
+                        &inputs,
+                        &outputs,
+                        ChunkedPasses::Parallel,
+                    )
+                };
+                parallel()?;
+                let parallel_ms = event_median(ctx, reps.min(10), &parallel)?;
                 variant = format!(
-                    "cuda chunked tensor-core forward, V-block {}",
-                    plan.value_block()
+                    "cuda chunked tensor-core forward, V-block {}, {}, parallel passes {parallel_ms:.4} ms",
+                    plan.value_block(),
+                    match plan.segment_chunks() {
+                        Some(n) => format!("segments of {n} chunks"),
+                        None => "whole sequences".into(),
+                    }
                 );
                 Box::new(move || cuda_backend::launch_chunked(ctx, p, &plan, &inputs, &outputs))
             }
