@@ -274,6 +274,14 @@ impl Context {
         self.device.limits()
     }
 
+    /// The largest storage binding the library makes on this context: the device's
+    /// `max_storage_buffer_binding_size`, or `GDN_MAX_BINDING_BYTES` when that is lower.
+    /// Tensors and scratch larger than this are processed in windows (docs/windows.md).
+    pub fn max_binding_bytes(&self) -> u64 {
+        let device = self.limits().max_storage_buffer_binding_size;
+        self.config.max_binding_bytes.map_or(device, |b| b.min(device))
+    }
+
     /// The configuration the context was made with.
     pub fn config(&self) -> &Config {
         &self.config

@@ -17,6 +17,7 @@ mod tensor;
 pub mod timing;
 pub mod tuning;
 pub mod variants;
+pub(crate) mod windows;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use backward::backward_host;

@@ -364,11 +364,7 @@ fn record_backward(
         &[bt, hv, (3 * kd + 1).max(2 * CHUNK)],
         DType::F32,
     )?;
-    let view = |t: &GpuTensor, shape: &[usize]| GpuTensor {
-        buffer: t.buffer.clone(),
-        shape: shape.to_vec(),
-        dtype: DType::F32,
-    };
+    let view = |t: &GpuTensor, shape: &[usize]| GpuTensor::over(t.buffer.clone(), shape, DType::F32);
     let dqk_parts = view(&union, &[bt, hv, 3 * kd + 1]);
     let gated = view(&union, &[bt, hv, 2 * CHUNK]);
     let dg_dbeta = GpuTensor::empty(ctx, "dg and dbeta", &[bt, hv, 2], DType::F32)?;
