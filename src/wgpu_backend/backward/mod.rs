@@ -289,6 +289,18 @@ fn check_saved(
     }
     let (bt, hv) = (p.total_tokens(), p.heads_v);
     let inter = &saved.intermediates;
+    if inter.tokens != (0..bt) {
+        return Err(Error::unsupported(
+            "saved intermediates",
+            format!(
+                "a backward over a forward that ran in token windows (its tensors exceed one \
+                 storage binding of {} bytes; the saved intermediates hold tokens {:?} of {bt})",
+                ctx.max_binding_bytes(),
+                inter.tokens
+            ),
+        ));
+    }
+    check_scratch_bindings(ctx, p)?;
     if inter.gate_beta.shape() != [bt, hv, 2] {
         return Err(Error::shape(
             "saved gate_beta",
@@ -308,6 +320,33 @@ fn check_saved(
             name: "saved q_normed, k_normed".into(),
             why: "with l2norm_qk (from the same forward)".into(),
         });
+    }
+    Ok(())
+}
+
+/// `Error::TooLarge` naming the first of the backward's scratch tensors that would exceed one
+/// storage binding, before anything is allocated (the backward does not run in windows yet:
+/// docs/windows.md).
+fn check_scratch_bindings(ctx: &Context, p: &Problem) -> Result<()> {
+    let limit = ctx.max_binding_bytes();
+    let (bt, hv) = (p.total_tokens() as u64, p.heads_v as u64);
+    let (kd, vd, c) = (p.key_dim as u64, p.value_dim as u64, CHUNK as u64);
+    let slots = (p.chunks().len() + p.num_sequences()) as u64;
+    let scratch = [
+        ("recomputed states", 4 * slots * hv * kd * vd),
+        ("W and V'", 4 * 2 * bt * hv * vd),
+        ("dP and dA", 4 * 2 * bt * hv * c),
+        ("dq dk per v-head | gated matrices", 4 * bt * hv * (3 * kd + 1).max(2 * c)),
+    ];
+    for (name, bytes) in scratch {
+        if bytes > limit {
+            return Err(Error::TooLarge {
+                name: format!("backward scratch {name:?}"),
+                bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit,
+            });
+        }
     }
     Ok(())
 }
