@@ -154,6 +154,19 @@ impl ForwardWorkspace {
         self.windows.len()
     }
 
+    /// The tokens of the packed axis each window computes, in order: from its first chunk to
+    /// the end of its last (empty sequences take no tokens).
+    pub fn window_tokens(&self) -> Vec<std::ops::Range<usize>> {
+        self.windows
+            .iter()
+            .map(|w| {
+                let p = &w.window.pieces;
+                let start = p.iter().find(|r| !r.is_empty()).map_or(w.window.base, |r| r.start);
+                start..w.window.base + w.window.tokens
+            })
+            .collect()
+    }
+
     /// A workspace on a given compute path (which the device and problem must support).
     pub fn with_path(
         ctx: &Context,
