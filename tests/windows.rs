@@ -52,7 +52,10 @@ fn least_limit(
         }
     };
     let (mut lo, mut hi) = (MIN_BINDING_BYTES / 1024, 1u64 << 20);
-    assert!(builds(ctx, hi * 1024), "{p:?} does not build at 1 GiB bindings");
+    assert!(
+        builds(ctx, hi * 1024),
+        "{p:?} does not build at 1 GiB bindings"
+    );
     if builds(ctx, lo * 1024) {
         return lo * 1024;
     }
@@ -103,9 +106,9 @@ fn bits(t: &HostTensor) -> Vec<u32> {
 /// boundary falls inside a sequence).
 fn cuts(p: &Problem, windows: &[Range<usize>]) -> (bool, bool) {
     let seqs = p.sequences();
-    let one_chunk = windows.iter().any(|w| {
-        w.len() <= 64 && seqs.iter().any(|s| s.start <= w.start && w.end <= s.end)
-    });
+    let one_chunk = windows
+        .iter()
+        .any(|w| w.len() <= 64 && seqs.iter().any(|s| s.start <= w.start && w.end <= s.end));
     let inside = windows
         .iter()
         .any(|w| seqs.iter().any(|s| s.start < w.end && w.end < s.end));
@@ -168,7 +171,15 @@ fn hard_cases_in_windows_match_the_unwindowed_forward_and_the_oracle() {
                         ));
                     }
                     let arithmetic = path.arithmetic();
-                    if let Err(e) = check(&what, &case, Op::Forward, dtype, arithmetic, &got, &expected) {
+                    if let Err(e) = check(
+                        &what,
+                        &case,
+                        Op::Forward,
+                        dtype,
+                        arithmetic,
+                        &got,
+                        &expected,
+                    ) {
                         failures.push(e);
                     }
                 }
@@ -185,9 +196,15 @@ fn hard_cases_in_windows_match_the_unwindowed_forward_and_the_oracle() {
                     let got = run(&ctx, p, dtype, |e, out| {
                         forward_into_workspace(&ctx, e, p, &up.as_ref(), out, &ws, None)
                     });
-                    if let Err(e) =
-                        check(&what, &case, Op::Forward, dtype, path.arithmetic(), &got, &expected)
-                    {
+                    if let Err(e) = check(
+                        &what,
+                        &case,
+                        Op::Forward,
+                        dtype,
+                        path.arithmetic(),
+                        &got,
+                        &expected,
+                    ) {
                         failures.push(e);
                     }
                 }
@@ -229,7 +246,10 @@ fn a_sequence_longer_than_a_binding() {
     });
     let limit = least_limit(&mut ctx, &p, DType::F32, ComputePath::Scalar, None);
     ctx.set_max_binding_bytes(Some(limit)).unwrap();
-    assert!(up.v.bytes() > limit && up.q.bytes() > limit, "v and q exceed a binding");
+    assert!(
+        up.v.bytes() > limit && up.q.bytes() > limit,
+        "v and q exceed a binding"
+    );
     let got = run(&ctx, &p, DType::F32, |e, out| {
         forward_into_with_path(&ctx, e, &p, &up.as_ref(), out, ComputePath::Scalar)
     });
@@ -268,7 +288,12 @@ fn limits_too_small_and_bad_values_are_typed_errors() {
             "{bad}: {e}"
         );
     }
-    for (good, bytes) in [("65536", 65536), ("64KiB", 65536), ("3 MiB", 3 << 20), ("2GiB", 2 << 30)] {
+    for (good, bytes) in [
+        ("65536", 65536),
+        ("64KiB", 65536),
+        ("3 MiB", 3 << 20),
+        ("2GiB", 2 << 30),
+    ] {
         let c = Config::from_lookup(|v| (v == "GDN_MAX_BINDING_BYTES").then(|| good.to_string()))
             .unwrap();
         assert_eq!(c.max_binding_bytes, Some(bytes), "{good}");
@@ -287,14 +312,18 @@ fn limits_too_small_and_bad_values_are_typed_errors() {
 
     // A forward in windows: the backward says why it cannot run, before allocating.
     let p = common::problem(1, 600, 1, 2, 32, 32, None, Default::default());
-    ctx.set_max_binding_bytes(Some(2 * MIN_BINDING_BYTES)).unwrap();
+    ctx.set_max_binding_bytes(Some(2 * MIN_BINDING_BYTES))
+        .unwrap();
     let inputs = gdn_wgpu::RandomSpec::default().generate(&p);
     let up = common::upload_inputs(&ctx, &inputs);
     let mut encoder = ctx.create_encoder("windowed forward_saved");
     let (fwd, saved) = wgpu_backend::forward_saved(&ctx, &mut encoder, &p, &up.as_ref()).unwrap();
     assert_ne!(saved.intermediates.tokens, 0..600);
     let e = wgpu_backend::backward(&ctx, &mut encoder, &saved, &fwd.o, None).unwrap_err();
-    assert!(matches!(&e, Error::Unsupported { name, .. } if name == "saved intermediates"), "{e}");
+    assert!(
+        matches!(&e, Error::Unsupported { name, .. } if name == "saved intermediates"),
+        "{e}"
+    );
     ctx.submit_and_wait(encoder).unwrap();
 }
 
@@ -303,12 +332,21 @@ fn limits_too_small_and_bad_values_are_typed_errors() {
 /// were.
 #[test]
 fn decode_over_a_pool_larger_than_a_binding() {
+    use StateSlot::{Fresh, Padding, Resume};
     use gdn_wgpu::wgpu_backend::decode::{StatePool, StateSlot};
     use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
-    use StateSlot::{Fresh, Padding, Resume};
     let Some(mut ctx) = context() else { return };
     // 64 KiB per slot (HV = 4, K = V = 64): a 64 KiB binding holds one slot, 192 KiB three.
-    let p = common::problem(1, 9, 2, 4, 64, 64, Some(vec![0, 1, 3, 4, 6, 9]), Default::default());
+    let p = common::problem(
+        1,
+        9,
+        2,
+        4,
+        64,
+        64,
+        Some(vec![0, 1, 3, 4, 6, 9]),
+        Default::default(),
+    );
     let pool_slots = 10;
     let pool_host = common::decode::random_pool(&p, pool_slots, 3);
     let inputs = common::decode::spec(5).generate(&p);
@@ -328,8 +366,15 @@ fn decode_over_a_pool_larger_than_a_binding() {
             per_token_states: None,
         };
         // With `reuse`, the plan is made for other slots first and switched (set_slots).
-        let mut plan = DecodePlan::new(ctx, &p, &up.as_ref(), &pool, reuse.unwrap_or(slots), &outputs)
-            .unwrap();
+        let mut plan = DecodePlan::new(
+            ctx,
+            &p,
+            &up.as_ref(),
+            &pool,
+            reuse.unwrap_or(slots),
+            &outputs,
+        )
+        .unwrap();
         if reuse.is_some() {
             plan.set_slots(ctx, slots).unwrap();
         }
@@ -352,9 +397,17 @@ fn decode_over_a_pool_larger_than_a_binding() {
             ctx.set_max_binding_bytes(Some(limit)).unwrap();
             for reuse in [None, Some(&other[..])] {
                 let (w, o_w, pool_w) = run(&ctx, slots, reuse);
-                assert_eq!(w, pool_slots.div_ceil((limit >> 16) as usize), "limit {limit}");
+                assert_eq!(
+                    w,
+                    pool_slots.div_ceil((limit >> 16) as usize),
+                    "limit {limit}"
+                );
                 assert_eq!(bits(&o_w), bits(&o), "o, limit {limit}, slots {slots:?}");
-                assert_eq!(bits(&pool_w), bits(&pool), "pool, limit {limit}, slots {slots:?}");
+                assert_eq!(
+                    bits(&pool_w),
+                    bits(&pool),
+                    "pool, limit {limit}, slots {slots:?}"
+                );
             }
         }
         // Slots no sequence names keep their states.

@@ -46,8 +46,8 @@
 // writes it back; c = -1 is padding (zero state, the pool is not written); c ≤ -2 starts
 // from a zero state and writes pool slot -2 - c. A pool larger than one storage binding is
 // bound in windows of slots, one pass each; slot codes are relative to the window, and a
-// sequence whose slot is in another window has code SLOT_ELSEWHERE: its workgroups return at
-// once (the code is per workgroup, so the early return keeps control flow uniform).
+// sequence whose slot is in another window has code SLOT_ELSEWHERE: its workgroups walk no
+// tokens and write nothing.
 
 @group(0) @binding(0) var<uniform> params: Params;
 // Words: token starts [N + 1], slot codes [N], A_log [HV], dt_bias [HV] (f32 bits).
@@ -331,19 +331,19 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
     let hv_count = params.heads_v;
     let h = hv / (hv_count / params.heads_qk);
     let v_dim = params.value_dim;
-    let start = table_word(n);
-    let end = table_word(n + 1u);
     let code = bitcast<i32>(table_word(sequences + 1u + n));
-    if (code == SLOT_ELSEWHERE) {
-        return;
-    }
+    // A sequence of another pool window walks no tokens and writes nothing (no early return:
+    // lavapipe runs workgroups with barriers much slower when some return before them).
+    let elsewhere = code == SLOT_ELSEWHERE;
+    let start = table_word(n);
+    let end = select(table_word(n + 1u), start, elsewhere);
     let a_log = bitcast<f32>(table_word(2u * sequences + 1u + hv));
     let dt_bias = bitcast<f32>(table_word(2u * sequences + 1u + hv_count + hv));
 
     var write_slot = -1;
     if (code >= 0) {
         write_slot = code;
-    } else if (code < SLOT_PADDING) {
+    } else if (code < SLOT_PADDING && !elsewhere) {
         write_slot = -2 - code;
     }
     // The host validated the codes; this only keeps a corrupted table inside the pool.

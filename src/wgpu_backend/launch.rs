@@ -19,7 +19,10 @@ impl Bind for wgpu::Buffer {
         self.as_entire_binding()
     }
     fn bound(&self) -> (u64, bool) {
-        (self.size(), self.usage().contains(wgpu::BufferUsages::STORAGE))
+        (
+            self.size(),
+            self.usage().contains(wgpu::BufferUsages::STORAGE),
+        )
     }
 }
 

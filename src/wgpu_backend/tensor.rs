@@ -198,7 +198,10 @@ impl GpuTensor {
         if offset % 4 != 0 || first + len > self.len() {
             return Err(Error::value(
                 name,
-                format!("a word-aligned view inside the tensor's {} elements", self.len()),
+                format!(
+                    "a word-aligned view inside the tensor's {} elements",
+                    self.len()
+                ),
                 format!("{len} elements from element {first}"),
             ));
         }

@@ -69,9 +69,9 @@ impl TokenWindow {
         self.pieces
             .iter()
             .flat_map(|p| {
-                (p.start..p.end).step_by(CHUNK).flat_map(move |c| {
-                    [(c - self.base) as u32, (CHUNK.min(p.end - c)) as u32]
-                })
+                (p.start..p.end)
+                    .step_by(CHUNK)
+                    .flat_map(move |c| [(c - self.base) as u32, (CHUNK.min(p.end - c)) as u32])
             })
             .collect()
     }
@@ -188,7 +188,10 @@ pub(crate) fn plan(
                 };
                 (window, 0)
             });
-            let before = w.pieces.get(n - w.first_seq).map_or(0, |p| span_segments(p.len()));
+            let before = w
+                .pieces
+                .get(n - w.first_seq)
+                .map_or(0, |p| span_segments(p.len()));
             let first_seq = w.first_seq;
             extend(&mut w.pieces, first_seq, n, start..end, &sequences);
             *segs = *segs - before + span_segments(w.pieces[n - first_seq].len());
@@ -245,7 +248,10 @@ mod tests {
         let mut next: Vec<usize> = seqs.iter().map(|s| s.start).collect();
         for w in windows {
             assert!(w.base <= w.pieces.iter().map(|r| r.start).min().unwrap());
-            assert!((w.tokens + c.pad_tokens) as u64 * c.token_bytes[0] <= limit, "{w:?}");
+            assert!(
+                (w.tokens + c.pad_tokens) as u64 * c.token_bytes[0] <= limit,
+                "{w:?}"
+            );
             assert!(w.seqs() as u64 * c.slot_bytes <= limit, "{w:?}");
             assert_eq!((w.base * 4) as u64 % 256, 0, "{w:?}");
             for (i, piece) in w.pieces.iter().enumerate() {

@@ -336,7 +336,10 @@ fn check_scratch_bindings(ctx: &Context, p: &Problem) -> Result<()> {
         ("recomputed states", 4 * slots * hv * kd * vd),
         ("W and V'", 4 * 2 * bt * hv * vd),
         ("dP and dA", 4 * 2 * bt * hv * c),
-        ("dq dk per v-head | gated matrices", 4 * bt * hv * (3 * kd + 1).max(2 * c)),
+        (
+            "dq dk per v-head | gated matrices",
+            4 * bt * hv * (3 * kd + 1).max(2 * c),
+        ),
     ];
     for (name, bytes) in scratch {
         if bytes > limit {
@@ -403,7 +406,8 @@ fn record_backward(
         &[bt, hv, (3 * kd + 1).max(2 * CHUNK)],
         DType::F32,
     )?;
-    let view = |t: &GpuTensor, shape: &[usize]| GpuTensor::over(t.buffer.clone(), shape, DType::F32);
+    let view =
+        |t: &GpuTensor, shape: &[usize]| GpuTensor::over(t.buffer.clone(), shape, DType::F32);
     let dqk_parts = view(&union, &[bt, hv, 3 * kd + 1]);
     let gated = view(&union, &[bt, hv, 2 * CHUNK]);
     let dg_dbeta = GpuTensor::empty(ctx, "dg and dbeta", &[bt, hv, 2], DType::F32)?;

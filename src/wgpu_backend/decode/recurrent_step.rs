@@ -226,7 +226,7 @@ impl RecurrentStepTiles {
 /// A pool larger than one storage binding ([`Context::max_binding_bytes`]) is bound in pool
 /// windows of whole slots: the plan records one pass per window that holds a slot of the
 /// call, and each sequence runs in the window of its slot (in the others its workgroups
-/// return at once).
+/// walk no tokens and write nothing).
 pub struct DecodePlan {
     /// One pass per pool window (one when the pool fits a binding).
     windows: Vec<PoolWindow>,
@@ -248,8 +248,8 @@ struct PoolWindow {
     active: bool,
 }
 
-/// The code of a sequence whose slot lies in another pool window: its workgroups return at
-/// once (`SLOT_ELSEWHERE` in `shaders/decode/recurrent_step.wgsl`).
+/// The code of a sequence whose slot lies in another pool window: its workgroups walk no
+/// tokens and write nothing (`SLOT_ELSEWHERE` in `shaders/decode/recurrent_step.wgsl`).
 const SLOT_ELSEWHERE: i32 = i32::MIN;
 
 /// The kernel's code for `slot` in the pool window `first..first + len`: slots are relative
@@ -365,7 +365,10 @@ impl DecodePlan {
             } else {
                 let t = pool.tensor();
                 let slot_elems = t.len() / pool.slots();
-                let shape: Vec<usize> = [len].into_iter().chain(t.shape[1..].iter().copied()).collect();
+                let shape: Vec<usize> = [len]
+                    .into_iter()
+                    .chain(t.shape[1..].iter().copied())
+                    .collect();
                 t.view("pool", first * slot_elems, &shape)?
             };
             let mut params = Params::for_problem(problem, 0, n);

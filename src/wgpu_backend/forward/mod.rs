@@ -297,14 +297,7 @@ fn record_forward(
     let mut last = None;
     for wt in &ws.windows {
         last = Some(record_window(
-            ctx,
-            encoder,
-            problem,
-            inputs,
-            outputs,
-            ws,
-            wt,
-            pass_timer,
+            ctx, encoder, problem, inputs, outputs, ws, wt, pass_timer,
         )?);
         if windowed && let Some(t) = timer {
             t.mark(encoder, "window");
@@ -315,7 +308,13 @@ fn record_forward(
 
 /// `t`'s rows `[base, base + rows)` of the packed token axis (`row` elements each) as a
 /// tensor `[rows, row dims..]`; `t` itself when that is all of it.
-fn token_rows(t: &GpuTensor, name: &str, base: usize, rows: usize, tokens: usize) -> Result<GpuTensor> {
+fn token_rows(
+    t: &GpuTensor,
+    name: &str,
+    base: usize,
+    rows: usize,
+    tokens: usize,
+) -> Result<GpuTensor> {
     if base == 0 && rows == tokens {
         return Ok(t.clone());
     }
@@ -326,7 +325,13 @@ fn token_rows(t: &GpuTensor, name: &str, base: usize, rows: usize, tokens: usize
 }
 
 /// A gate tensor `[B, T, HV]` rows (one token each) `[base, base + rows)`.
-fn gate_rows(t: &GpuTensor, name: &str, base: usize, rows: usize, tokens: usize) -> Result<GpuTensor> {
+fn gate_rows(
+    t: &GpuTensor,
+    name: &str,
+    base: usize,
+    rows: usize,
+    tokens: usize,
+) -> Result<GpuTensor> {
     if base == 0 && rows == tokens {
         return Ok(t.clone());
     }
@@ -340,7 +345,10 @@ fn scratch_rows(t: &GpuTensor, rows: usize, windowed: bool) -> Result<GpuTensor>
     if !windowed || t.shape[0] == rows {
         return Ok(t.clone());
     }
-    let shape: Vec<usize> = [rows].into_iter().chain(t.shape[1..].iter().copied()).collect();
+    let shape: Vec<usize> = [rows]
+        .into_iter()
+        .chain(t.shape[1..].iter().copied())
+        .collect();
     t.view("scratch", 0, &shape)
 }
 
@@ -370,7 +378,11 @@ fn record_window(
     let (num_chunks, num_segments) = (wt.num_chunks, wt.num_segments);
     let tokens = |t: &GpuTensor, name: &str| token_rows(t, name, base, rows, bt);
     let gates = |t: &GpuTensor, name: &str| gate_rows(t, name, base, rows, bt);
-    let (q_in, k_in, v) = (tokens(inputs.q, "q")?, tokens(inputs.k, "k")?, tokens(inputs.v, "v")?);
+    let (q_in, k_in, v) = (
+        tokens(inputs.q, "q")?,
+        tokens(inputs.k, "k")?,
+        tokens(inputs.v, "v")?,
+    );
     let o = tokens(outputs.o, "o")?;
     let (g, beta) = (gates(inputs.g, "g")?, gates(inputs.beta, "beta")?);
     let n_all = problem.num_sequences();
@@ -382,7 +394,9 @@ fn record_window(
             .into_iter()
             .chain(problem.state_shape()[1..].iter().copied())
             .collect();
-        outputs.final_state.view("final_state", w.first_seq * slot, &shape)?
+        outputs
+            .final_state
+            .view("final_state", w.first_seq * slot, &shape)?
     };
 
     let normed = |t: &Option<GpuTensor>| t.as_ref().map(|t| scratch_rows(t, rows)).transpose();
@@ -464,7 +478,10 @@ fn record_window(
                 scratch_rows(&sp.ends, segs.max(1))?,
                 scratch_rows(&sp.starts, segs.max(1))?,
             );
-            let (zero_v, trans_o) = (scratch_rows(&sp.zero_v, rows)?, scratch_rows(&sp.trans_o, rows)?);
+            let (zero_v, trans_o) = (
+                scratch_rows(&sp.zero_v, rows)?,
+                scratch_rows(&sp.trans_o, rows)?,
+            );
             // End states from zero (o is overwritten by the last scan), transitions from the
             // identity with v = 0, the sequential combine, then the scan from the right starts.
             encoder.clear_buffer(&ends.buffer, 0, Some(ends.binding_bytes()));

@@ -161,7 +161,10 @@ impl ForwardWorkspace {
             .iter()
             .map(|w| {
                 let p = &w.window.pieces;
-                let start = p.iter().find(|r| !r.is_empty()).map_or(w.window.base, |r| r.start);
+                let start = p
+                    .iter()
+                    .find(|r| !r.is_empty())
+                    .map_or(w.window.base, |r| r.start);
                 start..w.window.base + w.window.tokens
             })
             .collect()
@@ -188,7 +191,12 @@ impl ForwardWorkspace {
         ctx.path_support().choose(problem, dtype, Some(path))?;
         let (hv, h, k) = (problem.heads_v, problem.heads_qk, problem.key_dim);
         // Segments only where a sequence is longer than one (nothing to parallelize else).
-        let longest = problem.sequences().iter().map(|s| s.len()).max().unwrap_or(0);
+        let longest = problem
+            .sequences()
+            .iter()
+            .map(|s| s.len())
+            .max()
+            .unwrap_or(0);
         let segment_chunks = segment_chunks.filter(|&c| longest > c * CHUNK);
 
         let windows = windows::plan(
@@ -436,8 +444,18 @@ impl Segmented {
         let (scan_problem, trans_problem) = segment_problems(problem);
         let carry = if windows.len() > 1 {
             let seqs = most(&|w| w.window.seqs());
-            let shape = [seqs, problem.state_shape()[1], problem.state_shape()[2], problem.state_shape()[3]];
-            Some(GpuTensor::empty(ctx, "cp window start states", &shape, DType::F32)?)
+            let shape = [
+                seqs,
+                problem.state_shape()[1],
+                problem.state_shape()[2],
+                problem.state_shape()[3],
+            ];
+            Some(GpuTensor::empty(
+                ctx,
+                "cp window start states",
+                &shape,
+                DType::F32,
+            )?)
         } else {
             None
         };
