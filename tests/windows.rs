@@ -420,3 +420,62 @@ fn decode_over_a_pool_larger_than_a_binding() {
     }
     ctx.check().unwrap();
 }
+
+/// More chunks and sequences than one grid dimension holds (a device granting 4 workgroups
+/// per dimension): windows of at most 4 chunks and sequences, within tolerance of the oracle.
+#[test]
+fn more_chunks_than_workgroups_per_dimension() {
+    let Some(adapter) = pollster::block_on(wgpu_backend::list_adapters())
+        .into_iter()
+        .next()
+    else {
+        assert!(
+            std::env::var("GDN_REQUIRE_GPU").as_deref() != Ok("1"),
+            "GDN_REQUIRE_GPU=1 but no GPU adapter"
+        );
+        return;
+    };
+    let limits = wgpu::Limits {
+        max_compute_workgroups_per_dimension: 4,
+        ..adapter.limits()
+    };
+    let ctx = pollster::block_on(Context::from_adapter_with_config(
+        adapter,
+        limits,
+        Config::default(),
+    ))
+    .unwrap();
+    let p = common::problem(
+        1,
+        460,
+        1,
+        1,
+        16,
+        16,
+        Some(vec![0, 1, 2, 3, 4, 200, 460]),
+        Default::default(),
+    );
+    let case = common::cases::HardCase {
+        name: "6 sequences, 9 chunks, a 4-wide grid".into(),
+        problem: p.clone(),
+        spec: common::cases::spec(9, true),
+    };
+    let (inputs, expected) = inputs_and_oracle(&case, DType::F32);
+    let up = common::upload_inputs(&ctx, &inputs);
+    let ws = ForwardWorkspace::with_path(&ctx, &p, DType::F32, ComputePath::Scalar).unwrap();
+    assert!(ws.windows() >= 3, "{:?}", ws.window_tokens());
+    let got = run(&ctx, &p, DType::F32, |e, out| {
+        forward_into_workspace(&ctx, e, &p, &up.as_ref(), out, &ws, None)
+    });
+    check(
+        "4-wide grid",
+        &case,
+        Op::Forward,
+        DType::F32,
+        ComputePath::Scalar.arithmetic(),
+        &got,
+        &expected,
+    )
+    .unwrap();
+    ctx.check().unwrap();
+}

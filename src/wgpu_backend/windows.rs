@@ -30,6 +30,9 @@ pub(crate) struct WindowCosts {
     /// Segmented scans: tokens per segment and bytes per segment of their scratch
     /// (transitions, end and start states), bounded per window too.
     pub segments: Option<(usize, u64)>,
+    /// The most chunks, sequences or segments one window may hold: passes dispatch one
+    /// workgroup row per chunk or segment (`max_compute_workgroups_per_dimension`).
+    pub max_rows: usize,
 }
 
 /// One window: sequences `first_seq..first_seq + pieces.len()`, each computed over its piece
@@ -114,12 +117,20 @@ pub(crate) fn plan(
     };
     let whole = TokenWindow::whole(problem);
     let seg_bytes = costs.segments.map_or(0, |(_, b)| b);
+    let fits_rows =
+        |chunks: usize, seqs: usize, segs: usize| chunks.max(seqs).max(segs) <= costs.max_rows;
     let fits = |tokens: usize, seqs: usize, segs: usize| {
         (tokens + costs.pad_tokens) as u64 * per_token <= limit
             && seqs as u64 * costs.slot_bytes <= limit
             && segs as u64 * seg_bytes <= limit
     };
-    if fits(whole.tokens, whole.seqs(), seg_count(&whole.pieces)) {
+    if fits(whole.tokens, whole.seqs(), seg_count(&whole.pieces))
+        && fits_rows(
+            problem.chunks().len(),
+            whole.seqs(),
+            seg_count(&whole.pieces),
+        )
+    {
         return Ok(vec![whole]);
     }
 
@@ -165,29 +176,31 @@ pub(crate) fn plan(
     let span_segments = |len: usize| costs.segments.map_or(0, |(span, _)| segments_of(len, span));
     let sequences = problem.sequences();
     let mut windows = Vec::new();
-    // The open window and its segment count.
-    let mut open: Option<(TokenWindow, usize)> = None;
+    // The open window, its segment count and its chunk count.
+    let mut open: Option<(TokenWindow, usize, usize)> = None;
     for (n, seq) in sequences.iter().enumerate() {
         for start in (seq.start..seq.end).step_by(CHUNK) {
             let end = (start + CHUNK).min(seq.end);
-            if let Some((w, segs)) = &open {
+            if let Some((w, segs, chunks)) = &open {
                 let segs = match w.pieces.get(n - w.first_seq) {
                     Some(p) => segs - span_segments(p.len()) + span_segments(end - p.start),
                     None => segs + span_segments(end - start),
                 };
-                if !fits(end - w.base, n - w.first_seq + 1, segs) {
-                    windows.extend(open.take().map(|(w, _)| w));
+                let seqs = n - w.first_seq + 1;
+                if !fits(end - w.base, seqs, segs) || !fits_rows(chunks + 1, seqs, segs) {
+                    windows.extend(open.take().map(|(w, _, _)| w));
                 }
             }
-            let (w, segs) = open.get_or_insert_with(|| {
+            let (w, segs, chunks) = open.get_or_insert_with(|| {
                 let window = TokenWindow {
                     base: start / granule * granule,
                     tokens: 0,
                     first_seq: n,
                     pieces: Vec::new(),
                 };
-                (window, 0)
+                (window, 0, 0)
             });
+            *chunks += 1;
             let before = w
                 .pieces
                 .get(n - w.first_seq)
@@ -198,7 +211,7 @@ pub(crate) fn plan(
             w.tokens = end - w.base;
         }
     }
-    windows.extend(open.map(|(w, _)| w));
+    windows.extend(open.map(|(w, _, _)| w));
     Ok(windows)
 }
 
@@ -233,6 +246,7 @@ mod tests {
             pad_tokens: 0,
             slot_bytes,
             segments: None,
+            max_rows: 65535,
         }
     }
 
@@ -287,7 +301,11 @@ mod tests {
                 let c = costs(64, 256);
                 let limit = limit_tokens as u64 * 64;
                 let w = plan(p, &c, limit, 256).unwrap();
-                assert!(w.len() > 1, "{p:?} at {limit_tokens}");
+                assert_eq!(
+                    w.len() > 1,
+                    limit_tokens < p.total_tokens(),
+                    "{p:?} at {limit_tokens}"
+                );
                 check_cover(p, &w, &c, limit);
             }
             // Few states per window: windows also split at sequence boundaries.
@@ -295,6 +313,20 @@ mod tests {
             let w = plan(p, &c, 2048, 256).unwrap();
             check_cover(p, &w, &c, 2048);
             assert!(w.iter().all(|w| w.seqs() <= 2));
+        }
+    }
+
+    #[test]
+    fn windows_hold_at_most_max_rows_chunks_and_sequences() {
+        let p = varlen(vec![0, 1, 2, 3, 4, 5, 300, 700]);
+        let c = WindowCosts {
+            max_rows: 3,
+            ..costs(4, 256)
+        };
+        let w = plan(&p, &c, 1 << 20, 256).unwrap();
+        check_cover(&p, &w, &c, 1 << 20);
+        for w in &w {
+            assert!(w.seqs() <= 3 && w.chunk_table().len() / 2 <= 3, "{w:?}");
         }
     }
 

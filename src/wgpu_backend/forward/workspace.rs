@@ -199,9 +199,11 @@ impl ForwardWorkspace {
             .unwrap_or(0);
         let segment_chunks = segment_chunks.filter(|&c| longest > c * CHUNK);
 
+        let mut costs = window_costs(problem, dtype, path, segment_chunks);
+        costs.max_rows = ctx.limits().max_compute_workgroups_per_dimension as usize;
         let windows = windows::plan(
             problem,
-            &window_costs(problem, dtype, path, segment_chunks),
+            &costs,
             ctx.max_binding_bytes(),
             ctx.limits().min_storage_buffer_offset_alignment as u64,
         )?;
@@ -347,6 +349,7 @@ fn window_costs(
         pad_tokens,
         slot_bytes,
         segments: segment_chunks.map(|c| (c * CHUNK, hv * k * k.max(v) * 4)),
+        max_rows: usize::MAX,
     }
 }
 
