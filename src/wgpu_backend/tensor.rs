@@ -195,7 +195,7 @@ impl GpuTensor {
         let len: usize = shape.iter().product();
         let offset = self.offset() + (first * self.dtype.size()) as u64;
         let size = padded_bytes(len, self.dtype);
-        if offset % 4 != 0 || first + len > self.len() {
+        if !offset.is_multiple_of(4) || first + len > self.len() {
             return Err(Error::value(
                 name,
                 format!(

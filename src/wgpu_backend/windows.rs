@@ -162,7 +162,7 @@ pub(crate) fn plan(
         let worst = (0..3).max_by_key(|&i| bytes[i]).unwrap_or(0);
         return Err(too_large(names[worst], bytes[worst]));
     }
-    if costs.slot_bytes % align != 0 {
+    if !costs.slot_bytes.is_multiple_of(align) {
         return Err(Error::unsupported(
             "state",
             format!(

@@ -314,7 +314,7 @@ impl DecodePlan {
             });
         }
         let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
-        if pool.slots() > per_window && slot_bytes % align != 0 {
+        if pool.slots() > per_window && !slot_bytes.is_multiple_of(align) {
             return Err(Error::unsupported(
                 "pool",
                 format!(
