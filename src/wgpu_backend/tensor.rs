@@ -213,6 +213,17 @@ impl GpuTensor {
         })
     }
 
+    /// The same bytes seen as `shape` elements of `dtype` (e.g. scratch shared by two uses),
+    /// bound as this tensor is.
+    pub(crate) fn reinterpret(&self, shape: &[usize], dtype: DType) -> Self {
+        GpuTensor {
+            buffer: self.buffer.clone(),
+            shape: shape.to_vec(),
+            dtype,
+            range: self.range,
+        }
+    }
+
     /// How a pass binds the tensor: the whole buffer, or the view's byte range.
     pub(crate) fn binding(&self) -> wgpu::BindingResource<'_> {
         match self.range {

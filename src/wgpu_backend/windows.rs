@@ -27,6 +27,9 @@ pub(crate) struct WindowCosts {
     pub pad_tokens: usize,
     /// Bytes of one sequence's state slot (the states are bound per window).
     pub slot_bytes: u64,
+    /// Bytes per chunk of a binding that also holds the window's states (the backward's
+    /// chunk-start states and their gradients: one slot per chunk plus one per sequence).
+    pub chunk_bytes: u64,
     /// Segmented scans: tokens per segment and bytes per segment of their scratch
     /// (transitions, end and start states), bounded per window too.
     pub segments: Option<(usize, u64)>,
@@ -49,6 +52,23 @@ pub(crate) struct TokenWindow {
     /// Per sequence from `first_seq` on: the tokens this window computes. Pieces start at a
     /// chunk boundary of their sequence, so the window's chunks are the problem's chunks.
     pub pieces: Vec<Range<usize>>,
+}
+
+impl WindowCosts {
+    /// Costs that bound a window by both `self` and `other` (a forward whose windows the
+    /// backward reuses).
+    pub fn union(&self, other: &WindowCosts) -> WindowCosts {
+        let cat = |a: &[u64], b: &[u64]| a.iter().chain(b).copied().collect();
+        WindowCosts {
+            token_bytes: cat(&self.token_bytes, &other.token_bytes),
+            offset_token_bytes: cat(&self.offset_token_bytes, &other.offset_token_bytes),
+            pad_tokens: self.pad_tokens.max(other.pad_tokens),
+            slot_bytes: self.slot_bytes.max(other.slot_bytes),
+            chunk_bytes: self.chunk_bytes.max(other.chunk_bytes),
+            segments: self.segments.or(other.segments),
+            max_rows: self.max_rows.min(other.max_rows),
+        }
+    }
 }
 
 impl TokenWindow {
@@ -119,18 +139,22 @@ pub(crate) fn plan(
     let seg_bytes = costs.segments.map_or(0, |(_, b)| b);
     let fits_rows =
         |chunks: usize, seqs: usize, segs: usize| chunks.max(seqs).max(segs) <= costs.max_rows;
-    let fits = |tokens: usize, seqs: usize, segs: usize| {
+    let fits = |tokens: usize, chunks: usize, seqs: usize, segs: usize| {
         (tokens + costs.pad_tokens) as u64 * per_token <= limit
-            && seqs as u64 * costs.slot_bytes <= limit
+            && seqs as u64 * costs.slot_bytes + chunks as u64 * costs.chunk_bytes <= limit
             && segs as u64 * seg_bytes <= limit
     };
-    if fits(whole.tokens, whole.seqs(), seg_count(&whole.pieces))
-        && fits_rows(
-            problem.chunks().len(),
-            whole.seqs(),
-            seg_count(&whole.pieces),
-        )
-    {
+    let all_chunks = problem.chunks().len();
+    if fits(
+        whole.tokens,
+        all_chunks,
+        whole.seqs(),
+        seg_count(&whole.pieces),
+    ) && fits_rows(
+        problem.chunks().len(),
+        whole.seqs(),
+        seg_count(&whole.pieces),
+    ) {
         return Ok(vec![whole]);
     }
 
@@ -148,10 +172,10 @@ pub(crate) fn plan(
         .max()
         .unwrap_or(1) as usize;
     let least_tokens = CHUNK + granule - 1;
-    if !fits(least_tokens, 1, 1) {
+    if !fits(least_tokens, 1, 1, 1) {
         let bytes = [
             (least_tokens + costs.pad_tokens) as u64 * per_token,
-            costs.slot_bytes,
+            costs.slot_bytes + costs.chunk_bytes,
             seg_bytes,
         ];
         let names = [
@@ -187,7 +211,8 @@ pub(crate) fn plan(
                     None => segs + span_segments(end - start),
                 };
                 let seqs = n - w.first_seq + 1;
-                if !fits(end - w.base, seqs, segs) || !fits_rows(chunks + 1, seqs, segs) {
+                if !fits(end - w.base, chunks + 1, seqs, segs) || !fits_rows(chunks + 1, seqs, segs)
+                {
                     windows.extend(open.take().map(|(w, _, _)| w));
                 }
             }
@@ -245,6 +270,7 @@ mod tests {
             offset_token_bytes: vec![4],
             pad_tokens: 0,
             slot_bytes,
+            chunk_bytes: 0,
             segments: None,
             max_rows: 65535,
         }

@@ -201,6 +201,9 @@ struct Recording<'a> {
     timer: Option<&'a GpuTimer>,
     path: Option<ComputePath>,
     workspace: Option<&'a ForwardWorkspace>,
+    /// Receives every window's start states (`[Σ window sequences, HV, ..]` f32), for a
+    /// windowed backward.
+    checkpoints: Option<&'a GpuTensor>,
 }
 
 fn record_forward(
@@ -215,6 +218,7 @@ fn record_forward(
         timer,
         path,
         workspace,
+        checkpoints,
     } = rec;
     ctx.check()?;
     problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
@@ -297,7 +301,15 @@ fn record_forward(
     let mut last = None;
     for wt in &ws.windows {
         last = Some(record_window(
-            ctx, encoder, problem, inputs, outputs, ws, wt, pass_timer,
+            ctx,
+            encoder,
+            problem,
+            inputs,
+            outputs,
+            ws,
+            wt,
+            pass_timer,
+            checkpoints,
         )?);
         if windowed && let Some(t) = timer {
             t.mark(encoder, "window");
@@ -363,6 +375,7 @@ fn record_window(
     ws: &ForwardWorkspace,
     wt: &WindowTables,
     timer: Option<&GpuTimer>,
+    checkpoints: Option<&GpuTensor>,
 ) -> Result<Intermediates> {
     let mark = |encoder: &mut wgpu::CommandEncoder, label| {
         if let Some(t) = timer {
@@ -398,6 +411,13 @@ fn record_window(
             .final_state
             .view("final_state", w.first_seq * slot, &shape)?
     };
+
+    // The window's start states, before its scans move them on.
+    if let Some(c) = checkpoints {
+        let at = c.offset()
+            + (wt.checkpoint * problem.state_shape()[1..].iter().product::<usize>() * 4) as u64;
+        encoder.copy_buffer_to_buffer(&state.buffer, state.offset(), &c.buffer, at, state.bytes());
+    }
 
     let normed = |t: &Option<GpuTensor>| t.as_ref().map(|t| scratch_rows(t, rows)).transpose();
     let (q_normed, k_normed) = (normed(&ws.q_normed)?, normed(&ws.k_normed)?);
@@ -582,6 +602,32 @@ fn record_window(
         a,
         tokens: base..base + rows,
     })
+}
+
+/// The forward of `forward_saved` over a workspace made with the backward's window costs:
+/// with several windows, every window's start states are copied into `checkpoints`
+/// (`[Σ window sequences, HV, ..]` f32).
+pub(crate) fn forward_with_checkpoints(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    workspace: &ForwardWorkspace,
+    checkpoints: Option<&GpuTensor>,
+) -> Result<Intermediates> {
+    record_forward(
+        ctx,
+        encoder,
+        problem,
+        inputs,
+        outputs,
+        Recording {
+            workspace: Some(workspace),
+            checkpoints,
+            ..Recording::default()
+        },
+    )
 }
 
 /// One scan over a segment table: the problem variant it runs (its value_dim and state

@@ -77,6 +77,9 @@ pub(crate) struct WindowTables {
     pub num_chunks: usize,
     pub num_segments: usize,
     pub segmented: Option<SegmentTables>,
+    /// The window's first slot in a forward's checkpoints (its sequences' start states, kept
+    /// for a windowed backward): the sequences of the windows before it.
+    pub checkpoint: usize,
 }
 
 /// Every buffer a forward writes besides its outputs, for one problem and storage dtype on
@@ -119,7 +122,31 @@ impl ForwardWorkspace {
         dtype: DType,
         path: ComputePath,
     ) -> Result<Self> {
-        Self::build(ctx, problem, dtype, path, ctx.config().segment_chunks)
+        Self::build(ctx, problem, dtype, path, ctx.config().segment_chunks, None)
+    }
+
+    /// [`Self::with_path_and_config`] whose windows also bound `extra` (the backward's costs,
+    /// so a forward for training cuts the windows its backward will walk).
+    pub(crate) fn with_window_costs(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        path: ComputePath,
+        extra: &WindowCosts,
+    ) -> Result<Self> {
+        Self::build(
+            ctx,
+            problem,
+            dtype,
+            path,
+            ctx.config().segment_chunks,
+            Some(extra),
+        )
+    }
+
+    /// The token windows, in order.
+    pub(crate) fn token_windows(&self) -> Vec<TokenWindow> {
+        self.windows.iter().map(|w| w.window.clone()).collect()
     }
 
     /// A workspace on `path` whose forward cuts every sequence longer than `segment_chunks`
@@ -140,7 +167,7 @@ impl ForwardWorkspace {
                 got: "0".into(),
             });
         }
-        Self::build(ctx, problem, dtype, path, Some(segment_chunks))
+        Self::build(ctx, problem, dtype, path, Some(segment_chunks), None)
     }
 
     /// Chunks per segment when the forward runs sequence-parallel.
@@ -177,7 +204,7 @@ impl ForwardWorkspace {
         dtype: DType,
         path: ComputePath,
     ) -> Result<Self> {
-        Self::build(ctx, problem, dtype, path, None)
+        Self::build(ctx, problem, dtype, path, None, None)
     }
 
     fn build(
@@ -186,6 +213,7 @@ impl ForwardWorkspace {
         dtype: DType,
         path: ComputePath,
         segment_chunks: Option<usize>,
+        extra: Option<&WindowCosts>,
     ) -> Result<Self> {
         // Validates the path for this device and problem (typed error otherwise).
         ctx.path_support().choose(problem, dtype, Some(path))?;
@@ -200,6 +228,9 @@ impl ForwardWorkspace {
         let segment_chunks = segment_chunks.filter(|&c| longest > c * CHUNK);
 
         let mut costs = window_costs(problem, dtype, path, segment_chunks);
+        if let Some(extra) = extra {
+            costs = costs.union(extra);
+        }
         costs.max_rows = ctx.limits().max_compute_workgroups_per_dimension as usize;
         let windows = windows::plan(
             problem,
@@ -208,9 +239,14 @@ impl ForwardWorkspace {
             ctx.limits().min_storage_buffer_offset_alignment as u64,
         )?;
         let tokens = windows.iter().map(|w| w.tokens).max().unwrap_or(0);
+        let mut checkpoint = 0;
         let tables: Vec<WindowTables> = windows
             .into_iter()
-            .map(|w| WindowTables::new(ctx, problem, w, segment_chunks))
+            .map(|w| {
+                let first = checkpoint;
+                checkpoint += w.seqs();
+                WindowTables::new(ctx, problem, w, segment_chunks, first)
+            })
             .collect();
 
         // The normalized copies keep q's own row shape ([.., H, K]): the backward reads them
@@ -348,6 +384,7 @@ fn window_costs(
         offset_token_bytes: caller,
         pad_tokens,
         slot_bytes,
+        chunk_bytes: 0,
         segments: segment_chunks.map(|c| (c * CHUNK, hv * k * k.max(v) * 4)),
         max_rows: usize::MAX,
     }
@@ -359,6 +396,7 @@ impl WindowTables {
         problem: &Problem,
         window: TokenWindow,
         segment_chunks: Option<usize>,
+        checkpoint: usize,
     ) -> Self {
         let chunk_table = window.chunk_table();
         let segment_table = window.segment_table();
@@ -374,6 +412,7 @@ impl WindowTables {
             num_segments,
             segmented,
             window,
+            checkpoint,
         }
     }
 }
