@@ -275,9 +275,9 @@ fn a_sequence_longer_than_a_binding() {
     ctx.check().unwrap();
 }
 
-/// A limit below one chunk's bindings is a typed error naming it; the backward refuses a
-/// forward that ran in windows and scratch past a binding, before allocating; bad
-/// `GDN_MAX_BINDING_BYTES` values are typed errors naming the variable.
+/// A limit below one chunk's bindings is a typed error naming it; the backward refuses the
+/// intermediates of a plain forward that ran in windows; bad `GDN_MAX_BINDING_BYTES` values
+/// are typed errors naming the variable.
 #[test]
 fn limits_too_small_and_bad_values_are_typed_errors() {
     for bad in ["0", "abc", "65535", "65538", "-1", "1TiB"] {
@@ -310,15 +310,17 @@ fn limits_too_small_and_bad_values_are_typed_errors() {
         "{e}"
     );
 
-    // A forward in windows: the backward says why it cannot run, before allocating.
+    // Intermediates of a plain forward that ran in windows hold the last window only: the
+    // backward says so (forward_saved keeps what a windowed backward needs).
     let p = common::problem(1, 600, 1, 2, 32, 32, None, Default::default());
     ctx.set_max_binding_bytes(Some(2 * MIN_BINDING_BYTES))
         .unwrap();
     let inputs = gdn_wgpu::RandomSpec::default().generate(&p);
     let up = common::upload_inputs(&ctx, &inputs);
-    let mut encoder = ctx.create_encoder("windowed forward_saved");
-    let (fwd, saved) = wgpu_backend::forward_saved(&ctx, &mut encoder, &p, &up.as_ref()).unwrap();
-    assert_ne!(saved.intermediates.tokens, 0..600);
+    let mut encoder = ctx.create_encoder("windowed forward");
+    let fwd = wgpu_backend::forward(&ctx, &mut encoder, &p, &up.as_ref()).unwrap();
+    assert_ne!(fwd.saved.tokens, 0..600);
+    let saved = wgpu_backend::Saved::new(&p, &up.as_ref(), fwd.saved.clone());
     let e = wgpu_backend::backward(&ctx, &mut encoder, &saved, &fwd.o, None).unwrap_err();
     assert!(
         matches!(&e, Error::Unsupported { name, .. } if name == "saved intermediates"),
@@ -478,4 +480,125 @@ fn more_chunks_than_workgroups_per_dimension() {
     )
     .unwrap();
     ctx.check().unwrap();
+}
+
+/// The least binding limit (a multiple of 1 KiB) at which `forward_saved` plans its windows
+/// (with the backward's costs): windows of one chunk or one sequence's states.
+fn least_training_limit(
+    ctx: &mut Context,
+    p: &Problem,
+    inputs: &gdn_wgpu::ForwardInputs<GpuTensor>,
+) -> u64 {
+    let plans = |ctx: &mut Context, limit: u64| {
+        ctx.set_max_binding_bytes(Some(limit)).unwrap();
+        let mut encoder = ctx.create_encoder("plan only");
+        wgpu_backend::forward_saved(ctx, &mut encoder, p, &inputs.as_ref()).is_ok()
+    };
+    let (mut lo, mut hi) = (MIN_BINDING_BYTES / 1024, 1u64 << 20);
+    assert!(plans(ctx, hi * 1024));
+    if plans(ctx, lo * 1024) {
+        return lo * 1024;
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if plans(ctx, mid * 1024) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi * 1024
+}
+
+/// The backward in token windows (`forward_saved` cuts the windows the backward walks, with
+/// checkpoints of their start states): every gradient of the hard cases within the policy's
+/// bounds of the oracle, with and without dht, at the least limit (windows of one chunk or
+/// of one sequence's states).
+#[test]
+fn backward_in_windows_matches_the_oracle() {
+    use common::cases::{backward_case, check_gradients};
+    let Some(mut ctx) = context() else { return };
+    let mut failures = Vec::new();
+    let mut windowed = 0;
+    for (i, case) in hard_cases().iter().enumerate() {
+        let p = &case.problem;
+        let (inputs, d_o, dht, expected) = backward_case(case, DType::F32, i % 2 == 0);
+        let up = common::upload_inputs(&ctx, &inputs);
+        let limit = least_training_limit(&mut ctx, p, &up);
+        ctx.set_max_binding_bytes(Some(limit)).unwrap();
+        let mut encoder = ctx.create_encoder("windows of forward_saved");
+        let (_, saved) = wgpu_backend::forward_saved(&ctx, &mut encoder, p, &up.as_ref()).unwrap();
+        drop(encoder);
+        if saved.windows() > 1 {
+            windowed += 1;
+        }
+        let (_, grads) =
+            wgpu_backend::backward_host(&ctx, p, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+        let what = format!("backward, limit {limit} ({} windows)", saved.windows());
+        failures.extend(check_gradients(&what, case, DType::F32, &grads, &expected));
+    }
+    ctx.check().unwrap();
+    assert!(windowed >= 6, "only {windowed} cases ran in windows");
+    fail_on(failures);
+}
+
+/// A long sequence with every option in many windows, forward and backward, f32 and bf16:
+/// within the policy's bounds of the oracle, with scratch bounded by the window.
+#[test]
+fn backward_of_a_sequence_longer_than_a_binding() {
+    use common::cases::{backward_case, check_gradients};
+    let Some(mut ctx) = context() else { return };
+    let options = gdn_wgpu::Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let case = common::cases::HardCase {
+        name: "T2000 + 700 every option GVA2".into(),
+        problem: common::problem(1, 2700, 1, 2, 32, 32, Some(vec![0, 2000, 2700]), options),
+        spec: gdn_wgpu::RandomSpec {
+            zero_gate_heads: 1,
+            ..common::cases::spec(78, true)
+        },
+    };
+    let p = &case.problem;
+    let mut failures = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
+        let up = common::upload_inputs(&ctx, &inputs);
+        let limit = least_training_limit(&mut ctx, p, &up);
+        ctx.set_max_binding_bytes(Some(limit)).unwrap();
+        let mut encoder = ctx.create_encoder("windows of forward_saved");
+        let (_, saved) = wgpu_backend::forward_saved(&ctx, &mut encoder, p, &up.as_ref()).unwrap();
+        drop(encoder);
+        assert!(saved.windows() > 10, "{} windows", saved.windows());
+        assert!(up.v.bytes() > limit, "v exceeds a binding");
+        let (out, grads) =
+            wgpu_backend::backward_host(&ctx, p, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+        let what = format!("backward, limit {limit} ({} windows)", saved.windows());
+        failures.extend(check_gradients(&what, &case, dtype, &grads, &expected));
+        // The forward in the backward's windows is bitwise the unwindowed forward (whose bf16
+        // o at this length sits near the policy's bound with l2norm: checked for f32 only).
+        ctx.set_max_binding_bytes(None).unwrap();
+        let (whole, _) =
+            wgpu_backend::backward_host(&ctx, p, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+        assert_eq!(bits(&out.o), bits(&whole.o), "{dtype} o");
+        assert_eq!(
+            bits(&out.final_state),
+            bits(&whole.final_state),
+            "{dtype} final state"
+        );
+        if dtype == DType::F32 {
+            let (_, oracle) = inputs_and_oracle(&case, dtype);
+            let arithmetic = ctx.forward_path(p, dtype).unwrap().path.arithmetic();
+            if let Err(e) = check(&what, &case, Op::Forward, dtype, arithmetic, &out, &oracle) {
+                failures.push(e);
+            }
+        }
+    }
+    ctx.check().unwrap();
+    fail_on(failures);
 }
