@@ -197,9 +197,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         o: &o,
         final_state: &state,
     };
+    let timer = wgpu_backend::GpuTimer::new(&ctx, 2);
     for rep in 0..=a.reps {
         let mut encoder = ctx.create_encoder("long forward");
         let start = Instant::now();
+        if let Some(t) = &timer {
+            t.reset();
+            t.mark(&mut encoder, "start");
+        }
         wgpu_backend::forward_into_workspace(
             &ctx,
             &mut encoder,
@@ -209,16 +214,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             &ws,
             None,
         )?;
+        if let Some(t) = &timer {
+            t.mark(&mut encoder, "forward");
+            t.resolve(&mut encoder);
+        }
         ctx.submit_and_wait(encoder)?;
-        let ms = start.elapsed().as_secs_f64() * 1e3;
+        let wall = start.elapsed().as_secs_f64() * 1e3;
+        let gpu = match &timer {
+            Some(t) => t.read_total_ms(&ctx)?,
+            None => f64::NAN,
+        };
         let what = if rep == 0 {
             "first (compiles)"
         } else {
             "timed"
         };
+        let per_k = |ms: f64| ms * 1e3 / (t as f64 / 1e3);
         println!(
-            "forward {what}: {ms:.2} ms wall, {:.3} µs per 1K tokens",
-            ms * 1e3 / (t as f64 / 1e3) / 1e3
+            "forward {what}: GPU {gpu:.2} ms ({:.3} µs per 1K tokens), wall {wall:.2} ms",
+            per_k(gpu)
         );
     }
 
