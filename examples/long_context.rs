@@ -229,10 +229,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             "timed"
         };
-        let per_k = |ms: f64| ms * 1e3 / (t as f64 / 1e3);
         println!(
-            "forward {what}: GPU {gpu:.2} ms ({:.3} µs per 1K tokens), wall {wall:.2} ms",
-            per_k(gpu)
+            "forward {what}: GPU {gpu:.2} ms ({:.2} ns per token), wall {wall:.2} ms",
+            gpu * 1e6 / t as f64
         );
     }
 
