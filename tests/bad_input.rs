@@ -637,11 +637,11 @@ impl<'a> Watched<'a> {
 
 /// The tensor's bytes as words (padding included: storage is word-sized).
 fn bits(ctx: &Context, t: &GpuTensor) -> Vec<u32> {
-    let words = GpuTensor {
-        buffer: t.buffer.clone(),
-        shape: vec![(t.buffer.size() / 4) as usize],
-        dtype: DType::F32,
-    };
+    let words = GpuTensor::from_buffer(
+        t.buffer.clone(),
+        &[(t.buffer.size() / 4) as usize],
+        DType::F32,
+    );
     let host = words.download_blocking(ctx).unwrap();
     host.data.iter().map(|x| x.to_bits()).collect()
 }
@@ -896,11 +896,7 @@ fn gpu_decode() {
     );
     use StateSlot::{Fresh, Padding, Resume};
     // Shaped like o, but in the pool's buffer (which is large enough to hold it).
-    let o_in_pool = GpuTensor {
-        buffer: pool.tensor().buffer.clone(),
-        shape: p.v_shape().to_vec(),
-        dtype: DType::F32,
-    };
+    let o_in_pool = GpuTensor::from_buffer(pool.tensor().buffer.clone(), &p.v_shape(), DType::F32);
     let valid = inputs.as_ref();
     let out = |o, per_token_states| DecodeOutputs {
         o,
@@ -1073,11 +1069,7 @@ fn gpu_decode() {
         StatePool::zeros(ctx, 0, 2, 16, 16, StateLayout::KFirst),
     );
     // A pool over a buffer smaller than the states it claims (o's 64 values as 512).
-    let o_as_pool = GpuTensor {
-        buffer: o.buffer.clone(),
-        shape: vec![1, 2, 16, 16],
-        dtype: DType::F32,
-    };
+    let o_as_pool = GpuTensor::from_buffer(o.buffer.clone(), &[1, 2, 16, 16], DType::F32);
     expect("gpu-buffer-too-small", Value, "pool", "at least 2048 bytes").check(
         "a pool over o's buffer",
         StatePool::from_tensor(o_as_pool, StateLayout::KFirst),

@@ -191,8 +191,8 @@ fn adapter_filter_that_matches_nothing_is_no_adapter() {
 #[test]
 fn grid_past_the_device_limit_names_the_pass_and_dimension() {
     let Some(adapter) = adapter() else { return };
-    // A device granting 4 workgroups per dimension: a forward over 5 chunks cannot dispatch
-    // wy_inverse's one workgroup per chunk.
+    // A device granting 4 workgroups per dimension: a forward over 5 v-heads cannot dispatch
+    // wy_inverse's one workgroup row per v-head (5 chunks would run in windows of 4).
     let limits = wgpu::Limits {
         max_compute_workgroups_per_dimension: 4,
         ..adapter.limits()
@@ -203,13 +203,12 @@ fn grid_past_the_device_limit_names_the_pass_and_dimension() {
         Config::default(),
     ))
     .unwrap();
-    let problem =
-        gdn_wgpu::Problem::new(1, 5 * 64, 1, 1, 16, 16, None, Default::default()).unwrap();
+    let problem = gdn_wgpu::Problem::new(1, 64, 1, 5, 16, 16, None, Default::default()).unwrap();
     let inputs = gdn_wgpu::RandomSpec::default().generate(&problem);
     let inputs = gdn_wgpu::wgpu_backend::upload_inputs(&ctx, &inputs.as_ref()).unwrap();
     let mut encoder = ctx.create_encoder("too many chunks");
     let e = gdn_wgpu::wgpu_backend::forward(&ctx, &mut encoder, &problem, &inputs.as_ref())
-        .expect_err("5 chunks on a 4-workgroup grid");
+        .expect_err("5 v-heads on a 4-workgroup grid");
     match &e {
         Error::TooLarge {
             name,
@@ -217,7 +216,7 @@ fn grid_past_the_device_limit_names_the_pass_and_dimension() {
             limit_name,
             limit,
         } => {
-            assert_eq!(name, "wy_inverse grid x (chunks)", "{e}");
+            assert_eq!(name, "wy_inverse grid y (v-heads)", "{e}");
             assert_eq!((*bytes, *limit), (5, 4), "{e}");
             assert_eq!(*limit_name, "max_compute_workgroups_per_dimension", "{e}");
         }

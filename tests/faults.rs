@@ -59,16 +59,16 @@ fn bitwise_equal(a: &HostTensor, b: &HostTensor) -> bool {
 /// device's validation (a stand-in for any validation failure inside a call).
 fn unbindable(ctx: &Context, shape: &[usize]) -> GpuTensor {
     let len: usize = shape.iter().product();
-    GpuTensor {
-        buffer: ctx.device.create_buffer(&wgpu::BufferDescriptor {
+    GpuTensor::from_buffer(
+        ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("not a storage buffer"),
             size: 4 * len as u64,
             usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         }),
-        shape: shape.to_vec(),
-        dtype: DType::F32,
-    }
+        shape,
+        DType::F32,
+    )
 }
 
 /// After `Device::destroy`: the context says it is lost, every entry point (recording,

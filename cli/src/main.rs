@@ -557,6 +557,16 @@ fn info() -> Result<(), Failure> {
                 Err(e) => println!("  {e}"),
             }
             println!("  backward and decode: scalar path (f32 arithmetic) on every adapter");
+            let device_binding = ctx.limits().max_storage_buffer_binding_size;
+            let binding = ctx.max_binding_bytes();
+            let lowered = if binding < device_binding {
+                " (lowered by GDN_MAX_BINDING_BYTES)"
+            } else {
+                ""
+            };
+            println!(
+                "  largest storage binding: {binding} bytes{lowered}; larger tensors run in windows"
+            );
         }
         Err(e) => println!("  unavailable: {e}"),
     }

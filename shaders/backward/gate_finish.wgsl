@@ -4,7 +4,10 @@
 //     g: in-kernel gate g = −exp(A_log)·softplus(x), x = g_raw + dt_bias →
 //        dg_raw = dg·(−exp(A_log)·softplus'(x)),  dA_log = Σ dg·g,  ddt_bias = Σ dg_raw
 // (softplus' = 1 above 20, as softplus is the identity there). The sums are per-invocation
-// strided partials reduced by a fixed tree: deterministic, no float atomics.
+// strided partials reduced by a fixed tree: deterministic, no float atomics. They are added to
+// `dgate_params` (cleared by the host first): a backward in token windows (docs/windows.md)
+// runs this pass once per window, over the window's tokens from `params.rows` on (the rows
+// before are alignment slack that belongs to the window before).
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> g_raw: array<f32>;               // [B·T, HV]
@@ -42,7 +45,7 @@ fn gate_finish(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
     let gate_in_kernel = has_flag(flags, FLAG_GATE_IN_KERNEL);
     var da_log = 0.0;
     var ddt_bias = 0.0;
-    for (var token = t; token < params.total_tokens; token += 256u) {
+    for (var token = params.rows + t; token < params.total_tokens; token += 256u) {
         let at = token * hv_count + hv;
         let grads = dg_dbeta[at];
         var dbeta = grads.y;
@@ -80,7 +83,7 @@ fn gate_finish(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
         }
     }
     if (t == 0u) {
-        dgate_params[hv] = a_part[0];
-        dgate_params[hv_count + hv] = b_part[0];
+        dgate_params[hv] += a_part[0];
+        dgate_params[hv_count + hv] += b_part[0];
     }
 }

@@ -44,7 +44,10 @@
 //
 // Slot codes (one i32 per sequence, built by the host): c ≥ 0 resumes from pool slot c and
 // writes it back; c = -1 is padding (zero state, the pool is not written); c ≤ -2 starts
-// from a zero state and writes pool slot -2 - c.
+// from a zero state and writes pool slot -2 - c. A pool larger than one storage binding is
+// bound in windows of slots, one pass each; slot codes are relative to the window, and a
+// sequence whose slot is in another window has code SLOT_ELSEWHERE: its workgroups walk no
+// tokens and write nothing.
 
 @group(0) @binding(0) var<uniform> params: Params;
 // Words: token starts [N + 1], slot codes [N], A_log [HV], dt_bias [HV] (f32 bits).
@@ -59,6 +62,7 @@
 @group(0) @binding(9) var<storage, read_write> token_states: array<vec4<f32>>;     // [B·T, HV, K, V] or V-first
 
 const SLOT_PADDING: i32 = -1;
+const SLOT_ELSEWHERE: i32 = -2147483647 - 1;   // i32::MIN
 
 override WG: u32;
 override K_DIM: u32;
@@ -327,16 +331,19 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
     let hv_count = params.heads_v;
     let h = hv / (hv_count / params.heads_qk);
     let v_dim = params.value_dim;
-    let start = table_word(n);
-    let end = table_word(n + 1u);
     let code = bitcast<i32>(table_word(sequences + 1u + n));
+    // A sequence of another pool window walks no tokens and writes nothing (no early return:
+    // lavapipe runs workgroups with barriers much slower when some return before them).
+    let elsewhere = code == SLOT_ELSEWHERE;
+    let start = table_word(n);
+    let end = select(table_word(n + 1u), start, elsewhere);
     let a_log = bitcast<f32>(table_word(2u * sequences + 1u + hv));
     let dt_bias = bitcast<f32>(table_word(2u * sequences + 1u + hv_count + hv));
 
     var write_slot = -1;
     if (code >= 0) {
         write_slot = code;
-    } else if (code < SLOT_PADDING) {
+    } else if (code < SLOT_PADDING && !elsewhere) {
         write_slot = -2 - code;
     }
     // The host validated the codes; this only keeps a corrupted table inside the pool.

@@ -9,12 +9,13 @@ use crate::wgpu_backend::path::ComputePath;
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 5] = [
+pub const VARIABLES: [&str; 6] = [
     "GDN_ADAPTER",
     "GDN_COMPUTE_PATH",
     "GDN_V_BLOCK",
     "GDN_SEGMENT_CHUNKS",
     "GDN_SHADER_CHECKS",
+    "GDN_MAX_BINDING_BYTES",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -54,7 +55,17 @@ pub struct Config {
     pub segment_chunks: Option<usize>,
     /// `GDN_SHADER_CHECKS` (`all`, `no-loop-bounding`, `none`).
     pub shader_checks: ShaderChecks,
+    /// `GDN_MAX_BINDING_BYTES` (bytes, or with a `KiB`/`MiB`/`GiB` suffix; at least
+    /// [`MIN_BINDING_BYTES`]): the largest storage binding the library makes, lowered below
+    /// the device's `max_storage_buffer_binding_size` (never raised past it). Tensors and
+    /// scratch larger than a binding are processed in windows, so this also bounds the
+    /// forward's scratch (docs/configuration.md).
+    pub max_binding_bytes: Option<u64>,
 }
+
+/// The least `GDN_MAX_BINDING_BYTES`: one 64-token chunk of the forward's largest per-token
+/// scratch at one v-head (512 B per token) with its alignment slack and padding fits.
+pub const MIN_BINDING_BYTES: u64 = 1 << 16;
 
 impl Config {
     /// The settings in the process environment. A variable that is not UTF-8 is an error too.
@@ -88,6 +99,9 @@ impl Config {
                 Some(s) => parse_shader_checks(&s)?,
                 None => ShaderChecks::None,
             },
+            max_binding_bytes: lookup("GDN_MAX_BINDING_BYTES")
+                .map(|s| parse_binding_bytes(&s))
+                .transpose()?,
         })
     }
 
@@ -140,6 +154,31 @@ fn parse_segment_chunks(s: &str) -> Result<usize> {
             Error::value(
                 "GDN_SEGMENT_CHUNKS",
                 "a positive number of chunks",
+                format!("{s:?}"),
+            )
+        })
+}
+
+/// Bytes, optionally with a binary suffix (`KiB`, `MiB`, `GiB`), a multiple of 4 (bindings
+/// are word-sized) and at least [`MIN_BINDING_BYTES`].
+fn parse_binding_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let (digits, unit) = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)]
+        .into_iter()
+        .find_map(|(suffix, unit)| t.strip_suffix(suffix).map(|d| (d.trim(), unit)))
+        .unwrap_or((t, 1));
+    digits
+        .parse::<u64>()
+        .ok()
+        .and_then(|n| n.checked_mul(unit))
+        .filter(|&b| b >= MIN_BINDING_BYTES && b % 4 == 0)
+        .ok_or_else(|| {
+            Error::value(
+                "GDN_MAX_BINDING_BYTES",
+                format!(
+                    "a byte count (optionally with KiB, MiB or GiB), a multiple of 4 and at \
+                     least {MIN_BINDING_BYTES}"
+                ),
                 format!("{s:?}"),
             )
         })

@@ -24,6 +24,7 @@ pub struct Context {
     config: Config,
     path_support: PathSupport,
     forced_path: Option<ComputePath>,
+    binding_limit: Option<u64>,
     errors: Arc<Mutex<Vec<DeviceError>>>,
     lost: Arc<Mutex<Option<String>>>,
 }
@@ -282,6 +283,7 @@ impl Context {
         }
         let pipelines = PipelineCache::new(device.clone(), config.shader_checks);
         let forced_path = config.compute_path;
+        let binding_limit = config.max_binding_bytes;
         let path_support = PathSupport::detect(
             device.features(),
             &[],
@@ -297,6 +299,7 @@ impl Context {
             config,
             path_support,
             forced_path,
+            binding_limit,
             errors: Arc::default(),
             lost: Arc::default(),
         })
@@ -310,6 +313,32 @@ impl Context {
     /// The limits the device was created with; launches check grids and buffers against them.
     pub fn limits(&self) -> wgpu::Limits {
         self.device.limits()
+    }
+
+    /// The largest storage binding the library makes on this context: the device's
+    /// `max_storage_buffer_binding_size`, or `GDN_MAX_BINDING_BYTES` when that is lower.
+    /// Tensors and scratch larger than this are processed in windows (docs/windows.md).
+    pub fn max_binding_bytes(&self) -> u64 {
+        let device = self.limits().max_storage_buffer_binding_size;
+        self.binding_limit.map_or(device, |b| b.min(device))
+    }
+
+    /// Lower the largest storage binding the library makes (`None`: the device's), as
+    /// `GDN_MAX_BINDING_BYTES` does: forwards and decode plans made afterwards run in smaller
+    /// windows, with less scratch. A value below [`config::MIN_BINDING_BYTES`] or not a
+    /// multiple of 4 is an `Error::Value`.
+    pub fn set_max_binding_bytes(&mut self, bytes: Option<u64>) -> Result<()> {
+        if let Some(b) = bytes
+            && (b < config::MIN_BINDING_BYTES || b % 4 != 0)
+        {
+            return Err(Error::value(
+                "max_binding_bytes",
+                format!("a multiple of 4, at least {}", config::MIN_BINDING_BYTES),
+                b,
+            ));
+        }
+        self.binding_limit = bytes;
+        Ok(())
     }
 
     /// The configuration the context was made with.

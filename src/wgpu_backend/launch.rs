@@ -3,16 +3,45 @@
 //! pass with a [`Launch`] and own its tiling (constants and grid); nothing here chooses tiles.
 
 use crate::error::{Error, Result};
-use crate::wgpu_backend::Context;
 use crate::wgpu_backend::shaders::ShaderSource;
+use crate::wgpu_backend::{Context, GpuTensor};
+
+/// Something a pass binds: a whole buffer (uniform blocks, tables, scratch) or a tensor, which
+/// may be a view of part of a larger buffer (a window).
+pub(crate) trait Bind {
+    fn resource(&self) -> wgpu::BindingResource<'_>;
+    /// Bytes bound, and whether it is a storage binding (checked against the binding limit).
+    fn bound(&self) -> (u64, bool);
+}
+
+impl Bind for wgpu::Buffer {
+    fn resource(&self) -> wgpu::BindingResource<'_> {
+        self.as_entire_binding()
+    }
+    fn bound(&self) -> (u64, bool) {
+        (
+            self.size(),
+            self.usage().contains(wgpu::BufferUsages::STORAGE),
+        )
+    }
+}
+
+impl Bind for GpuTensor {
+    fn resource(&self) -> wgpu::BindingResource<'_> {
+        self.binding()
+    }
+    fn bound(&self) -> (u64, bool) {
+        (self.binding_bytes(), true)
+    }
+}
 
 /// The buffers of a pass, at group 0.
 #[derive(Clone, Copy)]
 pub(crate) enum Bindings<'a> {
     /// At bindings 0, 1, 2, … in order.
-    Ordered(&'a [&'a wgpu::Buffer]),
+    Ordered(&'a [&'a dyn Bind]),
     /// At the given bindings (an entry point that uses some of its module's bindings).
-    At(&'a [(u32, &'a wgpu::Buffer)]),
+    At(&'a [(u32, &'a dyn Bind)]),
 }
 
 /// Workgroups along x, y, z, each with what it counts (named in a limit error). Counts stay
@@ -60,21 +89,30 @@ pub(crate) struct Prepared {
 }
 
 impl Launch<'_> {
-    /// Check the grid (before compiling anything), then the cached pipeline and a bind group.
+    /// Check the grid and the bindings' sizes (before compiling anything), then the cached
+    /// pipeline and a bind group.
     pub fn prepare(&self, ctx: &Context) -> Result<Prepared> {
         let grid = checked_grid(ctx, self.name, &self.grid)?;
+        let bound: Vec<(u32, &dyn Bind)> = match self.bindings {
+            Bindings::Ordered(buffers) => buffers
+                .iter()
+                .enumerate()
+                .map(|(i, &b)| (i as u32, b))
+                .collect(),
+            Bindings::At(buffers) => buffers.to_vec(),
+        };
+        check_bindings(ctx, self.name, &bound)?;
         let pipeline = ctx
             .pipelines
             .get(ctx, self.source, self.entry, self.constants)?;
         let layout = pipeline.get_bind_group_layout(0);
-        let entries: Vec<wgpu::BindGroupEntry> = match self.bindings {
-            Bindings::Ordered(buffers) => buffers
-                .iter()
-                .enumerate()
-                .map(|(i, b)| entry(i as u32, b))
-                .collect(),
-            Bindings::At(buffers) => buffers.iter().map(|&(i, b)| entry(i, b)).collect(),
-        };
+        let entries: Vec<wgpu::BindGroupEntry> = bound
+            .iter()
+            .map(|&(binding, b)| wgpu::BindGroupEntry {
+                binding,
+                resource: b.resource(),
+            })
+            .collect();
         // A binding the device refuses (e.g. a buffer that failed to allocate) fails here,
         // before anything is recorded into the caller's encoder.
         let bind_group = ctx.scoped(self.name, None, || {
@@ -114,11 +152,24 @@ impl Prepared {
     }
 }
 
-fn entry(binding: u32, b: &wgpu::Buffer) -> wgpu::BindGroupEntry<'_> {
-    wgpu::BindGroupEntry {
-        binding,
-        resource: b.as_entire_binding(),
+/// `Error::TooLarge` naming the pass and binding when a storage binding exceeds the
+/// context's binding limit ([`Context::max_binding_bytes`]: the device's, or a lower
+/// `GDN_MAX_BINDING_BYTES`). Passes over tensors larger than a binding bind windows of them;
+/// this is where a pass that does not would be caught, before wgpu's validation.
+fn check_bindings(ctx: &Context, pass: &str, bound: &[(u32, &dyn Bind)]) -> Result<()> {
+    let limit = ctx.max_binding_bytes();
+    for &(binding, b) in bound {
+        let (bytes, storage) = b.bound();
+        if storage && bytes > limit {
+            return Err(Error::TooLarge {
+                name: format!("{pass} binding {binding}"),
+                bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit,
+            });
+        }
     }
+    Ok(())
 }
 
 /// The grid as u32s, or `Error::TooLarge` naming the pass and the first dimension past the

@@ -18,6 +18,7 @@ pub mod timing;
 pub mod tuning;
 pub mod validate;
 pub mod variants;
+pub(crate) mod windows;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use backward::backward_host;

@@ -16,6 +16,9 @@ pub struct GpuTensor {
     pub shape: Vec<usize>,
     /// The element type in `buffer`.
     pub dtype: DType,
+    /// `Some((offset, size))` for a view of part of `buffer` (a window of a larger tensor),
+    /// bound at that byte range; `None`: the tensor is the whole buffer from byte 0.
+    pub(crate) range: Option<(u64, u64)>,
 }
 
 impl TensorMeta for GpuTensor {
@@ -138,17 +141,10 @@ impl GpuTensor {
         (self.len() * self.dtype.size()) as u64
     }
 
+    /// A buffer may be larger than one storage binding (passes bind windows of it), but not
+    /// larger than the device's largest buffer.
     fn check_size(ctx: &Context, name: &str, bytes: u64) -> Result<()> {
         let limits = ctx.limits();
-        let binding = limits.max_storage_buffer_binding_size;
-        if bytes > binding {
-            return Err(Error::TooLarge {
-                name: name.into(),
-                bytes,
-                limit_name: "max_storage_buffer_binding_size",
-                limit: binding,
-            });
-        }
         if bytes > limits.max_buffer_size {
             return Err(Error::TooLarge {
                 name: name.into(),
@@ -190,6 +186,7 @@ impl GpuTensor {
             buffer,
             shape: shape.to_vec(),
             dtype,
+            range: None,
         })
     }
 
@@ -225,15 +222,92 @@ impl GpuTensor {
             buffer,
             shape: shape.to_vec(),
             dtype,
+            range: None,
         })
+    }
+
+    /// A tensor over a whole buffer: e.g. a caller's own buffer (`STORAGE | COPY_SRC |
+    /// COPY_DST` usage) that holds `shape` elements of `dtype` from byte 0. Buffers larger
+    /// than one storage binding are fine: the launchers bind windows of them. Whether the
+    /// buffer is large enough is checked where the tensor is used (a typed error).
+    pub fn from_buffer(buffer: wgpu::Buffer, shape: &[usize], dtype: DType) -> Self {
+        GpuTensor {
+            buffer,
+            shape: shape.to_vec(),
+            dtype,
+            range: None,
+        }
+    }
+
+    /// Byte offset of element 0 in `buffer`.
+    pub fn offset(&self) -> u64 {
+        self.range.map_or(0, |(offset, _)| offset)
+    }
+
+    /// The view of `shape` starting `first` elements into this tensor, bound at exactly its
+    /// bytes. The caller keeps the start offset a multiple of the device's
+    /// `min_storage_buffer_offset_alignment` where the view is bound (windows choose starts
+    /// that are, see `wgpu_backend::windows`); a start that is not word-aligned or a view
+    /// past the end is a bug, reported as an `Error::Value`.
+    pub(crate) fn view(&self, name: &str, first: usize, shape: &[usize]) -> Result<Self> {
+        let len: usize = shape.iter().product();
+        let offset = self.offset() + (first * self.dtype.size()) as u64;
+        let size = padded_bytes(len, self.dtype);
+        if !offset.is_multiple_of(4) || first + len > self.len() {
+            return Err(Error::value(
+                name,
+                format!(
+                    "a word-aligned view inside the tensor's {} elements",
+                    self.len()
+                ),
+                format!("{len} elements from element {first}"),
+            ));
+        }
+        Ok(GpuTensor {
+            buffer: self.buffer.clone(),
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+            range: Some((offset, size.min(self.buffer.size() - offset))),
+        })
+    }
+
+    /// The same bytes seen as `shape` elements of `dtype` (e.g. scratch shared by two uses),
+    /// bound as this tensor is.
+    pub(crate) fn reinterpret(&self, shape: &[usize], dtype: DType) -> Self {
+        GpuTensor {
+            buffer: self.buffer.clone(),
+            shape: shape.to_vec(),
+            dtype,
+            range: self.range,
+        }
+    }
+
+    /// How a pass binds the tensor: the whole buffer, or the view's byte range.
+    pub(crate) fn binding(&self) -> wgpu::BindingResource<'_> {
+        match self.range {
+            None => self.buffer.as_entire_binding(),
+            Some((offset, size)) => wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.buffer,
+                offset,
+                size: wgpu::BufferSize::new(size),
+            }),
+        }
+    }
+
+    /// Bytes a pass binds: the whole buffer, or the view's range.
+    pub(crate) fn binding_bytes(&self) -> u64 {
+        self.range.map_or(self.buffer.size(), |(_, size)| size)
     }
 
     /// Copy the tensor back to the host (submits a copy and waits for it). Errors are typed:
     /// [`Error::DeviceLost`] on a lost device, [`Error::OutOfMemory`] when the staging buffer
     /// cannot be allocated.
     pub async fn download(&self, ctx: &Context) -> Result<HostTensor> {
-        let size = padded_bytes(self.len(), self.dtype);
-        let bytes = read_buffer(ctx, &self.buffer, 0, size).await?;
+        let size = match self.range {
+            None => padded_bytes(self.len(), self.dtype),
+            Some((_, size)) => size,
+        };
+        let bytes = read_buffer(ctx, &self.buffer, self.offset(), size).await?;
         Ok(HostTensor {
             shape: self.shape.clone(),
             dtype: self.dtype,
@@ -245,6 +319,42 @@ impl GpuTensor {
     #[cfg(not(target_arch = "wasm32"))]
     pub fn download_blocking(&self, ctx: &Context) -> Result<HostTensor> {
         pollster::block_on(self.download(ctx))
+    }
+
+    /// Copy the flat elements `elements` (row-major) back to the host as a 1-D tensor, e.g. a
+    /// window of a tensor too large to hold on the host at once. Submits a copy and waits.
+    pub async fn download_range(
+        &self,
+        ctx: &Context,
+        elements: std::ops::Range<usize>,
+    ) -> Result<HostTensor> {
+        if elements.start > elements.end || elements.end > self.len() {
+            return Err(Error::value(
+                "elements",
+                format!("a range inside the tensor's {} elements", self.len()),
+                format!("{elements:?}"),
+            ));
+        }
+        // Copies move whole words: widen to them, then trim.
+        let per_word = 4 / self.dtype.size();
+        let first = elements.start / per_word * per_word;
+        let last = elements.end.div_ceil(per_word) * per_word;
+        let len = last.min(self.len()) - first;
+        let mut host = self.view("elements", first, &[len])?.download(ctx).await?;
+        let skip = elements.start - first;
+        host.data = host.data[skip..skip + elements.len()].to_vec();
+        host.shape = vec![elements.len()];
+        Ok(host)
+    }
+
+    /// [`GpuTensor::download_range`], blocking (native only).
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn download_range_blocking(
+        &self,
+        ctx: &Context,
+        elements: std::ops::Range<usize>,
+    ) -> Result<HostTensor> {
+        pollster::block_on(self.download_range(ctx, elements))
     }
 }
 

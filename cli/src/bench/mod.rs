@@ -552,7 +552,7 @@ fn open_engine(c: &Config) -> Result<Engine, BenchError> {
 }
 
 /// Refuse a case before its host inputs are generated when they could not be used: a tensor
-/// over the device's buffer limits (the same error the upload would give, after allocating
+/// over the device's largest buffer (the same error the upload would give, after allocating
 /// gigabytes on the host), or host inputs larger than half this machine's available memory.
 fn preflight(ctx: Option<&Context>, op: Op, p: &Problem, dtype: DType) -> Result<(), BenchError> {
     let (bt, n) = (p.total_tokens() as u128, p.num_sequences() as u128);
@@ -577,22 +577,16 @@ fn preflight(ctx: Option<&Context>, op: Op, p: &Problem, dtype: DType) -> Result
                 4
             };
             let bytes = u64::try_from(count * size).unwrap_or(u64::MAX);
-            for (limit_name, limit) in [
-                (
-                    "max_storage_buffer_binding_size",
-                    limits.max_storage_buffer_binding_size,
-                ),
-                ("max_buffer_size", limits.max_buffer_size),
-            ] {
-                if bytes > limit {
-                    return Err(Error::TooLarge {
-                        name: name.into(),
-                        bytes,
-                        limit_name,
-                        limit,
-                    }
-                    .into());
+            // Larger than a binding is fine (the library binds windows of it), larger than
+            // a buffer is not.
+            if bytes > limits.max_buffer_size {
+                return Err(Error::TooLarge {
+                    name: name.into(),
+                    bytes,
+                    limit_name: "max_buffer_size",
+                    limit: limits.max_buffer_size,
                 }
+                .into());
             }
         }
     }

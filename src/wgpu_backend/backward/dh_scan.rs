@@ -51,14 +51,14 @@ pub fn dh_scan(
         ],
         bindings: Bindings::Ordered(&[
             params,
-            &bufs.q.buffer,
-            &bufs.k.buffer,
-            &bufs.gate_beta.buffer,
-            &bufs.gated.buffer,
-            &bufs.d_o.buffer,
+            bufs.q,
+            bufs.k,
+            bufs.gate_beta,
+            bufs.gated,
+            bufs.d_o,
             bufs.segments,
-            &bufs.dstates.buffer,
-            &bufs.dvnew_dv.buffer,
+            bufs.dstates,
+            bufs.dvnew_dv,
         ]),
         // The V-block divides V (`scan_v_block`).
         grid: Grid([

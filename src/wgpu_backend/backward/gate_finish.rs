@@ -1,5 +1,6 @@
 //! Launcher of `shaders/backward/gate_finish.wgsl`: β and gate activation chain rules, and
-//! dA_log, ddt_bias summed over all tokens.
+//! dA_log, ddt_bias summed over the tokens (of a window, from `params.rows` on) and added to
+//! the running sums.
 
 use crate::error::Result;
 use crate::tensor::DType;
@@ -21,7 +22,7 @@ pub struct GateFinishBuffers<'a> {
     pub dg: &'a GpuTensor,
     /// `[B,T,HV]` f32 (written): the gradient w.r.t. the beta input.
     pub dbeta: &'a GpuTensor,
-    /// Receives `[dA_log, ddt_bias]`.
+    /// `[dA_log, ddt_bias]`: the pass adds its sums (clear it before the first window).
     pub dgate_params: &'a wgpu::Buffer,
 }
 
@@ -40,12 +41,12 @@ pub fn gate_finish(
         constants: &[],
         bindings: Bindings::Ordered(&[
             params,
-            &bufs.g.buffer,
-            &bufs.beta.buffer,
+            bufs.g,
+            bufs.beta,
             bufs.gate_params,
-            &bufs.dg_dbeta.buffer,
-            &bufs.dg.buffer,
-            &bufs.dbeta.buffer,
+            bufs.dg_dbeta,
+            bufs.dg,
+            bufs.dbeta,
             bufs.dgate_params,
         ]),
         grid: Grid([(heads_v, "v-heads"), (1, ""), (1, "")]),

@@ -34,16 +34,16 @@ pub use value_grams::{ValueGramsBuffers, value_grams};
 pub use wy_grad::{WyGradBuffers, wy_grad};
 
 use crate::error::{Error, Result};
-#[cfg(not(target_arch = "wasm32"))]
-use crate::problem::ForwardOutputs;
-use crate::problem::{CHUNK, ForwardInputs, Gradients, Problem};
+use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Gradients, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
 use crate::wgpu_backend::forward::{
-    Forward, Intermediates, ScanDims, WyInverseBuffers, tables, wy_inverse,
+    Forward, ForwardWorkspace, Intermediates, PrepareGateBuffers, ScanDims, WyInverseBuffers,
+    forward_with_checkpoints, prepare_gate, prepare_qk, tables, wy_inverse,
 };
 use crate::wgpu_backend::params::{Params, upload_u32};
 use crate::wgpu_backend::shaders::Pass;
 use crate::wgpu_backend::tuning::{BACKWARD_SCANS, V_BLOCK_WIDTHS, choose_v_block, token_slice};
+use crate::wgpu_backend::windows::{TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
 
 /// f32 words of workgroup memory of `state_recompute` and `dh_scan` at V-block width `bv`
@@ -151,6 +151,17 @@ pub struct Saved {
     pub inputs: ForwardInputs<GpuTensor>,
     /// What the forward kept for the backward ([`Forward::saved`](crate::wgpu_backend::Forward::saved)).
     pub intermediates: Intermediates,
+    /// A forward that ran in token windows ([`forward_saved`] past one storage binding): its
+    /// windows and start-state checkpoints; the backward walks the same windows.
+    pub(crate) windows: Option<SavedWindows>,
+}
+
+/// The token windows of a forward and every window's start states (`[Σ window sequences, HV,
+/// ..]` f32, in the problem's layout), which the windowed backward starts its replays from.
+#[derive(Debug, Clone)]
+pub(crate) struct SavedWindows {
+    pub windows: Vec<TokenWindow>,
+    pub checkpoints: GpuTensor,
 }
 
 impl Saved {
@@ -173,7 +184,13 @@ impl Saved {
                 dt_bias: inputs.dt_bias.cloned(),
             },
             intermediates,
+            windows: None,
         }
+    }
+
+    /// Token windows the forward ran in and the backward will walk (1: the whole problem).
+    pub fn windows(&self) -> usize {
+        self.windows.as_ref().map_or(1, |w| w.windows.len())
     }
 }
 
@@ -203,16 +220,98 @@ pub fn workspace_bytes(problem: &Problem) -> u64 {
     4 * (states + bt * hv * per_token)
 }
 
-/// Record a forward and return its outputs with the context the backward needs.
+/// Record a forward and return its outputs with the context the backward needs. When a tensor
+/// or the scratch of the forward or of the backward would exceed one storage binding, the
+/// forward runs in the token windows the backward will walk, keeping every window's start
+/// states (docs/windows.md).
 pub fn forward_saved(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     problem: &Problem,
     inputs: &ForwardInputs<&GpuTensor>,
 ) -> Result<(Forward, Saved)> {
-    let fwd = crate::wgpu_backend::forward(ctx, encoder, problem, inputs)?;
-    let saved = Saved::new(problem, inputs, fwd.saved.clone());
+    ctx.check()?;
+    problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
+    let dtype = inputs.q.dtype;
+    let path = ctx.forward_path(problem, dtype)?.path;
+    let ws = ForwardWorkspace::with_window_costs(
+        ctx,
+        problem,
+        dtype,
+        path,
+        &backward_costs(problem, dtype),
+    )?;
+    let windows = ws.token_windows();
+    let checkpoints = if windows.len() > 1 {
+        let seqs: usize = windows.iter().map(|w| w.seqs()).sum();
+        let mut shape = problem.state_shape().to_vec();
+        shape[0] = seqs;
+        Some(GpuTensor::empty(
+            ctx,
+            "state checkpoints",
+            &shape,
+            DType::F32,
+        )?)
+    } else {
+        None
+    };
+    let o = GpuTensor::empty(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
+    let final_state = GpuTensor::empty(ctx, "final_state", &problem.state_shape(), DType::F32)?;
+    let intermediates = forward_with_checkpoints(
+        ctx,
+        encoder,
+        problem,
+        inputs,
+        &ForwardOutputs {
+            o: &o,
+            final_state: &final_state,
+        },
+        &ws,
+        checkpoints.as_ref(),
+    )?;
+    let mut saved = Saved::new(problem, inputs, intermediates.clone());
+    saved.windows = checkpoints.map(|checkpoints| SavedWindows {
+        windows,
+        checkpoints,
+    });
+    let fwd = Forward {
+        o,
+        final_state,
+        saved: intermediates,
+    };
     Ok((fwd, saved))
+}
+
+/// What one token window of the backward binds (docs/windows.md): the caller's tensors at an
+/// offset (q, k, v, do and their gradients; g, β, dg, dβ), the scratch of a window, and the
+/// chunk-start states with one tail slot per sequence.
+pub(crate) fn backward_costs(problem: &Problem, dtype: DType) -> WindowCosts {
+    let (h, hv) = (problem.heads_qk as u64, problem.heads_v as u64);
+    let (k, v, c) = (
+        problem.key_dim as u64,
+        problem.value_dim as u64,
+        CHUNK as u64,
+    );
+    let size = dtype.size() as u64;
+    let caller = vec![h * k * size, hv * v * size, hv * 4];
+    let scratch = [
+        2 * hv * v * 4,                  // W and V'; dV' and dv
+        2 * hv * c * 4,                  // dP and dA
+        hv * (3 * k + 1).max(2 * c) * 4, // dq/dk terms | gated matrices
+        hv * 8,                          // (dg, dβ); (G, β)
+        hv * c * 4,                      // A
+        h * k * size,                    // q̂, k̂
+    ];
+    let slot_bytes = hv * k * v * 4;
+    WindowCosts {
+        token_bytes: caller.iter().chain(&scratch).copied().collect(),
+        offset_token_bytes: caller,
+        pad_tokens: 0,
+        slot_bytes,
+        chunk_bytes: slot_bytes,
+        segments: None,
+        max_rows: usize::MAX,
+    }
 }
 
 /// Record a forward and its backward for `d_o` (and `dht`, the gradient of the final state).
@@ -290,7 +389,31 @@ fn check_saved(
         }
     }
     let (bt, hv) = (p.total_tokens(), p.heads_v);
+    if let Some(sw) = &saved.windows {
+        // The windows recompute the intermediates; they start from the checkpoints.
+        let mut shape = p.state_shape().to_vec();
+        shape[0] = sw.windows.iter().map(|w| w.seqs()).sum();
+        if sw.checkpoints.shape() != shape {
+            return Err(Error::shape(
+                "saved checkpoints",
+                &shape,
+                sw.checkpoints.shape(),
+            ));
+        }
+        return Ok(());
+    }
     let inter = &saved.intermediates;
+    if inter.tokens != (0..bt) {
+        return Err(Error::unsupported(
+            "saved intermediates",
+            format!(
+                "a backward over intermediates of a forward that ran in token windows (they \
+                 hold tokens {:?} of {bt}); forward_saved keeps what a windowed backward needs",
+                inter.tokens
+            ),
+        ));
+    }
+    check_scratch_bindings(ctx, p)?;
     if inter.gate_beta.shape() != [bt, hv, 2] {
         return Err(Error::shape(
             "saved gate_beta",
@@ -310,6 +433,36 @@ fn check_saved(
             name: "saved q_normed, k_normed".into(),
             why: "with l2norm_qk (from the same forward)".into(),
         });
+    }
+    Ok(())
+}
+
+/// `Error::TooLarge` naming the first of the backward's scratch tensors that would exceed one
+/// storage binding, before anything is allocated: a backward over whole-problem intermediates
+/// runs as one window (`forward_saved` plans windows where they are needed).
+fn check_scratch_bindings(ctx: &Context, p: &Problem) -> Result<()> {
+    let limit = ctx.max_binding_bytes();
+    let (bt, hv) = (p.total_tokens() as u64, p.heads_v as u64);
+    let (kd, vd, c) = (p.key_dim as u64, p.value_dim as u64, CHUNK as u64);
+    let slots = (p.chunks().len() + p.num_sequences()) as u64;
+    let scratch = [
+        ("recomputed states", 4 * slots * hv * kd * vd),
+        ("W and V'", 4 * 2 * bt * hv * vd),
+        ("dP and dA", 4 * 2 * bt * hv * c),
+        (
+            "dq dk per v-head | gated matrices",
+            4 * bt * hv * (3 * kd + 1).max(2 * c),
+        ),
+    ];
+    for (name, bytes) in scratch {
+        if bytes > limit {
+            return Err(Error::TooLarge {
+                name: format!("backward scratch {name:?}"),
+                bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit,
+            });
+        }
     }
     Ok(())
 }
@@ -336,174 +489,21 @@ fn record_backward_scoped(
     dht: Option<&GpuTensor>,
     timer: Option<&GpuTimer>,
 ) -> Result<Gradients<GpuTensor>> {
-    let mark = |encoder: &mut wgpu::CommandEncoder, label| {
-        if let Some(t) = timer {
-            t.mark(encoder, label);
-        }
-    };
     ctx.check()?;
     check_saved(ctx, saved, d_o, dht)?;
     let p = &saved.problem;
     let inputs = saved.inputs.as_ref();
-    let inter = &saved.intermediates;
-    let q = inter.q_normed.as_ref().unwrap_or(inputs.q);
-    let k = inter.k_normed.as_ref().unwrap_or(inputs.k);
-    let (bt, hv, kd, vd) = (p.total_tokens(), p.heads_v, p.key_dim, p.value_dim);
-
-    let (chunk_table, _) = tables(p);
-    let num_chunks = chunk_table.len() / 2;
-    let sequences = p.sequences();
-    let mut segment_table = Vec::with_capacity(4 * sequences.len());
-    let mut first_chunk = 0usize;
-    for (n, s) in sequences.iter().enumerate() {
-        segment_table.extend([s.start as u32, s.len() as u32, first_chunk as u32, n as u32]);
-        first_chunk += s.len().div_ceil(CHUNK);
-    }
-    let num_segments = sequences.len();
-    let params = Params::for_problem(p, num_chunks, num_segments).upload(ctx);
-    let chunks = upload_u32(ctx, "chunks", &chunk_table);
-    let segments = upload_u32(ctx, "backward segments", &segment_table);
-
-    // Scratch. States and their gradients have one slot per chunk plus one per sequence (the
-    // start state / dht in, dh0 out), in the problem's state layout.
-    let slots = num_chunks + p.num_sequences();
-    let states = GpuTensor::empty(ctx, "recomputed states", &[slots, hv, kd, vd], DType::F32)?;
-    let dstates = GpuTensor::empty(ctx, "state gradients", &[slots, hv, kd, vd], DType::F32)?;
-    let w_vnew = GpuTensor::empty(ctx, "W and V'", &[2, bt, hv, vd], DType::F32)?;
-    let dvnew_dv = GpuTensor::empty(ctx, "dV' and dv", &[2, bt, hv, vd], DType::F32)?;
-    let mats = GpuTensor::empty(ctx, "dP and dA", &[2, bt, hv, CHUNK], DType::F32)?;
-    // The per-v-head dq/dk terms (written from state_grad on) share their memory with the
-    // scans' gated matrices (read up to dh_scan).
-    let union = GpuTensor::empty(
-        ctx,
-        "dq dk per v-head | gated matrices",
-        &[bt, hv, (3 * kd + 1).max(2 * CHUNK)],
-        DType::F32,
-    )?;
-    let view = |t: &GpuTensor, shape: &[usize]| GpuTensor {
-        buffer: t.buffer.clone(),
-        shape: shape.to_vec(),
-        dtype: DType::F32,
-    };
-    let dqk_parts = view(&union, &[bt, hv, 3 * kd + 1]);
-    let gated = view(&union, &[bt, hv, 2 * CHUNK]);
-    let dg_dbeta = GpuTensor::empty(ctx, "dg and dbeta", &[bt, hv, 2], DType::F32)?;
-
-    let tail_offset = (num_chunks * hv * kd * vd * 4) as u64;
-    let tail_bytes = (p.num_sequences() * hv * kd * vd * 4) as u64;
-    match inputs.initial_state {
-        Some(h0) => {
-            encoder.copy_buffer_to_buffer(&h0.buffer, 0, &states.buffer, tail_offset, tail_bytes)
-        }
-        None => encoder.clear_buffer(&states.buffer, tail_offset, Some(tail_bytes)),
-    }
-    match dht {
-        Some(dht) => {
-            encoder.copy_buffer_to_buffer(&dht.buffer, 0, &dstates.buffer, tail_offset, tail_bytes)
-        }
-        None => encoder.clear_buffer(&dstates.buffer, tail_offset, Some(tail_bytes)),
-    }
-
-    // Γ⊙A⊙β and Γ⊙QKᵀ per chunk, parallel over chunks: the forward's wy_inverse again (its A
-    // goes to scratch: the first half of `mats`, written next by value_grams).
-    let a_scratch = view(&mats, &[bt, hv, CHUNK]);
-    let wy_buffers = WyInverseBuffers {
-        k,
-        q,
-        gate_beta: &inter.gate_beta,
-        chunks: &chunks,
-        a: &a_scratch,
-        gated: &gated,
-    };
-    wy_inverse(ctx, encoder, &params, &wy_buffers, num_chunks, hv)?;
-    mark(encoder, "gated_matrices");
-
-    let dims = ScanDims {
-        num_segments,
-        heads_v: hv,
-        key_dim: kd,
-        value_dim: vd,
-        v_block: scan_v_block(ctx, p)?,
-    };
-    let recompute = RecomputeBuffers {
-        k,
-        v: inputs.v,
-        gate_beta: &inter.gate_beta,
-        gated: &gated,
-        segments: &segments,
-        states: &states,
-        w_vnew: &w_vnew,
-    };
-    state_recompute(ctx, encoder, &params, &recompute, dims)?;
-    mark(encoder, "state_recompute");
-    let scan = DhScanBuffers {
-        q,
-        k,
-        gate_beta: &inter.gate_beta,
-        gated: &gated,
-        d_o,
-        segments: &segments,
-        dstates: &dstates,
-        dvnew_dv: &dvnew_dv,
-    };
-    dh_scan(ctx, encoder, &params, &scan, dims)?;
-    mark(encoder, "dh_scan");
-    let grams = ValueGramsBuffers {
-        d_o,
-        w_vnew: &w_vnew,
-        dvnew_dv: &dvnew_dv,
-        gate_beta: &inter.gate_beta,
-        chunks: &chunks,
-        mats: &mats,
-    };
-    value_grams(ctx, encoder, &params, &grams, num_chunks, hv)?;
-    mark(encoder, "value_grams");
-    let wy = WyGradBuffers {
-        q,
-        k,
-        a: &inter.a,
-        gate_beta: &inter.gate_beta,
-        chunks: &chunks,
-        mats: &mats,
-        dg_dbeta: &dg_dbeta,
-    };
-    wy_grad(ctx, encoder, &params, &wy, num_chunks, hv)?;
-    mark(encoder, "wy_grad");
-    let state_bufs = StateGradBuffers {
-        d_o,
-        w_vnew: &w_vnew,
-        dvnew_dv: &dvnew_dv,
-        states: &states,
-        dstates: &dstates,
-        gate_beta: &inter.gate_beta,
-        chunks: &chunks,
-        dqk_parts: &dqk_parts,
-    };
-    state_grad(ctx, encoder, &params, &state_bufs, num_chunks, hv, kd)?;
-    mark(encoder, "state_grad");
-    let qk = QkGradBuffers {
-        q,
-        k,
-        mats: &mats,
-        chunks: &chunks,
-        dqk_parts: &dqk_parts,
-        dg_dbeta: &dg_dbeta,
-    };
-    qk_grad(ctx, encoder, &params, &qk, num_chunks, hv)?;
-    mark(encoder, "qk_grad");
+    let hv = p.heads_v;
 
     let dq = GpuTensor::empty(ctx, "dq", &p.qk_shape(), inputs.q.dtype)?;
     let dk = GpuTensor::empty(ctx, "dk", &p.qk_shape(), inputs.k.dtype)?;
-    let finish = QkFinishBuffers {
-        q_raw: inputs.q,
-        k_raw: inputs.k,
-        dqk_parts: &dqk_parts,
-        dq: &dq,
-        dk: &dk,
+    let dv = GpuTensor::empty(ctx, "dv", &p.v_shape(), inputs.v.dtype)?;
+    let dg = GpuTensor::empty(ctx, "dg", &p.gate_shape(), DType::F32)?;
+    let dbeta = GpuTensor::empty(ctx, "dbeta", &p.gate_shape(), DType::F32)?;
+    let dh0 = match inputs.initial_state {
+        Some(_) => Some(GpuTensor::empty(ctx, "dh0", &p.state_shape(), DType::F32)?),
+        None => None,
     };
-    qk_finish(ctx, encoder, &params, &finish)?;
-    mark(encoder, "qk_finish");
-
     let small = |label: &str| {
         ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
@@ -526,37 +526,25 @@ fn record_backward_scoped(
             (4 * hv) as u64,
         );
     }
-    let dg = GpuTensor::empty(ctx, "dg", &p.gate_shape(), DType::F32)?;
-    let dbeta = GpuTensor::empty(ctx, "dbeta", &p.gate_shape(), DType::F32)?;
-    let gate = GateFinishBuffers {
-        g: inputs.g,
-        beta: inputs.beta,
-        gate_params: &gate_params,
-        dg_dbeta: &dg_dbeta,
+    // gate_finish adds each window's sums.
+    encoder.clear_buffer(&dgate_params, 0, None);
+    let grads = GradientOutputs {
+        dq: &dq,
+        dk: &dk,
+        dv: &dv,
         dg: &dg,
         dbeta: &dbeta,
-        dgate_params: &dgate_params,
+        dh0: dh0.as_ref(),
     };
-    gate_finish(ctx, encoder, &params, &gate, hv)?;
-    mark(encoder, "gate_finish");
-
-    // dv is the second half of `dvnew_dv`: a copy for f32 storage, else converted.
-    let dv = GpuTensor::empty(ctx, "dv", &p.v_shape(), inputs.v.dtype)?;
-    if dv.dtype == DType::F32 {
-        let dv_bytes = (bt * hv * vd * 4) as u64;
-        encoder.copy_buffer_to_buffer(&dvnew_dv.buffer, dv_bytes, &dv.buffer, 0, dv_bytes);
-    } else {
-        dv_finish(ctx, encoder, &params, &dvnew_dv, &dv)?;
+    let gates = GateParams {
+        params: &gate_params,
+        grads: &dgate_params,
+    };
+    match &saved.windows {
+        None => backward_whole(ctx, encoder, saved, d_o, dht, &grads, &gates, timer)?,
+        Some(sw) => backward_windows(ctx, encoder, saved, sw, d_o, dht, &grads, &gates, timer)?,
     }
-    mark(encoder, "dv_finish");
-    let dh0 = match inputs.initial_state {
-        Some(_) => {
-            let dh0 = GpuTensor::empty(ctx, "dh0", &p.state_shape(), DType::F32)?;
-            encoder.copy_buffer_to_buffer(&dstates.buffer, tail_offset, &dh0.buffer, 0, tail_bytes);
-            Some(dh0)
-        }
-        None => None,
-    };
+
     let (da_log, ddt_bias) = if p.options.gate_in_kernel {
         let da_log = GpuTensor::empty(ctx, "dA_log", &[hv], DType::F32)?;
         let ddt_bias = GpuTensor::empty(ctx, "ddt_bias", &[hv], DType::F32)?;
@@ -582,6 +570,568 @@ fn record_backward_scoped(
         da_log,
         ddt_bias,
     })
+}
+
+/// The gradients a backward writes (views of one window's rows in a windowed backward; dh0
+/// always the whole tensor).
+struct GradientOutputs<'a> {
+    dq: &'a GpuTensor,
+    dk: &'a GpuTensor,
+    dv: &'a GpuTensor,
+    dg: &'a GpuTensor,
+    dbeta: &'a GpuTensor,
+    dh0: Option<&'a GpuTensor>,
+}
+
+/// `[A_log, dt_bias]` in and `[dA_log, ddt_bias]` accumulated (each `[HV]` f32).
+struct GateParams<'a> {
+    params: &'a wgpu::Buffer,
+    grads: &'a wgpu::Buffer,
+}
+
+/// The scratch of one backward window, `rows` tokens and `slots` state slots (chunks, then one
+/// tail slot per sequence), in the problem's state layout.
+struct Scratch {
+    states: GpuTensor,
+    dstates: GpuTensor,
+    w_vnew: GpuTensor,
+    dvnew_dv: GpuTensor,
+    mats: GpuTensor,
+    /// The per-v-head dq/dk terms (written from state_grad on) share their memory with the
+    /// scans' gated matrices (read up to dh_scan).
+    union: GpuTensor,
+    dg_dbeta: GpuTensor,
+}
+
+impl Scratch {
+    fn new(ctx: &Context, p: &Problem, rows: usize, slots: usize) -> Result<Self> {
+        let (hv, kd, vd) = (p.heads_v, p.key_dim, p.value_dim);
+        let f32 = |name: &str, shape: &[usize]| GpuTensor::empty(ctx, name, shape, DType::F32);
+        Ok(Scratch {
+            states: f32("recomputed states", &[slots, hv, kd, vd])?,
+            dstates: f32("state gradients", &[slots, hv, kd, vd])?,
+            w_vnew: f32("W and V'", &[2, rows, hv, vd])?,
+            dvnew_dv: f32("dV' and dv", &[2, rows, hv, vd])?,
+            mats: f32("dP and dA", &[2, rows, hv, CHUNK])?,
+            union: f32(
+                "dq dk per v-head | gated matrices",
+                &[rows, hv, (3 * kd + 1).max(2 * CHUNK)],
+            )?,
+            dg_dbeta: f32("dg and dbeta", &[rows, hv, 2])?,
+        })
+    }
+
+    /// The tensors of a window of `rows` tokens and `slots` slots: views of the leading
+    /// elements when the scratch was made for a larger window, else the scratch itself.
+    fn window(&self, p: &Problem, rows: usize, slots: usize) -> Result<Scratch> {
+        let (hv, kd, vd) = (p.heads_v, p.key_dim, p.value_dim);
+        let fit = |t: &GpuTensor, shape: &[usize]| {
+            if t.shape == shape {
+                Ok(t.clone())
+            } else {
+                t.view("backward scratch", 0, shape)
+            }
+        };
+        let u = (3 * kd + 1).max(2 * CHUNK);
+        Ok(Scratch {
+            states: fit(&self.states, &[slots, hv, kd, vd])?,
+            dstates: fit(&self.dstates, &[slots, hv, kd, vd])?,
+            w_vnew: fit(&self.w_vnew, &[2, rows, hv, vd])?,
+            dvnew_dv: fit(&self.dvnew_dv, &[2, rows, hv, vd])?,
+            mats: fit(&self.mats, &[2, rows, hv, CHUNK])?,
+            union: fit(&self.union, &[rows, hv, u])?,
+            dg_dbeta: fit(&self.dg_dbeta, &[rows, hv, 2])?,
+        })
+    }
+}
+
+/// The backward's tensors over one window: inputs (q̂/k̂ or the raw q/k, the gates, A), the
+/// tables, and what it writes.
+struct WindowPasses<'a> {
+    problem: &'a Problem,
+    params: &'a wgpu::Buffer,
+    chunks: &'a wgpu::Buffer,
+    segments: &'a wgpu::Buffer,
+    num_chunks: usize,
+    num_segments: usize,
+    /// The window's token rows.
+    rows: usize,
+    q_raw: &'a GpuTensor,
+    k_raw: &'a GpuTensor,
+    q: &'a GpuTensor,
+    k: &'a GpuTensor,
+    v: &'a GpuTensor,
+    g: &'a GpuTensor,
+    beta: &'a GpuTensor,
+    d_o: &'a GpuTensor,
+    gate_beta: &'a GpuTensor,
+    /// Where wy_inverse writes A, and the A that wy_grad reads.
+    a_out: &'a GpuTensor,
+    a: &'a GpuTensor,
+    scratch: &'a Scratch,
+    grads: &'a GradientOutputs<'a>,
+    gates: &'a GateParams<'a>,
+}
+
+/// Record the backward's passes over one window whose tail slots hold the start states and
+/// the gradients w.r.t. the end states. With `dh_done`, a hook after dh_scan (the tail slots
+/// then hold the gradients w.r.t. the start states).
+fn record_window(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    w: &WindowPasses<'_>,
+    timer: Option<&GpuTimer>,
+    dh_done: &mut dyn FnMut(&mut wgpu::CommandEncoder),
+) -> Result<()> {
+    let mark = |encoder: &mut wgpu::CommandEncoder, label| {
+        if let Some(t) = timer {
+            t.mark(encoder, label);
+        }
+    };
+    let p = w.problem;
+    let (hv, kd, vd) = (p.heads_v, p.key_dim, p.value_dim);
+    let sc = w.scratch;
+    let dqk_parts = sc.union.reinterpret(&[w.rows, hv, 3 * kd + 1], DType::F32);
+    let gated = sc.union.reinterpret(&[w.rows, hv, 2 * CHUNK], DType::F32);
+
+    // Γ⊙A⊙β and Γ⊙QKᵀ per chunk, parallel over chunks: the forward's wy_inverse again.
+    let wy_buffers = WyInverseBuffers {
+        k: w.k,
+        q: w.q,
+        gate_beta: w.gate_beta,
+        chunks: w.chunks,
+        a: w.a_out,
+        gated: &gated,
+    };
+    wy_inverse(ctx, encoder, w.params, &wy_buffers, w.num_chunks, hv)?;
+    mark(encoder, "gated_matrices");
+
+    let dims = ScanDims {
+        num_segments: w.num_segments,
+        heads_v: hv,
+        key_dim: kd,
+        value_dim: vd,
+        v_block: scan_v_block(ctx, p)?,
+    };
+    let recompute = RecomputeBuffers {
+        k: w.k,
+        v: w.v,
+        gate_beta: w.gate_beta,
+        gated: &gated,
+        segments: w.segments,
+        states: &sc.states,
+        w_vnew: &sc.w_vnew,
+    };
+    state_recompute(ctx, encoder, w.params, &recompute, dims)?;
+    mark(encoder, "state_recompute");
+    let scan = DhScanBuffers {
+        q: w.q,
+        k: w.k,
+        gate_beta: w.gate_beta,
+        gated: &gated,
+        d_o: w.d_o,
+        segments: w.segments,
+        dstates: &sc.dstates,
+        dvnew_dv: &sc.dvnew_dv,
+    };
+    dh_scan(ctx, encoder, w.params, &scan, dims)?;
+    dh_done(encoder);
+    mark(encoder, "dh_scan");
+    let grams = ValueGramsBuffers {
+        d_o: w.d_o,
+        w_vnew: &sc.w_vnew,
+        dvnew_dv: &sc.dvnew_dv,
+        gate_beta: w.gate_beta,
+        chunks: w.chunks,
+        mats: &sc.mats,
+    };
+    value_grams(ctx, encoder, w.params, &grams, w.num_chunks, hv)?;
+    mark(encoder, "value_grams");
+    let wy = WyGradBuffers {
+        q: w.q,
+        k: w.k,
+        a: w.a,
+        gate_beta: w.gate_beta,
+        chunks: w.chunks,
+        mats: &sc.mats,
+        dg_dbeta: &sc.dg_dbeta,
+    };
+    wy_grad(ctx, encoder, w.params, &wy, w.num_chunks, hv)?;
+    mark(encoder, "wy_grad");
+    let state_bufs = StateGradBuffers {
+        d_o: w.d_o,
+        w_vnew: &sc.w_vnew,
+        dvnew_dv: &sc.dvnew_dv,
+        states: &sc.states,
+        dstates: &sc.dstates,
+        gate_beta: w.gate_beta,
+        chunks: w.chunks,
+        dqk_parts: &dqk_parts,
+    };
+    state_grad(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
+    mark(encoder, "state_grad");
+    let qk = QkGradBuffers {
+        q: w.q,
+        k: w.k,
+        mats: &sc.mats,
+        chunks: w.chunks,
+        dqk_parts: &dqk_parts,
+        dg_dbeta: &sc.dg_dbeta,
+    };
+    qk_grad(ctx, encoder, w.params, &qk, w.num_chunks, hv)?;
+    mark(encoder, "qk_grad");
+
+    let finish = QkFinishBuffers {
+        q_raw: w.q_raw,
+        k_raw: w.k_raw,
+        dqk_parts: &dqk_parts,
+        dq: w.grads.dq,
+        dk: w.grads.dk,
+    };
+    qk_finish(ctx, encoder, w.params, &finish)?;
+    mark(encoder, "qk_finish");
+
+    let gate = GateFinishBuffers {
+        g: w.g,
+        beta: w.beta,
+        gate_params: w.gates.params,
+        dg_dbeta: &sc.dg_dbeta,
+        dg: w.grads.dg,
+        dbeta: w.grads.dbeta,
+        dgate_params: w.gates.grads,
+    };
+    gate_finish(ctx, encoder, w.params, &gate, hv)?;
+    mark(encoder, "gate_finish");
+
+    // dv is the second half of `dvnew_dv`: a copy for f32 storage, else converted.
+    let dv = w.grads.dv;
+    if dv.dtype == DType::F32 {
+        let dv_bytes = (w.rows * hv * vd * 4) as u64;
+        let from = sc.dvnew_dv.offset() + dv_bytes;
+        encoder.copy_buffer_to_buffer(&sc.dvnew_dv.buffer, from, &dv.buffer, dv.offset(), dv_bytes);
+    } else {
+        dv_finish(ctx, encoder, w.params, &sc.dvnew_dv, dv)?;
+    }
+    mark(encoder, "dv_finish");
+    Ok(())
+}
+
+/// The segment table of the backward's scans: (start, length, first chunk, sequence) per
+/// piece, tokens from `base`.
+fn segment_table(pieces: &[std::ops::Range<usize>], base: usize) -> Vec<u32> {
+    let mut table = Vec::with_capacity(4 * pieces.len());
+    let mut first_chunk = 0usize;
+    for (i, s) in pieces.iter().enumerate() {
+        table.extend([
+            (s.start - base) as u32,
+            s.len() as u32,
+            first_chunk as u32,
+            i as u32,
+        ]);
+        first_chunk += s.len().div_ceil(CHUNK);
+    }
+    table
+}
+
+/// The backward over the whole problem from the forward's intermediates.
+#[allow(clippy::too_many_arguments)]
+fn backward_whole(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    saved: &Saved,
+    d_o: &GpuTensor,
+    dht: Option<&GpuTensor>,
+    grads: &GradientOutputs<'_>,
+    gates: &GateParams<'_>,
+    timer: Option<&GpuTimer>,
+) -> Result<()> {
+    let p = &saved.problem;
+    let inputs = saved.inputs.as_ref();
+    let inter = &saved.intermediates;
+    let (bt, hv) = (p.total_tokens(), p.heads_v);
+    let (chunk_table, _) = tables(p);
+    let num_chunks = chunk_table.len() / 2;
+    let num_segments = p.num_sequences();
+    let params = Params::for_problem(p, num_chunks, num_segments).upload(ctx);
+    let chunks = upload_u32(ctx, "chunks", &chunk_table);
+    let segments = upload_u32(ctx, "backward segments", &segment_table(&p.sequences(), 0));
+
+    // States and their gradients have one slot per chunk plus one per sequence (the start
+    // state / dht in, dh0 out), in the problem's state layout.
+    let slots = num_chunks + p.num_sequences();
+    let scratch = Scratch::new(ctx, p, bt, slots)?;
+    let slot_bytes = (hv * p.key_dim * p.value_dim * 4) as u64;
+    let tail_offset = num_chunks as u64 * slot_bytes;
+    let tail_bytes = p.num_sequences() as u64 * slot_bytes;
+    let (states, dstates) = (&scratch.states.buffer, &scratch.dstates.buffer);
+    match inputs.initial_state {
+        Some(h0) => encoder.copy_buffer_to_buffer(&h0.buffer, 0, states, tail_offset, tail_bytes),
+        None => encoder.clear_buffer(states, tail_offset, Some(tail_bytes)),
+    }
+    match dht {
+        Some(dht) => {
+            encoder.copy_buffer_to_buffer(&dht.buffer, 0, dstates, tail_offset, tail_bytes)
+        }
+        None => encoder.clear_buffer(dstates, tail_offset, Some(tail_bytes)),
+    }
+    // wy_inverse's A goes to scratch (the first half of `mats`, written next by value_grams):
+    // the backward reads the forward's.
+    let a_scratch =
+        GpuTensor::from_buffer(scratch.mats.buffer.clone(), &[bt, hv, CHUNK], DType::F32);
+    let passes = WindowPasses {
+        problem: p,
+        params: &params,
+        chunks: &chunks,
+        segments: &segments,
+        num_chunks,
+        num_segments,
+        rows: bt,
+        q_raw: inputs.q,
+        k_raw: inputs.k,
+        q: inter.q_normed.as_ref().unwrap_or(inputs.q),
+        k: inter.k_normed.as_ref().unwrap_or(inputs.k),
+        v: inputs.v,
+        g: inputs.g,
+        beta: inputs.beta,
+        d_o,
+        gate_beta: &inter.gate_beta,
+        a_out: &a_scratch,
+        a: &inter.a,
+        scratch: &scratch,
+        grads,
+        gates,
+    };
+    record_window(ctx, encoder, &passes, timer, &mut |_| {})?;
+    if let Some(dh0) = grads.dh0 {
+        encoder.copy_buffer_to_buffer(dstates, tail_offset, &dh0.buffer, 0, tail_bytes);
+    }
+    Ok(())
+}
+
+/// The backward over the forward's token windows, last to first (docs/windows.md): each
+/// window recomputes the forward's intermediates, replays its states from the forward's
+/// checkpoints, and carries the gradient w.r.t. a cut sequence's state back to the window
+/// before it.
+#[allow(clippy::too_many_arguments)]
+fn backward_windows(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    saved: &Saved,
+    sw: &SavedWindows,
+    d_o: &GpuTensor,
+    dht: Option<&GpuTensor>,
+    grads: &GradientOutputs<'_>,
+    gates: &GateParams<'_>,
+    timer: Option<&GpuTimer>,
+) -> Result<()> {
+    let p = &saved.problem;
+    let inputs = saved.inputs.as_ref();
+    let (h, hv, kd) = (p.heads_qk, p.heads_v, p.key_dim);
+    let dtype = inputs.q.dtype;
+    let sequences = p.sequences();
+    let slot_bytes = (hv * kd * p.value_dim * 4) as u64;
+    let windows = &sw.windows;
+    let chunks_of = |w: &TokenWindow| w.chunk_table().len() / 2;
+    let rows_max = windows.iter().map(|w| w.tokens).max().unwrap_or(0);
+    let slots_max = windows
+        .iter()
+        .map(|w| chunks_of(w) + w.seqs())
+        .max()
+        .unwrap_or(0);
+    let scratch = Scratch::new(ctx, p, rows_max, slots_max)?;
+    let f32 = |name: &str, shape: &[usize]| GpuTensor::empty(ctx, name, shape, DType::F32);
+    let gate_beta_all = f32("gate_beta", &[rows_max, hv, 2])?;
+    let a_all = f32("wy_inverse", &[rows_max, hv, CHUNK])?;
+    let normed = |name: &str| GpuTensor::empty(ctx, name, &[rows_max, h, kd], dtype);
+    let (q_normed, k_normed) = if p.options.l2norm_qk {
+        (Some(normed("q_normed")?), Some(normed("k_normed")?))
+    } else {
+        (None, None)
+    };
+    // The gradient w.r.t. the state where a window cut a sequence, for the window before.
+    let carry = f32(
+        "state gradient carry",
+        &[1, hv, p.state_shape()[2], p.state_shape()[3]],
+    )?;
+    // Sequences no window computes (empty ones outside every window) keep dh0 = dht.
+    if let Some(dh0) = grads.dh0 {
+        match dht {
+            Some(dht) => encoder.copy_buffer_to_buffer(&dht.buffer, 0, &dh0.buffer, 0, dht.bytes()),
+            None => encoder.clear_buffer(&dh0.buffer, 0, None),
+        }
+    }
+    let mut first_checkpoint: Vec<usize> = Vec::with_capacity(windows.len());
+    let mut at = 0;
+    for w in windows {
+        first_checkpoint.push(at);
+        at += w.seqs();
+    }
+
+    for (wi, w) in windows.iter().enumerate().rev() {
+        let (base, rows) = (w.base, w.tokens);
+        let first = w
+            .pieces
+            .iter()
+            .find(|r| !r.is_empty())
+            .map_or(base, |r| r.start);
+        let chunk_table = w.chunk_table();
+        let num_chunks = chunk_table.len() / 2;
+        let mut params = Params::for_problem(p, num_chunks, w.seqs());
+        params.total_tokens = rows as u32;
+        // gate_finish sums from the window's first chunk, not from its aligned base.
+        params.rows = (first - base) as u32;
+        let params = params.upload(ctx);
+        let chunks = upload_u32(ctx, "chunks", &chunk_table);
+        let segments = upload_u32(ctx, "backward segments", &segment_table(&w.pieces, base));
+
+        let tokens = |t: &GpuTensor, name: &str| -> Result<GpuTensor> {
+            let dims = &t.shape[2..];
+            let row: usize = dims.iter().product();
+            let shape: Vec<usize> = [rows].into_iter().chain(dims.iter().copied()).collect();
+            t.view(name, base * row, &shape)
+        };
+        let (q_raw, k_raw, v) = (
+            tokens(inputs.q, "q")?,
+            tokens(inputs.k, "k")?,
+            tokens(inputs.v, "v")?,
+        );
+        let (g, beta, d_o) = (
+            tokens(inputs.g, "g")?,
+            tokens(inputs.beta, "beta")?,
+            tokens(d_o, "do")?,
+        );
+        let (dq, dk, dv) = (
+            tokens(grads.dq, "dq")?,
+            tokens(grads.dk, "dk")?,
+            tokens(grads.dv, "dv")?,
+        );
+        let (dg, dbeta) = (tokens(grads.dg, "dg")?, tokens(grads.dbeta, "dbeta")?);
+        let fit = |t: &GpuTensor| -> Result<GpuTensor> {
+            let shape: Vec<usize> = [rows]
+                .into_iter()
+                .chain(t.shape[1..].iter().copied())
+                .collect();
+            if t.shape == shape {
+                Ok(t.clone())
+            } else {
+                t.view("backward scratch", 0, &shape)
+            }
+        };
+        let gate_beta = fit(&gate_beta_all)?;
+        let a = fit(&a_all)?;
+        let q_n = q_normed.as_ref().map(&fit).transpose()?;
+        let k_n = k_normed.as_ref().map(&fit).transpose()?;
+        let sc = scratch.window(p, rows, num_chunks + w.seqs())?;
+
+        // The forward's intermediates over this window.
+        if let (Some(qn), Some(kn)) = (&q_n, &k_n) {
+            prepare_qk(ctx, encoder, &params, &q_raw, qn)?;
+            prepare_qk(ctx, encoder, &params, &k_raw, kn)?;
+        }
+        prepare_gate(
+            ctx,
+            encoder,
+            &params,
+            &PrepareGateBuffers {
+                g: &g,
+                beta: &beta,
+                gate_params: gates.params,
+                chunks: &chunks,
+                gate_beta: &gate_beta,
+            },
+            num_chunks,
+            hv,
+        )?;
+
+        // Tail slots: the pieces' start states (checkpoints), and the gradients w.r.t. their
+        // end states: dht (or 0) where the piece ends its sequence, the carry where it goes on.
+        let tail = sc.states.offset() + num_chunks as u64 * slot_bytes;
+        let dtail = sc.dstates.offset() + num_chunks as u64 * slot_bytes;
+        let seqs_bytes = w.seqs() as u64 * slot_bytes;
+        let ck = &sw.checkpoints;
+        let ck_at = ck.offset() + first_checkpoint[wi] as u64 * slot_bytes;
+        encoder.copy_buffer_to_buffer(&ck.buffer, ck_at, &sc.states.buffer, tail, seqs_bytes);
+        let seq_at = w.first_seq as u64 * slot_bytes;
+        match dht {
+            Some(dht) => encoder.copy_buffer_to_buffer(
+                &dht.buffer,
+                dht.offset() + seq_at,
+                &sc.dstates.buffer,
+                dtail,
+                seqs_bytes,
+            ),
+            None => encoder.clear_buffer(&sc.dstates.buffer, dtail, Some(seqs_bytes)),
+        }
+        let last = w.seqs() - 1;
+        if w.pieces[last].end < sequences[w.first_seq + last].end {
+            let at = dtail + last as u64 * slot_bytes;
+            encoder.copy_buffer_to_buffer(&carry.buffer, 0, &sc.dstates.buffer, at, slot_bytes);
+        }
+
+        let passes = WindowPasses {
+            problem: p,
+            params: &params,
+            chunks: &chunks,
+            segments: &segments,
+            num_chunks,
+            num_segments: w.seqs(),
+            rows,
+            q_raw: &q_raw,
+            k_raw: &k_raw,
+            q: q_n.as_ref().unwrap_or(&q_raw),
+            k: k_n.as_ref().unwrap_or(&k_raw),
+            v: &v,
+            g: &g,
+            beta: &beta,
+            d_o: &d_o,
+            gate_beta: &gate_beta,
+            a_out: &a,
+            a: &a,
+            scratch: &sc,
+            grads: &GradientOutputs {
+                dq: &dq,
+                dk: &dk,
+                dv: &dv,
+                dg: &dg,
+                dbeta: &dbeta,
+                dh0: grads.dh0,
+            },
+            gates,
+        };
+        // After dh_scan the tail slots hold the gradients w.r.t. the pieces' start states: dh0
+        // where a piece starts its sequence, else the carry for the window before.
+        let mut dh_done = |encoder: &mut wgpu::CommandEncoder| {
+            for (i, piece) in w.pieces.iter().enumerate() {
+                let n = w.first_seq + i;
+                let from = dtail + i as u64 * slot_bytes;
+                if piece.start == sequences[n].start {
+                    if let Some(dh0) = grads.dh0 {
+                        let to = n as u64 * slot_bytes;
+                        encoder.copy_buffer_to_buffer(
+                            &sc.dstates.buffer,
+                            from,
+                            &dh0.buffer,
+                            to,
+                            slot_bytes,
+                        );
+                    }
+                } else {
+                    encoder.copy_buffer_to_buffer(
+                        &sc.dstates.buffer,
+                        from,
+                        &carry.buffer,
+                        0,
+                        slot_bytes,
+                    );
+                }
+            }
+        };
+        record_window(ctx, encoder, &passes, None, &mut dh_done)?;
+        if let Some(t) = timer {
+            t.mark(encoder, "window");
+        }
+    }
+    Ok(())
 }
 
 /// Check that a host gradient input is finite (the GPU path cannot check without a readback).

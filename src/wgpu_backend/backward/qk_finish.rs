@@ -37,11 +37,11 @@ pub fn qk_finish(
         // The entry point uses bindings 0–5 of its module.
         bindings: Bindings::At(&[
             (0, params),
-            (1, &bufs.q_raw.buffer),
-            (2, &bufs.k_raw.buffer),
-            (3, &bufs.dqk_parts.buffer),
-            (4, &dq.buffer),
-            (5, &bufs.dk.buffer),
+            (1, bufs.q_raw),
+            (2, bufs.k_raw),
+            (3, bufs.dqk_parts),
+            (4, dq),
+            (5, bufs.dk),
         ]),
         // Four head vectors per workgroup.
         grid: Grid::folded(rows.div_ceil(4), "groups of four head vectors"),
@@ -64,7 +64,7 @@ pub fn dv_finish(
         entry: "dv_finish",
         constants: &[],
         // The entry point uses bindings 0, 6 and 7 of its module.
-        bindings: Bindings::At(&[(0, params), (6, &dvnew_dv.buffer), (7, &dv.buffer)]),
+        bindings: Bindings::At(&[(0, params), (6, dvnew_dv), (7, dv)]),
         // Two elements per invocation.
         grid: Grid::items_64(dv.len() / 2, "element pairs of dv"),
     }

@@ -40,12 +40,12 @@ pub fn qk_grad(
         constants: &[("K_DIM", key_dim as f64)],
         bindings: Bindings::Ordered(&[
             params,
-            &bufs.q.buffer,
-            &k.buffer,
-            &bufs.mats.buffer,
+            bufs.q,
+            k,
+            bufs.mats,
             bufs.chunks,
-            &bufs.dqk_parts.buffer,
-            &bufs.dg_dbeta.buffer,
+            bufs.dqk_parts,
+            bufs.dg_dbeta,
         ]),
         grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }

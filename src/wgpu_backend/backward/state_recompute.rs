@@ -47,13 +47,13 @@ pub fn state_recompute(
         ],
         bindings: Bindings::Ordered(&[
             params,
-            &bufs.k.buffer,
-            &bufs.v.buffer,
-            &bufs.gate_beta.buffer,
-            &bufs.gated.buffer,
+            bufs.k,
+            bufs.v,
+            bufs.gate_beta,
+            bufs.gated,
             bufs.segments,
-            &bufs.states.buffer,
-            &bufs.w_vnew.buffer,
+            bufs.states,
+            bufs.w_vnew,
         ]),
         // The V-block divides V (`scan_v_block`).
         grid: Grid([

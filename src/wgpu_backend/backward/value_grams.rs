@@ -38,12 +38,12 @@ pub fn value_grams(
         constants: &[],
         bindings: Bindings::Ordered(&[
             params,
-            &bufs.d_o.buffer,
-            &bufs.w_vnew.buffer,
-            &bufs.dvnew_dv.buffer,
-            &bufs.gate_beta.buffer,
+            bufs.d_o,
+            bufs.w_vnew,
+            bufs.dvnew_dv,
+            bufs.gate_beta,
             bufs.chunks,
-            &bufs.mats.buffer,
+            bufs.mats,
         ]),
         grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }

@@ -220,16 +220,47 @@ impl RecurrentStepTiles {
 /// A prepared decode step: record it once per step with [`DecodePlan::record`]. It binds the
 /// given tensors; refill them (e.g. `queue.write_buffer` of the next token's q, k, v, g,
 /// beta) between steps.
+///
+/// A pool larger than one storage binding ([`Context::max_binding_bytes`]) is bound in pool
+/// windows of whole slots: the plan records one pass per window that holds a slot of the
+/// call, and each sequence runs in the window of its slot (in the others its workgroups
+/// walk no tokens and write nothing).
 pub struct DecodePlan {
-    /// The recorded pass: pipeline, bind group and checked grid.
-    pass: Prepared,
-    tables: wgpu::Buffer,
+    /// One pass per pool window (one when the pool fits a binding).
+    windows: Vec<PoolWindow>,
     /// (A_log, dt_bias) and their word offset in the tables, with `gate_in_kernel`.
     gate_params: Option<(wgpu::Buffer, wgpu::Buffer, u64)>,
     heads_v: usize,
     pool_slots: usize,
     slots: Vec<StateSlot>,
     tiles: RecurrentStepTiles,
+}
+
+/// The pass over one window of pool slots `first..first + len`.
+struct PoolWindow {
+    pass: Prepared,
+    tables: wgpu::Buffer,
+    first: usize,
+    len: usize,
+    /// Whether a sequence of the current slots runs in this window.
+    active: bool,
+}
+
+/// The code of a sequence whose slot lies in another pool window: its workgroups walk no
+/// tokens and write nothing (`SLOT_ELSEWHERE` in `shaders/decode/recurrent_step.wgsl`).
+const SLOT_ELSEWHERE: i32 = i32::MIN;
+
+/// The kernel's code for `slot` in the pool window `first..first + len`: slots are relative
+/// to the window, padding runs in the first window only.
+fn window_code(slot: StateSlot, window: usize, first: usize, len: usize) -> i32 {
+    match slot.slot() {
+        Some(s) if (first..first + len).contains(&(s as usize)) => match slot {
+            StateSlot::Resume(s) => StateSlot::Resume(s - first as u32).code(),
+            _ => StateSlot::Fresh(s - first as u32).code(),
+        },
+        None if window == 0 => slot.code(),
+        _ => SLOT_ELSEWHERE,
+    }
 }
 
 impl DecodePlan {
@@ -285,11 +316,31 @@ impl DecodePlan {
     ) -> Result<Self> {
         let n = problem.num_sequences();
         let hv = problem.heads_v;
-        let mut params = Params::for_problem(problem, 0, n);
-        params.rows = pool.slots() as u32;
-        let params = params.upload(ctx);
+        // Pool windows of whole slots, each within one binding.
+        let slot_bytes = pool.slot_bytes();
+        let limit = ctx.max_binding_bytes();
+        let per_window = (limit / slot_bytes) as usize;
+        if per_window == 0 {
+            return Err(Error::TooLarge {
+                name: "pool slot".into(),
+                bytes: slot_bytes,
+                limit_name: "max_storage_buffer_binding_size",
+                limit,
+            });
+        }
+        let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
+        if pool.slots() > per_window && !slot_bytes.is_multiple_of(align) {
+            return Err(Error::unsupported(
+                "pool",
+                format!(
+                    "windows over slots of {slot_bytes} bytes, not a multiple of the device's \
+                     min_storage_buffer_offset_alignment ({align})"
+                ),
+            ));
+        }
 
-        // Token starts, slot codes, then A_log and dt_bias (copied in by `record`).
+        // Token starts, slot codes (per window), then A_log and dt_bias (copied in by
+        // `record`).
         let mut words = vec![0u32; TABLE_WORDS];
         let starts = problem
             .sequences()
@@ -299,67 +350,107 @@ impl DecodePlan {
         for (w, start) in words.iter_mut().zip(starts) {
             *w = start;
         }
-        for (w, s) in words[n + 1..].iter_mut().zip(slots) {
-            *w = s.code() as u32;
-        }
-        let tables = init_buffer(
-            ctx,
-            "decode tables",
-            bytemuck::cast_slice(&words),
-            wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-        );
         let gate_params = match (inputs.a_log, inputs.dt_bias) {
             (Some(a), Some(d)) => Some((a.buffer.clone(), d.buffer.clone(), (2 * n + 1) as u64)),
             _ => None,
         };
 
-        let per_token = outputs.per_token_states.map(|t| t.buffer.clone());
         // The binding exists whether or not the kernel writes it; 16 bytes = one vec4.
-        let no_token_states = || {
-            ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("no per-token states"),
-                size: 16,
-                usage: wgpu::BufferUsages::STORAGE,
-                mapped_at_creation: false,
-            })
+        let token_states = match outputs.per_token_states {
+            Some(t) => t.clone(),
+            None => GpuTensor::from_buffer(
+                ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("no per-token states"),
+                    size: 16,
+                    usage: wgpu::BufferUsages::STORAGE,
+                    mapped_at_creation: false,
+                }),
+                &[4],
+                crate::DType::F32,
+            ),
         };
-        let token_states = per_token.unwrap_or_else(no_token_states);
-
         let constants = tiles.pipeline_constants(outputs.per_token_states.is_some());
-        let pass = Launch {
-            name: "recurrent_step",
-            source: source(Pass::RecurrentStep, inputs.q.dtype)?,
-            entry: "recurrent_step",
-            constants: &constants,
-            bindings: Bindings::Ordered(&[
-                &params,
-                &tables,
-                &inputs.q.buffer,
-                &inputs.k.buffer,
-                &inputs.v.buffer,
-                &inputs.g.buffer,
-                &inputs.beta.buffer,
-                &pool.tensor().buffer,
-                &outputs.o.buffer,
-                &token_states,
-            ]),
-            // The tiling's V-block divides V (`RecurrentStepTiles::candidates`).
-            grid: Grid([
-                (problem.value_dim / tiles.v_block as usize, "V-blocks"),
-                (hv, "heads_v (HV)"),
-                (n, "sequences (slots)"),
-            ]),
+        let source = source(Pass::RecurrentStep, inputs.q.dtype)?;
+        let whole = pool.slots() <= per_window;
+        let mut windows = Vec::new();
+        for (index, first) in (0..pool.slots()).step_by(per_window).enumerate() {
+            let len = per_window.min(pool.slots() - first);
+            let states = if whole {
+                pool.tensor().clone()
+            } else {
+                let t = pool.tensor();
+                let slot_elems = t.len() / pool.slots();
+                let shape: Vec<usize> = [len]
+                    .into_iter()
+                    .chain(t.shape[1..].iter().copied())
+                    .collect();
+                t.view("pool", first * slot_elems, &shape)?
+            };
+            let mut params = Params::for_problem(problem, 0, n);
+            params.rows = len as u32;
+            let params = params.upload(ctx);
+            for (w, s) in words[n + 1..].iter_mut().zip(slots) {
+                *w = window_code(*s, index, first, len) as u32;
+            }
+            let tables = init_buffer(
+                ctx,
+                "decode tables",
+                bytemuck::cast_slice(&words),
+                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            );
+            let pass = Launch {
+                name: "recurrent_step",
+                source,
+                entry: "recurrent_step",
+                constants: &constants,
+                bindings: Bindings::Ordered(&[
+                    &params,
+                    &tables,
+                    inputs.q,
+                    inputs.k,
+                    inputs.v,
+                    inputs.g,
+                    inputs.beta,
+                    &states,
+                    outputs.o,
+                    &token_states,
+                ]),
+                // The tiling's V-block divides V (`RecurrentStepTiles::candidates`).
+                grid: Grid([
+                    (problem.value_dim / tiles.v_block as usize, "V-blocks"),
+                    (hv, "heads_v (HV)"),
+                    (n, "sequences (slots)"),
+                ]),
+            }
+            .prepare(ctx)?;
+            windows.push(PoolWindow {
+                pass,
+                tables,
+                first,
+                len,
+                active: false,
+            });
         }
-        .prepare(ctx)?;
-        Ok(DecodePlan {
-            pass,
-            tables,
+        let mut plan = DecodePlan {
+            windows,
             gate_params,
             heads_v: hv,
             pool_slots: pool.slots(),
             slots: slots.to_vec(),
             tiles,
-        })
+        };
+        plan.mark_active();
+        Ok(plan)
+    }
+
+    /// Which windows hold a slot of the current call (padding runs in the first).
+    fn mark_active(&mut self) {
+        for (index, w) in self.windows.iter_mut().enumerate() {
+            w.active = self
+                .slots
+                .iter()
+                .any(|&s| window_code(s, index, w.first, w.len) != SLOT_ELSEWHERE);
+        }
     }
 
     /// Use other slots from the next submission on (`queue.write_buffer`: it lands before the
@@ -369,13 +460,19 @@ impl DecodePlan {
         ctx.check_lost_noticed()?;
         check_slots(slots, self.slots.len(), self.pool_slots)?;
         if slots != self.slots {
-            let codes: Vec<i32> = slots.iter().map(|s| s.code()).collect();
-            ctx.queue.write_buffer(
-                &self.tables,
-                4 * (slots.len() as u64 + 1),
-                bytemuck::cast_slice(&codes),
-            );
+            for (index, w) in self.windows.iter().enumerate() {
+                let codes: Vec<i32> = slots
+                    .iter()
+                    .map(|&s| window_code(s, index, w.first, w.len))
+                    .collect();
+                ctx.queue.write_buffer(
+                    &w.tables,
+                    4 * (slots.len() as u64 + 1),
+                    bytemuck::cast_slice(&codes),
+                );
+            }
             self.slots = slots.to_vec();
+            self.mark_active();
         }
         Ok(())
     }
@@ -390,17 +487,25 @@ impl DecodePlan {
         self.tiles
     }
 
-    /// Record one step: one compute pass (plus, with `gate_in_kernel`, two small copies of
-    /// A_log and dt_bias into the uniform tables, since a ninth storage binding would exceed
-    /// WebGPU's default of 8). Recording cannot fail: everything was checked and made by
+    /// Record one step: one compute pass per pool window that holds a slot of the call (one
+    /// when the pool fits a binding), plus, with `gate_in_kernel`, two small copies of A_log
+    /// and dt_bias into its uniform tables, since a ninth storage binding would exceed
+    /// WebGPU's default of 8. Recording cannot fail: everything was checked and made by
     /// [`DecodePlan::new`]. A device lost since shows at the caller's submit and at the
     /// context's next call ([`Context::check`], [`Context::is_lost`]).
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        if let Some((a_log, dt_bias, word)) = &self.gate_params {
-            let bytes = 4 * self.heads_v as u64;
-            encoder.copy_buffer_to_buffer(a_log, 0, &self.tables, 4 * word, bytes);
-            encoder.copy_buffer_to_buffer(dt_bias, 0, &self.tables, 4 * word + bytes, bytes);
+        for w in self.windows.iter().filter(|w| w.active) {
+            if let Some((a_log, dt_bias, word)) = &self.gate_params {
+                let bytes = 4 * self.heads_v as u64;
+                encoder.copy_buffer_to_buffer(a_log, 0, &w.tables, 4 * word, bytes);
+                encoder.copy_buffer_to_buffer(dt_bias, 0, &w.tables, 4 * word + bytes, bytes);
+            }
+            w.pass.record(encoder);
         }
-        self.pass.record(encoder);
+    }
+
+    /// Pool windows the plan binds: 1 unless the pool is larger than one storage binding.
+    pub fn pool_windows(&self) -> usize {
+        self.windows.len()
     }
 }

@@ -30,7 +30,7 @@ pub fn gate_q(
         source: source(Pass::GateQ, q.dtype)?,
         entry: "gate_q",
         constants: &[],
-        bindings: Bindings::Ordered(&[params, &q.buffer, &gate_beta.buffer, &q_out.buffer]),
+        bindings: Bindings::Ordered(&[params, q, gate_beta, q_out]),
         grid: Grid::items_64(q_out.len().div_ceil(4), "vec4s of q_out"),
     }
     .record(ctx, encoder)

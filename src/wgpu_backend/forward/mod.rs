@@ -20,7 +20,7 @@ pub use state_scan::{ScanBuffers, ScanDims, ScanMath, state_scan, state_scan_wit
 pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
 pub use to_half::to_half;
 pub use workspace::ForwardWorkspace;
-use workspace::ScanScratch;
+use workspace::{ScanScratch, WindowTables};
 pub use wy_inverse::{WyInverseBuffers, wy_inverse};
 
 use crate::error::{Error, Result};
@@ -45,6 +45,10 @@ pub struct Intermediates {
     pub gate_beta: GpuTensor,
     /// `[B·T, HV, 64]` f32.
     pub a: GpuTensor,
+    /// The tokens of the packed axis these tensors hold, row 0 first: all of them, unless
+    /// the forward ran in token windows (tensors larger than one storage binding), when they
+    /// hold the last window's rows (and the leading dimensions are that window's tokens).
+    pub tokens: std::ops::Range<usize>,
 }
 
 /// A recorded forward: outputs plus intermediates.
@@ -198,6 +202,9 @@ struct Recording<'a> {
     timer: Option<&'a GpuTimer>,
     path: Option<ComputePath>,
     workspace: Option<&'a ForwardWorkspace>,
+    /// Receives every window's start states (`[Σ window sequences, HV, ..]` f32), for a
+    /// windowed backward.
+    checkpoints: Option<&'a GpuTensor>,
 }
 
 fn record_forward(
@@ -226,12 +233,8 @@ fn record_forward_scoped(
         timer,
         path,
         workspace,
+        checkpoints,
     } = rec;
-    let mark = |encoder: &mut wgpu::CommandEncoder, label| {
-        if let Some(t) = timer {
-            t.mark(encoder, label);
-        }
-    };
     ctx.check()?;
     problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
     if outputs.o.shape() != problem.v_shape() {
@@ -288,40 +291,173 @@ fn record_forward_scoped(
             &owned
         }
     };
-    let (bt, hv) = (problem.total_tokens(), problem.heads_v);
-    let (params, chunks, segments) = (&ws.params, &ws.chunks, &ws.segments);
-    let (num_chunks, num_segments) = (ws.num_chunks, ws.num_segments);
+    let hv = problem.heads_v;
 
     // The scan updates the state in place, so it starts as a copy of h0 (the caller's h0 is
-    // never modified).
+    // never modified). Copies are not bindings: they take buffers of any size.
     match inputs.initial_state {
-        Some(h0) => {
-            encoder.copy_buffer_to_buffer(&h0.buffer, 0, &outputs.final_state.buffer, 0, h0.bytes())
-        }
-        None => encoder.clear_buffer(&outputs.final_state.buffer, 0, None),
+        Some(h0) => encoder.copy_buffer_to_buffer(
+            &h0.buffer,
+            h0.offset(),
+            &outputs.final_state.buffer,
+            outputs.final_state.offset(),
+            h0.bytes(),
+        ),
+        None => encoder.clear_buffer(
+            &outputs.final_state.buffer,
+            outputs.final_state.offset(),
+            Some(outputs.final_state.bytes()),
+        ),
     }
-
-    if let (Some(qn), Some(kn)) = (&ws.q_normed, &ws.k_normed) {
-        prepare_qk(ctx, encoder, params, inputs.q, qn)?;
-        prepare_qk(ctx, encoder, params, inputs.k, kn)?;
-        mark(encoder, "prepare_qk");
-    }
-    let q = ws.q_normed.as_ref().unwrap_or(inputs.q);
-    let k = ws.k_normed.as_ref().unwrap_or(inputs.k);
-
     if let (Some(a_log), Some(dt_bias)) = (inputs.a_log, inputs.dt_bias) {
         let gp = &ws.gate_params;
         encoder.copy_buffer_to_buffer(&a_log.buffer, 0, gp, 0, (4 * hv) as u64);
         encoder.copy_buffer_to_buffer(&dt_bias.buffer, 0, gp, (4 * hv) as u64, (4 * hv) as u64);
     }
-    let gate_beta = &ws.gate_beta;
+
+    // One window: a mark per pass. Several: a mark per window (a timer has a fixed number of
+    // marks, and the windows repeat the same passes).
+    let windowed = ws.windows.len() > 1;
+    let pass_timer = timer.filter(|_| !windowed);
+    let mut last = None;
+    for wt in &ws.windows {
+        last = Some(record_window(
+            ctx,
+            encoder,
+            problem,
+            inputs,
+            outputs,
+            ws,
+            wt,
+            pass_timer,
+            checkpoints,
+        )?);
+        if windowed && let Some(t) = timer {
+            t.mark(encoder, "window");
+        }
+    }
+    last.ok_or_else(|| Error::value("tokens (T)", "at least one token", 0))
+}
+
+/// `t`'s rows `[base, base + rows)` of the packed token axis (`row` elements each) as a
+/// tensor `[rows, row dims..]`; `t` itself when that is all of it.
+fn token_rows(
+    t: &GpuTensor,
+    name: &str,
+    base: usize,
+    rows: usize,
+    tokens: usize,
+) -> Result<GpuTensor> {
+    if base == 0 && rows == tokens {
+        return Ok(t.clone());
+    }
+    let row_dims = &t.shape[t.shape.len() - 2..];
+    let row: usize = row_dims.iter().product();
+    let shape: Vec<usize> = [rows].into_iter().chain(row_dims.iter().copied()).collect();
+    t.view(name, base * row, &shape)
+}
+
+/// A gate tensor `[B, T, HV]` rows (one token each) `[base, base + rows)`.
+fn gate_rows(
+    t: &GpuTensor,
+    name: &str,
+    base: usize,
+    rows: usize,
+    tokens: usize,
+) -> Result<GpuTensor> {
+    if base == 0 && rows == tokens {
+        return Ok(t.clone());
+    }
+    let hv = t.shape[t.shape.len() - 1];
+    t.view(name, base * hv, &[rows, hv])
+}
+
+/// The first `rows` rows (along the leading dimension) of scratch sized for the largest
+/// window; the scratch itself when that is all of it or the forward has one window.
+fn scratch_rows(t: &GpuTensor, rows: usize, windowed: bool) -> Result<GpuTensor> {
+    if !windowed || t.shape[0] == rows {
+        return Ok(t.clone());
+    }
+    let shape: Vec<usize> = [rows]
+        .into_iter()
+        .chain(t.shape[1..].iter().copied())
+        .collect();
+    t.view("scratch", 0, &shape)
+}
+
+/// Record the passes of one window (the whole problem when it is the only one).
+#[allow(clippy::too_many_arguments)]
+fn record_window(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    ws: &ForwardWorkspace,
+    wt: &WindowTables,
+    timer: Option<&GpuTimer>,
+    checkpoints: Option<&GpuTensor>,
+) -> Result<Intermediates> {
+    let mark = |encoder: &mut wgpu::CommandEncoder, label| {
+        if let Some(t) = timer {
+            t.mark(encoder, label);
+        }
+    };
+    let (bt, hv) = (problem.total_tokens(), problem.heads_v);
+    let windowed = ws.windows.len() > 1;
+    let scratch_rows = |t: &GpuTensor, rows: usize| scratch_rows(t, rows, windowed);
+    let w = &wt.window;
+    let (base, rows) = (w.base, w.tokens);
+    let (params, chunks, segments) = (&wt.params, &wt.chunks, &wt.segments);
+    let (num_chunks, num_segments) = (wt.num_chunks, wt.num_segments);
+    let tokens = |t: &GpuTensor, name: &str| token_rows(t, name, base, rows, bt);
+    let gates = |t: &GpuTensor, name: &str| gate_rows(t, name, base, rows, bt);
+    let (q_in, k_in, v) = (
+        tokens(inputs.q, "q")?,
+        tokens(inputs.k, "k")?,
+        tokens(inputs.v, "v")?,
+    );
+    let o = tokens(outputs.o, "o")?;
+    let (g, beta) = (gates(inputs.g, "g")?, gates(inputs.beta, "beta")?);
+    let n_all = problem.num_sequences();
+    let state = if w.first_seq == 0 && w.seqs() == n_all {
+        outputs.final_state.clone()
+    } else {
+        let slot: usize = problem.state_shape()[1..].iter().product();
+        let shape: Vec<usize> = [w.seqs()]
+            .into_iter()
+            .chain(problem.state_shape()[1..].iter().copied())
+            .collect();
+        outputs
+            .final_state
+            .view("final_state", w.first_seq * slot, &shape)?
+    };
+
+    // The window's start states, before its scans move them on.
+    if let Some(c) = checkpoints {
+        let at = c.offset()
+            + (wt.checkpoint * problem.state_shape()[1..].iter().product::<usize>() * 4) as u64;
+        encoder.copy_buffer_to_buffer(&state.buffer, state.offset(), &c.buffer, at, state.bytes());
+    }
+
+    let normed = |t: &Option<GpuTensor>| t.as_ref().map(|t| scratch_rows(t, rows)).transpose();
+    let (q_normed, k_normed) = (normed(&ws.q_normed)?, normed(&ws.k_normed)?);
+    if let (Some(qn), Some(kn)) = (&q_normed, &k_normed) {
+        prepare_qk(ctx, encoder, params, &q_in, qn)?;
+        prepare_qk(ctx, encoder, params, &k_in, kn)?;
+        mark(encoder, "prepare_qk");
+    }
+    let q = q_normed.as_ref().unwrap_or(&q_in);
+    let k = k_normed.as_ref().unwrap_or(&k_in);
+
+    let gate_beta = &scratch_rows(&ws.gate_beta, rows)?;
     prepare_gate(
         ctx,
         encoder,
         params,
         &PrepareGateBuffers {
-            g: inputs.g,
-            beta: inputs.beta,
+            g: &g,
+            beta: &beta,
             gate_params: &ws.gate_params,
             chunks,
             gate_beta,
@@ -331,94 +467,120 @@ fn record_forward_scoped(
     )?;
     mark(encoder, "prepare_gate");
 
+    let a = scratch_rows(&ws.a, rows)?;
     let wy_buffers = |gated| WyInverseBuffers {
         k,
         q,
         gate_beta,
         chunks,
-        a: &ws.a,
+        a: &a,
         gated,
     };
-    match &ws.scan {
+    let scan_scratch = match &ws.scan {
         ScanScratch::Scalar { gated } => {
-            wy_inverse(ctx, encoder, params, &wy_buffers(gated), num_chunks, hv)?;
+            let gated = scratch_rows(gated, rows)?;
+            wy_inverse(ctx, encoder, params, &wy_buffers(&gated), num_chunks, hv)?;
             mark(encoder, "wy_inverse");
+            ScanScratch::Scalar { gated }
         }
         ScanScratch::Coop { gated16, k16, qg16 } => {
+            let padded = rows + CHUNK;
+            let (gated16, k16, qg16) = (
+                scratch_rows(gated16, padded)?,
+                scratch_rows(k16, padded)?,
+                scratch_rows(qg16, padded)?,
+            );
             // The f16 operands carry one chunk of padding rows so 64-row tiles starting at any
-            // token stay inside their buffers; wy_inverse never writes gated16's, so it is
+            // token stay inside their buffers; wy_inverse never writes gated16's, so they are
             // zeroed here (to_half and gate_q write theirs).
-            encoder.clear_buffer(&gated16.buffer, (bt * hv * 2 * CHUNK * 2) as u64, None);
-            wy_inverse(ctx, encoder, params, &wy_buffers(gated16), num_chunks, hv)?;
+            let row_bytes = (hv * 2 * CHUNK * 2) as u64;
+            encoder.clear_buffer(
+                &gated16.buffer,
+                rows as u64 * row_bytes,
+                Some(CHUNK as u64 * row_bytes),
+            );
+            wy_inverse(ctx, encoder, params, &wy_buffers(&gated16), num_chunks, hv)?;
             mark(encoder, "wy_inverse");
-            to_half(ctx, encoder, params, k, k16)?;
-            gate_q(ctx, encoder, params, q, gate_beta, qg16)?;
+            to_half(ctx, encoder, params, k, &k16)?;
+            gate_q(ctx, encoder, params, q, gate_beta, &qg16)?;
             mark(encoder, "to_half");
+            ScanScratch::Coop { gated16, k16, qg16 }
         }
-    }
+    };
 
     let scan = |encoder: &mut wgpu::CommandEncoder, run: ScanRun<'_>| {
-        record_scan(ctx, encoder, ws, q, k, run)
+        record_scan(ctx, encoder, ws.path, &scan_scratch, gate_beta, q, k, run)
     };
-    match &ws.segmented {
-        None => {
-            scan(
-                encoder,
-                ScanRun {
-                    problem,
-                    params,
-                    segments,
-                    num_segments,
-                    v: inputs.v,
-                    state: outputs.final_state,
-                    o: outputs.o,
-                },
-            )?;
-            mark(encoder, "state_scan");
-        }
-        Some(sp) => {
+    match (&ws.segmented, &wt.segmented) {
+        (Some(sp), Some(st)) => {
+            let segs = st.num_segments;
+            let (trans, ends, starts) = (
+                scratch_rows(&sp.trans, segs.max(1))?,
+                scratch_rows(&sp.ends, segs.max(1))?,
+                scratch_rows(&sp.starts, segs.max(1))?,
+            );
+            let (zero_v, trans_o) = (
+                scratch_rows(&sp.zero_v, rows)?,
+                scratch_rows(&sp.trans_o, rows)?,
+            );
             // End states from zero (o is overwritten by the last scan), transitions from the
             // identity with v = 0, the sequential combine, then the scan from the right starts.
-            encoder.clear_buffer(&sp.ends.buffer, 0, None);
+            encoder.clear_buffer(&ends.buffer, 0, Some(ends.binding_bytes()));
             scan(
                 encoder,
                 ScanRun {
                     problem: &sp.scan_problem,
-                    params: &sp.scan_params,
-                    segments: &sp.segments,
-                    num_segments: sp.num_segments,
-                    v: inputs.v,
-                    state: &sp.ends,
-                    o: outputs.o,
+                    params: &st.scan_params,
+                    segments: &st.segments,
+                    num_segments: segs,
+                    v: &v,
+                    state: &ends,
+                    o: &o,
                 },
             )?;
-            segment_combine::fill_identity(ctx, encoder, &sp.identity_params, &sp.trans)?;
+            segment_combine::fill_identity(ctx, encoder, &st.identity_params, &trans)?;
             scan(
                 encoder,
                 ScanRun {
                     problem: &sp.trans_problem,
-                    params: &sp.trans_params,
-                    segments: &sp.segments,
-                    num_segments: sp.num_segments,
-                    v: &sp.zero_v,
-                    state: &sp.trans,
-                    o: &sp.trans_o,
+                    params: &st.trans_params,
+                    segments: &st.segments,
+                    num_segments: segs,
+                    v: &zero_v,
+                    state: &trans,
+                    o: &trans_o,
                 },
             )?;
             mark(encoder, "segment_scans");
+            // A window's sequences start from the states earlier windows left (h0 in the
+            // first): copied aside, since the combine writes the states themselves.
+            let carry = match &sp.carry {
+                Some(carry) => {
+                    let carry = scratch_rows(carry, w.seqs())?;
+                    encoder.copy_buffer_to_buffer(
+                        &state.buffer,
+                        state.offset(),
+                        &carry.buffer,
+                        0,
+                        state.bytes(),
+                    );
+                    Some(carry)
+                }
+                None => None,
+            };
             segment_combine::segment_combine(
                 ctx,
                 encoder,
                 params,
                 &segment_combine::CombineBuffers {
-                    seq_segments: &sp.seq_segments,
-                    h0: inputs.initial_state,
-                    trans: &sp.trans,
-                    ends: &sp.ends,
-                    starts: &sp.starts,
-                    final_state: outputs.final_state,
+                    seq_segments: &st.seq_segments,
+                    h0: carry.as_ref().or(inputs.initial_state),
+                    trans: &trans,
+                    ends: &ends,
+                    starts: &starts,
+                    final_state: &state,
                 },
-                problem.num_sequences(),
+                w.seqs(),
                 hv,
                 problem.value_dim,
             )?;
@@ -427,12 +589,27 @@ fn record_forward_scoped(
                 encoder,
                 ScanRun {
                     problem: &sp.scan_problem,
-                    params: &sp.scan_params,
-                    segments: &sp.segments,
-                    num_segments: sp.num_segments,
-                    v: inputs.v,
-                    state: &sp.starts,
-                    o: outputs.o,
+                    params: &st.scan_params,
+                    segments: &st.segments,
+                    num_segments: segs,
+                    v: &v,
+                    state: &starts,
+                    o: &o,
+                },
+            )?;
+            mark(encoder, "state_scan");
+        }
+        _ => {
+            scan(
+                encoder,
+                ScanRun {
+                    problem,
+                    params,
+                    segments,
+                    num_segments,
+                    v: &v,
+                    state: &state,
+                    o: &o,
                 },
             )?;
             mark(encoder, "state_scan");
@@ -440,11 +617,38 @@ fn record_forward_scoped(
     }
 
     Ok(Intermediates {
-        q_normed: ws.q_normed.clone(),
-        k_normed: ws.k_normed.clone(),
-        gate_beta: ws.gate_beta.clone(),
-        a: ws.a.clone(),
+        q_normed,
+        k_normed,
+        gate_beta: gate_beta.clone(),
+        a,
+        tokens: base..base + rows,
     })
+}
+
+/// The forward of `forward_saved` over a workspace made with the backward's window costs:
+/// with several windows, every window's start states are copied into `checkpoints`
+/// (`[Σ window sequences, HV, ..]` f32).
+pub(crate) fn forward_with_checkpoints(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    workspace: &ForwardWorkspace,
+    checkpoints: Option<&GpuTensor>,
+) -> Result<Intermediates> {
+    record_forward(
+        ctx,
+        encoder,
+        problem,
+        inputs,
+        outputs,
+        Recording {
+            workspace: Some(workspace),
+            checkpoints,
+            ..Recording::default()
+        },
+    )
 }
 
 /// One scan over a segment table: the problem variant it runs (its value_dim and state
@@ -459,30 +663,33 @@ struct ScanRun<'a> {
     o: &'a GpuTensor,
 }
 
-/// Record the workspace path's scan for `run`.
+/// Record the scan of `path` for `run` over the window's scratch.
+#[allow(clippy::too_many_arguments)]
 fn record_scan(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
-    ws: &ForwardWorkspace,
+    path: ComputePath,
+    scratch: &ScanScratch,
+    gate_beta: &GpuTensor,
     q: &GpuTensor,
     k: &GpuTensor,
     run: ScanRun<'_>,
 ) -> Result<()> {
     let hv = run.problem.heads_v;
-    match &ws.scan {
+    match scratch {
         ScanScratch::Scalar { gated } => {
             let bufs = ScanBuffers {
                 q,
                 k,
                 v: run.v,
-                gate_beta: &ws.gate_beta,
+                gate_beta,
                 gated,
                 segments: run.segments,
                 state: run.state,
                 o: run.o,
             };
             // The f16-math path differs from the scalar one only in the scan's operand math.
-            let math = match ws.path {
+            let math = match path {
                 ComputePath::F16Math => ScanMath::F16,
                 _ => ScanMath::F32,
             };
@@ -500,7 +707,7 @@ fn record_scan(
                 qg16,
                 k16,
                 v: run.v,
-                gate_beta: &ws.gate_beta,
+                gate_beta,
                 gated16,
                 segments: run.segments,
                 state: run.state,

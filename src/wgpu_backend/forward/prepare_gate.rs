@@ -39,11 +39,11 @@ pub fn prepare_gate(
         constants: &[],
         bindings: Bindings::Ordered(&[
             params,
-            &bufs.g.buffer,
-            &bufs.beta.buffer,
+            bufs.g,
+            bufs.beta,
             bufs.gate_params,
             bufs.chunks,
-            &bufs.gate_beta.buffer,
+            bufs.gate_beta,
         ]),
         grid: Grid::items_64(num_chunks * heads_v, "chunks × v-heads"),
     }

@@ -19,7 +19,7 @@ pub fn prepare_qk(
         source: source(Pass::PrepareQk, x_in.dtype)?,
         entry: "prepare_qk",
         constants: &[],
-        bindings: Bindings::Ordered(&[params, &x_in.buffer, &x_out.buffer]),
+        bindings: Bindings::Ordered(&[params, x_in, x_out]),
         grid: Grid::items_64(rows, "head vectors"),
     }
     .record(ctx, encoder)

@@ -21,7 +21,7 @@ pub fn fill_identity(
         entry: "identity",
         constants: &[],
         // `identity` uses bindings 0 and 7 only (7 is the writable view of the transitions).
-        bindings: Bindings::At(&[(0, params), (7, &trans.buffer)]),
+        bindings: Bindings::At(&[(0, params), (7, trans)]),
         grid: Grid::items_64(trans.len(), "transition elements"),
     }
     .record(ctx, encoder)
@@ -64,11 +64,11 @@ pub fn segment_combine(
         bindings: Bindings::Ordered(&[
             params,
             bufs.seq_segments,
-            &h0.buffer,
-            &bufs.trans.buffer,
-            &bufs.ends.buffer,
-            &bufs.starts.buffer,
-            &bufs.final_state.buffer,
+            h0,
+            bufs.trans,
+            bufs.ends,
+            bufs.starts,
+            bufs.final_state,
         ]),
         // 16 value columns per workgroup.
         grid: Grid([

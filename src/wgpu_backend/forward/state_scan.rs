@@ -103,14 +103,14 @@ pub fn state_scan_with_math(
         ],
         bindings: Bindings::Ordered(&[
             params,
-            &bufs.q.buffer,
-            &bufs.k.buffer,
-            &bufs.v.buffer,
-            &bufs.gate_beta.buffer,
-            &bufs.gated.buffer,
+            bufs.q,
+            bufs.k,
+            bufs.v,
+            bufs.gate_beta,
+            bufs.gated,
             bufs.segments,
-            &bufs.state.buffer,
-            &bufs.o.buffer,
+            bufs.state,
+            bufs.o,
         ]),
         // The kernel masks columns past V, so the last V-block may be partial.
         grid: Grid([

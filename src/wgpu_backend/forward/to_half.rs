@@ -27,7 +27,7 @@ pub fn to_half(
         source: source(Pass::ToHalf, x_in.dtype)?,
         entry: "to_half",
         constants: &[],
-        bindings: Bindings::Ordered(&[params, &x_in.buffer, &x_out.buffer]),
+        bindings: Bindings::Ordered(&[params, x_in, x_out]),
         grid: Grid::items_64(x_out.len().div_ceil(4), "vec4s of the output"),
     }
     .record(ctx, encoder)

@@ -3,12 +3,17 @@
 //! buffers, whose creation dominated the host time of a call (57 ms measured by `gdn bench`
 //! on the H200). Serving loops and benchmarks make one workspace per problem shape and reuse
 //! it.
+//!
+//! A workspace also plans the forward's token windows (`wgpu_backend::windows`): when a
+//! tensor or the scratch of the whole problem would exceed one storage binding, the forward
+//! runs window after window, and the scratch is sized for the largest window.
 
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, Problem};
 use crate::tensor::DType;
 use crate::wgpu_backend::params::{Params, upload_u32};
 use crate::wgpu_backend::path::ComputePath;
+use crate::wgpu_backend::windows::{self, TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The scan's scratch, per compute path.
@@ -28,7 +33,9 @@ pub(crate) enum ScanScratch {
 /// segments of that many chunks, scanned all at once from zero (end states) and from the
 /// identity with v = 0 (transitions), combined in sequence order (`segment_combine`), then
 /// scanned again from the right start states. Exact (the state update is affine in the
-/// state), three scans' work instead of one, but parallel over segments.
+/// state), three scans' work instead of one, but parallel over segments. In a windowed
+/// forward each window's pieces are cut into segments; these buffers are sized for the
+/// largest window.
 #[derive(Debug)]
 pub(crate) struct Segmented {
     pub chunks: usize,
@@ -36,19 +43,43 @@ pub(crate) struct Segmented {
     /// (value_dim = K).
     pub scan_problem: Problem,
     pub trans_problem: Problem,
+    /// `[S, HV, K, K]`, `[S, HV, K, V]`, `[S, HV, K, V]` f32.
+    pub trans: GpuTensor,
+    pub ends: GpuTensor,
+    pub starts: GpuTensor,
+    /// `[tokens, HV, K]` zeros (never written) and the transition scan's discarded o.
+    pub zero_v: GpuTensor,
+    pub trans_o: GpuTensor,
+    /// Windowed forwards: `[sequences, HV, ..]` f32, a copy of the window's states before
+    /// the combine (its start states; the combine writes the states themselves).
+    pub carry: Option<GpuTensor>,
+}
+
+/// A window's segment tables (sequence parallelism).
+#[derive(Debug)]
+pub(crate) struct SegmentTables {
     pub segments: wgpu::Buffer,
     pub num_segments: usize,
     pub seq_segments: wgpu::Buffer,
     pub scan_params: wgpu::Buffer,
     pub trans_params: wgpu::Buffer,
     pub identity_params: wgpu::Buffer,
-    /// `[S, HV, K, K]`, `[S, HV, K, V]`, `[S, HV, K, V]` f32.
-    pub trans: GpuTensor,
-    pub ends: GpuTensor,
-    pub starts: GpuTensor,
-    /// `[B·T, HV, K]` zeros (never written) and the transition scan's discarded o.
-    pub zero_v: GpuTensor,
-    pub trans_o: GpuTensor,
+}
+
+/// One window of the forward: its tokens and sequences, parameter block (whose
+/// `total_tokens` is the window's bound tokens), chunk and segment tables.
+#[derive(Debug)]
+pub(crate) struct WindowTables {
+    pub window: TokenWindow,
+    pub params: wgpu::Buffer,
+    pub chunks: wgpu::Buffer,
+    pub segments: wgpu::Buffer,
+    pub num_chunks: usize,
+    pub num_segments: usize,
+    pub segmented: Option<SegmentTables>,
+    /// The window's first slot in a forward's checkpoints (its sequences' start states, kept
+    /// for a windowed backward): the sequences of the windows before it.
+    pub checkpoint: usize,
 }
 
 /// Every buffer a forward writes besides its outputs, for one problem and storage dtype on
@@ -59,11 +90,8 @@ pub struct ForwardWorkspace {
     pub(crate) problem: Problem,
     pub(crate) dtype: DType,
     pub(crate) path: ComputePath,
-    pub(crate) params: wgpu::Buffer,
-    pub(crate) chunks: wgpu::Buffer,
-    pub(crate) segments: wgpu::Buffer,
-    pub(crate) num_chunks: usize,
-    pub(crate) num_segments: usize,
+    /// The token windows, in order (one: the whole problem).
+    pub(crate) windows: Vec<WindowTables>,
     /// A_log then dt_bias (`gate_in_kernel`), `[2 HV]` f32.
     pub(crate) gate_params: wgpu::Buffer,
     pub(crate) q_normed: Option<GpuTensor>,
@@ -94,12 +122,31 @@ impl ForwardWorkspace {
         dtype: DType,
         path: ComputePath,
     ) -> Result<Self> {
-        let segments = ctx.config().segment_chunks;
-        let mut ws = Self::with_path(ctx, problem, dtype, path)?;
-        if let Some(n) = segments {
-            ws.segmented = Segmented::new(ctx, problem, dtype, n)?;
-        }
-        Ok(ws)
+        Self::build(ctx, problem, dtype, path, ctx.config().segment_chunks, None)
+    }
+
+    /// [`Self::with_path_and_config`] whose windows also bound `extra` (the backward's costs,
+    /// so a forward for training cuts the windows its backward will walk).
+    pub(crate) fn with_window_costs(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        path: ComputePath,
+        extra: &WindowCosts,
+    ) -> Result<Self> {
+        Self::build(
+            ctx,
+            problem,
+            dtype,
+            path,
+            ctx.config().segment_chunks,
+            Some(extra),
+        )
+    }
+
+    /// The token windows, in order.
+    pub(crate) fn token_windows(&self) -> Vec<TokenWindow> {
+        self.windows.iter().map(|w| w.window.clone()).collect()
     }
 
     /// A workspace on `path` whose forward cuts every sequence longer than `segment_chunks`
@@ -120,14 +167,34 @@ impl ForwardWorkspace {
                 got: "0".into(),
             });
         }
-        let mut ws = Self::with_path(ctx, problem, dtype, path)?;
-        ws.segmented = Segmented::new(ctx, problem, dtype, segment_chunks)?;
-        Ok(ws)
+        Self::build(ctx, problem, dtype, path, Some(segment_chunks), None)
     }
 
     /// Chunks per segment when the forward runs sequence-parallel.
     pub fn segment_chunks(&self) -> Option<usize> {
         self.segmented.as_ref().map(|s| s.chunks)
+    }
+
+    /// Token windows the forward runs in: 1 unless a tensor or the scratch of the whole
+    /// problem would exceed one storage binding ([`Context::max_binding_bytes`]).
+    pub fn windows(&self) -> usize {
+        self.windows.len()
+    }
+
+    /// The tokens of the packed axis each window computes, in order: from its first chunk to
+    /// the end of its last (empty sequences take no tokens).
+    pub fn window_tokens(&self) -> Vec<std::ops::Range<usize>> {
+        self.windows
+            .iter()
+            .map(|w| {
+                let p = &w.window.pieces;
+                let start = p
+                    .iter()
+                    .find(|r| !r.is_empty())
+                    .map_or(w.window.base, |r| r.start);
+                start..w.window.base + w.window.tokens
+            })
+            .collect()
     }
 
     /// A workspace on a given compute path (which the device and problem must support).
@@ -137,15 +204,58 @@ impl ForwardWorkspace {
         dtype: DType,
         path: ComputePath,
     ) -> Result<Self> {
+        Self::build(ctx, problem, dtype, path, None, None)
+    }
+
+    fn build(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        path: ComputePath,
+        segment_chunks: Option<usize>,
+        extra: Option<&WindowCosts>,
+    ) -> Result<Self> {
         // Validates the path for this device and problem (typed error otherwise).
         ctx.path_support().choose(problem, dtype, Some(path))?;
-        let (bt, hv) = (problem.total_tokens(), problem.heads_v);
-        let (h, k) = (problem.heads_qk, problem.key_dim);
-        let (chunk_table, segment_table) = super::tables(problem);
-        let num_chunks = chunk_table.len() / 2;
-        let num_segments = segment_table.len() / 3;
-        // The normalized copies keep q's own shape ([B,T,H,K]): the backward reads them as q.
-        let qk_shape = problem.qk_shape();
+        let (hv, h, k) = (problem.heads_v, problem.heads_qk, problem.key_dim);
+        // Segments only where a sequence is longer than one (nothing to parallelize else).
+        let longest = problem
+            .sequences()
+            .iter()
+            .map(|s| s.len())
+            .max()
+            .unwrap_or(0);
+        let segment_chunks = segment_chunks.filter(|&c| longest > c * CHUNK);
+
+        let mut costs = window_costs(problem, dtype, path, segment_chunks);
+        if let Some(extra) = extra {
+            costs = costs.union(extra);
+        }
+        costs.max_rows = ctx.limits().max_compute_workgroups_per_dimension as usize;
+        let windows = windows::plan(
+            problem,
+            &costs,
+            ctx.max_binding_bytes(),
+            ctx.limits().min_storage_buffer_offset_alignment as u64,
+        )?;
+        let tokens = windows.iter().map(|w| w.tokens).max().unwrap_or(0);
+        let mut checkpoint = 0;
+        let tables: Vec<WindowTables> = windows
+            .into_iter()
+            .map(|w| {
+                let first = checkpoint;
+                checkpoint += w.seqs();
+                WindowTables::new(ctx, problem, w, segment_chunks, first)
+            })
+            .collect();
+
+        // The normalized copies keep q's own row shape ([.., H, K]): the backward reads them
+        // as q.
+        let qk_shape = if tables.len() == 1 {
+            problem.qk_shape().to_vec()
+        } else {
+            vec![tokens, h, k]
+        };
         let (q_normed, k_normed) = if problem.options.l2norm_qk {
             (
                 Some(GpuTensor::empty(ctx, "q_normed", &qk_shape, dtype)?),
@@ -156,28 +266,28 @@ impl ForwardWorkspace {
         };
         let scan = match path {
             ComputePath::Scalar | ComputePath::F16Math => ScanScratch::Scalar {
-                gated: GpuTensor::empty(ctx, "gated", &[bt, hv, 2 * CHUNK], DType::F32)?,
+                gated: GpuTensor::empty(ctx, "gated", &[tokens, hv, 2 * CHUNK], DType::F32)?,
             },
             ComputePath::CoopMatrix => ScanScratch::Coop {
                 gated16: GpuTensor::empty(
                     ctx,
                     "gated16",
-                    &[bt + CHUNK, hv, 2 * CHUNK],
+                    &[tokens + CHUNK, hv, 2 * CHUNK],
                     DType::F16,
                 )?,
-                k16: GpuTensor::empty(ctx, "k16", &[bt + CHUNK, h, k], DType::F16)?,
-                qg16: GpuTensor::empty(ctx, "qg16", &[bt + CHUNK, hv, k], DType::F16)?,
+                k16: GpuTensor::empty(ctx, "k16", &[tokens + CHUNK, h, k], DType::F16)?,
+                qg16: GpuTensor::empty(ctx, "qg16", &[tokens + CHUNK, hv, k], DType::F16)?,
             },
+        };
+        let segmented = match segment_chunks {
+            Some(chunks) => Some(Segmented::new(ctx, problem, dtype, chunks, &tables)?),
+            None => None,
         };
         Ok(ForwardWorkspace {
             problem: problem.clone(),
             dtype,
             path,
-            params: Params::for_problem(problem, num_chunks, num_segments).upload(ctx),
-            chunks: upload_u32(ctx, "chunks", &chunk_table),
-            segments: upload_u32(ctx, "segments", &segment_table),
-            num_chunks,
-            num_segments,
+            windows: tables,
             gate_params: ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("gate_params"),
                 size: (8 * hv) as u64,
@@ -186,10 +296,10 @@ impl ForwardWorkspace {
             }),
             q_normed,
             k_normed,
-            gate_beta: GpuTensor::empty(ctx, "gate_beta", &[bt, hv, 2], DType::F32)?,
-            a: GpuTensor::empty(ctx, "wy_inverse", &[bt, hv, CHUNK], DType::F32)?,
+            gate_beta: GpuTensor::empty(ctx, "gate_beta", &[tokens, hv, 2], DType::F32)?,
+            a: GpuTensor::empty(ctx, "wy_inverse", &[tokens, hv, CHUNK], DType::F32)?,
             scan,
-            segmented: None,
+            segmented,
         })
     }
 
@@ -206,17 +316,20 @@ impl ForwardWorkspace {
             ScanScratch::Scalar { gated } => tensors.push(gated),
             ScanScratch::Coop { gated16, k16, qg16 } => tensors.extend([gated16, k16, qg16]),
         }
-        let mut small = self.params.size()
-            + self.chunks.size()
-            + self.segments.size()
-            + self.gate_params.size();
+        let mut small = self.gate_params.size();
+        for w in &self.windows {
+            small += w.params.size() + w.chunks.size() + w.segments.size();
+            if let Some(st) = &w.segmented {
+                small += st.segments.size()
+                    + st.seq_segments.size()
+                    + st.scan_params.size()
+                    + st.trans_params.size()
+                    + st.identity_params.size();
+            }
+        }
         if let Some(sp) = &self.segmented {
             tensors.extend([&sp.trans, &sp.ends, &sp.starts, &sp.zero_v, &sp.trans_o]);
-            small += sp.segments.size()
-                + sp.seq_segments.size()
-                + sp.scan_params.size()
-                + sp.trans_params.size()
-                + sp.identity_params.size();
+            tensors.extend(sp.carry.iter());
         }
         tensors.iter().map(|t| t.buffer.size()).sum::<u64>() + small
     }
@@ -236,58 +349,168 @@ impl ForwardWorkspace {
     }
 }
 
-impl Segmented {
-    /// `None` when no sequence is longer than one segment (nothing to parallelize).
-    fn new(ctx: &Context, problem: &Problem, dtype: DType, chunks: usize) -> Result<Option<Self>> {
+/// What a window of `problem`'s forward binds per token, per state and per segment.
+fn window_costs(
+    problem: &Problem,
+    dtype: DType,
+    path: ComputePath,
+    segment_chunks: Option<usize>,
+) -> WindowCosts {
+    let (h, hv) = (problem.heads_qk as u64, problem.heads_v as u64);
+    let (k, v) = (problem.key_dim as u64, problem.value_dim as u64);
+    let size = dtype.size() as u64;
+    // q, k; v, o; g, β: the caller's, bound at offsets.
+    let caller = vec![h * k * size, hv * v * size, hv * 4];
+    let mut scratch = vec![hv * 8, hv * CHUNK as u64 * 4];
+    if problem.options.l2norm_qk {
+        scratch.push(h * k * size);
+    }
+    let pad_tokens = match path {
+        ComputePath::Scalar | ComputePath::F16Math => {
+            scratch.push(hv * 2 * CHUNK as u64 * 4);
+            0
+        }
+        ComputePath::CoopMatrix => {
+            scratch.extend([hv * 2 * CHUNK as u64 * 2, h * k * 2, hv * k * 2]);
+            CHUNK
+        }
+    };
+    if segment_chunks.is_some() {
+        scratch.push(hv * k * size);
+    }
+    let slot_bytes = hv * k * v * 4;
+    WindowCosts {
+        token_bytes: caller.iter().chain(&scratch).copied().collect(),
+        offset_token_bytes: caller,
+        pad_tokens,
+        slot_bytes,
+        chunk_bytes: 0,
+        segments: segment_chunks.map(|c| (c * CHUNK, hv * k * k.max(v) * 4)),
+        max_rows: usize::MAX,
+    }
+}
+
+impl WindowTables {
+    fn new(
+        ctx: &Context,
+        problem: &Problem,
+        window: TokenWindow,
+        segment_chunks: Option<usize>,
+        checkpoint: usize,
+    ) -> Self {
+        let chunk_table = window.chunk_table();
+        let segment_table = window.segment_table();
+        let (num_chunks, num_segments) = (chunk_table.len() / 2, segment_table.len() / 3);
+        let mut params = Params::for_problem(problem, num_chunks, num_segments);
+        params.total_tokens = window.tokens as u32;
+        let segmented = segment_chunks.map(|c| SegmentTables::new(ctx, problem, &window, c));
+        WindowTables {
+            params: params.upload(ctx),
+            chunks: upload_u32(ctx, "chunks", &chunk_table),
+            segments: upload_u32(ctx, "segments", &segment_table),
+            num_chunks,
+            num_segments,
+            segmented,
+            window,
+            checkpoint,
+        }
+    }
+}
+
+/// The problem's K-first scan variant and its transition variant (value_dim = K).
+fn segment_problems(problem: &Problem) -> (Problem, Problem) {
+    let mut scan_problem = problem.clone();
+    scan_problem.options.state_v_first = false;
+    let mut trans_problem = scan_problem.clone();
+    trans_problem.value_dim = problem.key_dim;
+    (scan_problem, trans_problem)
+}
+
+impl SegmentTables {
+    /// Every piece of `window` cut into segments of `chunks` chunks (one segment per empty
+    /// piece keeps the tables in sequence order; it scans nothing).
+    fn new(ctx: &Context, problem: &Problem, window: &TokenWindow, chunks: usize) -> Self {
         let span = chunks * CHUNK;
         let mut table = Vec::new();
         let mut seq_table = Vec::new();
-        let mut longest = 0;
-        for s in problem.sequences() {
+        for piece in &window.pieces {
             seq_table.push((table.len() / 3) as u32);
             let mut count = 0u32;
-            let mut start = s.start;
-            while start < s.end {
-                let len = span.min(s.end - start);
-                table.extend([start as u32, len as u32, (table.len() / 3) as u32]);
+            let mut start = piece.start;
+            while start < piece.end {
+                let len = span.min(piece.end - start);
+                table.extend([
+                    (start - window.base) as u32,
+                    len as u32,
+                    (table.len() / 3) as u32,
+                ]);
                 start += len;
                 count += 1;
             }
             seq_table.push(count);
-            longest = longest.max(count);
-        }
-        if longest <= 1 {
-            return Ok(None);
         }
         let num_segments = table.len() / 3;
-        let num_chunks = problem.chunks().len();
-        let (bt, hv, k, v) = (
-            problem.total_tokens(),
-            problem.heads_v,
-            problem.key_dim,
-            problem.value_dim,
-        );
-        let mut scan_problem = problem.clone();
-        scan_problem.options.state_v_first = false;
-        let mut trans_problem = scan_problem.clone();
-        trans_problem.value_dim = k;
-        let mut identity = Params::for_problem(&trans_problem, num_chunks, num_segments);
-        identity.rows = (num_segments * hv * k * k) as u32;
-        Ok(Some(Segmented {
-            chunks,
+        let num_chunks = window.chunk_table().len() / 2;
+        let (scan_problem, trans_problem) = segment_problems(problem);
+        let params = |p: &Problem| {
+            let mut params = Params::for_problem(p, num_chunks, num_segments);
+            params.total_tokens = window.tokens as u32;
+            params
+        };
+        let mut identity = params(&trans_problem);
+        identity.rows = (num_segments * problem.heads_v * problem.key_dim * problem.key_dim) as u32;
+        SegmentTables {
             segments: upload_u32(ctx, "cp segments", &table),
             num_segments,
             seq_segments: upload_u32(ctx, "cp sequence segments", &seq_table),
-            scan_params: Params::for_problem(&scan_problem, num_chunks, num_segments).upload(ctx),
-            trans_params: Params::for_problem(&trans_problem, num_chunks, num_segments).upload(ctx),
+            scan_params: params(&scan_problem).upload(ctx),
+            trans_params: params(&trans_problem).upload(ctx),
             identity_params: identity.upload(ctx),
+        }
+    }
+}
+
+impl Segmented {
+    /// Buffers for the largest window's segments and tokens.
+    fn new(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        chunks: usize,
+        windows: &[WindowTables],
+    ) -> Result<Self> {
+        let most = |f: &dyn Fn(&WindowTables) -> usize| windows.iter().map(f).max().unwrap_or(0);
+        let num_segments = most(&|w| w.segmented.as_ref().map_or(0, |s| s.num_segments)).max(1);
+        let tokens = most(&|w| w.window.tokens);
+        let (hv, k, v) = (problem.heads_v, problem.key_dim, problem.value_dim);
+        let (scan_problem, trans_problem) = segment_problems(problem);
+        let carry = if windows.len() > 1 {
+            let seqs = most(&|w| w.window.seqs());
+            let shape = [
+                seqs,
+                problem.state_shape()[1],
+                problem.state_shape()[2],
+                problem.state_shape()[3],
+            ];
+            Some(GpuTensor::empty(
+                ctx,
+                "cp window start states",
+                &shape,
+                DType::F32,
+            )?)
+        } else {
+            None
+        };
+        Ok(Segmented {
+            chunks,
             trans: GpuTensor::empty(ctx, "cp transitions", &[num_segments, hv, k, k], DType::F32)?,
             ends: GpuTensor::empty(ctx, "cp ends", &[num_segments, hv, k, v], DType::F32)?,
             starts: GpuTensor::empty(ctx, "cp starts", &[num_segments, hv, k, v], DType::F32)?,
-            zero_v: GpuTensor::empty(ctx, "cp zero v", &[bt, hv, k], dtype)?,
-            trans_o: GpuTensor::empty(ctx, "cp transition o", &[bt, hv, k], dtype)?,
+            zero_v: GpuTensor::empty(ctx, "cp zero v", &[tokens, hv, k], dtype)?,
+            trans_o: GpuTensor::empty(ctx, "cp transition o", &[tokens, hv, k], dtype)?,
+            carry,
             scan_problem,
             trans_problem,
-        }))
+        })
     }
 }

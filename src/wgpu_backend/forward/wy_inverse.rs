@@ -53,12 +53,12 @@ pub fn wy_inverse(
         constants: &[("K_DIM", key_dim as f64)],
         bindings: Bindings::Ordered(&[
             params,
-            &k.buffer,
-            &bufs.q.buffer,
-            &bufs.gate_beta.buffer,
+            k,
+            bufs.q,
+            bufs.gate_beta,
             bufs.chunks,
-            &bufs.a.buffer,
-            &bufs.gated.buffer,
+            bufs.a,
+            bufs.gated,
         ]),
         grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }

@@ -1,0 +1,367 @@
+//! Token windows: how the forward runs over tensors and scratch larger than one storage
+//! binding (docs/windows.md).
+//!
+//! A window is a run of whole chunks of the packed token axis. Its passes bind the caller's
+//! token-indexed tensors (q, k, v, g, β, o) at a byte offset — from the window's `base`, a
+//! token at or before its first chunk chosen so every such offset is a multiple of the
+//! device's `min_storage_buffer_offset_alignment` — and the state slots of the sequences it
+//! touches. Windows run one after another in one encoder: a sequence cut by a window boundary
+//! continues from the state the previous window left in its slot (the scans update states in
+//! place), which is exactly the recurrence. Scratch is sized for the largest window, so it is
+//! bounded by the binding limit, not by T.
+
+use std::ops::Range;
+
+use crate::error::{Error, Result};
+use crate::problem::{CHUNK, Problem};
+
+/// What the bindings of one window cost, for [`plan`].
+#[derive(Debug, Clone)]
+pub(crate) struct WindowCosts {
+    /// Bytes per token of every token-indexed binding (the caller's tensors and scratch).
+    pub token_bytes: Vec<u64>,
+    /// Bytes per token of the caller's tensors, which are bound at an offset: the window's
+    /// base keeps each offset aligned.
+    pub offset_token_bytes: Vec<u64>,
+    /// Rows of padding the scratch carries past the window's last token.
+    pub pad_tokens: usize,
+    /// Bytes of one sequence's state slot (the states are bound per window).
+    pub slot_bytes: u64,
+    /// Bytes per chunk of a binding that also holds the window's states (the backward's
+    /// chunk-start states and their gradients: one slot per chunk plus one per sequence).
+    pub chunk_bytes: u64,
+    /// Segmented scans: tokens per segment and bytes per segment of their scratch
+    /// (transitions, end and start states), bounded per window too.
+    pub segments: Option<(usize, u64)>,
+    /// The most chunks, sequences or segments one window may hold: passes dispatch one
+    /// workgroup row per chunk or segment (`max_compute_workgroups_per_dimension`).
+    pub max_rows: usize,
+}
+
+/// One window: sequences `first_seq..first_seq + pieces.len()`, each computed over its piece
+/// (a range of the packed token axis, possibly empty), with token-indexed tensors bound from
+/// `base` for `tokens` tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TokenWindow {
+    /// The token where the window's token-indexed bindings start (≤ its first chunk).
+    pub base: usize,
+    /// Tokens bound from `base`; the last piece ends at `base + tokens`.
+    pub tokens: usize,
+    /// The first sequence (state slot) of the window.
+    pub first_seq: usize,
+    /// Per sequence from `first_seq` on: the tokens this window computes. Pieces start at a
+    /// chunk boundary of their sequence, so the window's chunks are the problem's chunks.
+    pub pieces: Vec<Range<usize>>,
+}
+
+impl WindowCosts {
+    /// Costs that bound a window by both `self` and `other` (a forward whose windows the
+    /// backward reuses).
+    pub fn union(&self, other: &WindowCosts) -> WindowCosts {
+        let cat = |a: &[u64], b: &[u64]| a.iter().chain(b).copied().collect();
+        WindowCosts {
+            token_bytes: cat(&self.token_bytes, &other.token_bytes),
+            offset_token_bytes: cat(&self.offset_token_bytes, &other.offset_token_bytes),
+            pad_tokens: self.pad_tokens.max(other.pad_tokens),
+            slot_bytes: self.slot_bytes.max(other.slot_bytes),
+            chunk_bytes: self.chunk_bytes.max(other.chunk_bytes),
+            segments: self.segments.or(other.segments),
+            max_rows: self.max_rows.min(other.max_rows),
+        }
+    }
+}
+
+impl TokenWindow {
+    /// The whole problem as one window.
+    pub fn whole(problem: &Problem) -> Self {
+        TokenWindow {
+            base: 0,
+            tokens: problem.total_tokens(),
+            first_seq: 0,
+            pieces: problem.sequences(),
+        }
+    }
+
+    /// Sequences (state slots) the window binds.
+    pub fn seqs(&self) -> usize {
+        self.pieces.len()
+    }
+
+    /// The chunk table (start relative to `base`, length) of the window's pieces.
+    pub fn chunk_table(&self) -> Vec<u32> {
+        self.pieces
+            .iter()
+            .flat_map(|p| {
+                (p.start..p.end)
+                    .step_by(CHUNK)
+                    .flat_map(move |c| [(c - self.base) as u32, (CHUNK.min(p.end - c)) as u32])
+            })
+            .collect()
+    }
+
+    /// The segment table (start relative to `base`, length, state slot relative to
+    /// `first_seq`): one segment per piece.
+    pub fn segment_table(&self) -> Vec<u32> {
+        self.pieces
+            .iter()
+            .enumerate()
+            .flat_map(|(i, p)| [(p.start - self.base) as u32, p.len() as u32, i as u32])
+            .collect()
+    }
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// Segments of `span` tokens a piece of `len` tokens is cut into.
+fn segments_of(len: usize, span: usize) -> usize {
+    len.div_ceil(span)
+}
+
+/// The windows of `problem` under a binding limit of `limit` bytes with offsets aligned to
+/// `align` bytes: the whole problem when everything fits one binding (then nothing changes),
+/// else windows of whole chunks, each as long as its bindings allow. A limit below one chunk's
+/// bindings, or below one sequence's state, is an `Error::TooLarge` naming it.
+pub(crate) fn plan(
+    problem: &Problem,
+    costs: &WindowCosts,
+    limit: u64,
+    align: u64,
+) -> Result<Vec<TokenWindow>> {
+    let per_token = costs.token_bytes.iter().copied().max().unwrap_or(4).max(1);
+    let seg_count = |pieces: &[Range<usize>]| -> usize {
+        costs.segments.map_or(0, |(span, _)| {
+            pieces.iter().map(|p| segments_of(p.len(), span)).sum()
+        })
+    };
+    let whole = TokenWindow::whole(problem);
+    let seg_bytes = costs.segments.map_or(0, |(_, b)| b);
+    let fits_rows =
+        |chunks: usize, seqs: usize, segs: usize| chunks.max(seqs).max(segs) <= costs.max_rows;
+    let fits = |tokens: usize, chunks: usize, seqs: usize, segs: usize| {
+        (tokens + costs.pad_tokens) as u64 * per_token <= limit
+            && seqs as u64 * costs.slot_bytes + chunks as u64 * costs.chunk_bytes <= limit
+            && segs as u64 * seg_bytes <= limit
+    };
+    let all_chunks = problem.chunks().len();
+    if fits(
+        whole.tokens,
+        all_chunks,
+        whole.seqs(),
+        seg_count(&whole.pieces),
+    ) && fits_rows(
+        problem.chunks().len(),
+        whole.seqs(),
+        seg_count(&whole.pieces),
+    ) {
+        return Ok(vec![whole]);
+    }
+
+    let too_large = |name: &str, bytes: u64| Error::TooLarge {
+        name: name.into(),
+        bytes,
+        limit_name: "max_storage_buffer_binding_size",
+        limit,
+    };
+    // Tokens of alignment slack a window's base may need before its first chunk.
+    let granule = costs
+        .offset_token_bytes
+        .iter()
+        .map(|&b| align / gcd(align, b))
+        .max()
+        .unwrap_or(1) as usize;
+    let least_tokens = CHUNK + granule - 1;
+    if !fits(least_tokens, 1, 1, 1) {
+        let bytes = [
+            (least_tokens + costs.pad_tokens) as u64 * per_token,
+            costs.slot_bytes + costs.chunk_bytes,
+            seg_bytes,
+        ];
+        let names = [
+            "the bindings of a window of one 64-token chunk",
+            "the state of one sequence",
+            "the scratch of one segment",
+        ];
+        let worst = (0..3).max_by_key(|&i| bytes[i]).unwrap_or(0);
+        return Err(too_large(names[worst], bytes[worst]));
+    }
+    if !costs.slot_bytes.is_multiple_of(align) {
+        return Err(Error::unsupported(
+            "state",
+            format!(
+                "windows over states of {} bytes, not a multiple of the device's \
+                 min_storage_buffer_offset_alignment ({align})",
+                costs.slot_bytes
+            ),
+        ));
+    }
+
+    let span_segments = |len: usize| costs.segments.map_or(0, |(span, _)| segments_of(len, span));
+    let sequences = problem.sequences();
+    let mut windows = Vec::new();
+    // The open window, its segment count and its chunk count.
+    let mut open: Option<(TokenWindow, usize, usize)> = None;
+    for (n, seq) in sequences.iter().enumerate() {
+        for start in (seq.start..seq.end).step_by(CHUNK) {
+            let end = (start + CHUNK).min(seq.end);
+            if let Some((w, segs, chunks)) = &open {
+                let segs = match w.pieces.get(n - w.first_seq) {
+                    Some(p) => segs - span_segments(p.len()) + span_segments(end - p.start),
+                    None => segs + span_segments(end - start),
+                };
+                let seqs = n - w.first_seq + 1;
+                if !fits(end - w.base, chunks + 1, seqs, segs) || !fits_rows(chunks + 1, seqs, segs)
+                {
+                    windows.extend(open.take().map(|(w, _, _)| w));
+                }
+            }
+            let (w, segs, chunks) = open.get_or_insert_with(|| {
+                let window = TokenWindow {
+                    base: start / granule * granule,
+                    tokens: 0,
+                    first_seq: n,
+                    pieces: Vec::new(),
+                };
+                (window, 0, 0)
+            });
+            *chunks += 1;
+            let before = w
+                .pieces
+                .get(n - w.first_seq)
+                .map_or(0, |p| span_segments(p.len()));
+            let first_seq = w.first_seq;
+            extend(&mut w.pieces, first_seq, n, start..end, &sequences);
+            *segs = *segs - before + span_segments(w.pieces[n - first_seq].len());
+            w.tokens = end - w.base;
+        }
+    }
+    windows.extend(open.map(|(w, _, _)| w));
+    Ok(windows)
+}
+
+/// Add chunk `chunk` of sequence `n` to a window's pieces (sequences from `first_seq`),
+/// with empty pieces for the (empty) sequences in between.
+fn extend(
+    pieces: &mut Vec<Range<usize>>,
+    first_seq: usize,
+    n: usize,
+    chunk: Range<usize>,
+    sequences: &[Range<usize>],
+) {
+    while first_seq + pieces.len() < n {
+        let s = &sequences[first_seq + pieces.len()];
+        pieces.push(s.start..s.start);
+    }
+    match pieces.get_mut(n - first_seq) {
+        Some(p) => p.end = chunk.end,
+        None => pieces.push(chunk),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Options;
+
+    fn costs(token_bytes: u64, slot_bytes: u64) -> WindowCosts {
+        WindowCosts {
+            token_bytes: vec![token_bytes],
+            offset_token_bytes: vec![4],
+            pad_tokens: 0,
+            slot_bytes,
+            chunk_bytes: 0,
+            segments: None,
+            max_rows: 65535,
+        }
+    }
+
+    fn varlen(cu: Vec<usize>) -> Problem {
+        let t = *cu.last().unwrap();
+        Problem::new(1, t, 1, 1, 16, 16, Some(cu), Options::default()).unwrap()
+    }
+
+    /// Every token of every sequence is in exactly one window, in order, each piece starting
+    /// on a chunk boundary of its sequence; bindings stay within the limit.
+    fn check_cover(p: &Problem, windows: &[TokenWindow], c: &WindowCosts, limit: u64) {
+        let seqs = p.sequences();
+        let mut next: Vec<usize> = seqs.iter().map(|s| s.start).collect();
+        for w in windows {
+            assert!(w.base <= w.pieces.iter().map(|r| r.start).min().unwrap());
+            assert!(
+                (w.tokens + c.pad_tokens) as u64 * c.token_bytes[0] <= limit,
+                "{w:?}"
+            );
+            assert!(w.seqs() as u64 * c.slot_bytes <= limit, "{w:?}");
+            assert_eq!((w.base * 4) as u64 % 256, 0, "{w:?}");
+            for (i, piece) in w.pieces.iter().enumerate() {
+                let n = w.first_seq + i;
+                assert_eq!(piece.start, next[n], "sequence {n} in {w:?}");
+                assert_eq!((piece.start - seqs[n].start) % CHUNK, 0);
+                assert!(piece.end <= w.base + w.tokens);
+                next[n] = piece.end;
+            }
+        }
+        for (n, s) in seqs.iter().enumerate() {
+            assert_eq!(next[n], s.end, "sequence {n} not covered");
+        }
+    }
+
+    #[test]
+    fn whole_problem_when_it_fits() {
+        let p = varlen(vec![0, 5, 5, 200]);
+        let w = plan(&p, &costs(16, 64), 1 << 20, 256).unwrap();
+        assert_eq!(w, vec![TokenWindow::whole(&p)]);
+        assert_eq!(w[0].segment_table(), [0, 5, 0, 5, 0, 1, 5, 195, 2]);
+    }
+
+    #[test]
+    fn windows_cover_every_token_within_the_limit() {
+        let cases = [
+            varlen(vec![0, 1, 1, 2, 300, 301, 700]),
+            varlen(vec![0, 700]),
+            varlen(vec![0, 63, 64, 65, 129, 192, 193, 330]),
+        ];
+        for p in &cases {
+            for limit_tokens in [127usize, 128, 200, 333] {
+                let c = costs(64, 256);
+                let limit = limit_tokens as u64 * 64;
+                let w = plan(p, &c, limit, 256).unwrap();
+                assert_eq!(
+                    w.len() > 1,
+                    limit_tokens < p.total_tokens(),
+                    "{p:?} at {limit_tokens}"
+                );
+                check_cover(p, &w, &c, limit);
+            }
+            // Few states per window: windows also split at sequence boundaries.
+            let c = costs(4, 1024);
+            let w = plan(p, &c, 2048, 256).unwrap();
+            check_cover(p, &w, &c, 2048);
+            assert!(w.iter().all(|w| w.seqs() <= 2));
+        }
+    }
+
+    #[test]
+    fn windows_hold_at_most_max_rows_chunks_and_sequences() {
+        let p = varlen(vec![0, 1, 2, 3, 4, 5, 300, 700]);
+        let c = WindowCosts {
+            max_rows: 3,
+            ..costs(4, 256)
+        };
+        let w = plan(&p, &c, 1 << 20, 256).unwrap();
+        check_cover(&p, &w, &c, 1 << 20);
+        for w in &w {
+            assert!(w.seqs() <= 3 && w.chunk_table().len() / 2 <= 3, "{w:?}");
+        }
+    }
+
+    #[test]
+    fn a_limit_below_one_chunk_names_it() {
+        let p = varlen(vec![0, 700]);
+        let e = plan(&p, &costs(64, 256), 100 * 64, 256).unwrap_err();
+        assert!(e.to_string().contains("one 64-token chunk"), "{e}");
+        let e = plan(&p, &costs(4, 1 << 20), 1 << 16, 256).unwrap_err();
+        assert!(e.to_string().contains("state of one sequence"), "{e}");
+    }
+}

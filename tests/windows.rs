@@ -1,0 +1,604 @@
+//! Tensors larger than one storage binding: the forward in token windows and decode over
+//! pool windows (docs/windows.md). The binding limit is lowered per context
+//! (`Context::set_max_binding_bytes`, as `GDN_MAX_BINDING_BYTES` does) so small problems run
+//! in windows of one chunk, of a few chunks, and of one or two sequences. Every storage
+//! binding the library makes is checked against that limit (an `Error::TooLarge` otherwise),
+//! so a pass that bound a whole tensor would fail here. Windowed results are compared bitwise
+//! with the unwindowed run on the same path and with the f64 oracle under the tolerance
+//! policy, on the hard cases of tests/common/cases.rs; outputs are NaN-poisoned first.
+
+mod common;
+
+use std::ops::Range;
+
+use common::cases::{check, fail_on, hard_cases, inputs_and_oracle};
+use gdn_wgpu::tolerance::Op;
+use gdn_wgpu::wgpu_backend::config::MIN_BINDING_BYTES;
+use gdn_wgpu::wgpu_backend::{
+    self, ComputePath, Config, Context, ForwardWorkspace, GpuTensor, forward_into_with_path,
+    forward_into_workspace,
+};
+use gdn_wgpu::{DType, Error, ForwardOutputs, HostTensor, Problem};
+
+/// A context of our own (its binding limit changes), or `None` without an adapter (a failure
+/// with GDN_REQUIRE_GPU=1).
+fn context() -> Option<Context> {
+    match Context::new_blocking() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            if std::env::var("GDN_REQUIRE_GPU").is_ok_and(|v| v == "1") {
+                panic!("GDN_REQUIRE_GPU=1 but no GPU context: {e}");
+            }
+            eprintln!("SKIPPED (no GPU adapter): {e}");
+            None
+        }
+    }
+}
+
+/// The least binding limit (a multiple of 1 KiB) at which a workspace builds: windows of one
+/// chunk, or of one sequence's state, whichever binds more.
+fn least_limit(
+    ctx: &mut Context,
+    p: &Problem,
+    dtype: DType,
+    path: ComputePath,
+    segments: Option<usize>,
+) -> u64 {
+    let builds = |ctx: &mut Context, limit: u64| {
+        ctx.set_max_binding_bytes(Some(limit)).unwrap();
+        match segments {
+            Some(c) => ForwardWorkspace::with_segments(ctx, p, dtype, path, c).is_ok(),
+            None => ForwardWorkspace::with_path(ctx, p, dtype, path).is_ok(),
+        }
+    };
+    let (mut lo, mut hi) = (MIN_BINDING_BYTES / 1024, 1u64 << 20);
+    assert!(
+        builds(ctx, hi * 1024),
+        "{p:?} does not build at 1 GiB bindings"
+    );
+    if builds(ctx, lo * 1024) {
+        return lo * 1024;
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if builds(ctx, mid * 1024) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi * 1024
+}
+
+/// Run a forward into NaN-poisoned outputs and download them.
+fn run(
+    ctx: &Context,
+    p: &Problem,
+    dtype: DType,
+    record: impl FnOnce(
+        &mut wgpu::CommandEncoder,
+        &ForwardOutputs<&GpuTensor>,
+    ) -> gdn_wgpu::Result<wgpu_backend::Intermediates>,
+) -> ForwardOutputs<HostTensor> {
+    let o = GpuTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
+    let s = GpuTensor::filled(ctx, "final_state", &p.state_shape(), DType::F32, f32::NAN).unwrap();
+    let mut encoder = ctx.create_encoder("windows test");
+    record(
+        &mut encoder,
+        &ForwardOutputs {
+            o: &o,
+            final_state: &s,
+        },
+    )
+    .unwrap();
+    ctx.submit_and_wait(encoder).unwrap();
+    ForwardOutputs {
+        o: o.download_blocking(ctx).unwrap(),
+        final_state: s.download_blocking(ctx).unwrap(),
+    }
+}
+
+fn bits(t: &HostTensor) -> Vec<u32> {
+    t.data.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Where the windows cut: (some window is exactly one chunk of one sequence, some window
+/// boundary falls inside a sequence).
+fn cuts(p: &Problem, windows: &[Range<usize>]) -> (bool, bool) {
+    let seqs = p.sequences();
+    let one_chunk = windows
+        .iter()
+        .any(|w| w.len() <= 64 && seqs.iter().any(|s| s.start <= w.start && w.end <= s.end));
+    let inside = windows
+        .iter()
+        .any(|w| seqs.iter().any(|s| s.start < w.end && w.end < s.end));
+    (one_chunk, inside)
+}
+
+/// The hard cases: windows of one chunk (the least limit) on every path the device has with
+/// f32 storage and on the scalar path with bf16, bitwise equal to the unwindowed forward and
+/// within the policy's bounds of the oracle; on the scalar path with f32 also windows of a
+/// few chunks (twice the least limit) and sequence parallelism in windows (segments of one
+/// and two chunks) against the oracle.
+#[test]
+fn hard_cases_in_windows_match_the_unwindowed_forward_and_the_oracle() {
+    let Some(mut ctx) = context() else { return };
+    let mut failures = Vec::new();
+    let (mut saw_one_chunk, mut saw_cut) = (false, false);
+    for case in hard_cases() {
+        let p = &case.problem;
+        for dtype in [DType::F32, DType::BF16] {
+            if !ctx.forward_storage_dtypes().contains(&dtype) {
+                continue;
+            }
+            let (inputs, expected) = inputs_and_oracle(&case, dtype);
+            let up = common::upload_inputs(&ctx, &inputs);
+            for path in ComputePath::ALL {
+                let scalar = path == ComputePath::Scalar;
+                if ctx.path_support().choose(p, dtype, Some(path)).is_err()
+                    || (dtype != DType::F32 && !scalar)
+                {
+                    continue;
+                }
+                ctx.set_max_binding_bytes(None).unwrap();
+                let whole = run(&ctx, p, dtype, |e, out| {
+                    forward_into_with_path(&ctx, e, p, &up.as_ref(), out, path)
+                });
+                let least = least_limit(&mut ctx, p, dtype, path, None);
+                let full = scalar && dtype == DType::F32;
+                let limits: &[u64] = if full { &[least, 2 * least] } else { &[least] };
+                for &limit in limits {
+                    ctx.set_max_binding_bytes(Some(limit)).unwrap();
+                    let ws = ForwardWorkspace::with_path(&ctx, p, dtype, path).unwrap();
+                    if limit > least && ws.windows() == 1 {
+                        continue;
+                    }
+                    let windows = ws.window_tokens();
+                    let (one, cut) = cuts(p, &windows);
+                    saw_one_chunk |= one;
+                    saw_cut |= cut;
+                    let what = format!("{path} limit {limit} ({} windows)", ws.windows());
+                    let got = run(&ctx, p, dtype, |e, out| {
+                        forward_into_workspace(&ctx, e, p, &up.as_ref(), out, &ws, None)
+                    });
+                    if bits(&got.o) != bits(&whole.o)
+                        || bits(&got.final_state) != bits(&whole.final_state)
+                    {
+                        failures.push(format!(
+                            "{what} [{}] {dtype}: not bitwise equal to the unwindowed forward \
+                             (windows {windows:?})",
+                            case.name
+                        ));
+                    }
+                    let arithmetic = path.arithmetic();
+                    if let Err(e) = check(
+                        &what,
+                        &case,
+                        Op::Forward,
+                        dtype,
+                        arithmetic,
+                        &got,
+                        &expected,
+                    ) {
+                        failures.push(e);
+                    }
+                }
+                let segment_chunks: &[usize] = if full { &[1, 2] } else { &[] };
+                for &segment_chunks in segment_chunks {
+                    let least = least_limit(&mut ctx, p, dtype, path, Some(segment_chunks));
+                    ctx.set_max_binding_bytes(Some(least)).unwrap();
+                    let ws = ForwardWorkspace::with_segments(&ctx, p, dtype, path, segment_chunks)
+                        .unwrap();
+                    let what = format!(
+                        "{path} {segment_chunks}-chunk segments, limit {least} ({} windows)",
+                        ws.windows()
+                    );
+                    let got = run(&ctx, p, dtype, |e, out| {
+                        forward_into_workspace(&ctx, e, p, &up.as_ref(), out, &ws, None)
+                    });
+                    if let Err(e) = check(
+                        &what,
+                        &case,
+                        Op::Forward,
+                        dtype,
+                        path.arithmetic(),
+                        &got,
+                        &expected,
+                    ) {
+                        failures.push(e);
+                    }
+                }
+            }
+        }
+    }
+    ctx.check().unwrap();
+    assert!(saw_one_chunk, "no case ran a window of a single chunk");
+    assert!(saw_cut, "no case cut a sequence at a window boundary");
+    fail_on(failures);
+}
+
+/// A long sequence in many windows (every option, GVA, h0), with its o and state beyond the
+/// binding limit: the caller's tensors are larger than any binding the library makes.
+#[test]
+fn a_sequence_longer_than_a_binding() {
+    let Some(mut ctx) = context() else { return };
+    let options = gdn_wgpu::Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let p = common::problem(1, 3000, 1, 2, 32, 32, None, options);
+    let case = common::cases::HardCase {
+        name: "T3000 every option".into(),
+        problem: p.clone(),
+        spec: gdn_wgpu::RandomSpec {
+            zero_gate_heads: 1,
+            ..common::cases::spec(77, true)
+        },
+    };
+    let (inputs, expected) = inputs_and_oracle(&case, DType::F32);
+    let up = common::upload_inputs(&ctx, &inputs);
+    let whole = run(&ctx, &p, DType::F32, |e, out| {
+        forward_into_with_path(&ctx, e, &p, &up.as_ref(), out, ComputePath::Scalar)
+    });
+    let limit = least_limit(&mut ctx, &p, DType::F32, ComputePath::Scalar, None);
+    ctx.set_max_binding_bytes(Some(limit)).unwrap();
+    assert!(
+        up.v.bytes() > limit && up.q.bytes() > limit,
+        "v and q exceed a binding"
+    );
+    let got = run(&ctx, &p, DType::F32, |e, out| {
+        forward_into_with_path(&ctx, e, &p, &up.as_ref(), out, ComputePath::Scalar)
+    });
+    let ws = ForwardWorkspace::with_path(&ctx, &p, DType::F32, ComputePath::Scalar).unwrap();
+    assert!(ws.windows() > 10, "{} windows", ws.windows());
+    assert!(
+        ws.bytes() < 4 * limit,
+        "scratch {} B is bounded by the window, not by T",
+        ws.bytes()
+    );
+    assert_eq!(bits(&got.o), bits(&whole.o));
+    assert_eq!(bits(&got.final_state), bits(&whole.final_state));
+    check(
+        "windowed",
+        &case,
+        Op::Forward,
+        DType::F32,
+        ComputePath::Scalar.arithmetic(),
+        &got,
+        &expected,
+    )
+    .unwrap();
+    ctx.check().unwrap();
+}
+
+/// A limit below one chunk's bindings is a typed error naming it; the backward refuses the
+/// intermediates of a plain forward that ran in windows; bad `GDN_MAX_BINDING_BYTES` values
+/// are typed errors naming the variable.
+#[test]
+fn limits_too_small_and_bad_values_are_typed_errors() {
+    for bad in ["0", "abc", "65535", "65538", "-1", "1TiB"] {
+        let e = Config::from_lookup(|v| (v == "GDN_MAX_BINDING_BYTES").then(|| bad.to_string()))
+            .unwrap_err();
+        assert!(
+            matches!(&e, Error::Value { name, .. } if name == "GDN_MAX_BINDING_BYTES"),
+            "{bad}: {e}"
+        );
+    }
+    for (good, bytes) in [
+        ("65536", 65536),
+        ("64KiB", 65536),
+        ("3 MiB", 3 << 20),
+        ("2GiB", 2 << 30),
+    ] {
+        let c = Config::from_lookup(|v| (v == "GDN_MAX_BINDING_BYTES").then(|| good.to_string()))
+            .unwrap();
+        assert_eq!(c.max_binding_bytes, Some(bytes), "{good}");
+    }
+
+    let Some(mut ctx) = context() else { return };
+    assert!(ctx.set_max_binding_bytes(Some(1000)).is_err());
+    // 16 v-heads of K = V = 256: one state is 4 MiB, over a 1 MiB binding.
+    let p = common::problem(1, 100, 1, 16, 256, 256, None, Default::default());
+    ctx.set_max_binding_bytes(Some(1 << 20)).unwrap();
+    let e = ForwardWorkspace::new(&ctx, &p, DType::F32).unwrap_err();
+    assert!(
+        matches!(&e, Error::TooLarge { name, .. } if name.contains("one 64-token chunk") || name.contains("state of one sequence")),
+        "{e}"
+    );
+
+    // Intermediates of a plain forward that ran in windows hold the last window only: the
+    // backward says so (forward_saved keeps what a windowed backward needs).
+    let p = common::problem(1, 600, 1, 2, 32, 32, None, Default::default());
+    ctx.set_max_binding_bytes(Some(2 * MIN_BINDING_BYTES))
+        .unwrap();
+    let inputs = gdn_wgpu::RandomSpec::default().generate(&p);
+    let up = common::upload_inputs(&ctx, &inputs);
+    let mut encoder = ctx.create_encoder("windowed forward");
+    let fwd = wgpu_backend::forward(&ctx, &mut encoder, &p, &up.as_ref()).unwrap();
+    assert_ne!(fwd.saved.tokens, 0..600);
+    let saved = wgpu_backend::Saved::new(&p, &up.as_ref(), fwd.saved.clone());
+    let e = wgpu_backend::backward(&ctx, &mut encoder, &saved, &fwd.o, None).unwrap_err();
+    assert!(
+        matches!(&e, Error::Unsupported { name, .. } if name == "saved intermediates"),
+        "{e}"
+    );
+    ctx.submit_and_wait(encoder).unwrap();
+}
+
+/// Decode over a pool larger than a binding: slots in different pool windows (resumed, fresh,
+/// padding), bitwise equal to the same call over the whole pool; untouched slots stay as they
+/// were.
+#[test]
+fn decode_over_a_pool_larger_than_a_binding() {
+    use StateSlot::{Fresh, Padding, Resume};
+    use gdn_wgpu::wgpu_backend::decode::{StatePool, StateSlot};
+    use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
+    let Some(mut ctx) = context() else { return };
+    // 64 KiB per slot (HV = 4, K = V = 64): a 64 KiB binding holds one slot, 192 KiB three.
+    let p = common::problem(
+        1,
+        9,
+        2,
+        4,
+        64,
+        64,
+        Some(vec![0, 1, 3, 4, 6, 9]),
+        Default::default(),
+    );
+    let pool_slots = 10;
+    let pool_host = common::decode::random_pool(&p, pool_slots, 3);
+    let inputs = common::decode::spec(5).generate(&p);
+    let slots = [Resume(9), Fresh(0), Padding, Resume(4), Resume(5)];
+    let other = [Resume(1), Padding, Fresh(8), Resume(7), Resume(2)];
+    let run = |ctx: &Context, slots: &[StateSlot], reuse: Option<&[StateSlot]>| {
+        let mut up = common::upload_inputs(ctx, &inputs);
+        up.initial_state = None;
+        let pool = StatePool::from_tensor(
+            GpuTensor::upload(ctx, "pool", &pool_host).unwrap(),
+            wgpu_backend::StateLayout::of(&p),
+        )
+        .unwrap();
+        let o = GpuTensor::filled(ctx, "o", &p.v_shape(), DType::F32, f32::NAN).unwrap();
+        let outputs = DecodeOutputs {
+            o: &o,
+            per_token_states: None,
+        };
+        // With `reuse`, the plan is made for other slots first and switched (set_slots).
+        let mut plan = DecodePlan::new(
+            ctx,
+            &p,
+            &up.as_ref(),
+            &pool,
+            reuse.unwrap_or(slots),
+            &outputs,
+        )
+        .unwrap();
+        if reuse.is_some() {
+            plan.set_slots(ctx, slots).unwrap();
+        }
+        let mut encoder = ctx.create_encoder("decode windows");
+        plan.record(&mut encoder);
+        ctx.submit_and_wait(encoder).unwrap();
+        (
+            plan.pool_windows(),
+            o.download_blocking(ctx).unwrap(),
+            pool.tensor().download_blocking(ctx).unwrap(),
+        )
+    };
+    for slots in [&slots[..], &other[..]] {
+        ctx.set_max_binding_bytes(None).unwrap();
+        let (windows, o, pool) = run(&ctx, slots, None);
+        assert_eq!(windows, 1);
+        assert!(o.data.iter().all(|x| x.is_finite()));
+        let slot_len = pool.len() / pool_slots;
+        for limit in [1u64 << 16, 3 << 16] {
+            ctx.set_max_binding_bytes(Some(limit)).unwrap();
+            for reuse in [None, Some(&other[..])] {
+                let (w, o_w, pool_w) = run(&ctx, slots, reuse);
+                assert_eq!(
+                    w,
+                    pool_slots.div_ceil((limit >> 16) as usize),
+                    "limit {limit}"
+                );
+                assert_eq!(bits(&o_w), bits(&o), "o, limit {limit}, slots {slots:?}");
+                assert_eq!(
+                    bits(&pool_w),
+                    bits(&pool),
+                    "pool, limit {limit}, slots {slots:?}"
+                );
+            }
+        }
+        // Slots no sequence names keep their states.
+        for s in 0..pool_slots {
+            if !slots.iter().any(|x| x.slot() == Some(s as u32)) {
+                let r = s * slot_len..(s + 1) * slot_len;
+                assert_eq!(pool.data[r.clone()], pool_host.data[r], "slot {s}");
+            }
+        }
+    }
+    ctx.check().unwrap();
+}
+
+/// More chunks and sequences than one grid dimension holds (a device granting 4 workgroups
+/// per dimension): windows of at most 4 chunks and sequences, within tolerance of the oracle.
+#[test]
+fn more_chunks_than_workgroups_per_dimension() {
+    let Some(adapter) = pollster::block_on(wgpu_backend::list_adapters())
+        .into_iter()
+        .next()
+    else {
+        assert!(
+            std::env::var("GDN_REQUIRE_GPU").as_deref() != Ok("1"),
+            "GDN_REQUIRE_GPU=1 but no GPU adapter"
+        );
+        return;
+    };
+    let limits = wgpu::Limits {
+        max_compute_workgroups_per_dimension: 4,
+        ..adapter.limits()
+    };
+    let ctx = pollster::block_on(Context::from_adapter_with_config(
+        adapter,
+        limits,
+        Config::default(),
+    ))
+    .unwrap();
+    let p = common::problem(
+        1,
+        460,
+        1,
+        1,
+        16,
+        16,
+        Some(vec![0, 1, 2, 3, 4, 200, 460]),
+        Default::default(),
+    );
+    let case = common::cases::HardCase {
+        name: "6 sequences, 9 chunks, a 4-wide grid".into(),
+        problem: p.clone(),
+        spec: common::cases::spec(9, true),
+    };
+    let (inputs, expected) = inputs_and_oracle(&case, DType::F32);
+    let up = common::upload_inputs(&ctx, &inputs);
+    let ws = ForwardWorkspace::with_path(&ctx, &p, DType::F32, ComputePath::Scalar).unwrap();
+    assert!(ws.windows() >= 3, "{:?}", ws.window_tokens());
+    let got = run(&ctx, &p, DType::F32, |e, out| {
+        forward_into_workspace(&ctx, e, &p, &up.as_ref(), out, &ws, None)
+    });
+    check(
+        "4-wide grid",
+        &case,
+        Op::Forward,
+        DType::F32,
+        ComputePath::Scalar.arithmetic(),
+        &got,
+        &expected,
+    )
+    .unwrap();
+    ctx.check().unwrap();
+}
+
+/// The least binding limit (a multiple of 1 KiB) at which `forward_saved` plans its windows
+/// (with the backward's costs): windows of one chunk or one sequence's states.
+fn least_training_limit(
+    ctx: &mut Context,
+    p: &Problem,
+    inputs: &gdn_wgpu::ForwardInputs<GpuTensor>,
+) -> u64 {
+    let plans = |ctx: &mut Context, limit: u64| {
+        ctx.set_max_binding_bytes(Some(limit)).unwrap();
+        let mut encoder = ctx.create_encoder("plan only");
+        wgpu_backend::forward_saved(ctx, &mut encoder, p, &inputs.as_ref()).is_ok()
+    };
+    let (mut lo, mut hi) = (MIN_BINDING_BYTES / 1024, 1u64 << 20);
+    assert!(plans(ctx, hi * 1024));
+    if plans(ctx, lo * 1024) {
+        return lo * 1024;
+    }
+    while hi - lo > 1 {
+        let mid = (lo + hi) / 2;
+        if plans(ctx, mid * 1024) {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    hi * 1024
+}
+
+/// The backward in token windows (`forward_saved` cuts the windows the backward walks, with
+/// checkpoints of their start states): every gradient of the hard cases within the policy's
+/// bounds of the oracle, with and without dht, at the least limit (windows of one chunk or
+/// of one sequence's states).
+#[test]
+fn backward_in_windows_matches_the_oracle() {
+    use common::cases::{backward_case, check_gradients};
+    let Some(mut ctx) = context() else { return };
+    let mut failures = Vec::new();
+    let mut windowed = 0;
+    for (i, case) in hard_cases().iter().enumerate() {
+        let p = &case.problem;
+        let (inputs, d_o, dht, expected) = backward_case(case, DType::F32, i % 2 == 0);
+        let up = common::upload_inputs(&ctx, &inputs);
+        let limit = least_training_limit(&mut ctx, p, &up);
+        ctx.set_max_binding_bytes(Some(limit)).unwrap();
+        let mut encoder = ctx.create_encoder("windows of forward_saved");
+        let (_, saved) = wgpu_backend::forward_saved(&ctx, &mut encoder, p, &up.as_ref()).unwrap();
+        drop(encoder);
+        if saved.windows() > 1 {
+            windowed += 1;
+        }
+        let (_, grads) =
+            wgpu_backend::backward_host(&ctx, p, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+        let what = format!("backward, limit {limit} ({} windows)", saved.windows());
+        failures.extend(check_gradients(&what, case, DType::F32, &grads, &expected));
+    }
+    ctx.check().unwrap();
+    assert!(windowed >= 6, "only {windowed} cases ran in windows");
+    fail_on(failures);
+}
+
+/// A long sequence with every option in many windows, forward and backward, f32 and bf16:
+/// within the policy's bounds of the oracle, with scratch bounded by the window.
+#[test]
+fn backward_of_a_sequence_longer_than_a_binding() {
+    use common::cases::{backward_case, check_gradients};
+    let Some(mut ctx) = context() else { return };
+    let options = gdn_wgpu::Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let case = common::cases::HardCase {
+        name: "T2000 + 700 every option GVA2".into(),
+        problem: common::problem(1, 2700, 1, 2, 32, 32, Some(vec![0, 2000, 2700]), options),
+        spec: gdn_wgpu::RandomSpec {
+            zero_gate_heads: 1,
+            ..common::cases::spec(78, true)
+        },
+    };
+    let p = &case.problem;
+    let mut failures = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
+        let up = common::upload_inputs(&ctx, &inputs);
+        let limit = least_training_limit(&mut ctx, p, &up);
+        ctx.set_max_binding_bytes(Some(limit)).unwrap();
+        let mut encoder = ctx.create_encoder("windows of forward_saved");
+        let (_, saved) = wgpu_backend::forward_saved(&ctx, &mut encoder, p, &up.as_ref()).unwrap();
+        drop(encoder);
+        assert!(saved.windows() > 10, "{} windows", saved.windows());
+        assert!(up.v.bytes() > limit, "v exceeds a binding");
+        let (out, grads) =
+            wgpu_backend::backward_host(&ctx, p, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+        let what = format!("backward, limit {limit} ({} windows)", saved.windows());
+        failures.extend(check_gradients(&what, &case, dtype, &grads, &expected));
+        // The forward in the backward's windows is bitwise the unwindowed forward (whose bf16
+        // o at this length sits near the policy's bound with l2norm: checked for f32 only).
+        ctx.set_max_binding_bytes(None).unwrap();
+        let (whole, _) =
+            wgpu_backend::backward_host(&ctx, p, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+        assert_eq!(bits(&out.o), bits(&whole.o), "{dtype} o");
+        assert_eq!(
+            bits(&out.final_state),
+            bits(&whole.final_state),
+            "{dtype} final state"
+        );
+        if dtype == DType::F32 {
+            let (_, oracle) = inputs_and_oracle(&case, dtype);
+            let arithmetic = ctx.forward_path(p, dtype).unwrap().path.arithmetic();
+            if let Err(e) = check(&what, &case, Op::Forward, dtype, arithmetic, &out, &oracle) {
+                failures.push(e);
+            }
+        }
+    }
+    ctx.check().unwrap();
+    fail_on(failures);
+}
