@@ -3,6 +3,9 @@
 // fixed small problem, print the adapter and the errors, and exit 0 only when the page reports
 // a relative error under the tolerance.
 //     node headless-test.mjs [--chromium /usr/bin/chromium] [--timeout-s 300] [URL query, e.g. T=200&HV=4]
+// `runs=N` in the query times N forward calls (upload, run, readback each) and prints the first
+// (pipeline creation) and the warm ones, e.g. the issue-13 shape:
+//     node headless-test.mjs 'T=2048&H=2&HV=4&K=128&V=128&steps=0&runs=6&l2norm=0' 
 import { chromium } from "playwright-core";
 import { serve } from "./serve.mjs";
 
@@ -60,6 +63,14 @@ try {
       log(`decode ${r.decode.tokens} steps: checksum ${r.decode.checksum}, rel error o ${r.decode.rel_o}, state ${r.decode.rel_state}, GPU ${ms(r.decode.gpu_ms)}, wall ${ms(r.decode.wall_ms)}`);
     }
     log(`oracle (wasm): ${ms(r.oracle_ms)}`);
+    const runs = r.forward.runs_ms ?? [];
+    if (runs.length > 1) {
+      const warm = runs.slice(1).sort((a, b) => a - b);
+      const median = warm[Math.floor((warm.length - 1) / 2)];
+      log(`forward calls (upload + run + readback): context ${ms(r.context_ms)}, first ${ms(runs[0])}, ` +
+        `warm median ${ms(median)}, min ${ms(warm[0])}, max ${ms(warm[warm.length - 1])} over ${warm.length}: ` +
+        runs.map((x) => x.toFixed(0)).join(" "));
+    }
   }
   log(`page says: ${result.text}`);
   code = result.state === "done" ? 0 : 1;

@@ -27,6 +27,9 @@ pub struct Config {
     pub default_limits: bool,
     /// Normalize q and k in the kernel (runs the `prepare_qk` pass too).
     pub l2norm_qk: bool,
+    /// Forward calls (≥ 1), each with upload and readback; the first compiles the pipelines,
+    /// the rest are warm. The last one's results are checked and continued by decode.
+    pub runs: usize,
 }
 
 /// One phase (the forward, or all decode steps) compared with the oracle.
@@ -44,10 +47,15 @@ pub struct Phase {
     /// Wall time from recording to having the results back on the host (performance.now() in
     /// the browser); includes first-use pipeline compilation.
     pub wall_ms: f64,
+    /// The forward only: wall time of every call (upload, record, submit, readback), the
+    /// first (pipeline creation) included. Empty for decode.
+    pub runs_ms: Vec<f64>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// Wall time of adapter and device creation (set by the caller that made the context).
+    pub context_ms: f64,
     pub adapter: String,
     pub backend: String,
     pub device_type: String,
@@ -347,35 +355,40 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     }
     .generate(&whole);
 
-    // The forward over the first T tokens, from the random initial state.
-    let t0 = now();
-    let h0 = GpuTensor::upload(
-        ctx,
-        "initial_state",
-        inputs
-            .initial_state
-            .as_ref()
-            .expect("RandomSpec draws an initial state"),
-    )?;
-    let prefix = Uploaded::new(ctx, &inputs, 0..c.tokens)?;
+    // The forward over the first T tokens, from the random initial state: `runs` calls, each
+    // uploading the inputs, recording, submitting and reading o and the final state back.
     let timer = PassTimer::new(ctx);
-    let mut encoder = ctx.create_encoder("demo forward");
-    if let Some(t) = &timer {
-        t.mark(&mut encoder, 0);
+    let h0_host = inputs
+        .initial_state
+        .as_ref()
+        .expect("RandomSpec draws an initial state");
+    let mut runs_ms = Vec::new();
+    let mut last = None;
+    for _ in 0..c.runs.max(1) {
+        let t0 = now();
+        let h0 = GpuTensor::upload(ctx, "initial_state", h0_host)?;
+        let prefix = Uploaded::new(ctx, &inputs, 0..c.tokens)?;
+        let mut encoder = ctx.create_encoder("demo forward");
+        if let Some(t) = &timer {
+            t.mark(&mut encoder, 0);
+        }
+        let fwd = wgpu_backend::forward(ctx, &mut encoder, &prefill, &prefix.inputs(Some(&h0)))?;
+        if let Some(t) = &timer {
+            t.mark(&mut encoder, 1);
+            t.resolve(&mut encoder);
+        }
+        ctx.queue.submit([encoder.finish()]);
+        let o_fwd = fwd.o.download(ctx).await?;
+        let state_fwd = fwd.final_state.download(ctx).await?;
+        let gpu_ms = match &timer {
+            Some(t) => Some(t.read_ms(ctx).await?),
+            None => None,
+        };
+        runs_ms.push(now() - t0);
+        last = Some((fwd, o_fwd, state_fwd, gpu_ms));
     }
-    let fwd = wgpu_backend::forward(ctx, &mut encoder, &prefill, &prefix.inputs(Some(&h0)))?;
-    if let Some(t) = &timer {
-        t.mark(&mut encoder, 1);
-        t.resolve(&mut encoder);
-    }
-    ctx.queue.submit([encoder.finish()]);
-    let o_fwd = fwd.o.download(ctx).await?;
-    let state_fwd = fwd.final_state.download(ctx).await?;
-    let fwd_gpu_ms = match &timer {
-        Some(t) => Some(t.read_ms(ctx).await?),
-        None => None,
-    };
-    let fwd_wall = now() - t0;
+    let (fwd, o_fwd, state_fwd, fwd_gpu_ms) = last.expect("at least one run");
+    let fwd_wall = runs_ms[0];
 
     // Decode steps with the recurrent kernel, continuing the forward's final state in place.
     let mut decode = None;
@@ -449,6 +462,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         },
         gpu_ms: fwd_gpu_ms,
         wall_ms: fwd_wall,
+        runs_ms,
     };
     let decode = decode.map(|(o, state, gpu_ms, wall_ms)| {
         let (checksum, abs_sum) = sums(&o);
@@ -460,6 +474,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
             rel_state: rel(&state.data, &oracle.final_state, kv),
             gpu_ms,
             wall_ms,
+            runs_ms: Vec::new(),
         }
     });
     let mut errors = vec![forward.rel_o];
@@ -479,6 +494,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     let info = ctx.adapter_info.as_ref();
     let limits = ctx.limits();
     Ok(Report {
+        context_ms: 0.0,
         adapter: info.map_or("(unknown)".into(), |i| i.name.clone()),
         backend: info.map_or("(unknown)".into(), |i| format!("{:?}", i.backend)),
         device_type: info.map_or("(unknown)".into(), |i| format!("{:?}", i.device_type)),
@@ -543,15 +559,17 @@ fn json_opt(x: Option<f64>) -> String {
 
 impl Phase {
     fn to_json(&self) -> String {
+        let runs: Vec<String> = self.runs_ms.iter().map(|&x| json_num(x)).collect();
         format!(
-            r#"{{"tokens":{},"checksum":{},"abs_sum":{},"rel_o":{},"rel_state":{},"gpu_ms":{},"wall_ms":{}}}"#,
+            r#"{{"tokens":{},"checksum":{},"abs_sum":{},"rel_o":{},"rel_state":{},"gpu_ms":{},"wall_ms":{},"runs_ms":[{}]}}"#,
             self.tokens,
             json_num(self.checksum),
             json_num(self.abs_sum),
             json_num(self.rel_o),
             json_num(self.rel_state),
             json_opt(self.gpu_ms),
-            json_num(self.wall_ms)
+            json_num(self.wall_ms),
+            runs.join(",")
         )
     }
 }
@@ -561,7 +579,8 @@ impl Report {
         let features: Vec<String> = self.features.iter().map(|f| json_str(f)).collect();
         let heads: Vec<String> = self.oracle_heads.iter().map(|h| h.to_string()).collect();
         format!(
-            r#"{{"adapter":{},"backend":{},"device_type":{},"limits":{},"workgroup_bytes":{},"invocations":{},"storage_buffers":{},"binding_bytes":{},"features":[{}],"v_block":{},"decode_tiles":{},"l2norm_qk":{},"forward":{},"decode":{},"oracle_heads":[{}],"oracle_ms":{},"max_rel":{}}}"#,
+            r#"{{"context_ms":{},"adapter":{},"backend":{},"device_type":{},"limits":{},"workgroup_bytes":{},"invocations":{},"storage_buffers":{},"binding_bytes":{},"features":[{}],"v_block":{},"decode_tiles":{},"l2norm_qk":{},"forward":{},"decode":{},"oracle_heads":[{}],"oracle_ms":{},"max_rel":{}}}"#,
+            json_num(self.context_ms),
             json_str(&self.adapter),
             json_str(&self.backend),
             json_str(&self.device_type),

@@ -23,9 +23,10 @@ mod web {
         }));
     }
 
-    /// Run the forward on `tokens` tokens and `decode_steps` decode steps on the browser's
-    /// WebGPU adapter and check them against the f64 oracle. Resolves to the report as JSON;
-    /// rejects with a one-line message (bad sizes, no adapter, device errors).
+    /// Run the forward on `tokens` tokens (`runs` times: the first compiles the pipelines) and
+    /// `decode_steps` decode steps on the browser's WebGPU adapter and check them against the
+    /// f64 oracle. Resolves to the report as JSON; rejects with a one-line message (bad sizes,
+    /// no adapter, device errors).
     #[wasm_bindgen]
     #[allow(clippy::too_many_arguments)]
     pub async fn run_demo(
@@ -38,6 +39,7 @@ mod web {
         seed: u32,
         default_limits: bool,
         l2norm_qk: bool,
+        runs: u32,
     ) -> Result<String, JsError> {
         let config = Config {
             tokens: tokens as usize,
@@ -49,9 +51,13 @@ mod web {
             seed: seed as u64,
             default_limits,
             l2norm_qk,
+            runs: runs as usize,
         };
+        let t0 = now_ms();
         let ctx = demo::context(default_limits).await?;
-        let report = demo::run(&ctx, &config, now_ms).await?;
+        let context_ms = now_ms() - t0;
+        let mut report = demo::run(&ctx, &config, now_ms).await?;
+        report.context_ms = context_ms;
         Ok(report.to_json())
     }
 }
