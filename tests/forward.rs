@@ -209,7 +209,9 @@ fn repeated_runs_are_bitwise_identical() {
 #[test]
 fn workspace_reuse_matches_per_call_scratch() {
     use gdn_wgpu::ForwardOutputs;
-    use gdn_wgpu::wgpu_backend::{ForwardWorkspace, forward_into, forward_into_workspace};
+    use gdn_wgpu::wgpu_backend::{
+        ForwardAlgorithm, ForwardWorkspace, forward_into_with_algorithm, forward_into_workspace,
+    };
     let Some(ctx) = common::gpu() else { return };
     let options = Options {
         l2norm_qk: true,
@@ -237,7 +239,15 @@ fn workspace_reuse_matches_per_call_scratch() {
                         w,
                         None,
                     ),
-                    None => forward_into(ctx, encoder, &problem, &inputs.as_ref(), outputs),
+                    None => forward_into_with_algorithm(
+                        ctx,
+                        encoder,
+                        &problem,
+                        &inputs.as_ref(),
+                        outputs,
+                        ForwardAlgorithm::Chunked,
+                    )
+                    .map(|saved| saved.expect("the chunked forward keeps its intermediates")),
                 },
             );
         let a = saved.a.download_blocking(ctx).unwrap().data;

@@ -203,15 +203,18 @@ pub fn workspace_bytes(problem: &Problem) -> u64 {
     4 * (states + bt * hv * per_token)
 }
 
-/// Record a forward and return its outputs with the context the backward needs.
+/// Record a forward and return its outputs with the context the backward needs. Always the
+/// chunked algorithm, whatever `forward` would choose: the backward replays its scan from the
+/// intermediates it keeps (A, the gate cumsum and β), which the recurrent kernel has none of.
 pub fn forward_saved(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     problem: &Problem,
     inputs: &ForwardInputs<&GpuTensor>,
 ) -> Result<(Forward, Saved)> {
-    let fwd = crate::wgpu_backend::forward(ctx, encoder, problem, inputs)?;
-    let saved = Saved::new(problem, inputs, fwd.saved.clone());
+    let (fwd, intermediates) =
+        crate::wgpu_backend::forward::forward_chunked(ctx, encoder, problem, inputs)?;
+    let saved = Saved::new(problem, inputs, intermediates);
     Ok((fwd, saved))
 }
 
