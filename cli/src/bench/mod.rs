@@ -43,9 +43,7 @@ use cases::{GpuCase, HostCase};
 use gdn_wgpu::error::Error;
 use gdn_wgpu::tensor::DType;
 use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
-use gdn_wgpu::wgpu_backend::{
-    ComputePath, Context, ForwardAlgorithm, GpuTimer, forward_algorithm,
-};
+use gdn_wgpu::wgpu_backend::{ComputePath, Context, ForwardAlgorithm, GpuTimer, forward_algorithm};
 use gdn_wgpu::{Options, Problem};
 use report::{AdapterRecord, CheckRecord, PassTime, ShapeRecord};
 
@@ -864,7 +862,9 @@ fn variant(
     decode_tiles: Option<(u32, u32)>,
 ) -> gdn_wgpu::Result<(Variant, String, Option<RecurrentStepTiles>)> {
     Ok(match op {
-        Op::Forward if forward_algorithm(ctx, p, dtype)?.algorithm == ForwardAlgorithm::Recurrent => {
+        Op::Forward
+            if forward_algorithm(ctx, p, dtype)?.algorithm == ForwardAlgorithm::Recurrent =>
+        {
             let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, p)?;
             let name = format!("recurrent kernel, {}", inputs::tiles_name(&tiles));
             (Variant::RecurrentForward(name.clone()), name, None)
@@ -1181,7 +1181,14 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     (record.peak_memory_bytes, record.memory_source) = match measured {
                         Some(bytes) => (Some(bytes), Some(MemorySource::Allocator)),
                         None => (
-                            Some(metrics::peak_memory_estimate(pc.op, &p, c.dtype)),
+                            Some(metrics::peak_memory_estimate(
+                                pc.op,
+                                &p,
+                                c.dtype,
+                                forward_algorithm(ctx, &p, c.dtype)
+                                    .map_err(|e| err(e.into()))?
+                                    .algorithm,
+                            )),
                             Some(MemorySource::Estimate),
                         ),
                     };
