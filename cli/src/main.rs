@@ -524,7 +524,8 @@ fn info() -> Result<(), Failure> {
             }
             // The algorithm depends on the sequence lengths: a decode-like call and a long one.
             for (what, batch, tokens) in [("B = 4, T = 1", 4, 1), ("B = 1, T = 4096", 1, 4096)] {
-                let p = gdn_wgpu::Problem::new(batch, tokens, 1, 1, 128, 128, None, Default::default());
+                let p =
+                    gdn_wgpu::Problem::new(batch, tokens, 1, 1, 128, 128, None, Default::default());
                 match p.and_then(|p| wgpu_backend::forward_algorithm(&ctx, &p, DType::F32)) {
                     Ok(c) => println!(
                         "  forward algorithm, {what}, K = V = 128: {} ({})",

@@ -194,7 +194,13 @@ fn forward_algorithm_is_recorded_and_can_be_forced() {
     ] {
         let out = gdn()
             .args(["bench", "--quick", "--ops", "forward", "--heads", "1/2"])
-            .args(["--seqs", "1x100", "--no-progress", "--forward-algorithm", flag])
+            .args([
+                "--seqs",
+                "1x100",
+                "--no-progress",
+                "--forward-algorithm",
+                flag,
+            ])
             .arg("--json")
             .arg(&json)
             .output()
@@ -205,17 +211,27 @@ fn forward_algorithm_is_recorded_and_can_be_forced() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let report: Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         let record = &report["records"][0];
         assert_eq!(record["status"], "ok", "{record}");
         assert_eq!(record["algorithm"], want, "{flag}: {record}");
         let reason = record["algorithm_reason"].as_str().unwrap();
-        assert_eq!(reason.contains("forced"), flag != "auto", "{flag}: {reason}");
+        assert_eq!(
+            reason.contains("forced"),
+            flag != "auto",
+            "{flag}: {reason}"
+        );
         let variant = record["variant"].as_str().unwrap();
-        let named = if want == "chunked" { "chunked, " } else { "recurrent kernel, " };
+        let named = if want == "chunked" {
+            "chunked, "
+        } else {
+            "recurrent kernel, "
+        };
         assert!(variant.starts_with(named), "{flag}: {variant}");
-        assert!(record["check"]["shape"].as_str().unwrap().contains(named), "{record}");
+        assert!(
+            record["check"]["shape"].as_str().unwrap().contains(named),
+            "{record}"
+        );
     }
     std::fs::remove_file(&json).ok();
 }

@@ -1,4 +1,6 @@
-//! Compute paths: how the forward's chunk GEMMs do their arithmetic on a given adapter.
+//! The forward's algorithm ([`ForwardAlgorithm`]: the chunked scan or the recurrent kernel,
+//! chosen per call by [`choose_algorithm`]) and the chunked scan's compute paths: how its chunk
+//! GEMMs do their arithmetic on a given adapter.
 //!
 //! - `Scalar`: f32 multiply-adds on every adapter (lavapipe, browsers without shader-f16).
 //!   The accuracy reference: rel-L2 ≈ 1e-6 against the f64 oracle with f32 storage.
@@ -355,7 +357,12 @@ pub fn choose_algorithm(
             format!("the recurrent kernel cannot run this call: {why}"),
         ),
         (None, None) => {
-            let longest = problem.sequences().iter().map(|s| s.len()).max().unwrap_or(0);
+            let longest = problem
+                .sequences()
+                .iter()
+                .map(|s| s.len())
+                .max()
+                .unwrap_or(0);
             if longest < CHUNK {
                 choice(
                     ForwardAlgorithm::Recurrent,

@@ -1,6 +1,7 @@
 // The page: checks for WebGPU, loads the wasm module built by build.sh, runs the demo with the
 // sizes from the form and shows the report. URL parameters fill the form (T, H, HV, K, V,
-// steps, runs, seed, defaults=0|1, l2norm=0|1, tol) and `autorun=1` runs at once (the headless test
+// steps, runs, algorithm=auto|chunked|recurrent, seed, defaults=0|1, l2norm=0|1, tol; tiles=VxN
+// runs the forward through the recurrent kernel at that tiling, for tiling sweeps) and `autorun=1` runs at once (the headless test
 // uses it). The outcome is in #status: data-state = done | fail | error | no-webgpu, and
 // window.gdnResult.
 
@@ -69,7 +70,8 @@ function render(r, ok) {
       <tr><th>limits requested</th><td>${r.limits}: workgroup memory ${r.workgroup_bytes} B, ${r.invocations} invocations,
         ${r.storage_buffers} storage buffers per stage, ${r.binding_bytes} B per binding</td></tr>
       <tr><th>features used</th><td>${r.features.join(", ") || "none"} (no shader-f16, no subgroups)</td></tr>
-      <tr><th>forward (state_scan)</th><td>V-block ${r.v_block}</td></tr>
+      <tr><th>forward algorithm</th><td>${r.algorithm} (${r.algorithm_reason}); ${r.forward_pipelines} pipeline(s) compiled by the forward</td></tr>
+      <tr><th>forward (state_scan)</th><td>V-block ${r.v_block}${r.algorithm === "chunked" ? "" : " (not run)"}</td></tr>
       <tr><th>decode (recurrent_step)</th><td>${r.decode_tiles ?? "—"}</td></tr>
       <tr><th>options</th><td>${r.l2norm_qk ? "in-kernel l2norm of q, k" : "defaults"}</td></tr>
     </table>
@@ -96,7 +98,7 @@ async function run(wasm) {
   $("run").disabled = true;
   setStatus("running", "Running…");
   try {
-    const json = await wasm.run_demo(n("T"), n("H"), n("HV"), n("K"), n("V"), n("steps"), n("seed"), f.defaults.checked, f.l2norm.checked, Math.max(1, n("runs")));
+    const json = await wasm.run_demo(n("T"), n("H"), n("HV"), n("K"), n("V"), n("steps"), n("seed"), f.defaults.checked, f.l2norm.checked, Math.max(1, n("runs")), f.algorithm.value, params.get("tiles") ?? "");
     const r = JSON.parse(json);
     const ok = r.max_rel !== null && r.max_rel < tolerance;
     render(r, ok);

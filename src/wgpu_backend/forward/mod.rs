@@ -133,7 +133,14 @@ pub(crate) fn forward_chunked(
         final_state: &final_state,
     };
     check_call(ctx, problem, inputs, &outputs)?;
-    let saved = record_chunked(ctx, encoder, problem, inputs, &outputs, Recording::default())?;
+    let saved = record_chunked(
+        ctx,
+        encoder,
+        problem,
+        inputs,
+        &outputs,
+        Recording::default(),
+    )?;
     let fwd = Forward {
         o,
         final_state,

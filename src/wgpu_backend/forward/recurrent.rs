@@ -19,7 +19,11 @@ use crate::wgpu_backend::{Context, GpuTensor};
 /// the automatic choice from the problem's sequence lengths and the adapter's type. What
 /// `forward`, `forward_into`, `forward_into_profiled` and `forward_host` run; `gdn info`
 /// and `gdn bench` report it.
-pub fn forward_algorithm(ctx: &Context, problem: &Problem, dtype: DType) -> Result<AlgorithmChoice> {
+pub fn forward_algorithm(
+    ctx: &Context,
+    problem: &Problem,
+    dtype: DType,
+) -> Result<AlgorithmChoice> {
     choose_algorithm(
         ctx.adapter_info.as_ref().map(|i| i.device_type),
         problem,
@@ -34,7 +38,9 @@ pub fn forward_algorithm(ctx: &Context, problem: &Problem, dtype: DType) -> Resu
 /// no tiling within the workgroup limits.
 pub fn recurrent_rejects(ctx: &Context, problem: &Problem, dtype: DType) -> Option<String> {
     if !decode_storage_dtypes(ctx).contains(&dtype) {
-        return Some(format!("the recurrent kernel takes no {dtype} storage on this device"));
+        return Some(format!(
+            "the recurrent kernel takes no {dtype} storage on this device"
+        ));
     }
     let most = max_sequences(problem.heads_v);
     if problem.num_sequences() > most {
@@ -164,7 +170,9 @@ impl RecurrentForward {
         )?;
         Ok(RecurrentForward {
             plan,
-            initial: inputs.initial_state.map(|h0| (h0.buffer.clone(), h0.bytes())),
+            initial: inputs
+                .initial_state
+                .map(|h0| (h0.buffer.clone(), h0.bytes())),
             final_state: outputs.final_state.buffer.clone(),
         })
     }
@@ -173,9 +181,7 @@ impl RecurrentForward {
     /// caller's h0 is never modified.
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
         match &self.initial {
-            Some((h0, bytes)) => {
-                encoder.copy_buffer_to_buffer(h0, 0, &self.final_state, 0, *bytes)
-            }
+            Some((h0, bytes)) => encoder.copy_buffer_to_buffer(h0, 0, &self.final_state, 0, *bytes),
             None => encoder.clear_buffer(&self.final_state, 0, None),
         }
         self.plan.record(encoder);
