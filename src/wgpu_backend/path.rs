@@ -323,7 +323,7 @@ pub struct AlgorithmChoice {
 /// The forward's algorithm for `problem` on an adapter of `device_type` (`None`: unknown, a
 /// caller-supplied device without `AdapterInfo`; treated as a GPU), honouring `forced`.
 /// `recurrent_rejects` says why the recurrent kernel cannot run the problem on this device, if
-/// it cannot ([`Context::recurrent_rejects`](crate::wgpu_backend::Context::recurrent_rejects)).
+/// it cannot ([`recurrent_rejects`](crate::wgpu_backend::forward::recurrent_rejects)).
 ///
 /// The rule, from measurements (docs/compute-paths.md, "Chunked or recurrent"):
 /// 1. every sequence shorter than a chunk (64 tokens): recurrent — a decode-like call gains

@@ -46,7 +46,7 @@ impl HostCase {
 
 /// The chunked forward's scratch, or the recurrent kernel prepared once per input set.
 enum ForwardRun {
-    Chunked(wgpu_backend::ForwardWorkspace),
+    Chunked(Box<wgpu_backend::ForwardWorkspace>),
     Recurrent(Vec<wgpu_backend::RecurrentForward>),
 }
 
@@ -115,9 +115,9 @@ pub fn prepare_forward<'a>(
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), host.dtype)?;
     let state = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F32)?;
     let run = match wgpu_backend::forward_algorithm(ctx, p, host.dtype)?.algorithm {
-        ForwardAlgorithm::Chunked => {
-            ForwardRun::Chunked(wgpu_backend::ForwardWorkspace::new(ctx, p, host.dtype)?)
-        }
+        ForwardAlgorithm::Chunked => ForwardRun::Chunked(Box::new(
+            wgpu_backend::ForwardWorkspace::new(ctx, p, host.dtype)?,
+        )),
         ForwardAlgorithm::Recurrent => {
             let outputs = ForwardOutputs {
                 o: &o,
