@@ -4,7 +4,9 @@
 use std::collections::HashMap;
 
 use gdn_wgpu::Error;
-use gdn_wgpu::wgpu_backend::{ComputePath, Config, Context, ShaderChecks, list_adapters_matching};
+use gdn_wgpu::wgpu_backend::{
+    ComputePath, Config, Context, ForwardAlgorithm, ShaderChecks, list_adapters_matching,
+};
 
 fn parse(vars: &[(&str, &str)]) -> gdn_wgpu::Result<Config> {
     let map: HashMap<String, String> = vars
@@ -33,6 +35,7 @@ fn empty_environment_is_the_default() {
     assert_eq!(c, Config::default());
     assert_eq!(c.shader_checks, ShaderChecks::None);
     assert_eq!(c.compute_path, None);
+    assert_eq!(c.forward_algorithm, None);
     assert_eq!(c.v_block, None);
     assert_eq!(c.segment_chunks, None);
     assert_eq!(c.adapter, None);
@@ -42,6 +45,7 @@ fn empty_environment_is_the_default() {
 fn every_variable_parses() {
     let c = parse(&[
         ("GDN_ADAPTER", "llvmpipe"),
+        ("GDN_FORWARD_ALGORITHM", "recurrent"),
         ("GDN_COMPUTE_PATH", "coop"),
         ("GDN_V_BLOCK", "32"),
         ("GDN_SEGMENT_CHUNKS", " 4 "),
@@ -49,6 +53,7 @@ fn every_variable_parses() {
     ])
     .unwrap();
     assert_eq!(c.adapter.as_deref(), Some("llvmpipe"));
+    assert_eq!(c.forward_algorithm, Some(ForwardAlgorithm::Recurrent));
     assert_eq!(c.compute_path, Some(ComputePath::CoopMatrix));
     assert_eq!(c.v_block, Some(32));
     assert_eq!(c.segment_chunks, Some(4));
@@ -62,6 +67,20 @@ fn every_variable_parses() {
         assert_eq!(
             parse(&[("GDN_COMPUTE_PATH", s)]).unwrap().compute_path,
             path,
+            "{s:?}"
+        );
+    }
+    for (s, algorithm) in [
+        ("auto", None),
+        ("", None),
+        (" Chunked ", Some(ForwardAlgorithm::Chunked)),
+        ("RECURRENT", Some(ForwardAlgorithm::Recurrent)),
+    ] {
+        assert_eq!(
+            parse(&[("GDN_FORWARD_ALGORITHM", s)])
+                .unwrap()
+                .forward_algorithm,
+            algorithm,
             "{s:?}"
         );
     }
@@ -108,6 +127,13 @@ fn bad_compute_path_is_an_error() {
 }
 
 #[test]
+fn bad_forward_algorithm_is_an_error() {
+    for bad in ["decode", "scan", "chunked,recurrent", "recurrent2"] {
+        expect_bad(&[("GDN_FORWARD_ALGORITHM", bad)], "GDN_FORWARD_ALGORITHM");
+    }
+}
+
+#[test]
 fn bad_shader_checks_is_an_error() {
     for bad in ["", "ALL", "some", "off"] {
         expect_bad(&[("GDN_SHADER_CHECKS", bad)], "GDN_SHADER_CHECKS");
@@ -145,7 +171,12 @@ fn adapter() -> Option<wgpu::Adapter> {
 fn config_reaches_the_context() {
     let Some(adapter) = adapter() else { return };
     let limits = adapter.limits();
-    let config = parse(&[("GDN_V_BLOCK", "16"), ("GDN_SEGMENT_CHUNKS", "3")]).unwrap();
+    let config = parse(&[
+        ("GDN_V_BLOCK", "16"),
+        ("GDN_SEGMENT_CHUNKS", "3"),
+        ("GDN_FORWARD_ALGORITHM", "chunked"),
+    ])
+    .unwrap();
     let ctx = pollster::block_on(Context::from_adapter_with_config(
         adapter,
         limits,
@@ -155,6 +186,53 @@ fn config_reaches_the_context() {
     assert_eq!(ctx.config(), &config);
     assert_eq!(ctx.tuning().forced_v_block, Some(16));
     assert_eq!(ctx.forced_compute_path(), None);
+    assert_eq!(
+        ctx.forced_forward_algorithm(),
+        Some(ForwardAlgorithm::Chunked)
+    );
+}
+
+/// `GDN_FORWARD_ALGORITHM=recurrent` reaches every automatic entry point (the forward keeps
+/// no intermediates, the choice says "forced"), while `forward_saved` keeps the chunked scan
+/// the backward needs; `set_forward_algorithm(None)` returns to the automatic choice.
+#[test]
+fn forced_algorithm_reaches_the_forward_but_not_forward_saved() {
+    use gdn_wgpu::wgpu_backend::{forward, forward_algorithm, forward_saved, upload_inputs};
+    let Some(adapter) = adapter() else { return };
+    let limits = adapter.limits();
+    let config = parse(&[("GDN_FORWARD_ALGORITHM", "recurrent")]).unwrap();
+    let mut ctx =
+        pollster::block_on(Context::from_adapter_with_config(adapter, limits, config)).unwrap();
+    // Two chunks and a partial one: a GPU's automatic choice would be the chunked scan.
+    let problem = gdn_wgpu::Problem::new(1, 140, 1, 2, 32, 32, None, Default::default()).unwrap();
+    let choice = forward_algorithm(&ctx, &problem, gdn_wgpu::DType::F32).unwrap();
+    assert_eq!(choice.algorithm, ForwardAlgorithm::Recurrent);
+    assert!(choice.reason.contains("forced"), "{}", choice.reason);
+    let host = gdn_wgpu::RandomSpec::default().generate(&problem);
+    let inputs = upload_inputs(&ctx, &host.as_ref()).unwrap();
+    let mut encoder = ctx.create_encoder("forced recurrent");
+    let fwd = forward(&ctx, &mut encoder, &problem, &inputs.as_ref()).unwrap();
+    assert!(
+        fwd.saved.is_none(),
+        "the recurrent kernel keeps no intermediates"
+    );
+    let (saved_fwd, saved) = forward_saved(&ctx, &mut encoder, &problem, &inputs.as_ref()).unwrap();
+    assert!(
+        saved_fwd.saved.is_some(),
+        "forward_saved runs the chunked scan"
+    );
+    ctx.submit_and_wait(encoder).unwrap();
+    // Both forwards agree with the oracle (f32: 1e-5).
+    let want = gdn_wgpu::reference::forward(&problem, &host.as_ref()).unwrap();
+    for (what, o) in [("forward", &fwd.o), ("forward_saved", &saved_fwd.o)] {
+        let got = o.download_blocking(&ctx).unwrap();
+        let err = gdn_wgpu::relative_l2(&got.data, &want.o);
+        assert!(err <= 1e-5, "{what}: rel-L2 {err:e}");
+    }
+    assert_eq!(saved.problem, problem);
+    ctx.set_forward_algorithm(None);
+    let auto = forward_algorithm(&ctx, &problem, gdn_wgpu::DType::F32).unwrap();
+    assert!(!auto.reason.contains("forced"), "{}", auto.reason);
 }
 
 #[test]
@@ -197,13 +275,13 @@ fn grid_past_the_device_limit_names_the_pass_and_dimension() {
         max_compute_workgroups_per_dimension: 4,
         ..adapter.limits()
     };
-    let ctx = pollster::block_on(Context::from_adapter_with_config(
-        adapter,
-        limits,
-        Config::default(),
-    ))
-    .unwrap();
-    let problem = gdn_wgpu::Problem::new(1, 64, 1, 5, 16, 16, None, Default::default()).unwrap();
+    // The chunked scan forced: the automatic choice would run the recurrent kernel on a CPU
+    // adapter.
+    let config = parse(&[("GDN_FORWARD_ALGORITHM", "chunked")]).unwrap();
+    let ctx =
+        pollster::block_on(Context::from_adapter_with_config(adapter, limits, config)).unwrap();
+    let problem =
+        gdn_wgpu::Problem::new(1, 5 * 64, 1, 1, 16, 16, None, Default::default()).unwrap();
     let inputs = gdn_wgpu::RandomSpec::default().generate(&problem);
     let inputs = gdn_wgpu::wgpu_backend::upload_inputs(&ctx, &inputs.as_ref()).unwrap();
     let mut encoder = ctx.create_encoder("too many chunks");

@@ -1,6 +1,8 @@
 //! The GPU chunked forward against the f64 oracle (relative L2 ≤ 1e-5 for o and the final
-//! state, f32 storage), over the hard cases and every option. Outputs are NaN-poisoned before
-//! the kernels run, so an element a kernel fails to write fails the test.
+//! state, f32 storage), over the hard cases and every option; then the choice between the
+//! chunked and the recurrent algorithm, and both algorithms forced on the shared hard cases.
+//! Outputs are NaN-poisoned before the kernels run, so an element a kernel fails to write
+//! fails the test.
 
 mod common;
 
@@ -209,7 +211,9 @@ fn repeated_runs_are_bitwise_identical() {
 #[test]
 fn workspace_reuse_matches_per_call_scratch() {
     use gdn_wgpu::ForwardOutputs;
-    use gdn_wgpu::wgpu_backend::{ForwardWorkspace, forward_into, forward_into_workspace};
+    use gdn_wgpu::wgpu_backend::{
+        ForwardAlgorithm, ForwardWorkspace, forward_into_with_algorithm, forward_into_workspace,
+    };
     let Some(ctx) = common::gpu() else { return };
     let options = Options {
         l2norm_qk: true,
@@ -237,7 +241,15 @@ fn workspace_reuse_matches_per_call_scratch() {
                         w,
                         None,
                     ),
-                    None => forward_into(ctx, encoder, &problem, &inputs.as_ref(), outputs),
+                    None => forward_into_with_algorithm(
+                        ctx,
+                        encoder,
+                        &problem,
+                        &inputs.as_ref(),
+                        outputs,
+                        ForwardAlgorithm::Chunked,
+                    )
+                    .map(|saved| saved.expect("the chunked forward keeps its intermediates")),
                 },
             );
         let a = saved.a.download_blocking(ctx).unwrap().data;
@@ -753,4 +765,242 @@ fn the_cli_tests_f32_bound_is_the_policys() {
     let case = Case::new(Op::Forward, DType::F32);
     assert_eq!(F32_TOL, case.tolerance(Quantity::Output));
     assert_eq!(F32_TOL, case.tolerance(Quantity::State));
+}
+
+// ---- The forward's algorithm: chunked scan or recurrent kernel --------------------------------
+
+use gdn_wgpu::tolerance::Arithmetic;
+use gdn_wgpu::wgpu_backend::path::choose_algorithm;
+use gdn_wgpu::wgpu_backend::{ForwardAlgorithm, forward_algorithm, forward_into_with_algorithm};
+
+/// Both algorithms, each forced per call, on the shared hard cases (T not a multiple of 64,
+/// T = 1, varlen with empty and length-1 sequences, GVA, special gates, β near 0 and 2, h0 on
+/// and off, every option alone and together) in every storage dtype the device takes, into
+/// poisoned outputs, against the oracle at the arithmetic of the algorithm: f32 for the
+/// recurrent kernel, the compute path's for the chunked scan.
+#[test]
+fn both_algorithms_forced_on_the_hard_cases() {
+    use common::cases::{check, fail_on, hard_cases, inputs_and_oracle};
+    let Some(ctx) = common::gpu() else { return };
+    let mut failures = Vec::new();
+    for case in hard_cases() {
+        let p = &case.problem;
+        for dtype in ctx.forward_storage_dtypes() {
+            let (inputs, expected) = inputs_and_oracle(&case, dtype);
+            let gpu_inputs = common::upload_inputs(ctx, &inputs);
+            for algorithm in ForwardAlgorithm::ALL {
+                let (o, final_state, saved) = common::run_poisoned(ctx, p, dtype, |enc, out| {
+                    forward_into_with_algorithm(ctx, enc, p, &gpu_inputs.as_ref(), out, algorithm)
+                });
+                // Only the chunked scan keeps what the backward needs.
+                assert_eq!(saved.is_some(), algorithm == ForwardAlgorithm::Chunked);
+                let arithmetic = match algorithm {
+                    ForwardAlgorithm::Recurrent => Arithmetic::F32,
+                    ForwardAlgorithm::Chunked => {
+                        ctx.forward_path(p, dtype).unwrap().path.arithmetic()
+                    }
+                };
+                let got = gdn_wgpu::ForwardOutputs { o, final_state };
+                let what = format!("forward, {algorithm} forced");
+                failures.extend(
+                    check(
+                        &what,
+                        &case,
+                        Op::Forward,
+                        dtype,
+                        arithmetic,
+                        &got,
+                        &expected,
+                    )
+                    .err(),
+                );
+            }
+        }
+    }
+    fail_on(failures);
+}
+
+/// The automatic choice (no device needed): decode-like calls take the recurrent kernel on
+/// every adapter, CPU adapters take it at any length, GPUs take the chunked scan from one
+/// chunk on; a problem the recurrent kernel cannot run falls back to the chunked scan with the
+/// reason, and forcing the kernel on it is a typed error.
+#[test]
+fn the_automatic_choice_of_algorithm() {
+    use ForwardAlgorithm::{Chunked, Recurrent};
+    use wgpu::DeviceType::{Cpu, DiscreteGpu, IntegratedGpu, Other, VirtualGpu};
+    let d = Options::default();
+    let short = [
+        problem(4, 1, 1, 2, 64, 64, None, d),
+        problem(2, 63, 1, 2, 64, 64, None, d),
+        problem(1, 70, 1, 2, 64, 64, Some(vec![0, 1, 7, 70]), d),
+    ];
+    let long = [
+        problem(1, 64, 1, 2, 64, 64, None, d),
+        problem(1, 2048, 2, 4, 128, 128, None, d),
+        problem(1, 70, 1, 2, 64, 64, Some(vec![0, 1, 5, 69, 70]), d),
+    ];
+    let auto = |device, p| choose_algorithm(device, p, None, None).unwrap();
+    for device in [
+        Some(DiscreteGpu),
+        Some(IntegratedGpu),
+        Some(VirtualGpu),
+        Some(Other),
+        Some(Cpu),
+        None,
+    ] {
+        for p in &short {
+            let c = auto(device, p);
+            assert_eq!(c.algorithm, Recurrent, "{device:?} {p:?}: {}", c.reason);
+            assert!(c.reason.contains("shorter than a chunk"), "{}", c.reason);
+        }
+        for p in &long {
+            let c = auto(device, p);
+            let want = if device == Some(Cpu) {
+                Recurrent
+            } else {
+                Chunked
+            };
+            assert_eq!(c.algorithm, want, "{device:?} {p:?}: {}", c.reason);
+        }
+        for p in short.iter().chain(&long) {
+            for forced in [Chunked, Recurrent] {
+                let c = choose_algorithm(device, p, None, Some(forced)).unwrap();
+                assert_eq!(c.algorithm, forced);
+                assert!(c.reason.contains("forced"), "{}", c.reason);
+            }
+            let why = || Some("no tiling fits".to_string());
+            let c = choose_algorithm(device, p, why(), None).unwrap();
+            assert_eq!(c.algorithm, Chunked);
+            assert!(c.reason.contains("no tiling fits"), "{}", c.reason);
+            let e = choose_algorithm(device, p, why(), Some(Recurrent)).unwrap_err();
+            assert!(matches!(&e, gdn_wgpu::Error::Unsupported { .. }), "{e:?}");
+            assert!(e.to_string().contains("forward algorithm"), "{e}");
+            assert!(e.to_string().contains("no tiling fits"), "{e}");
+        }
+    }
+}
+
+/// On the test's adapter: what `forward_algorithm` reports is what the forward runs (the
+/// recurrent kernel returns no intermediates), the `Backend` reports f32 arithmetic for it,
+/// and the context's tiling for it on a CPU adapter has 32 vec4s per invocation.
+#[test]
+fn the_reported_algorithm_is_the_one_that_runs() {
+    use gdn_wgpu::Backend;
+    use gdn_wgpu::tolerance::Op as TolOp;
+    let Some(ctx) = common::gpu() else { return };
+    let cpu = ctx
+        .adapter_info
+        .as_ref()
+        .is_some_and(|i| i.device_type == wgpu::DeviceType::Cpu);
+    for p in [
+        problem(4, 1, 2, 4, 128, 128, None, Options::default()),
+        problem(1, 130, 1, 2, 64, 64, None, Options::default()),
+    ] {
+        for dtype in ctx.forward_storage_dtypes() {
+            let choice = forward_algorithm(ctx, &p, dtype).unwrap();
+            eprintln!(
+                "{dtype} T={}: {} ({})",
+                p.tokens, choice.algorithm, choice.reason
+            );
+            if p.tokens == 1 || cpu {
+                assert_eq!(
+                    choice.algorithm,
+                    ForwardAlgorithm::Recurrent,
+                    "{}",
+                    choice.reason
+                );
+            }
+            let arithmetic = ctx.arithmetic(TolOp::Forward, &p, dtype);
+            match choice.algorithm {
+                ForwardAlgorithm::Recurrent => assert_eq!(arithmetic, Arithmetic::F32),
+                ForwardAlgorithm::Chunked => assert_eq!(
+                    arithmetic,
+                    ctx.forward_path(&p, dtype).unwrap().path.arithmetic()
+                ),
+            }
+            let mut inputs = spec(90).generate(&p);
+            for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
+                *t = t.clone().with_dtype(dtype);
+            }
+            let expected = gdn_wgpu::reference::forward(&p, &inputs.as_ref()).unwrap();
+            let gpu_inputs = common::upload_inputs(ctx, &inputs);
+            let (o, state, saved) = common::run_poisoned(ctx, &p, dtype, |enc, out| {
+                gdn_wgpu::wgpu_backend::forward_into(ctx, enc, &p, &gpu_inputs.as_ref(), out)
+            });
+            assert_eq!(
+                saved.is_none(),
+                choice.algorithm == ForwardAlgorithm::Recurrent
+            );
+            let (tol_o, tol_s) = tol_o_state(
+                Case::new(Op::Forward, dtype)
+                    .with_arithmetic(arithmetic)
+                    .with_l2norm(p.options.l2norm_qk),
+            );
+            let (eo, es) = (
+                gdn_wgpu::relative_l2(&o.data, &expected.o),
+                gdn_wgpu::relative_l2(&state.data, &expected.final_state),
+            );
+            assert!(
+                eo <= tol_o && es <= tol_s,
+                "{dtype}: o {eo:e}, state {es:e}"
+            );
+        }
+        let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p).unwrap();
+        if cpu {
+            assert_eq!(tiles.vec4s_per_thread, 32, "{tiles:?}");
+        } else {
+            assert_eq!(
+                tiles,
+                gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles::choose(&ctx.limits(), &p)
+                    .unwrap()
+            );
+        }
+    }
+}
+
+/// More sequences than the recurrent kernel's uniform tables address: the automatic choice
+/// takes the chunked scan and says why; forcing the recurrent kernel is `Error::Unsupported`
+/// naming "forward algorithm", before anything is recorded.
+#[test]
+fn a_call_the_recurrent_kernel_cannot_run() {
+    let Some(ctx) = common::gpu() else { return };
+    let n = gdn_wgpu::wgpu_backend::decode::max_sequences(1) + 1;
+    let p = problem(
+        1,
+        n,
+        1,
+        1,
+        16,
+        16,
+        Some((0..=n).collect()),
+        Options::default(),
+    );
+    let choice = forward_algorithm(ctx, &p, DType::F32).unwrap();
+    assert_eq!(
+        choice.algorithm,
+        ForwardAlgorithm::Chunked,
+        "{}",
+        choice.reason
+    );
+    assert!(choice.reason.contains("sequences"), "{}", choice.reason);
+    let inputs = common::upload_inputs(ctx, &spec(91).generate(&p));
+    let o = GpuTensor::empty(ctx, "o", &p.v_shape(), DType::F32).unwrap();
+    let s = GpuTensor::empty(ctx, "s", &p.state_shape(), DType::F32).unwrap();
+    let outputs = gdn_wgpu::ForwardOutputs {
+        o: &o,
+        final_state: &s,
+    };
+    let mut encoder = ctx.create_encoder("too many sequences");
+    let e = forward_into_with_algorithm(
+        ctx,
+        &mut encoder,
+        &p,
+        &inputs.as_ref(),
+        &outputs,
+        ForwardAlgorithm::Recurrent,
+    )
+    .unwrap_err();
+    assert!(matches!(&e, gdn_wgpu::Error::Unsupported { .. }), "{e:?}");
+    assert!(e.to_string().contains("forward algorithm"), "{e}");
+    ctx.check().unwrap();
 }

@@ -556,7 +556,6 @@ fn info() -> Result<(), Failure> {
                 }
                 Err(e) => println!("  {e}"),
             }
-            println!("  backward and decode: scalar path (f32 arithmetic) on every adapter");
             let device_binding = ctx.limits().max_storage_buffer_binding_size;
             let binding = ctx.max_binding_bytes();
             let lowered = if binding < device_binding {
@@ -566,6 +565,25 @@ fn info() -> Result<(), Failure> {
             };
             println!(
                 "  largest storage binding: {binding} bytes{lowered}; larger tensors run in windows"
+            );
+            if let Some(forced) = ctx.forced_forward_algorithm() {
+                println!("  GDN_FORWARD_ALGORITHM={forced} forces the forward's algorithm");
+            }
+            // The algorithm depends on the sequence lengths: a decode-like call and a long one.
+            for (what, batch, tokens) in [("B = 4, T = 1", 4, 1), ("B = 1, T = 4096", 1, 4096)] {
+                let p =
+                    gdn_wgpu::Problem::new(batch, tokens, 1, 1, 128, 128, None, Default::default());
+                match p.and_then(|p| wgpu_backend::forward_algorithm(&ctx, &p, DType::F32)) {
+                    Ok(c) => println!(
+                        "  forward algorithm, {what}, K = V = 128: {} ({})",
+                        c.algorithm, c.reason
+                    ),
+                    Err(e) => println!("  forward algorithm, {what}: {e}"),
+                }
+            }
+            println!(
+                "  forward_saved (for the backward): chunked always; backward and decode: \
+                 scalar path (f32 arithmetic) on every adapter"
             );
         }
         Err(e) => println!("  unavailable: {e}"),

@@ -165,7 +165,75 @@ fn quick_sweep_writes_json_with_the_documented_fields() {
         let check = &r["check"];
         assert!(num(check, "max_rel_l2") <= num(check, "tolerance"), "{r}");
         assert!(check["shape"].is_string() && r["variant"].is_string());
+        // The forward names the algorithm it timed and why; other ops have none.
+        if r["op"] == "forward" {
+            assert!(
+                r["algorithm"] == "chunked" || r["algorithm"] == "recurrent",
+                "{r}"
+            );
+            assert!(r["algorithm_reason"].is_string(), "{r}");
+        } else {
+            assert!(r["algorithm"].is_null(), "{r}");
+        }
     }
+}
+
+/// `--forward-algorithm` times the algorithm asked for (gated by the oracle first on the same
+/// algorithm) and the record names it, with "forced" as the reason; `auto` records the
+/// context's choice.
+#[test]
+fn forward_algorithm_is_recorded_and_can_be_forced() {
+    let Some(ctx) = common::gpu() else { return };
+    let json = temp_path("algorithm.json");
+    let p = Problem::new(1, 100, 1, 2, 32, 32, None, Options::default()).unwrap();
+    let auto = gdn_wgpu::wgpu_backend::forward_algorithm(ctx, &p, DType::F32).unwrap();
+    for (flag, want) in [
+        ("chunked", "chunked"),
+        ("recurrent", "recurrent"),
+        ("auto", auto.algorithm.name()),
+    ] {
+        let out = gdn()
+            .args(["bench", "--quick", "--ops", "forward", "--heads", "1/2"])
+            .args([
+                "--seqs",
+                "1x100",
+                "--no-progress",
+                "--forward-algorithm",
+                flag,
+            ])
+            .arg("--json")
+            .arg(&json)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let record = &report["records"][0];
+        assert_eq!(record["status"], "ok", "{record}");
+        assert_eq!(record["algorithm"], want, "{flag}: {record}");
+        let reason = record["algorithm_reason"].as_str().unwrap();
+        assert_eq!(
+            reason.contains("forced"),
+            flag != "auto",
+            "{flag}: {reason}"
+        );
+        let variant = record["variant"].as_str().unwrap();
+        let named = if want == "chunked" {
+            "chunked, "
+        } else {
+            "recurrent kernel, "
+        };
+        assert!(variant.starts_with(named), "{flag}: {variant}");
+        assert!(
+            record["check"]["shape"].as_str().unwrap().contains(named),
+            "{record}"
+        );
+    }
+    std::fs::remove_file(&json).ok();
 }
 
 /// A shape, as the test computes buffer sizes from it (independently of the library).
@@ -241,7 +309,10 @@ fn measured_memory_covers_inputs_and_outputs_and_matches_the_estimate() {
         // The estimate used where there is no allocator report must stay close to what the
         // launchers really allocate (only alignment padding apart); when this fails, the
         // launchers' scratch changed: update `metrics::peak_memory_estimate`.
-        let estimate = metrics::peak_memory_estimate(op, p, DType::F32);
+        let algorithm = gdn_wgpu::wgpu_backend::forward_algorithm(&ctx, p, DType::F32)
+            .unwrap()
+            .algorithm;
+        let estimate = metrics::peak_memory_estimate(op, p, DType::F32, algorithm);
         let gap = (measured as f64 - estimate as f64).abs();
         assert!(
             gap <= 0.02 * measured as f64 + 4096.0,

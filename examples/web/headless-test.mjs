@@ -3,6 +3,9 @@
 // fixed small problem, print the adapter and the errors, and exit 0 only when the page reports
 // a relative error under the tolerance.
 //     node headless-test.mjs [--chromium /usr/bin/chromium] [--timeout-s 300] [URL query, e.g. T=200&HV=4]
+// `runs=N` in the query times N forward calls (upload, run, readback each) and prints the first
+// (pipeline creation) and the warm ones, e.g. the issue-13 shape:
+//     node headless-test.mjs 'T=2048&H=2&HV=4&K=128&V=128&steps=0&runs=6&l2norm=0' 
 import { chromium } from "playwright-core";
 import { serve } from "./serve.mjs";
 
@@ -14,17 +17,24 @@ const opt = (name, fallback) => {
 const executablePath = opt("--chromium", process.env.CHROMIUM ?? "/usr/bin/chromium");
 const timeoutMs = 1000 * Number(opt("--timeout-s", 300));
 // The fixed problem: GVA (HV = 2H), K != V, a partial last chunk (200 = 3·64 + 8), in-kernel
-// l2norm (so Chrome compiles every forward pass), decode steps (the recurrent kernel) continuing
-// from the forward's state, WebGPU's default limits.
+// l2norm, decode steps (the recurrent kernel) continuing from the forward's state, WebGPU's
+// default limits. Without a query it runs twice: on the library's choice of forward algorithm
+// (the recurrent kernel on SwiftShader, a CPU adapter) and with the chunked one forced (so
+// Chrome compiles and runs every chunked pass too). A query runs once.
 const query = new URLSearchParams("T=200&H=2&HV=4&K=64&V=32&steps=3&seed=7&defaults=1&l2norm=1&tol=1e-4");
 for (const [k, v] of new URLSearchParams(args[0] ?? "")) query.set(k, v);
 query.set("autorun", "1");
+const algorithms = args[0] === undefined ? ["auto", "chunked"] : [query.get("algorithm") ?? "auto"];
 
 const t0 = Date.now();
 const log = (msg) => console.log(`headless-test [${((Date.now() - t0) / 1000).toFixed(1)}s] ${msg}`);
 
 const server = await serve(0);
-const url = `http://127.0.0.1:${server.address().port}/?${query}`;
+const urlFor = (algorithm) => {
+  query.set("algorithm", algorithm);
+  return `http://127.0.0.1:${server.address().port}/?${query}`;
+};
+const url = urlFor(algorithms[0]);
 // Flags: headless without a GPU, no network chatter on a closed network, and WebGPU (which
 // then comes from SwiftShader). playwright adds --headless, --no-sandbox and a fresh profile dir.
 const browser = await chromium.launch({
@@ -36,9 +46,8 @@ const browser = await chromium.launch({
     "--enable-unsafe-webgpu",
   ],
 });
-let code = 1;
-try {
-  log(`${browser.version()} at ${executablePath}`);
+// Open the page at `url`, wait for its result, print the report; 0 when it passed.
+async function runPage(url) {
   const page = await browser.newPage();
   page.on("console", (m) => { if (m.type() === "error" || m.type() === "warning") log(`page ${m.type()}: ${m.text()}`); });
   page.on("pageerror", (e) => log(`page error: ${e.message}`));
@@ -55,15 +64,32 @@ try {
     log(`device: ${r.adapter || result.adapter} (wgpu: ${r.backend}, ${r.device_type}); limits: ${r.limits}, ` +
       `workgroup memory ${r.workgroup_bytes} B, ${r.storage_buffers} storage buffers; V-block ${r.v_block}`);
     log(`features: ${r.features.join(", ") || "none"}; decode tiling: ${r.decode_tiles ?? "-"}`);
+    log(`forward algorithm: ${r.algorithm} (${r.algorithm_reason}); ${r.forward_pipelines} pipeline(s) compiled by the forward`);
     log(`forward T=${r.forward.tokens}: checksum ${r.forward.checksum}, rel error o ${r.forward.rel_o}, GPU ${ms(r.forward.gpu_ms)}, wall ${ms(r.forward.wall_ms)}`);
     if (r.decode) {
       log(`decode ${r.decode.tokens} steps: checksum ${r.decode.checksum}, rel error o ${r.decode.rel_o}, state ${r.decode.rel_state}, GPU ${ms(r.decode.gpu_ms)}, wall ${ms(r.decode.wall_ms)}`);
     }
     log(`oracle (wasm): ${ms(r.oracle_ms)}`);
+    const runs = r.forward.runs_ms ?? [];
+    if (runs.length > 1) {
+      const warm = runs.slice(1).sort((a, b) => a - b);
+      const median = warm[Math.floor((warm.length - 1) / 2)];
+      log(`forward calls (upload + run + readback): context ${ms(r.context_ms)}, first ${ms(runs[0])}, ` +
+        `warm median ${ms(median)}, min ${ms(warm[0])}, max ${ms(warm[warm.length - 1])} over ${warm.length}: ` +
+        runs.map((x) => x.toFixed(0)).join(" "));
+    }
   }
   log(`page says: ${result.text}`);
-  code = result.state === "done" ? 0 : 1;
+  await page.close();
+  return result.state === "done" ? 0 : 1;
+}
 
+let code = 0;
+try {
+  log(`${browser.version()} at ${executablePath}`);
+  for (const algorithm of algorithms) {
+    if (await runPage(urlFor(algorithm)) !== 0) code = 1;
+  }
   // The page must say plainly when WebGPU is missing: hide navigator.gpu and look.
   const bare = await browser.newPage();
   await bare.addInitScript(() => { delete Navigator.prototype.gpu; });
@@ -77,6 +103,7 @@ try {
   }
 } catch (e) {
   log(`failed: ${e.message}`);
+  code = 1;
 } finally {
   await browser.close();
   server.close();

@@ -22,7 +22,7 @@ mod host {
     use crate::problem::{ForwardInputs, ForwardOutputs, Gradients, Problem};
     use crate::tensor::{DType, HostTensor};
     use crate::tolerance::{Arithmetic, Op};
-    use crate::wgpu_backend::Context;
+    use crate::wgpu_backend::{Context, ForwardAlgorithm, forward_algorithm};
 
     impl Backend for Context {
         fn name(&self) -> &'static str {
@@ -45,11 +45,15 @@ mod host {
         }
 
         fn arithmetic(&self, op: Op, problem: &Problem, dtype: DType) -> Arithmetic {
-            // Only the forward has compute paths; backward and decode multiply in f32.
+            // Only the chunked forward has compute paths; the recurrent kernel, the backward
+            // and decode multiply in f32.
             match op {
-                Op::Forward => self
-                    .forward_path(problem, dtype)
-                    .map_or(Arithmetic::F32, |choice| choice.path.arithmetic()),
+                Op::Forward => match forward_algorithm(self, problem, dtype) {
+                    Ok(c) if c.algorithm == ForwardAlgorithm::Recurrent => Arithmetic::F32,
+                    _ => self
+                        .forward_path(problem, dtype)
+                        .map_or(Arithmetic::F32, |choice| choice.path.arithmetic()),
+                },
                 Op::Backward | Op::Decode => Arithmetic::F32,
             }
         }

@@ -5,12 +5,13 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::wgpu_backend::path::ComputePath;
+use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 6] = [
+pub const VARIABLES: [&str; 7] = [
     "GDN_ADAPTER",
+    "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
     "GDN_V_BLOCK",
     "GDN_SEGMENT_CHUNKS",
@@ -44,6 +45,9 @@ pub enum ShaderChecks {
 pub struct Config {
     /// `GDN_ADAPTER`: keep only adapters whose name contains this (case-insensitive).
     pub adapter: Option<String>,
+    /// `GDN_FORWARD_ALGORITHM` (`chunked`, `recurrent`; `auto` or unset: `None`): force the
+    /// forward's algorithm (`forward_saved` always runs the chunked one).
+    pub forward_algorithm: Option<ForwardAlgorithm>,
     /// `GDN_COMPUTE_PATH` (`scalar`, `f16`, `coop`; `auto` or unset: `None`): force the
     /// forward's compute path.
     pub compute_path: Option<ComputePath>,
@@ -86,8 +90,13 @@ impl Config {
             Some(s) => ComputePath::parse_override("GDN_COMPUTE_PATH", &s)?,
             None => None,
         };
+        let forward_algorithm = match lookup("GDN_FORWARD_ALGORITHM") {
+            Some(s) => ForwardAlgorithm::parse_override("GDN_FORWARD_ALGORITHM", &s)?,
+            None => None,
+        };
         Ok(Config {
             adapter: lookup("GDN_ADAPTER"),
+            forward_algorithm,
             compute_path,
             v_block: lookup("GDN_V_BLOCK")
                 .map(|s| parse_v_block(&s))

@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use crate::problem::Problem;
 use crate::tensor::DType;
 use crate::wgpu_backend::config::{self, Config};
-use crate::wgpu_backend::path::{ComputePath, PathChoice, PathSupport};
+use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm, PathChoice, PathSupport};
 use crate::wgpu_backend::pipelines::PipelineCache;
 use crate::wgpu_backend::tuning::Tuning;
 
@@ -25,6 +25,7 @@ pub struct Context {
     path_support: PathSupport,
     forced_path: Option<ComputePath>,
     binding_limit: Option<u64>,
+    forced_algorithm: Option<ForwardAlgorithm>,
     errors: Arc<Mutex<Vec<DeviceError>>>,
     lost: Arc<Mutex<Option<String>>>,
 }
@@ -284,6 +285,7 @@ impl Context {
         let pipelines = PipelineCache::new(device.clone(), config.shader_checks);
         let forced_path = config.compute_path;
         let binding_limit = config.max_binding_bytes;
+        let forced_algorithm = config.forward_algorithm;
         let path_support = PathSupport::detect(
             device.features(),
             &[],
@@ -300,6 +302,7 @@ impl Context {
             path_support,
             forced_path,
             binding_limit,
+            forced_algorithm,
             errors: Arc::default(),
             lost: Arc::default(),
         })
@@ -390,7 +393,22 @@ impl Context {
         Ok(())
     }
 
-    /// The path the forward takes for `problem` with storage `dtype`, and why.
+    /// The forced forward algorithm, if any (from `GDN_FORWARD_ALGORITHM` or
+    /// [`Self::set_forward_algorithm`]).
+    pub fn forced_forward_algorithm(&self) -> Option<ForwardAlgorithm> {
+        self.forced_algorithm
+    }
+
+    /// Force the forward's algorithm (`None`: automatic, see
+    /// [`forward_algorithm`](crate::wgpu_backend::forward_algorithm)). Forcing the recurrent
+    /// kernel on a problem it cannot run makes that forward fail with `Error::Unsupported`.
+    pub fn set_forward_algorithm(&mut self, algorithm: Option<ForwardAlgorithm>) {
+        self.forced_algorithm = algorithm;
+    }
+
+    /// The compute path the chunked forward takes for `problem` with storage `dtype`, and why
+    /// (the recurrent algorithm has one arithmetic, f32; see
+    /// [`forward_algorithm`](crate::wgpu_backend::forward_algorithm)).
     pub fn forward_path(&self, problem: &Problem, dtype: DType) -> Result<PathChoice> {
         self.path_support.choose(problem, dtype, self.forced_path)
     }

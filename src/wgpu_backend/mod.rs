@@ -29,10 +29,11 @@ pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, d
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;
 pub use forward::{
-    Forward, ForwardWorkspace, Intermediates, forward, forward_into, forward_into_profiled,
-    forward_into_with_path, forward_into_workspace,
+    Forward, ForwardWorkspace, Intermediates, RecurrentForward, forward, forward_algorithm,
+    forward_into, forward_into_profiled, forward_into_with_algorithm, forward_into_with_path,
+    forward_into_workspace,
 };
-pub use path::{ComputePath, PathChoice, PathSupport};
+pub use path::{AlgorithmChoice, ComputePath, ForwardAlgorithm, PathChoice, PathSupport};
 pub use tensor::{GpuTensor, upload_inputs};
 pub use timing::GpuTimer;
 pub use tuning::Tuning;

@@ -1,4 +1,6 @@
-//! Compute paths: how the forward's chunk GEMMs do their arithmetic on a given adapter.
+//! The forward's algorithm ([`ForwardAlgorithm`]: the chunked scan or the recurrent kernel,
+//! chosen per call by [`choose_algorithm`]) and the chunked scan's compute paths: how its chunk
+//! GEMMs do their arithmetic on a given adapter.
 //!
 //! - `Scalar`: f32 multiply-adds on every adapter (lavapipe, browsers without shader-f16).
 //!   The accuracy reference: rel-L2 ≈ 1e-6 against the f64 oracle with f32 storage.
@@ -35,7 +37,7 @@
 use std::fmt;
 
 use crate::error::{Error, Result};
-use crate::problem::Problem;
+use crate::problem::{CHUNK, Problem};
 use crate::tensor::DType;
 
 /// How the forward's chunk GEMMs compute.
@@ -248,6 +250,138 @@ impl PathSupport {
                     reason: format!("no coop path: {why}"),
                 }),
             },
+        }
+    }
+}
+
+/// Which algorithm the forward runs: the chunked scan or the token-by-token recurrence.
+///
+/// - `Chunked`: prepare_qk → prepare_gate → wy_inverse → state_scan (docs/passes.md): work
+///   parallel over 64-token chunks, one sequential pass over chunk states. Several passes and
+///   pipelines; its compute path ([`ComputePath`]) sets its arithmetic. The backward needs its
+///   intermediates, so `forward_saved` always runs it.
+/// - `Recurrent`: the decode kernel `recurrent_step` over every token of each sequence, the
+///   state in registers (one pass, one pipeline, f32 arithmetic: exact to f32 whatever the
+///   storage dtype). Parallel only over (V-block, v-head, sequence).
+///
+/// Automatic choice ([`choose_algorithm`]): decode-like calls (every sequence shorter than a
+/// chunk) take the recurrent kernel on every adapter; CPU-type adapters (lavapipe,
+/// SwiftShader) take it whatever the length, where it was measured faster (docs/compute-paths.md);
+/// GPUs take the chunked scan for longer sequences. `GDN_FORWARD_ALGORITHM` or
+/// `Context::set_forward_algorithm` forces one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ForwardAlgorithm {
+    /// The chunked scan (WY form).
+    Chunked,
+    /// The recurrent kernel, token by token.
+    Recurrent,
+}
+
+impl ForwardAlgorithm {
+    /// Both algorithms.
+    pub const ALL: [ForwardAlgorithm; 2] = [ForwardAlgorithm::Chunked, ForwardAlgorithm::Recurrent];
+
+    /// The name used by `GDN_FORWARD_ALGORITHM`, the CLI and reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            ForwardAlgorithm::Chunked => "chunked",
+            ForwardAlgorithm::Recurrent => "recurrent",
+        }
+    }
+
+    /// Parses `chunked` / `recurrent`; `auto` (or empty) means no override. `name` is the
+    /// setting's name for the error.
+    pub fn parse_override(name: &str, s: &str) -> Result<Option<ForwardAlgorithm>> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(None),
+            "chunked" | "chunk" => Ok(Some(ForwardAlgorithm::Chunked)),
+            "recurrent" => Ok(Some(ForwardAlgorithm::Recurrent)),
+            other => Err(Error::value(
+                name,
+                "one of auto, chunked, recurrent",
+                format!("{other:?}"),
+            )),
+        }
+    }
+}
+
+impl fmt::Display for ForwardAlgorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The algorithm a forward will run and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AlgorithmChoice {
+    /// The algorithm the forward will run.
+    pub algorithm: ForwardAlgorithm,
+    /// Why: forced, the problem's sequence lengths, or the adapter's type.
+    pub reason: String,
+}
+
+/// The forward's algorithm for `problem` on an adapter of `device_type` (`None`: unknown, a
+/// caller-supplied device without `AdapterInfo`; treated as a GPU), honouring `forced`.
+/// `recurrent_rejects` says why the recurrent kernel cannot run the problem on this device, if
+/// it cannot ([`recurrent_rejects`](crate::wgpu_backend::forward::recurrent_rejects)).
+///
+/// The rule, from measurements (docs/compute-paths.md, "Chunked or recurrent"):
+/// 1. every sequence shorter than a chunk (64 tokens): recurrent — a decode-like call gains
+///    nothing from chunking and pays for five passes (in Chromium on SwiftShader, B = 4, T = 1
+///    took 1.1 s through the chunked forward against 62 ms through the decode kernel);
+/// 2. a CPU-type adapter (lavapipe, SwiftShader): recurrent — measured faster at every shape
+///    tried there;
+/// 3. otherwise (GPUs, long sequences): chunked.
+///
+/// Forcing `Recurrent` where the kernel cannot run is `Error::Unsupported`, never a silent
+/// fallback; the automatic choice falls back to the chunked scan and says why.
+pub fn choose_algorithm(
+    device_type: Option<wgpu::DeviceType>,
+    problem: &Problem,
+    recurrent_rejects: Option<String>,
+    forced: Option<ForwardAlgorithm>,
+) -> Result<AlgorithmChoice> {
+    const FORCED: &str = "forced (GDN_FORWARD_ALGORITHM or Context::set_forward_algorithm)";
+    let choice = |algorithm, reason: String| Ok(AlgorithmChoice { algorithm, reason });
+    match (forced, recurrent_rejects) {
+        (Some(ForwardAlgorithm::Chunked), _) => choice(ForwardAlgorithm::Chunked, FORCED.into()),
+        (Some(ForwardAlgorithm::Recurrent), Some(why)) => Err(Error::unsupported(
+            "forward algorithm",
+            format!("forcing recurrent when {why}"),
+        )),
+        (Some(ForwardAlgorithm::Recurrent), None) => {
+            choice(ForwardAlgorithm::Recurrent, FORCED.into())
+        }
+        (None, Some(why)) => choice(
+            ForwardAlgorithm::Chunked,
+            format!("the recurrent kernel cannot run this call: {why}"),
+        ),
+        (None, None) => {
+            let longest = problem
+                .sequences()
+                .iter()
+                .map(|s| s.len())
+                .max()
+                .unwrap_or(0);
+            if longest < CHUNK {
+                choice(
+                    ForwardAlgorithm::Recurrent,
+                    format!(
+                        "every sequence is shorter than a chunk (longest {longest} < {CHUNK} \
+                         tokens): decode-like"
+                    ),
+                )
+            } else if device_type == Some(wgpu::DeviceType::Cpu) {
+                choice(
+                    ForwardAlgorithm::Recurrent,
+                    "a CPU-type adapter, where the recurrent kernel was measured faster".into(),
+                )
+            } else {
+                choice(
+                    ForwardAlgorithm::Chunked,
+                    format!("sequences of up to {longest} tokens on a GPU"),
+                )
+            }
         }
     }
 }

@@ -107,13 +107,21 @@ pub fn run_poisoned<R>(
     )
 }
 
-/// Run the GPU forward into NaN-poisoned outputs and compare with the oracle.
+/// Run the chunked GPU forward into NaN-poisoned outputs and compare with the oracle (the
+/// automatic choice would take the recurrent kernel on CPU adapters such as lavapipe).
 pub fn forward_errors(ctx: &Context, problem: &Problem, spec: &RandomSpec) -> Errors {
     let inputs = spec.generate(problem);
     let expected = reference::forward(problem, &inputs.as_ref()).unwrap();
     let gpu_inputs = upload_inputs(ctx, &inputs);
     let (o, state, _) = run_poisoned(ctx, problem, DType::F32, |encoder, outputs| {
-        wgpu_backend::forward_into(ctx, encoder, problem, &gpu_inputs.as_ref(), outputs)
+        wgpu_backend::forward_into_with_algorithm(
+            ctx,
+            encoder,
+            problem,
+            &gpu_inputs.as_ref(),
+            outputs,
+            wgpu_backend::ForwardAlgorithm::Chunked,
+        )
     });
     Errors {
         o: relative_l2(&o.data, &expected.o),
@@ -121,7 +129,7 @@ pub fn forward_errors(ctx: &Context, problem: &Problem, spec: &RandomSpec) -> Er
     }
 }
 
-/// Assert the GPU forward matches the oracle within the policy's f32 bounds.
+/// Assert the chunked GPU forward matches the oracle within the policy's f32 bounds.
 pub fn check_forward(problem: &Problem, spec: &RandomSpec) {
     let Some(ctx) = gpu() else { return };
     let e = forward_errors(ctx, problem, spec);

@@ -8,7 +8,7 @@ use crate::bench::metrics::Op;
 use gdn_wgpu::tensor::{DType, HostTensor};
 use gdn_wgpu::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
 use gdn_wgpu::wgpu_backend::{
-    self, Context, DecodeOutputs, DecodePlan, GpuTensor, GpuTimer, Saved,
+    self, Context, DecodeOutputs, DecodePlan, ForwardAlgorithm, GpuTensor, GpuTimer, Saved,
 };
 use gdn_wgpu::{ForwardInputs, ForwardOutputs, Problem};
 
@@ -44,13 +44,19 @@ impl HostCase {
     }
 }
 
+/// The chunked forward's scratch, or the recurrent kernel prepared once per input set.
+enum ForwardRun {
+    Chunked(Box<wgpu_backend::ForwardWorkspace>),
+    Recurrent(Vec<wgpu_backend::RecurrentForward>),
+}
+
 struct ForwardCase<'a> {
     ctx: &'a Context,
     problem: Problem,
     sets: Vec<ForwardInputs<GpuTensor>>,
     o: GpuTensor,
     state: GpuTensor,
-    workspace: wgpu_backend::ForwardWorkspace,
+    run: ForwardRun,
 }
 
 impl GpuCase for ForwardCase<'_> {
@@ -69,22 +75,34 @@ impl GpuCase for ForwardCase<'_> {
             o: &self.o,
             final_state: &self.state,
         };
-        wgpu_backend::forward_into_workspace(
-            self.ctx,
-            encoder,
-            &self.problem,
-            &inputs,
-            &outputs,
-            &self.workspace,
-            timer,
-        )?;
+        match &self.run {
+            ForwardRun::Chunked(workspace) => {
+                wgpu_backend::forward_into_workspace(
+                    self.ctx,
+                    encoder,
+                    &self.problem,
+                    &inputs,
+                    &outputs,
+                    workspace,
+                    timer,
+                )?;
+            }
+            ForwardRun::Recurrent(plans) => {
+                plans[set].record(encoder);
+                if let Some(t) = timer {
+                    t.mark(encoder, "recurrent_step");
+                }
+            }
+        }
         Ok(())
     }
 }
 
-/// The chunked forward into preallocated o and final state, its scratch in a workspace made
-/// once per case (`wgpu_backend::forward_into_workspace`), as a serving loop would: allocating ~GBs of
-/// scratch per call dominated the host time of large cases.
+/// The forward into preallocated o and final state, on the algorithm the context chooses
+/// (`wgpu_backend::forward_algorithm`), as a serving loop would run it: the chunked one with its
+/// scratch in a workspace made once per case (`wgpu_backend::forward_into_workspace`;
+/// allocating ~GBs of scratch per call dominated the host time of large cases), the recurrent
+/// one prepared once per input set (`wgpu_backend::RecurrentForward`).
 pub fn prepare_forward<'a>(
     ctx: &'a Context,
     host: &HostCase,
@@ -96,14 +114,31 @@ pub fn prepare_forward<'a>(
         .collect::<gdn_wgpu::Result<Vec<_>>>()?;
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), host.dtype)?;
     let state = GpuTensor::empty(ctx, "final_state", &p.state_shape(), DType::F32)?;
-    let workspace = wgpu_backend::ForwardWorkspace::new(ctx, p, host.dtype)?;
+    let run = match wgpu_backend::forward_algorithm(ctx, p, host.dtype)?.algorithm {
+        ForwardAlgorithm::Chunked => ForwardRun::Chunked(Box::new(
+            wgpu_backend::ForwardWorkspace::new(ctx, p, host.dtype)?,
+        )),
+        ForwardAlgorithm::Recurrent => {
+            let outputs = ForwardOutputs {
+                o: &o,
+                final_state: &state,
+            };
+            let plans = sets
+                .iter()
+                .map(|inputs| {
+                    wgpu_backend::RecurrentForward::new(ctx, p, &inputs.as_ref(), &outputs)
+                })
+                .collect::<gdn_wgpu::Result<Vec<_>>>()?;
+            ForwardRun::Recurrent(plans)
+        }
+    };
     Ok(Box::new(ForwardCase {
         ctx,
         problem: p.clone(),
         sets,
         o,
         state,
-        workspace,
+        run,
     }))
 }
 

@@ -17,7 +17,9 @@ use gdn_wgpu::tensor::{DType, relative_l2};
 use gdn_wgpu::tolerance::{self, Arithmetic, Quantity};
 use gdn_wgpu::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
 use gdn_wgpu::wgpu_backend::path::COOP_V_BLOCK;
-use gdn_wgpu::wgpu_backend::{ComputePath, Context, DecodeOutputs, DecodePlan, GpuTensor};
+use gdn_wgpu::wgpu_backend::{
+    ComputePath, Context, DecodeOutputs, DecodePlan, ForwardAlgorithm, GpuTensor,
+};
 use gdn_wgpu::{Backend, ForwardInputs, Problem};
 
 /// Tokens per sequence of the check shape: two full chunks and a partial one.
@@ -158,9 +160,24 @@ pub fn with_v_block<T>(ctx: &mut Context, v_block: u32, f: impl FnOnce(&Context)
     out
 }
 
-/// The wgpu forward on `problem` (small) at state_scan V-block `v_block` (the scalar path's;
-/// the coop path has one width), on the compute path the context chooses for it, against the
-/// oracle.
+/// Run `f` with the forward's algorithm forced to `algorithm`, restoring the previous setting
+/// (the check shape is shorter than the timed one, and the automatic choice depends on the
+/// sequence lengths).
+pub fn with_algorithm<T>(
+    ctx: &mut Context,
+    algorithm: ForwardAlgorithm,
+    f: impl FnOnce(&mut Context) -> T,
+) -> T {
+    let before = ctx.forced_forward_algorithm();
+    ctx.set_forward_algorithm(Some(algorithm));
+    let out = f(ctx);
+    ctx.set_forward_algorithm(before);
+    out
+}
+
+/// The wgpu chunked forward on `problem` (small) at state_scan V-block `v_block` (the scalar
+/// path's; the coop path has one width), on the compute path the context chooses for it,
+/// against the oracle.
 pub fn check_forward(
     ctx: &mut Context,
     problem: &Problem,
@@ -168,9 +185,24 @@ pub fn check_forward(
     v_block: u32,
 ) -> Result<CheckCase, BenchError> {
     let path = ctx.forward_path(problem, dtype)?.path;
-    let variant = forward_variant_name(path, v_block);
-    with_v_block(ctx, v_block, |ctx| {
-        check_forward_on(ctx, problem, dtype, &variant)
+    let variant = format!("chunked, {}", forward_variant_name(path, v_block));
+    with_algorithm(ctx, ForwardAlgorithm::Chunked, |ctx| {
+        with_v_block(ctx, v_block, |ctx| {
+            check_forward_on(ctx, problem, dtype, &variant)
+        })
+    })
+}
+
+/// The wgpu forward through the recurrent kernel on `problem` (small) against the oracle;
+/// `variant` names the tiling of the timed shape.
+pub fn check_forward_recurrent(
+    ctx: &mut Context,
+    problem: &Problem,
+    dtype: DType,
+    variant: &str,
+) -> Result<CheckCase, BenchError> {
+    with_algorithm(ctx, ForwardAlgorithm::Recurrent, |ctx| {
+        check_forward_on(ctx, problem, dtype, variant)
     })
 }
 

@@ -4,7 +4,8 @@
 //!
 //! Per token and v-head, chunk C = 64:
 //! - forward (FlashQLA's count, gdn-algorithm.md §8.3): `4C(K + V) + 6KV` (= 2C(2K+2V) + 6KV;
-//!   ≈ 164 KFLOP at K = V = 128);
+//!   ≈ 164 KFLOP at K = V = 128), whichever algorithm runs it (the recurrent kernel does
+//!   ~7KV, less, per token: its rates compare like its times, not like its arithmetic);
 //! - backward (FlashQLA's 12X + 9Y generalized): `12C(K + V) + 18KV` (≈ 492 KFLOP at 128);
 //! - decode (per token of each sequence): `7KV` — decay KV, Sᵀk 2KV, Sᵀq 2KV, rank-1 update 2KV.
 //!
@@ -14,6 +15,7 @@
 
 use gdn_wgpu::problem::{CHUNK, Problem};
 use gdn_wgpu::tensor::DType;
+use gdn_wgpu::wgpu_backend::ForwardAlgorithm;
 use gdn_wgpu::wgpu_backend::backward::{saved_bytes, workspace_bytes};
 
 /// Which operation a record measures.
@@ -120,7 +122,8 @@ pub fn bytes(op: Op, p: &Problem, dtype: DType) -> f64 {
 /// uniform/table buffers included; allocator padding and driver overhead not). Used only where
 /// the backend has no allocator report ([`crate::bench::memory`]); it goes stale when the
 /// launchers' scratch changes — `cli/tests/bench.rs` compares it with the allocator's figure.
-pub fn peak_memory_estimate(op: Op, p: &Problem, dtype: DType) -> u64 {
+/// `algorithm` is the forward's (the recurrent kernel keeps no scratch); other ops ignore it.
+pub fn peak_memory_estimate(op: Op, p: &Problem, dtype: DType, algorithm: ForwardAlgorithm) -> u64 {
     let z = sizes(p, dtype);
     let (bt, hv, n) = (z.bt as u64, z.hv as u64, z.n as u64);
     let (h, k, v, s) = (z.h as u64, z.k as u64, z.v as u64, z.s as u64);
@@ -132,6 +135,10 @@ pub fn peak_memory_estimate(op: Op, p: &Problem, dtype: DType) -> u64 {
     let tables = 8 * chunks + 16 * n + 256;
     let inputs = 2 * qk + vv + 2 * gates + state;
     match op {
+        Op::Forward if algorithm == ForwardAlgorithm::Recurrent => {
+            // o, final state (the kernel's pool), the 64 KiB tables, parameters.
+            inputs + vv + state + 64 * 1024 + 256
+        }
         Op::Forward => {
             // o, final state; (G, β) [BT,HV,2], A [BT,HV,64], the scan's gated matrices
             // [BT,HV,128] (all f32), q/k normalized copies with l2norm_qk, gate params.

@@ -43,7 +43,7 @@ use cases::{GpuCase, HostCase};
 use gdn_wgpu::error::Error;
 use gdn_wgpu::tensor::DType;
 use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
-use gdn_wgpu::wgpu_backend::{ComputePath, Context, GpuTimer};
+use gdn_wgpu::wgpu_backend::{ComputePath, Context, ForwardAlgorithm, GpuTimer, forward_algorithm};
 use gdn_wgpu::{Options, Problem};
 use report::{AdapterRecord, CheckRecord, PassTime, ShapeRecord};
 
@@ -162,6 +162,29 @@ impl BenchPath {
     }
 }
 
+/// The forward's algorithm.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchAlgorithm {
+    /// The context's choice (`wgpu_backend::forward_algorithm`), or `GDN_FORWARD_ALGORITHM`
+    /// when set.
+    Auto,
+    /// The chunked scan.
+    Chunked,
+    /// The recurrent kernel, token by token (refused where it cannot run the shape).
+    Recurrent,
+}
+
+impl BenchAlgorithm {
+    /// The algorithm to force, or `None` for `Auto`.
+    pub fn algorithm(self) -> Option<ForwardAlgorithm> {
+        match self {
+            BenchAlgorithm::Auto => None,
+            BenchAlgorithm::Chunked => Some(ForwardAlgorithm::Chunked),
+            BenchAlgorithm::Recurrent => Some(ForwardAlgorithm::Recurrent),
+        }
+    }
+}
+
 /// Flags of `gdn bench`.
 #[derive(Debug, Clone, Args)]
 pub struct BenchArgs {
@@ -202,6 +225,9 @@ pub struct BenchArgs {
     /// The forward's compute path (the record's `variant` names the one timed).
     #[arg(long, value_enum, default_value_t = BenchPath::Auto)]
     pub compute_path: BenchPath,
+    /// The forward's algorithm (the record's `algorithm` names the one timed).
+    #[arg(long, value_enum, default_value_t = BenchAlgorithm::Auto)]
+    pub forward_algorithm: BenchAlgorithm,
     /// Untimed runs per case before timing, at least 1 (it compiles the pipelines) [default:
     /// 3; --quick: 1].
     #[arg(long)]
@@ -259,6 +285,8 @@ pub struct Config {
     pub adapter: Option<String>,
     /// A forced forward compute path (`None`: the context's choice).
     pub compute_path: Option<ComputePath>,
+    /// A forced forward algorithm (`None`: the context's choice).
+    pub forward_algorithm: Option<ForwardAlgorithm>,
     /// Head configurations to sweep (`--heads`).
     pub heads: Vec<HeadConfig>,
     /// Sequence sets of the forward and backward cases (`--seqs`).
@@ -386,6 +414,7 @@ impl BenchArgs {
             dtype: self.dtype.dtype(),
             adapter: self.adapter.clone(),
             compute_path: self.compute_path.path(),
+            forward_algorithm: self.forward_algorithm.algorithm(),
             heads,
             seqs,
             decode_batches,
@@ -529,9 +558,13 @@ fn commit() -> Option<String> {
     }
 }
 
-/// The backend of `c.backend` (on `c.adapter`), on `c.compute_path` when forced (wgpu).
+/// The backend of `c.backend` (on `c.adapter`), on `c.compute_path` and
+/// `c.forward_algorithm` when forced (wgpu).
 fn open_engine(c: &Config) -> Result<Engine, BenchError> {
     let mut engine = Engine::open(c.backend, c.adapter.as_deref())?;
+    if let (Some(algorithm), Some(ctx)) = (c.forward_algorithm, engine.wgpu_mut()) {
+        ctx.set_forward_algorithm(Some(algorithm));
+    }
     if let (Some(path), Some(ctx)) = (c.compute_path, engine.wgpu_mut()) {
         let support = ctx.path_support();
         if path == ComputePath::CoopMatrix && !support.coop_f16 {
@@ -815,8 +848,10 @@ fn time_host(
 enum Variant {
     VBlock(u32),
     Tiles(String),
-    /// The forward's compute path and its scan's V-block.
+    /// The chunked forward's compute path and its scan's V-block.
     Forward(ComputePath, u32),
+    /// The forward through the recurrent kernel at this tiling.
+    RecurrentForward(String),
     /// Whatever a backend without wgpu's variants runs for the shape.
     Host,
 }
@@ -836,12 +871,19 @@ fn variant(
     decode_tiles: Option<(u32, u32)>,
 ) -> gdn_wgpu::Result<(Variant, String, Option<RecurrentStepTiles>)> {
     Ok(match op {
+        Op::Forward
+            if forward_algorithm(ctx, p, dtype)?.algorithm == ForwardAlgorithm::Recurrent =>
+        {
+            let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, p)?;
+            let name = format!("recurrent kernel, {}", inputs::tiles_name(&tiles));
+            (Variant::RecurrentForward(name.clone()), name, None)
+        }
         Op::Forward => {
             // The compute path depends on K, V, the dtype and the context (never on T), so the
             // check shape takes the same one.
             let path = ctx.forward_path(p, dtype)?.path;
             let vb = check::forward_v_block(ctx, p, path);
-            let mut name = check::forward_variant_name(path, vb);
+            let mut name = format!("chunked, {}", check::forward_variant_name(path, vb));
             // GDN_SEGMENT_CHUNKS makes every forward sequence-parallel (checked and timed).
             if let Some(n) = ctx.config().segment_chunks {
                 name.push_str(&format!(", sequence-parallel segments of {n} chunks"));
@@ -886,6 +928,12 @@ fn run_check(
     v: &Variant,
 ) -> Result<CheckSummary, BenchError> {
     let case = match (planned.op, v) {
+        (Op::Forward, Variant::RecurrentForward(name)) => {
+            let p = planned
+                .check_seqs()
+                .problem(planned.heads, c.key_dim, c.value_dim)?;
+            check::check_forward_recurrent(ctx, &p, c.dtype, name)?
+        }
         (Op::Forward, Variant::Forward(_, vb)) | (Op::Backward, Variant::VBlock(vb)) => {
             let p = planned
                 .check_seqs()
@@ -1033,6 +1081,8 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             status: Status::Ok,
             note: None,
             variant: None,
+            algorithm: None,
+            algorithm_reason: None,
             warmup: c.warmup.max(1),
             reps: 0,
             input_sets: 1,
@@ -1116,6 +1166,12 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     let (v, vname, tiles) = variant(ctx, pc.op, &p, c.dtype, c.decode_tiles)
                         .map_err(|e| err(e.into()))?;
                     record.variant = Some(vname);
+                    if pc.op == Op::Forward {
+                        let choice =
+                            forward_algorithm(ctx, &p, c.dtype).map_err(|e| err(e.into()))?;
+                        record.algorithm = Some(choice.algorithm.name().into());
+                        record.algorithm_reason = Some(choice.reason);
+                    }
                     let key = (pc.op, pc.heads, v.clone(), pc.check_seqs());
                     record.check = Some(gate(&mut checks, &mut unsupported, &bar, key, || {
                         run_check(ctx, c, pc, &p, tiles, &v).map_err(err)
@@ -1133,7 +1189,14 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     (record.peak_memory_bytes, record.memory_source) = match measured {
                         Some(bytes) => (Some(bytes), Some(MemorySource::Allocator)),
                         None => (
-                            Some(metrics::peak_memory_estimate(pc.op, &p, c.dtype)),
+                            Some(metrics::peak_memory_estimate(
+                                pc.op,
+                                &p,
+                                c.dtype,
+                                forward_algorithm(ctx, &p, c.dtype)
+                                    .map_err(|e| err(e.into()))?
+                                    .algorithm,
+                            )),
                             Some(MemorySource::Estimate),
                         ),
                     };

@@ -130,6 +130,11 @@ pub struct Record {
     pub note: Option<String>,
     /// The kernel variant timed (V-block width, decode tiling).
     pub variant: Option<String>,
+    /// Forward on wgpu: the algorithm timed, `"chunked"` or `"recurrent"`
+    /// (`wgpu_backend::forward_algorithm`); null for other ops and backends.
+    pub algorithm: Option<String>,
+    /// Why that algorithm: forced, the sequence lengths, or the adapter's type.
+    pub algorithm_reason: Option<String>,
     /// Untimed runs before timing.
     pub warmup: usize,
     /// Timed repetitions (after any `--max-seconds` trimming).

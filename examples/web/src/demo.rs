@@ -1,13 +1,15 @@
-//! The demo itself, free of JavaScript: draw a random problem, run the chunked forward
-//! (`wgpu_backend::forward`) on the first T tokens and then a few decode steps (`wgpu_backend::DecodePlan`, the
-//! recurrent kernel, one token each) continuing from its final state on the GPU, and check
+//! The demo itself, free of JavaScript: draw a random problem, run the forward
+//! (`wgpu_backend::forward`, on the algorithm the library chooses for the adapter or the one
+//! asked for) on the first T tokens and then a few decode steps (`wgpu_backend::DecodePlan`,
+//! the recurrent kernel, one token each) continuing from its final state on the GPU, and check
 //! everything against the f64 oracle over all T + steps tokens. `lib.rs` is the wasm-bindgen
 //! glue around it.
 
-use gdn_wgpu::wgpu_backend::{
-    self, Context, DecodeOutputs, DecodePlan, GpuTensor, StateLayout, StatePool, StateSlot,
-};
 use gdn_wgpu::reference::{self, select_heads};
+use gdn_wgpu::wgpu_backend::{
+    self, Context, DecodeOutputs, DecodePlan, ForwardAlgorithm, GpuTensor, StateLayout, StatePool,
+    StateSlot,
+};
 use gdn_wgpu::{
     DType, Error, ForwardInputs, HostTensor, Options, Problem, RandomSpec, Result, relative_l2,
 };
@@ -27,6 +29,14 @@ pub struct Config {
     pub default_limits: bool,
     /// Normalize q and k in the kernel (runs the `prepare_qk` pass too).
     pub l2norm_qk: bool,
+    /// Forward calls (≥ 1), each with upload and readback; the first compiles the pipelines,
+    /// the rest are warm. The last one's results are checked and continued by decode.
+    pub runs: usize,
+    /// The forward's algorithm (`None`: the library's choice for the adapter and problem).
+    pub algorithm: Option<ForwardAlgorithm>,
+    /// Run the forward through the recurrent kernel at this tiling, (V-block, vec4s per
+    /// invocation), for tiling sweeps (one page load per tiling: a fresh device).
+    pub tiles: Option<(u32, u32)>,
 }
 
 /// One phase (the forward, or all decode steps) compared with the oracle.
@@ -44,10 +54,15 @@ pub struct Phase {
     /// Wall time from recording to having the results back on the host (performance.now() in
     /// the browser); includes first-use pipeline compilation.
     pub wall_ms: f64,
+    /// The forward only: wall time of every call (upload, record, submit, readback), the
+    /// first (pipeline creation) included. Empty for decode.
+    pub runs_ms: Vec<f64>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Report {
+    /// Wall time of adapter and device creation (set by the caller that made the context).
+    pub context_ms: f64,
     pub adapter: String,
     pub backend: String,
     pub device_type: String,
@@ -58,6 +73,11 @@ pub struct Report {
     pub binding_bytes: u64,
     pub features: Vec<String>,
     pub v_block: u32,
+    /// The forward's algorithm (`chunked` or `recurrent`) and why.
+    pub algorithm: String,
+    pub algorithm_reason: String,
+    /// Pipelines compiled after the forward runs (the first call creates them).
+    pub forward_pipelines: usize,
     /// The decode kernel's tiling, in words.
     pub decode_tiles: Option<String>,
     pub l2norm_qk: bool,
@@ -288,8 +308,56 @@ fn sums(values: &[f32]) -> (f64, f64) {
     })
 }
 
-/// The best adapter with the requested limits.
-pub async fn context(default_limits: bool) -> Result<Context> {
+/// `VxN` (V-block, vec4s per invocation) or empty.
+pub fn parse_tiles(s: &str) -> Result<Option<(u32, u32)>> {
+    if s.trim().is_empty() {
+        return Ok(None);
+    }
+    s.split_once('x')
+        .and_then(|(v, n)| Some((v.trim().parse().ok()?, n.trim().parse().ok()?)))
+        .map(Some)
+        .ok_or_else(|| Error::Value {
+            name: "tiles".into(),
+            expected: "VxN, e.g. 32x32".into(),
+            got: format!("{s:?}"),
+        })
+}
+
+/// The forward through the recurrent kernel at tiling (V-block, vec4s per invocation).
+fn recurrent_at(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    (v_block, vec4s): (u32, u32),
+) -> Result<wgpu_backend::Forward> {
+    let tiles = wgpu_backend::decode::RecurrentStepTiles::candidates(&ctx.limits(), problem)
+        .into_iter()
+        .find(|t| t.v_block == v_block && t.vec4s_per_thread == vec4s)
+        .ok_or_else(|| Error::Value {
+            name: "tiles".into(),
+            expected:
+                "a recurrent tiling this device fits (V-block dividing V, vec4s a power of two)"
+                    .into(),
+            got: format!("{v_block}x{vec4s}"),
+        })?;
+    let o = GpuTensor::empty(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
+    let final_state = GpuTensor::empty(ctx, "final_state", &problem.state_shape(), DType::F32)?;
+    let outputs = gdn_wgpu::ForwardOutputs {
+        o: &o,
+        final_state: &final_state,
+    };
+    wgpu_backend::RecurrentForward::with_tiles(ctx, problem, inputs, &outputs, tiles)?
+        .record(encoder);
+    Ok(wgpu_backend::Forward {
+        o,
+        final_state,
+        saved: None,
+    })
+}
+
+/// The best adapter with the requested limits, the forward's algorithm forced when given.
+pub async fn context(default_limits: bool, algorithm: Option<ForwardAlgorithm>) -> Result<Context> {
     let adapter = wgpu_backend::list_adapters()
         .await
         .into_iter()
@@ -300,7 +368,11 @@ pub async fn context(default_limits: bool) -> Result<Context> {
     } else {
         adapter.limits()
     };
-    Context::from_adapter_with_limits(adapter, limits).await
+    let config = wgpu_backend::Config {
+        forward_algorithm: algorithm,
+        ..wgpu_backend::Config::default()
+    };
+    Context::from_adapter_with_config(adapter, limits, config).await
 }
 
 /// Run the demo on `ctx`. `now` is a millisecond clock (performance.now() in the browser).
@@ -347,35 +419,52 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     }
     .generate(&whole);
 
-    // The forward over the first T tokens, from the random initial state.
-    let t0 = now();
-    let h0 = GpuTensor::upload(
-        ctx,
-        "initial_state",
-        inputs
-            .initial_state
-            .as_ref()
-            .expect("RandomSpec draws an initial state"),
-    )?;
-    let prefix = Uploaded::new(ctx, &inputs, 0..c.tokens)?;
+    // The forward over the first T tokens, from the random initial state: `runs` calls, each
+    // uploading the inputs, recording, submitting and reading o and the final state back.
     let timer = PassTimer::new(ctx);
-    let mut encoder = ctx.create_encoder("demo forward");
-    if let Some(t) = &timer {
-        t.mark(&mut encoder, 0);
+    let h0_host = inputs
+        .initial_state
+        .as_ref()
+        .expect("RandomSpec draws an initial state");
+    let mut runs_ms = Vec::new();
+    let mut last = None;
+    for _ in 0..c.runs.max(1) {
+        let t0 = now();
+        let h0 = GpuTensor::upload(ctx, "initial_state", h0_host)?;
+        let prefix = Uploaded::new(ctx, &inputs, 0..c.tokens)?;
+        let mut encoder = ctx.create_encoder("demo forward");
+        if let Some(t) = &timer {
+            t.mark(&mut encoder, 0);
+        }
+        let fwd_inputs = prefix.inputs(Some(&h0));
+        let fwd = match c.tiles {
+            None => wgpu_backend::forward(ctx, &mut encoder, &prefill, &fwd_inputs)?,
+            Some(tiles) => recurrent_at(ctx, &mut encoder, &prefill, &fwd_inputs, tiles)?,
+        };
+        if let Some(t) = &timer {
+            t.mark(&mut encoder, 1);
+            t.resolve(&mut encoder);
+        }
+        ctx.queue.submit([encoder.finish()]);
+        let o_fwd = fwd.o.download(ctx).await?;
+        let state_fwd = fwd.final_state.download(ctx).await?;
+        let gpu_ms = match &timer {
+            Some(t) => Some(t.read_ms(ctx).await?),
+            None => None,
+        };
+        runs_ms.push(now() - t0);
+        last = Some((fwd, o_fwd, state_fwd, gpu_ms));
     }
-    let fwd = wgpu_backend::forward(ctx, &mut encoder, &prefill, &prefix.inputs(Some(&h0)))?;
-    if let Some(t) = &timer {
-        t.mark(&mut encoder, 1);
-        t.resolve(&mut encoder);
-    }
-    ctx.queue.submit([encoder.finish()]);
-    let o_fwd = fwd.o.download(ctx).await?;
-    let state_fwd = fwd.final_state.download(ctx).await?;
-    let fwd_gpu_ms = match &timer {
-        Some(t) => Some(t.read_ms(ctx).await?),
-        None => None,
+    let (fwd, o_fwd, state_fwd, fwd_gpu_ms) = last.expect("at least one run");
+    let fwd_wall = runs_ms[0];
+    let forward_pipelines = ctx.compiled_pipelines();
+    let choice = match c.tiles {
+        None => wgpu_backend::forward_algorithm(ctx, &prefill, DType::F32)?,
+        Some((v, n)) => wgpu_backend::AlgorithmChoice {
+            algorithm: ForwardAlgorithm::Recurrent,
+            reason: format!("tiles={v}x{n} asked for"),
+        },
     };
-    let fwd_wall = now() - t0;
 
     // Decode steps with the recurrent kernel, continuing the forward's final state in place.
     let mut decode = None;
@@ -449,6 +538,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         },
         gpu_ms: fwd_gpu_ms,
         wall_ms: fwd_wall,
+        runs_ms,
     };
     let decode = decode.map(|(o, state, gpu_ms, wall_ms)| {
         let (checksum, abs_sum) = sums(&o);
@@ -460,6 +550,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
             rel_state: rel(&state.data, &oracle.final_state, kv),
             gpu_ms,
             wall_ms,
+            runs_ms: Vec::new(),
         }
     });
     let mut errors = vec![forward.rel_o];
@@ -479,6 +570,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     let info = ctx.adapter_info.as_ref();
     let limits = ctx.limits();
     Ok(Report {
+        context_ms: 0.0,
         adapter: info.map_or("(unknown)".into(), |i| i.name.clone()),
         backend: info.map_or("(unknown)".into(), |i| format!("{:?}", i.backend)),
         device_type: info.map_or("(unknown)".into(), |i| format!("{:?}", i.device_type)),
@@ -497,6 +589,9 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
             .map(|(n, _)| n.to_string())
             .collect(),
         v_block: ctx.tuning().state_scan_v_block(&prefill),
+        algorithm: choice.algorithm.name().into(),
+        algorithm_reason: choice.reason,
+        forward_pipelines,
         decode_tiles: decode_tiles.map(|t| {
             format!(
                 "V-block {}, {} invocations, {} B of workgroup memory",
@@ -543,15 +638,17 @@ fn json_opt(x: Option<f64>) -> String {
 
 impl Phase {
     fn to_json(&self) -> String {
+        let runs: Vec<String> = self.runs_ms.iter().map(|&x| json_num(x)).collect();
         format!(
-            r#"{{"tokens":{},"checksum":{},"abs_sum":{},"rel_o":{},"rel_state":{},"gpu_ms":{},"wall_ms":{}}}"#,
+            r#"{{"tokens":{},"checksum":{},"abs_sum":{},"rel_o":{},"rel_state":{},"gpu_ms":{},"wall_ms":{},"runs_ms":[{}]}}"#,
             self.tokens,
             json_num(self.checksum),
             json_num(self.abs_sum),
             json_num(self.rel_o),
             json_num(self.rel_state),
             json_opt(self.gpu_ms),
-            json_num(self.wall_ms)
+            json_num(self.wall_ms),
+            runs.join(",")
         )
     }
 }
@@ -561,7 +658,8 @@ impl Report {
         let features: Vec<String> = self.features.iter().map(|f| json_str(f)).collect();
         let heads: Vec<String> = self.oracle_heads.iter().map(|h| h.to_string()).collect();
         format!(
-            r#"{{"adapter":{},"backend":{},"device_type":{},"limits":{},"workgroup_bytes":{},"invocations":{},"storage_buffers":{},"binding_bytes":{},"features":[{}],"v_block":{},"decode_tiles":{},"l2norm_qk":{},"forward":{},"decode":{},"oracle_heads":[{}],"oracle_ms":{},"max_rel":{}}}"#,
+            r#"{{"context_ms":{},"adapter":{},"backend":{},"device_type":{},"limits":{},"workgroup_bytes":{},"invocations":{},"storage_buffers":{},"binding_bytes":{},"features":[{}],"v_block":{},"algorithm":{},"algorithm_reason":{},"forward_pipelines":{},"decode_tiles":{},"l2norm_qk":{},"forward":{},"decode":{},"oracle_heads":[{}],"oracle_ms":{},"max_rel":{}}}"#,
+            json_num(self.context_ms),
             json_str(&self.adapter),
             json_str(&self.backend),
             json_str(&self.device_type),
@@ -572,6 +670,9 @@ impl Report {
             self.binding_bytes,
             features.join(","),
             self.v_block,
+            json_str(&self.algorithm),
+            json_str(&self.algorithm_reason),
+            self.forward_pipelines,
             self.decode_tiles.as_deref().map_or("null".into(), json_str),
             self.l2norm_qk,
             self.forward.to_json(),

@@ -23,9 +23,12 @@ mod web {
         }));
     }
 
-    /// Run the forward on `tokens` tokens and `decode_steps` decode steps on the browser's
-    /// WebGPU adapter and check them against the f64 oracle. Resolves to the report as JSON;
-    /// rejects with a one-line message (bad sizes, no adapter, device errors).
+    /// Run the forward on `tokens` tokens (`runs` times: the first compiles the pipelines; on
+    /// `algorithm` = auto, chunked or recurrent; `tiles` = `VxN` runs the recurrent kernel at
+    /// V-block V with N vec4s per invocation, empty: the library's choice) and
+    /// `decode_steps` decode steps on the browser's WebGPU adapter and check them against the
+    /// f64 oracle. Resolves to the report as JSON; rejects with a one-line message (bad sizes,
+    /// no adapter, device errors).
     #[wasm_bindgen]
     #[allow(clippy::too_many_arguments)]
     pub async fn run_demo(
@@ -38,7 +41,12 @@ mod web {
         seed: u32,
         default_limits: bool,
         l2norm_qk: bool,
+        runs: u32,
+        algorithm: String,
+        tiles: String,
     ) -> Result<String, JsError> {
+        let algorithm =
+            gdn_wgpu::wgpu_backend::ForwardAlgorithm::parse_override("algorithm", &algorithm)?;
         let config = Config {
             tokens: tokens as usize,
             heads_qk: heads_qk as usize,
@@ -49,9 +57,15 @@ mod web {
             seed: seed as u64,
             default_limits,
             l2norm_qk,
+            runs: runs as usize,
+            algorithm,
+            tiles: demo::parse_tiles(&tiles)?,
         };
-        let ctx = demo::context(default_limits).await?;
-        let report = demo::run(&ctx, &config, now_ms).await?;
+        let t0 = now_ms();
+        let ctx = demo::context(default_limits, algorithm).await?;
+        let context_ms = now_ms() - t0;
+        let mut report = demo::run(&ctx, &config, now_ms).await?;
+        report.context_ms = context_ms;
         Ok(report.to_json())
     }
 }

@@ -1,6 +1,7 @@
 // The page: checks for WebGPU, loads the wasm module built by build.sh, runs the demo with the
 // sizes from the form and shows the report. URL parameters fill the form (T, H, HV, K, V,
-// steps, seed, defaults=0|1, l2norm=0|1, tol) and `autorun=1` runs at once (the headless test
+// steps, runs, algorithm=auto|chunked|recurrent, seed, defaults=0|1, l2norm=0|1, tol; tiles=VxN
+// runs the forward through the recurrent kernel at that tiling, for tiling sweeps) and `autorun=1` runs at once (the headless test
 // uses it). The outcome is in #status: data-state = done | fail | error | no-webgpu, and
 // window.gdnResult.
 
@@ -60,6 +61,7 @@ function render(r, ok) {
       ${phase("forward", r.forward)}
       ${phase("decode steps", r.decode)}
     </table>
+    ${runsLine(r)}
     <p>Largest relative L2 error against the f64 oracle: <b>${fmt(r.max_rel)}</b>
       (${ok ? "within" : "NOT within"} tolerance ${tolerance}); the oracle checked
       ${r.oracle_heads.length} v-head(s) in ${fmtMs(r.oracle_ms)} of wasm.</p>
@@ -68,7 +70,8 @@ function render(r, ok) {
       <tr><th>limits requested</th><td>${r.limits}: workgroup memory ${r.workgroup_bytes} B, ${r.invocations} invocations,
         ${r.storage_buffers} storage buffers per stage, ${r.binding_bytes} B per binding</td></tr>
       <tr><th>features used</th><td>${r.features.join(", ") || "none"} (no shader-f16, no subgroups)</td></tr>
-      <tr><th>forward (state_scan)</th><td>V-block ${r.v_block}</td></tr>
+      <tr><th>forward algorithm</th><td>${r.algorithm} (${r.algorithm_reason}); ${r.forward_pipelines} pipeline(s) compiled by the forward</td></tr>
+      <tr><th>forward (state_scan)</th><td>V-block ${r.v_block}${r.algorithm === "chunked" ? "" : " (not run)"}</td></tr>
       <tr><th>decode (recurrent_step)</th><td>${r.decode_tiles ?? "—"}</td></tr>
       <tr><th>options</th><td>${r.l2norm_qk ? "in-kernel l2norm of q, k" : "defaults"}</td></tr>
     </table>
@@ -78,13 +81,24 @@ function render(r, ok) {
       one compute pass per token) on the forward's final state, in place.</p>`;
 }
 
+// Forward calls in order (upload, record, submit, readback each): the first creates the
+// pipelines, the others are warm.
+function runsLine(r) {
+  const runs = r.forward.runs_ms ?? [];
+  if (runs.length < 2) return `<p>Context (adapter and device): ${fmtMs(r.context_ms)}.</p>`;
+  const warm = runs.slice(1).sort((a, b) => a - b);
+  const median = warm[Math.floor((warm.length - 1) / 2)];
+  return `<p>Forward calls (upload, run, readback): first ${fmtMs(runs[0])}, warm median ${fmtMs(median)}
+    of ${warm.length} (${runs.slice(1).map((x) => x.toFixed(0)).join(", ")} ms); context ${fmtMs(r.context_ms)}.</p>`;
+}
+
 async function run(wasm) {
   const f = form.elements;
   const n = (name) => Math.max(0, Math.floor(Number(f[name].value)));
   $("run").disabled = true;
   setStatus("running", "Running…");
   try {
-    const json = await wasm.run_demo(n("T"), n("H"), n("HV"), n("K"), n("V"), n("steps"), n("seed"), f.defaults.checked, f.l2norm.checked);
+    const json = await wasm.run_demo(n("T"), n("H"), n("HV"), n("K"), n("V"), n("steps"), n("seed"), f.defaults.checked, f.l2norm.checked, Math.max(1, n("runs")), f.algorithm.value, params.get("tiles") ?? "");
     const r = JSON.parse(json);
     const ok = r.max_rel !== null && r.max_rel < tolerance;
     render(r, ok);

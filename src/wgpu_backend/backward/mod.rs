@@ -220,10 +220,12 @@ pub fn workspace_bytes(problem: &Problem) -> u64 {
     4 * (states + bt * hv * per_token)
 }
 
-/// Record a forward and return its outputs with the context the backward needs. When a tensor
-/// or the scratch of the forward or of the backward would exceed one storage binding, the
-/// forward runs in the token windows the backward will walk, keeping every window's start
-/// states (docs/windows.md).
+/// Record a forward and return its outputs with the context the backward needs. Always the
+/// chunked algorithm, whatever `forward` would choose: the backward replays its scan from the
+/// intermediates it keeps (A, the gate cumsum and β), which the recurrent kernel has none of.
+/// When a tensor or the scratch of the forward or of the backward would exceed one storage
+/// binding, the forward runs in the token windows the backward will walk, keeping every
+/// window's start states (docs/windows.md).
 pub fn forward_saved(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -277,7 +279,7 @@ pub fn forward_saved(
     let fwd = Forward {
         o,
         final_state,
-        saved: intermediates,
+        saved: Some(intermediates),
     };
     Ok((fwd, saved))
 }

@@ -1,10 +1,13 @@
-//! The chunked forward on wgpu: prepare_qk (optional l2norm) → prepare_gate (activations and
-//! chunk-local gate cumsum) → wy_inverse (gate-free A) → state_scan (states, o, final state).
-//! Everything is recorded into the caller's encoder; nothing is submitted or read back here.
+//! The forward on wgpu. The chunked algorithm: prepare_qk (optional l2norm) → prepare_gate
+//! (activations and chunk-local gate cumsum) → wy_inverse (gate-free A) → state_scan (states,
+//! o, final state); or, chosen per call ([`forward_algorithm`]), the recurrent kernel
+//! ([`RecurrentForward`]). Everything is recorded into the caller's encoder; nothing is
+//! submitted or read back here.
 
 mod gate_q;
 mod prepare_gate;
 mod prepare_qk;
+mod recurrent;
 mod segment_combine;
 mod state_scan;
 mod state_scan_coop;
@@ -16,6 +19,7 @@ pub use crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES;
 pub use gate_q::gate_q;
 pub use prepare_gate::{PrepareGateBuffers, prepare_gate};
 pub use prepare_qk::prepare_qk;
+pub use recurrent::{RecurrentForward, forward_algorithm, recurrent_rejects, recurrent_tiles};
 pub use state_scan::{ScanBuffers, ScanDims, ScanMath, state_scan, state_scan_with_math};
 pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
 pub use to_half::to_half;
@@ -29,7 +33,7 @@ use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
 #[cfg(not(target_arch = "wasm32"))]
 use crate::tensor::HostTensor;
 use crate::tensor::{DType, TensorMeta};
-use crate::wgpu_backend::path::ComputePath;
+use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
 use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
 
@@ -58,8 +62,9 @@ pub struct Forward {
     pub o: GpuTensor,
     /// `[N,HV,K,V]` (or V-first) f32.
     pub final_state: GpuTensor,
-    /// What the backward needs from this forward.
-    pub saved: Intermediates,
+    /// What the backward needs from this forward: `Some` on the chunked algorithm, `None` when
+    /// the recurrent kernel ran (it keeps nothing; `forward_saved` always runs the chunked one).
+    pub saved: Option<Intermediates>,
 }
 
 /// Chunk table (start, length) and segment table (start, length, state slot) of a problem.
@@ -79,7 +84,8 @@ pub fn tables(problem: &Problem) -> (Vec<u32>, Vec<u32>) {
     (chunks, segments)
 }
 
-/// Record a forward pass, allocating o (dtype of v) and the final state (f32).
+/// Record a forward pass, allocating o (dtype of v) and the final state (f32), on the
+/// algorithm [`forward_algorithm`] chooses.
 ///
 /// Precondition (not checked: it would need a readback): without `gate_in_kernel`, every g is
 /// ≤ 0 and finite. [`crate::check_host_values`] checks host tensors.
@@ -89,8 +95,7 @@ pub fn forward(
     problem: &Problem,
     inputs: &ForwardInputs<&GpuTensor>,
 ) -> Result<Forward> {
-    let o = GpuTensor::empty(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
-    let final_state = GpuTensor::empty(ctx, "final_state", &problem.state_shape(), DType::F32)?;
+    let (o, final_state) = allocate_outputs(ctx, problem, inputs)?;
     let saved = forward_into(
         ctx,
         encoder,
@@ -108,21 +113,59 @@ pub fn forward(
     })
 }
 
+fn allocate_outputs(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+) -> Result<(GpuTensor, GpuTensor)> {
+    Ok((
+        GpuTensor::empty(ctx, "o", &problem.v_shape(), inputs.v.dtype)?,
+        GpuTensor::empty(ctx, "final_state", &problem.state_shape(), DType::F32)?,
+    ))
+}
+
 /// Record a forward pass into caller-provided outputs (e.g. poisoned buffers in tests, or a
-/// state pool entry). The final state is first set from `initial_state` (or zeros).
+/// state pool entry) on the algorithm [`forward_algorithm`] chooses. The final state is first
+/// set from `initial_state` (or zeros). Returns the intermediates of the chunked algorithm
+/// (`None` when the recurrent kernel ran).
 pub fn forward_into(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     problem: &Problem,
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
-) -> Result<Intermediates> {
+) -> Result<Option<Intermediates>> {
     record_forward(ctx, encoder, problem, inputs, outputs, Recording::default())
 }
 
-/// [`forward_into`] on a given compute path (instead of the context's choice); a path this
-/// device or problem cannot run is an `Error::Unsupported`. For tests and benchmarks that
-/// compare paths on one context.
+/// [`forward_into`] on a given algorithm (instead of the context's choice; the chunked one on
+/// the context's compute path). Forcing the recurrent kernel where it cannot run is an
+/// `Error::Unsupported` naming "forward algorithm". For tests and benchmarks that compare the
+/// algorithms on one context.
+pub fn forward_into_with_algorithm(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    algorithm: ForwardAlgorithm,
+) -> Result<Option<Intermediates>> {
+    record_forward(
+        ctx,
+        encoder,
+        problem,
+        inputs,
+        outputs,
+        Recording {
+            algorithm: Some(algorithm),
+            ..Recording::default()
+        },
+    )
+}
+
+/// [`forward_into`] on the chunked algorithm with a given compute path (instead of the
+/// context's choice); a path this device or problem cannot run is an `Error::Unsupported`.
+/// For tests and benchmarks that compare paths on one context.
 pub fn forward_into_with_path(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -131,7 +174,8 @@ pub fn forward_into_with_path(
     outputs: &ForwardOutputs<&GpuTensor>,
     path: ComputePath,
 ) -> Result<Intermediates> {
-    record_forward(
+    check_call(ctx, problem, inputs, outputs)?;
+    record_chunked(
         ctx,
         encoder,
         problem,
@@ -153,7 +197,7 @@ pub fn forward_into_profiled(
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
     timer: &GpuTimer,
-) -> Result<Intermediates> {
+) -> Result<Option<Intermediates>> {
     record_forward(
         ctx,
         encoder,
@@ -167,11 +211,12 @@ pub fn forward_into_profiled(
     )
 }
 
-/// [`forward_into`] with its scratch in `workspace` (made for this problem and storage dtype,
-/// see [`ForwardWorkspace`]) instead of buffers allocated per call, on the workspace's compute
-/// path; with `timer`, a timestamp after each pass as in [`forward_into_profiled`]. The
-/// returned intermediates are the workspace's buffers: they hold this call's values until the
-/// workspace is used again.
+/// The chunked forward with its scratch in `workspace` (made for this problem and storage
+/// dtype, see [`ForwardWorkspace`]) instead of buffers allocated per call, on the workspace's
+/// compute path; with `timer`, a timestamp after each pass as in [`forward_into_profiled`].
+/// The returned intermediates are the workspace's buffers: they hold this call's values until
+/// the workspace is used again. A workspace is the chunked algorithm's scratch; the recurrent
+/// kernel needs none (prepare a [`RecurrentForward`] once to record it without allocating).
 pub fn forward_into_workspace(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -181,7 +226,8 @@ pub fn forward_into_workspace(
     workspace: &ForwardWorkspace,
     timer: Option<&GpuTimer>,
 ) -> Result<Intermediates> {
-    record_forward(
+    check_call(ctx, problem, inputs, outputs)?;
+    record_chunked(
         ctx,
         encoder,
         problem,
@@ -195,11 +241,12 @@ pub fn forward_into_workspace(
     )
 }
 
-/// What the public forward entry points vary: per-pass timestamps, a forced compute path, and
-/// the scratch (a caller's workspace, else one made for the call).
+/// What the public forward entry points vary: per-pass timestamps, a forced algorithm or
+/// compute path, and the chunked scratch (a caller's workspace, else one made for the call).
 #[derive(Default, Clone, Copy)]
 struct Recording<'a> {
     timer: Option<&'a GpuTimer>,
+    algorithm: Option<ForwardAlgorithm>,
     path: Option<ComputePath>,
     workspace: Option<&'a ForwardWorkspace>,
     /// Receives every window's start states (`[Σ window sequences, HV, ..]` f32), for a
@@ -207,6 +254,7 @@ struct Recording<'a> {
     checkpoints: Option<&'a GpuTensor>,
 }
 
+/// The forward on the recording's algorithm, else the one [`forward_algorithm`] chooses.
 fn record_forward(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -214,7 +262,7 @@ fn record_forward(
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
     rec: Recording<'_>,
-) -> Result<Intermediates> {
+) -> Result<Option<Intermediates>> {
     // Device errors anywhere in the recording (scratch, tables, pipelines) come back typed.
     ctx.scoped("forward", None, || {
         record_forward_scoped(ctx, encoder, problem, inputs, outputs, rec)
@@ -228,13 +276,34 @@ fn record_forward_scoped(
     inputs: &ForwardInputs<&GpuTensor>,
     outputs: &ForwardOutputs<&GpuTensor>,
     rec: Recording<'_>,
-) -> Result<Intermediates> {
-    let Recording {
-        timer,
-        path,
-        workspace,
-        checkpoints,
-    } = rec;
+) -> Result<Option<Intermediates>> {
+    check_call(ctx, problem, inputs, outputs)?;
+    let algorithm = match rec.algorithm {
+        Some(a) => a,
+        None => forward_algorithm(ctx, problem, inputs.q.dtype)?.algorithm,
+    };
+    match algorithm {
+        ForwardAlgorithm::Recurrent => {
+            RecurrentForward::new(ctx, problem, inputs, outputs)?.record(encoder);
+            if let Some(t) = rec.timer {
+                t.mark(encoder, "recurrent_step");
+            }
+            Ok(None)
+        }
+        ForwardAlgorithm::Chunked => {
+            record_chunked(ctx, encoder, problem, inputs, outputs, rec).map(Some)
+        }
+    }
+}
+
+/// Everything a forward checks before recording, whatever its algorithm: the device, the
+/// inputs and the outputs' shapes and dtypes.
+pub(crate) fn check_call(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+) -> Result<()> {
     ctx.check()?;
     problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
     if outputs.o.shape() != problem.v_shape() {
@@ -267,7 +336,25 @@ fn record_forward_scoped(
         &[("o", outputs.o), ("final_state", outputs.final_state)],
         &named_inputs(inputs),
     )?;
+    Ok(())
+}
 
+/// The chunked algorithm (checked by [`check_call`] before).
+fn record_chunked(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    rec: Recording<'_>,
+) -> Result<Intermediates> {
+    let Recording {
+        timer,
+        path,
+        workspace,
+        checkpoints,
+        ..
+    } = rec;
     let dtype = inputs.q.dtype;
     let owned;
     let ws = match workspace {
@@ -637,18 +724,14 @@ pub(crate) fn forward_with_checkpoints(
     workspace: &ForwardWorkspace,
     checkpoints: Option<&GpuTensor>,
 ) -> Result<Intermediates> {
-    record_forward(
-        ctx,
-        encoder,
-        problem,
-        inputs,
-        outputs,
-        Recording {
-            workspace: Some(workspace),
-            checkpoints,
-            ..Recording::default()
-        },
-    )
+    let rec = Recording {
+        algorithm: Some(ForwardAlgorithm::Chunked),
+        workspace: Some(workspace),
+        checkpoints,
+        ..Recording::default()
+    };
+    record_forward(ctx, encoder, problem, inputs, outputs, rec)?
+        .ok_or_else(|| Error::Gpu("the chunked forward kept no intermediates".into()))
 }
 
 /// One scan over a segment table: the problem variant it runs (its value_dim and state
