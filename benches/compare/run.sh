@@ -110,7 +110,7 @@ phase_ours_backward() {
 phase_fla() {
     log "FLA: chunk_gated_delta_rule + fused_recurrent_gated_delta_rule (CUDA graphs)"
     setup_fla || { status=1; return; }
-    [ -f "$WORK/ours.json" ] || { echo "error: $WORK/ours.json missing: run the 'ours' phase first" >&2; status=1; return; }
+    ls "$WORK"/ours*.json >/dev/null 2>&1 || { echo "error: no $WORK/ours*.json: run an 'ours' phase first" >&2; status=1; return; }
     python3 "$HERE/compare.py" fla --ours "$WORK"/ours*.json --out "$WORK/fla.json" || status=1
 }
 
@@ -129,8 +129,8 @@ phase_xcheck() {
 
 phase_report() {
     log "report"
-    ours=("$WORK/ours.json")
-    for f in ours_bf16 ours_cuda ours_backward ours_cuda_backward; do
+    ours=()
+    for f in ours ours_bf16 ours_cuda ours_backward ours_cuda_backward; do
         [ -f "$WORK/$f.json" ] && ours+=("$WORK/$f.json")
     done
     args=(report --ours "${ours[@]}" --fla "$WORK/fla.json" --out-md "$WORK/compare.md" --out-json "$WORK/compare.json")
