@@ -82,7 +82,7 @@ phase_ours_bf16() {
         --json "$WORK/ours_bf16.json" $BENCH_ARGS || status=1
 }
 
-has_cuda() { "$GDN" bench --help 2>/dev/null | grep -q 'possible values:.*cuda'; }
+has_cuda() { "$GDN" bench --help 2>/dev/null | grep -qE '^\s*- cuda:'; }
 
 phase_ours_cuda() {
     log "ours: gdn bench --backend cuda --ops forward,decode --dtype bf16 --cuda-graph 10"
