@@ -402,8 +402,8 @@ __device__ __forceinline__ void gate_finish(const BackwardParams p, const float*
         }
         float d = 1.0f;
         if (p.flags & BETA_SIGMOID) {
-            const float s = sigmoid(beta[gi]);
-            d = s * (1.0f - s);
+            // σ' = σ(x)·σ(−x): 1 − σ(x) cancels for large logits (as in gate_finish.wgsl).
+            d = sigmoid(beta[gi]) * sigmoid(-beta[gi]);
         }
         if (p.flags & NEG_EIGVAL) d *= 2.0f;
         dbeta[gi] = db * d;
