@@ -280,8 +280,7 @@ fn grid_past_the_device_limit_names_the_pass_and_dimension() {
     let config = parse(&[("GDN_FORWARD_ALGORITHM", "chunked")]).unwrap();
     let ctx =
         pollster::block_on(Context::from_adapter_with_config(adapter, limits, config)).unwrap();
-    let problem =
-        gdn_wgpu::Problem::new(1, 5 * 64, 1, 1, 16, 16, None, Default::default()).unwrap();
+    let problem = gdn_wgpu::Problem::new(1, 64, 1, 5, 16, 16, None, Default::default()).unwrap();
     let inputs = gdn_wgpu::RandomSpec::default().generate(&problem);
     let inputs = gdn_wgpu::wgpu_backend::upload_inputs(&ctx, &inputs.as_ref()).unwrap();
     let mut encoder = ctx.create_encoder("too many chunks");

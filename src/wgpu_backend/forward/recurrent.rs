@@ -57,8 +57,49 @@ pub fn recurrent_rejects(ctx: &Context, problem: &Problem, dtype: DType) -> Opti
             limits.max_uniform_buffer_binding_size
         ));
     }
+    // The recurrent kernel binds whole tensors: past one binding the chunked scan, which runs
+    // in token windows, takes the call.
+    let limit = ctx.max_binding_bytes();
+    let (tokens, hv) = (problem.total_tokens() as u64, problem.heads_v as u64);
+    let widest = (tokens * hv * problem.value_dim as u64 * dtype.size() as u64)
+        .max(tokens * problem.heads_qk as u64 * problem.key_dim as u64 * dtype.size() as u64)
+        .max(
+            problem.num_sequences() as u64 * hv * 4 * (problem.key_dim * problem.value_dim) as u64,
+        );
+    if widest > limit {
+        return Some(format!(
+            "a tensor of {widest} bytes, past one binding ({limit}): the recurrent kernel does not \
+             run in windows"
+        ));
+    }
+    // llvmpipe (lavapipe) silently ends a shader invocation's loops after 65,535 iterations in
+    // all (docs/platforms.md), and the recurrent kernel loops over every token of a sequence
+    // in one invocation. Measured: decode went wrong from token 9,363 at K = V = 16 (about 7
+    // iterations per token); 3K/4 + 4 per token is a conservative bound for every K.
+    let llvmpipe = ctx
+        .adapter_info
+        .as_ref()
+        .is_some_and(|i| i.name.to_lowercase().contains("llvmpipe"));
+    let longest = problem
+        .sequences()
+        .iter()
+        .map(|s| s.len())
+        .max()
+        .unwrap_or(0);
+    let per_token = 3 * problem.key_dim / 4 + 4;
+    if llvmpipe && longest * per_token > LLVMPIPE_LOOP_ITERATIONS {
+        return Some(format!(
+            "a sequence of {longest} tokens on llvmpipe, whose shader loops stop after \
+             {LLVMPIPE_LOOP_ITERATIONS} iterations (at most {} tokens per sequence at K = {})",
+            LLVMPIPE_LOOP_ITERATIONS / per_token,
+            problem.key_dim
+        ));
+    }
     recurrent_tiles(ctx, problem).err().map(|e| e.to_string())
 }
+
+/// Mesa's `LP_MAX_TGSI_LOOP_ITERATIONS`: llvmpipe's cap on one invocation's loop iterations.
+const LLVMPIPE_LOOP_ITERATIONS: usize = 65_535;
 
 /// The recurrent kernel's tiling for a forward on this context: the decode default
 /// ([`RecurrentStepTiles::choose`], tuned for GPUs) except on CPU-type adapters, where the
