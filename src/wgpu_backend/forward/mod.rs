@@ -174,18 +174,11 @@ pub fn forward_into_with_path(
     outputs: &ForwardOutputs<&GpuTensor>,
     path: ComputePath,
 ) -> Result<Intermediates> {
-    check_call(ctx, problem, inputs, outputs)?;
-    record_chunked(
-        ctx,
-        encoder,
-        problem,
-        inputs,
-        outputs,
-        Recording {
-            path: Some(path),
-            ..Recording::default()
-        },
-    )
+    let rec = Recording {
+        path: Some(path),
+        ..Recording::default()
+    };
+    record_forward_chunked(ctx, encoder, problem, inputs, outputs, rec)
 }
 
 /// [`forward_into`] with a timestamp after each pass (labelled with the pass name) for a
@@ -226,19 +219,12 @@ pub fn forward_into_workspace(
     workspace: &ForwardWorkspace,
     timer: Option<&GpuTimer>,
 ) -> Result<Intermediates> {
-    check_call(ctx, problem, inputs, outputs)?;
-    record_chunked(
-        ctx,
-        encoder,
-        problem,
-        inputs,
-        outputs,
-        Recording {
-            timer,
-            workspace: Some(workspace),
-            ..Recording::default()
-        },
-    )
+    let rec = Recording {
+        timer,
+        workspace: Some(workspace),
+        ..Recording::default()
+    };
+    record_forward_chunked(ctx, encoder, problem, inputs, outputs, rec)
 }
 
 /// What the public forward entry points vary: per-pass timestamps, a forced algorithm or
@@ -725,10 +711,26 @@ pub(crate) fn forward_with_checkpoints(
     checkpoints: Option<&GpuTensor>,
 ) -> Result<Intermediates> {
     let rec = Recording {
-        algorithm: Some(ForwardAlgorithm::Chunked),
         workspace: Some(workspace),
         checkpoints,
         ..Recording::default()
+    };
+    record_forward_chunked(ctx, encoder, problem, inputs, outputs, rec)
+}
+
+/// [`record_forward`] on the chunked algorithm (inside the same error scope and checks as
+/// every forward), for the entry points that return its intermediates.
+fn record_forward_chunked(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &ForwardOutputs<&GpuTensor>,
+    rec: Recording<'_>,
+) -> Result<Intermediates> {
+    let rec = Recording {
+        algorithm: Some(ForwardAlgorithm::Chunked),
+        ..rec
     };
     record_forward(ctx, encoder, problem, inputs, outputs, rec)?
         .ok_or_else(|| Error::Gpu("the chunked forward kept no intermediates".into()))
