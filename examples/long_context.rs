@@ -8,7 +8,8 @@
 //!
 //! Flags: `--heads H/HV` (2/8), `--tokens T` (1048576), `--dtype f32|f16|bf16` (bf16),
 //! `--dim K` (K = V, 128), `--check-heads N` (2; 0 skips the oracle), `--reps N` (3),
-//! `--seed S` (0). `GDN_MAX_BINDING_BYTES` lowers the binding limit (smaller windows).
+//! `--seed S` (0). `GDN_MAX_BINDING_BYTES` lowers the binding limit (smaller windows),
+//! `GDN_MAX_BUFFER_BYTES` the largest buffer (tensors past it span several).
 
 use std::time::Instant;
 
@@ -68,21 +69,6 @@ fn parse() -> Result<Args, String> {
     Ok(a)
 }
 
-/// Little-endian bytes of `values` stored as `dtype`.
-fn encode(values: &[f32], dtype: DType) -> Vec<u8> {
-    match dtype {
-        DType::F32 => bytemuck::cast_slice(values).to_vec(),
-        DType::F16 => values
-            .iter()
-            .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
-            .collect(),
-        DType::BF16 => values
-            .iter()
-            .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
-            .collect(),
-    }
-}
-
 /// Head `head` of a `[tokens, heads, dim]` slab, rounded to `dtype` as the GPU sees it.
 fn head_rows(t: &HostTensor, heads: usize, head: usize, dim: usize, dtype: DType) -> Vec<f32> {
     let rows = t
@@ -139,16 +125,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             ..RandomSpec::default()
         };
         let x = spec.generate(&slab);
-        let write = |t: &GpuTensor, values: &[f32], dtype| {
-            let row = (t.bytes() / t.len() as u64) * (values.len() / len) as u64;
-            ctx.queue
-                .write_buffer(&t.buffer, start as u64 * row, &encode(values, dtype));
+        // Tensors past the largest buffer span several; write_range finds the buffers.
+        let write = |t: &GpuTensor, values: &[f32]| {
+            t.write_range(&ctx, start * (values.len() / len), values)
         };
-        write(&q, &x.q.data, a.dtype);
-        write(&k, &x.k.data, a.dtype);
-        write(&v, &x.v.data, a.dtype);
-        write(&g, &x.g.data, DType::F32);
-        write(&beta, &x.beta.data, DType::F32);
+        write(&q, &x.q.data)?;
+        write(&k, &x.k.data)?;
+        write(&v, &x.v.data)?;
+        write(&g, &x.g.data)?;
+        write(&beta, &x.beta.data)?;
         ctx.queue.submit([]);
         if i == 0 {
             h0 = x.initial_state.clone();
@@ -174,12 +159,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let ws = ForwardWorkspace::new(&ctx, &problem, a.dtype)?;
     println!(
         "{h}/{hv} heads, T = {t}, {} storage, K = V = {d}: path {}, {} window(s), scratch {:.2} GiB \
-         (binding limit {} B)",
+         (binding limit {} B; v in {} buffer(s) of at most {} B)",
         a.dtype,
         ws.path(),
         ws.windows(),
         ws.bytes() as f64 / (1u64 << 30) as f64,
-        ctx.max_binding_bytes()
+        ctx.max_binding_bytes(),
+        v.buffers().len(),
+        ctx.max_buffer_bytes()
     );
     let o = empty("o", &problem.v_shape(), a.dtype)?;
     let state = empty("final_state", &problem.state_shape(), DType::F32)?;

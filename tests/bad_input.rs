@@ -838,17 +838,18 @@ fn gpu_forward() {
             )
         },
     );
-    // Larger than any buffer the device allows: refused before anything is allocated (past
-    // one binding but within max_buffer_size is fine: the launchers bind windows).
-    let limit = ctx.limits().max_buffer_size as usize;
+    // One row (the innermost dimensions past the two outermost) larger than any buffer the
+    // device allows: refused before anything is allocated (a tensor past one binding or past
+    // one buffer is fine: it is split into buffers of whole rows, bound in windows).
+    let row = ctx.limits().max_buffer_size as usize / 4 + 1024;
     for (case, result) in [
         (
             "empty",
-            GpuTensor::empty(ctx, "v", &[limit / 4 + 1024], DType::F32),
+            GpuTensor::empty(ctx, "v", &[1, 1, row], DType::F32),
         ),
         (
             "filled",
-            GpuTensor::filled(ctx, "v", &[limit / 4 + 1024], DType::F32, 0.0),
+            GpuTensor::filled(ctx, "v", &[1, 1, row], DType::F32, 0.0),
         ),
     ] {
         expect("too-large", TooLarge, "v", "max_buffer_size").check(case, result);

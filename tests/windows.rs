@@ -609,3 +609,110 @@ fn backward_of_a_sequence_longer_than_a_binding() {
     ctx.check().unwrap();
     fail_on(failures);
 }
+
+/// Tensors larger than the largest buffer (`Context::set_max_buffer_bytes`, as
+/// `GDN_MAX_BUFFER_BYTES` does, lowered so small tensors span several buffers): uploads,
+/// downloads, ranges across buffer boundaries and slab writes round-trip exactly; the forward
+/// over inputs and outputs in several buffers is bitwise the one-buffer forward and within
+/// the oracle's bounds; the backward (inputs, saved intermediates and gradients in several
+/// buffers) is within the oracle's bounds; a varlen chunk across a buffer boundary is a typed
+/// error naming cu_seqlens.
+#[test]
+fn tensors_larger_than_a_buffer() {
+    use common::cases::{backward_case, check_gradients};
+    let Some(mut ctx) = context() else { return };
+    const BUFFER: u64 = 128 << 10;
+
+    // Round trips (odd lengths of 16-bit values included).
+    ctx.set_max_buffer_bytes(Some(BUFFER)).unwrap();
+    for dtype in [DType::F32, DType::BF16] {
+        let rows = 3001;
+        let shape = [1, rows, 3, 10];
+        let len: usize = shape.iter().product();
+        let values: Vec<f32> = (0..len).map(|i| (i % 251) as f32 - 125.0).collect();
+        let t = GpuTensor::from_values(&ctx, "t", &shape, dtype, &values).unwrap();
+        assert!(t.buffers().len() > 1, "{dtype}: one buffer");
+        assert!(t.buffers().iter().all(|b| b.size() <= BUFFER));
+        assert_eq!(t.download_blocking(&ctx).unwrap().data, values, "{dtype}");
+        let (a, b) = (len / 3 + 1, 2 * len / 3 + 7);
+        let got = t.download_range_blocking(&ctx, a..b).unwrap();
+        assert_eq!(got.data, values[a..b], "{dtype} range");
+        // Slab writes across a boundary, into a fresh tensor.
+        let w = GpuTensor::empty(&ctx, "w", &shape, dtype).unwrap();
+        let slab = 4 * 3 * 10 * 97;
+        for first in (0..len).step_by(slab) {
+            let end = (first + slab).min(len);
+            w.write_range(&ctx, first, &values[first..end]).unwrap();
+        }
+        assert_eq!(
+            w.download_blocking(&ctx).unwrap().data,
+            values,
+            "{dtype} writes"
+        );
+        assert!(w.write_range(&ctx, len - 3, &[1.0; 4]).is_err());
+    }
+
+    let options = gdn_wgpu::Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let case = common::cases::HardCase {
+        name: "T2048 + 952 every option GVA2, several buffers".into(),
+        problem: common::problem(1, 3000, 1, 2, 32, 32, Some(vec![0, 2048, 3000]), options),
+        spec: gdn_wgpu::RandomSpec {
+            zero_gate_heads: 1,
+            ..common::cases::spec(79, true)
+        },
+    };
+    let p = &case.problem;
+    let (inputs, expected) = inputs_and_oracle(&case, DType::F32);
+    ctx.set_max_buffer_bytes(None).unwrap();
+    let one = common::upload_inputs(&ctx, &inputs);
+    let whole = run(&ctx, p, DType::F32, |e, out| {
+        forward_into_with_path(&ctx, e, p, &one.as_ref(), out, ComputePath::Scalar)
+    });
+    ctx.set_max_buffer_bytes(Some(BUFFER)).unwrap();
+    let split = common::upload_inputs(&ctx, &inputs);
+    assert!(split.v.buffers().len() >= 4 && split.q.buffers().len() >= 2);
+    let got = run(&ctx, p, DType::F32, |e, out| {
+        forward_into_with_path(&ctx, e, p, &split.as_ref(), out, ComputePath::Scalar)
+    });
+    assert_eq!(bits(&got.o), bits(&whole.o));
+    assert_eq!(bits(&got.final_state), bits(&whole.final_state));
+    check(
+        "several buffers",
+        &case,
+        Op::Forward,
+        DType::F32,
+        ComputePath::Scalar.arithmetic(),
+        &got,
+        &expected,
+    )
+    .unwrap();
+
+    let mut failures = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
+        let (_, grads) =
+            wgpu_backend::backward_host(&ctx, p, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+        let what = format!("backward, buffers of {BUFFER} B");
+        failures.extend(check_gradients(&what, &case, dtype, &grads, &expected));
+    }
+    fail_on(failures);
+
+    // Sequence 2's chunk 1000..1064 crosses the buffer boundary at token 1024 (v: 256 B per
+    // token, 512 tokens per 128 KiB buffer).
+    let crossing = common::problem(1, 3000, 1, 2, 32, 32, Some(vec![0, 1000, 3000]), options);
+    let spec = common::cases::spec(80, true);
+    let inputs = spec.generate(&crossing);
+    let e = wgpu_backend::forward_host(&ctx, &crossing, &inputs.as_ref()).unwrap_err();
+    assert!(
+        matches!(&e, Error::Unsupported { name, .. } if name == "cu_seqlens"),
+        "{e}"
+    );
+    ctx.check().unwrap();
+}

@@ -9,7 +9,7 @@ use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 7] = [
+pub const VARIABLES: [&str; 8] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
@@ -17,6 +17,7 @@ pub const VARIABLES: [&str; 7] = [
     "GDN_SEGMENT_CHUNKS",
     "GDN_SHADER_CHECKS",
     "GDN_MAX_BINDING_BYTES",
+    "GDN_MAX_BUFFER_BYTES",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -65,6 +66,11 @@ pub struct Config {
     /// scratch larger than a binding are processed in windows, so this also bounds the
     /// forward's scratch (docs/configuration.md).
     pub max_binding_bytes: Option<u64>,
+    /// `GDN_MAX_BUFFER_BYTES` (same format and least value): the largest buffer the library
+    /// creates for one tensor, lowered below the device's `max_buffer_size`. A tensor larger
+    /// than this is stored in several buffers of whole rows (docs/windows.md); lowering it
+    /// tests that on small problems.
+    pub max_buffer_bytes: Option<u64>,
 }
 
 /// The least `GDN_MAX_BINDING_BYTES`: one 64-token chunk of the forward's largest per-token
@@ -109,7 +115,10 @@ impl Config {
                 None => ShaderChecks::None,
             },
             max_binding_bytes: lookup("GDN_MAX_BINDING_BYTES")
-                .map(|s| parse_binding_bytes(&s))
+                .map(|s| parse_bytes("GDN_MAX_BINDING_BYTES", &s))
+                .transpose()?,
+            max_buffer_bytes: lookup("GDN_MAX_BUFFER_BYTES")
+                .map(|s| parse_bytes("GDN_MAX_BUFFER_BYTES", &s))
                 .transpose()?,
         })
     }
@@ -170,7 +179,7 @@ fn parse_segment_chunks(s: &str) -> Result<usize> {
 
 /// Bytes, optionally with a binary suffix (`KiB`, `MiB`, `GiB`), a multiple of 4 (bindings
 /// are word-sized) and at least [`MIN_BINDING_BYTES`].
-fn parse_binding_bytes(s: &str) -> Result<u64> {
+fn parse_bytes(variable: &str, s: &str) -> Result<u64> {
     let t = s.trim();
     let (digits, unit) = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)]
         .into_iter()
@@ -183,7 +192,7 @@ fn parse_binding_bytes(s: &str) -> Result<u64> {
         .filter(|&b| b >= MIN_BINDING_BYTES && b % 4 == 0)
         .ok_or_else(|| {
             Error::value(
-                "GDN_MAX_BINDING_BYTES",
+                variable,
                 format!(
                     "a byte count (optionally with KiB, MiB or GiB), a multiple of 4 and at \
                      least {MIN_BINDING_BYTES}"

@@ -25,6 +25,7 @@ pub struct Context {
     path_support: PathSupport,
     forced_path: Option<ComputePath>,
     binding_limit: Option<u64>,
+    buffer_limit: Option<u64>,
     forced_algorithm: Option<ForwardAlgorithm>,
     errors: Arc<Mutex<Vec<DeviceError>>>,
     lost: Arc<Mutex<Option<String>>>,
@@ -285,6 +286,7 @@ impl Context {
         let pipelines = PipelineCache::new(device.clone(), config.shader_checks);
         let forced_path = config.compute_path;
         let binding_limit = config.max_binding_bytes;
+        let buffer_limit = config.max_buffer_bytes;
         let forced_algorithm = config.forward_algorithm;
         let path_support = PathSupport::detect(
             device.features(),
@@ -302,6 +304,7 @@ impl Context {
             path_support,
             forced_path,
             binding_limit,
+            buffer_limit,
             forced_algorithm,
             errors: Arc::default(),
             lost: Arc::default(),
@@ -319,11 +322,40 @@ impl Context {
     }
 
     /// The largest storage binding the library makes on this context: the device's
-    /// `max_storage_buffer_binding_size`, or `GDN_MAX_BINDING_BYTES` when that is lower.
-    /// Tensors and scratch larger than this are processed in windows (docs/windows.md).
+    /// `max_storage_buffer_binding_size`, or `GDN_MAX_BINDING_BYTES` when that is lower, and
+    /// never more than [`Context::max_buffer_bytes`]. Tensors and scratch larger than this are
+    /// processed in windows (docs/windows.md).
     pub fn max_binding_bytes(&self) -> u64 {
         let device = self.limits().max_storage_buffer_binding_size;
-        self.binding_limit.map_or(device, |b| b.min(device))
+        self.binding_limit
+            .map_or(device, |b| b.min(device))
+            .min(self.max_buffer_bytes())
+    }
+
+    /// The largest buffer the library creates for one tensor: the device's `max_buffer_size`,
+    /// or `GDN_MAX_BUFFER_BYTES` when that is lower. Larger tensors are stored in several
+    /// buffers of whole rows (docs/windows.md).
+    pub fn max_buffer_bytes(&self) -> u64 {
+        let device = self.limits().max_buffer_size;
+        self.buffer_limit.map_or(device, |b| b.min(device))
+    }
+
+    /// Lower the largest buffer the library creates for one tensor (`None`: the device's), as
+    /// `GDN_MAX_BUFFER_BYTES` does; it also caps [`Context::max_binding_bytes`]. Tensors made
+    /// afterwards larger than this are split into several buffers. A value below
+    /// [`config::MIN_BINDING_BYTES`] or not a multiple of 4 is an `Error::Value`.
+    pub fn set_max_buffer_bytes(&mut self, bytes: Option<u64>) -> Result<()> {
+        if let Some(b) = bytes
+            && (b < config::MIN_BINDING_BYTES || b % 4 != 0)
+        {
+            return Err(Error::value(
+                "max_buffer_bytes",
+                format!("a multiple of 4, at least {}", config::MIN_BINDING_BYTES),
+                b,
+            ));
+        }
+        self.buffer_limit = bytes;
+        Ok(())
     }
 
     /// Lower the largest storage binding the library makes (`None`: the device's), as

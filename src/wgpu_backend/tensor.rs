@@ -1,4 +1,7 @@
-//! Typed GPU tensors: a storage buffer with a shape and a storage dtype.
+//! Typed GPU tensors: a storage buffer (or, past the largest buffer, several) with a shape
+//! and a storage dtype.
+
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::problem::ForwardInputs;
@@ -19,6 +22,69 @@ pub struct GpuTensor {
     /// `Some((offset, size))` for a view of part of `buffer` (a window of a larger tensor),
     /// bound at that byte range; `None`: the tensor is the whole buffer from byte 0.
     pub(crate) range: Option<(u64, u64)>,
+    /// `Some` for a tensor larger than the largest buffer ([`Context::max_buffer_bytes`]):
+    /// its rows in several buffers, `buffer` being the first. Passes reach such a tensor only
+    /// through views inside one buffer (token windows end at buffer boundaries).
+    pub(crate) parts: Option<Arc<Parts>>,
+}
+
+/// The buffers of a tensor larger than one buffer: its rows (the two outermost dimensions
+/// flattened — the packed token axis of `[B, T, ..]` tensors, `N·HV` of states) in buffers of
+/// `rows` rows each (a power of two, so the boundaries of tensors with different row sizes
+/// nest), the last buffer holding the rest.
+#[derive(Debug)]
+pub(crate) struct Parts {
+    /// Rows per buffer.
+    pub rows: usize,
+    /// Elements per row.
+    pub row_elems: usize,
+    pub buffers: Vec<wgpu::Buffer>,
+}
+
+impl Parts {
+    /// Elements per buffer (all but the last are full).
+    fn elems(&self) -> usize {
+        self.rows * self.row_elems
+    }
+}
+
+/// Rows (the two outermost dimensions flattened) and elements per row of `shape`.
+fn rows_of(shape: &[usize]) -> (usize, usize) {
+    let rows: usize = shape.iter().take(2).product();
+    let row_elems = shape.iter().skip(2).product::<usize>();
+    if rows == 0 {
+        (0, row_elems)
+    } else {
+        (rows, row_elems)
+    }
+}
+
+/// Rows per buffer of a tensor of `shape` and `dtype` stored in buffers of at most
+/// `max_buffer` bytes: `None` when it fits one buffer, else the largest power of two of rows
+/// that fits (`Error::TooLarge` naming `name` when not even one row does).
+pub(crate) fn part_rows(
+    name: &str,
+    shape: &[usize],
+    dtype: DType,
+    max_buffer: u64,
+) -> Result<Option<usize>> {
+    let len = crate::tensor::element_count(name, shape)?;
+    let bytes = (len as u64).saturating_mul(dtype.size() as u64);
+    if bytes.div_ceil(4).max(1) * 4 <= max_buffer {
+        return Ok(None);
+    }
+    let (_, row_elems) = rows_of(shape);
+    let row_bytes = (row_elems * dtype.size()) as u64;
+    let fit = max_buffer / row_bytes.max(1);
+    if fit == 0 {
+        return Err(Error::TooLarge {
+            name: name.into(),
+            bytes: row_bytes,
+            limit_name: "max_buffer_size",
+            limit: max_buffer,
+        });
+    }
+    Ok(Some(1usize << fit.ilog2()))
 }
 
 impl TensorMeta for GpuTensor {
@@ -31,14 +97,15 @@ impl TensorMeta for GpuTensor {
     fn check_storage(&self, name: &str) -> Result<()> {
         let len = crate::tensor::element_count(name, &self.shape)?;
         let needed = (len as u64).saturating_mul(self.dtype.size() as u64);
-        if self.buffer.size() < needed {
+        let stored = self.stored_bytes();
+        if stored < needed {
             return Err(Error::value(
                 name,
                 format!(
                     "a buffer of at least {needed} bytes ({:?} {})",
                     self.shape, self.dtype
                 ),
-                format!("{} bytes", self.buffer.size()),
+                format!("{stored} bytes"),
             ));
         }
         Ok(())
@@ -141,19 +208,62 @@ impl GpuTensor {
         (self.len() * self.dtype.size()) as u64
     }
 
-    /// A buffer may be larger than one storage binding (passes bind windows of it), but not
-    /// larger than the device's largest buffer.
-    fn check_size(ctx: &Context, name: &str, bytes: u64) -> Result<()> {
-        let limits = ctx.limits();
-        if bytes > limits.max_buffer_size {
-            return Err(Error::TooLarge {
-                name: name.into(),
-                bytes,
-                limit_name: "max_buffer_size",
-                limit: limits.max_buffer_size,
-            });
+    /// Every buffer of the tensor in order (one unless it is larger than the largest buffer).
+    pub fn buffers(&self) -> Vec<&wgpu::Buffer> {
+        match &self.parts {
+            Some(parts) => parts.buffers.iter().collect(),
+            None => vec![&self.buffer],
         }
-        Ok(())
+    }
+
+    /// Bytes of storage behind the tensor (all its buffers, or the view's range).
+    fn stored_bytes(&self) -> u64 {
+        match (&self.parts, self.range) {
+            (Some(parts), None) => parts.buffers.iter().map(|b| b.size()).sum(),
+            _ => self.binding_bytes(),
+        }
+    }
+
+    /// The buffers of a new tensor: one, or for a tensor past [`Context::max_buffer_bytes`]
+    /// several of whole rows. `make(label, first byte, bytes)` creates one buffer holding the
+    /// tensor's unpadded bytes `first..first + bytes`.
+    fn create(
+        ctx: &Context,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        make: impl Fn(u64, u64) -> wgpu::Buffer,
+    ) -> Result<Self> {
+        let len = crate::tensor::element_count(name, shape)?;
+        let total = (len as u64).saturating_mul(dtype.size() as u64);
+        let tensor = |buffer, parts| GpuTensor {
+            buffer,
+            shape: shape.to_vec(),
+            dtype,
+            range: None,
+            parts,
+        };
+        let scoped = |first: u64, bytes: u64| {
+            let padded = bytes.div_ceil(4).max(1) * 4;
+            ctx.scoped(name, Some(padded), || make(first, bytes))
+        };
+        let Some(rows) = part_rows(name, shape, dtype, ctx.max_buffer_bytes())? else {
+            return Ok(tensor(scoped(0, total)?, None));
+        };
+        let (all_rows, row_elems) = rows_of(shape);
+        let part_bytes = (rows * row_elems * dtype.size()) as u64;
+        let buffers = (0..all_rows.div_ceil(rows))
+            .map(|p| {
+                let first = p as u64 * part_bytes;
+                scoped(first, part_bytes.min(total - first))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let parts = Parts {
+            rows,
+            row_elems,
+            buffers,
+        };
+        Ok(tensor(parts.buffers[0].clone(), Some(Arc::new(parts))))
     }
 
     /// Upload a host tensor, stored as `host.dtype` (values round to it).
@@ -178,15 +288,9 @@ impl GpuTensor {
             ));
         }
         let contents = encode(values, dtype);
-        Self::check_size(ctx, name, contents.len() as u64)?;
-        let buffer = ctx.scoped(name, Some(contents.len() as u64), || {
-            init_buffer(ctx, name, &contents, USAGE)
-        })?;
-        Ok(GpuTensor {
-            buffer,
-            shape: shape.to_vec(),
-            dtype,
-            range: None,
+        Self::create(ctx, name, shape, dtype, |first, bytes| {
+            let (first, bytes) = (first as usize, bytes as usize);
+            init_buffer(ctx, name, &contents[first..first + bytes], USAGE)
         })
     }
 
@@ -199,17 +303,45 @@ impl GpuTensor {
         value: f32,
     ) -> Result<Self> {
         let len = crate::tensor::element_count(name, shape)?;
-        Self::check_size(ctx, name, (len as u64).saturating_mul(dtype.size() as u64))?;
+        // Refuse what cannot be stored before drawing the host values.
+        part_rows(name, shape, dtype, ctx.max_buffer_bytes())?;
         Self::from_values(ctx, name, shape, dtype, &vec![value; len])
     }
 
     /// An uninitialized (zeroed by wgpu) tensor.
     pub fn empty(ctx: &Context, name: &str, shape: &[usize], dtype: DType) -> Result<Self> {
+        Self::create(ctx, name, shape, dtype, |_, bytes| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(name),
+                size: bytes.div_ceil(4).max(1) * 4,
+                usage: USAGE,
+                mapped_at_creation: false,
+            })
+        })
+    }
+
+    /// Scratch of the library's own passes: always one buffer (passes bind windows of it at
+    /// raw offsets), up to the device's `max_buffer_size` (`Error::TooLarge` past it, before
+    /// anything is allocated).
+    pub(crate) fn scratch(
+        ctx: &Context,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+    ) -> Result<Self> {
         let len = crate::tensor::element_count(name, shape)?;
         let size = (len as u64)
             .checked_mul(dtype.size() as u64)
             .map_or(u64::MAX, |b| b.div_ceil(4).max(1) * 4);
-        Self::check_size(ctx, name, size)?;
+        let limit = ctx.limits().max_buffer_size;
+        if size > limit {
+            return Err(Error::TooLarge {
+                name: name.into(),
+                bytes: size,
+                limit_name: "max_buffer_size",
+                limit,
+            });
+        }
         let buffer = ctx.scoped(name, Some(size), || {
             ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(name),
@@ -218,12 +350,7 @@ impl GpuTensor {
                 mapped_at_creation: false,
             })
         })?;
-        Ok(GpuTensor {
-            buffer,
-            shape: shape.to_vec(),
-            dtype,
-            range: None,
-        })
+        Ok(GpuTensor::from_buffer(buffer, shape, dtype))
     }
 
     /// A tensor over a whole buffer: e.g. a caller's own buffer (`STORAGE | COPY_SRC |
@@ -236,6 +363,7 @@ impl GpuTensor {
             shape: shape.to_vec(),
             dtype,
             range: None,
+            parts: None,
         }
     }
 
@@ -247,27 +375,44 @@ impl GpuTensor {
     /// The view of `shape` starting `first` elements into this tensor, bound at exactly its
     /// bytes. The caller keeps the start offset a multiple of the device's
     /// `min_storage_buffer_offset_alignment` where the view is bound (windows choose starts
-    /// that are, see `wgpu_backend::windows`); a start that is not word-aligned or a view
-    /// past the end is a bug, reported as an `Error::Value`.
+    /// that are, see `wgpu_backend::windows`), and, in a tensor of several buffers, the view
+    /// inside one of them (windows end at buffer boundaries); a start that is not
+    /// word-aligned or a view past the end or across buffers is a bug, reported as an
+    /// `Error::Value`.
     pub(crate) fn view(&self, name: &str, first: usize, shape: &[usize]) -> Result<Self> {
         let len: usize = shape.iter().product();
-        let offset = self.offset() + (first * self.dtype.size()) as u64;
-        let size = padded_bytes(len, self.dtype);
-        if !offset.is_multiple_of(4) || first + len > self.len() {
+        // The buffer the view lies in and the element range that buffer holds.
+        let (buffer, held) = match &self.parts {
+            Some(parts) => {
+                let p = (first / parts.elems()).min(parts.buffers.len() - 1);
+                let start = p * parts.elems();
+                (
+                    &parts.buffers[p],
+                    start..(start + parts.elems()).min(self.len()),
+                )
+            }
+            None => (&self.buffer, 0..self.len()),
+        };
+        let offset = self.offset() + ((first - held.start) * self.dtype.size()) as u64;
+        if !offset.is_multiple_of(4) || first + len > held.end {
+            let within = if self.parts.is_some() {
+                format!("one of the tensor's buffers (elements {held:?})")
+            } else {
+                format!("the tensor's {} elements", self.len())
+            };
             return Err(Error::value(
                 name,
-                format!(
-                    "a word-aligned view inside the tensor's {} elements",
-                    self.len()
-                ),
+                format!("a word-aligned view inside {within}"),
                 format!("{len} elements from element {first}"),
             ));
         }
+        let size = padded_bytes(len, self.dtype);
         Ok(GpuTensor {
-            buffer: self.buffer.clone(),
+            buffer: buffer.clone(),
             shape: shape.to_vec(),
             dtype: self.dtype,
-            range: Some((offset, size.min(self.buffer.size() - offset))),
+            range: Some((offset, size.min(buffer.size() - offset))),
+            parts: None,
         })
     }
 
@@ -279,6 +424,7 @@ impl GpuTensor {
             shape: shape.to_vec(),
             dtype,
             range: self.range,
+            parts: self.parts.clone(),
         }
     }
 
@@ -294,15 +440,31 @@ impl GpuTensor {
         }
     }
 
-    /// Bytes a pass binds: the whole buffer, or the view's range.
+    /// Bytes a pass binds: the whole buffer, or the view's range. For a tensor of several
+    /// buffers, all of them: more than any binding, so a pass that binds it whole (rather than
+    /// through views) is refused before it runs.
     pub(crate) fn binding_bytes(&self) -> u64 {
-        self.range.map_or(self.buffer.size(), |(_, size)| size)
+        match (&self.parts, self.range) {
+            (Some(parts), None) => parts.buffers.iter().map(|b| b.size()).sum(),
+            (_, Some((_, size))) => size,
+            (None, None) => self.buffer.size(),
+        }
     }
 
     /// Copy the tensor back to the host (submits a copy and waits for it). Errors are typed:
     /// [`Error::DeviceLost`] on a lost device, [`Error::OutOfMemory`] when the staging buffer
     /// cannot be allocated.
     pub async fn download(&self, ctx: &Context) -> Result<HostTensor> {
+        if self.parts.is_some() && self.range.is_none() {
+            let mut host = self.download_range(ctx, 0..self.len()).await?;
+            host.shape = self.shape.clone();
+            return Ok(host);
+        }
+        self.download_one_buffer(ctx).await
+    }
+
+    /// `download` of a tensor in one buffer (or a view).
+    async fn download_one_buffer(&self, ctx: &Context) -> Result<HostTensor> {
         let size = match self.range {
             None => padded_bytes(self.len(), self.dtype),
             Some((_, size)) => size,
@@ -335,16 +497,66 @@ impl GpuTensor {
                 format!("{elements:?}"),
             ));
         }
-        // Copies move whole words: widen to them, then trim.
+        // One piece per buffer the range touches.
+        let per_buffer = self.parts.as_ref().map_or(usize::MAX, |p| p.elems());
+        let mut data = Vec::with_capacity(elements.len());
+        let mut at = elements.start;
+        while at < elements.end {
+            let end = elements
+                .end
+                .min((at / per_buffer + 1).saturating_mul(per_buffer));
+            // Copies move whole words: widen to them (within the buffer), then trim.
+            let per_word = 4 / self.dtype.size();
+            let first = at / per_word * per_word;
+            let buffer_end = (at / per_buffer + 1).saturating_mul(per_buffer);
+            let last = (end.div_ceil(per_word) * per_word)
+                .min(self.len())
+                .min(buffer_end);
+            let host = self
+                .view("elements", first, &[last - first])?
+                .download_one_buffer(ctx)
+                .await?;
+            data.extend_from_slice(&host.data[at - first..end - first]);
+            at = end;
+        }
+        Ok(HostTensor {
+            shape: vec![elements.len()],
+            dtype: self.dtype,
+            data,
+        })
+    }
+
+    /// Write `values` into the flat elements from `first` on (row-major, stored as the
+    /// tensor's dtype), e.g. to fill a tensor too large to hold on the host in slabs. Goes
+    /// through the queue (ordered before work submitted later); `first` and, unless the
+    /// write reaches the tensor's end, `first + values.len()` must be word-aligned (even
+    /// element indices for 16-bit dtypes).
+    pub fn write_range(&self, ctx: &Context, first: usize, values: &[f32]) -> Result<()> {
         let per_word = 4 / self.dtype.size();
-        let first = elements.start / per_word * per_word;
-        let last = elements.end.div_ceil(per_word) * per_word;
-        let len = last.min(self.len()) - first;
-        let mut host = self.view("elements", first, &[len])?.download(ctx).await?;
-        let skip = elements.start - first;
-        host.data = host.data[skip..skip + elements.len()].to_vec();
-        host.shape = vec![elements.len()];
-        Ok(host)
+        let end = first.saturating_add(values.len());
+        if end > self.len()
+            || !first.is_multiple_of(per_word)
+            || (!end.is_multiple_of(per_word) && end != self.len())
+        {
+            return Err(Error::value(
+                "first",
+                format!(
+                    "a word-aligned range inside the tensor's {} elements",
+                    self.len()
+                ),
+                format!("{} elements from element {first}", values.len()),
+            ));
+        }
+        let per_buffer = self.parts.as_ref().map_or(usize::MAX, |p| p.elems());
+        let mut at = first;
+        while at < end {
+            let stop = end.min((at / per_buffer + 1).saturating_mul(per_buffer));
+            let view = self.view("first", at, &[stop - at])?;
+            let bytes = encode(&values[at - first..stop - first], self.dtype);
+            ctx.queue.write_buffer(&view.buffer, view.offset(), &bytes);
+            at = stop;
+        }
+        Ok(())
     }
 
     /// [`GpuTensor::download_range`], blocking (native only).
@@ -423,4 +635,27 @@ pub fn upload_inputs(
         a_log: up_opt("A_log", inputs.a_log)?,
         dt_bias: up_opt("dt_bias", inputs.dt_bias)?,
     })
+}
+
+/// Tokens per buffer of the problem's token-indexed tensors (q, k, v, o, g, β and their
+/// gradients) that are larger than one buffer, the least over them; `None` when each fits one.
+/// Windows end at multiples of it (`WindowCosts::part_tokens`).
+pub(crate) fn token_part_rows(
+    ctx: &Context,
+    problem: &crate::problem::Problem,
+    dtype: DType,
+) -> Result<Option<usize>> {
+    let max = ctx.max_buffer_bytes();
+    let shapes: [(&str, &[usize], DType); 3] = [
+        ("q", &problem.qk_shape(), dtype),
+        ("v", &problem.v_shape(), dtype),
+        ("g", &problem.gate_shape(), DType::F32),
+    ];
+    let mut least: Option<usize> = None;
+    for (name, shape, dtype) in shapes {
+        if let Some(rows) = part_rows(name, shape, dtype, max)? {
+            least = Some(least.map_or(rows, |l| l.min(rows)));
+        }
+    }
+    Ok(least)
 }

@@ -36,6 +36,10 @@ pub(crate) struct WindowCosts {
     /// The most chunks, sequences or segments one window may hold: passes dispatch one
     /// workgroup row per chunk or segment (`max_compute_workgroups_per_dimension`).
     pub max_rows: usize,
+    /// Tokens per buffer of the token-indexed tensors stored in several buffers (the least
+    /// over them; a power of two, so every such tensor's boundaries are multiples of it):
+    /// windows end at these boundaries, since a binding lies in one buffer.
+    pub part_tokens: Option<usize>,
 }
 
 /// One window: sequences `first_seq..first_seq + pieces.len()`, each computed over its piece
@@ -67,6 +71,10 @@ impl WindowCosts {
             chunk_bytes: self.chunk_bytes.max(other.chunk_bytes),
             segments: self.segments.or(other.segments),
             max_rows: self.max_rows.min(other.max_rows),
+            part_tokens: match (self.part_tokens, other.part_tokens) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            },
         }
     }
 }
@@ -145,16 +153,19 @@ pub(crate) fn plan(
             && segs as u64 * seg_bytes <= limit
     };
     let all_chunks = problem.chunks().len();
-    if fits(
-        whole.tokens,
-        all_chunks,
-        whole.seqs(),
-        seg_count(&whole.pieces),
-    ) && fits_rows(
-        problem.chunks().len(),
-        whole.seqs(),
-        seg_count(&whole.pieces),
-    ) {
+    if costs.part_tokens.is_none()
+        && fits(
+            whole.tokens,
+            all_chunks,
+            whole.seqs(),
+            seg_count(&whole.pieces),
+        )
+        && fits_rows(
+            problem.chunks().len(),
+            whole.seqs(),
+            seg_count(&whole.pieces),
+        )
+    {
         return Ok(vec![whole]);
     }
 
@@ -172,6 +183,16 @@ pub(crate) fn plan(
         .max()
         .unwrap_or(1) as usize;
     let least_tokens = CHUNK + granule - 1;
+    // The buffer a token lies in, when tensors span several.
+    let part = |token: usize| costs.part_tokens.map_or(0, |p| token / p);
+    if let Some(p) = costs.part_tokens
+        && (p < CHUNK || !p.is_multiple_of(granule))
+    {
+        return Err(too_large(
+            "a buffer of a token-indexed tensor (fewer tokens than one aligned chunk)",
+            p as u64 * per_token,
+        ));
+    }
     if !fits(least_tokens, 1, 1, 1) {
         let bytes = [
             (least_tokens + costs.pad_tokens) as u64 * per_token,
@@ -205,6 +226,24 @@ pub(crate) fn plan(
     for (n, seq) in sequences.iter().enumerate() {
         for start in (seq.start..seq.end).step_by(CHUNK) {
             let end = (start + CHUNK).min(seq.end);
+            if part(start) != part(end - 1) {
+                return Err(Error::unsupported(
+                    "cu_seqlens",
+                    format!(
+                        "a chunk across the boundary between two buffers of a tensor larger than \
+                         one buffer (tokens {start}..{end} of sequence {n} cross token {}; \
+                         such boundaries fall every {} tokens: start sequences so that their \
+                         64-token chunks do not cross them, or use smaller tensors)",
+                        part(end - 1) * costs.part_tokens.unwrap_or(0),
+                        costs.part_tokens.unwrap_or(0)
+                    ),
+                ));
+            }
+            if let Some((w, _, _)) = &open
+                && part(w.base) != part(start)
+            {
+                windows.extend(open.take().map(|(w, _, _)| w));
+            }
             if let Some((w, segs, chunks)) = &open {
                 let segs = match w.pieces.get(n - w.first_seq) {
                     Some(p) => segs - span_segments(p.len()) + span_segments(end - p.start),
@@ -273,6 +312,7 @@ mod tests {
             chunk_bytes: 0,
             segments: None,
             max_rows: 65535,
+            part_tokens: None,
         }
     }
 

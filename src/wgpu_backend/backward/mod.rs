@@ -248,7 +248,7 @@ pub fn forward_saved(
         let seqs: usize = windows.iter().map(|w| w.seqs()).sum();
         let mut shape = problem.state_shape().to_vec();
         shape[0] = seqs;
-        Some(GpuTensor::empty(
+        Some(GpuTensor::scratch(
             ctx,
             "state checkpoints",
             &shape,
@@ -313,6 +313,7 @@ pub(crate) fn backward_costs(problem: &Problem, dtype: DType) -> WindowCosts {
         chunk_bytes: slot_bytes,
         segments: None,
         max_rows: usize::MAX,
+        part_tokens: None,
     }
 }
 
@@ -608,7 +609,7 @@ struct Scratch {
 impl Scratch {
     fn new(ctx: &Context, p: &Problem, rows: usize, slots: usize) -> Result<Self> {
         let (hv, kd, vd) = (p.heads_v, p.key_dim, p.value_dim);
-        let f32 = |name: &str, shape: &[usize]| GpuTensor::empty(ctx, name, shape, DType::F32);
+        let f32 = |name: &str, shape: &[usize]| GpuTensor::scratch(ctx, name, shape, DType::F32);
         Ok(Scratch {
             states: f32("recomputed states", &[slots, hv, kd, vd])?,
             dstates: f32("state gradients", &[slots, hv, kd, vd])?,
@@ -941,10 +942,10 @@ fn backward_windows(
         .max()
         .unwrap_or(0);
     let scratch = Scratch::new(ctx, p, rows_max, slots_max)?;
-    let f32 = |name: &str, shape: &[usize]| GpuTensor::empty(ctx, name, shape, DType::F32);
+    let f32 = |name: &str, shape: &[usize]| GpuTensor::scratch(ctx, name, shape, DType::F32);
     let gate_beta_all = f32("gate_beta", &[rows_max, hv, 2])?;
     let a_all = f32("wy_inverse", &[rows_max, hv, CHUNK])?;
-    let normed = |name: &str| GpuTensor::empty(ctx, name, &[rows_max, h, kd], dtype);
+    let normed = |name: &str| GpuTensor::scratch(ctx, name, &[rows_max, h, kd], dtype);
     let (q_normed, k_normed) = if p.options.l2norm_qk {
         (Some(normed("q_normed")?), Some(normed("k_normed")?))
     } else {

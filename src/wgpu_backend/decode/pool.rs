@@ -144,7 +144,7 @@ impl StatePool {
             return Err(Error::value("pool", "at least one slot", 0));
         }
         let [a, b] = layout.inner_shape(key_dim, value_dim);
-        let states = GpuTensor::empty(ctx, "state pool", &[slots, heads_v, a, b], DType::F32)?;
+        let states = GpuTensor::scratch(ctx, "state pool", &[slots, heads_v, a, b], DType::F32)?;
         Ok(StatePool { states, layout })
     }
 

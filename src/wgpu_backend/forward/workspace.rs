@@ -13,6 +13,7 @@ use crate::problem::{CHUNK, Problem};
 use crate::tensor::DType;
 use crate::wgpu_backend::params::{Params, upload_u32};
 use crate::wgpu_backend::path::ComputePath;
+use crate::wgpu_backend::tensor::token_part_rows;
 use crate::wgpu_backend::windows::{self, TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -232,6 +233,7 @@ impl ForwardWorkspace {
             costs = costs.union(extra);
         }
         costs.max_rows = ctx.limits().max_compute_workgroups_per_dimension as usize;
+        costs.part_tokens = token_part_rows(ctx, problem, dtype)?;
         let windows = windows::plan(
             problem,
             &costs,
@@ -258,25 +260,25 @@ impl ForwardWorkspace {
         };
         let (q_normed, k_normed) = if problem.options.l2norm_qk {
             (
-                Some(GpuTensor::empty(ctx, "q_normed", &qk_shape, dtype)?),
-                Some(GpuTensor::empty(ctx, "k_normed", &qk_shape, dtype)?),
+                Some(GpuTensor::scratch(ctx, "q_normed", &qk_shape, dtype)?),
+                Some(GpuTensor::scratch(ctx, "k_normed", &qk_shape, dtype)?),
             )
         } else {
             (None, None)
         };
         let scan = match path {
             ComputePath::Scalar | ComputePath::F16Math => ScanScratch::Scalar {
-                gated: GpuTensor::empty(ctx, "gated", &[tokens, hv, 2 * CHUNK], DType::F32)?,
+                gated: GpuTensor::scratch(ctx, "gated", &[tokens, hv, 2 * CHUNK], DType::F32)?,
             },
             ComputePath::CoopMatrix => ScanScratch::Coop {
-                gated16: GpuTensor::empty(
+                gated16: GpuTensor::scratch(
                     ctx,
                     "gated16",
                     &[tokens + CHUNK, hv, 2 * CHUNK],
                     DType::F16,
                 )?,
-                k16: GpuTensor::empty(ctx, "k16", &[tokens + CHUNK, h, k], DType::F16)?,
-                qg16: GpuTensor::empty(ctx, "qg16", &[tokens + CHUNK, hv, k], DType::F16)?,
+                k16: GpuTensor::scratch(ctx, "k16", &[tokens + CHUNK, h, k], DType::F16)?,
+                qg16: GpuTensor::scratch(ctx, "qg16", &[tokens + CHUNK, hv, k], DType::F16)?,
             },
         };
         let segmented = match segment_chunks {
@@ -296,8 +298,8 @@ impl ForwardWorkspace {
             }),
             q_normed,
             k_normed,
-            gate_beta: GpuTensor::empty(ctx, "gate_beta", &[tokens, hv, 2], DType::F32)?,
-            a: GpuTensor::empty(ctx, "wy_inverse", &[tokens, hv, CHUNK], DType::F32)?,
+            gate_beta: GpuTensor::scratch(ctx, "gate_beta", &[tokens, hv, 2], DType::F32)?,
+            a: GpuTensor::scratch(ctx, "wy_inverse", &[tokens, hv, CHUNK], DType::F32)?,
             scan,
             segmented,
         })
@@ -387,6 +389,7 @@ fn window_costs(
         chunk_bytes: 0,
         segments: segment_chunks.map(|c| (c * CHUNK, hv * k * k.max(v) * 4)),
         max_rows: usize::MAX,
+        part_tokens: None,
     }
 }
 
@@ -492,7 +495,7 @@ impl Segmented {
                 problem.state_shape()[2],
                 problem.state_shape()[3],
             ];
-            Some(GpuTensor::empty(
+            Some(GpuTensor::scratch(
                 ctx,
                 "cp window start states",
                 &shape,
@@ -503,11 +506,16 @@ impl Segmented {
         };
         Ok(Segmented {
             chunks,
-            trans: GpuTensor::empty(ctx, "cp transitions", &[num_segments, hv, k, k], DType::F32)?,
-            ends: GpuTensor::empty(ctx, "cp ends", &[num_segments, hv, k, v], DType::F32)?,
-            starts: GpuTensor::empty(ctx, "cp starts", &[num_segments, hv, k, v], DType::F32)?,
-            zero_v: GpuTensor::empty(ctx, "cp zero v", &[tokens, hv, k], dtype)?,
-            trans_o: GpuTensor::empty(ctx, "cp transition o", &[tokens, hv, k], dtype)?,
+            trans: GpuTensor::scratch(
+                ctx,
+                "cp transitions",
+                &[num_segments, hv, k, k],
+                DType::F32,
+            )?,
+            ends: GpuTensor::scratch(ctx, "cp ends", &[num_segments, hv, k, v], DType::F32)?,
+            starts: GpuTensor::scratch(ctx, "cp starts", &[num_segments, hv, k, v], DType::F32)?,
+            zero_v: GpuTensor::scratch(ctx, "cp zero v", &[tokens, hv, k], dtype)?,
+            trans_o: GpuTensor::scratch(ctx, "cp transition o", &[tokens, hv, k], dtype)?,
             carry,
             scan_problem,
             trans_problem,

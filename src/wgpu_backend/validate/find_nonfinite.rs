@@ -37,6 +37,16 @@ pub fn find_nonfinite(
     if tensor.is_empty() {
         return Ok(());
     }
+    // The search binds the whole tensor: one binding's worth at most (a tensor in several
+    // buffers is always larger than that).
+    if tensor.buffers().len() > 1 {
+        return Err(Error::TooLarge {
+            name: name.into(),
+            bytes: tensor.bytes(),
+            limit_name: "max_storage_buffer_binding_size",
+            limit: ctx.max_binding_bytes(),
+        });
+    }
     let elements = u32::try_from(tensor.len())
         .map_err(|_| Error::value(name, "at most 2³² − 1 elements", tensor.len()))?;
     let params = Params {
