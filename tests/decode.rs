@@ -1117,10 +1117,11 @@ fn bf16_pool_against_the_oracle() {
 }
 
 /// Token by token through a bf16 pool (one call, so one rounding of every state, per step)
-/// for 64 steps against the oracle run in f64 from the same rounded h0: the roundings add up
-/// but decay with the gates. Measured on lavapipe (2026-12-01): see docs/accuracy.md; the
-/// bounds here have ~2× headroom over what the 4096-step run of `examples/decode --accuracy`
-/// measured on its worst checkpoint.
+/// for 64 steps against the oracle run in f64 from the same rounded h0, with a v-head that
+/// never decays (g = 0): the roundings add up, and only the β kkᵀ updates forget them there.
+/// Bound: the 4096-step run of `examples/decode --accuracy 4096` (lavapipe, 2026-12-01,
+/// docs/accuracy.md) saturated at 1.1e-2 for o and the states (from ~256 steps on, the
+/// no-decay head dominating); 2e-2 leaves ~2× over that plateau.
 #[test]
 fn bf16_pool_over_64_decode_steps() {
     let Some(ctx) = gpu() else { return };
@@ -1132,6 +1133,7 @@ fn bf16_pool_over_64_decode_steps() {
         let p = problem(2, 64, 1, 2, 32, 32, None, o);
         let mut inputs = RandomSpec {
             initial_state: true,
+            zero_gate_heads: 1,
             ..spec(430 + i as u64)
         }
         .generate(&p);
@@ -1152,5 +1154,5 @@ fn bf16_pool_over_64_decode_steps() {
 }
 
 /// Bounds of [`bf16_pool_over_64_decode_steps`].
-const BF16_POOL_STEPS_O: f64 = 1e-2;
-const BF16_POOL_STEPS_STATE: f64 = 1e-2;
+const BF16_POOL_STEPS_O: f64 = 2e-2;
+const BF16_POOL_STEPS_STATE: f64 = 2e-2;

@@ -333,6 +333,38 @@ impl RecurrentStepTiles {
             })
     }
 
+    /// The tiling's name: `VxN` for the workgroup kernel (V-block × vec4s per invocation),
+    /// `sgV` for the subgroup kernel (V columns per workgroup); what
+    /// [`named`](Self::named) reads, `gdn bench --decode-tiles` takes and records show.
+    pub fn name(&self) -> String {
+        match self.kernel {
+            StepKernel::Workgroup => format!("{}x{}", self.v_block, self.vec4s_per_thread),
+            StepKernel::Subgroup => format!("sg{}", self.v_block),
+        }
+    }
+
+    /// The tiling of `ctx` for `problem` called `name` (see [`name`](Self::name)), one of
+    /// [`all_candidates`](Self::all_candidates); a typed error naming `what` (the flag or
+    /// parameter) listing the names that exist otherwise.
+    pub fn named(ctx: &Context, problem: &Problem, name: &str, what: &str) -> Result<Self> {
+        let candidates = Self::all_candidates(ctx, problem);
+        candidates
+            .iter()
+            .copied()
+            .find(|t| t.name() == name.trim())
+            .ok_or_else(|| {
+                let names: Vec<String> = candidates.iter().map(|t| t.name()).collect();
+                Error::value(
+                    what,
+                    format!(
+                        "a decode tiling of this problem on this device: {}",
+                        names.join(", ")
+                    ),
+                    name,
+                )
+            })
+    }
+
     /// The pipeline's override constants (public so the shader tests specialize every tiling).
     pub fn pipeline_constants(&self, per_token_states: bool) -> Vec<(&'static str, f64)> {
         let bool_constant = |b: bool| if b { 1.0 } else { 0.0 };
