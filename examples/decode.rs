@@ -7,9 +7,10 @@
 //!     cargo run --release --example decode -- --pool bf16   # the same on a bf16 state pool
 //!
 //! Serving-loop timing (`--bench`): after the same oracle check on the timed heads, dims,
-//! dtypes and tiling (B = 4, 8 steps), it steps B sequences one token at a time the way a
-//! server does — one command buffer per step, submitted without waiting, at most 2 steps in
-//! flight — and prints one JSON line:
+//! dtypes and tiling (B = 4, 8 steps) and `--warm-ms` (300) of back-to-back steps to bring
+//! the GPU to its loaded clocks, it steps B sequences one token at a time the way a server
+//! does — one command buffer per step, submitted without waiting, at most 2 steps in flight —
+//! and prints one JSON line:
 //! - `gpu_us`: GPU time per step from timestamps written before and after each step's pass
 //!   (median, min), and `gpu_batched_us`: `steps` passes in one encoder / steps;
 //! - `state_gbps`: the pool read and written once per step / `gpu_us`;
@@ -22,6 +23,7 @@
 //!
 //!     decode --bench --batch 256 --heads 16/32 --dim 128 [--dtype f32|bf16|f16]
 //!            [--pool f32|bf16] [--tiles sg32|64x32|…] [--v-first] [--steps 200]
+//!            [--warm-ms 300]
 //!
 //! Accuracy over many steps (`--accuracy N`): B = 2 sequences, HV = 4, K = V = `--dim` (32 by
 //! default) decoded token by token for N steps through an f32 and a bf16 pool (both starting
@@ -52,6 +54,7 @@ struct Args {
     tiles: Option<String>,
     v_first: bool,
     steps: usize,
+    warm_ms: f64,
 }
 
 fn dtype(s: &str) -> Res<DType> {
@@ -75,6 +78,7 @@ fn parse() -> Res<Args> {
         tiles: None,
         v_first: false,
         steps: 200,
+        warm_ms: 300.0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -86,6 +90,7 @@ fn parse() -> Res<Args> {
             "--batch" => a.batch = value()?.parse()?,
             "--dim" => a.dim = Some(value()?.parse()?),
             "--steps" => a.steps = value()?.parse()?,
+            "--warm-ms" => a.warm_ms = value()?.parse()?,
             "--dtype" => a.dtype = dtype(&value()?)?,
             "--pool" => a.pool = dtype(&value()?)?,
             "--tiles" => a.tiles = Some(value()?),
@@ -327,6 +332,16 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
     };
     run_loop(30, None, false, &mut Vec::new())?; // pipelines compiled, caches warm
+    // Keep the GPU busy for `--warm-ms` first (64 steps per submit), so every setting is timed
+    // at the clocks of a loaded GPU rather than wherever an idle one left them.
+    let warm = Instant::now();
+    while warm.elapsed().as_secs_f64() * 1e3 < args.warm_ms {
+        let mut encoder = ctx.create_encoder("warm-up");
+        for _ in 0..64 {
+            plan.record(&mut encoder);
+        }
+        ctx.submit_and_wait(encoder)?;
+    }
 
     // GPU time per step, from timestamps around each step's pass.
     let (gpu_med, gpu_min, gpu_batched) = match GpuTimer::new(ctx, 2 * steps as u32) {
