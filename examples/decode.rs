@@ -21,9 +21,10 @@
 //!   the same plus the five `queue.write_buffer`s that refill q, k, v, g, β; `period_us`: wall
 //!   time of that loop per step (the token rate of a host-bound loop).
 //!
-//!     decode --bench --batch 256 --heads 16/32 --dim 128 [--dtype f32|bf16|f16]
-//!            [--pool f32|bf16] [--tiles sg32|64x32|…] [--v-first] [--steps 200]
-//!            [--warm-ms 300]
+//! ```text
+//! decode --bench --batch 256 --heads 16/32 --dim 128 [--dtype f32|bf16|f16]
+//!        [--pool f32|bf16] [--tiles sg32|64x32|…] [--v-first] [--steps 200] [--warm-ms 300]
+//! ```
 //!
 //! Accuracy over many steps (`--accuracy N`): B = 2 sequences, HV = 4, K = V = `--dim` (32 by
 //! default) decoded token by token for N steps through an f32 and a bf16 pool (both starting
@@ -140,7 +141,14 @@ fn tiles_for(ctx: &Context, args: &Args, p: &Problem) -> Res<RecurrentStepTiles>
 
 /// B = 4 sequences decoded for T = 8 steps, one token each, through a plan; o and the pool
 /// against the oracle over the whole sequences.
-fn check(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: Options) -> Res<bool> {
+fn check(
+    ctx: &Context,
+    args: &Args,
+    h: usize,
+    hv: usize,
+    dim: usize,
+    options: Options,
+) -> Res<bool> {
     let (b, t) = (4, 8);
     let whole = Problem::new(b, t, h, hv, dim, dim, None, options)?;
     let step = Problem::new(b, 1, h, hv, dim, dim, None, options)?;
@@ -197,8 +205,15 @@ fn check(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
             per_token_states: None,
         };
         // Pipelines, bind groups and tiling are chosen once per plan.
-        let plan =
-            DecodePlan::with_tiles(ctx, &step, &buffers.as_ref(), &pool, &slots, &outputs, tiles)?;
+        let plan = DecodePlan::with_tiles(
+            ctx,
+            &step,
+            &buffers.as_ref(),
+            &pool,
+            &slots,
+            &outputs,
+            tiles,
+        )?;
         let mut encoder = ctx.create_encoder("decode step");
         plan.record(&mut encoder);
         ctx.submit_and_wait(encoder)?;
@@ -213,7 +228,11 @@ fn check(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
     let case = Case::new(Op::Decode, args.dtype);
     let mut pass = true;
     // A bf16 pool rounds the state once per step (≤ 2⁻⁹ relative each): allow T of them.
-    let rounding = if args.pool == DType::BF16 { 2e-3 * t as f64 } else { 0.0 };
+    let rounding = if args.pool == DType::BF16 {
+        2e-3 * t as f64
+    } else {
+        0.0
+    };
     for (name, got, want, quantity) in [
         ("o", &decoded, &want.o, Quantity::Output),
         ("state", &states.data, &want.final_state, Quantity::State),
@@ -298,39 +317,36 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         Ok(())
     };
     // The pipelined loop: step i waits for step i − 2 after submitting (≤ 2 in flight).
-    let run_loop = |n: usize,
-                    timer: Option<&GpuTimer>,
-                    writes: bool,
-                    host_us: &mut Vec<f64>|
-     -> Res<f64> {
-        let mut in_flight = std::collections::VecDeque::new();
-        let start = Instant::now();
-        for _ in 0..n {
-            let t0 = Instant::now();
-            if writes {
-                for (buffer, bytes) in &refills {
-                    ctx.queue.write_buffer(buffer, 0, bytes);
+    let run_loop =
+        |n: usize, timer: Option<&GpuTimer>, writes: bool, host_us: &mut Vec<f64>| -> Res<f64> {
+            let mut in_flight = std::collections::VecDeque::new();
+            let start = Instant::now();
+            for _ in 0..n {
+                let t0 = Instant::now();
+                if writes {
+                    for (buffer, bytes) in &refills {
+                        ctx.queue.write_buffer(buffer, 0, bytes);
+                    }
+                }
+                let mut encoder = ctx.create_encoder("decode step");
+                if let Some(t) = timer {
+                    t.mark(&mut encoder, "gap");
+                }
+                plan.record(&mut encoder);
+                if let Some(t) = timer {
+                    t.mark(&mut encoder, "step");
+                }
+                in_flight.push_back(ctx.queue.submit([encoder.finish()]));
+                host_us.push(t0.elapsed().as_secs_f64() * 1e6);
+                if in_flight.len() > 2 {
+                    wait(in_flight.pop_front().expect("three in flight"))?;
                 }
             }
-            let mut encoder = ctx.create_encoder("decode step");
-            if let Some(t) = timer {
-                t.mark(&mut encoder, "gap");
+            for index in in_flight {
+                wait(index)?;
             }
-            plan.record(&mut encoder);
-            if let Some(t) = timer {
-                t.mark(&mut encoder, "step");
-            }
-            in_flight.push_back(ctx.queue.submit([encoder.finish()]));
-            host_us.push(t0.elapsed().as_secs_f64() * 1e6);
-            if in_flight.len() > 2 {
-                wait(in_flight.pop_front().expect("three in flight"))?;
-            }
-        }
-        for index in in_flight {
-            wait(index)?;
-        }
-        Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
-    };
+            Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+        };
     run_loop(30, None, false, &mut Vec::new())?; // pipelines compiled, caches warm
     // Keep the GPU busy for `--warm-ms` first (64 steps per submit), so every setting is timed
     // at the clocks of a loaded GPU rather than wherever an idle one left them.

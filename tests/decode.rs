@@ -237,7 +237,15 @@ fn check_decode_stored(
     dtype: DType,
 ) {
     check_decode_in(
-        ctx, p, seed, pool_slots, slots, per_token, tiles, dtype, DType::F32,
+        ctx,
+        p,
+        seed,
+        pool_slots,
+        slots,
+        per_token,
+        tiles,
+        dtype,
+        DType::F32,
     );
 }
 
@@ -280,7 +288,10 @@ fn check_decode_in(
     assert_eq!(run.o.dtype, dtype, "{what}: o in the dtype of v");
     let e_o = relative_l2(&run.o.data, &expected.o);
     eprintln!("{what}\n  rel-L2 o {e_o:.3e}");
-    assert_eq!(run.pool.dtype, pool_dtype, "{what}: the pool keeps its dtype");
+    assert_eq!(
+        run.pool.dtype, pool_dtype,
+        "{what}: the pool keeps its dtype"
+    );
     assert!(e_o <= tol_o, "{what}: o rel-L2 {e_o:e} > {tol_o:e}");
     assert_pool(
         p,
@@ -552,7 +563,10 @@ fn default_kernel_follows_the_device() {
     let t = RecurrentStepTiles::choose_for(ctx, &p).unwrap();
     eprintln!("default on this adapter: {t:?}");
     if subgroup_kernel_available(ctx) {
-        assert_eq!((t.kernel, t.v_block), (StepKernel::Subgroup, SUBGROUP_V_BLOCK));
+        assert_eq!(
+            (t.kernel, t.v_block),
+            (StepKernel::Subgroup, SUBGROUP_V_BLOCK)
+        );
     } else {
         assert_eq!(t, RecurrentStepTiles::choose(&ctx.limits(), &p).unwrap());
     }
@@ -1085,12 +1099,32 @@ fn bf16_pool_against_the_oracle() {
         let p = problem(2, 1, 1, 2, 128, 128, None, o);
         for tiles in kernels(ctx, &p) {
             let slots = [Resume(2), Resume(0)];
-            check_decode_in(ctx, &p, 400 + i as u64, 3, &slots, false, tiles, DType::F32, bf16);
+            check_decode_in(
+                ctx,
+                &p,
+                400 + i as u64,
+                3,
+                &slots,
+                false,
+                tiles,
+                DType::F32,
+                bf16,
+            );
         }
         let small = problem(2, 2, 1, 2, 32, 32, None, o);
         for t in RecurrentStepTiles::all_candidates(ctx, &small) {
             let slots = [Resume(2), Fresh(0)];
-            check_decode_in(ctx, &small, 410 + i as u64, 3, &slots, false, Some(t), DType::F32, bf16);
+            check_decode_in(
+                ctx,
+                &small,
+                410 + i as u64,
+                3,
+                &slots,
+                false,
+                Some(t),
+                DType::F32,
+                bf16,
+            );
         }
     }
     let all = Options {
@@ -1108,7 +1142,17 @@ fn bf16_pool_against_the_oracle() {
     let p = problem(1, 9, 2, 4, 32, 48, Some(vec![0, 1, 9]), all);
     let q = problem(1, 21, 1, 2, 48, 32, Some(vec![0, 1, 5, 5, 21]), k_first);
     for tiles in kernels(ctx, &p) {
-        check_decode_in(ctx, &p, 420, 4, &[Fresh(2), Resume(0)], true, tiles, bf16, bf16);
+        check_decode_in(
+            ctx,
+            &p,
+            420,
+            4,
+            &[Fresh(2), Resume(0)],
+            true,
+            tiles,
+            bf16,
+            bf16,
+        );
     }
     for tiles in kernels(ctx, &q) {
         let slots = [Resume(3), Fresh(0), Padding, Resume(1)];
@@ -1149,7 +1193,10 @@ fn bf16_pool_over_64_decode_steps() {
             relative_l2(&out.final_state.data, &expected.final_state),
         );
         eprintln!("bf16 pool, 64 steps, v_first {v_first}: o {e_o:.3e}, state {e_s:.3e}");
-        assert!(e_o <= BF16_POOL_STEPS_O && e_s <= BF16_POOL_STEPS_STATE, "o {e_o:e}, state {e_s:e}");
+        assert!(
+            e_o <= BF16_POOL_STEPS_O && e_s <= BF16_POOL_STEPS_STATE,
+            "o {e_o:e}, state {e_s:e}"
+        );
     }
 }
 

@@ -575,8 +575,8 @@ mod decode {
         .unwrap();
         assert_eq!(v.pool.dtype(), DType::BF16);
         let [a, b] = StateLayout::of(&v.p).inner_shape(16, 16);
-        let f32_states = GpuTensor::empty(ctx, "per_token_states", &[2, 2, a, b], DType::F32)
-            .unwrap();
+        let f32_states =
+            GpuTensor::empty(ctx, "per_token_states", &[2, 2, a, b], DType::F32).unwrap();
         let out = DecodeOutputs {
             o: &v.o,
             per_token_states: Some(&f32_states),
@@ -587,7 +587,10 @@ mod decode {
             |enc| call(ctx, &v, &v.pool, &[Resume(0), Resume(1)], &out, enc),
             "per_token_states",
         );
-        assert!(matches!(e, Error::DType { .. }) && e.to_string().contains("BF16"), "{e}");
+        assert!(
+            matches!(e, Error::DType { .. }) && e.to_string().contains("BF16"),
+            "{e}"
+        );
         let prefill = GpuTensor::empty(ctx, "final_state", &v.p.state_shape(), DType::F32).unwrap();
         let e = expect_rejected(
             ctx,
@@ -604,9 +607,12 @@ mod decode {
         );
         assert!(matches!(e, Error::DType { .. }), "{e}");
 
-        let e = StatePool::zeros_in(ctx, 2, 2, 16, 16, StateLayout::KFirst, DType::F16)
-            .unwrap_err();
-        assert!(matches!(e, Error::DType { .. }) && e.to_string().contains("pool"), "{e}");
+        let e =
+            StatePool::zeros_in(ctx, 2, 2, 16, 16, StateLayout::KFirst, DType::F16).unwrap_err();
+        assert!(
+            matches!(e, Error::DType { .. }) && e.to_string().contains("pool"),
+            "{e}"
+        );
         let host = spec(131).generate(&v.p);
         let e = gdn_wgpu::wgpu_backend::decode::decode_host_in(
             ctx,
@@ -616,7 +622,10 @@ mod decode {
             DType::F16,
         )
         .unwrap_err();
-        assert!(matches!(e, Error::DType { .. }) && e.to_string().contains("pool"), "{e}");
+        assert!(
+            matches!(e, Error::DType { .. }) && e.to_string().contains("pool"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -377,8 +377,8 @@ fn the_gate_refuses_a_wrong_kernel_result() {
     assert_refused(verify(&case), "dv");
 
     let step = small(3, 1);
-    let tiles = RecurrentStepTiles::choose(&ctx.limits(), &step).unwrap();
-    let mut case = check_decode(&ctx, &step, DType::F32, tiles).unwrap();
+    let tiles = RecurrentStepTiles::choose_for(&ctx, &step).unwrap();
+    let mut case = check_decode(&ctx, &step, DType::F32, DType::F32, tiles).unwrap();
     verify(&case).unwrap();
     case.compared[1].got[5] = -case.compared[1].got[5];
     assert_refused(verify(&case), "state");

@@ -166,7 +166,12 @@ fn copy(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
 /// and writes those bytes once (the decode measures its pool against it). `None` without
 /// timestamp queries inside encoders.
 #[cfg(not(target_arch = "wasm32"))]
-pub fn copy_gbps(ctx: &Context, src: &wgpu::Buffer, bytes: u64, reps: usize) -> Result<Option<f64>> {
+pub fn copy_gbps(
+    ctx: &Context,
+    src: &wgpu::Buffer,
+    bytes: u64,
+    reps: usize,
+) -> Result<Option<f64>> {
     let reps = reps.max(3);
     let Some(timer) = GpuTimer::new(ctx, reps as u32 + 1) else {
         return Ok(None);

@@ -1186,7 +1186,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                         c.decode_tiles.as_deref(),
                         c.decode_pool,
                     )
-                        .map_err(|e| err(e.into()))?;
+                    .map_err(|e| err(e.into()))?;
                     record.variant = Some(vname);
                     if pc.op == Op::Forward {
                         let choice =

@@ -7,10 +7,10 @@
 
 use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, Problem};
+use crate::tensor::DType;
 use crate::wgpu_backend::decode::pool::{StatePool, StateSlot, check_slots};
 use crate::wgpu_backend::launch::{Bindings, Grid, Launch, Prepared};
 use crate::wgpu_backend::params::{Params, init_buffer};
-use crate::tensor::DType;
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
