@@ -46,6 +46,11 @@
 //
 // Bindings, slot codes, pool windows and the gate: shaders/decode/step_common.wgsl.
 
+@group(0) @binding(2) var<storage, read> q_buf: array<Elem>;               // [B·T, H, K]
+@group(0) @binding(3) var<storage, read> k_buf: array<Elem>;               // [B·T, H, K]
+@group(0) @binding(4) var<storage, read> v_buf: array<Elem>;               // [B·T, HV, V]
+@group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;         // [B·T, HV, V]
+
 override WG: u32;
 override K_DIM: u32;
 override V_BLOCK: u32;

@@ -1,5 +1,6 @@
-// Shared by the decode kernels (recurrent_step.wgsl, subgroup_step.wgsl): bindings, the
-// uniform tables, slot codes and the gate activations. Needs `Elem` (shaders/common/dtype_*)
+// Shared by the decode kernels (recurrent_step.wgsl, subgroup_step.wgsl): the bindings other
+// than q, k, v (2-4) and o (8), which each kernel declares in the width it reads, the uniform
+// tables, slot codes and the gate activations. Needs `Elem` (shaders/common/dtype_*)
 // and `State4` (shaders/decode/state_*) declared before it.
 //
 // Slot codes (one i32 per sequence, built by the host): c ≥ 0 resumes from pool slot c and
@@ -12,13 +13,9 @@
 @group(0) @binding(0) var<uniform> params: Params;
 // Words: token starts [N + 1], slot codes [N], A_log [HV], dt_bias [HV] (f32 bits).
 @group(0) @binding(1) var<uniform> tables: array<vec4<u32>, 4096>;
-@group(0) @binding(2) var<storage, read> q_buf: array<Elem>;                       // [B·T, H, K]
-@group(0) @binding(3) var<storage, read> k_buf: array<Elem>;                       // [B·T, H, K]
-@group(0) @binding(4) var<storage, read> v_buf: array<Elem>;                       // [B·T, HV, V]
 @group(0) @binding(5) var<storage, read> g_buf: array<f32>;                        // [B·T, HV]
 @group(0) @binding(6) var<storage, read> beta_buf: array<f32>;                     // [B·T, HV]
 @group(0) @binding(7) var<storage, read_write> pool: array<State4>;                 // [P, HV, K, V] or V-first
-@group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;                 // [B·T, HV, V]
 @group(0) @binding(9) var<storage, read_write> token_states: array<State4>;         // [B·T, HV, K, V] or V-first
 
 const SLOT_PADDING: i32 = -1;

@@ -125,21 +125,28 @@ impl RecurrentStepTiles {
         (tiles.workgroup() <= MAX_WORKGROUP && tiles.stage() <= MAX_STAGE).then_some(tiles)
     }
 
-    /// The subgroup kernel's tiling with `v_block` columns per workgroup (workgroups of
-    /// `2·v_block` invocations), if it fits the kernel.
-    fn subgroup(key_dim: u32, v_block: u32, v_first: bool) -> Option<Self> {
-        let groups = key_dim.div_ceil(32);
-        (v_block.is_multiple_of(4) && v_block >= 4 && 4 * groups <= MAX_VEC4S_PER_THREAD).then_some(
-            RecurrentStepTiles {
-                kernel: StepKernel::Subgroup,
-                v_block,
-                row_lanes: SUBGROUP_TEAM,
-                row_vecs: v_block / 4,
-                vec4s_per_thread: 4 * groups,
-                v_first,
-                key_dim,
-            },
-        )
+    /// The subgroup kernel's tiling with `v_block` columns per workgroup and `col_groups`
+    /// (1 or 2) groups of 4 columns per team (workgroups of `2·v_block / col_groups`
+    /// invocations), if it fits the kernel.
+    fn subgroup(key_dim: u32, v_block: u32, col_groups: u32, v_first: bool) -> Option<Self> {
+        let vec4s = 4 * key_dim.div_ceil(32) * col_groups;
+        let fits = (1..=2).contains(&col_groups)
+            && v_block.is_multiple_of(16 * col_groups)
+            && vec4s <= MAX_VEC4S_PER_THREAD;
+        fits.then_some(RecurrentStepTiles {
+            kernel: StepKernel::Subgroup,
+            v_block,
+            row_lanes: SUBGROUP_TEAM,
+            row_vecs: v_block / (4 * col_groups),
+            vec4s_per_thread: vec4s,
+            v_first,
+            key_dim,
+        })
+    }
+
+    /// Groups of 4 columns each lane of the subgroup kernel holds (1 or 2).
+    fn col_groups(&self) -> u32 {
+        self.v_block / (4 * self.row_vecs)
     }
 
     /// Invocations per workgroup.
@@ -202,20 +209,27 @@ impl RecurrentStepTiles {
 
     /// Every subgroup-kernel tiling of `problem` the device's limits fit (whether the device
     /// has subgroups is [`subgroup_kernel_available`]'s question): 16 to 128 columns per
-    /// workgroup, up to V rounded up to 16.
+    /// workgroup (up to V rounded up to 16), with 4 or (where K ≤ 128) 8 columns per team.
     pub fn subgroup_candidates(limits: &wgpu::Limits, problem: &Problem) -> Vec<Self> {
         let max_wg = limits
             .max_compute_invocations_per_workgroup
             .min(limits.max_compute_workgroup_size_x);
         let v = problem.value_dim as u32;
-        [16u32, 32, 64, 128]
-            .into_iter()
-            .filter(|&b| b == 16 || b <= v.next_multiple_of(16))
-            .filter_map(|b| {
-                Self::subgroup(problem.key_dim as u32, b, problem.options.state_v_first)
-            })
-            .filter(|t| t.workgroup() <= max_wg)
-            .collect()
+        let (k, v_first) = (problem.key_dim as u32, problem.options.state_v_first);
+        let mut out = Vec::new();
+        for col_groups in [1, 2] {
+            for b in [16u32, 32, 64, 128] {
+                if b > v.next_multiple_of(16 * col_groups) {
+                    continue;
+                }
+                if let Some(t) = Self::subgroup(k, b, col_groups, v_first)
+                    && t.workgroup() <= max_wg
+                {
+                    out.push(t);
+                }
+            }
+        }
+        out
     }
 
     /// Every tiling `ctx` can run `problem` with: the workgroup kernel's
@@ -242,13 +256,14 @@ impl RecurrentStepTiles {
     }
 
     /// The subgroup kernel's default: SUBGROUP_V_BLOCK columns per workgroup (see
-    /// [`SUBGROUP_V_BLOCK`]), narrower when the device's workgroups are smaller.
+    /// [`SUBGROUP_V_BLOCK`]), 4 columns per team, narrower when the device's workgroups are
+    /// smaller.
     pub fn choose_subgroup(limits: &wgpu::Limits, problem: &Problem) -> Option<Self> {
         let candidates = Self::subgroup_candidates(limits, problem);
         candidates
             .iter()
             .copied()
-            .filter(|t| t.v_block <= SUBGROUP_V_BLOCK)
+            .filter(|t| t.col_groups() == 1 && t.v_block <= SUBGROUP_V_BLOCK)
             .max_by_key(|t| t.v_block)
             .or_else(|| candidates.first().copied())
     }
@@ -334,11 +349,13 @@ impl RecurrentStepTiles {
     }
 
     /// The tiling's name: `VxN` for the workgroup kernel (V-block × vec4s per invocation),
-    /// `sgV` for the subgroup kernel (V columns per workgroup); what
-    /// [`named`](Self::named) reads, `gdn bench --decode-tiles` takes and records show.
+    /// `sgV` for the subgroup kernel (V columns per workgroup) and `sgVw` for its wide form
+    /// (8 columns per team); what [`named`](Self::named) reads, `gdn bench --decode-tiles`
+    /// takes and records show.
     pub fn name(&self) -> String {
         match self.kernel {
             StepKernel::Workgroup => format!("{}x{}", self.v_block, self.vec4s_per_thread),
+            StepKernel::Subgroup if self.col_groups() > 1 => format!("sg{}w", self.v_block),
             StepKernel::Subgroup => format!("sg{}", self.v_block),
         }
     }
@@ -373,6 +390,7 @@ impl RecurrentStepTiles {
                 ("WG", self.workgroup() as f64),
                 ("K_DIM", self.key_dim as f64),
                 ("K_GROUPS", self.key_dim.div_ceil(32) as f64),
+                ("COL_GROUPS", self.col_groups() as f64),
                 ("V_FIRST", bool_constant(self.v_first)),
                 ("PER_TOKEN_STATES", bool_constant(per_token_states)),
             ];
