@@ -334,13 +334,12 @@ fn check_decode_in(
     }
 }
 
-/// The default kernel and, where that is the subgroup kernel, the workgroup kernel too (the
-/// one browsers and devices without subgroups run).
+/// The default tiling and, where the device has subgroups of ≥ 8 invocations, the subgroup
+/// kernel's own default too (opt-in), so every option runs through both kernels.
 fn kernels(ctx: &Context, p: &Problem) -> Vec<Option<RecurrentStepTiles>> {
-    let default = RecurrentStepTiles::choose_for(ctx, p).unwrap();
     let mut out = vec![None];
-    if default.kernel == StepKernel::Subgroup {
-        out.push(Some(RecurrentStepTiles::choose(&ctx.limits(), p).unwrap()));
+    if subgroup_kernel_available(ctx) {
+        out.push(RecurrentStepTiles::choose_subgroup(&ctx.limits(), p));
     }
     out
 }
@@ -631,8 +630,13 @@ fn webgpu_default_limits() {
             let p = problem(1, 2, 1, 1, k, v, None, o);
             let tiles = RecurrentStepTiles::choose(&ctx.limits(), &p).unwrap();
             assert!(tiles.workgroup_bytes() <= 16384, "{tiles:?}");
-            // No SUBGROUP requested: the plan's default is the workgroup kernel.
+            // No SUBGROUP requested: no subgroup tiling is offered.
             assert_eq!(RecurrentStepTiles::choose_for(&ctx, &p).unwrap(), tiles);
+            assert!(
+                RecurrentStepTiles::all_candidates(&ctx, &p)
+                    .iter()
+                    .all(|t| t.kernel == StepKernel::Workgroup)
+            );
             check_decode_with(&ctx, &p, 90 + i as u64, 1, &[Resume(0)], false, None);
         }
     }

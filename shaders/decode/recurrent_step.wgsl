@@ -25,8 +25,8 @@
 //   updates its registers: no third barrier, no u in workgroup memory.
 // - Coalesced vec4 accesses along the storage-contiguous axis: consecutive invocations read
 //   consecutive 16 B of a row.
-// No subgroup operations: this runs in browsers too (subgroup_step.wgsl is the faster kernel
-// where subgroups of at least 8 invocations exist).
+// No subgroup operations: this runs in browsers too (subgroup_step.wgsl is an opt-in
+// alternative where subgroups of at least 8 invocations exist; slower on the H200).
 //
 // Thread layout, t = lane_vec + ROW_VECS · row_lane:
 //   K-first [K, V]: the slice's rows are k, a row holds V_BLOCK / 4 vec4s of v. An invocation

@@ -25,9 +25,11 @@
 //
 // Needs subgroups of at least 8 invocations laid out along local_invocation_index (so that a
 // team's 8 lanes share a subgroup and lane kl ^ m is invocation t ^ m), as every Vulkan, Metal
-// and D3D12 implementation we know lays out 1-D workgroups; the launcher uses this kernel only
-// where SUBGROUP is available with a minimum subgroup size ≥ 8, and the tests compare it with
-// the oracle on every adapter they run on. recurrent_step.wgsl is the fallback.
+// and D3D12 implementation we know lays out 1-D workgroups; the launcher offers this kernel
+// only where SUBGROUP is available with a minimum subgroup size ≥ 8, and the tests compare it
+// with the oracle on every adapter they run on. It is opt-in (`sgV` tilings): on the H200 it
+// measured slower than recurrent_step.wgsl for B ≥ 64 and tied at B = 1
+// (docs/benchmark-history.md).
 //
 // Storage dtypes: q, k, v, o in `Elem`; the state in `State4` (f32, or bf16 rounded on store);
 // f32 arithmetic. Bindings, slot codes, pool windows and the gate: step_common.wgsl.

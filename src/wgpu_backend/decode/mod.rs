@@ -3,9 +3,10 @@
 //! A server keeps one state per request in a [`StatePool`] (`[P, HV, K, V]` or V-first; f32,
 //! or bf16 to halve the traffic) and, per step, runs B sequences × T new tokens (T = 1 to
 //! decode, a few more to verify speculative drafts; or `cu_seqlens` for differing lengths)
-//! through one decode kernel — `subgroup_step` where the device has subgroups of ≥ 8
-//! invocations, else `recurrent_step` — which reads each sequence's state from its slot once,
-//! walks its tokens in FLA's order and writes the state back once. Every forward option
+//! through one decode kernel — `recurrent_step` by default, or the opt-in `subgroup_step`
+//! where the device has subgroups of ≥ 8 invocations ([`RecurrentStepTiles`]) — which reads
+//! each sequence's state from its slot once, walks its tokens in FLA's order and writes the
+//! state back once. Every forward option
 //! applies; q, k, v and o may be stored as f32, bf16 or f16 ([`decode_storage_dtypes`]); the
 //! arithmetic is f32 and a bf16 pool is rounded once per call, when the state is stored.
 //!

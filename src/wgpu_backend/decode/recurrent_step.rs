@@ -22,8 +22,9 @@ pub const MAX_VEC4S_PER_THREAD: u32 = 32;
 pub const MAX_WORKGROUP: u32 = 256;
 /// Words of a k (q) row one invocation stages per token (the kernel's named registers).
 const MAX_STAGE: u32 = 8;
-/// Columns per workgroup of the subgroup kernel's default tiling (workgroups of twice as
-/// many invocations); see [`RecurrentStepTiles::choose_subgroup`].
+/// Columns per workgroup of the subgroup kernel's own default tiling (workgroups of twice as
+/// many invocations; the fastest subgroup tiling of the H200 sweep at every B); see
+/// [`RecurrentStepTiles::choose_subgroup`].
 pub const SUBGROUP_V_BLOCK: u32 = 32;
 
 /// The largest number of sequences one call can address: the tables hold N + 1 token
@@ -62,7 +63,7 @@ pub fn subgroup_kernel_available(ctx: &Context) -> bool {
         && ctx.device.adapter_info().subgroup_min_size >= SUBGROUP_TEAM
 }
 
-/// Invocations of a subgroup-kernel team: they share 4 value columns and the whole K.
+/// Invocations of a subgroup-kernel team: they share 4 (or 8) value columns and the whole K.
 const SUBGROUP_TEAM: u32 = 8;
 
 /// Tile sizes of the decode kernels (WGSL override constants): a workgroup owns a K ×
@@ -243,15 +244,13 @@ impl RecurrentStepTiles {
         out
     }
 
-    /// The default decode tiling on `ctx`: the subgroup kernel where it is available
-    /// ([`choose_subgroup`](Self::choose_subgroup)), else the workgroup kernel's
-    /// [`choose`](Self::choose).
+    /// The default decode tiling on `ctx` ([`DecodePlan::new`]'s): the workgroup kernel's
+    /// [`choose`](Self::choose) on every device so far. The subgroup kernel is opt-in
+    /// ([`choose_subgroup`](Self::choose_subgroup), `sgV` names): in the H200 sweep of
+    /// 2026-12-01 (one process per setting, interleaved, three rounds within 1 %;
+    /// docs/benchmark-history.md) it was slower for B ≥ 64 (B = 256, HV = 32, K = V = 128:
+    /// sg32 346 µs against 64x32's 308 µs) and tied at B = 1 (11.7 against 32x8's 11.6 µs).
     pub fn choose_for(ctx: &Context, problem: &Problem) -> Result<Self> {
-        if subgroup_kernel_available(ctx)
-            && let Some(t) = Self::choose_subgroup(&ctx.limits(), problem)
-        {
-            return Ok(t);
-        }
         Self::choose(&ctx.limits(), problem)
     }
 
