@@ -604,6 +604,7 @@ fn decode_tiles_are_timed_as_named_or_refused() {
     assert_eq!(record["status"], "ok", "{record}");
     let variant = record["variant"].as_str().unwrap();
     assert!(variant.contains("v_block 16 vec4s 2 "), "{variant}");
+    assert!(variant.contains("F32 pool"), "{variant}");
     let out = run("17x2");
     assert_ne!(out.status.code(), Some(0));
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();

@@ -459,7 +459,12 @@ impl BenchArgs {
             seed: self.seed,
             progress: !self.no_progress,
             fresh_device: self.fresh_device,
-            decode_tiles: self.decode_tiles.clone(),
+            decode_tiles: self
+                .decode_tiles
+                .as_deref()
+                .map(check_decode_tiles_name)
+                .transpose()
+                .map_err(usage)?,
             decode_pool: self.decode_pool.dtype(),
             cuda_graph: self.cuda_graph,
         })
@@ -877,6 +882,26 @@ enum Variant {
     RecurrentForward(String),
     /// Whatever a backend without wgpu's variants runs for the shape.
     Host,
+}
+
+/// The form of a `--decode-tiles` name (`VxN` or `sgV` / `sgVw`), checked before any work;
+/// whether the shape and device have that tiling is the case's question.
+fn check_decode_tiles_name(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let number = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    let ok = match s.strip_prefix("sg") {
+        Some(rest) => number(rest.strip_suffix('w').unwrap_or(rest)),
+        None => s
+            .split_once('x')
+            .is_some_and(|(v, n)| number(v) && number(n)),
+    };
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "--decode-tiles: expected VxN (e.g. 64x32) or sgV / sgVw (e.g. sg32), got {s:?}"
+        ))
+    }
 }
 
 fn variant(

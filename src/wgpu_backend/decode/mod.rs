@@ -321,6 +321,11 @@ pub fn decode_host_in(
     ctx.check()?;
     Ok(crate::ForwardOutputs {
         o: o.download_blocking(ctx)?,
-        final_state: pool.tensor().download_blocking(ctx)?,
+        // F32 whatever the pool's dtype (a bf16 pool's values are exact in f32), as the
+        // forward returns it.
+        final_state: HostTensor {
+            dtype: DType::F32,
+            ..pool.tensor().download_blocking(ctx)?
+        },
     })
 }
