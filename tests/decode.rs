@@ -12,7 +12,8 @@ use common::decode::{random_pool, spec};
 use common::{dense, gpu, problem, tol_o_state, upload_inputs};
 use gdn_wgpu::tolerance::{Case, Op};
 use gdn_wgpu::wgpu_backend::decode::{
-    RecurrentStepTiles, StateLayout, StatePool, StateSlot, decode_host,
+    RecurrentStepTiles, SUBGROUP_V_BLOCK, StateLayout, StatePool, StateSlot, StepKernel,
+    decode_host, decode_host_in, subgroup_kernel_available,
 };
 use gdn_wgpu::wgpu_backend::{self, Context, DecodeOutputs, DecodePlan, GpuTensor, decode_step};
 use gdn_wgpu::{
@@ -45,7 +46,8 @@ struct DecodeRun {
     per_token_states: Option<HostTensor>,
 }
 
-/// One decode call on the GPU into NaN-poisoned outputs, from a pool holding `pool`.
+/// One decode call on the GPU into NaN-poisoned outputs, from a pool holding `pool` (stored in
+/// `pool`'s dtype, f32 or bf16).
 fn run_decode(
     ctx: &Context,
     p: &Problem,
@@ -55,6 +57,7 @@ fn run_decode(
     per_token: bool,
     tiles: Option<RecurrentStepTiles>,
 ) -> DecodeRun {
+    let pool_dtype = pool.dtype;
     let mut gpu_inputs = upload_inputs(ctx, inputs);
     gpu_inputs.initial_state = None;
     let pool_gpu = StatePool::from_tensor(
@@ -66,7 +69,7 @@ fn run_decode(
     let [a, b] = StateLayout::of(p).inner_shape(p.key_dim, p.value_dim);
     let states_shape = [p.total_tokens(), p.heads_v, a, b];
     let per_token_states = per_token.then(|| {
-        GpuTensor::filled(ctx, "per_token_states", &states_shape, DType::F32, f32::NAN).unwrap()
+        GpuTensor::filled(ctx, "per_token_states", &states_shape, pool_dtype, f32::NAN).unwrap()
     });
     let outputs = DecodeOutputs {
         o: &o,
@@ -113,6 +116,7 @@ fn assert_pool(
     }
     if !got.is_empty() {
         let e = relative_l2(&got, &want);
+        eprintln!("  rel-L2 pool states {e:.3e}");
         assert!(
             e <= tol_s,
             "{what}: written pool slots rel-L2 {e:e} > {tol_s:e}"
@@ -232,9 +236,39 @@ fn check_decode_stored(
     tiles: Option<RecurrentStepTiles>,
     dtype: DType,
 ) {
-    let case = Case::new(Op::Decode, dtype).with_l2norm(p.options.l2norm_qk);
+    check_decode_in(
+        ctx,
+        p,
+        seed,
+        pool_slots,
+        slots,
+        per_token,
+        tiles,
+        dtype,
+        DType::F32,
+    );
+}
+
+/// [`check_decode_stored`] on a pool stored as `pool_dtype`: the pool starts from random states
+/// rounded to it (the oracle starts from the same values), and the states the kernel stores
+/// carry one more rounding, which the policy's bound for that pool dtype covers.
+#[allow(clippy::too_many_arguments)]
+fn check_decode_in(
+    ctx: &Context,
+    p: &Problem,
+    seed: u64,
+    pool_slots: usize,
+    slots: &[StateSlot],
+    per_token: bool,
+    tiles: Option<RecurrentStepTiles>,
+    dtype: DType,
+    pool_dtype: DType,
+) {
+    let case = Case::new(Op::Decode, dtype)
+        .with_l2norm(p.options.l2norm_qk)
+        .with_pool(pool_dtype);
     let (tol_o, tol_s) = tol_o_state(case);
-    let what = format!("{dtype} {p:?} slots {slots:?} tiles {tiles:?}");
+    let what = format!("{dtype} (pool {pool_dtype}) {p:?} slots {slots:?} tiles {tiles:?}");
     let special = if p.heads_v >= 3 { (1, 1) } else { (0, 0) };
     let s = RandomSpec {
         zero_gate_heads: special.0,
@@ -245,7 +279,7 @@ fn check_decode_stored(
     for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
         *t = t.clone().with_dtype(dtype);
     }
-    let pool = random_pool(p, pool_slots, seed);
+    let pool = random_pool(p, pool_slots, seed).with_dtype(pool_dtype);
     let mut oracle_inputs = inputs.clone();
     oracle_inputs.initial_state = Some(starting_states(p, &pool, slots));
     let expected = reference::forward(p, &oracle_inputs.as_ref()).unwrap();
@@ -254,6 +288,10 @@ fn check_decode_stored(
     assert_eq!(run.o.dtype, dtype, "{what}: o in the dtype of v");
     let e_o = relative_l2(&run.o.data, &expected.o);
     eprintln!("{what}\n  rel-L2 o {e_o:.3e}");
+    assert_eq!(
+        run.pool.dtype, pool_dtype,
+        "{what}: the pool keeps its dtype"
+    );
     assert!(e_o <= tol_o, "{what}: o rel-L2 {e_o:e} > {tol_o:e}");
     assert_pool(
         p,
@@ -296,9 +334,21 @@ fn check_decode_stored(
     }
 }
 
+/// The default tiling and, where the device has subgroups of ≥ 8 invocations, the subgroup
+/// kernel's own default too (opt-in), so every option runs through both kernels.
+fn kernels(ctx: &Context, p: &Problem) -> Vec<Option<RecurrentStepTiles>> {
+    let mut out = vec![None];
+    if subgroup_kernel_available(ctx) {
+        out.push(RecurrentStepTiles::choose_subgroup(&ctx.limits(), p));
+    }
+    out
+}
+
 fn check_decode(p: &Problem, seed: u64, pool_slots: usize, slots: &[StateSlot], per_token: bool) {
     let Some(ctx) = gpu() else { return };
-    check_decode_with(ctx, p, seed, pool_slots, slots, per_token, None);
+    for tiles in kernels(ctx, p) {
+        check_decode_with(ctx, p, seed, pool_slots, slots, per_token, tiles);
+    }
 }
 
 #[test]
@@ -462,6 +512,69 @@ fn every_tiling_the_device_fits() {
     }
 }
 
+/// The subgroup kernel at every tiling it has, on K with partial and full k-groups (16, 48,
+/// 256), V-blocks wider than V (idle teams), both layouts, per-token states and fresh slots.
+#[test]
+fn subgroup_kernel_every_tiling() {
+    let Some(ctx) = gpu() else { return };
+    if !subgroup_kernel_available(ctx) {
+        eprintln!("no subgroups of at least 8 invocations on this adapter: not run");
+        return;
+    }
+    let cases = [
+        (32, 64, false),
+        (64, 32, true),
+        (48, 32, false),
+        (48, 16, true),
+        (256, 48, false),
+        (16, 16, true),
+        (128, 48, true),
+    ];
+    for (i, (k, v, v_first)) in cases.into_iter().enumerate() {
+        let o = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        let p = problem(2, 2, 1, 2, k, v, None, o);
+        let tiles = RecurrentStepTiles::subgroup_candidates(&ctx.limits(), &p);
+        assert!(!tiles.is_empty(), "no subgroup tiling for {p:?}");
+        for t in tiles {
+            assert_eq!(t.kernel, StepKernel::Subgroup);
+            check_decode_with(
+                ctx,
+                &p,
+                300 + i as u64,
+                3,
+                &[Resume(2), Fresh(0)],
+                true,
+                Some(t),
+            );
+        }
+    }
+}
+
+/// Decode plans take the workgroup kernel's tiling (the subgroup kernel measured slower on the
+/// H200); the subgroup kernel's own default is `SUBGROUP_V_BLOCK` columns per workgroup, and
+/// it is offered only where the device has subgroups of at least 8 invocations.
+#[test]
+fn default_kernel_and_the_subgroup_default() {
+    let Some(ctx) = gpu() else { return };
+    let p = problem(4, 1, 2, 4, 128, 128, None, Options::default());
+    let t = RecurrentStepTiles::choose_for(ctx, &p).unwrap();
+    assert_eq!(t, RecurrentStepTiles::choose(&ctx.limits(), &p).unwrap());
+    assert_eq!(t.kernel, StepKernel::Workgroup);
+    let sg = RecurrentStepTiles::choose_subgroup(&ctx.limits(), &p).unwrap();
+    assert_eq!(sg.kernel, StepKernel::Subgroup);
+    assert_eq!(
+        (sg.v_block, sg.name()),
+        (SUBGROUP_V_BLOCK, "sg32".to_string())
+    );
+    assert_eq!(
+        RecurrentStepTiles::all_candidates(ctx, &p).contains(&sg),
+        subgroup_kernel_available(ctx)
+    );
+}
+
 /// The default tiling does what `RecurrentStepTiles::choose` documents, on a big GPU's limits
 /// (no adapter needed): 16 vec4s per invocation and 128-invocation workgroups for B = 256,
 /// HV = 32, K = V = 128 (K-first: 64-column V-blocks, 256-byte row segments), 8 for B = 1.
@@ -521,6 +634,13 @@ fn webgpu_default_limits() {
             let p = problem(1, 2, 1, 1, k, v, None, o);
             let tiles = RecurrentStepTiles::choose(&ctx.limits(), &p).unwrap();
             assert!(tiles.workgroup_bytes() <= 16384, "{tiles:?}");
+            // No SUBGROUP requested: no subgroup tiling is offered.
+            assert_eq!(RecurrentStepTiles::choose_for(&ctx, &p).unwrap(), tiles);
+            assert!(
+                RecurrentStepTiles::all_candidates(&ctx, &p)
+                    .iter()
+                    .all(|t| t.kernel == StepKernel::Workgroup)
+            );
             check_decode_with(&ctx, &p, 90 + i as u64, 1, &[Resume(0)], false, None);
         }
     }
@@ -968,3 +1088,126 @@ fn decode_host_token_by_token_matches_the_oracle() {
         }
     }
 }
+
+// ---- bf16 state pool ----
+
+/// A bf16 pool against the oracle (started from the pool's rounded states) on both kernels:
+/// T = 1 at head dim 128 in both layouts, every tiling at a small head dim, verification with
+/// per-token states (bf16 too), every option, varlen, fresh and padding slots, bf16 q, k, v.
+/// States are within the f32 bound plus one bf16 rounding (2e-3); o sees no rounding.
+#[test]
+fn bf16_pool_against_the_oracle() {
+    let Some(ctx) = gpu() else { return };
+    let bf16 = DType::BF16;
+    for (i, v_first) in [false, true].into_iter().enumerate() {
+        let o = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        let p = problem(2, 1, 1, 2, 128, 128, None, o);
+        for tiles in kernels(ctx, &p) {
+            let slots = [Resume(2), Resume(0)];
+            check_decode_in(
+                ctx,
+                &p,
+                400 + i as u64,
+                3,
+                &slots,
+                false,
+                tiles,
+                DType::F32,
+                bf16,
+            );
+        }
+        let small = problem(2, 2, 1, 2, 32, 32, None, o);
+        for t in RecurrentStepTiles::all_candidates(ctx, &small) {
+            let slots = [Resume(2), Fresh(0)];
+            check_decode_in(
+                ctx,
+                &small,
+                410 + i as u64,
+                3,
+                &slots,
+                false,
+                Some(t),
+                DType::F32,
+                bf16,
+            );
+        }
+    }
+    let all = Options {
+        scale: Some(0.2),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let k_first = Options {
+        state_v_first: false,
+        ..all
+    };
+    let p = problem(1, 9, 2, 4, 32, 48, Some(vec![0, 1, 9]), all);
+    let q = problem(1, 21, 1, 2, 48, 32, Some(vec![0, 1, 5, 5, 21]), k_first);
+    for tiles in kernels(ctx, &p) {
+        check_decode_in(
+            ctx,
+            &p,
+            420,
+            4,
+            &[Fresh(2), Resume(0)],
+            true,
+            tiles,
+            bf16,
+            bf16,
+        );
+    }
+    for tiles in kernels(ctx, &q) {
+        let slots = [Resume(3), Fresh(0), Padding, Resume(1)];
+        check_decode_in(ctx, &q, 421, 6, &slots, true, tiles, DType::F32, bf16);
+    }
+}
+
+/// Token by token through a bf16 pool (one call, so one rounding of every state, per step)
+/// for 64 steps against the oracle run in f64 from the same rounded h0, with a v-head that
+/// never decays (g = 0): the roundings add up, and only the β kkᵀ updates forget them there.
+/// Bound: the 4096-step run of `examples/decode --accuracy 4096` (lavapipe, 2026-12-01,
+/// docs/accuracy.md) saturated at 1.1e-2 for o and the states (from ~256 steps on, the
+/// no-decay head dominating); 2e-2 leaves ~2× over that plateau.
+#[test]
+fn bf16_pool_over_64_decode_steps() {
+    let Some(ctx) = gpu() else { return };
+    for (i, v_first) in [false, true].into_iter().enumerate() {
+        let o = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        let p = problem(2, 64, 1, 2, 32, 32, None, o);
+        let mut inputs = RandomSpec {
+            initial_state: true,
+            zero_gate_heads: 1,
+            ..spec(430 + i as u64)
+        }
+        .generate(&p);
+        // h0 holds bf16 values (f32 storage): the pool's own rounding of it is then exact.
+        inputs.initial_state = inputs.initial_state.map(|h| HostTensor {
+            dtype: DType::F32,
+            ..h.with_dtype(DType::BF16)
+        });
+        let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
+        let out = decode_host_in(ctx, &p, &inputs.as_ref(), 1, DType::BF16).unwrap();
+        let (e_o, e_s) = (
+            relative_l2(&out.o.data, &expected.o),
+            relative_l2(&out.final_state.data, &expected.final_state),
+        );
+        eprintln!("bf16 pool, 64 steps, v_first {v_first}: o {e_o:.3e}, state {e_s:.3e}");
+        assert!(
+            e_o <= BF16_POOL_STEPS_O && e_s <= BF16_POOL_STEPS_STATE,
+            "o {e_o:e}, state {e_s:e}"
+        );
+    }
+}
+
+/// Bounds of [`bf16_pool_over_64_decode_steps`].
+const BF16_POOL_STEPS_O: f64 = 2e-2;
+const BF16_POOL_STEPS_STATE: f64 = 2e-2;

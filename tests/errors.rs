@@ -562,6 +562,74 @@ mod decode {
         );
     }
 
+    /// A bf16 pool takes bf16 states only: per-token states and slot copies of another dtype
+    /// are refused before anything is recorded, and a pool dtype other than f32 or bf16 is a
+    /// typed error wherever a pool is made.
+    #[test]
+    fn error_bf16_pool_dtype_mismatches() {
+        let Some(ctx) = gpu() else { return };
+        let mut v = valid(ctx, Options::default());
+        v.pool_before = v.pool_before.clone().with_dtype(DType::BF16);
+        v.pool = StatePool::from_tensor(
+            GpuTensor::upload(ctx, "bf16 pool", &v.pool_before).unwrap(),
+            StateLayout::of(&v.p),
+        )
+        .unwrap();
+        assert_eq!(v.pool.dtype(), DType::BF16);
+        let [a, b] = StateLayout::of(&v.p).inner_shape(16, 16);
+        let f32_states =
+            GpuTensor::empty(ctx, "per_token_states", &[2, 2, a, b], DType::F32).unwrap();
+        let out = DecodeOutputs {
+            o: &v.o,
+            per_token_states: Some(&f32_states),
+        };
+        let e = expect_rejected(
+            ctx,
+            &v,
+            |enc| call(ctx, &v, &v.pool, &[Resume(0), Resume(1)], &out, enc),
+            "per_token_states",
+        );
+        assert!(
+            matches!(e, Error::DType { .. }) && e.to_string().contains("BF16"),
+            "{e}"
+        );
+        let prefill = GpuTensor::empty(ctx, "final_state", &v.p.state_shape(), DType::F32).unwrap();
+        let e = expect_rejected(
+            ctx,
+            &v,
+            |enc| v.pool.copy_into_slot(enc, &prefill, 0, 1),
+            "states",
+        );
+        assert!(matches!(e, Error::DType { .. }), "{e}");
+        let e = expect_rejected(
+            ctx,
+            &v,
+            |enc| v.pool.copy_from_slot(enc, 1, &prefill, 0),
+            "states",
+        );
+        assert!(matches!(e, Error::DType { .. }), "{e}");
+
+        let e =
+            StatePool::zeros_in(ctx, 2, 2, 16, 16, StateLayout::KFirst, DType::F16).unwrap_err();
+        assert!(
+            matches!(e, Error::DType { .. }) && e.to_string().contains("pool"),
+            "{e}"
+        );
+        let host = spec(131).generate(&v.p);
+        let e = gdn_wgpu::wgpu_backend::decode::decode_host_in(
+            ctx,
+            &v.p,
+            &host.as_ref(),
+            1,
+            DType::F16,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(e, Error::DType { .. }) && e.to_string().contains("pool"),
+            "{e}"
+        );
+    }
+
     #[test]
     fn error_o_dtype_differs_from_v() {
         let Some(ctx) = gpu() else { return };

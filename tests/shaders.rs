@@ -63,6 +63,9 @@ fn capabilities(pass: Pass, dtype: DType) -> naga::valid::Capabilities {
     if pass.needs_coop() {
         caps |= C::COOPERATIVE_MATRIX;
     }
+    if pass.needs_subgroups() {
+        caps |= C::SUBGROUP;
+    }
     caps
 }
 
@@ -81,6 +84,8 @@ impl Modules {
                 naga::valid::ValidationFlags::all(),
                 capabilities(pass, dtype),
             )
+            .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+            .subgroup_operations(naga::valid::SubgroupOperationSet::all())
             .validate(&module)
             .unwrap_or_else(|e| panic!("{name} ({dtype}): {}", e.emit_to_string(text)));
             (module, info)

@@ -91,8 +91,8 @@ fn kernels(c: &mut Criterion) {
 
     // One decode step of 16 sequences.
     let step = problem(16, 1);
-    let tiles = RecurrentStepTiles::choose(&ctx.limits(), &step).expect("tiling");
-    verify(&check_decode(&ctx, &problem(3, 1), DType::F32, tiles).expect("check"))
+    let tiles = RecurrentStepTiles::choose_for(&ctx, &step).expect("tiling");
+    verify(&check_decode(&ctx, &problem(3, 1), DType::F32, DType::F32, tiles).expect("check"))
         .expect("decode is correct");
     let step_inputs = RandomSpec {
         initial_state: false,

@@ -46,7 +46,7 @@ enum Kernel {
     Backward(RunArgs),
     /// The same inputs and outputs as `forward`, computed token by token by the recurrent
     /// decode kernel over a state pool (one decode step per token); agrees with `forward`.
-    Decode(RunArgs),
+    Decode(DecodeArgs),
 }
 
 /// Files, backend and GDN flags, shared by every `run` kernel.
@@ -63,6 +63,18 @@ struct RunArgs {
     backend: BackendKind,
     #[command(flatten)]
     flags: GdnFlags,
+}
+
+/// `gdn run decode`: the run flags plus the state pool's storage dtype.
+#[derive(Args)]
+struct DecodeArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// Storage dtype of the state pool: f32, or bf16 (half the traffic; the state is rounded
+    /// to bf16 after every step, the arithmetic stays f32; wgpu only). final_state is written
+    /// as F32 either way.
+    #[arg(long, value_enum, default_value_t = gdn_cli::bench::PoolDType::F32)]
+    pool: gdn_cli::bench::PoolDType,
 }
 
 /// The flags of FLA's `chunk_gated_delta_rule` (see [`Options`]).
@@ -136,7 +148,9 @@ fn main() -> ExitCode {
         Command::Info => info(),
         Command::Run(Kernel::Forward(args)) => run_forward(args, GpuPath::Chunked),
         Command::Run(Kernel::Backward(args)) => run_backward(args),
-        Command::Run(Kernel::Decode(args)) => run_forward(args, GpuPath::TokenByToken),
+        Command::Run(Kernel::Decode(args)) => {
+            run_forward(&args.run, GpuPath::TokenByToken(args.pool.dtype()))
+        }
         Command::Bench(args) => return gdn_cli::bench::main(args),
     };
     match result {
@@ -176,15 +190,16 @@ const FORWARD_TENSORS: [&str; 9] = [
 enum GpuPath {
     /// The chunked kernels.
     Chunked,
-    /// The recurrent decode kernel, one token per sequence per step.
-    TokenByToken,
+    /// The recurrent decode kernel, one token per sequence per step, over a state pool stored
+    /// in this dtype.
+    TokenByToken(DType),
 }
 
 impl GpuPath {
     fn command(self) -> &'static str {
         match self {
             GpuPath::Chunked => "forward",
-            GpuPath::TokenByToken => "decode",
+            GpuPath::TokenByToken(_) => "decode",
         }
     }
 }
@@ -208,7 +223,22 @@ fn run_forward(args: &RunArgs, path: GpuPath) -> Result<(), Failure> {
     let start = Instant::now();
     let outputs = match path {
         GpuPath::Chunked => backend.forward(&problem, &inputs.as_ref())?,
-        GpuPath::TokenByToken => backend.decode(&problem, &inputs.as_ref(), 1)?,
+        GpuPath::TokenByToken(DType::F32) => backend.decode(&problem, &inputs.as_ref(), 1)?,
+        GpuPath::TokenByToken(pool) => match engine.wgpu() {
+            Some(ctx) => {
+                wgpu_backend::decode::decode_host_in(ctx, &problem, &inputs.as_ref(), 1, pool)?
+            }
+            None => {
+                return Err(Error::Unsupported {
+                    name: "--pool".into(),
+                    what: format!(
+                        "a {pool} state pool on the {} backend (wgpu only)",
+                        backend.name()
+                    ),
+                }
+                .into());
+            }
+        },
     };
     let elapsed_ms = start.elapsed().as_secs_f64() * 1e3;
     gdn_wgpu::io::write(

@@ -377,8 +377,8 @@ fn the_gate_refuses_a_wrong_kernel_result() {
     assert_refused(verify(&case), "dv");
 
     let step = small(3, 1);
-    let tiles = RecurrentStepTiles::choose(&ctx.limits(), &step).unwrap();
-    let mut case = check_decode(&ctx, &step, DType::F32, tiles).unwrap();
+    let tiles = RecurrentStepTiles::choose_for(&ctx, &step).unwrap();
+    let mut case = check_decode(&ctx, &step, DType::F32, DType::F32, tiles).unwrap();
     verify(&case).unwrap();
     case.compared[1].got[5] = -case.compared[1].got[5];
     assert_refused(verify(&case), "state");
@@ -604,6 +604,7 @@ fn decode_tiles_are_timed_as_named_or_refused() {
     assert_eq!(record["status"], "ok", "{record}");
     let variant = record["variant"].as_str().unwrap();
     assert!(variant.contains("v_block 16 vec4s 2 "), "{variant}");
+    assert!(variant.contains("F32 pool"), "{variant}");
     let out = run("17x2");
     assert_ne!(out.status.code(), Some(0));
     let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();

@@ -191,3 +191,69 @@ fn cli_run_decode_bf16_file() {
     assert!(e_fwd <= tol_o, "o vs gdn run forward {e_fwd:e}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `gdn run decode --pool bf16`: the states live in a bf16 pool (rounded after every step);
+/// o and the final state agree with the oracle within the 64-step bound of
+/// tests/decode.rs's bf16_pool_over_64_decode_steps (2e-2, here 5 steps); the final state
+/// comes back as F32. A backend other than wgpu refuses the flag (exit 2, one line).
+#[test]
+fn cli_run_decode_bf16_pool() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("gdn-decode-cli-pool-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = |f: &str| -> PathBuf { dir.join(f) };
+    let p = problem(2, 5, 1, 2, 32, 32, None, Options::default());
+    let inputs = spec(160).generate(&p);
+    let tensors: Vec<(&str, io::TensorRef)> = vec![
+        ("q", (&inputs.q).into()),
+        ("k", (&inputs.k).into()),
+        ("v", (&inputs.v).into()),
+        ("g", (&inputs.g).into()),
+        ("beta", (&inputs.beta).into()),
+    ];
+    io::write(path("in.safetensors"), tensors).unwrap();
+    let input = path("in.safetensors").display().to_string();
+    let output = path("out.safetensors").display().to_string();
+    let run = |backend: &str| {
+        gdn(&[
+            "run",
+            "decode",
+            "--input",
+            &input,
+            "--output",
+            &output,
+            "--backend",
+            backend,
+            "--pool",
+            "bf16",
+        ])
+    };
+    let out = run("wgpu");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let file = TensorFile::open(&output).unwrap();
+    let (o, state) = (
+        file.float("o").unwrap().unwrap(),
+        file.float("final_state").unwrap().unwrap(),
+    );
+    assert_eq!(state.dtype, DType::F32);
+    let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
+    let (e_o, e_s) = (
+        relative_l2(&o.data, &expected.o),
+        relative_l2(&state.data, &expected.final_state),
+    );
+    eprintln!("gdn run decode --pool bf16: o {e_o:.3e}, state {e_s:.3e}");
+    assert!(e_o <= 2e-2 && e_s <= 2e-2, "o {e_o:e}, state {e_s:e}");
+    // The state really went through bf16: an f32 pool is ~1e-7 from the oracle.
+    assert!(e_s > 1e-4, "state {e_s:e}: no bf16 rounding seen");
+    let out = run("cpu");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--pool"), "{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -29,3 +29,15 @@ fn pack_elem(x: f32) -> Elem {
 fn pack_pair(a: f32, b: f32) -> Elem {
     return bf16_bits(a) | (bf16_bits(b) << 16u);
 }
+
+// Four consecutive elements (4-aligned element index) as two words: one 8-byte access.
+alias Elem4 = vec2<u32>;
+
+fn load4(w: Elem4) -> vec4<f32> {
+    return vec4<f32>(bitcast<f32>(w.x << 16u), bitcast<f32>(w.x & 0xffff0000u),
+                     bitcast<f32>(w.y << 16u), bitcast<f32>(w.y & 0xffff0000u));
+}
+
+fn pack4(x: vec4<f32>) -> Elem4 {
+    return vec2<u32>(pack_pair(x.x, x.y), pack_pair(x.z, x.w));
+}

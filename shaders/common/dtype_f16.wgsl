@@ -26,3 +26,14 @@ fn elem_to_f32(x: Elem) -> f32 {
 fn f32_to_elem(x: f32) -> Elem {
     return f16(x);
 }
+
+// Four consecutive elements (4-aligned element index) as one vector: one 8-byte access.
+alias Elem4 = vec4<f16>;
+
+fn load4(w: Elem4) -> vec4<f32> {
+    return vec4<f32>(w);
+}
+
+fn pack4(x: vec4<f32>) -> Elem4 {
+    return vec4<f16>(x);
+}

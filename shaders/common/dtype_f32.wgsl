@@ -28,3 +28,14 @@ fn elem_to_f32(x: Elem) -> f32 {
 fn f32_to_elem(x: f32) -> Elem {
     return x;
 }
+
+// Four consecutive elements (4-aligned element index) as one vector: one 16-byte access.
+alias Elem4 = vec4<f32>;
+
+fn load4(w: Elem4) -> vec4<f32> {
+    return w;
+}
+
+fn pack4(x: vec4<f32>) -> Elem4 {
+    return x;
+}

@@ -25,7 +25,8 @@
 //   updates its registers: no third barrier, no u in workgroup memory.
 // - Coalesced vec4 accesses along the storage-contiguous axis: consecutive invocations read
 //   consecutive 16 B of a row.
-// No subgroup operations: this runs in browsers too.
+// No subgroup operations: this runs in browsers too (subgroup_step.wgsl is an opt-in
+// alternative where subgroups of at least 8 invocations exist; slower on the H200).
 //
 // Thread layout, t = lane_vec + ROW_VECS · row_lane:
 //   K-first [K, V]: the slice's rows are k, a row holds V_BLOCK / 4 vec4s of v. An invocation
@@ -38,31 +39,17 @@
 //     over the ROW_VECS lanes of the row.
 //
 // Storage dtypes: q, k, v, o in `Elem` (f32, f16, or bf16 packed two per u32 word, see
-// shaders/common/dtype_*.wgsl); the state is always f32. Packed o is written as element pairs
-// from one invocation: K-first invocations own four consecutive columns; in V-first the lane-0
-// invocation of an even row also computes its odd neighbour's o.
+// shaders/common/dtype_*.wgsl); the state in `State4` groups of four elements (f32, or bf16
+// rounded on store: shaders/decode/state_*.wgsl); the arithmetic is f32. Packed o is written
+// as element pairs from one invocation: K-first invocations own four consecutive columns; in
+// V-first the lane-0 invocation of an even row also computes its odd neighbour's o.
 //
-// Slot codes (one i32 per sequence, built by the host): c ≥ 0 resumes from pool slot c and
-// writes it back; c = -1 is padding (zero state, the pool is not written); c ≤ -2 starts
-// from a zero state and writes pool slot -2 - c. A pool larger than one storage binding is
-// bound in windows of slots, one pass each; slot codes are relative to the window, and a
-// sequence whose slot is in another window has code SLOT_ELSEWHERE: its workgroups walk no
-// tokens and write nothing.
+// Bindings, slot codes, pool windows and the gate: shaders/decode/step_common.wgsl.
 
-@group(0) @binding(0) var<uniform> params: Params;
-// Words: token starts [N + 1], slot codes [N], A_log [HV], dt_bias [HV] (f32 bits).
-@group(0) @binding(1) var<uniform> tables: array<vec4<u32>, 4096>;
-@group(0) @binding(2) var<storage, read> q_buf: array<Elem>;                       // [B·T, H, K]
-@group(0) @binding(3) var<storage, read> k_buf: array<Elem>;                       // [B·T, H, K]
-@group(0) @binding(4) var<storage, read> v_buf: array<Elem>;                       // [B·T, HV, V]
-@group(0) @binding(5) var<storage, read> g_buf: array<f32>;                        // [B·T, HV]
-@group(0) @binding(6) var<storage, read> beta_buf: array<f32>;                     // [B·T, HV]
-@group(0) @binding(7) var<storage, read_write> pool: array<vec4<f32>>;             // [P, HV, K, V] or V-first
-@group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;                 // [B·T, HV, V]
-@group(0) @binding(9) var<storage, read_write> token_states: array<vec4<f32>>;     // [B·T, HV, K, V] or V-first
-
-const SLOT_PADDING: i32 = -1;
-const SLOT_ELSEWHERE: i32 = -2147483647 - 1;   // i32::MIN
+@group(0) @binding(2) var<storage, read> q_buf: array<Elem>;               // [B·T, H, K]
+@group(0) @binding(3) var<storage, read> k_buf: array<Elem>;               // [B·T, H, K]
+@group(0) @binding(4) var<storage, read> v_buf: array<Elem>;               // [B·T, HV, V]
+@group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;         // [B·T, HV, V]
 
 override WG: u32;
 override K_DIM: u32;
@@ -117,17 +104,6 @@ struct Inputs {
     beta: f32,
 }
 
-fn table_word(i: u32) -> u32 {
-    return tables[i / 4u][i % 4u];
-}
-
-fn softplus(x: f32) -> f32 {
-    if (x > 20.0) {
-        return x;
-    }
-    return log(1.0 + exp(x));
-}
-
 fn v_at(i: u32) -> f32 {
     return load_elem(v_buf[elem_word(i)], i);
 }
@@ -148,7 +124,7 @@ fn load_reg(base: u32, p: Place, r: u32) -> vec4<f32> {
     if (r >= VEC4S) {
         return vec4<f32>(0.0);
     }
-    return pool[slice_vec(base, p, r)];
+    return state_in(pool[slice_vec(base, p, r)]);
 }
 
 fn load_quad(base: u32, p: Place, g: u32) -> Quad {
@@ -163,9 +139,9 @@ fn load_quad(base: u32, p: Place, g: u32) -> Quad {
 fn store_reg(to_pool: bool, base: u32, p: Place, r: u32, x: vec4<f32>) {
     if (r < VEC4S) {
         if (to_pool) {
-            pool[slice_vec(base, p, r)] = x;
+            pool[slice_vec(base, p, r)] = state_out(x);
         } else {
-            token_states[slice_vec(base, p, r)] = x;
+            token_states[slice_vec(base, p, r)] = state_out(x);
         }
     }
 }
@@ -306,50 +282,19 @@ fn v_first_u(ab: vec4<f32>, v: f32, alpha: f32, beta: f32, rk: f32) -> f32 {
     return beta * (v - alpha * rk * ab.x);
 }
 
-fn gate_of(tok: u32, hv: u32, a_log: f32, dt_bias: f32) -> vec2<f32> {
-    let flags = params.flags;
-    let gi = tok * params.heads_v + hv;
-    var g = g_buf[gi];
-    var beta = beta_buf[gi];
-    if (has_flag(flags, FLAG_GATE_IN_KERNEL)) {
-        g = -exp(a_log) * softplus(g + dt_bias);
-    }
-    if (has_flag(flags, FLAG_BETA_SIGMOID)) {
-        beta = 1.0 / (1.0 + exp(-beta));
-    }
-    if (has_flag(flags, FLAG_NEG_EIGVAL)) {
-        beta = 2.0 * beta;
-    }
-    return vec2<f32>(exp(g), beta);
-}
-
 @compute @workgroup_size(WG)
 fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let hv = wid.y;
     let n = wid.z;
-    let sequences = params.num_segments;
     let hv_count = params.heads_v;
     let h = hv / (hv_count / params.heads_qk);
     let v_dim = params.value_dim;
-    let code = bitcast<i32>(table_word(sequences + 1u + n));
-    // A sequence of another pool window walks no tokens and writes nothing (no early return:
-    // lavapipe runs workgroups with barriers much slower when some return before them).
-    let elsewhere = code == SLOT_ELSEWHERE;
-    let start = table_word(n);
-    let end = select(table_word(n + 1u), start, elsewhere);
-    let a_log = bitcast<f32>(table_word(2u * sequences + 1u + hv));
-    let dt_bias = bitcast<f32>(table_word(2u * sequences + 1u + hv_count + hv));
-
-    var write_slot = -1;
-    if (code >= 0) {
-        write_slot = code;
-    } else if (code < SLOT_PADDING && !elsewhere) {
-        write_slot = -2 - code;
-    }
-    // The host validated the codes; this only keeps a corrupted table inside the pool.
-    if (write_slot >= i32(params.rows)) {
-        write_slot = -1;
-    }
+    let sq = sequence_of(n, hv);
+    let start = sq.start;
+    let end = sq.end;
+    let a_log = sq.a_log;
+    let dt_bias = sq.dt_bias;
+    let write_slot = sq.write_slot;
 
     let p = Place(t % ROW_VECS, t / ROW_VECS, wid.x * V_BLOCK);
     let slice_words = K_DIM * v_dim / 4u;
@@ -363,8 +308,8 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
     var s5 = zero_quad();
     var s6 = zero_quad();
     var s7 = zero_quad();
-    if (code >= 0 && write_slot >= 0) {
-        let base = (u32(code) * hv_count + hv) * slice_words;
+    if (sq.read_slot >= 0) {
+        let base = (u32(sq.read_slot) * hv_count + hv) * slice_words;
         s0 = load_quad(base, p, 0u);
         s1 = load_quad(base, p, 1u);
         s2 = load_quad(base, p, 2u);

@@ -64,12 +64,14 @@ fn typed(name: &str, bytes: Option<u64>, e: wgpu::Error) -> Error {
 }
 
 /// Features the library uses when the adapter has them: timestamps feed `gdn bench`,
-/// SHADER_F16 enables f16 storage, cooperative matrices the coop compute path.
+/// SHADER_F16 enables f16 storage, SUBGROUP the subgroup decode kernel, cooperative matrices
+/// the coop compute path.
 fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
     adapter
         & (wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::SHADER_F16
+            | wgpu::Features::SUBGROUP
             | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
 }
 

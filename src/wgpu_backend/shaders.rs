@@ -49,15 +49,23 @@ pub enum Pass {
     QkFinish,
     /// `backward/gate_finish.wgsl`: β and gate activation chain rules, dA_log and ddt_bias.
     GateFinish,
-    /// `decode/recurrent_step.wgsl`: one decode token on pooled states.
+    /// `decode/recurrent_step.wgsl`: decode tokens on pooled f32 states, reductions through
+    /// workgroup memory (runs everywhere).
     RecurrentStep,
+    /// The same kernel on a bf16 state pool (rounded on store).
+    RecurrentStepBf16State,
+    /// `decode/subgroup_step.wgsl`: decode tokens on pooled f32 states, reductions by subgroup
+    /// shuffles (devices with subgroups of at least 8 invocations).
+    SubgroupStep,
+    /// The subgroup kernel on a bf16 state pool.
+    SubgroupStepBf16State,
     /// `validate/find_nonfinite.wgsl`: the first NaN/±Inf (or positive log-decay) of a tensor.
     FindNonfinite,
 }
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 20] = [
+    pub const ALL: [Pass; 23] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -77,6 +85,9 @@ impl Pass {
         Pass::QkFinish,
         Pass::GateFinish,
         Pass::RecurrentStep,
+        Pass::RecurrentStepBf16State,
+        Pass::SubgroupStep,
+        Pass::SubgroupStepBf16State,
         Pass::FindNonfinite,
     ];
 
@@ -101,7 +112,8 @@ impl Pass {
             Pass::QkGrad => "backward/qk_grad.wgsl",
             Pass::QkFinish => "backward/qk_finish.wgsl",
             Pass::GateFinish => "backward/gate_finish.wgsl",
-            Pass::RecurrentStep => "decode/recurrent_step.wgsl",
+            Pass::RecurrentStep | Pass::RecurrentStepBf16State => "decode/recurrent_step.wgsl",
+            Pass::SubgroupStep | Pass::SubgroupStepBf16State => "decode/subgroup_step.wgsl",
             Pass::FindNonfinite => "validate/find_nonfinite.wgsl",
         }
     }
@@ -128,7 +140,12 @@ impl Pass {
             Pass::QkGrad => include_str!("../../shaders/backward/qk_grad.wgsl"),
             Pass::QkFinish => include_str!("../../shaders/backward/qk_finish.wgsl"),
             Pass::GateFinish => include_str!("../../shaders/backward/gate_finish.wgsl"),
-            Pass::RecurrentStep => include_str!("../../shaders/decode/recurrent_step.wgsl"),
+            Pass::RecurrentStep | Pass::RecurrentStepBf16State => {
+                include_str!("../../shaders/decode/recurrent_step.wgsl")
+            }
+            Pass::SubgroupStep | Pass::SubgroupStepBf16State => {
+                include_str!("../../shaders/decode/subgroup_step.wgsl")
+            }
             Pass::FindNonfinite => include_str!("../../shaders/validate/find_nonfinite.wgsl"),
         }
     }
@@ -168,7 +185,10 @@ impl Pass {
             | Pass::StateGrad
             | Pass::QkGrad
             | Pass::QkFinish => &FORWARD_STORAGE_DTYPES,
-            Pass::RecurrentStep => &FORWARD_STORAGE_DTYPES,
+            Pass::RecurrentStep
+            | Pass::RecurrentStepBf16State
+            | Pass::SubgroupStep
+            | Pass::SubgroupStepBf16State => &FORWARD_STORAGE_DTYPES,
             _ => &STORAGE_DTYPES,
         }
     }
@@ -198,7 +218,23 @@ impl Pass {
             "forward/scan_operand_f16.wgsl",
             include_str!("../../shaders/forward/scan_operand_f16.wgsl"),
         );
+        const STATE_F32: (&str, &str) = (
+            "decode/state_f32.wgsl",
+            include_str!("../../shaders/decode/state_f32.wgsl"),
+        );
+        const STATE_BF16: (&str, &str) = (
+            "decode/state_bf16.wgsl",
+            include_str!("../../shaders/decode/state_bf16.wgsl"),
+        );
+        const STEP_COMMON: (&str, &str) = (
+            "decode/step_common.wgsl",
+            include_str!("../../shaders/decode/step_common.wgsl"),
+        );
         match self {
+            Pass::RecurrentStep | Pass::SubgroupStep => &[STATE_F32, STEP_COMMON],
+            Pass::RecurrentStepBf16State | Pass::SubgroupStepBf16State => {
+                &[STATE_BF16, STEP_COMMON]
+            }
             Pass::StateRecompute | Pass::DhScan => &[BACKWARD_SCAN_TILES],
             Pass::StateScan => &[SCAN_OPERAND_F32],
             Pass::StateScanF16 => &[SCAN_OPERAND_F16],
@@ -217,6 +253,11 @@ impl Pass {
             Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }
+    }
+
+    /// Whether the pass needs the device's SUBGROUP feature.
+    pub fn needs_subgroups(self) -> bool {
+        matches!(self, Pass::SubgroupStep | Pass::SubgroupStepBf16State)
     }
 
     /// Whether the pass needs the device's EXPERIMENTAL_COOPERATIVE_MATRIX.

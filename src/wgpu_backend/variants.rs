@@ -109,10 +109,17 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             out.push(variant(Pass::FindNonfinite, "find_nonfinite", &constants));
         }
     }
-    for tiles in RecurrentStepTiles::candidates(limits, problem) {
+    // Both decode kernels (the subgroup one where the device has subgroups), both pool
+    // dtypes.
+    let decode_tiles = RecurrentStepTiles::candidates(limits, problem)
+        .into_iter()
+        .chain(RecurrentStepTiles::subgroup_candidates(limits, problem));
+    for tiles in decode_tiles {
         for per_token_states in [false, true] {
             let constants = tiles.pipeline_constants(per_token_states);
-            out.push(variant(Pass::RecurrentStep, "recurrent_step", &constants));
+            for state in [DType::F32, DType::BF16] {
+                out.push(variant(tiles.pass(state), tiles.entry(), &constants));
+            }
         }
     }
     Ok(out)

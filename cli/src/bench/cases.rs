@@ -217,19 +217,20 @@ impl GpuCase for DecodeCase {
     ) -> gdn_wgpu::Result<()> {
         self.plans[set].record(encoder);
         if let Some(t) = timer {
-            t.mark(encoder, "recurrent_step");
+            t.mark(encoder, self.plans[set].tiles().entry());
         }
         Ok(())
     }
 }
 
 /// One decode step (`problem`: B sequences × 1 token) over a pool of B slots holding random
-/// states, every sequence resuming its slot in place; a `DecodePlan` per input set, so a
-/// repetition is one compute pass, as in a serving loop.
+/// states (stored as `pool_dtype`), every sequence resuming its slot in place; a `DecodePlan`
+/// per input set, so a repetition is one compute pass, as in a serving loop.
 pub fn prepare_decode(
     ctx: &Context,
     host: &HostCase,
     tiles: RecurrentStepTiles,
+    pool_dtype: DType,
     sets: usize,
 ) -> Result<Box<dyn GpuCase>, BenchError> {
     let p = &host.problem;
@@ -249,7 +250,7 @@ pub fn prepare_decode(
     for _ in 0..sets {
         let inputs = gpu_inputs(ctx, &step)?;
         let pool = StatePool::from_tensor(
-            GpuTensor::upload(ctx, "pool", h0)?,
+            GpuTensor::from_values(ctx, "pool", &h0.shape, pool_dtype, &h0.data)?,
             wgpu_backend::StateLayout::of(p),
         )?;
         let o = GpuTensor::empty(ctx, "o", &p.v_shape(), host.dtype)?;
@@ -271,12 +272,13 @@ pub fn prepare_decode(
 }
 
 /// The case of `op` with `sets` input copies; decode runs at `tiles` (the device's choice when
-/// `None`).
+/// `None`) on a pool stored as `pool`.
 pub fn prepare<'a>(
     ctx: &'a Context,
     op: Op,
     host: &HostCase,
     tiles: Option<RecurrentStepTiles>,
+    pool: DType,
     sets: usize,
     seed: u64,
 ) -> Result<Box<dyn GpuCase + 'a>, BenchError> {
@@ -286,9 +288,9 @@ pub fn prepare<'a>(
         Op::Decode => {
             let tiles = match tiles {
                 Some(t) => t,
-                None => RecurrentStepTiles::choose(&ctx.limits(), &host.problem)?,
+                None => RecurrentStepTiles::choose_for(ctx, &host.problem)?,
             };
-            prepare_decode(ctx, host, tiles, sets)
+            prepare_decode(ctx, host, tiles, pool, sets)
         }
     }
 }

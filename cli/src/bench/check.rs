@@ -20,7 +20,7 @@ use gdn_wgpu::wgpu_backend::path::COOP_V_BLOCK;
 use gdn_wgpu::wgpu_backend::{
     ComputePath, Context, DecodeOutputs, DecodePlan, ForwardAlgorithm, GpuTensor,
 };
-use gdn_wgpu::{Backend, ForwardInputs, Problem};
+use gdn_wgpu::{Backend, ForwardInputs, HostTensor, Problem};
 
 /// Tokens per sequence of the check shape: two full chunks and a partial one.
 pub const CHECK_TOKENS: usize = 131;
@@ -327,16 +327,23 @@ pub fn check_backward_on(
     })
 }
 
-/// One decode step (T = 1 per sequence, resuming every sequence's state from the pool) with
-/// the tiling `tiles`, against the oracle forward from the same initial states.
+/// One decode step (T = 1 per sequence, resuming every sequence's state from the pool, stored
+/// as `pool_dtype`) with the tiling `tiles`, against the oracle forward from the same initial
+/// states (rounded to the pool's dtype).
 pub fn check_decode(
     ctx: &Context,
     problem: &Problem,
     dtype: DType,
+    pool_dtype: DType,
     tiles: RecurrentStepTiles,
 ) -> Result<CheckCase, BenchError> {
     let p = problem;
-    let inputs = host_inputs(p, dtype, SEED);
+    let mut inputs = host_inputs(p, dtype, SEED);
+    // The pool holds h0 in its dtype: the oracle starts from the same values.
+    inputs.initial_state = inputs.initial_state.map(|h| HostTensor {
+        dtype: DType::F32,
+        ..h.with_dtype(pool_dtype)
+    });
     let heads = sample_heads(p.heads_v);
     let expected = reference::forward_heads(p, &inputs.as_ref(), &heads)?;
     let h0 = inputs
@@ -349,7 +356,7 @@ pub fn check_decode(
     };
     let gpu = gpu_inputs(ctx, &step)?;
     let pool = StatePool::from_tensor(
-        GpuTensor::upload(ctx, "pool", h0)?,
+        GpuTensor::from_values(ctx, "pool", &h0.shape, pool_dtype, &h0.data)?,
         gdn_wgpu::wgpu_backend::StateLayout::of(p),
     )?;
     let o = GpuTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN)?;
@@ -368,9 +375,14 @@ pub fn check_decode(
         o.download_blocking(ctx)?,
         pool.tensor().download_blocking(ctx)?,
     );
-    let variant = super::inputs::tiles_name(&tiles);
-    // The wgpu decode kernel multiplies in f32 on every adapter.
-    let tol = |q| bound(Op::Decode, Arithmetic::F32, p, dtype, q);
+    let variant = format!("{}, {pool_dtype} pool", super::inputs::tiles_name(&tiles));
+    // The wgpu decode kernels multiply in f32 on every adapter; a bf16 pool adds its rounding.
+    let tol = |q| {
+        tolerance::Case::new(tolerance::Op::Decode, dtype)
+            .with_l2norm(p.options.l2norm_qk)
+            .with_pool(pool_dtype)
+            .tolerance(q)
+    };
     let got = (o.data.as_slice(), state.data.as_slice());
     Ok(decode_case(p, &variant, &heads, &expected, got, &tol))
 }

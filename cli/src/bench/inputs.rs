@@ -46,10 +46,12 @@ pub fn gpu_inputs(
     gdn_wgpu::wgpu_backend::upload_inputs(ctx, &inputs.as_ref())
 }
 
-/// A decode tiling in words, for records and messages.
+/// A decode tiling in words, for records and messages (its `--decode-tiles` name first).
 pub fn tiles_name(t: &RecurrentStepTiles) -> String {
     format!(
-        "recurrent_step v_block {} vec4s {} row_lanes {} workgroup {}",
+        "{} {}: v_block {} vec4s {} row_lanes {} workgroup {}",
+        t.entry(),
+        t.name(),
         t.v_block,
         t.vec4s_per_thread,
         t.row_lanes,

@@ -102,6 +102,8 @@ pub fn measure(
     dtype: DType,
 ) -> Result<Option<u64>, BenchError> {
     let host = HostCase::new(problem.clone(), dtype, 0);
-    let (_, peak) = measured_case(ctx, 1, |sets| cases::prepare(ctx, op, &host, None, sets, 0))?;
+    let (_, peak) = measured_case(ctx, 1, |sets| {
+        cases::prepare(ctx, op, &host, None, DType::F32, sets, 0)
+    })?;
     Ok(peak)
 }

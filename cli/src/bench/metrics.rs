@@ -90,9 +90,10 @@ pub fn flops(op: Op, p: &Problem) -> f64 {
     bt * hv * per_token
 }
 
-/// Bytes of the f32 state pool a decode case steps: every sequence's `HV·K·V` state.
-pub fn pool_bytes(p: &Problem) -> u64 {
-    (p.num_sequences() * p.heads_v * p.key_dim * p.value_dim * 4) as u64
+/// Bytes of the state pool (stored as `pool`) a decode case steps: every sequence's
+/// `HV·K·V` state.
+pub fn pool_bytes(p: &Problem, pool: DType) -> u64 {
+    (p.num_sequences() * p.heads_v * p.key_dim * p.value_dim * pool.size()) as u64
 }
 
 /// Compulsory bytes of one call (inputs read once, outputs written once). Forward and
@@ -100,11 +101,18 @@ pub fn pool_bytes(p: &Problem) -> u64 {
 /// counts dht. Decode reads and writes every sequence's state once per step: `2·4·K·V` per
 /// sequence and v-head, plus q, k, v, g, β in and o out.
 pub fn bytes(op: Op, p: &Problem, dtype: DType) -> f64 {
+    bytes_with_pool(op, p, dtype, DType::F32)
+}
+
+/// [`bytes`] with the decode state pool stored as `pool` (its element size replaces f32's in
+/// the decode's state traffic; the other ops ignore it).
+pub fn bytes_with_pool(op: Op, p: &Problem, dtype: DType, pool: DType) -> f64 {
     let z = sizes(p, dtype);
     let qk = z.bt * z.h * z.k * z.s;
     let v = z.bt * z.hv * z.v * z.s;
     let gates = z.bt * z.hv * 4.0;
     let state = z.n * z.hv * z.k * z.v * 4.0;
+    let pool_state = z.n * z.hv * z.k * z.v * pool.size() as f64;
     match op {
         // q, k, v, g, β, h0 in; o, final state out.
         Op::Forward => 2.0 * qk + v + 2.0 * gates + state + v + state,
@@ -113,7 +121,7 @@ pub fn bytes(op: Op, p: &Problem, dtype: DType) -> f64 {
             (2.0 * qk + v + 2.0 * gates + state + v + state) + (2.0 * qk + v + 2.0 * gates + state)
         }
         // state read + written; q, k, v, g, β in; o out.
-        Op::Decode => 2.0 * state + 2.0 * qk + v + 2.0 * gates + v,
+        Op::Decode => 2.0 * pool_state + 2.0 * qk + v + 2.0 * gates + v,
     }
 }
 

@@ -136,6 +136,26 @@ impl BenchDType {
     }
 }
 
+/// Storage dtype of the decode state pool (`--decode-pool`, `gdn run decode --pool`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum PoolDType {
+    /// 32-bit floats (the default).
+    F32,
+    /// bfloat16: half the bytes per step; the state is rounded once per step, to nearest
+    /// even, and the arithmetic stays f32.
+    Bf16,
+}
+
+impl PoolDType {
+    /// The library's [`DType`] for this flag value.
+    pub fn dtype(self) -> DType {
+        match self {
+            PoolDType::F32 => DType::F32,
+            PoolDType::Bf16 => DType::BF16,
+        }
+    }
+}
+
 /// The forward's compute path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BenchPath {
@@ -259,12 +279,17 @@ pub struct BenchArgs {
     /// slower than alone (BENCHMARKS.md); whether a fresh device avoids it is not yet measured.
     #[arg(long)]
     pub fresh_device: bool,
-    /// Time decode with this tiling instead of the default: `V_BLOCKxVEC4S` (value columns per
-    /// workgroup × vec4 registers of state per invocation, e.g. `64x16`), for tiling sweeps —
-    /// run each tiling in its own process and alternate them (a sweep inside one process once
-    /// picked a default that made decode 33 % slower).
-    #[arg(long, value_name = "VxN")]
+    /// Time decode with this tiling instead of the default: `VxN` for the workgroup kernel
+    /// (value columns per workgroup × vec4 registers of state per invocation, e.g. `64x16`),
+    /// `sgV` for the subgroup kernel (V columns per workgroup, e.g. `sg32`), for tiling sweeps
+    /// — run each tiling in its own process and alternate them (a sweep inside one process
+    /// once picked a default that made decode 33 % slower).
+    #[arg(long, value_name = "VxN|sgV")]
     pub decode_tiles: Option<String>,
+    /// Storage dtype of the decode state pool: f32, or bf16 (half the traffic; the state is
+    /// rounded once per step, arithmetic stays f32; wgpu only).
+    #[arg(long, value_enum, default_value_t = PoolDType::F32)]
+    pub decode_pool: PoolDType,
     /// `--backend cuda`: time replays of a CUDA graph holding this many calls (per-call time =
     /// replay time / N, as FLA's `do_bench_cudagraph` measures) instead of eager launches; 0
     /// times eager launches.
@@ -313,8 +338,10 @@ pub struct Config {
     pub progress: bool,
     /// A new device (Context) per case.
     pub fresh_device: bool,
-    /// A forced decode tiling: (V-block, vec4s per invocation) (`--decode-tiles`).
-    pub decode_tiles: Option<(u32, u32)>,
+    /// A forced decode tiling's name (`--decode-tiles`: `VxN` or `sgV`).
+    pub decode_tiles: Option<String>,
+    /// Storage dtype of the decode state pool (`--decode-pool`).
+    pub decode_pool: DType,
     /// Calls per captured CUDA graph; 0: eager launches (`--cuda-graph`).
     pub cuda_graph: usize,
 }
@@ -435,9 +462,10 @@ impl BenchArgs {
             decode_tiles: self
                 .decode_tiles
                 .as_deref()
-                .map(parse_decode_tiles)
+                .map(check_decode_tiles_name)
                 .transpose()
                 .map_err(usage)?,
+            decode_pool: self.decode_pool.dtype(),
             cuda_graph: self.cuda_graph,
         })
     }
@@ -856,11 +884,24 @@ enum Variant {
     Host,
 }
 
-/// `V_BLOCKxVEC4S` of `--decode-tiles`.
-fn parse_decode_tiles(s: &str) -> Result<(u32, u32), String> {
-    s.split_once('x')
-        .and_then(|(v, n)| Some((v.trim().parse().ok()?, n.trim().parse().ok()?)))
-        .ok_or_else(|| format!("--decode-tiles: expected V_BLOCKxVEC4S such as 64x16, got {s:?}"))
+/// The form of a `--decode-tiles` name (`VxN` or `sgV` / `sgVw`), checked before any work;
+/// whether the shape and device have that tiling is the case's question.
+fn check_decode_tiles_name(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    let number = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
+    let ok = match s.strip_prefix("sg") {
+        Some(rest) => number(rest.strip_suffix('w').unwrap_or(rest)),
+        None => s
+            .split_once('x')
+            .is_some_and(|(v, n)| number(v) && number(n)),
+    };
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(format!(
+            "--decode-tiles: expected VxN (e.g. 64x32) or sgV / sgVw (e.g. sg32), got {s:?}"
+        ))
+    }
 }
 
 fn variant(
@@ -868,7 +909,8 @@ fn variant(
     op: Op,
     p: &Problem,
     dtype: DType,
-    decode_tiles: Option<(u32, u32)>,
+    decode_tiles: Option<&str>,
+    decode_pool: DType,
 ) -> gdn_wgpu::Result<(Variant, String, Option<RecurrentStepTiles>)> {
     Ok(match op {
         Op::Forward
@@ -900,19 +942,10 @@ fn variant(
         }
         Op::Decode => {
             let tiles = match decode_tiles {
-                None => RecurrentStepTiles::choose(&ctx.limits(), p)?,
-                Some((v_block, vec4s)) => RecurrentStepTiles::candidates(&ctx.limits(), p)
-                    .into_iter()
-                    .find(|t| t.v_block == v_block && t.vec4s_per_thread == vec4s)
-                    .ok_or_else(|| {
-                        Error::Value {
-                            name: "--decode-tiles".into(),
-                            expected: "a tiling this device and shape fit (a V-block dividing V, vec4s a power of two)".into(),
-                            got: format!("{v_block}x{vec4s}"),
-                        }
-                    })?,
+                None => RecurrentStepTiles::choose_for(ctx, p)?,
+                Some(name) => RecurrentStepTiles::named(ctx, p, name, "--decode-tiles")?,
             };
-            let name = inputs::tiles_name(&tiles);
+            let name = format!("{}, {decode_pool} pool", inputs::tiles_name(&tiles));
             (Variant::Tiles(name.clone()), name, Some(tiles))
         }
     })
@@ -948,7 +981,8 @@ fn run_check(
             let p = planned
                 .check_seqs()
                 .problem(planned.heads, big.key_dim, big.value_dim)?;
-            check::check_decode(ctx, &p, c.dtype, tiles.expect("decode has tiles"))?
+            let tiles = tiles.expect("decode has tiles");
+            check::check_decode(ctx, &p, c.dtype, c.decode_pool, tiles)?
         }
     };
     verify(&case)
@@ -1116,11 +1150,17 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             };
             let p = problem.map_err(|e| err(e.into()))?;
             record.flops = metrics::flops(pc.op, &p);
-            record.bytes = metrics::bytes(pc.op, &p, c.dtype);
+            record.bytes = metrics::bytes_with_pool(pc.op, &p, c.dtype, c.decode_pool);
             if let Some(why) = unsupported.get(&pc.op) {
                 return Err((Status::Unsupported, why.clone()));
             }
             preflight(engine.wgpu(), pc.op, &p, c.dtype).map_err(err)?;
+            if pc.op == Op::Decode && c.decode_pool != DType::F32 && engine.wgpu().is_none() {
+                return Err((
+                    Status::Unsupported,
+                    format!("a {} decode pool: the wgpu backend only", c.decode_pool),
+                ));
+            }
             let fresh = !matches!(&host, Some((h, s, b, _)) if *h == pc.heads && *s == pc.seqs && *b == pc.batch);
             if fresh {
                 drop(host.take()); // free the previous shape's host inputs first
@@ -1163,8 +1203,15 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     }
                 }
                 Some(ctx) => {
-                    let (v, vname, tiles) = variant(ctx, pc.op, &p, c.dtype, c.decode_tiles)
-                        .map_err(|e| err(e.into()))?;
+                    let (v, vname, tiles) = variant(
+                        ctx,
+                        pc.op,
+                        &p,
+                        c.dtype,
+                        c.decode_tiles.as_deref(),
+                        c.decode_pool,
+                    )
+                    .map_err(|e| err(e.into()))?;
                     record.variant = Some(vname);
                     if pc.op == Op::Forward {
                         let choice =
@@ -1183,7 +1230,8 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     };
                     record.input_sets = sets;
                     let ctx = &*ctx;
-                    let prepare = |sets| cases::prepare(ctx, pc.op, hc, tiles, sets, c.seed);
+                    let prepare =
+                        |sets| cases::prepare(ctx, pc.op, hc, tiles, c.decode_pool, sets, c.seed);
                     let (case, measured) =
                         memory::measured_case(ctx, sets, prepare).map_err(err)?;
                     (record.peak_memory_bytes, record.memory_source) = match measured {
@@ -1203,7 +1251,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     let timing = time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?;
                     if pc.op == Op::Decode {
                         // Measured after the case, on the same device, for the pool's bytes.
-                        let pool = metrics::pool_bytes(&p);
+                        let pool = metrics::pool_bytes(&p, c.decode_pool);
                         record.copy_ceiling_gbps = ceiling::copy_gbps(ctx, pool, c.reps.min(50))
                             .map_err(|e| err(e.into()))?;
                     }

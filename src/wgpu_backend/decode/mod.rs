@@ -1,11 +1,14 @@
 //! Inference on wgpu: decode steps and multi-token verification over an in-place state pool.
 //!
-//! A server keeps one f32 state per request in a [`StatePool`] (`[P, HV, K, V]` or V-first)
-//! and, per step, runs B sequences × T new tokens (T = 1 to decode, a few more to verify
-//! speculative drafts; or `cu_seqlens` for differing lengths) through the recurrent kernel
-//! `recurrent_step`, which reads each sequence's state from its slot once, walks its tokens in
-//! FLA's order and writes the state back once. Every forward option applies; q, k, v and o may
-//! be stored as f32, bf16 or f16 ([`decode_storage_dtypes`]), the state is always f32.
+//! A server keeps one state per request in a [`StatePool`] (`[P, HV, K, V]` or V-first; f32,
+//! or bf16 to halve the traffic) and, per step, runs B sequences × T new tokens (T = 1 to
+//! decode, a few more to verify speculative drafts; or `cu_seqlens` for differing lengths)
+//! through one decode kernel — `recurrent_step` by default, or the opt-in `subgroup_step`
+//! where the device has subgroups of ≥ 8 invocations ([`RecurrentStepTiles`]) — which reads
+//! each sequence's state from its slot once, walks its tokens in FLA's order and writes the
+//! state back once. Every forward option
+//! applies; q, k, v and o may be stored as f32, bf16 or f16 ([`decode_storage_dtypes`]); the
+//! arithmetic is f32 and a bf16 pool is rounded once per call, when the state is stored.
 //!
 //! - Each sequence names a [`StateSlot`]: `Resume(s)` continues slot s in place, `Fresh(s)`
 //!   starts from zero and leaves its state in slot s, `Padding` starts from zero and writes no
@@ -35,10 +38,10 @@
 mod pool;
 mod recurrent_step;
 
-pub use pool::{StateLayout, StatePool, StateSlot, check_slots};
+pub use pool::{POOL_DTYPES, StateLayout, StatePool, StateSlot, check_slots};
 pub use recurrent_step::{
     DecodeOutputs, DecodePlan, MAX_VEC4S_PER_THREAD, MAX_WORKGROUP, RecurrentStepTiles,
-    TABLE_WORDS, max_sequences,
+    SUBGROUP_V_BLOCK, StepKernel, TABLE_WORDS, max_sequences, subgroup_kernel_available,
 };
 
 use crate::error::{Error, Result};
@@ -127,10 +130,10 @@ pub(crate) fn check_decode(
         if states.shape() != expected {
             return Err(Error::shape("per_token_states", &expected, states.shape()));
         }
-        if states.dtype != DType::F32 {
+        if states.dtype != pool.dtype() {
             return Err(Error::DType {
                 name: "per_token_states".into(),
-                expected: "F32".into(),
+                expected: format!("{} (the pool's dtype)", pool.dtype()),
                 got: states.dtype.to_string(),
             });
         }
@@ -156,16 +159,31 @@ pub(crate) fn check_decode(
     Ok(())
 }
 
-/// Run `problem` through the recurrent kernel `tokens_per_step` tokens at a time per
-/// sequence — each step a decode call over a pool of N slots seeded with `initial_state`
-/// (or fresh) — wait, and download o and the final states (the pool). Checks host values
-/// first. The path of `gdn run decode`; a convenience, not a hot path (one submit per step).
+/// Run `problem` through the decode kernel `tokens_per_step` tokens at a time per
+/// sequence — each step a decode call over an f32 pool of N slots seeded with
+/// `initial_state` (or fresh) — wait, and download o and the final states (the pool). Checks
+/// host values first. The path of `gdn run decode`; a convenience, not a hot path (one
+/// submit per step).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn decode_host(
     ctx: &Context,
     problem: &Problem,
     inputs: &ForwardInputs<&crate::HostTensor>,
     tokens_per_step: usize,
+) -> Result<crate::ForwardOutputs<crate::HostTensor>> {
+    decode_host_in(ctx, problem, inputs, tokens_per_step, DType::F32)
+}
+
+/// [`decode_host`] over a pool stored as `pool_dtype` (one of [`POOL_DTYPES`]): with bf16 the
+/// initial states are rounded to bf16 when uploaded and the states after every step; the
+/// final states come back as f32 values of the bf16 pool.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn decode_host_in(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&crate::HostTensor>,
+    tokens_per_step: usize,
+    pool_dtype: DType,
 ) -> Result<crate::ForwardOutputs<crate::HostTensor>> {
     use crate::HostTensor;
 
@@ -174,11 +192,21 @@ pub fn decode_host(
     if tokens_per_step == 0 {
         return Err(Error::value("tokens_per_step", "at least 1", 0));
     }
+    if !POOL_DTYPES.contains(&pool_dtype) {
+        return Err(Error::DType {
+            name: "pool dtype".into(),
+            expected: "F32 or BF16 (a state pool's storage dtypes)".into(),
+            got: pool_dtype.to_string(),
+        });
+    }
     let p = problem;
     let layout = StateLayout::of(p);
     let pool = match inputs.initial_state {
-        Some(h0) => StatePool::from_tensor(GpuTensor::upload(ctx, "state pool", h0)?, layout)?,
-        None => StatePool::for_problem(ctx, p, p.num_sequences())?,
+        Some(h0) => {
+            let h0 = h0.clone().with_dtype(pool_dtype);
+            StatePool::from_tensor(GpuTensor::upload(ctx, "state pool", &h0)?, layout)?
+        }
+        None => StatePool::for_problem_in(ctx, p, p.num_sequences(), pool_dtype)?,
     };
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), inputs.v.dtype)?;
     let a_log = inputs
@@ -293,6 +321,11 @@ pub fn decode_host(
     ctx.check()?;
     Ok(crate::ForwardOutputs {
         o: o.download_blocking(ctx)?,
-        final_state: pool.tensor().download_blocking(ctx)?,
+        // F32 whatever the pool's dtype (a bf16 pool's values are exact in f32), as the
+        // forward returns it.
+        final_state: HostTensor {
+            dtype: DType::F32,
+            ..pool.tensor().download_blocking(ctx)?
+        },
     })
 }

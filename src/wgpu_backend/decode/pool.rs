@@ -1,5 +1,6 @@
-//! The state pool of a server: `[P, HV, K, V]` (or V-first) f32 states addressed by slot, and
-//! the typed slot each sequence of a decode call uses.
+//! The state pool of a server: `[P, HV, K, V]` (or V-first) states addressed by slot, stored
+//! as f32 (the default) or bf16 (opt-in, half the traffic), and the typed slot each sequence
+//! of a decode call uses.
 
 use crate::error::{Error, Result};
 use crate::problem::Problem;
@@ -123,7 +124,24 @@ pub fn check_slots(slots: &[StateSlot], sequences: usize, pool_slots: usize) -> 
     Ok(())
 }
 
-/// A pool of f32 states `[P, HV, K, V]` (or `[P, HV, V, K]`) that decode calls update in place.
+/// Storage dtypes a state pool takes: f32 (the default) and bf16 (half the bytes a decode
+/// step moves; the kernels compute in f32 and round the state to bf16, to nearest even, when
+/// they store it).
+pub const POOL_DTYPES: [DType; 2] = [DType::F32, DType::BF16];
+
+fn check_pool_dtype(name: &str, dtype: DType) -> Result<()> {
+    if POOL_DTYPES.contains(&dtype) {
+        return Ok(());
+    }
+    Err(Error::DType {
+        name: name.into(),
+        expected: "F32 or BF16 (a state pool's storage dtypes)".into(),
+        got: dtype.to_string(),
+    })
+}
+
+/// A pool of states `[P, HV, K, V]` (or `[P, HV, V, K]`) that decode calls update in place,
+/// stored as f32 or bf16 ([`POOL_DTYPES`]).
 #[derive(Debug, Clone)]
 pub struct StatePool {
     states: GpuTensor,
@@ -131,7 +149,7 @@ pub struct StatePool {
 }
 
 impl StatePool {
-    /// A zeroed pool of `slots` states.
+    /// A zeroed f32 pool of `slots` states.
     pub fn zeros(
         ctx: &Context,
         slots: usize,
@@ -140,27 +158,54 @@ impl StatePool {
         value_dim: usize,
         layout: StateLayout,
     ) -> Result<Self> {
+        Self::zeros_in(ctx, slots, heads_v, key_dim, value_dim, layout, DType::F32)
+    }
+
+    /// A zeroed pool of `slots` states stored as `dtype` (one of [`POOL_DTYPES`]).
+    pub fn zeros_in(
+        ctx: &Context,
+        slots: usize,
+        heads_v: usize,
+        key_dim: usize,
+        value_dim: usize,
+        layout: StateLayout,
+        dtype: DType,
+    ) -> Result<Self> {
         if slots == 0 {
             return Err(Error::value("pool", "at least one slot", 0));
         }
+        check_pool_dtype("pool", dtype)?;
         let [a, b] = layout.inner_shape(key_dim, value_dim);
-        let states = GpuTensor::scratch(ctx, "state pool", &[slots, heads_v, a, b], DType::F32)?;
+        let states = GpuTensor::scratch(ctx, "state pool", &[slots, heads_v, a, b], dtype)?;
         Ok(StatePool { states, layout })
     }
 
-    /// A zeroed pool of `slots` states shaped and laid out for `problem`.
+    /// A zeroed f32 pool of `slots` states shaped and laid out for `problem`.
     pub fn for_problem(ctx: &Context, problem: &Problem, slots: usize) -> Result<Self> {
-        Self::zeros(
+        Self::for_problem_in(ctx, problem, slots, DType::F32)
+    }
+
+    /// A zeroed pool of `slots` states for `problem`, stored as `dtype` (one of
+    /// [`POOL_DTYPES`]).
+    pub fn for_problem_in(
+        ctx: &Context,
+        problem: &Problem,
+        slots: usize,
+        dtype: DType,
+    ) -> Result<Self> {
+        Self::zeros_in(
             ctx,
             slots,
             problem.heads_v,
             problem.key_dim,
             problem.value_dim,
             StateLayout::of(problem),
+            dtype,
         )
     }
 
-    /// A pool over an existing f32 tensor `[P, HV, a, b]` holding states in `layout`.
+    /// A pool over an existing tensor `[P, HV, a, b]` (f32 or bf16) holding states in
+    /// `layout`; the pool's dtype is the tensor's.
     pub fn from_tensor(states: GpuTensor, layout: StateLayout) -> Result<Self> {
         if states.shape.len() != 4 || states.shape[0] == 0 {
             return Err(Error::Shape {
@@ -169,20 +214,19 @@ impl StatePool {
                 got: crate::error::ShapeList(states.shape.clone()),
             });
         }
-        if states.dtype != DType::F32 {
-            return Err(Error::DType {
-                name: "pool".into(),
-                expected: "F32".into(),
-                got: states.dtype.to_string(),
-            });
-        }
+        check_pool_dtype("pool", states.dtype)?;
         states.check_storage("pool")?;
         Ok(StatePool { states, layout })
     }
 
-    /// The states, `[P, HV, K, V]` (or `[P, HV, V, K]`) f32.
+    /// The states, `[P, HV, K, V]` (or `[P, HV, V, K]`), in the pool's dtype.
     pub fn tensor(&self) -> &GpuTensor {
         &self.states
+    }
+
+    /// The storage dtype of the states (f32 or bf16).
+    pub fn dtype(&self) -> DType {
+        self.states.dtype
     }
 
     /// How each slot's state is laid out.
@@ -219,7 +263,8 @@ impl StatePool {
     }
 
     /// Record a copy of entry `entry` of `states` (e.g. a prefill's `final_state`, shaped
-    /// `[N, HV, ..]` in the pool's layout) into pool slot `slot`.
+    /// `[N, HV, ..]` in the pool's layout and dtype) into pool slot `slot`. A byte copy: the
+    /// dtypes must match (an f32 state into a bf16 pool is an `Error::DType`).
     pub fn copy_into_slot(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -240,7 +285,7 @@ impl StatePool {
     }
 
     /// Record a copy of pool slot `slot` into entry `entry` of `states` (e.g. to download it,
-    /// or as the `initial_state` of a chunked forward).
+    /// or as the `initial_state` of a chunked forward), a tensor of the pool's dtype.
     pub fn copy_from_slot(
         &self,
         encoder: &mut wgpu::CommandEncoder,
@@ -270,10 +315,10 @@ impl StatePool {
                 "the pool's own buffer",
             ));
         }
-        if states.dtype != DType::F32 {
+        if states.dtype != self.dtype() {
             return Err(Error::DType {
                 name: name.into(),
-                expected: "F32".into(),
+                expected: format!("{} (the pool's dtype)", self.dtype()),
                 got: states.dtype.to_string(),
             });
         }

@@ -1,9 +1,13 @@
-//! Launcher of `shaders/decode/recurrent_step.wgsl`: the token-by-token recurrence over a
-//! state pool. A [`DecodePlan`] holds everything a step needs (pipeline, bind group, uniform
-//! tables), so recording a step is one compute pass: the decode hot path allocates nothing.
+//! Launcher of the decode kernels, `shaders/decode/recurrent_step.wgsl` (reductions through
+//! workgroup memory, runs everywhere) and `shaders/decode/subgroup_step.wgsl` (reductions by
+//! subgroup shuffles, no barriers): the token-by-token recurrence over a state pool. Both
+//! share their bindings, so one plan records either. A [`DecodePlan`] holds everything a step
+//! needs (pipeline, bind group, uniform tables), so recording a step is one compute pass: the
+//! decode hot path allocates nothing.
 
 use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, Problem};
+use crate::tensor::DType;
 use crate::wgpu_backend::decode::pool::{StatePool, StateSlot, check_slots};
 use crate::wgpu_backend::launch::{Bindings, Grid, Launch, Prepared};
 use crate::wgpu_backend::params::{Params, init_buffer};
@@ -18,6 +22,10 @@ pub const MAX_VEC4S_PER_THREAD: u32 = 32;
 pub const MAX_WORKGROUP: u32 = 256;
 /// Words of a k (q) row one invocation stages per token (the kernel's named registers).
 const MAX_STAGE: u32 = 8;
+/// Columns per workgroup of the subgroup kernel's own default tiling (workgroups of twice as
+/// many invocations; the fastest subgroup tiling of the H200 sweep at every B); see
+/// [`RecurrentStepTiles::choose_subgroup`].
+pub const SUBGROUP_V_BLOCK: u32 = 32;
 
 /// The largest number of sequences one call can address: the tables hold N + 1 token
 /// starts, N slot codes and A_log, dt_bias (HV each).
@@ -35,15 +43,45 @@ pub struct DecodeOutputs<'a> {
     pub per_token_states: Option<&'a GpuTensor>,
 }
 
-/// Tile sizes of `recurrent_step` (WGSL override constants): a workgroup owns a K × `v_block`
-/// state slice, an invocation `vec4s_per_thread` vec4s of it; see the shader's header.
+/// Which decode kernel a tiling is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StepKernel {
+    /// `recurrent_step.wgsl`: cross-invocation sums through workgroup memory, two barriers per
+    /// token. Runs on every device (WebGPU's default limits included).
+    Workgroup,
+    /// `subgroup_step.wgsl`: teams of 8 invocations reduce by subgroup shuffles, no barriers
+    /// and no workgroup memory. Needs `Features::SUBGROUP` with subgroups of at least 8
+    /// invocations ([`subgroup_kernel_available`]).
+    Subgroup,
+}
+
+/// Whether the subgroup decode kernel can run on `ctx`'s device: SUBGROUP enabled and a
+/// minimum subgroup size of at least 8 (a team of 8 lanes must share a subgroup; SwiftShader
+/// and WARP have 4).
+pub fn subgroup_kernel_available(ctx: &Context) -> bool {
+    ctx.features().contains(wgpu::Features::SUBGROUP)
+        && ctx.device.adapter_info().subgroup_min_size >= SUBGROUP_TEAM
+}
+
+/// Invocations of a subgroup-kernel team: they share 4 (or 8) value columns and the whole K.
+const SUBGROUP_TEAM: u32 = 8;
+
+/// Tile sizes of the decode kernels (WGSL override constants): a workgroup owns a K ×
+/// `v_block` state slice, an invocation `vec4s_per_thread` vec4s of it; see the shaders'
+/// headers.
 ///
-/// K-first: invocations are `row_vecs = v_block / 4` (one vec4 column each) × `row_lanes =
-/// K / vec4s_per_thread` (k rows `row_lane + row_lanes·r`). V-first: `row_lanes = v_block`
-/// (one v row each) × `row_vecs = K / (4·vec4s_per_thread)` (vec4s `lane_vec + row_vecs·r` of
-/// the row along k).
+/// Workgroup kernel, K-first: invocations are `row_vecs = v_block / 4` (one vec4 column each)
+/// × `row_lanes = K / vec4s_per_thread` (k rows `row_lane + row_lanes·r`). V-first:
+/// `row_lanes = v_block` (one v row each) × `row_vecs = K / (4·vec4s_per_thread)` (vec4s
+/// `lane_vec + row_vecs·r` of the row along k).
+///
+/// Subgroup kernel (either layout): `row_vecs = v_block / 4` teams of `row_lanes = 8`
+/// invocations, each team 4 columns, each invocation `4·⌈K / 32⌉` vec4s (k groups
+/// `32 gi + 4 lane`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecurrentStepTiles {
+    /// The kernel these tiles are for.
+    pub kernel: StepKernel,
     /// Value columns per workgroup: a workgroup owns a K × `v_block` slice of the state.
     pub v_block: u32,
     /// Invocations along the slice's non-contiguous axis (k rows for K-first, v rows for
@@ -77,6 +115,7 @@ impl RecurrentStepTiles {
             (v_block / 4, key_dim / vec4s)
         };
         let tiles = RecurrentStepTiles {
+            kernel: StepKernel::Workgroup,
             v_block,
             row_lanes,
             row_vecs,
@@ -85,6 +124,30 @@ impl RecurrentStepTiles {
             key_dim,
         };
         (tiles.workgroup() <= MAX_WORKGROUP && tiles.stage() <= MAX_STAGE).then_some(tiles)
+    }
+
+    /// The subgroup kernel's tiling with `v_block` columns per workgroup and `col_groups`
+    /// (1 or 2) groups of 4 columns per team (workgroups of `2·v_block / col_groups`
+    /// invocations), if it fits the kernel.
+    fn subgroup(key_dim: u32, v_block: u32, col_groups: u32, v_first: bool) -> Option<Self> {
+        let vec4s = 4 * key_dim.div_ceil(32) * col_groups;
+        let fits = (1..=2).contains(&col_groups)
+            && v_block.is_multiple_of(16 * col_groups)
+            && vec4s <= MAX_VEC4S_PER_THREAD;
+        fits.then_some(RecurrentStepTiles {
+            kernel: StepKernel::Subgroup,
+            v_block,
+            row_lanes: SUBGROUP_TEAM,
+            row_vecs: v_block / (4 * col_groups),
+            vec4s_per_thread: vec4s,
+            v_first,
+            key_dim,
+        })
+    }
+
+    /// Groups of 4 columns each lane of the subgroup kernel holds (1 or 2).
+    fn col_groups(&self) -> u32 {
+        self.v_block / (4 * self.row_vecs)
     }
 
     /// Invocations per workgroup.
@@ -112,9 +175,96 @@ impl RecurrentStepTiles {
     }
 
     /// Bytes of workgroup memory: k of two tokens and q (vec4s), the a, b partials per
-    /// invocation and (Σk², Σq², k·q) per reduction lane.
+    /// invocation and (Σk², Σq², k·q) per reduction lane; none for the subgroup kernel.
     pub fn workgroup_bytes(&self) -> u32 {
-        16 * (3 * self.key_dim / 4 + self.workgroup() + self.pb_vec4s() + self.lanes())
+        match self.kernel {
+            StepKernel::Workgroup => {
+                16 * (3 * self.key_dim / 4 + self.workgroup() + self.pb_vec4s() + self.lanes())
+            }
+            StepKernel::Subgroup => 0,
+        }
+    }
+
+    /// Workgroups along V: V-blocks (the subgroup kernel's last one may be partial).
+    pub fn v_blocks(&self, value_dim: usize) -> usize {
+        value_dim.div_ceil(self.v_block as usize)
+    }
+
+    /// The WGSL pass of these tiles on a pool of `state_dtype` (f32 or bf16).
+    pub fn pass(&self, state_dtype: DType) -> Pass {
+        match (self.kernel, state_dtype) {
+            (StepKernel::Workgroup, DType::BF16) => Pass::RecurrentStepBf16State,
+            (StepKernel::Workgroup, _) => Pass::RecurrentStep,
+            (StepKernel::Subgroup, DType::BF16) => Pass::SubgroupStepBf16State,
+            (StepKernel::Subgroup, _) => Pass::SubgroupStep,
+        }
+    }
+
+    /// The kernel's entry point.
+    pub fn entry(&self) -> &'static str {
+        match self.kernel {
+            StepKernel::Workgroup => "recurrent_step",
+            StepKernel::Subgroup => "subgroup_step",
+        }
+    }
+
+    /// Every subgroup-kernel tiling of `problem` the device's limits fit (whether the device
+    /// has subgroups is [`subgroup_kernel_available`]'s question): 16 to 128 columns per
+    /// workgroup (up to V rounded up to 16), with 4 or (where K ≤ 128) 8 columns per team.
+    pub fn subgroup_candidates(limits: &wgpu::Limits, problem: &Problem) -> Vec<Self> {
+        let max_wg = limits
+            .max_compute_invocations_per_workgroup
+            .min(limits.max_compute_workgroup_size_x);
+        let v = problem.value_dim as u32;
+        let (k, v_first) = (problem.key_dim as u32, problem.options.state_v_first);
+        let mut out = Vec::new();
+        for col_groups in [1, 2] {
+            for b in [16u32, 32, 64, 128] {
+                if b > v.next_multiple_of(16 * col_groups) {
+                    continue;
+                }
+                if let Some(t) = Self::subgroup(k, b, col_groups, v_first)
+                    && t.workgroup() <= max_wg
+                {
+                    out.push(t);
+                }
+            }
+        }
+        out
+    }
+
+    /// Every tiling `ctx` can run `problem` with: the workgroup kernel's
+    /// [`candidates`](Self::candidates), then the subgroup kernel's where it is available.
+    pub fn all_candidates(ctx: &Context, problem: &Problem) -> Vec<Self> {
+        let limits = ctx.limits();
+        let mut out = Self::candidates(&limits, problem);
+        if subgroup_kernel_available(ctx) {
+            out.extend(Self::subgroup_candidates(&limits, problem));
+        }
+        out
+    }
+
+    /// The default decode tiling on `ctx` ([`DecodePlan::new`]'s): the workgroup kernel's
+    /// [`choose`](Self::choose) on every device so far. The subgroup kernel is opt-in
+    /// ([`choose_subgroup`](Self::choose_subgroup), `sgV` names): in the H200 sweep of
+    /// 2026-12-01 (one process per setting, interleaved, three rounds within 1 %;
+    /// docs/benchmark-history.md) it was slower for B ≥ 64 (B = 256, HV = 32, K = V = 128:
+    /// sg32 346 µs against 64x32's 308 µs) and tied at B = 1 (11.7 against 32x8's 11.6 µs).
+    pub fn choose_for(ctx: &Context, problem: &Problem) -> Result<Self> {
+        Self::choose(&ctx.limits(), problem)
+    }
+
+    /// The subgroup kernel's default: SUBGROUP_V_BLOCK columns per workgroup (see
+    /// [`SUBGROUP_V_BLOCK`]), 4 columns per team, narrower when the device's workgroups are
+    /// smaller.
+    pub fn choose_subgroup(limits: &wgpu::Limits, problem: &Problem) -> Option<Self> {
+        let candidates = Self::subgroup_candidates(limits, problem);
+        candidates
+            .iter()
+            .copied()
+            .filter(|t| t.col_groups() == 1 && t.v_block <= SUBGROUP_V_BLOCK)
+            .max_by_key(|t| t.v_block)
+            .or_else(|| candidates.first().copied())
     }
 
     /// Every tiling of `problem` the device fits, for tests and benchmarks: V-blocks of 4 to
@@ -197,10 +347,54 @@ impl RecurrentStepTiles {
             })
     }
 
+    /// The tiling's name: `VxN` for the workgroup kernel (V-block × vec4s per invocation),
+    /// `sgV` for the subgroup kernel (V columns per workgroup) and `sgVw` for its wide form
+    /// (8 columns per team); what [`named`](Self::named) reads, `gdn bench --decode-tiles`
+    /// takes and records show.
+    pub fn name(&self) -> String {
+        match self.kernel {
+            StepKernel::Workgroup => format!("{}x{}", self.v_block, self.vec4s_per_thread),
+            StepKernel::Subgroup if self.col_groups() > 1 => format!("sg{}w", self.v_block),
+            StepKernel::Subgroup => format!("sg{}", self.v_block),
+        }
+    }
+
+    /// The tiling of `ctx` for `problem` called `name` (see [`name`](Self::name)), one of
+    /// [`all_candidates`](Self::all_candidates); a typed error naming `what` (the flag or
+    /// parameter) listing the names that exist otherwise.
+    pub fn named(ctx: &Context, problem: &Problem, name: &str, what: &str) -> Result<Self> {
+        let candidates = Self::all_candidates(ctx, problem);
+        candidates
+            .iter()
+            .copied()
+            .find(|t| t.name() == name.trim())
+            .ok_or_else(|| {
+                let names: Vec<String> = candidates.iter().map(|t| t.name()).collect();
+                Error::value(
+                    what,
+                    format!(
+                        "a decode tiling of this problem on this device: {}",
+                        names.join(", ")
+                    ),
+                    name,
+                )
+            })
+    }
+
     /// The pipeline's override constants (public so the shader tests specialize every tiling).
-    pub fn pipeline_constants(&self, per_token_states: bool) -> [(&'static str, f64); 12] {
+    pub fn pipeline_constants(&self, per_token_states: bool) -> Vec<(&'static str, f64)> {
         let bool_constant = |b: bool| if b { 1.0 } else { 0.0 };
-        [
+        if self.kernel == StepKernel::Subgroup {
+            return vec![
+                ("WG", self.workgroup() as f64),
+                ("K_DIM", self.key_dim as f64),
+                ("K_GROUPS", self.key_dim.div_ceil(32) as f64),
+                ("COL_GROUPS", self.col_groups() as f64),
+                ("V_FIRST", bool_constant(self.v_first)),
+                ("PER_TOKEN_STATES", bool_constant(per_token_states)),
+            ];
+        }
+        vec![
             ("WG", self.workgroup() as f64),
             ("K_DIM", self.key_dim as f64),
             ("V_BLOCK", self.v_block as f64),
@@ -273,11 +467,11 @@ impl DecodePlan {
         slots: &[StateSlot],
         outputs: &DecodeOutputs<'_>,
     ) -> Result<Self> {
-        let tiles = RecurrentStepTiles::choose(&ctx.limits(), problem)?;
+        let tiles = RecurrentStepTiles::choose_for(ctx, problem)?;
         Self::with_tiles(ctx, problem, inputs, pool, slots, outputs, tiles)
     }
 
-    /// [`DecodePlan::new`] with a given tiling (one of [`RecurrentStepTiles::candidates`]).
+    /// [`DecodePlan::new`] with a given tiling (one of [`RecurrentStepTiles::all_candidates`]).
     pub fn with_tiles(
         ctx: &Context,
         problem: &Problem,
@@ -289,10 +483,10 @@ impl DecodePlan {
     ) -> Result<Self> {
         ctx.check()?;
         super::check_decode(ctx, problem, inputs, pool, slots, outputs)?;
-        if !RecurrentStepTiles::candidates(&ctx.limits(), problem).contains(&tiles) {
+        if !RecurrentStepTiles::all_candidates(ctx, problem).contains(&tiles) {
             return Err(Error::value(
                 "tiles",
-                "a tiling from RecurrentStepTiles::candidates for this problem and device",
+                "a tiling from RecurrentStepTiles::all_candidates for this problem and device",
                 format!("{tiles:?}"),
             ));
         }
@@ -370,7 +564,7 @@ impl DecodePlan {
             ),
         };
         let constants = tiles.pipeline_constants(outputs.per_token_states.is_some());
-        let source = source(Pass::RecurrentStep, inputs.q.dtype)?;
+        let source = source(tiles.pass(pool.dtype()), inputs.q.dtype)?;
         let whole = pool.slots() <= per_window;
         let mut windows = Vec::new();
         for (index, first) in (0..pool.slots()).step_by(per_window).enumerate() {
@@ -399,9 +593,9 @@ impl DecodePlan {
                 wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             );
             let pass = Launch {
-                name: "recurrent_step",
+                name: tiles.entry(),
                 source,
-                entry: "recurrent_step",
+                entry: tiles.entry(),
                 constants: &constants,
                 bindings: Bindings::Ordered(&[
                     &params,
@@ -415,9 +609,8 @@ impl DecodePlan {
                     outputs.o,
                     &token_states,
                 ]),
-                // The tiling's V-block divides V (`RecurrentStepTiles::candidates`).
                 grid: Grid([
-                    (problem.value_dim / tiles.v_block as usize, "V-blocks"),
+                    (tiles.v_blocks(problem.value_dim), "V-blocks"),
                     (hv, "heads_v (HV)"),
                     (n, "sequences (slots)"),
                 ]),
