@@ -194,19 +194,14 @@ fn parse_binding_bytes(s: &str) -> Result<u64> {
         })
 }
 
-/// A byte count, optionally with a binary suffix (`KiB`, `MiB`, `GiB`, `TiB`); `None` if it
-/// is not one or overflows.
+/// A byte count, optionally with a binary suffix (`KiB`, `MiB`, `GiB`); `None` if it is not
+/// one or overflows.
 pub(crate) fn parse_bytes(s: &str) -> Option<u64> {
     let t = s.trim();
-    let (digits, unit) = [
-        ("KiB", 1u64 << 10),
-        ("MiB", 1 << 20),
-        ("GiB", 1 << 30),
-        ("TiB", 1 << 40),
-    ]
-    .into_iter()
-    .find_map(|(suffix, unit)| t.strip_suffix(suffix).map(|d| (d.trim(), unit)))
-    .unwrap_or((t, 1));
+    let (digits, unit) = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)]
+        .into_iter()
+        .find_map(|(suffix, unit)| t.strip_suffix(suffix).map(|d| (d.trim(), unit)))
+        .unwrap_or((t, 1));
     digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 

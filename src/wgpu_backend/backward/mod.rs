@@ -32,7 +32,10 @@ pub use qk_grad::{QkGradBuffers, qk_grad};
 pub use state_grad::{StateGradBuffers, state_grad};
 pub use state_recompute::{RecomputeBuffers, state_recompute};
 pub use value_grams::{ValueGramsBuffers, value_grams};
-pub use workspace::{BackwardPlan, BackwardWorkspace, MemoryBudget, PlanBytes, input_bytes};
+pub use workspace::{
+    BackwardMemory, BackwardPlan, BackwardWorkspace, MemoryBudget, PlanBytes, backward_memory,
+    input_bytes,
+};
 pub use wy_grad::{WyGradBuffers, wy_grad};
 
 use crate::error::{Error, Result};

@@ -45,7 +45,7 @@ impl MemoryBudget {
     pub const DEFAULT: MemoryBudget = MemoryBudget::TimesInputs(2);
 
     /// Parse `unbounded`, `Nx` (N ≥ 1 times the inputs) or a byte count with an optional
-    /// `KiB`/`MiB`/`GiB`/`TiB` suffix (at least 1); `name` names the setting in the error.
+    /// `KiB`/`MiB`/`GiB` suffix (at least 1); `name` names the setting in the error.
     pub fn parse(name: &str, s: &str) -> Result<Self> {
         let t = s.trim();
         let parsed = if t.eq_ignore_ascii_case("unbounded") {
@@ -62,7 +62,7 @@ impl MemoryBudget {
         parsed.ok_or_else(|| {
             Error::value(
                 name,
-                "a byte count (optionally with KiB, MiB, GiB or TiB), Nx (N times the \
+                "a byte count (optionally with KiB, MiB or GiB), Nx (N times the \
                  backward's inputs) or unbounded",
                 format!("{s:?}"),
             )
@@ -649,4 +649,84 @@ fn window_chunks(windows: &[TokenWindow]) -> usize {
         .map(|w| w.chunk_table().len() / 2)
         .max()
         .unwrap_or(1)
+}
+
+/// What one backward holds on the device while it runs, in bytes of distinct buffers (each
+/// counted once, at its allocated size): [`backward_memory`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BackwardMemory {
+    /// The caller's tensors it reads: q, k, v, g, β, h0, A_log, dt_bias, do, dht.
+    pub inputs: u64,
+    /// What the forward kept for it ([`Saved`]): the whole problem's intermediates, or the
+    /// checkpoints of a windowed forward (other buffers than the inputs').
+    pub saved: u64,
+    /// The [`BackwardWorkspace`].
+    pub workspace: u64,
+    /// The gradients it writes.
+    pub gradients: u64,
+}
+
+impl BackwardMemory {
+    /// Everything the call holds at once: its peak.
+    pub fn total(&self) -> u64 {
+        self.inputs + self.saved + self.workspace + self.gradients
+    }
+}
+
+/// Count the buffers one backward of `saved` through `ws` into `grads` holds.
+pub fn backward_memory(
+    saved: &Saved,
+    d_o: &GpuTensor,
+    dht: Option<&GpuTensor>,
+    grads: &crate::problem::Gradients<&GpuTensor>,
+    ws: &BackwardWorkspace,
+) -> BackwardMemory {
+    let mut seen: Vec<wgpu::Buffer> = Vec::new();
+    let mut count = |tensors: &[Option<&GpuTensor>]| -> u64 {
+        let mut bytes = 0;
+        for t in tensors.iter().flatten() {
+            if !seen.contains(&t.buffer) {
+                seen.push(t.buffer.clone());
+                bytes += t.buffer.size();
+            }
+        }
+        bytes
+    };
+    let i = saved.inputs.as_ref();
+    let inputs = count(&[
+        Some(i.q),
+        Some(i.k),
+        Some(i.v),
+        Some(i.g),
+        Some(i.beta),
+        i.initial_state,
+        i.a_log,
+        i.dt_bias,
+        Some(d_o),
+        dht,
+    ]);
+    let inter = &saved.intermediates;
+    let saved_bytes = count(&[
+        Some(&inter.gate_beta),
+        Some(&inter.a),
+        inter.q_normed.as_ref(),
+        inter.k_normed.as_ref(),
+        saved.windows.as_ref().and_then(|w| w.checkpoints.as_ref()),
+    ]);
+    let gradients = count(&[
+        Some(grads.dq),
+        Some(grads.dk),
+        Some(grads.dv),
+        Some(grads.dg),
+        Some(grads.dbeta),
+        grads.dh0,
+        grads.da_log,
+        grads.ddt_bias,
+    ]);
+    BackwardMemory {
+        inputs,
+        saved: saved_bytes,
+        workspace: ws.bytes(),
+        gradients,
+    }
 }
