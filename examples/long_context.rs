@@ -13,8 +13,8 @@
 //! `--dim K` (K = V, 128), `--check-heads N` (2; 0 skips the oracle), `--reps N` (3),
 //! `--seed S` (0). Backward: `--backward`; `--check-qk` checks the GVA group of q-head 0 so
 //! that dq, dk are compared too (H/HV times the oracle's work; else the sampled v-heads' dv,
-//! dg, dβ, dh0); `--also-scalar` runs it again with the forward on the scalar path (f32
-//! checkpoints). The oracle of one v-head runs as V/16 independent column slices (the state's
+//! dg, dβ, dh0); `--also-scalar` runs it again with the context's path forced to scalar (a
+//! plan of several windows runs the forward on the scalar path anyway). The oracle of one v-head runs as V/16 independent column slices (the state's
 //! columns evolve independently), in parallel. `GDN_MAX_BINDING_BYTES` lowers the binding
 //! limit; `GDN_BACKWARD_BUDGET` sets the backward's budget.
 
@@ -563,8 +563,7 @@ fn backward_mode(mut ctx: Context, a: &Args) -> Result<(), Box<dyn std::error::E
             .backward_budget
             .unwrap_or(MemoryBudget::DEFAULT);
         let plan = BackwardPlan::new(&ctx, &problem, a.dtype, budget)?;
-        let path = ctx.forward_path(&problem, a.dtype)?.path;
-        let label = format!("forward path {path}");
+        let label = format!("forward path {}", plan.forward_path());
         println!(
             "{h}/{hv} heads, T = {t}, {} storage, K = V = {d}, {label}: budget {:?} ({:.2} GiB; \
              inputs {:.2} GiB), {} window(s), workspace {:.2} GiB + checkpoints {:.3} GiB \

@@ -10,7 +10,8 @@ use common::cases::{HardCase, backward_case, check_gradients, fail_on, hard_case
 use gdn_wgpu::tolerance::{Case, Op, Quantity};
 use gdn_wgpu::wgpu_backend::backward::{self, BackwardPlan, MemoryBudget, input_bytes};
 use gdn_wgpu::wgpu_backend::{
-    self, BackwardWorkspace, Config, Context, GpuTensor, backward_into_workspace, forward_saved_for,
+    self, BackwardWorkspace, ComputePath, Config, Context, GpuTensor, backward_into_workspace,
+    forward_saved_for,
 };
 use gdn_wgpu::{DType, Error, ForwardInputs, Gradients, HostTensor, Problem, relative_l2};
 
@@ -427,4 +428,45 @@ fn the_budget_variable_parses_or_names_itself() {
         );
     }
     assert_eq!(Config::from_lookup(|_| None).unwrap().backward_budget, None);
+}
+
+/// A plan of several windows runs `forward_saved`'s forward on the scalar (f32) path, whose
+/// checkpointed states are the backward's own replay; one window keeps the context's path.
+#[test]
+fn windowed_plans_checkpoint_f32_states() {
+    let Some(mut ctx) = context() else { return };
+    let support = ctx.path_support();
+    let Some(other) = [ComputePath::CoopMatrix, ComputePath::F16Math]
+        .into_iter()
+        .find(|p| match p {
+            ComputePath::CoopMatrix => support.coop_f16,
+            _ => support.f16_math,
+        })
+    else {
+        eprintln!("note: no compute path but the scalar one on this adapter; nothing to check");
+        return;
+    };
+    ctx.set_compute_path(Some(other)).unwrap();
+    let case = common::cases::long_every_option();
+    let p = &case.problem;
+    let dtype = DType::F32;
+    let whole = BackwardPlan::new(&ctx, p, dtype, MemoryBudget::Unbounded).unwrap();
+    assert_eq!(whole.windows(), 1);
+    assert_eq!(whole.forward_path(), other);
+    let least = least_budget(&ctx, p, dtype);
+    let tight = BackwardPlan::new(&ctx, p, dtype, MemoryBudget::Bytes(least)).unwrap();
+    assert!(tight.windows() > 1);
+    assert_eq!(tight.forward_path(), ComputePath::Scalar);
+    // And the gradients through it match the oracle.
+    let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
+    let up = upload(&ctx, &inputs, &d_o, dht.as_ref());
+    let ws = BackwardWorkspace::from_plan(&ctx, tight).unwrap();
+    let got = run(&ctx, p, &up, &ws);
+    fail_on(check_gradients(
+        &format!("{other} context, windowed"),
+        &case,
+        dtype,
+        &got,
+        &expected,
+    ));
 }
