@@ -79,6 +79,19 @@ pub enum Error {
         limit: u64,
     },
 
+    /// A plan that needs more memory than the budget it was given (the backward's windows,
+    /// state checkpoints and scratch: docs/backward.md, "Memory"). Raised before anything is
+    /// allocated.
+    #[error("{name}: the plan needs {needed} bytes, more than the memory budget of {budget} bytes")]
+    OverBudget {
+        /// What was planned, e.g. `backward memory budget`.
+        name: String,
+        /// Bytes the least plan needs.
+        needed: u64,
+        /// The budget, in bytes.
+        budget: u64,
+    },
+
     /// No adapter could be found (no GPU, no driver).
     #[error("no GPU adapter: {0}")]
     NoAdapter(String),
@@ -185,6 +198,7 @@ impl Error {
                 | Error::Missing { .. }
                 | Error::Unsupported { .. }
                 | Error::TooLarge { .. }
+                | Error::OverBudget { .. }
                 | Error::Io { .. }
                 | Error::Safetensors { .. }
         )

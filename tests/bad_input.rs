@@ -29,6 +29,7 @@ enum Kind {
     Missing,
     Unsupported,
     TooLarge,
+    OverBudget,
     Io,
     Safetensors,
 }
@@ -41,6 +42,7 @@ fn kind(e: &Error) -> Option<Kind> {
         Error::Missing { .. } => Kind::Missing,
         Error::Unsupported { .. } => Kind::Unsupported,
         Error::TooLarge { .. } => Kind::TooLarge,
+        Error::OverBudget { .. } => Kind::OverBudget,
         Error::Io { .. } => Kind::Io,
         Error::Safetensors { .. } => Kind::Safetensors,
         _ => return None,
@@ -104,7 +106,7 @@ impl Expect {
     }
 }
 
-use Kind::{DType as Dt, Missing, Safetensors, Shape, TooLarge, Unsupported, Value};
+use Kind::{DType as Dt, Missing, OverBudget, Safetensors, Shape, TooLarge, Unsupported, Value};
 
 // ---------------------------------------------------------------- problem
 
@@ -1228,6 +1230,232 @@ fn gpu_backward() {
         refused(ctx, &watched, case, *e, |enc| {
             wgpu_backend::backward(ctx, enc, saved, d_o, *dht)
         });
+    }
+    gpu_backward_workspace(ctx, &p, &inputs, &d_o);
+}
+
+/// The backward's memory plan and workspace: a budget below the least plan, a workspace or plan
+/// of another problem or windows, and the caller's gradients of `backward_into_workspace`.
+fn gpu_backward_workspace(
+    ctx: &Context,
+    p: &Problem,
+    inputs: &ForwardInputs<GpuTensor>,
+    d_o: &GpuTensor,
+) {
+    use wgpu_backend::backward::{self, BackwardWorkspace, MemoryBudget};
+    let dtype = DType::F32;
+    let ws = BackwardWorkspace::with_budget(ctx, p, dtype, MemoryBudget::Unbounded).unwrap();
+    let mut encoder = ctx.create_encoder("forward to save");
+    let (_, saved) =
+        wgpu_backend::forward_saved_for(ctx, &mut encoder, p, &inputs.as_ref(), ws.plan()).unwrap();
+    ctx.submit_and_wait(encoder).unwrap();
+    let least = match backward::BackwardPlan::new(ctx, p, dtype, MemoryBudget::Bytes(1)) {
+        Err(Error::OverBudget { needed, .. }) => needed,
+        other => panic!("a 1-byte budget: {other:?}"),
+    };
+    // A longer problem whose least plan has several windows: a whole-problem saved context
+    // and a workspace of that plan.
+    let long_p = problem(1, 300, 1, 2, 16, 32, None, Options::default());
+    let long_inputs = upload_inputs(ctx, &RandomSpec::default().generate(&long_p));
+    let long_do = GpuTensor::filled(ctx, "do", &long_p.v_shape(), dtype, 0.5).unwrap();
+    let long_least = match backward::BackwardPlan::new(ctx, &long_p, dtype, MemoryBudget::Bytes(1))
+    {
+        Err(Error::OverBudget { needed, .. }) => needed,
+        other => panic!("a 1-byte budget: {other:?}"),
+    };
+    let tight =
+        BackwardWorkspace::with_budget(ctx, &long_p, dtype, MemoryBudget::Bytes(long_least))
+            .unwrap();
+    assert!(tight.plan().windows() > 1);
+    let mut encoder = ctx.create_encoder("forward to save");
+    let whole_plan =
+        backward::BackwardPlan::new(ctx, &long_p, dtype, MemoryBudget::Unbounded).unwrap();
+    let (_, long_saved) = wgpu_backend::forward_saved_for(
+        ctx,
+        &mut encoder,
+        &long_p,
+        &long_inputs.as_ref(),
+        &whole_plan,
+    )
+    .unwrap();
+    ctx.submit_and_wait(encoder).unwrap();
+    let long_grads = backward::alloc_gradients(ctx, &long_saved).unwrap();
+    let other_p = problem(1, 70, 1, 2, 16, 32, None, Options::default());
+    let other =
+        BackwardWorkspace::with_budget(ctx, &other_p, dtype, MemoryBudget::Unbounded).unwrap();
+    let grads = backward::alloc_gradients(ctx, &saved).unwrap();
+    let fill = |name, shape: &[usize], dt| GpuTensor::filled(ctx, name, shape, dt, 0.5).unwrap();
+    let dq_bf16 = fill("dq", &p.qk_shape(), DType::BF16);
+    let dv_wide = fill("dv", &[1, 70, 2, 48], DType::F32);
+    let dg_short = short_tensor(ctx, "dg", &p.gate_shape(), 10);
+    let watched = Watched::new(
+        ctx,
+        &[
+            ("q", &inputs.q),
+            ("v", &inputs.v),
+            ("do", d_o),
+            ("dq", &grads.dq),
+            ("dv", &grads.dv),
+            ("dg", &grads.dg),
+            ("dh0", grads.dh0.as_ref().unwrap()),
+            ("dq (bf16)", &dq_bf16),
+            ("dv (wide)", &dv_wide),
+            ("dg (short)", &dg_short),
+        ],
+    );
+    let into = |enc: &mut wgpu::CommandEncoder, g: &gdn_wgpu::Gradients<&GpuTensor>, ws| {
+        wgpu_backend::backward_into_workspace(ctx, enc, &saved, d_o, None, g, ws, None)
+    };
+    type Case<'a> = (
+        &'static str,
+        gdn_wgpu::Gradients<&'a GpuTensor>,
+        &'a BackwardWorkspace,
+        Expect,
+    );
+    let base = || backward::gradients_ref(&grads);
+    use gdn_wgpu::Gradients as G;
+    let cases: Vec<Case> = vec![
+        (
+            "a workspace of another problem",
+            base(),
+            &other,
+            expect(
+                "backward-workspace-mismatch",
+                Value,
+                "backward workspace",
+                "made for this problem",
+            ),
+        ),
+        (
+            "dq in BF16 for F32 q",
+            G {
+                dq: &dq_bf16,
+                ..base()
+            },
+            &ws,
+            expect("gradient-outputs", Dt, "dq", "F32"),
+        ),
+        (
+            "dv of another V",
+            G {
+                dv: &dv_wide,
+                ..base()
+            },
+            &ws,
+            expect("gradient-outputs", Shape, "dv", "[1, 70, 2, 32]"),
+        ),
+        (
+            "dg's buffer holds 10 values",
+            G {
+                dg: &dg_short,
+                ..base()
+            },
+            &ws,
+            expect("gradient-outputs", Value, "dg", "at least 560 bytes"),
+        ),
+        (
+            "dh0 missing with h0",
+            G {
+                dh0: None,
+                ..base()
+            },
+            &ws,
+            expect("gradient-outputs", Missing, "dh0", "initial_state"),
+        ),
+        (
+            "dA_log without gate_in_kernel",
+            G {
+                da_log: Some(&grads.dg),
+                ..base()
+            },
+            &ws,
+            expect("gradient-outputs", Value, "dA_log", "gate_in_kernel"),
+        ),
+        (
+            "dk in dq's buffer",
+            G {
+                dk: &grads.dq,
+                ..base()
+            },
+            &ws,
+            expect("gradient-outputs", Value, "dk", "a buffer of its own"),
+        ),
+    ];
+    for (case, g, ws, e) in &cases {
+        refused(ctx, &watched, case, *e, |enc| into(enc, g, ws));
+    }
+    refused(
+        ctx,
+        &watched,
+        "a workspace of other windows",
+        expect(
+            "backward-workspace-mismatch",
+            Value,
+            "backward workspace",
+            "token windows of the saved forward",
+        ),
+        |enc| {
+            wgpu_backend::backward_into_workspace(
+                ctx,
+                enc,
+                &long_saved,
+                &long_do,
+                None,
+                &backward::gradients_ref(&long_grads),
+                &tight,
+                None,
+            )
+        },
+    );
+    // A budget below the least plan, before anything is allocated.
+    let budget = least - 1;
+    let needed = least.to_string();
+    refused(
+        ctx,
+        &watched,
+        "a budget one byte below the least plan",
+        expect(
+            "backward-budget",
+            OverBudget,
+            "backward memory budget",
+            "more than the memory budget",
+        ),
+        |_| BackwardWorkspace::with_budget(ctx, p, dtype, MemoryBudget::Bytes(budget)),
+    );
+    let e = BackwardWorkspace::with_budget(ctx, p, dtype, MemoryBudget::Bytes(budget)).unwrap_err();
+    assert!(
+        e.to_string().contains(&needed) && e.to_string().contains(&budget.to_string()),
+        "{e}"
+    );
+    refused(
+        ctx,
+        &watched,
+        "a plan of another problem",
+        expect(
+            "backward-workspace-mismatch",
+            Value,
+            "backward plan",
+            "made for this problem",
+        ),
+        |enc| wgpu_backend::forward_saved_for(ctx, enc, p, &inputs.as_ref(), other.plan()),
+    );
+    for bad in ["lots", "0", "2.5x"] {
+        refused(
+            ctx,
+            &watched,
+            "GDN_BACKWARD_BUDGET not a size",
+            expect(
+                "backward-budget",
+                Value,
+                "GDN_BACKWARD_BUDGET",
+                "a byte count",
+            ),
+            |_| {
+                wgpu_backend::Config::from_lookup(|n| {
+                    (n == "GDN_BACKWARD_BUDGET").then(|| bad.to_string())
+                })
+            },
+        );
     }
 }
 

@@ -555,22 +555,7 @@ fn backward_in_windows_matches_the_oracle() {
 fn backward_of_a_sequence_longer_than_a_binding() {
     use common::cases::{backward_case, check_gradients};
     let Some(mut ctx) = context() else { return };
-    let options = gdn_wgpu::Options {
-        scale: Some(0.3),
-        l2norm_qk: true,
-        beta_sigmoid: true,
-        allow_neg_eigval: true,
-        gate_in_kernel: true,
-        state_v_first: true,
-    };
-    let case = common::cases::HardCase {
-        name: "T2000 + 700 every option GVA2".into(),
-        problem: common::problem(1, 2700, 1, 2, 32, 32, Some(vec![0, 2000, 2700]), options),
-        spec: gdn_wgpu::RandomSpec {
-            zero_gate_heads: 1,
-            ..common::cases::spec(78, true)
-        },
-    };
+    let case = common::cases::long_every_option();
     let p = &case.problem;
     let mut failures = Vec::new();
     for dtype in [DType::F32, DType::BF16] {

@@ -43,7 +43,7 @@ enum Kernel {
     /// Chunked backward (the forward is replayed first). Reads the forward's tensors plus `do`
     /// (B,T,HV,V: the shape of v) and optionally `dht` (the state shape, F32); writes dq dk dv
     /// dg dbeta, dh0 when initial_state is given, and dA_log ddt_bias with --gate-in-kernel.
-    Backward(RunArgs),
+    Backward(BackwardArgs),
     /// The same inputs and outputs as `forward`, computed token by token by the recurrent
     /// decode kernel over a state pool (one decode step per token); agrees with `forward`.
     Decode(DecodeArgs),
@@ -75,6 +75,18 @@ struct DecodeArgs {
     /// as F32 either way.
     #[arg(long, value_enum, default_value_t = gdn_cli::bench::PoolDType::F32)]
     pool: gdn_cli::bench::PoolDType,
+}
+
+/// `gdn run backward`: the shared flags and the backward's memory budget.
+#[derive(Args)]
+struct BackwardArgs {
+    #[command(flatten)]
+    run: RunArgs,
+    /// The backward's memory budget on wgpu (as GDN_BACKWARD_BUDGET, which it overrides): bytes
+    /// with an optional KiB/MiB/GiB suffix, `Nx` (N times the backward's inputs) or
+    /// `unbounded` [default: 2x].
+    #[arg(long, value_name = "BYTES|Nx|unbounded")]
+    backward_budget: Option<String>,
 }
 
 /// The flags of FLA's `chunk_gated_delta_rule` (see [`Options`]).
@@ -268,7 +280,13 @@ fn run_forward(args: &RunArgs, path: GpuPath) -> Result<(), Failure> {
 /// The tensors `gdn run backward` reads besides the forward's.
 const BACKWARD_TENSORS: [&str; 2] = ["do", "dht"];
 
-fn run_backward(args: &RunArgs) -> Result<(), Failure> {
+fn run_backward(backward: &BackwardArgs) -> Result<(), Failure> {
+    let args = &backward.run;
+    let budget = backward
+        .backward_budget
+        .as_deref()
+        .map(|b| wgpu_backend::MemoryBudget::parse("--backward-budget", b))
+        .transpose()?;
     check_output(&args.output)?;
     let file = TensorFile::open(&args.input)?;
     let (problem, inputs) = read_forward(&file, args.flags.options())?;
@@ -287,7 +305,10 @@ fn run_backward(args: &RunArgs) -> Result<(), Failure> {
         }
     }
     // Inputs are fully checked before any device work, so bad input never waits on a GPU.
-    let engine = open(args.backend)?;
+    let mut engine = open(args.backend)?;
+    if let (Some(budget), Some(ctx)) = (budget, engine.wgpu_mut()) {
+        ctx.set_backward_budget(Some(budget));
+    }
     let start = Instant::now();
     let (_, grads) =
         engine

@@ -805,6 +805,20 @@ fn bad_runs() -> Vec<BadRun> {
             },
             "dht: expected dtype F32, got F16",
         ),
+        case(
+            "backward budget not a size",
+            "backward-budget",
+            BACKWARD,
+            |f| f.flags.extend(["--backward-budget", "lots"]),
+            "--backward-budget: expected a byte count",
+        ),
+        case(
+            "backward budget of 0 bytes",
+            "backward-budget",
+            BACKWARD,
+            |f| f.flags.extend(["--backward-budget", "0"]),
+            "--backward-budget: expected a byte count",
+        ),
     ]
 }
 

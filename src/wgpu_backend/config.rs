@@ -5,11 +5,12 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
+use crate::wgpu_backend::backward::MemoryBudget;
 use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 8] = [
+pub const VARIABLES: [&str; 9] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
@@ -18,6 +19,7 @@ pub const VARIABLES: [&str; 8] = [
     "GDN_SHADER_CHECKS",
     "GDN_MAX_BINDING_BYTES",
     "GDN_MAX_BUFFER_BYTES",
+    "GDN_BACKWARD_BUDGET",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -71,6 +73,10 @@ pub struct Config {
     /// than this is stored in several buffers of whole rows (docs/windows.md); lowering it
     /// tests that on small problems.
     pub max_buffer_bytes: Option<u64>,
+    /// `GDN_BACKWARD_BUDGET` (bytes with an optional `KiB`/`MiB`/`GiB` suffix, `Nx` for N
+    /// times the backward's inputs, or `unbounded`): the memory the backward plans with when
+    /// no budget is given in the call (`None`: [`MemoryBudget::DEFAULT`]; docs/backward.md).
+    pub backward_budget: Option<MemoryBudget>,
 }
 
 /// The least `GDN_MAX_BINDING_BYTES`: one 64-token chunk of the forward's largest per-token
@@ -115,10 +121,13 @@ impl Config {
                 None => ShaderChecks::None,
             },
             max_binding_bytes: lookup("GDN_MAX_BINDING_BYTES")
-                .map(|s| parse_bytes("GDN_MAX_BINDING_BYTES", &s))
+                .map(|s| parse_limit_bytes("GDN_MAX_BINDING_BYTES", &s))
                 .transpose()?,
             max_buffer_bytes: lookup("GDN_MAX_BUFFER_BYTES")
-                .map(|s| parse_bytes("GDN_MAX_BUFFER_BYTES", &s))
+                .map(|s| parse_limit_bytes("GDN_MAX_BUFFER_BYTES", &s))
+                .transpose()?,
+            backward_budget: lookup("GDN_BACKWARD_BUDGET")
+                .map(|s| MemoryBudget::parse("GDN_BACKWARD_BUDGET", &s))
                 .transpose()?,
         })
     }
@@ -179,16 +188,8 @@ fn parse_segment_chunks(s: &str) -> Result<usize> {
 
 /// Bytes, optionally with a binary suffix (`KiB`, `MiB`, `GiB`), a multiple of 4 (bindings
 /// are word-sized) and at least [`MIN_BINDING_BYTES`].
-fn parse_bytes(variable: &str, s: &str) -> Result<u64> {
-    let t = s.trim();
-    let (digits, unit) = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)]
-        .into_iter()
-        .find_map(|(suffix, unit)| t.strip_suffix(suffix).map(|d| (d.trim(), unit)))
-        .unwrap_or((t, 1));
-    digits
-        .parse::<u64>()
-        .ok()
-        .and_then(|n| n.checked_mul(unit))
+fn parse_limit_bytes(variable: &str, s: &str) -> Result<u64> {
+    parse_bytes(s)
         .filter(|&b| b >= MIN_BINDING_BYTES && b % 4 == 0)
         .ok_or_else(|| {
             Error::value(
@@ -200,6 +201,17 @@ fn parse_bytes(variable: &str, s: &str) -> Result<u64> {
                 format!("{s:?}"),
             )
         })
+}
+
+/// A byte count, optionally with a binary suffix (`KiB`, `MiB`, `GiB`); `None` if it is not
+/// one or overflows.
+pub(crate) fn parse_bytes(s: &str) -> Option<u64> {
+    let t = s.trim();
+    let (digits, unit) = [("KiB", 1u64 << 10), ("MiB", 1 << 20), ("GiB", 1 << 30)]
+        .into_iter()
+        .find_map(|(suffix, unit)| t.strip_suffix(suffix).map(|d| (d.trim(), unit)))
+        .unwrap_or((t, 1));
+    digits.parse::<u64>().ok()?.checked_mul(unit)
 }
 
 fn parse_shader_checks(s: &str) -> Result<ShaderChecks> {

@@ -378,6 +378,17 @@ impl Context {
         Ok(())
     }
 
+    /// Set the memory budget backward plans made afterwards use when none is given in the
+    /// call (`None`: [`MemoryBudget::DEFAULT`]), as `GDN_BACKWARD_BUDGET` does.
+    ///
+    /// [`MemoryBudget::DEFAULT`]: crate::wgpu_backend::backward::MemoryBudget::DEFAULT
+    pub fn set_backward_budget(
+        &mut self,
+        budget: Option<crate::wgpu_backend::backward::MemoryBudget>,
+    ) {
+        self.config.backward_budget = budget;
+    }
+
     /// The configuration the context was made with.
     pub fn config(&self) -> &Config {
         &self.config

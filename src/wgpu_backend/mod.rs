@@ -22,7 +22,10 @@ pub(crate) mod windows;
 
 #[cfg(not(target_arch = "wasm32"))]
 pub use backward::backward_host;
-pub use backward::{Saved, backward, backward_profiled, forward_backward, forward_saved};
+pub use backward::{
+    BackwardPlan, BackwardWorkspace, MemoryBudget, Saved, backward, backward_into_workspace,
+    backward_profiled, backward_with_workspace, forward_backward, forward_saved, forward_saved_for,
+};
 pub use config::{Config, ShaderChecks};
 pub use context::{Context, list_adapters, list_adapters_matching};
 pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, decode_step};

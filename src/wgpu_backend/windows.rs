@@ -95,6 +95,16 @@ impl TokenWindow {
         self.pieces.len()
     }
 
+    /// Whether the window's first piece continues a sequence an earlier window started (only
+    /// the first piece can: the others start where their sequences start). Its start state is
+    /// then where that window left it, which a windowed `forward_saved` checkpoints; every
+    /// other piece starts from the initial state.
+    pub fn continues(&self, sequences: &[Range<usize>]) -> bool {
+        self.pieces
+            .first()
+            .is_some_and(|p| p.start > sequences[self.first_seq].start)
+    }
+
     /// The chunk table (start relative to `base`, length) of the window's pieces.
     pub fn chunk_table(&self) -> Vec<u32> {
         self.pieces

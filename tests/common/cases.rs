@@ -178,6 +178,28 @@ pub fn hard_cases() -> Vec<HardCase> {
     cases
 }
 
+/// A long varlen problem with every option (two sequences, 2,700 tokens, K = V = 32, GVA 2):
+/// the case of the windowed and budgeted backward tests, where windows of one chunk number in
+/// the dozens.
+pub fn long_every_option() -> HardCase {
+    let options = Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    HardCase {
+        name: "T2000 + 700 every option GVA2".into(),
+        problem: problem(1, 2700, 1, 2, 32, 32, Some(vec![0, 2000, 2700]), options),
+        spec: RandomSpec {
+            zero_gate_heads: 1,
+            ..spec(78, true)
+        },
+    }
+}
+
 /// The case's inputs with q, k, v stored as `dtype`, and the oracle on those rounded inputs.
 pub fn inputs_and_oracle(
     case: &HardCase,

@@ -6,11 +6,12 @@ use crate::bench::BenchError;
 use crate::bench::inputs::{gpu_inputs, host_inputs, normal};
 use crate::bench::metrics::Op;
 use gdn_wgpu::tensor::{DType, HostTensor};
+use gdn_wgpu::wgpu_backend::backward::{self, BackwardMemory, BackwardWorkspace};
 use gdn_wgpu::wgpu_backend::decode::{RecurrentStepTiles, StatePool, StateSlot};
 use gdn_wgpu::wgpu_backend::{
     self, Context, DecodeOutputs, DecodePlan, ForwardAlgorithm, GpuTensor, GpuTimer, Saved,
 };
-use gdn_wgpu::{ForwardInputs, ForwardOutputs, Problem};
+use gdn_wgpu::{ForwardInputs, ForwardOutputs, Gradients, Problem};
 
 /// A prepared GPU case.
 pub trait GpuCase {
@@ -23,17 +24,27 @@ pub trait GpuCase {
         set: usize,
         timer: Option<&GpuTimer>,
     ) -> gdn_wgpu::Result<()>;
+
+    /// The backward: what one call holds, counted from the buffers the library allocated
+    /// (`backward::backward_memory`), and the plan's budget and windows.
+    fn backward_memory(&self) -> Option<(BackwardMemory, Option<u64>, usize)> {
+        None
+    }
 }
 
 /// Host inputs of one (heads, sequences) shape, generated once and shared by forward and
 /// backward.
 pub struct HostCase {
+    /// The shape.
     pub problem: Problem,
+    /// Random inputs for it, rounded to `dtype`.
     pub inputs: ForwardInputs<HostTensor>,
+    /// Storage dtype of q, k, v.
     pub dtype: DType,
 }
 
 impl HostCase {
+    /// Random inputs of `problem` in `dtype` from `seed`.
     pub fn new(problem: Problem, dtype: DType, seed: u64) -> Self {
         let inputs = host_inputs(&problem, dtype, seed);
         HostCase {
@@ -142,9 +153,19 @@ pub fn prepare_forward<'a>(
     }))
 }
 
+/// One input set of the backward: its saved forward context, upstream gradients and the
+/// gradients it writes.
+struct BackwardSet {
+    saved: Saved,
+    d_o: GpuTensor,
+    dht: GpuTensor,
+    grads: Gradients<GpuTensor>,
+}
+
 struct BackwardCase<'a> {
     ctx: &'a Context,
-    sets: Vec<(Saved, GpuTensor, GpuTensor)>,
+    workspace: BackwardWorkspace,
+    sets: Vec<BackwardSet>,
 }
 
 impl GpuCase for BackwardCase<'_> {
@@ -158,20 +179,37 @@ impl GpuCase for BackwardCase<'_> {
         set: usize,
         timer: Option<&GpuTimer>,
     ) -> gdn_wgpu::Result<()> {
-        let (saved, d_o, dht) = &self.sets[set];
-        match timer {
-            Some(t) => {
-                wgpu_backend::backward_profiled(self.ctx, encoder, saved, d_o, Some(dht), t)?
-            }
-            None => wgpu_backend::backward(self.ctx, encoder, saved, d_o, Some(dht))?,
-        };
-        Ok(())
+        let s = &self.sets[set];
+        wgpu_backend::backward_into_workspace(
+            self.ctx,
+            encoder,
+            &s.saved,
+            &s.d_o,
+            Some(&s.dht),
+            &backward::gradients_ref(&s.grads),
+            &self.workspace,
+            timer,
+        )
+    }
+
+    fn backward_memory(&self) -> Option<(BackwardMemory, Option<u64>, usize)> {
+        let s = self.sets.first()?;
+        let memory = backward::backward_memory(
+            &s.saved,
+            &s.d_o,
+            Some(&s.dht),
+            &backward::gradients_ref(&s.grads),
+            &self.workspace,
+        );
+        let plan = self.workspace.plan();
+        Some((memory, plan.budget(), plan.windows()))
     }
 }
 
-/// The backward alone: the forward that produces its saved context runs once per input set
-/// during preparation (not timed); each repetition records `wgpu_backend::backward` (which allocates
-/// its workspace and gradients per call).
+/// The backward alone: a workspace planned for the context's budget (`GDN_BACKWARD_BUDGET`,
+/// `--backward-budget`) made once; the forward that produces each input set's saved context
+/// runs in its windows during preparation (not timed); each repetition records the backward
+/// through the workspace into gradients allocated once (no allocation per call).
 pub fn prepare_backward<'a>(
     ctx: &'a Context,
     host: &HostCase,
@@ -179,22 +217,32 @@ pub fn prepare_backward<'a>(
     seed: u64,
 ) -> Result<Box<dyn GpuCase + 'a>, BenchError> {
     let p = &host.problem;
+    let workspace = BackwardWorkspace::new(ctx, p, host.dtype)?;
     let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0).with_dtype(host.dtype);
     let dht = normal(&p.state_shape(), 0.5, seed ^ 0xd7);
     let mut prepared = Vec::with_capacity(sets);
     for _ in 0..sets {
         let inputs = gpu_inputs(ctx, &host.inputs)?;
         let mut encoder = ctx.create_encoder("bench backward setup");
-        let (_, saved) = wgpu_backend::forward_saved(ctx, &mut encoder, p, &inputs.as_ref())?;
+        let (_, saved) = wgpu_backend::forward_saved_for(
+            ctx,
+            &mut encoder,
+            p,
+            &inputs.as_ref(),
+            workspace.plan(),
+        )?;
         ctx.submit_and_wait(encoder)?;
-        prepared.push((
+        let grads = backward::alloc_gradients(ctx, &saved)?;
+        prepared.push(BackwardSet {
             saved,
-            GpuTensor::upload(ctx, "do", &d_o)?,
-            GpuTensor::upload(ctx, "dht", &dht)?,
-        ));
+            d_o: GpuTensor::upload(ctx, "do", &d_o)?,
+            dht: GpuTensor::upload(ctx, "dht", &dht)?,
+            grads,
+        });
     }
     Ok(Box::new(BackwardCase {
         ctx,
+        workspace,
         sets: prepared,
     }))
 }

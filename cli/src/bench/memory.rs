@@ -29,14 +29,19 @@ pub enum MemorySource {
     /// The backend has no allocator report (Metal, GL, WebGPU): the sum of the buffer sizes
     /// the launchers are known to allocate, which goes stale when they change.
     Estimate,
+    /// The backward on every backend: the buffers the call holds (inputs, saved context,
+    /// workspace, gradients), each counted once at its allocated size by the library.
+    Library,
 }
 
 impl MemorySource {
-    /// The name written to `memory_source` in the JSON: `allocator` or `estimate`.
+    /// The name written to `memory_source` in the JSON: `allocator`, `estimate` or
+    /// `library`.
     pub fn name(self) -> &'static str {
         match self {
             MemorySource::Allocator => "allocator",
             MemorySource::Estimate => "estimate",
+            MemorySource::Library => "library",
         }
     }
 }

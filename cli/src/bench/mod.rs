@@ -12,7 +12,7 @@
 //! estimated ([`memory`]). The backend comes from [`crate::backend`]: wgpu is timed as above;
 //! any other backend by the wall clock of its host entry points, without a gate.
 
-mod cases;
+pub mod cases;
 mod ceiling;
 pub mod check;
 #[cfg(feature = "cuda")]
@@ -42,6 +42,7 @@ use crate::backend::{BackendKind, Engine};
 use cases::{GpuCase, HostCase};
 use gdn_wgpu::error::Error;
 use gdn_wgpu::tensor::DType;
+use gdn_wgpu::wgpu_backend::backward::MemoryBudget;
 use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
 use gdn_wgpu::wgpu_backend::{ComputePath, Context, ForwardAlgorithm, GpuTimer, forward_algorithm};
 use gdn_wgpu::{Options, Problem};
@@ -290,6 +291,11 @@ pub struct BenchArgs {
     /// rounded once per step, arithmetic stays f32; wgpu only).
     #[arg(long, value_enum, default_value_t = PoolDType::F32)]
     pub decode_pool: PoolDType,
+    /// The backward's memory budget (as `GDN_BACKWARD_BUDGET`, which it overrides): bytes with
+    /// an optional KiB/MiB/GiB suffix, `Nx` (N times the backward's inputs) or
+    /// `unbounded` [default: 2x] (docs/backward.md, "Memory").
+    #[arg(long, value_name = "BYTES|Nx|unbounded")]
+    pub backward_budget: Option<String>,
     /// `--backend cuda`: time replays of a CUDA graph holding this many calls (per-call time =
     /// replay time / N, as FLA's `do_bench_cudagraph` measures) instead of eager launches; 0
     /// times eager launches.
@@ -344,6 +350,8 @@ pub struct Config {
     pub decode_pool: DType,
     /// Calls per captured CUDA graph; 0: eager launches (`--cuda-graph`).
     pub cuda_graph: usize,
+    /// The backward's memory budget (`--backward-budget`; `None`: the context's).
+    pub backward_budget: Option<MemoryBudget>,
 }
 
 impl BenchArgs {
@@ -423,6 +431,12 @@ impl BenchArgs {
         if self.cuda_graph > 0 && !cuda {
             return Err(usage("--cuda-graph needs --backend cuda".into()));
         }
+        let backward_budget = self
+            .backward_budget
+            .as_deref()
+            .map(|b| MemoryBudget::parse("--backward-budget", b))
+            .transpose()
+            .map_err(|e| usage(e.to_string()))?;
         if self.reps == Some(0) {
             return Err(usage("--reps must be at least 1".into()));
         }
@@ -467,6 +481,7 @@ impl BenchArgs {
                 .map_err(usage)?,
             decode_pool: self.decode_pool.dtype(),
             cuda_graph: self.cuda_graph,
+            backward_budget,
         })
     }
 }
@@ -590,6 +605,9 @@ fn commit() -> Option<String> {
 /// `c.forward_algorithm` when forced (wgpu).
 fn open_engine(c: &Config) -> Result<Engine, BenchError> {
     let mut engine = Engine::open(c.backend, c.adapter.as_deref())?;
+    if let (Some(budget), Some(ctx)) = (c.backward_budget, engine.wgpu_mut()) {
+        ctx.set_backward_budget(Some(budget));
+    }
     if let (Some(algorithm), Some(ctx)) = (c.forward_algorithm, engine.wgpu_mut()) {
         ctx.set_forward_algorithm(Some(algorithm));
     }
@@ -1133,6 +1151,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             copy_ceiling_gbps: None,
             peak_memory_bytes: None,
             memory_source: None,
+            backward_memory: None,
             check: None,
         };
         let outcome = (|| -> Result<(), (Status, String)> {
@@ -1248,6 +1267,25 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                             Some(MemorySource::Estimate),
                         ),
                     };
+                    if let Some((m, budget, windows)) = case.backward_memory() {
+                        // The backward's peak is what the library counts; the allocator's
+                        // figure (padding included) stays beside it.
+                        let allocator = match record.memory_source {
+                            Some(MemorySource::Allocator) => record.peak_memory_bytes,
+                            _ => None,
+                        };
+                        record.peak_memory_bytes = Some(m.total());
+                        record.memory_source = Some(MemorySource::Library);
+                        record.backward_memory = Some(report::BackwardMemoryRecord {
+                            inputs_bytes: m.inputs,
+                            saved_bytes: m.saved,
+                            workspace_bytes: m.workspace,
+                            gradients_bytes: m.gradients,
+                            budget_bytes: budget,
+                            windows,
+                            allocator_bytes: allocator,
+                        });
+                    }
                     let timing = time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?;
                     if pc.op == Op::Decode {
                         // Measured after the case, on the same device, for the pool's bytes.

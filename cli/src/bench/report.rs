@@ -100,6 +100,27 @@ pub struct PassTime {
     pub median_ms: f64,
 }
 
+/// What one backward holds on the device, counted from the buffers the library allocated
+/// (`wgpu_backend::backward::backward_memory`): each buffer once, at its allocated size.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct BackwardMemoryRecord {
+    /// The caller's inputs it reads: q, k, v, g, β, h0, do, dht.
+    pub inputs_bytes: u64,
+    /// What `forward_saved` kept for it (intermediates, or checkpoints when windowed).
+    pub saved_bytes: u64,
+    /// The `BackwardWorkspace` (scratch of the largest window, tables).
+    pub workspace_bytes: u64,
+    /// The gradients it writes.
+    pub gradients_bytes: u64,
+    /// The memory budget the plan was made for (null: unbounded).
+    pub budget_bytes: Option<u64>,
+    /// Token windows of the plan.
+    pub windows: usize,
+    /// The device allocator's figure for the same call, where wgpu has a report: the
+    /// library's count plus the allocator's alignment padding.
+    pub allocator_bytes: Option<u64>,
+}
+
 /// The oracle check that gated a case.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct CheckRecord {
@@ -171,9 +192,12 @@ pub struct Record {
     /// measured by the device's allocator, or estimated where the backend has no allocator
     /// report (`memory_source` says which); null for the CPU backend and untimed cases.
     pub peak_memory_bytes: Option<u64>,
-    /// `"allocator"` (measured) or `"estimate"` (buffer sizes the launchers are known to
-    /// allocate; BENCHMARKS.md, "Memory").
+    /// `"allocator"` (measured), `"estimate"` (buffer sizes the launchers are known to
+    /// allocate; BENCHMARKS.md, "Memory") or `"library"` (the backward: the buffers the call
+    /// holds, counted by the library, `backward_memory`).
     pub memory_source: Option<MemorySource>,
+    /// The backward: what one call holds, by part (null for other ops).
+    pub backward_memory: Option<BackwardMemoryRecord>,
     /// The oracle check that gated the case (`None` when it never ran).
     pub check: Option<CheckRecord>,
 }

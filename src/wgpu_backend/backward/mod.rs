@@ -22,6 +22,7 @@ mod qk_grad;
 mod state_grad;
 mod state_recompute;
 mod value_grams;
+mod workspace;
 mod wy_grad;
 
 pub use dh_scan::{DhScanBuffers, dh_scan};
@@ -31,6 +32,10 @@ pub use qk_grad::{QkGradBuffers, qk_grad};
 pub use state_grad::{StateGradBuffers, state_grad};
 pub use state_recompute::{RecomputeBuffers, state_recompute};
 pub use value_grams::{ValueGramsBuffers, value_grams};
+pub use workspace::{
+    BackwardMemory, BackwardPlan, BackwardWorkspace, MemoryBudget, PlanBytes, backward_memory,
+    input_bytes,
+};
 pub use wy_grad::{WyGradBuffers, wy_grad};
 
 use crate::error::{Error, Result};
@@ -38,13 +43,14 @@ use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Gradients, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
 use crate::wgpu_backend::forward::{
     Forward, ForwardWorkspace, Intermediates, PrepareGateBuffers, ScanDims, WyInverseBuffers,
-    forward_with_checkpoints, prepare_gate, prepare_qk, tables, wy_inverse,
+    forward_with_checkpoints, prepare_gate, prepare_qk, wy_inverse,
 };
-use crate::wgpu_backend::params::{Params, upload_u32};
 use crate::wgpu_backend::shaders::Pass;
+use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
 use crate::wgpu_backend::tuning::{BACKWARD_SCANS, V_BLOCK_WIDTHS, choose_v_block, token_slice};
 use crate::wgpu_backend::windows::{TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
+use workspace::{Scratch, fit};
 
 /// f32 words of workgroup memory of `state_recompute` and `dh_scan` at V-block width `bv`
 /// (mirrors the layouts in their headers), the least either needs: the 64 × bv tile, then one
@@ -156,12 +162,14 @@ pub struct Saved {
     pub(crate) windows: Option<SavedWindows>,
 }
 
-/// The token windows of a forward and every window's start states (`[Σ window sequences, HV,
-/// ..]` f32, in the problem's layout), which the windowed backward starts its replays from.
+/// The token windows of a forward and the start states of the windows that continue a
+/// sequence (`[continuing windows, HV, ..]` f32, in the problem's layout; `None` when no
+/// window does), which the windowed backward starts those replays from (the others start
+/// from h0).
 #[derive(Debug, Clone)]
 pub(crate) struct SavedWindows {
     pub windows: Vec<TokenWindow>,
-    pub checkpoints: GpuTensor,
+    pub checkpoints: Option<GpuTensor>,
 }
 
 impl Saved {
@@ -223,9 +231,12 @@ pub fn workspace_bytes(problem: &Problem) -> u64 {
 /// Record a forward and return its outputs with the context the backward needs. Always the
 /// chunked algorithm, whatever `forward` would choose: the backward replays its scan from the
 /// intermediates it keeps (A, the gate cumsum and β), which the recurrent kernel has none of.
-/// When a tensor or the scratch of the forward or of the backward would exceed one storage
-/// binding, the forward runs in the token windows the backward will walk, keeping every
-/// window's start states (docs/windows.md).
+/// The forward runs in the token windows of the backward's plan for the context's budget
+/// (`GDN_BACKWARD_BUDGET`, [`Context::set_backward_budget`]; [`MemoryBudget::DEFAULT`]
+/// otherwise), which also keep every binding within the binding limit: one window when the
+/// whole problem fits, else windows whose continued sequences' start states it keeps
+/// (docs/windows.md). A budget below the least plan is an [`Error::OverBudget`], before
+/// anything is allocated.
 pub fn forward_saved(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -234,20 +245,52 @@ pub fn forward_saved(
 ) -> Result<(Forward, Saved)> {
     ctx.check()?;
     problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
+    let budget = ctx
+        .config()
+        .backward_budget
+        .unwrap_or(MemoryBudget::DEFAULT);
+    let plan = BackwardPlan::new(ctx, problem, inputs.q.dtype, budget)?;
+    forward_saved_for(ctx, encoder, problem, inputs, &plan)
+}
+
+/// [`forward_saved`] in the windows of `plan` (e.g. [`BackwardWorkspace::plan`], so that the
+/// workspace takes the saved context). A plan made for another problem or dtype is an
+/// `Error::Value` naming `backward plan`.
+pub fn forward_saved_for(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    plan: &BackwardPlan,
+) -> Result<(Forward, Saved)> {
+    ctx.check()?;
+    problem.check_inputs(inputs, &ctx.forward_storage_dtypes())?;
     let dtype = inputs.q.dtype;
-    let path = ctx.forward_path(problem, dtype)?.path;
-    let ws = ForwardWorkspace::with_window_costs(
-        ctx,
-        problem,
-        dtype,
-        path,
-        &backward_costs(problem, dtype),
-    )?;
+    plan.check_matches("backward plan", problem, dtype)?;
+    let costs = WindowCosts {
+        max_rows: plan.max_chunks,
+        ..backward_costs(problem, dtype)
+    };
+    let ws = ForwardWorkspace::with_window_costs(ctx, problem, dtype, plan.path, &costs)?;
     let windows = ws.token_windows();
-    let checkpoints = if windows.len() > 1 {
-        let seqs: usize = windows.iter().map(|w| w.seqs()).sum();
+    if windows != plan.windows {
+        return Err(Error::value(
+            "backward plan",
+            format!(
+                "the {} token windows the context plans for it now",
+                windows.len()
+            ),
+            format!(
+                "a plan of {} windows (made under another binding limit or GDN_SEGMENT_CHUNKS)",
+                plan.windows.len()
+            ),
+        ));
+    }
+    let sequences = problem.sequences();
+    let continuing = windows.iter().filter(|w| w.continues(&sequences)).count();
+    let checkpoints = if windows.len() > 1 && continuing > 0 {
         let mut shape = problem.state_shape().to_vec();
-        shape[0] = seqs;
+        shape[0] = continuing;
         Some(GpuTensor::scratch(
             ctx,
             "state checkpoints",
@@ -259,7 +302,7 @@ pub fn forward_saved(
     };
     let o = GpuTensor::empty(ctx, "o", &problem.v_shape(), inputs.v.dtype)?;
     let final_state = GpuTensor::empty(ctx, "final_state", &problem.state_shape(), DType::F32)?;
-    let intermediates = forward_with_checkpoints(
+    let mut intermediates = forward_with_checkpoints(
         ctx,
         encoder,
         problem,
@@ -271,17 +314,44 @@ pub fn forward_saved(
         &ws,
         checkpoints.as_ref(),
     )?;
+    let windowed = windows.len() > 1;
+    if windowed {
+        // The windowed backward recomputes the intermediates in its own workspace: keeping
+        // the last window's rows would only hold the forward's scratch.
+        intermediates = no_rows(ctx, problem, dtype)?;
+    }
     let mut saved = Saved::new(problem, inputs, intermediates.clone());
-    saved.windows = checkpoints.map(|checkpoints| SavedWindows {
-        windows,
-        checkpoints,
-    });
+    if windowed {
+        saved.windows = Some(SavedWindows {
+            windows,
+            checkpoints,
+        });
+    }
     let fwd = Forward {
         o,
         final_state,
         saved: Some(intermediates),
     };
     Ok((fwd, saved))
+}
+
+/// Intermediates that hold no rows (`tokens` empty, at the end of the packed axis).
+fn no_rows(ctx: &Context, p: &Problem, dtype: DType) -> Result<Intermediates> {
+    let (h, hv, kd) = (p.heads_qk, p.heads_v, p.key_dim);
+    let normed = |name: &str| GpuTensor::empty(ctx, name, &[0, h, kd], dtype);
+    let (q_normed, k_normed) = if p.options.l2norm_qk {
+        (Some(normed("q_normed")?), Some(normed("k_normed")?))
+    } else {
+        (None, None)
+    };
+    let bt = p.total_tokens();
+    Ok(Intermediates {
+        q_normed,
+        k_normed,
+        gate_beta: GpuTensor::empty(ctx, "gate_beta", &[0, hv, 2], DType::F32)?,
+        a: GpuTensor::empty(ctx, "wy_inverse", &[0, hv, CHUNK], DType::F32)?,
+        tokens: bt..bt,
+    })
 }
 
 /// What one token window of the backward binds (docs/windows.md): the caller's tensors at an
@@ -333,7 +403,8 @@ pub fn forward_backward(
 
 /// Record the backward: the gradients of `L = Σ o ⊙ d_o + Σ final_state ⊙ dht` w.r.t. the raw
 /// inputs of the forward that produced `saved`. `d_o` is `[B,T,HV,V]` in the dtype of v; `dht`
-/// (optional) has the state shape, f32.
+/// (optional) has the state shape, f32. Allocates the gradients and a workspace for the
+/// windows of `saved` (its plan's budget; see [`backward_into_workspace`] to reuse one).
 ///
 /// Precondition (not checked, it would need a readback): `d_o` and `dht` are finite.
 pub fn backward(
@@ -343,11 +414,11 @@ pub fn backward(
     d_o: &GpuTensor,
     dht: Option<&GpuTensor>,
 ) -> Result<Gradients<GpuTensor>> {
-    record_backward(ctx, encoder, saved, d_o, dht, None)
+    record_backward(ctx, encoder, saved, d_o, dht, None, None)
 }
 
-/// [`backward`] with a timestamp after each pass (labelled with the pass name); mark the
-/// start yourself before calling.
+/// [`backward`] with a timestamp after each pass (labelled with the pass name; one per window
+/// when there are several); mark the start yourself before calling.
 pub fn backward_profiled(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -356,7 +427,155 @@ pub fn backward_profiled(
     dht: Option<&GpuTensor>,
     timer: &GpuTimer,
 ) -> Result<Gradients<GpuTensor>> {
-    record_backward(ctx, encoder, saved, d_o, dht, Some(timer))
+    record_backward(ctx, encoder, saved, d_o, dht, None, Some(timer))
+}
+
+/// [`backward`] through a workspace made once ([`BackwardWorkspace`]): allocates only the
+/// gradients.
+pub fn backward_with_workspace(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    saved: &Saved,
+    d_o: &GpuTensor,
+    dht: Option<&GpuTensor>,
+    workspace: &BackwardWorkspace,
+) -> Result<Gradients<GpuTensor>> {
+    record_backward(ctx, encoder, saved, d_o, dht, Some(workspace), None)
+}
+
+/// [`backward`] into the caller's gradients through a workspace made once: allocates nothing.
+/// `grads` has the shapes and dtypes [`backward`] returns (dh0 exactly with an initial state,
+/// dA_log and ddt_bias exactly with `gate_in_kernel`), each in a buffer of its own. `timer`:
+/// timestamps as [`backward_profiled`] writes them.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_into_workspace(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    saved: &Saved,
+    d_o: &GpuTensor,
+    dht: Option<&GpuTensor>,
+    grads: &Gradients<&GpuTensor>,
+    workspace: &BackwardWorkspace,
+    timer: Option<&GpuTimer>,
+) -> Result<()> {
+    ctx.scoped("backward", None, || {
+        ctx.check()?;
+        check_saved(ctx, saved, d_o, dht)?;
+        workspace.check_saved(saved)?;
+        check_gradient_outputs(saved, d_o, dht, grads)?;
+        record_plan(ctx, encoder, saved, d_o, dht, grads, workspace, timer)
+    })?
+}
+
+/// The gradient tensors `saved`'s backward writes, for [`backward_into_workspace`], on the
+/// device (uninitialized).
+pub fn alloc_gradients(ctx: &Context, saved: &Saved) -> Result<Gradients<GpuTensor>> {
+    let p = &saved.problem;
+    let inputs = saved.inputs.as_ref();
+    let f32 = |name: &str, shape: &[usize]| GpuTensor::empty(ctx, name, shape, DType::F32);
+    let gate = p.options.gate_in_kernel;
+    Ok(Gradients {
+        dq: GpuTensor::empty(ctx, "dq", &p.qk_shape(), inputs.q.dtype)?,
+        dk: GpuTensor::empty(ctx, "dk", &p.qk_shape(), inputs.k.dtype)?,
+        dv: GpuTensor::empty(ctx, "dv", &p.v_shape(), inputs.v.dtype)?,
+        dg: f32("dg", &p.gate_shape())?,
+        dbeta: f32("dbeta", &p.gate_shape())?,
+        dh0: match inputs.initial_state {
+            Some(_) => Some(f32("dh0", &p.state_shape())?),
+            None => None,
+        },
+        da_log: gate.then(|| f32("dA_log", &[p.heads_v])).transpose()?,
+        ddt_bias: gate.then(|| f32("ddt_bias", &[p.heads_v])).transpose()?,
+    })
+}
+
+/// Borrow every gradient.
+pub fn gradients_ref(g: &Gradients<GpuTensor>) -> Gradients<&GpuTensor> {
+    Gradients {
+        dq: &g.dq,
+        dk: &g.dk,
+        dv: &g.dv,
+        dg: &g.dg,
+        dbeta: &g.dbeta,
+        dh0: g.dh0.as_ref(),
+        da_log: g.da_log.as_ref(),
+        ddt_bias: g.ddt_bias.as_ref(),
+    }
+}
+
+/// The caller's gradients against the problem: shapes, dtypes, buffer sizes, presence, and
+/// buffers of their own (not an input's, nor another gradient's).
+fn check_gradient_outputs(
+    saved: &Saved,
+    d_o: &GpuTensor,
+    dht: Option<&GpuTensor>,
+    grads: &Gradients<&GpuTensor>,
+) -> Result<()> {
+    let p = &saved.problem;
+    let inputs = saved.inputs.as_ref();
+    let f32_ = DType::F32;
+    let tensor = |name: &str, t: &GpuTensor, shape: &[usize], dtype: DType| -> Result<()> {
+        if t.shape() != shape {
+            return Err(Error::shape(name, shape, t.shape()));
+        }
+        if t.dtype != dtype {
+            return Err(Error::DType {
+                name: name.into(),
+                expected: dtype.to_string(),
+                got: t.dtype.to_string(),
+            });
+        }
+        t.check_storage(name)
+    };
+    tensor("dq", grads.dq, &p.qk_shape(), inputs.q.dtype)?;
+    tensor("dk", grads.dk, &p.qk_shape(), inputs.k.dtype)?;
+    tensor("dv", grads.dv, &p.v_shape(), inputs.v.dtype)?;
+    tensor("dg", grads.dg, &p.gate_shape(), f32_)?;
+    tensor("dbeta", grads.dbeta, &p.gate_shape(), f32_)?;
+    let present = |name: &str, want: bool, got: Option<&GpuTensor>, why: &str| match (want, got) {
+        (true, None) => Err(Error::Missing {
+            name: name.into(),
+            why: why.into(),
+        }),
+        (false, Some(_)) => Err(Error::value(name, format!("none ({why})"), "a tensor")),
+        _ => Ok(()),
+    };
+    present(
+        "dh0",
+        inputs.initial_state.is_some(),
+        grads.dh0,
+        "exactly with initial_state",
+    )?;
+    if let Some(t) = grads.dh0 {
+        tensor("dh0", t, &p.state_shape(), f32_)?;
+    }
+    let gate = p.options.gate_in_kernel;
+    for (name, t) in [("dA_log", grads.da_log), ("ddt_bias", grads.ddt_bias)] {
+        present(name, gate, t, "exactly with gate_in_kernel")?;
+        if let Some(t) = t {
+            tensor(name, t, &[p.heads_v], f32_)?;
+        }
+    }
+    let mut outputs = vec![
+        ("dq", grads.dq),
+        ("dk", grads.dk),
+        ("dv", grads.dv),
+        ("dg", grads.dg),
+        ("dbeta", grads.dbeta),
+    ];
+    outputs.extend(
+        [
+            ("dh0", grads.dh0),
+            ("dA_log", grads.da_log),
+            ("ddt_bias", grads.ddt_bias),
+        ]
+        .into_iter()
+        .filter_map(|(n, t)| Some((n, t?))),
+    );
+    let mut read = named_inputs(&inputs);
+    read.push(("do", d_o));
+    read.extend(dht.map(|t| ("dht", t)));
+    check_distinct_buffers(&outputs, &read)
 }
 
 fn check_saved(
@@ -393,15 +612,19 @@ fn check_saved(
     }
     let (bt, hv) = (p.total_tokens(), p.heads_v);
     if let Some(sw) = &saved.windows {
-        // The windows recompute the intermediates; they start from the checkpoints.
+        // The windows recompute the intermediates; a window that continues a sequence starts
+        // from its checkpoint.
+        let sequences = p.sequences();
+        let continuing = sw
+            .windows
+            .iter()
+            .filter(|w| w.continues(&sequences))
+            .count();
         let mut shape = p.state_shape().to_vec();
-        shape[0] = sw.windows.iter().map(|w| w.seqs()).sum();
-        if sw.checkpoints.shape() != shape {
-            return Err(Error::shape(
-                "saved checkpoints",
-                &shape,
-                sw.checkpoints.shape(),
-            ));
+        shape[0] = continuing;
+        let got = sw.checkpoints.as_ref().map_or(&[0usize][..], |c| c.shape());
+        if continuing > 0 && got != shape {
+            return Err(Error::shape("saved checkpoints", &shape, got));
         }
         return Ok(());
     }
@@ -476,103 +699,89 @@ fn record_backward(
     saved: &Saved,
     d_o: &GpuTensor,
     dht: Option<&GpuTensor>,
+    workspace: Option<&BackwardWorkspace>,
     timer: Option<&GpuTimer>,
 ) -> Result<Gradients<GpuTensor>> {
     // Device errors anywhere in the recording (scratch, tables, pipelines) come back typed.
     ctx.scoped("backward", None, || {
-        record_backward_scoped(ctx, encoder, saved, d_o, dht, timer)
+        ctx.check()?;
+        check_saved(ctx, saved, d_o, dht)?;
+        let own;
+        let ws = match workspace {
+            Some(ws) => {
+                ws.check_saved(saved)?;
+                ws
+            }
+            None => {
+                own = BackwardWorkspace::for_saved(ctx, saved)?;
+                &own
+            }
+        };
+        let grads = alloc_gradients(ctx, saved)?;
+        record_plan(
+            ctx,
+            encoder,
+            saved,
+            d_o,
+            dht,
+            &gradients_ref(&grads),
+            ws,
+            timer,
+        )?;
+        Ok(grads)
     })?
 }
 
-fn record_backward_scoped(
+/// Record the backward of a checked `saved` into `grads` through `ws` (of its windows).
+#[allow(clippy::too_many_arguments)]
+fn record_plan(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     saved: &Saved,
     d_o: &GpuTensor,
     dht: Option<&GpuTensor>,
+    grads: &Gradients<&GpuTensor>,
+    ws: &BackwardWorkspace,
     timer: Option<&GpuTimer>,
-) -> Result<Gradients<GpuTensor>> {
-    ctx.check()?;
-    check_saved(ctx, saved, d_o, dht)?;
+) -> Result<()> {
     let p = &saved.problem;
     let inputs = saved.inputs.as_ref();
-    let hv = p.heads_v;
-
-    let dq = GpuTensor::empty(ctx, "dq", &p.qk_shape(), inputs.q.dtype)?;
-    let dk = GpuTensor::empty(ctx, "dk", &p.qk_shape(), inputs.k.dtype)?;
-    let dv = GpuTensor::empty(ctx, "dv", &p.v_shape(), inputs.v.dtype)?;
-    let dg = GpuTensor::empty(ctx, "dg", &p.gate_shape(), DType::F32)?;
-    let dbeta = GpuTensor::empty(ctx, "dbeta", &p.gate_shape(), DType::F32)?;
-    let dh0 = match inputs.initial_state {
-        Some(_) => Some(GpuTensor::empty(ctx, "dh0", &p.state_shape(), DType::F32)?),
-        None => None,
-    };
-    let small = |label: &str| {
-        ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size: (8 * hv) as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_DST
-                | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        })
-    };
-    let gate_params = small("gate_params");
-    let dgate_params = small("dgate_params");
+    let hv4 = (4 * p.heads_v) as u64;
     if let (Some(a_log), Some(dt_bias)) = (inputs.a_log, inputs.dt_bias) {
-        encoder.copy_buffer_to_buffer(&a_log.buffer, 0, &gate_params, 0, (4 * hv) as u64);
-        encoder.copy_buffer_to_buffer(
-            &dt_bias.buffer,
-            0,
-            &gate_params,
-            (4 * hv) as u64,
-            (4 * hv) as u64,
-        );
+        encoder.copy_buffer_to_buffer(&a_log.buffer, a_log.offset(), &ws.gate_params, 0, hv4);
+        encoder.copy_buffer_to_buffer(&dt_bias.buffer, dt_bias.offset(), &ws.gate_params, hv4, hv4);
     }
     // gate_finish adds each window's sums.
-    encoder.clear_buffer(&dgate_params, 0, None);
-    let grads = GradientOutputs {
-        dq: &dq,
-        dk: &dk,
-        dv: &dv,
-        dg: &dg,
-        dbeta: &dbeta,
-        dh0: dh0.as_ref(),
+    encoder.clear_buffer(&ws.dgate_params, 0, None);
+    let outputs = GradientOutputs {
+        dq: grads.dq,
+        dk: grads.dk,
+        dv: grads.dv,
+        dg: grads.dg,
+        dbeta: grads.dbeta,
+        dh0: grads.dh0,
     };
     let gates = GateParams {
-        params: &gate_params,
-        grads: &dgate_params,
+        params: &ws.gate_params,
+        grads: &ws.dgate_params,
     };
     match &saved.windows {
-        None => backward_whole(ctx, encoder, saved, d_o, dht, &grads, &gates, timer)?,
-        Some(sw) => backward_windows(ctx, encoder, saved, sw, d_o, dht, &grads, &gates, timer)?,
+        None => backward_whole(ctx, encoder, saved, ws, d_o, dht, &outputs, &gates, timer)?,
+        Some(sw) => backward_windows(
+            ctx, encoder, saved, sw, ws, d_o, dht, &outputs, &gates, timer,
+        )?,
     }
-
-    let (da_log, ddt_bias) = if p.options.gate_in_kernel {
-        let da_log = GpuTensor::empty(ctx, "dA_log", &[hv], DType::F32)?;
-        let ddt_bias = GpuTensor::empty(ctx, "ddt_bias", &[hv], DType::F32)?;
-        encoder.copy_buffer_to_buffer(&dgate_params, 0, &da_log.buffer, 0, (4 * hv) as u64);
+    if let (Some(da_log), Some(ddt_bias)) = (grads.da_log, grads.ddt_bias) {
+        encoder.copy_buffer_to_buffer(&ws.dgate_params, 0, &da_log.buffer, da_log.offset(), hv4);
         encoder.copy_buffer_to_buffer(
-            &dgate_params,
-            (4 * hv) as u64,
+            &ws.dgate_params,
+            hv4,
             &ddt_bias.buffer,
-            0,
-            (4 * hv) as u64,
+            ddt_bias.offset(),
+            hv4,
         );
-        (Some(da_log), Some(ddt_bias))
-    } else {
-        (None, None)
-    };
-    Ok(Gradients {
-        dq,
-        dk,
-        dv,
-        dg,
-        dbeta,
-        dh0,
-        da_log,
-        ddt_bias,
-    })
+    }
+    Ok(())
 }
 
 /// The gradients a backward writes (views of one window's rows in a windowed backward; dh0
@@ -590,62 +799,6 @@ struct GradientOutputs<'a> {
 struct GateParams<'a> {
     params: &'a wgpu::Buffer,
     grads: &'a wgpu::Buffer,
-}
-
-/// The scratch of one backward window, `rows` tokens and `slots` state slots (chunks, then one
-/// tail slot per sequence), in the problem's state layout.
-struct Scratch {
-    states: GpuTensor,
-    dstates: GpuTensor,
-    w_vnew: GpuTensor,
-    dvnew_dv: GpuTensor,
-    mats: GpuTensor,
-    /// The per-v-head dq/dk terms (written from state_grad on) share their memory with the
-    /// scans' gated matrices (read up to dh_scan).
-    union: GpuTensor,
-    dg_dbeta: GpuTensor,
-}
-
-impl Scratch {
-    fn new(ctx: &Context, p: &Problem, rows: usize, slots: usize) -> Result<Self> {
-        let (hv, kd, vd) = (p.heads_v, p.key_dim, p.value_dim);
-        let f32 = |name: &str, shape: &[usize]| GpuTensor::scratch(ctx, name, shape, DType::F32);
-        Ok(Scratch {
-            states: f32("recomputed states", &[slots, hv, kd, vd])?,
-            dstates: f32("state gradients", &[slots, hv, kd, vd])?,
-            w_vnew: f32("W and V'", &[2, rows, hv, vd])?,
-            dvnew_dv: f32("dV' and dv", &[2, rows, hv, vd])?,
-            mats: f32("dP and dA", &[2, rows, hv, CHUNK])?,
-            union: f32(
-                "dq dk per v-head | gated matrices",
-                &[rows, hv, (3 * kd + 1).max(2 * CHUNK)],
-            )?,
-            dg_dbeta: f32("dg and dbeta", &[rows, hv, 2])?,
-        })
-    }
-
-    /// The tensors of a window of `rows` tokens and `slots` slots: views of the leading
-    /// elements when the scratch was made for a larger window, else the scratch itself.
-    fn window(&self, p: &Problem, rows: usize, slots: usize) -> Result<Scratch> {
-        let (hv, kd, vd) = (p.heads_v, p.key_dim, p.value_dim);
-        let fit = |t: &GpuTensor, shape: &[usize]| {
-            if t.shape == shape {
-                Ok(t.clone())
-            } else {
-                t.view("backward scratch", 0, shape)
-            }
-        };
-        let u = (3 * kd + 1).max(2 * CHUNK);
-        Ok(Scratch {
-            states: fit(&self.states, &[slots, hv, kd, vd])?,
-            dstates: fit(&self.dstates, &[slots, hv, kd, vd])?,
-            w_vnew: fit(&self.w_vnew, &[2, rows, hv, vd])?,
-            dvnew_dv: fit(&self.dvnew_dv, &[2, rows, hv, vd])?,
-            mats: fit(&self.mats, &[2, rows, hv, CHUNK])?,
-            union: fit(&self.union, &[rows, hv, u])?,
-            dg_dbeta: fit(&self.dg_dbeta, &[rows, hv, 2])?,
-        })
-    }
 }
 
 /// The backward's tensors over one window: inputs (q̂/k̂ or the raw q/k, the gates, A), the
@@ -842,6 +995,7 @@ fn backward_whole(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     saved: &Saved,
+    ws: &BackwardWorkspace,
     d_o: &GpuTensor,
     dht: Option<&GpuTensor>,
     grads: &GradientOutputs<'_>,
@@ -852,42 +1006,42 @@ fn backward_whole(
     let inputs = saved.inputs.as_ref();
     let inter = &saved.intermediates;
     let (bt, hv) = (p.total_tokens(), p.heads_v);
-    let (chunk_table, _) = tables(p);
-    let num_chunks = chunk_table.len() / 2;
-    let num_segments = p.num_sequences();
-    let params = Params::for_problem(p, num_chunks, num_segments).upload(ctx);
-    let chunks = upload_u32(ctx, "chunks", &chunk_table);
-    let segments = upload_u32(ctx, "backward segments", &segment_table(&p.sequences(), 0));
+    let wt = &ws.windows[0];
+    let num_chunks = wt.num_chunks;
 
     // States and their gradients have one slot per chunk plus one per sequence (the start
     // state / dht in, dh0 out), in the problem's state layout.
-    let slots = num_chunks + p.num_sequences();
-    let scratch = Scratch::new(ctx, p, bt, slots)?;
+    let scratch = &ws.scratch;
     let slot_bytes = (hv * p.key_dim * p.value_dim * 4) as u64;
     let tail_offset = num_chunks as u64 * slot_bytes;
     let tail_bytes = p.num_sequences() as u64 * slot_bytes;
     let (states, dstates) = (&scratch.states.buffer, &scratch.dstates.buffer);
     match inputs.initial_state {
-        Some(h0) => encoder.copy_buffer_to_buffer(&h0.buffer, 0, states, tail_offset, tail_bytes),
+        Some(h0) => {
+            encoder.copy_buffer_to_buffer(&h0.buffer, h0.offset(), states, tail_offset, tail_bytes)
+        }
         None => encoder.clear_buffer(states, tail_offset, Some(tail_bytes)),
     }
     match dht {
-        Some(dht) => {
-            encoder.copy_buffer_to_buffer(&dht.buffer, 0, dstates, tail_offset, tail_bytes)
-        }
+        Some(dht) => encoder.copy_buffer_to_buffer(
+            &dht.buffer,
+            dht.offset(),
+            dstates,
+            tail_offset,
+            tail_bytes,
+        ),
         None => encoder.clear_buffer(dstates, tail_offset, Some(tail_bytes)),
     }
     // wy_inverse's A goes to scratch (the first half of `mats`, written next by value_grams):
     // the backward reads the forward's.
-    let a_scratch =
-        GpuTensor::from_buffer(scratch.mats.buffer.clone(), &[bt, hv, CHUNK], DType::F32);
+    let a_scratch = scratch.mats.reinterpret(&[bt, hv, CHUNK], DType::F32);
     let passes = WindowPasses {
         problem: p,
-        params: &params,
-        chunks: &chunks,
-        segments: &segments,
+        params: &wt.params,
+        chunks: &wt.chunks,
+        segments: &wt.segments,
         num_chunks,
-        num_segments,
+        num_segments: p.num_sequences(),
         rows: bt,
         q_raw: inputs.q,
         k_raw: inputs.k,
@@ -900,27 +1054,28 @@ fn backward_whole(
         gate_beta: &inter.gate_beta,
         a_out: &a_scratch,
         a: &inter.a,
-        scratch: &scratch,
+        scratch,
         grads,
         gates,
     };
     record_window(ctx, encoder, &passes, timer, &mut |_| {})?;
     if let Some(dh0) = grads.dh0 {
-        encoder.copy_buffer_to_buffer(dstates, tail_offset, &dh0.buffer, 0, tail_bytes);
+        encoder.copy_buffer_to_buffer(dstates, tail_offset, &dh0.buffer, dh0.offset(), tail_bytes);
     }
     Ok(())
 }
 
 /// The backward over the forward's token windows, last to first (docs/windows.md): each
-/// window recomputes the forward's intermediates, replays its states from the forward's
-/// checkpoints, and carries the gradient w.r.t. a cut sequence's state back to the window
-/// before it.
+/// window recomputes the forward's intermediates, replays its states from h0 or, where it
+/// continues a sequence, the forward's checkpoint, and carries the gradient w.r.t. a cut
+/// sequence's state back to the window before it.
 #[allow(clippy::too_many_arguments)]
 fn backward_windows(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     saved: &Saved,
     sw: &SavedWindows,
+    ws: &BackwardWorkspace,
     d_o: &GpuTensor,
     dht: Option<&GpuTensor>,
     grads: &GradientOutputs<'_>,
@@ -929,64 +1084,30 @@ fn backward_windows(
 ) -> Result<()> {
     let p = &saved.problem;
     let inputs = saved.inputs.as_ref();
-    let (h, hv, kd) = (p.heads_qk, p.heads_v, p.key_dim);
-    let dtype = inputs.q.dtype;
     let sequences = p.sequences();
-    let slot_bytes = (hv * kd * p.value_dim * 4) as u64;
-    let windows = &sw.windows;
-    let chunks_of = |w: &TokenWindow| w.chunk_table().len() / 2;
-    let rows_max = windows.iter().map(|w| w.tokens).max().unwrap_or(0);
-    let slots_max = windows
-        .iter()
-        .map(|w| chunks_of(w) + w.seqs())
-        .max()
-        .unwrap_or(0);
-    let scratch = Scratch::new(ctx, p, rows_max, slots_max)?;
-    let f32 = |name: &str, shape: &[usize]| GpuTensor::scratch(ctx, name, shape, DType::F32);
-    let gate_beta_all = f32("gate_beta", &[rows_max, hv, 2])?;
-    let a_all = f32("wy_inverse", &[rows_max, hv, CHUNK])?;
-    let normed = |name: &str| GpuTensor::scratch(ctx, name, &[rows_max, h, kd], dtype);
-    let (q_normed, k_normed) = if p.options.l2norm_qk {
-        (Some(normed("q_normed")?), Some(normed("k_normed")?))
-    } else {
-        (None, None)
-    };
-    // The gradient w.r.t. the state where a window cut a sequence, for the window before.
-    let carry = f32(
-        "state gradient carry",
-        &[1, hv, p.state_shape()[2], p.state_shape()[3]],
-    )?;
+    let slot_bytes = (p.heads_v * p.key_dim * p.value_dim * 4) as u64;
+    let rc = ws.recomputed.as_ref().ok_or_else(|| {
+        Error::Gpu("backward workspace: a windowed plan without recompute scratch".into())
+    })?;
+    let carry = &rc.carry;
     // Sequences no window computes (empty ones outside every window) keep dh0 = dht.
     if let Some(dh0) = grads.dh0 {
         match dht {
-            Some(dht) => encoder.copy_buffer_to_buffer(&dht.buffer, 0, &dh0.buffer, 0, dht.bytes()),
-            None => encoder.clear_buffer(&dh0.buffer, 0, None),
+            Some(dht) => encoder.copy_buffer_to_buffer(
+                &dht.buffer,
+                dht.offset(),
+                &dh0.buffer,
+                dh0.offset(),
+                dht.bytes(),
+            ),
+            None => encoder.clear_buffer(&dh0.buffer, dh0.offset(), Some(dh0.bytes())),
         }
     }
-    let mut first_checkpoint: Vec<usize> = Vec::with_capacity(windows.len());
-    let mut at = 0;
-    for w in windows {
-        first_checkpoint.push(at);
-        at += w.seqs();
-    }
 
-    for (wi, w) in windows.iter().enumerate().rev() {
+    for wt in ws.windows.iter().rev() {
+        let w = &wt.window;
         let (base, rows) = (w.base, w.tokens);
-        let first = w
-            .pieces
-            .iter()
-            .find(|r| !r.is_empty())
-            .map_or(base, |r| r.start);
-        let chunk_table = w.chunk_table();
-        let num_chunks = chunk_table.len() / 2;
-        let mut params = Params::for_problem(p, num_chunks, w.seqs());
-        params.total_tokens = rows as u32;
-        // gate_finish sums from the window's first chunk, not from its aligned base.
-        params.rows = (first - base) as u32;
-        let params = params.upload(ctx);
-        let chunks = upload_u32(ctx, "chunks", &chunk_table);
-        let segments = upload_u32(ctx, "backward segments", &segment_table(&w.pieces, base));
-
+        let num_chunks = wt.num_chunks;
         let tokens = |t: &GpuTensor, name: &str| -> Result<GpuTensor> {
             let dims = &t.shape[2..];
             let row: usize = dims.iter().product();
@@ -1009,52 +1130,63 @@ fn backward_windows(
             tokens(grads.dv, "dv")?,
         );
         let (dg, dbeta) = (tokens(grads.dg, "dg")?, tokens(grads.dbeta, "dbeta")?);
-        let fit = |t: &GpuTensor| -> Result<GpuTensor> {
+        let rows_of = |t: &GpuTensor| -> Result<GpuTensor> {
             let shape: Vec<usize> = [rows]
                 .into_iter()
                 .chain(t.shape[1..].iter().copied())
                 .collect();
-            if t.shape == shape {
-                Ok(t.clone())
-            } else {
-                t.view("backward scratch", 0, &shape)
-            }
+            fit(t, &shape)
         };
-        let gate_beta = fit(&gate_beta_all)?;
-        let a = fit(&a_all)?;
-        let q_n = q_normed.as_ref().map(&fit).transpose()?;
-        let k_n = k_normed.as_ref().map(&fit).transpose()?;
-        let sc = scratch.window(p, rows, num_chunks + w.seqs())?;
+        let gate_beta = rows_of(&rc.gate_beta)?;
+        let a = rows_of(&rc.a)?;
+        let q_n = rc.q_normed.as_ref().map(rows_of).transpose()?;
+        let k_n = rc.k_normed.as_ref().map(rows_of).transpose()?;
+        let sc = ws.scratch.window(p, rows, num_chunks + w.seqs())?;
 
         // The forward's intermediates over this window.
         if let (Some(qn), Some(kn)) = (&q_n, &k_n) {
-            prepare_qk(ctx, encoder, &params, &q_raw, qn)?;
-            prepare_qk(ctx, encoder, &params, &k_raw, kn)?;
+            prepare_qk(ctx, encoder, &wt.params, &q_raw, qn)?;
+            prepare_qk(ctx, encoder, &wt.params, &k_raw, kn)?;
         }
         prepare_gate(
             ctx,
             encoder,
-            &params,
+            &wt.params,
             &PrepareGateBuffers {
                 g: &g,
                 beta: &beta,
                 gate_params: gates.params,
-                chunks: &chunks,
+                chunks: &wt.chunks,
                 gate_beta: &gate_beta,
             },
             num_chunks,
-            hv,
+            p.heads_v,
         )?;
 
-        // Tail slots: the pieces' start states (checkpoints), and the gradients w.r.t. their
-        // end states: dht (or 0) where the piece ends its sequence, the carry where it goes on.
+        // Tail slots: the pieces' start states (h0 or 0; the checkpoint where the window
+        // continues a sequence), and the gradients w.r.t. their end states: dht (or 0) where
+        // the piece ends its sequence, the carry where it goes on.
         let tail = sc.states.offset() + num_chunks as u64 * slot_bytes;
         let dtail = sc.dstates.offset() + num_chunks as u64 * slot_bytes;
         let seqs_bytes = w.seqs() as u64 * slot_bytes;
-        let ck = &sw.checkpoints;
-        let ck_at = ck.offset() + first_checkpoint[wi] as u64 * slot_bytes;
-        encoder.copy_buffer_to_buffer(&ck.buffer, ck_at, &sc.states.buffer, tail, seqs_bytes);
         let seq_at = w.first_seq as u64 * slot_bytes;
+        match inputs.initial_state {
+            Some(h0) => encoder.copy_buffer_to_buffer(
+                &h0.buffer,
+                h0.offset() + seq_at,
+                &sc.states.buffer,
+                tail,
+                seqs_bytes,
+            ),
+            None => encoder.clear_buffer(&sc.states.buffer, tail, Some(seqs_bytes)),
+        }
+        if let Some(i) = wt.checkpoint {
+            let ck = sw.checkpoints.as_ref().ok_or_else(|| {
+                Error::Gpu("saved windows: a continuing window without checkpoints".into())
+            })?;
+            let at = ck.offset() + i as u64 * slot_bytes;
+            encoder.copy_buffer_to_buffer(&ck.buffer, at, &sc.states.buffer, tail, slot_bytes);
+        }
         match dht {
             Some(dht) => encoder.copy_buffer_to_buffer(
                 &dht.buffer,
@@ -1073,9 +1205,9 @@ fn backward_windows(
 
         let passes = WindowPasses {
             problem: p,
-            params: &params,
-            chunks: &chunks,
-            segments: &segments,
+            params: &wt.params,
+            chunks: &wt.chunks,
+            segments: &wt.segments,
             num_chunks,
             num_segments: w.seqs(),
             rows,
@@ -1109,7 +1241,7 @@ fn backward_windows(
                 let from = dtail + i as u64 * slot_bytes;
                 if piece.start == sequences[n].start {
                     if let Some(dh0) = grads.dh0 {
-                        let to = n as u64 * slot_bytes;
+                        let to = dh0.offset() + n as u64 * slot_bytes;
                         encoder.copy_buffer_to_buffer(
                             &sc.dstates.buffer,
                             from,

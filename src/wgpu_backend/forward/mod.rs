@@ -24,6 +24,7 @@ pub use state_scan::{ScanBuffers, ScanDims, ScanMath, state_scan, state_scan_wit
 pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
 pub use to_half::to_half;
 pub use workspace::ForwardWorkspace;
+pub(crate) use workspace::planned_windows;
 use workspace::{ScanScratch, WindowTables};
 pub use wy_inverse::{WyInverseBuffers, wy_inverse};
 
@@ -506,11 +507,12 @@ fn record_window(
             .view("final_state", w.first_seq * slot, &shape)?
     };
 
-    // The window's start states, before its scans move them on.
-    if let Some(c) = checkpoints {
-        let at = c.offset()
-            + (wt.checkpoint * problem.state_shape()[1..].iter().product::<usize>() * 4) as u64;
-        encoder.copy_buffer_to_buffer(&state.buffer, state.offset(), &c.buffer, at, state.bytes());
+    // The start state of a sequence this window continues, before its scans move it on
+    // (the window's first slot; the other pieces start from h0).
+    if let (Some(c), Some(i)) = (checkpoints, wt.checkpoint) {
+        let slot = (problem.state_shape()[1..].iter().product::<usize>() * 4) as u64;
+        let at = c.offset() + i as u64 * slot;
+        encoder.copy_buffer_to_buffer(&state.buffer, state.offset(), &c.buffer, at, slot);
     }
 
     let normed = |t: &Option<GpuTensor>| t.as_ref().map(|t| scratch_rows(t, rows)).transpose();
@@ -699,8 +701,8 @@ fn record_window(
 }
 
 /// The forward of `forward_saved` over a workspace made with the backward's window costs:
-/// with several windows, every window's start states are copied into `checkpoints`
-/// (`[Σ window sequences, HV, ..]` f32).
+/// every window whose first piece continues a sequence copies that piece's start state into
+/// `checkpoints` (`[continuing windows, HV, ..]` f32).
 pub(crate) fn forward_with_checkpoints(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,

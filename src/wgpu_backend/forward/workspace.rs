@@ -17,6 +17,56 @@ use crate::wgpu_backend::tensor::token_part_rows;
 use crate::wgpu_backend::windows::{self, TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor};
 
+/// Segments only where a sequence is longer than one (nothing to parallelize else).
+fn effective_segments(problem: &Problem, segment_chunks: Option<usize>) -> Option<usize> {
+    let longest = problem
+        .sequences()
+        .iter()
+        .map(|s| s.len())
+        .max()
+        .unwrap_or(0);
+    segment_chunks.filter(|&c| longest > c * CHUNK)
+}
+
+/// The token windows a forward workspace on `path` plans (with the context's segments, as
+/// [`ForwardWorkspace::with_window_costs`] does), its bindings bounded by the context's
+/// binding limit and by `extra` (whose `max_rows` may bound the chunks per window further):
+/// how the backward's plan (`backward::BackwardPlan`) cuts the windows `forward_saved` runs.
+pub(crate) fn planned_windows(
+    ctx: &Context,
+    problem: &Problem,
+    dtype: DType,
+    path: ComputePath,
+    extra: &WindowCosts,
+) -> Result<Vec<TokenWindow>> {
+    let segment_chunks = effective_segments(problem, ctx.config().segment_chunks);
+    plan_windows(ctx, problem, dtype, path, segment_chunks, Some(extra))
+}
+
+fn plan_windows(
+    ctx: &Context,
+    problem: &Problem,
+    dtype: DType,
+    path: ComputePath,
+    segment_chunks: Option<usize>,
+    extra: Option<&WindowCosts>,
+) -> Result<Vec<TokenWindow>> {
+    let mut costs = window_costs(problem, dtype, path, segment_chunks);
+    if let Some(extra) = extra {
+        costs = costs.union(extra);
+    }
+    costs.max_rows = costs
+        .max_rows
+        .min(ctx.limits().max_compute_workgroups_per_dimension as usize);
+    costs.part_tokens = token_part_rows(ctx, problem, dtype)?;
+    windows::plan(
+        problem,
+        &costs,
+        ctx.max_binding_bytes(),
+        ctx.limits().min_storage_buffer_offset_alignment as u64,
+    )
+}
+
 /// The scan's scratch, per compute path.
 #[derive(Debug)]
 pub(crate) enum ScanScratch {
@@ -78,9 +128,10 @@ pub(crate) struct WindowTables {
     pub num_chunks: usize,
     pub num_segments: usize,
     pub segmented: Option<SegmentTables>,
-    /// The window's first slot in a forward's checkpoints (its sequences' start states, kept
-    /// for a windowed backward): the sequences of the windows before it.
-    pub checkpoint: usize,
+    /// Where a windowed `forward_saved` checkpoints the start state of the window's first
+    /// piece when that piece continues a sequence (kept for the backward): the continuing
+    /// windows before it. `None` when every piece starts its sequence (from h0).
+    pub checkpoint: Option<usize>,
 }
 
 /// Every buffer a forward writes besides its outputs, for one problem and storage dtype on
@@ -219,35 +270,19 @@ impl ForwardWorkspace {
         // Validates the path for this device and problem (typed error otherwise).
         ctx.path_support().choose(problem, dtype, Some(path))?;
         let (hv, h, k) = (problem.heads_v, problem.heads_qk, problem.key_dim);
-        // Segments only where a sequence is longer than one (nothing to parallelize else).
-        let longest = problem
-            .sequences()
-            .iter()
-            .map(|s| s.len())
-            .max()
-            .unwrap_or(0);
-        let segment_chunks = segment_chunks.filter(|&c| longest > c * CHUNK);
-
-        let mut costs = window_costs(problem, dtype, path, segment_chunks);
-        if let Some(extra) = extra {
-            costs = costs.union(extra);
-        }
-        costs.max_rows = ctx.limits().max_compute_workgroups_per_dimension as usize;
-        costs.part_tokens = token_part_rows(ctx, problem, dtype)?;
-        let windows = windows::plan(
-            problem,
-            &costs,
-            ctx.max_binding_bytes(),
-            ctx.limits().min_storage_buffer_offset_alignment as u64,
-        )?;
+        let segment_chunks = effective_segments(problem, segment_chunks);
+        let windows = plan_windows(ctx, problem, dtype, path, segment_chunks, extra)?;
         let tokens = windows.iter().map(|w| w.tokens).max().unwrap_or(0);
-        let mut checkpoint = 0;
+        let sequences = problem.sequences();
+        let mut checkpoints = 0;
         let tables: Vec<WindowTables> = windows
             .into_iter()
             .map(|w| {
-                let first = checkpoint;
-                checkpoint += w.seqs();
-                WindowTables::new(ctx, problem, w, segment_chunks, first)
+                let checkpoint = w.continues(&sequences).then(|| {
+                    checkpoints += 1;
+                    checkpoints - 1
+                });
+                WindowTables::new(ctx, problem, w, segment_chunks, checkpoint)
             })
             .collect();
 
@@ -399,7 +434,7 @@ impl WindowTables {
         problem: &Problem,
         window: TokenWindow,
         segment_chunks: Option<usize>,
-        checkpoint: usize,
+        checkpoint: Option<usize>,
     ) -> Self {
         let chunk_table = window.chunk_table();
         let segment_table = window.segment_table();
