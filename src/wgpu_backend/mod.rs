@@ -23,7 +23,7 @@ pub(crate) mod windows;
 #[cfg(not(target_arch = "wasm32"))]
 pub use backward::backward_host;
 pub use backward::{Saved, backward, backward_profiled, forward_backward, forward_saved};
-pub use config::{Config, ShaderChecks};
+pub use config::{Config, SegmentChoice, ShaderChecks};
 pub use context::{Context, list_adapters, list_adapters_matching};
 pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, decode_step};
 #[cfg(not(target_arch = "wasm32"))]

@@ -20,7 +20,10 @@ pub use prepare_qk::prepare_qk;
 pub use recurrent::{RecurrentForward, forward_algorithm, recurrent_rejects, recurrent_tiles};
 pub use state_scan::{ScanBuffers, ScanDims, ScanMath, state_scan, state_scan_with_math};
 pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
-pub use workspace::ForwardWorkspace;
+pub use workspace::{
+    AUTO_SEGMENT_BELOW_WORKGROUPS, AUTO_SEGMENT_TARGET_WORKGROUPS, ForwardWorkspace,
+    MIN_AUTO_SEGMENT_CHUNKS, auto_segment_chunks, segment_chunks_for,
+};
 use workspace::{ScanScratch, WindowTables};
 pub use wy_inverse::{WyInverseBuffers, wy_inverse};
 pub use wy_inverse_coop::{WyInverseCoopBuffers, wy_inverse_coop};
