@@ -395,9 +395,21 @@ fn automatic_sequence_parallelism() {
     // 2/8 heads on the coop scan (V-blocks of 32): 8 × 4 = 32 workgroups per sequence.
     assert_eq!(auto_segment_chunks(true, &one(32768), 32), Some(32));
     assert_eq!(auto_segment_chunks(true, &one(8192), 32), Some(16));
-    assert_eq!(auto_segment_chunks(true, &one(2048), 32), None, "two segments at most");
-    assert_eq!(auto_segment_chunks(false, &one(32768), 32), None, "CPU adapter");
-    assert_eq!(auto_segment_chunks(true, &one(32768), 128), None, "grid large enough");
+    assert_eq!(
+        auto_segment_chunks(true, &one(2048), 32),
+        None,
+        "two segments at most"
+    );
+    assert_eq!(
+        auto_segment_chunks(false, &one(32768), 32),
+        None,
+        "CPU adapter"
+    );
+    assert_eq!(
+        auto_segment_chunks(true, &one(32768), 128),
+        None,
+        "grid large enough"
+    );
     // 8 sequences of 4096: 256 workgroups, no segments.
     let batch = problem(8, 4096, 2, 8, 128, 128, None, d);
     assert_eq!(auto_segment_chunks(true, &batch, 256), None);

@@ -26,8 +26,8 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
         dh_scan_tiling, recompute_token_slice, scan_arena_words, scan_bytes,
     };
     use crate::wgpu_backend::decode::RecurrentStepTiles;
-    use crate::wgpu_backend::tuning::COOP_PATH_BYTES;
     use crate::wgpu_backend::path::{COOP_KEY_DIM, COOP_V_BLOCK};
+    use crate::wgpu_backend::tuning::COOP_PATH_BYTES;
     use crate::wgpu_backend::tuning::{
         Tuning, state_scan_arena_words, state_scan_f16_arena_slots, state_scan_token_slice,
     };

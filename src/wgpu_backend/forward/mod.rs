@@ -567,7 +567,11 @@ fn record_window(
             // The f16 operands carry one chunk of padding rows so 64-row tiles starting at any
             // token stay inside their buffers; wy_inverse_coop writes only the rows of chunks,
             // so the padding rows are zeroed here.
-            for (t, row) in [(&gated16, hv * 2 * CHUNK), (&k16, problem.heads_qk * problem.key_dim), (&qg16, hv * problem.key_dim)] {
+            for (t, row) in [
+                (&gated16, hv * 2 * CHUNK),
+                (&k16, problem.heads_qk * problem.key_dim),
+                (&qg16, hv * problem.key_dim),
+            ] {
                 let row_bytes = (row * 2) as u64;
                 encoder.clear_buffer(
                     &t.buffer,

@@ -13,8 +13,8 @@ use crate::problem::{CHUNK, Problem};
 use crate::tensor::DType;
 use crate::wgpu_backend::config::SegmentChoice;
 use crate::wgpu_backend::params::{Params, upload_u32};
-use crate::wgpu_backend::tuning::COOP_V_BLOCK;
 use crate::wgpu_backend::path::ComputePath;
+use crate::wgpu_backend::tuning::COOP_V_BLOCK;
 use crate::wgpu_backend::windows::{self, TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -380,9 +380,8 @@ pub fn segment_chunks_for(ctx: &Context, problem: &Problem, path: ComputePath) -
                     ctx.tuning.state_scan_v_block(problem) as usize
                 }
             };
-            let workgroups = problem.num_sequences()
-                * problem.heads_v
-                * problem.value_dim.div_ceil(v_block);
+            let workgroups =
+                problem.num_sequences() * problem.heads_v * problem.value_dim.div_ceil(v_block);
             auto_segment_chunks(!cpu, problem, workgroups)
         }
     }
