@@ -5,7 +5,8 @@ use std::collections::HashMap;
 
 use gdn_wgpu::Error;
 use gdn_wgpu::wgpu_backend::{
-    ComputePath, Config, Context, ForwardAlgorithm, ShaderChecks, list_adapters_matching,
+    ComputePath, Config, Context, ForwardAlgorithm, SegmentChoice, ShaderChecks,
+    list_adapters_matching,
 };
 
 fn parse(vars: &[(&str, &str)]) -> gdn_wgpu::Result<Config> {
@@ -37,7 +38,7 @@ fn empty_environment_is_the_default() {
     assert_eq!(c.compute_path, None);
     assert_eq!(c.forward_algorithm, None);
     assert_eq!(c.v_block, None);
-    assert_eq!(c.segment_chunks, None);
+    assert_eq!(c.segments, SegmentChoice::Auto);
     assert_eq!(c.adapter, None);
 }
 
@@ -56,7 +57,19 @@ fn every_variable_parses() {
     assert_eq!(c.forward_algorithm, Some(ForwardAlgorithm::Recurrent));
     assert_eq!(c.compute_path, Some(ComputePath::CoopMatrix));
     assert_eq!(c.v_block, Some(32));
-    assert_eq!(c.segment_chunks, Some(4));
+    assert_eq!(c.segments, SegmentChoice::Chunks(4));
+    for (s, choice) in [
+        ("auto", SegmentChoice::Auto),
+        ("off", SegmentChoice::Off),
+        ("0", SegmentChoice::Off),
+        ("64", SegmentChoice::Chunks(64)),
+    ] {
+        assert_eq!(
+            parse(&[("GDN_SEGMENT_CHUNKS", s)]).unwrap().segments,
+            choice,
+            "{s:?}"
+        );
+    }
     assert_eq!(c.shader_checks, ShaderChecks::NoLoopBounding);
     for (s, path) in [
         ("auto", None),
@@ -114,7 +127,7 @@ fn bad_v_block_is_an_error() {
 
 #[test]
 fn bad_segment_chunks_is_an_error() {
-    for bad in ["", "0", "-1", "two", "1.5"] {
+    for bad in ["", "-1", "two", "1.5", "on"] {
         expect_bad(&[("GDN_SEGMENT_CHUNKS", bad)], "GDN_SEGMENT_CHUNKS");
     }
 }

@@ -538,13 +538,13 @@ fn growth_beyond_the_bounded_range_is_the_recurrences_not_hidden() {
 /// Measured here (Mesa 22.3.6): the forward went wrong from token 20,604 of one sequence
 /// (K = V = 32, V-block 16) and the decode kernel from token 9,363 of one call (K = V = 16);
 /// GPUs have no such limit. On lavapipe, long-sequence tests therefore cut the scan into
-/// segments of 64 chunks (the exact sequence-parallel forward, `Config::segment_chunks`) and
+/// segments of 64 chunks (the exact sequence-parallel forward, `Config::segments`) and
 /// decode at most 4096 tokens per call; `f16_storage_at_scale` runs the long loops unsegmented
 /// on the H200.
 fn segmented_context() -> Option<gdn_wgpu::wgpu_backend::Context> {
     gpu()?;
     let config = gdn_wgpu::wgpu_backend::Config {
-        segment_chunks: Some(64),
+        segments: gdn_wgpu::wgpu_backend::SegmentChoice::Chunks(64),
         ..gdn_wgpu::wgpu_backend::Config::from_env().unwrap()
     };
     Some(gdn_wgpu::wgpu_backend::Context::with_config_blocking(config).unwrap())

@@ -384,6 +384,40 @@ fn sequence_parallel_segments() {
     }
 }
 
+/// The automatic choice of sequence parallelism: on GPUs only, when the scan's grid is small,
+/// segments giving about 512 workgroups (at least 16 chunks), and only for sequences longer
+/// than two segments. Pure host logic: runs without a device.
+#[test]
+fn automatic_sequence_parallelism() {
+    use gdn_wgpu::wgpu_backend::forward::auto_segment_chunks;
+    let d = Options::default();
+    let one = |t| problem(1, t, 2, 8, 128, 128, None, d);
+    // 2/8 heads on the coop scan (V-blocks of 32): 8 × 4 = 32 workgroups per sequence.
+    assert_eq!(auto_segment_chunks(true, &one(32768), 32), Some(32));
+    assert_eq!(auto_segment_chunks(true, &one(8192), 32), Some(16));
+    assert_eq!(
+        auto_segment_chunks(true, &one(2048), 32),
+        None,
+        "two segments at most"
+    );
+    assert_eq!(
+        auto_segment_chunks(false, &one(32768), 32),
+        None,
+        "CPU adapter"
+    );
+    assert_eq!(
+        auto_segment_chunks(true, &one(32768), 128),
+        None,
+        "grid large enough"
+    );
+    // 8 sequences of 4096: 256 workgroups, no segments.
+    let batch = problem(8, 4096, 2, 8, 128, 128, None, d);
+    assert_eq!(auto_segment_chunks(true, &batch, 256), None);
+    // Two sequences of 16384 at 16 workgroups each: 32 segments of 16 chunks.
+    let two = problem(1, 32768, 2, 4, 128, 128, Some(vec![0, 16384, 32768]), d);
+    assert_eq!(auto_segment_chunks(true, &two, 32), Some(16));
+}
+
 /// f16 and bf16 storage of q, k, v, o against the oracle on the same rounded inputs: o carries
 /// one rounding to the storage dtype; the f32 state carries none unless q, k are normalized in
 /// the kernel (their normalized copies are stored in the storage dtype, as FLA does).

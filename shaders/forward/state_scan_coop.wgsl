@@ -173,6 +173,26 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let vstep = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
+    let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
+    let q_off = 16u * sg * hq + hv * KD;
+    // This chunk's rows of K and γ ⊙ Q, the A operands of K S and (γ ⊙ Q) S: loaded one
+    // chunk ahead (the loads of chunk c + 1 are issued halfway through chunk c).
+    var ka0 = k_rows(seg_start * hk + k_off, hk);
+    var ka1 = k_rows(seg_start * hk + k_off + 16u, hk);
+    var ka2 = k_rows(seg_start * hk + k_off + 32u, hk);
+    var ka3 = k_rows(seg_start * hk + k_off + 48u, hk);
+    var ka4 = k_rows(seg_start * hk + k_off + 64u, hk);
+    var ka5 = k_rows(seg_start * hk + k_off + 80u, hk);
+    var ka6 = k_rows(seg_start * hk + k_off + 96u, hk);
+    var ka7 = k_rows(seg_start * hk + k_off + 112u, hk);
+    var qa0 = q_rows(seg_start * hq + q_off, hq);
+    var qa1 = q_rows(seg_start * hq + q_off + 16u, hq);
+    var qa2 = q_rows(seg_start * hq + q_off + 32u, hq);
+    var qa3 = q_rows(seg_start * hq + q_off + 48u, hq);
+    var qa4 = q_rows(seg_start * hq + q_off + 64u, hq);
+    var qa5 = q_rows(seg_start * hq + q_off + 80u, hq);
+    var qa6 = q_rows(seg_start * hq + q_off + 96u, hq);
+    var qa7 = q_rows(seg_start * hq + q_off + 112u, hq);
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_start + seg_len - start);
@@ -193,23 +213,81 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         let vdd = vec4<f32>(v_or_zero(vrow, 12u, lim, vstep), v_or_zero(vrow, 13u, lim, vstep),
                             v_or_zero(vrow, 14u, lim, vstep), v_or_zero(vrow, 15u, lim, vstep));
 
-        // U = K S and P0 = (γ ⊙ Q) S, row tile sg, both column tiles.
-        let krow = (start + 16u * sg) * hk + hqk * KD;
-        let qrow = (start + 16u * sg) * hq + hv * KD;
+        // U = K S and P0 = (γ ⊙ Q) S, row tile sg, both column tiles (written out: every
+        // operand is a named register, loaded before its products).
         var u0 = zero_acc();
         var u1 = zero_acc();
         var o0 = zero_acc();
         var o1 = zero_acc();
-        for (var kk = 0u; kk < KD / 16u; kk++) {
-            let ka = k_rows(krow + 16u * kk, hk);
-            let qa = q_rows(qrow + 16u * kk, hq);
-            let b0 = s_tile(kk, 0u);
-            let b1 = s_tile(kk, 1u);
-            u0 = coopMultiplyAdd(ka, b0, u0);
-            u1 = coopMultiplyAdd(ka, b1, u1);
-            o0 = coopMultiplyAdd(qa, b0, o0);
-            o1 = coopMultiplyAdd(qa, b1, o1);
-        }
+        let b00 = s_tile(0u, 0u);
+        let b01 = s_tile(0u, 1u);
+        let b10 = s_tile(1u, 0u);
+        let b11 = s_tile(1u, 1u);
+        let b20 = s_tile(2u, 0u);
+        let b21 = s_tile(2u, 1u);
+        let b30 = s_tile(3u, 0u);
+        let b31 = s_tile(3u, 1u);
+        u0 = coopMultiplyAdd(ka0, b00, u0);
+        u1 = coopMultiplyAdd(ka0, b01, u1);
+        o0 = coopMultiplyAdd(qa0, b00, o0);
+        o1 = coopMultiplyAdd(qa0, b01, o1);
+        u0 = coopMultiplyAdd(ka1, b10, u0);
+        u1 = coopMultiplyAdd(ka1, b11, u1);
+        o0 = coopMultiplyAdd(qa1, b10, o0);
+        o1 = coopMultiplyAdd(qa1, b11, o1);
+        u0 = coopMultiplyAdd(ka2, b20, u0);
+        u1 = coopMultiplyAdd(ka2, b21, u1);
+        o0 = coopMultiplyAdd(qa2, b20, o0);
+        o1 = coopMultiplyAdd(qa2, b21, o1);
+        u0 = coopMultiplyAdd(ka3, b30, u0);
+        u1 = coopMultiplyAdd(ka3, b31, u1);
+        o0 = coopMultiplyAdd(qa3, b30, o0);
+        o1 = coopMultiplyAdd(qa3, b31, o1);
+        let b40 = s_tile(4u, 0u);
+        let b41 = s_tile(4u, 1u);
+        let b50 = s_tile(5u, 0u);
+        let b51 = s_tile(5u, 1u);
+        let b60 = s_tile(6u, 0u);
+        let b61 = s_tile(6u, 1u);
+        let b70 = s_tile(7u, 0u);
+        let b71 = s_tile(7u, 1u);
+        u0 = coopMultiplyAdd(ka4, b40, u0);
+        u1 = coopMultiplyAdd(ka4, b41, u1);
+        o0 = coopMultiplyAdd(qa4, b40, o0);
+        o1 = coopMultiplyAdd(qa4, b41, o1);
+        u0 = coopMultiplyAdd(ka5, b50, u0);
+        u1 = coopMultiplyAdd(ka5, b51, u1);
+        o0 = coopMultiplyAdd(qa5, b50, o0);
+        o1 = coopMultiplyAdd(qa5, b51, o1);
+        u0 = coopMultiplyAdd(ka6, b60, u0);
+        u1 = coopMultiplyAdd(ka6, b61, u1);
+        o0 = coopMultiplyAdd(qa6, b60, o0);
+        o1 = coopMultiplyAdd(qa6, b61, o1);
+        u0 = coopMultiplyAdd(ka7, b70, u0);
+        u1 = coopMultiplyAdd(ka7, b71, u1);
+        o0 = coopMultiplyAdd(qa7, b70, o0);
+        o1 = coopMultiplyAdd(qa7, b71, o1);
+
+        // The rest of this chunk's global operands, issued now so that they arrive during
+        // the W step: the gated matrices' row tiles and the Kᵀ tiles of the state update.
+        let grow = (start + 16u * sg) * gstride + hv * 2u * CHUNK;
+        let ga0 = gated_rows(grow, gstride);
+        let ga1 = gated_rows(grow + 16u, gstride);
+        let ga2 = gated_rows(grow + 32u, gstride);
+        let ga3 = gated_rows(grow + 48u, gstride);
+        let pa0 = gated_rows(grow + CHUNK, gstride);
+        let pa1 = gated_rows(grow + CHUNK + 16u, gstride);
+        let pa2 = gated_rows(grow + CHUNK + 32u, gstride);
+        let pa3 = gated_rows(grow + CHUNK + 48u, gstride);
+        let kt = start * hk + hqk * KD + r0;
+        let kc00 = k_cols(kt, hk);
+        let kc01 = k_cols(kt + 16u, hk);
+        let kc10 = k_cols(kt + 16u * hk, hk);
+        let kc11 = k_cols(kt + 16u * hk + 16u, hk);
+        let kc20 = k_cols(kt + 32u * hk, hk);
+        let kc21 = k_cols(kt + 32u * hk + 16u, hk);
+        let kc30 = k_cols(kt + 48u * hk, hk);
+        let kc31 = k_cols(kt + 48u * hk + 16u, hk);
         store_tile(u0, ui);
         store_tile(u1, ui + 16u);
         workgroupBarrier();
@@ -235,14 +313,24 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
 
         // V' = (Γ ⊙ A ⊙ β_col) W. All four column blocks: cooperative ops need uniform
         // control flow, and the blocks above the diagonal are zero.
-        let grow = (start + 16u * sg) * gstride + hv * 2u * CHUNK;
         var d0 = zero_acc();
         var d1 = zero_acc();
-        for (var jj = 0u; jj < CHUNK / 16u; jj++) {
-            let ga = gated_rows(grow + 16u * jj, gstride);
-            d0 = coopMultiplyAdd(ga, x_tile(jj, 0u), d0);
-            d1 = coopMultiplyAdd(ga, x_tile(jj, 1u), d1);
-        }
+        let w00 = x_tile(0u, 0u);
+        let w01 = x_tile(0u, 1u);
+        let w10 = x_tile(1u, 0u);
+        let w11 = x_tile(1u, 1u);
+        let w20 = x_tile(2u, 0u);
+        let w21 = x_tile(2u, 1u);
+        let w30 = x_tile(3u, 0u);
+        let w31 = x_tile(3u, 1u);
+        d0 = coopMultiplyAdd(ga0, w00, d0);
+        d1 = coopMultiplyAdd(ga0, w01, d1);
+        d0 = coopMultiplyAdd(ga1, w10, d0);
+        d1 = coopMultiplyAdd(ga1, w11, d1);
+        d0 = coopMultiplyAdd(ga2, w20, d0);
+        d1 = coopMultiplyAdd(ga2, w21, d1);
+        d0 = coopMultiplyAdd(ga3, w30, d0);
+        d1 = coopMultiplyAdd(ga3, w31, d1);
         store_tile(d0, ui);
         store_tile(d1, ui + 16u);
         workgroupBarrier();
@@ -255,11 +343,42 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         workgroupBarrier();
 
         // O = P0 + (Γ ⊙ Q Kᵀ) V' (scaled on store), row tile sg.
-        for (var jj = 0u; jj < CHUNK / 16u; jj++) {
-            let pa = gated_rows(grow + CHUNK + 16u * jj, gstride);
-            o0 = coopMultiplyAdd(pa, x_tile(jj, 0u), o0);
-            o1 = coopMultiplyAdd(pa, x_tile(jj, 1u), o1);
-        }
+        let v00 = x_tile(0u, 0u);
+        let v01 = x_tile(0u, 1u);
+        let v10 = x_tile(1u, 0u);
+        let v11 = x_tile(1u, 1u);
+        let v20 = x_tile(2u, 0u);
+        let v21 = x_tile(2u, 1u);
+        let v30 = x_tile(3u, 0u);
+        let v31 = x_tile(3u, 1u);
+        o0 = coopMultiplyAdd(pa0, v00, o0);
+        o1 = coopMultiplyAdd(pa0, v01, o1);
+        o0 = coopMultiplyAdd(pa1, v10, o0);
+        o1 = coopMultiplyAdd(pa1, v11, o1);
+        o0 = coopMultiplyAdd(pa2, v20, o0);
+        o1 = coopMultiplyAdd(pa2, v21, o1);
+        o0 = coopMultiplyAdd(pa3, v30, o0);
+        o1 = coopMultiplyAdd(pa3, v31, o1);
+
+        // The next chunk's K and γ ⊙ Q rows (this chunk's again after the last: a tile must
+        // stay inside its buffer), in flight through the state update.
+        let next = select(start, start + CHUNK, c + 1u < n_chunks);
+        ka0 = k_rows(next * hk + k_off, hk);
+        ka1 = k_rows(next * hk + k_off + 16u, hk);
+        ka2 = k_rows(next * hk + k_off + 32u, hk);
+        ka3 = k_rows(next * hk + k_off + 48u, hk);
+        ka4 = k_rows(next * hk + k_off + 64u, hk);
+        ka5 = k_rows(next * hk + k_off + 80u, hk);
+        ka6 = k_rows(next * hk + k_off + 96u, hk);
+        ka7 = k_rows(next * hk + k_off + 112u, hk);
+        qa0 = q_rows(next * hq + q_off, hq);
+        qa1 = q_rows(next * hq + q_off + 16u, hq);
+        qa2 = q_rows(next * hq + q_off + 32u, hq);
+        qa3 = q_rows(next * hq + q_off + 48u, hq);
+        qa4 = q_rows(next * hq + q_off + 64u, hq);
+        qa5 = q_rows(next * hq + q_off + 80u, hq);
+        qa6 = q_rows(next * hq + q_off + 96u, hq);
+        qa7 = q_rows(next * hq + q_off + 112u, hq);
         workgroupBarrier();
 
         // (γ_C/γ) ⊙ V' over V' for the state update.
@@ -275,17 +394,30 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         s01 = gamma_c * s01;
         s10 = gamma_c * s10;
         s11 = gamma_c * s11;
-        for (var tt = 0u; tt < CHUNK / 16u; tt++) {
-            let kt = (start + 16u * tt) * hk + hqk * KD + r0;
-            let ka0 = k_cols(kt, hk);
-            let ka1 = k_cols(kt + 16u, hk);
-            let b0 = x_tile(tt, 0u);
-            let b1 = x_tile(tt, 1u);
-            s00 = coopMultiplyAdd(ka0, b0, s00);
-            s01 = coopMultiplyAdd(ka0, b1, s01);
-            s10 = coopMultiplyAdd(ka1, b0, s10);
-            s11 = coopMultiplyAdd(ka1, b1, s11);
-        }
+        let y00 = x_tile(0u, 0u);
+        let y01 = x_tile(0u, 1u);
+        let y10 = x_tile(1u, 0u);
+        let y11 = x_tile(1u, 1u);
+        let y20 = x_tile(2u, 0u);
+        let y21 = x_tile(2u, 1u);
+        let y30 = x_tile(3u, 0u);
+        let y31 = x_tile(3u, 1u);
+        s00 = coopMultiplyAdd(kc00, y00, s00);
+        s01 = coopMultiplyAdd(kc00, y01, s01);
+        s10 = coopMultiplyAdd(kc01, y00, s10);
+        s11 = coopMultiplyAdd(kc01, y01, s11);
+        s00 = coopMultiplyAdd(kc10, y10, s00);
+        s01 = coopMultiplyAdd(kc10, y11, s01);
+        s10 = coopMultiplyAdd(kc11, y10, s10);
+        s11 = coopMultiplyAdd(kc11, y11, s11);
+        s00 = coopMultiplyAdd(kc20, y20, s00);
+        s01 = coopMultiplyAdd(kc20, y21, s01);
+        s10 = coopMultiplyAdd(kc21, y20, s10);
+        s11 = coopMultiplyAdd(kc21, y21, s11);
+        s00 = coopMultiplyAdd(kc30, y30, s00);
+        s01 = coopMultiplyAdd(kc30, y31, s01);
+        s10 = coopMultiplyAdd(kc31, y30, s10);
+        s11 = coopMultiplyAdd(kc31, y31, s11);
         store_tile(o0, ui);
         store_tile(o1, ui + 16u);
         workgroupBarrier();

@@ -43,6 +43,20 @@ pub enum ShaderChecks {
     None,
 }
 
+/// How the forward cuts long sequences into segments that are scanned at once (intra-device
+/// sequence parallelism, exact; docs/sequence-parallelism.md): `GDN_SEGMENT_CHUNKS`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SegmentChoice {
+    /// Chosen per problem and adapter (`auto` or unset):
+    /// `forward::auto_segment_chunks`.
+    #[default]
+    Auto,
+    /// Never (`off` or `0`).
+    Off,
+    /// Every sequence longer than this many chunks is cut into segments of this many (n ≥ 1).
+    Chunks(usize),
+}
+
 /// The backend's settings. `Default` is what an empty environment gives.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Config {
@@ -57,9 +71,9 @@ pub struct Config {
     /// `GDN_V_BLOCK` (16, 32 or 64): force the scans' V-block width; a context whose device
     /// cannot fit it refuses to start.
     pub v_block: Option<u32>,
-    /// `GDN_SEGMENT_CHUNKS` (n ≥ 1): run forwards without a workspace sequence-parallel with
-    /// segments of n chunks.
-    pub segment_chunks: Option<usize>,
+    /// `GDN_SEGMENT_CHUNKS` (`auto` or unset, `off` or `0`, or n ≥ 1): whether and how the
+    /// chunked forward runs sequence-parallel.
+    pub segments: SegmentChoice,
     /// `GDN_SHADER_CHECKS` (`all`, `no-loop-bounding`, `none`).
     pub shader_checks: ShaderChecks,
     /// `GDN_MAX_BINDING_BYTES` (bytes, or with a `KiB`/`MiB`/`GiB` suffix; at least
@@ -113,9 +127,10 @@ impl Config {
             v_block: lookup("GDN_V_BLOCK")
                 .map(|s| parse_v_block(&s))
                 .transpose()?,
-            segment_chunks: lookup("GDN_SEGMENT_CHUNKS")
-                .map(|s| parse_segment_chunks(&s))
-                .transpose()?,
+            segments: lookup("GDN_SEGMENT_CHUNKS")
+                .map(|s| parse_segments(&s))
+                .transpose()?
+                .unwrap_or_default(),
             shader_checks: match lookup("GDN_SHADER_CHECKS") {
                 Some(s) => parse_shader_checks(&s)?,
                 None => ShaderChecks::None,
@@ -172,18 +187,18 @@ fn parse_v_block(s: &str) -> Result<u32> {
         .ok_or_else(|| Error::value("GDN_V_BLOCK", "16, 32 or 64", format!("{s:?}")))
 }
 
-fn parse_segment_chunks(s: &str) -> Result<usize> {
-    s.trim()
-        .parse::<usize>()
-        .ok()
-        .filter(|&n| n > 0)
-        .ok_or_else(|| {
+fn parse_segments(s: &str) -> Result<SegmentChoice> {
+    match s.trim() {
+        "auto" => Ok(SegmentChoice::Auto),
+        "off" | "0" => Ok(SegmentChoice::Off),
+        t => t.parse::<usize>().map(SegmentChoice::Chunks).map_err(|_| {
             Error::value(
                 "GDN_SEGMENT_CHUNKS",
-                "a positive number of chunks",
+                "auto, off, or a number of chunks",
                 format!("{s:?}"),
             )
-        })
+        }),
+    }
 }
 
 /// Bytes, optionally with a binary suffix (`KiB`, `MiB`, `GiB`), a multiple of 4 (bindings

@@ -26,7 +26,7 @@ pub use backward::{
     BackwardPlan, BackwardWorkspace, MemoryBudget, Saved, backward, backward_into_workspace,
     backward_profiled, backward_with_workspace, forward_backward, forward_saved, forward_saved_for,
 };
-pub use config::{Config, ShaderChecks};
+pub use config::{Config, SegmentChoice, ShaderChecks};
 pub use context::{Context, list_adapters, list_adapters_matching};
 pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, decode_step};
 #[cfg(not(target_arch = "wasm32"))]

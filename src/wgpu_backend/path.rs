@@ -154,8 +154,8 @@ impl PathSupport {
         if !f16_tile {
             return missing("the adapter reports no f16 16x16x16 -> f32 cooperative matrix");
         }
-        if workgroup_bytes < crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES {
-            return missing("the coop scan needs more workgroup memory than the device grants");
+        if workgroup_bytes < crate::wgpu_backend::tuning::COOP_PATH_BYTES {
+            return missing("the coop passes need more workgroup memory than the device grants");
         }
         match info {
             Some(i) if i.subgroup_min_size == 32 && i.subgroup_max_size == 32 => PathSupport {

@@ -23,12 +23,9 @@ pub enum Pass {
     /// The scalar scan's f16-math variant (same file): f16 operands in workgroup memory,
     /// multiplied in f16, accumulated in f32.
     StateScanF16,
-    /// wy_inverse writing its gated matrices in f16 for the coop scan.
+    /// `forward/wy_inverse_coop.wgsl`: wy_inverse with its Gram products on cooperative
+    /// matrices, writing the coop scan's f16 operands (gated matrices, k, γ ⊙ q).
     WyInverseCoop,
-    /// k copied to f16 (a coop scan GEMM operand), zero-padded by a chunk.
-    ToHalf,
-    /// γ ⊙ q per v-head in f16 (the coop scan's Q operand), zero-padded by a chunk.
-    GateQ,
     /// The sequential scan on cooperative matrices.
     StateScanCoop,
     /// Intra-device sequence parallelism: segment start states from transitions and ends.
@@ -65,15 +62,13 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 23] = [
+    pub const ALL: [Pass; 21] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
         Pass::StateScan,
         Pass::StateScanF16,
         Pass::WyInverseCoop,
-        Pass::ToHalf,
-        Pass::GateQ,
         Pass::StateScanCoop,
         Pass::SegmentCombine,
         Pass::StateRecompute,
@@ -99,9 +94,7 @@ impl Pass {
             Pass::WyInverse => "forward/wy_inverse.wgsl",
             Pass::StateScan => "forward/state_scan.wgsl",
             Pass::StateScanF16 => "forward/state_scan.wgsl",
-            Pass::WyInverseCoop => "forward/wy_inverse.wgsl",
-            Pass::ToHalf => "forward/to_half.wgsl",
-            Pass::GateQ => "forward/gate_q.wgsl",
+            Pass::WyInverseCoop => "forward/wy_inverse_coop.wgsl",
             Pass::StateScanCoop => "forward/state_scan_coop.wgsl",
             Pass::SegmentCombine => "forward/segment_combine.wgsl",
             Pass::StateRecompute => "backward/state_recompute.wgsl",
@@ -122,14 +115,11 @@ impl Pass {
         match self {
             Pass::PrepareQk => include_str!("../../shaders/forward/prepare_qk.wgsl"),
             Pass::PrepareGate => include_str!("../../shaders/forward/prepare_gate.wgsl"),
-            Pass::WyInverse | Pass::WyInverseCoop => {
-                include_str!("../../shaders/forward/wy_inverse.wgsl")
-            }
+            Pass::WyInverse => include_str!("../../shaders/forward/wy_inverse.wgsl"),
+            Pass::WyInverseCoop => include_str!("../../shaders/forward/wy_inverse_coop.wgsl"),
             Pass::StateScan | Pass::StateScanF16 => {
                 include_str!("../../shaders/forward/state_scan.wgsl")
             }
-            Pass::ToHalf => include_str!("../../shaders/forward/to_half.wgsl"),
-            Pass::GateQ => include_str!("../../shaders/forward/gate_q.wgsl"),
             Pass::StateScanCoop => include_str!("../../shaders/forward/state_scan_coop.wgsl"),
             Pass::SegmentCombine => include_str!("../../shaders/forward/segment_combine.wgsl"),
             Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
@@ -174,8 +164,6 @@ impl Pass {
             | Pass::StateScan
             | Pass::StateScanF16
             | Pass::WyInverseCoop
-            | Pass::ToHalf
-            | Pass::GateQ
             | Pass::StateScanCoop => &FORWARD_STORAGE_DTYPES,
             // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
             Pass::StateRecompute
@@ -202,13 +190,9 @@ impl Pass {
             "backward/scan_tiles.wgsl",
             include_str!("../../shaders/backward/scan_tiles.wgsl"),
         );
-        const GATED_F32: (&str, &str) = (
-            "forward/gated_f32.wgsl",
-            include_str!("../../shaders/forward/gated_f32.wgsl"),
-        );
-        const GATED_F16: (&str, &str) = (
-            "forward/gated_f16.wgsl",
-            include_str!("../../shaders/forward/gated_f16.wgsl"),
+        const WY_SOLVE: (&str, &str) = (
+            "forward/wy_solve.wgsl",
+            include_str!("../../shaders/forward/wy_solve.wgsl"),
         );
         const SCAN_OPERAND_F32: (&str, &str) = (
             "forward/scan_operand_f32.wgsl",
@@ -238,8 +222,7 @@ impl Pass {
             Pass::StateRecompute | Pass::DhScan => &[BACKWARD_SCAN_TILES],
             Pass::StateScan => &[SCAN_OPERAND_F32],
             Pass::StateScanF16 => &[SCAN_OPERAND_F16],
-            Pass::WyInverse => &[GATED_F32],
-            Pass::WyInverseCoop => &[GATED_F16],
+            Pass::WyInverse | Pass::WyInverseCoop => &[WY_SOLVE],
             _ => &[],
         }
     }
@@ -248,9 +231,8 @@ impl Pass {
     /// else, since `enable` must precede every declaration).
     pub fn enables(self) -> &'static [&'static str] {
         match self {
-            Pass::WyInverseCoop | Pass::ToHalf | Pass::GateQ => &["f16"],
             Pass::StateScanF16 => &["f16"],
-            Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
+            Pass::WyInverseCoop | Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }
     }

@@ -26,8 +26,8 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
         dh_scan_tiling, recompute_token_slice, scan_arena_words, scan_bytes,
     };
     use crate::wgpu_backend::decode::RecurrentStepTiles;
-    use crate::wgpu_backend::forward::STATE_SCAN_COOP_BYTES;
     use crate::wgpu_backend::path::{COOP_KEY_DIM, COOP_V_BLOCK};
+    use crate::wgpu_backend::tuning::COOP_PATH_BYTES;
     use crate::wgpu_backend::tuning::{
         Tuning, state_scan_arena_words, state_scan_f16_arena_slots, state_scan_token_slice,
     };
@@ -46,9 +46,6 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
         variant(Pass::PrepareQk, "prepare_qk", &[]),
         variant(Pass::PrepareGate, "prepare_gate", &[]),
         variant(Pass::WyInverse, "wy_inverse", &[("K_DIM", kf)]),
-        variant(Pass::WyInverseCoop, "wy_inverse", &[("K_DIM", kf)]),
-        variant(Pass::ToHalf, "to_half", &[]),
-        variant(Pass::GateQ, "gate_q", &[]),
         variant(Pass::SegmentCombine, "identity", &[]),
         variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 0.0)]),
         variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 1.0)]),
@@ -77,8 +74,9 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
     }
     if k as usize == COOP_KEY_DIM
         && (v as usize).is_multiple_of(COOP_V_BLOCK)
-        && STATE_SCAN_COOP_BYTES <= bytes
+        && COOP_PATH_BYTES <= bytes
     {
+        out.push(variant(Pass::WyInverseCoop, "wy_inverse_coop", &[]));
         out.push(variant(Pass::StateScanCoop, "state_scan_coop", &[]));
     }
     // The backward scans' widths: those `backward::scan_v_block` picks from.

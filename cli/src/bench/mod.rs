@@ -944,8 +944,9 @@ fn variant(
             let path = ctx.forward_path(p, dtype)?.path;
             let vb = check::forward_v_block(ctx, p, path);
             let mut name = format!("chunked, {}", check::forward_variant_name(path, vb));
-            // GDN_SEGMENT_CHUNKS makes every forward sequence-parallel (checked and timed).
-            if let Some(n) = ctx.config().segment_chunks {
+            // Sequence parallelism as the workspace will choose it (GDN_SEGMENT_CHUNKS or
+            // automatic; checked and timed).
+            if let Some(n) = gdn_wgpu::wgpu_backend::forward::segment_chunks_for(ctx, p, path) {
                 name.push_str(&format!(", sequence-parallel segments of {n} chunks"));
             }
             (Variant::Forward(path, vb), name, None)

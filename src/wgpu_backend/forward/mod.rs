@@ -4,29 +4,30 @@
 //! ([`RecurrentForward`]). Everything is recorded into the caller's encoder; nothing is
 //! submitted or read back here.
 
-mod gate_q;
 mod prepare_gate;
 mod prepare_qk;
 mod recurrent;
 mod segment_combine;
 mod state_scan;
 mod state_scan_coop;
-mod to_half;
 mod workspace;
 mod wy_inverse;
+mod wy_inverse_coop;
 
 pub use crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES;
-pub use gate_q::gate_q;
 pub use prepare_gate::{PrepareGateBuffers, prepare_gate};
 pub use prepare_qk::prepare_qk;
 pub use recurrent::{RecurrentForward, forward_algorithm, recurrent_rejects, recurrent_tiles};
 pub use state_scan::{ScanBuffers, ScanDims, ScanMath, state_scan, state_scan_with_math};
 pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
-pub use to_half::to_half;
-pub use workspace::ForwardWorkspace;
 pub(crate) use workspace::planned_windows;
+pub use workspace::{
+    AUTO_SEGMENT_BELOW_WORKGROUPS, AUTO_SEGMENT_TARGET_WORKGROUPS, ForwardWorkspace,
+    MIN_AUTO_SEGMENT_CHUNKS, auto_segment_chunks, segment_chunks_for,
+};
 use workspace::{ScanScratch, WindowTables};
 pub use wy_inverse::{WyInverseBuffers, wy_inverse};
+pub use wy_inverse_coop::{WyInverseCoopBuffers, wy_inverse_coop};
 
 use crate::error::{Error, Result};
 
@@ -566,19 +567,38 @@ fn record_window(
                 scratch_rows(qg16, padded)?,
             );
             // The f16 operands carry one chunk of padding rows so 64-row tiles starting at any
-            // token stay inside their buffers; wy_inverse never writes gated16's, so they are
-            // zeroed here (to_half and gate_q write theirs).
-            let row_bytes = (hv * 2 * CHUNK * 2) as u64;
-            encoder.clear_buffer(
-                &gated16.buffer,
-                rows as u64 * row_bytes,
-                Some(CHUNK as u64 * row_bytes),
-            );
-            wy_inverse(ctx, encoder, params, &wy_buffers(&gated16), num_chunks, hv)?;
+            // token stay inside their buffers; wy_inverse_coop writes only the rows of chunks,
+            // so the padding rows are zeroed here.
+            for (t, row) in [
+                (&gated16, hv * 2 * CHUNK),
+                (&k16, problem.heads_qk * problem.key_dim),
+                (&qg16, hv * problem.key_dim),
+            ] {
+                let row_bytes = (row * 2) as u64;
+                encoder.clear_buffer(
+                    &t.buffer,
+                    t.offset() + rows as u64 * row_bytes,
+                    Some(CHUNK as u64 * row_bytes),
+                );
+            }
+            wy_inverse_coop(
+                ctx,
+                encoder,
+                params,
+                &WyInverseCoopBuffers {
+                    k,
+                    q,
+                    gate_beta,
+                    chunks,
+                    a: &a,
+                    gated16: &gated16,
+                    k16: &k16,
+                    qg16: &qg16,
+                },
+                num_chunks,
+                hv,
+            )?;
             mark(encoder, "wy_inverse");
-            to_half(ctx, encoder, params, k, &k16)?;
-            gate_q(ctx, encoder, params, q, gate_beta, &qg16)?;
-            mark(encoder, "to_half");
             ScanScratch::Coop { gated16, k16, qg16 }
         }
     };

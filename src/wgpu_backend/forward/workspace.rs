@@ -11,9 +11,11 @@
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, Problem};
 use crate::tensor::DType;
+use crate::wgpu_backend::config::SegmentChoice;
 use crate::wgpu_backend::params::{Params, upload_u32};
 use crate::wgpu_backend::path::ComputePath;
 use crate::wgpu_backend::tensor::token_part_rows;
+use crate::wgpu_backend::tuning::COOP_V_BLOCK;
 use crate::wgpu_backend::windows::{self, TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -39,7 +41,7 @@ pub(crate) fn planned_windows(
     path: ComputePath,
     extra: &WindowCosts,
 ) -> Result<Vec<TokenWindow>> {
-    let segment_chunks = effective_segments(problem, ctx.config().segment_chunks);
+    let segment_chunks = effective_segments(problem, segment_chunks_for(ctx, problem, path));
     plan_windows(ctx, problem, dtype, path, segment_chunks, Some(extra))
 }
 
@@ -158,15 +160,14 @@ impl ForwardWorkspace {
     /// A workspace for `problem` with q, k, v stored as `dtype`, on the path the context
     /// would choose for it.
     ///
-    /// The context's `Config::segment_chunks` (`GDN_SEGMENT_CHUNKS=N`) turns on intra-device
-    /// sequence parallelism with segments of N chunks (see [`Self::with_segments`]); off by
-    /// default until measured.
+    /// Sequence parallelism (see [`Self::with_segments`]) as [`segment_chunks_for`] chooses:
+    /// the context's `Config::segments` (`GDN_SEGMENT_CHUNKS`), automatic by default.
     pub fn new(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Self> {
         let path = ctx.forward_path(problem, dtype)?.path;
         Self::with_path_and_config(ctx, problem, dtype, path)
     }
 
-    /// [`Self::with_path`], honouring the context's `Config::segment_chunks` (what a forward
+    /// [`Self::with_path`], with the segments [`segment_chunks_for`] chooses (what a forward
     /// without a workspace uses).
     pub(crate) fn with_path_and_config(
         ctx: &Context,
@@ -174,7 +175,8 @@ impl ForwardWorkspace {
         dtype: DType,
         path: ComputePath,
     ) -> Result<Self> {
-        Self::build(ctx, problem, dtype, path, ctx.config().segment_chunks, None)
+        let segments = segment_chunks_for(ctx, problem, path);
+        Self::build(ctx, problem, dtype, path, segments, None)
     }
 
     /// [`Self::with_path_and_config`] whose windows also bound `extra` (the backward's costs,
@@ -191,7 +193,7 @@ impl ForwardWorkspace {
             problem,
             dtype,
             path,
-            ctx.config().segment_chunks,
+            segment_chunks_for(ctx, problem, path),
             Some(extra),
         )
     }
@@ -384,6 +386,59 @@ impl ForwardWorkspace {
         }
         Ok(())
     }
+}
+
+/// The least segment the automatic choice cuts, in chunks: shorter segments spend more on the
+/// two extra scans and the sequential combine than they gain.
+pub const MIN_AUTO_SEGMENT_CHUNKS: usize = 16;
+
+/// The automatic choice turns sequence parallelism on when the scan would run fewer than this
+/// many workgroups (the forward scan's V-block policy aims at the same count).
+pub const AUTO_SEGMENT_BELOW_WORKGROUPS: usize = 128;
+
+/// ... and then aims at about this many workgroups per scan.
+pub const AUTO_SEGMENT_TARGET_WORKGROUPS: usize = 512;
+
+/// Chunks per segment for a forward of `problem` on `path`, or `None` (one segment per
+/// sequence): the context's `Config::segments` (`GDN_SEGMENT_CHUNKS`), by default
+/// [`auto_segment_chunks`] for this adapter and the scan's grid.
+pub fn segment_chunks_for(ctx: &Context, problem: &Problem, path: ComputePath) -> Option<usize> {
+    match ctx.config().segments {
+        SegmentChoice::Off => None,
+        SegmentChoice::Chunks(n) => Some(n.max(1)),
+        SegmentChoice::Auto => {
+            let cpu = ctx
+                .adapter_info
+                .as_ref()
+                .is_none_or(|i| i.device_type == wgpu::DeviceType::Cpu);
+            let v_block = match path {
+                ComputePath::CoopMatrix => COOP_V_BLOCK,
+                ComputePath::Scalar | ComputePath::F16Math => {
+                    ctx.tuning.state_scan_v_block(problem) as usize
+                }
+            };
+            let workgroups =
+                problem.num_sequences() * problem.heads_v * problem.value_dim.div_ceil(v_block);
+            auto_segment_chunks(!cpu, problem, workgroups)
+        }
+    }
+}
+
+/// The automatic segment length: on GPUs only (a CPU adapter has a few cores to fill), when
+/// the scan's grid of `scan_workgroups` is below [`AUTO_SEGMENT_BELOW_WORKGROUPS`]; then the
+/// length that gives about [`AUTO_SEGMENT_TARGET_WORKGROUPS`] workgroups, at least
+/// [`MIN_AUTO_SEGMENT_CHUNKS`], and only if some sequence is longer than two segments.
+pub fn auto_segment_chunks(gpu: bool, problem: &Problem, scan_workgroups: usize) -> Option<usize> {
+    if !gpu || scan_workgroups == 0 || scan_workgroups >= AUTO_SEGMENT_BELOW_WORKGROUPS {
+        return None;
+    }
+    let seqs = problem.sequences();
+    let per_segment = scan_workgroups / seqs.len().max(1);
+    let segments = (AUTO_SEGMENT_TARGET_WORKGROUPS / per_segment.max(1)).max(1);
+    let total: usize = seqs.iter().map(|s| s.len().div_ceil(CHUNK)).sum();
+    let n = total.div_ceil(segments).max(MIN_AUTO_SEGMENT_CHUNKS);
+    let longest = seqs.iter().map(|s| s.len()).max().unwrap_or(0);
+    (longest > 2 * n * CHUNK).then_some(n)
 }
 
 /// What a window of `problem`'s forward binds per token, per state and per segment.

@@ -18,8 +18,7 @@ pub struct WyInverseBuffers<'a> {
     pub chunks: &'a wgpu::Buffer,
     /// `[B·T, HV, 64]` f32 (written).
     pub a: &'a GpuTensor,
-    /// `[B·T, HV, 128]` (written): rows of Γ⊙A⊙β then Γ⊙QKᵀ; f32 for the scalar scan, f16
-    /// for the coop scan (which may give it padding rows past B·T).
+    /// `[B·T, HV, 128]` f32 (written): rows of Γ⊙A⊙β then Γ⊙QKᵀ.
     pub gated: &'a GpuTensor,
 }
 
@@ -35,20 +34,16 @@ pub fn wy_inverse(
 ) -> Result<()> {
     let k = bufs.k;
     let key_dim = k.shape[k.shape.len() - 1];
-    let pass = match bufs.gated.dtype {
-        DType::F32 => Pass::WyInverse,
-        DType::F16 => Pass::WyInverseCoop,
-        other => {
-            return Err(Error::DType {
-                name: "gated".into(),
-                expected: "F32 or F16".into(),
-                got: other.to_string(),
-            });
-        }
-    };
+    if bufs.gated.dtype != DType::F32 {
+        return Err(Error::DType {
+            name: "gated".into(),
+            expected: "F32".into(),
+            got: bufs.gated.dtype.to_string(),
+        });
+    }
     Launch {
         name: "wy_inverse",
-        source: source(pass, k.dtype)?,
+        source: source(Pass::WyInverse, k.dtype)?,
         entry: "wy_inverse",
         constants: &[("K_DIM", key_dim as f64)],
         bindings: Bindings::Ordered(&[

@@ -1,2 +1,0 @@
-// wy_inverse's gated matrices for the scalar scan: f32.
-alias Gated = f32;
