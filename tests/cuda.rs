@@ -62,6 +62,26 @@ fn every_cuda_source_is_registered() {
         let text = std::fs::read_to_string(dir.join(s.file)).unwrap();
         assert_eq!(text, s.text, "{} is stale in the build", s.file);
     }
+    // Headers: every *.cuh but the prelude is registered (and so compiled by the test below
+    // through the passes that include it).
+    let mut headers: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cuh") && n != "common.cuh")
+        .collect();
+    headers.sort();
+    let mut registered: Vec<String> = kernels::HEADERS.iter().map(|h| h.file.into()).collect();
+    registered.sort();
+    assert_eq!(headers, registered, "shaders/cuda/*.cuh vs kernels::HEADERS");
+    for h in kernels::HEADERS {
+        let text = std::fs::read_to_string(dir.join(h.file)).unwrap();
+        assert_eq!(text, h.text, "{} is stale in the build", h.file);
+        assert!(
+            kernels::SOURCES.iter().any(|s| s.headers.iter().any(|x| x.file == h.file)),
+            "{} is included by no pass",
+            h.file
+        );
+    }
 }
 
 #[test]
