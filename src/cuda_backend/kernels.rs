@@ -79,6 +79,21 @@ pub const BACKWARD: Source = Source {
     headers: &[],
 };
 
+/// The chunked backward's sequential passes: chunk start states and end-state gradients.
+pub const CHUNK_BWD_CHAIN: Source = Source {
+    file: "chunk_bwd_chain.cu",
+    text: include_str!("../../shaders/cuda/chunk_bwd_chain.cu"),
+    headers: &[CHUNK_HEADER],
+};
+
+/// The chunked backward's parallel passes: prep, the gradients inside each chunk and through
+/// its states.
+pub const CHUNK_BWD_GRAD: Source = Source {
+    file: "chunk_bwd_grad.cu",
+    text: include_str!("../../shaders/cuda/chunk_bwd_grad.cu"),
+    headers: &[CHUNK_HEADER],
+};
+
 /// The decode kernel: a window of tokens per sequence over an in-place state pool.
 pub const DECODE: Source = Source {
     file: "decode.cu",
@@ -87,7 +102,15 @@ pub const DECODE: Source = Source {
 };
 
 /// Every pass; the `cuda` test checks that this lists every `shaders/cuda/*.cu`.
-pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED, CHUNK_COMBINE, BACKWARD, DECODE];
+pub const SOURCES: &[Source] = &[
+    RECURRENT,
+    CHUNKED,
+    CHUNK_COMBINE,
+    BACKWARD,
+    CHUNK_BWD_CHAIN,
+    CHUNK_BWD_GRAD,
+    DECODE,
+];
 
 // Option bits of `RecurrentParams::flags` and friends, as in common.cuh.
 const L2NORM_QK: i32 = 1;

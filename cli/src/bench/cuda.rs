@@ -13,7 +13,8 @@ use cudarc::driver::{CudaContext, CudaStream, sys};
 use gdn_wgpu::ForwardOutputs;
 use gdn_wgpu::cuda_backend::{
     self, ChunkPlan, ChunkedPasses, Context, CudaTensor, ForwardPath, PlanOptions, Segments,
-    SeqBounds, backward::BackwardWorkspace,
+    SeqBounds,
+    backward::{BackwardPath, BackwardWorkspace},
 };
 use gdn_wgpu::error::{Error, Result};
 use gdn_wgpu::tensor::DType;
@@ -155,8 +156,16 @@ fn time_on(
             Box::new(move || cuda_backend::decode_into(ctx, p, &seq, &inputs, &o, &pool, 1))
         }
         Op::Backward => {
-            variant = "cuda exact backward (BPTT, checkpoints every 64 tokens)".into();
-            let workspace = BackwardWorkspace::new(ctx, p)?;
+            let workspace = BackwardWorkspace::new(ctx, p, host.dtype)?;
+            variant = match workspace.path() {
+                BackwardPath::Exact => {
+                    "cuda exact backward (BPTT, checkpoints every 64 tokens)".into()
+                }
+                BackwardPath::Chunked => format!(
+                    "cuda chunked tensor-core backward, V-block {}",
+                    workspace.value_block().unwrap_or(0)
+                ),
+            };
             let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0).with_dtype(host.dtype);
             let d_o = CudaTensor::upload(ctx, "do", &d_o)?;
             let dht = CudaTensor::upload(ctx, "dht", &normal(&p.state_shape(), 0.5, seed ^ 0xd7))?;
