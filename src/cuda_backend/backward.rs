@@ -15,6 +15,7 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
+pub use super::chunk_bwd::ChunkedStage;
 use super::chunk_bwd::ChunkedScratch;
 use super::context::{Context, driver_error};
 use super::kernels::{BACKWARD, option_flags};
@@ -355,7 +356,32 @@ pub fn backward_into(
     }
     match &workspace.scratch {
         Scratch::Exact(ws) => record_exact(ctx, p, ws, inputs, d_o, dht, grads),
-        Scratch::Chunked(ws) => ws.record(ctx, p, inputs, d_o, dht, grads),
+        Scratch::Chunked(ws) => ws.record(ctx, p, inputs, d_o, dht, grads, ChunkedStage::All),
+    }
+}
+
+/// [`backward_into`] on a chunked workspace stopped after `until` (the gradients are then
+/// incomplete): for timing the passes apart. An exact workspace is `Error::Value`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_stages_into(
+    ctx: &Context,
+    problem: &Problem,
+    workspace: &BackwardWorkspace,
+    inputs: &ForwardInputs<&CudaTensor>,
+    d_o: &CudaTensor,
+    dht: Option<&CudaTensor>,
+    grads: &Gradients<&CudaTensor>,
+    until: ChunkedStage,
+) -> Result<()> {
+    match &workspace.scratch {
+        Scratch::Chunked(ws) if workspace.problem == *problem => {
+            ws.record(ctx, problem, inputs, d_o, dht, grads, until)
+        }
+        _ => Err(Error::value(
+            "backward workspace",
+            "a chunked one made for this problem",
+            format!("{:?} on the {} path", workspace.problem, workspace.path().name()),
+        )),
     }
 }
 

@@ -30,6 +30,24 @@ use crate::error::Result;
 use crate::problem::{CHUNK, ForwardInputs, Gradients, Problem};
 use crate::tensor::DType;
 
+/// How far [`crate::cuda_backend::backward::backward_stages_into`] goes on the chunked path
+/// (each stage includes the ones before it): for timing the passes apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ChunkedStage {
+    /// l2norm (with `l2norm_qk`) and the prep.
+    Prep,
+    /// The states pass.
+    States,
+    /// The dh pass.
+    Chains,
+    /// The intra-chunk pass.
+    Intra,
+    /// The state-gradient pass.
+    StateGrad,
+    /// Everything: the finishing kernels too.
+    All,
+}
+
 /// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
 /// device: f16/bf16, K and V ≤ 128, and every pass within the shared memory a block may use.
 pub(crate) fn chunked_backward_runs(ctx: &Context, problem: &Problem, dtype: DType) -> Result<bool> {
@@ -195,6 +213,7 @@ impl ChunkedScratch {
         d_o: &CudaTensor,
         dht: Option<&CudaTensor>,
         grads: &Gradients<&CudaTensor>,
+        until: ChunkedStage,
     ) -> Result<()> {
         let p = problem;
         let suffix = dtype_suffix(self.dtype);
@@ -226,7 +245,7 @@ impl ChunkedScratch {
         };
         let n = self.num_chunks;
         let bv = self.value_block;
-        if n > 0 {
+        if n > 0 && until >= ChunkedStage::Prep {
             launch_prep(
                 ctx,
                 p,
@@ -243,21 +262,21 @@ impl ChunkedScratch {
                 inputs.dt_bias.map(|t| t.buffer()),
             )?;
         }
-        // The chains run for every sequence, empty ones too (dh0 = dht there).
-        if p.num_sequences() > 0 {
-            if n > 0 {
-                launch_states(
-                    ctx,
-                    p,
-                    &params,
-                    bv,
-                    suffix,
-                    &ws,
-                    k,
-                    inputs.v.buffer(),
-                    inputs.initial_state.map(|t| t.buffer()),
-                )?;
-            }
+        // The dh pass runs for every sequence, empty ones too (dh0 = dht there).
+        if n > 0 && until >= ChunkedStage::States {
+            launch_states(
+                ctx,
+                p,
+                &params,
+                bv,
+                suffix,
+                &ws,
+                k,
+                inputs.v.buffer(),
+                inputs.initial_state.map(|t| t.buffer()),
+            )?;
+        }
+        if p.num_sequences() > 0 && until >= ChunkedStage::Chains {
             launch_dh(
                 ctx,
                 p,
@@ -273,7 +292,7 @@ impl ChunkedScratch {
                 grads.dh0.map(|t| t.buffer()),
             )?;
         }
-        if n > 0 {
+        if n > 0 && until >= ChunkedStage::Intra {
             launch_intra(
                 ctx,
                 p,
@@ -287,6 +306,8 @@ impl ChunkedScratch {
                 d_o.buffer(),
                 &parts,
             )?;
+        }
+        if n > 0 && until >= ChunkedStage::StateGrad {
             launch_state_grad(
                 ctx,
                 p,
@@ -300,6 +321,9 @@ impl ChunkedScratch {
                 grads.dv.buffer(),
                 &parts,
             )?;
+        }
+        if until < ChunkedStage::All {
+            return Ok(());
         }
         launch_finish(
             ctx,

@@ -14,7 +14,7 @@ use gdn_wgpu::ForwardOutputs;
 use gdn_wgpu::cuda_backend::{
     self, ChunkPlan, ChunkedPasses, Context, CudaTensor, ForwardPath, PlanOptions, Segments,
     SeqBounds,
-    backward::{BackwardPath, BackwardWorkspace},
+    backward::{BackwardPath, BackwardWorkspace, ChunkedStage},
 };
 use gdn_wgpu::error::{Error, Result};
 use gdn_wgpu::tensor::DType;
@@ -170,6 +170,41 @@ fn time_on(
             let d_o = CudaTensor::upload(ctx, "do", &d_o)?;
             let dht = CudaTensor::upload(ctx, "dht", &normal(&p.state_shape(), 0.5, seed ^ 0xd7))?;
             let grads = cuda_backend::backward::alloc_gradients(ctx, p, &inputs, 0.0)?;
+            if workspace.path() == BackwardPath::Chunked && graph_stream.is_none() {
+                // The passes apart: each stage's time is the difference of the prefixes.
+                let g = cuda_backend::backward::gradients_ref(&grads);
+                let mut prefix = Vec::new();
+                for stage in [
+                    ChunkedStage::Prep,
+                    ChunkedStage::States,
+                    ChunkedStage::Chains,
+                    ChunkedStage::Intra,
+                    ChunkedStage::StateGrad,
+                    ChunkedStage::All,
+                ] {
+                    let run = || {
+                        cuda_backend::backward::backward_stages_into(
+                            ctx,
+                            p,
+                            &workspace,
+                            &inputs,
+                            &d_o,
+                            Some(&dht),
+                            &g,
+                            stage,
+                        )
+                    };
+                    run()?;
+                    prefix.push(event_median(ctx, reps.min(5), &run)?);
+                }
+                let names = ["prep", "states", "dh", "intra", "state_grad", "finish"];
+                let mut parts = Vec::new();
+                for (i, name) in names.iter().enumerate() {
+                    let before = if i == 0 { 0.0 } else { prefix[i - 1] };
+                    parts.push(format!("{name} {:.4}", prefix[i] - before));
+                }
+                variant = format!("{variant}; passes ms (prefix differences): {}", parts.join(", "));
+            }
             Box::new(move || {
                 let grads = cuda_backend::backward::gradients_ref(&grads);
                 cuda_backend::backward::backward_into(
