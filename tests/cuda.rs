@@ -1697,3 +1697,78 @@ fn the_decode_kernel_refuses_a_bad_pool_with_a_typed_error() {
     let o32 = CudaTensor::zeros(ctx, "o", &p.v_shape(), DType::F32).unwrap();
     assert!(matches!(launch(&pool, &o32), Err(Error::DType { .. })));
 }
+
+// ---------------------------------------------------------------------------------------------
+// The host emulator of the chunked backward (tools/cuda-emu)
+
+/// Writes each hard case the chunked backward takes (both 16-bit dtypes, with and without dht)
+/// with the oracle's gradients into `$EMU_CASES`, for tools/cuda-emu's `hard_case` runner
+/// (format: its README). Needs no GPU; run with `--ignored`.
+#[test]
+#[ignore]
+fn export_hard_cases_for_the_host_emulator() {
+    use std::io::Write;
+    let dir = std::env::var("EMU_CASES").expect("EMU_CASES: the folder to write to");
+    for (ci, case) in hard_cases().iter().enumerate() {
+        let p = &case.problem;
+        if expected_backward_path(p, DType::BF16) != BackwardPath::Chunked {
+            continue;
+        }
+        for (di, dtype) in [DType::F16, DType::BF16].into_iter().enumerate() {
+            for with_dht in [false, true] {
+                let (inputs, d_o, dht, exp) = backward_case(case, dtype, with_dht);
+                let path = format!("{dir}/case{ci:02}_{dtype}_{}.bin", with_dht as u8);
+                let mut out = Vec::new();
+                let o = p.options;
+                let flags = [
+                    o.l2norm_qk,
+                    o.beta_sigmoid,
+                    o.allow_neg_eigval,
+                    o.gate_in_kernel,
+                    o.state_v_first,
+                ]
+                .iter()
+                .enumerate()
+                .fold(0i32, |acc, (bit, &on)| acc | ((on as i32) << bit));
+                let mut ints = vec![
+                    p.num_sequences() as i32,
+                    p.total_tokens() as i32,
+                    p.heads_qk as i32,
+                    p.heads_v as i32,
+                    p.key_dim as i32,
+                    p.value_dim as i32,
+                    flags,
+                    inputs.initial_state.is_some() as i32,
+                    dht.is_some() as i32,
+                    di as i32 + 1,
+                    0,
+                ];
+                ints.extend(p.sequences().iter().map(|s| s.end as i32));
+                ints.iter().for_each(|x| out.extend(x.to_le_bytes()));
+                out.extend(p.scale().to_le_bytes());
+                let mut f32s: Vec<&[f32]> = vec![
+                    &inputs.q.data,
+                    &inputs.k.data,
+                    &inputs.v.data,
+                    &inputs.g.data,
+                    &inputs.beta.data,
+                ];
+                f32s.extend(inputs.initial_state.as_ref().map(|t| &t.data[..]));
+                if o.gate_in_kernel {
+                    f32s.push(&inputs.a_log.as_ref().unwrap().data);
+                    f32s.push(&inputs.dt_bias.as_ref().unwrap().data);
+                }
+                f32s.push(&d_o.data);
+                f32s.extend(dht.as_ref().map(|t| &t.data[..]));
+                f32s.iter().flat_map(|x| x.iter()).for_each(|x| out.extend(x.to_le_bytes()));
+                let mut f64s: Vec<&[f64]> = vec![&exp.dq, &exp.dk, &exp.dv, &exp.dg, &exp.dbeta];
+                f64s.extend(exp.dh0.as_deref());
+                f64s.extend(exp.da_log.as_deref());
+                f64s.extend(exp.ddt_bias.as_deref());
+                f64s.iter().flat_map(|x| x.iter()).for_each(|x| out.extend(x.to_le_bytes()));
+                std::fs::File::create(&path).unwrap().write_all(&out).unwrap();
+                eprintln!("{path}: {} {dtype}", case.name);
+            }
+        }
+    }
+}
