@@ -72,12 +72,17 @@ fn every_cuda_source_is_registered() {
     headers.sort();
     let mut registered: Vec<String> = kernels::HEADERS.iter().map(|h| h.file.into()).collect();
     registered.sort();
-    assert_eq!(headers, registered, "shaders/cuda/*.cuh vs kernels::HEADERS");
+    assert_eq!(
+        headers, registered,
+        "shaders/cuda/*.cuh vs kernels::HEADERS"
+    );
     for h in kernels::HEADERS {
         let text = std::fs::read_to_string(dir.join(h.file)).unwrap();
         assert_eq!(text, h.text, "{} is stale in the build", h.file);
         assert!(
-            kernels::SOURCES.iter().any(|s| s.headers.iter().any(|x| x.file == h.file)),
+            kernels::SOURCES
+                .iter()
+                .any(|s| s.headers.iter().any(|x| x.file == h.file)),
             "{} is included by no pass",
             h.file
         );
@@ -806,7 +811,12 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
         for dtype in DTYPES {
             let p = &case.problem;
             let path = backward_path(ctx, p, dtype).unwrap();
-            assert_eq!(path, expected_backward_path(p, dtype), "[{}] {dtype}", case.name);
+            assert_eq!(
+                path,
+                expected_backward_path(p, dtype),
+                "[{}] {dtype}",
+                case.name
+            );
             assert_eq!(
                 ctx.arithmetic(Op::Backward, p, dtype),
                 backward_arithmetic_of(path, dtype)
@@ -839,7 +849,10 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
             }
         }
     }
-    assert!(chunked_runs > 20, "the chunked backward ran {chunked_runs} cases");
+    assert!(
+        chunked_runs > 20,
+        "the chunked backward ran {chunked_runs} cases"
+    );
     fail_on(failures);
 }
 
@@ -871,7 +884,10 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
         let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
         let first = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), BackwardPath::Chunked);
         let second = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), BackwardPath::Chunked);
-        for ((name, a), (_, b)) in gradient_list(&first).into_iter().zip(gradient_list(&second)) {
+        for ((name, a), (_, b)) in gradient_list(&first)
+            .into_iter()
+            .zip(gradient_list(&second))
+        {
             if let Err(e) = same_bits(&format!("{dtype} {name} run twice"), a, b) {
                 failures.push(e);
             }
@@ -1760,13 +1776,20 @@ fn export_hard_cases_for_the_host_emulator() {
                 }
                 f32s.push(&d_o.data);
                 f32s.extend(dht.as_ref().map(|t| &t.data[..]));
-                f32s.iter().flat_map(|x| x.iter()).for_each(|x| out.extend(x.to_le_bytes()));
+                f32s.iter()
+                    .flat_map(|x| x.iter())
+                    .for_each(|x| out.extend(x.to_le_bytes()));
                 let mut f64s: Vec<&[f64]> = vec![&exp.dq, &exp.dk, &exp.dv, &exp.dg, &exp.dbeta];
                 f64s.extend(exp.dh0.as_deref());
                 f64s.extend(exp.da_log.as_deref());
                 f64s.extend(exp.ddt_bias.as_deref());
-                f64s.iter().flat_map(|x| x.iter()).for_each(|x| out.extend(x.to_le_bytes()));
-                std::fs::File::create(&path).unwrap().write_all(&out).unwrap();
+                f64s.iter()
+                    .flat_map(|x| x.iter())
+                    .for_each(|x| out.extend(x.to_le_bytes()));
+                std::fs::File::create(&path)
+                    .unwrap()
+                    .write_all(&out)
+                    .unwrap();
                 eprintln!("{path}: {} {dtype}", case.name);
             }
         }

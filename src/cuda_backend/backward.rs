@@ -15,8 +15,8 @@
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
-pub use super::chunk_bwd::ChunkedStage;
 use super::chunk_bwd::ChunkedScratch;
+pub use super::chunk_bwd::ChunkedStage;
 use super::context::{Context, driver_error};
 use super::kernels::{BACKWARD, option_flags};
 use super::recurrent::{self, STORAGE_DTYPES, SeqBounds, to_i32};
@@ -331,9 +331,6 @@ pub fn backward_into(
     if let Some(t) = grads.dh0 {
         check_tensor("dh0", t, &p.state_shape(), f32_)?;
     }
-    if let Some(t) = inputs.initial_state {
-        check_tensor("initial_state", t, &p.state_shape(), f32_)?;
-    }
     let gate = p.options.gate_in_kernel;
     for (name, t) in [("dA_log", grads.da_log), ("ddt_bias", grads.ddt_bias)] {
         present(name, gate, t.is_some(), "exactly with gate_in_kernel")?;
@@ -380,7 +377,11 @@ pub fn backward_stages_into(
         _ => Err(Error::value(
             "backward workspace",
             "a chunked one made for this problem",
-            format!("{:?} on the {} path", workspace.problem, workspace.path().name()),
+            format!(
+                "{:?} on the {} path",
+                workspace.problem,
+                workspace.path().name()
+            ),
         )),
     }
 }

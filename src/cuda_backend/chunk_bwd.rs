@@ -17,10 +17,12 @@
 use cudarc::driver::CudaSlice;
 
 use super::backward::{alloc_f32, dtype_suffix, launch_finish};
-use super::chunk_bwd_chain::{ChainBuffers, chain_smem, chain_value_block, launch_dh, launch_states};
+use super::chunk_bwd_chain::{
+    ChainBuffers, chain_smem, chain_value_block, launch_dh, launch_states,
+};
 use super::chunk_bwd_grad::{
-    GradParts, MAX_CHUNKED_BWD_VALUE_DIM, intra_smem, launch_intra, launch_prep,
-    launch_state_grad, state_grad_smem,
+    GradParts, MAX_CHUNKED_BWD_VALUE_DIM, intra_smem, launch_intra, launch_prep, launch_state_grad,
+    state_grad_smem,
 };
 use super::chunked::{ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM, launch_l2norm, prep_smem};
 use super::context::{Context, driver_error};
@@ -50,7 +52,11 @@ pub enum ChunkedStage {
 
 /// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
 /// device: f16/bf16, K and V ≤ 128, and every pass within the shared memory a block may use.
-pub(crate) fn chunked_backward_runs(ctx: &Context, problem: &Problem, dtype: DType) -> Result<bool> {
+pub(crate) fn chunked_backward_runs(
+    ctx: &Context,
+    problem: &Problem,
+    dtype: DType,
+) -> Result<bool> {
     if dtype == DType::F32
         || problem.key_dim > MAX_CHUNKED_KEY_DIM
         || problem.value_dim > MAX_CHUNKED_BWD_VALUE_DIM
@@ -58,9 +64,14 @@ pub(crate) fn chunked_backward_runs(ctx: &Context, problem: &Problem, dtype: DTy
         return Ok(false);
     }
     let limit = super::chunked::max_shared_optin(ctx)?;
-    Ok([prep_smem(), chain_smem(32, true), intra_smem(), state_grad_smem()]
-        .iter()
-        .all(|&s| s <= limit))
+    Ok([
+        prep_smem(),
+        chain_smem(32, true),
+        intra_smem(),
+        state_grad_smem(),
+    ]
+    .iter()
+    .all(|&s| s <= limit))
 }
 
 fn alloc(ctx: &Context, name: &str, bytes: usize) -> Result<CudaSlice<u8>> {

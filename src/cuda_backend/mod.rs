@@ -41,13 +41,13 @@ pub mod nvrtc;
 pub mod recurrent;
 mod tensor;
 
+pub use backward::{BackwardPath, BackwardWorkspace, backward_path};
+pub use chunk_bwd_chain::CHAIN_VALUE_BLOCKS;
+pub use chunk_bwd_grad::MAX_CHUNKED_BWD_VALUE_DIM;
 pub use chunked::{
     ChunkPlan, ChunkedPasses, ForwardPath, PlanOptions, Segments, forward_path, launch_chunked,
     launch_chunked_passes,
 };
-pub use backward::{BackwardPath, BackwardWorkspace, backward_path};
-pub use chunk_bwd_chain::CHAIN_VALUE_BLOCKS;
-pub use chunk_bwd_grad::MAX_CHUNKED_BWD_VALUE_DIM;
 pub use context::Context;
 pub use decode::{decode_host, decode_into};
 pub use recurrent::{

@@ -203,7 +203,10 @@ fn time_on(
                     let before = if i == 0 { 0.0 } else { prefix[i - 1] };
                     parts.push(format!("{name} {:.4}", prefix[i] - before));
                 }
-                variant = format!("{variant}; passes ms (prefix differences): {}", parts.join(", "));
+                variant = format!(
+                    "{variant}; passes ms (prefix differences): {}",
+                    parts.join(", ")
+                );
             }
             Box::new(move || {
                 let grads = cuda_backend::backward::gradients_ref(&grads);
