@@ -7,7 +7,7 @@
 mod common;
 
 use common::cases::{
-    backward_case, check, check_gradients, fail_on, hard_cases, inputs_and_oracle,
+    backward_case, check, check_gradients_with, fail_on, hard_cases, inputs_and_oracle,
 };
 use gdn_wgpu::tolerance::Op;
 use gdn_wgpu::{Backend, DType};
@@ -52,7 +52,10 @@ fn run_the_hard_cases(backend: &dyn Backend) {
                     .forward_backward(p, &inputs.as_ref(), &d_o, dht.as_ref())
                     .unwrap();
                 let what = format!("{name} backward");
-                failures.extend(check_gradients(&what, &case, dtype, &grads, &want));
+                let arithmetic = backend.arithmetic(Op::Backward, p, dtype);
+                failures.extend(check_gradients_with(
+                    &what, &case, dtype, arithmetic, &grads, &want,
+                ));
             }
         }
     }

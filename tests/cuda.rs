@@ -19,13 +19,13 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use common::cases::{
-    HardCase, backward_case, check, check_gradients, fail_on, hard_cases, inputs_and_oracle,
+    HardCase, backward_case, check, check_gradients_with, fail_on, hard_cases, inputs_and_oracle,
 };
 use common::problem;
 use gdn_wgpu::cuda_backend::nvrtc::{self, Target};
 use gdn_wgpu::cuda_backend::{
-    self, ChunkPlan, Context, CudaTensor, ForwardPath, PlanOptions, Segments, SeqBounds,
-    forward_path, kernels,
+    self, BackwardPath, ChunkPlan, Context, CudaTensor, ForwardPath, PlanOptions, Segments,
+    SeqBounds, backward_path, forward_path, kernels,
 };
 use gdn_wgpu::tolerance::{Arithmetic, Op};
 use gdn_wgpu::{
@@ -61,6 +61,31 @@ fn every_cuda_source_is_registered() {
     for s in kernels::SOURCES {
         let text = std::fs::read_to_string(dir.join(s.file)).unwrap();
         assert_eq!(text, s.text, "{} is stale in the build", s.file);
+    }
+    // Headers: every *.cuh but the prelude is registered (and so compiled by the test below
+    // through the passes that include it).
+    let mut headers: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".cuh") && n != "common.cuh")
+        .collect();
+    headers.sort();
+    let mut registered: Vec<String> = kernels::HEADERS.iter().map(|h| h.file.into()).collect();
+    registered.sort();
+    assert_eq!(
+        headers, registered,
+        "shaders/cuda/*.cuh vs kernels::HEADERS"
+    );
+    for h in kernels::HEADERS {
+        let text = std::fs::read_to_string(dir.join(h.file)).unwrap();
+        assert_eq!(text, h.text, "{} is stale in the build", h.file);
+        assert!(
+            kernels::SOURCES
+                .iter()
+                .any(|s| s.headers.iter().any(|x| x.file == h.file)),
+            "{} is included by no pass",
+            h.file
+        );
     }
 }
 
@@ -148,6 +173,33 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
         ptx.contains(".entry gdn_chunk_combine("),
         "gdn_chunk_combine missing"
     );
+    // The chunked backward's kernels.
+    for (source, passes) in [
+        (
+            &kernels::CHUNK_BWD_CHAIN,
+            &[
+                "chunk_bwd_states32",
+                "chunk_bwd_states64",
+                "chunk_bwd_states128",
+                "chunk_bwd_dh32",
+                "chunk_bwd_dh64",
+                "chunk_bwd_dh128",
+            ][..],
+        ),
+        (
+            &kernels::CHUNK_BWD_GRAD,
+            &["chunk_bwd_prep", "chunk_bwd_intra", "chunk_bwd_state_grad"][..],
+        ),
+    ] {
+        let image = nvrtc::compile(source.file, &source.full_text(), Target::Compute80Ptx).unwrap();
+        let ptx = String::from_utf8_lossy(&image.bytes);
+        for dtype in ["f16", "bf16"] {
+            for pass in passes {
+                let name = format!("gdn_{pass}_{dtype}");
+                assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
+            }
+        }
+    }
 }
 
 #[test]
@@ -694,54 +746,160 @@ fn bad_input_is_a_typed_error() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The backward (shaders/cuda/backward.cu) against the f64 BPTT oracle
+// The backward against the f64 BPTT oracle: the chunked path (chunk_bwd_*.cu) for f16/bf16
+// with K, V ≤ 128, the exact path (backward.cu) for f32 and the rest, and forced for every dtype
+
+/// The backward path expected for `dtype`: chunked for 16-bit storage with K, V ≤ 128.
+fn expected_backward_path(problem: &Problem, dtype: DType) -> BackwardPath {
+    if dtype != DType::F32
+        && problem.key_dim <= cuda_backend::chunked::MAX_CHUNKED_KEY_DIM
+        && problem.value_dim <= cuda_backend::MAX_CHUNKED_BWD_VALUE_DIM
+    {
+        BackwardPath::Chunked
+    } else {
+        BackwardPath::Exact
+    }
+}
+
+/// The arithmetic of backward `path` for `dtype`.
+fn backward_arithmetic_of(path: BackwardPath, dtype: DType) -> Arithmetic {
+    match (path, dtype) {
+        (BackwardPath::Exact, _) | (_, DType::F32) => Arithmetic::F32,
+        (BackwardPath::Chunked, DType::BF16) => Arithmetic::Bf16Operands,
+        (BackwardPath::Chunked, DType::F16) => Arithmetic::F16Operands,
+    }
+}
+
+/// The backward of `inputs` on `path` into NaN-poisoned gradients, downloaded.
+fn run_backward(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<HostTensor>,
+    d_o: &HostTensor,
+    dht: Option<&HostTensor>,
+    path: BackwardPath,
+) -> gdn_wgpu::Gradients<HostTensor> {
+    let p = problem;
+    let dtype = inputs.q.dtype;
+    let dev = upload(ctx, inputs);
+    let dev = dev.as_ref();
+    let d_o = CudaTensor::upload(ctx, "do", d_o).unwrap();
+    let dht = dht.map(|t| CudaTensor::upload(ctx, "dht", t).unwrap());
+    let ws = BackwardWorkspace::with_path(ctx, p, dtype, path).unwrap();
+    assert_eq!(ws.path(), path);
+    let grads = cuda_backend::backward::alloc_gradients(ctx, p, &dev, f32::NAN).unwrap();
+    backward_into(
+        ctx,
+        p,
+        &ws,
+        &dev,
+        &d_o,
+        dht.as_ref(),
+        &cuda_backend::backward::gradients_ref(&grads),
+    )
+    .unwrap();
+    ctx.synchronize().unwrap();
+    download_gradients(ctx, &grads)
+}
 
 #[test]
 fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
     let Some(ctx) = cuda() else { return };
     let mut failures = Vec::new();
+    let mut chunked_runs = 0;
     for case in hard_cases() {
         for dtype in DTYPES {
+            let p = &case.problem;
+            let path = backward_path(ctx, p, dtype).unwrap();
+            assert_eq!(
+                path,
+                expected_backward_path(p, dtype),
+                "[{}] {dtype}",
+                case.name
+            );
+            assert_eq!(
+                ctx.arithmetic(Op::Backward, p, dtype),
+                backward_arithmetic_of(path, dtype)
+            );
+            // The exact path also runs where the chunked one is chosen (forced, as
+            // GDN_CUDA_BACKWARD=exact does).
+            let mut paths = vec![path];
+            if path == BackwardPath::Chunked {
+                paths.push(BackwardPath::Exact);
+                chunked_runs += 1;
+            }
             for with_dht in [false, true] {
-                let p = &case.problem;
                 let (inputs, d_o, dht, expected) = backward_case(&case, dtype, with_dht);
-                let dev = upload(ctx, &inputs);
-                let dev = dev.as_ref();
-                let d_o = CudaTensor::upload(ctx, "do", &d_o).unwrap();
-                let dht = dht.map(|t| CudaTensor::upload(ctx, "dht", &t).unwrap());
-                let ws = cuda_backend::backward::BackwardWorkspace::new(ctx, p).unwrap();
-                let grads =
-                    cuda_backend::backward::alloc_gradients(ctx, p, &dev, f32::NAN).unwrap();
-                cuda_backend::backward::backward_into(
-                    ctx,
-                    p,
-                    &ws,
-                    &dev,
-                    &d_o,
-                    dht.as_ref(),
-                    &cuda_backend::backward::gradients_ref(&grads),
-                )
-                .unwrap();
-                ctx.synchronize().unwrap();
-                let down = |t: &CudaTensor| t.download(ctx).unwrap();
-                let got = gdn_wgpu::Gradients {
-                    dq: down(&grads.dq),
-                    dk: down(&grads.dk),
-                    dv: down(&grads.dv),
-                    dg: down(&grads.dg),
-                    dbeta: down(&grads.dbeta),
-                    dh0: grads.dh0.as_ref().map(down),
-                    da_log: grads.da_log.as_ref().map(down),
-                    ddt_bias: grads.ddt_bias.as_ref().map(down),
-                };
-                let what = if with_dht {
-                    "backward + dht"
-                } else {
-                    "backward"
-                };
-                failures.extend(check_gradients(what, &case, dtype, &got, &expected));
+                for &run_path in &paths {
+                    let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), run_path);
+                    let what = format!(
+                        "{} backward{}",
+                        run_path.name(),
+                        if with_dht { " + dht" } else { "" }
+                    );
+                    failures.extend(check_gradients_with(
+                        &what,
+                        &case,
+                        dtype,
+                        backward_arithmetic_of(run_path, dtype),
+                        &got,
+                        &expected,
+                    ));
+                }
             }
         }
+    }
+    assert!(
+        chunked_runs > 20,
+        "the chunked backward ran {chunked_runs} cases"
+    );
+    fail_on(failures);
+}
+
+/// Many chunks per sequence (the chains carry S and dS' across 31 chunks), every V-block of the
+/// chains, both 16-bit dtypes; two runs bitwise equal (no atomics).
+#[test]
+fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle() {
+    let Some(ctx) = cuda() else { return };
+    let case = HardCase {
+        name: "T1990 + 10 K128 V128 GVA2 special gates".into(),
+        problem: problem(
+            1,
+            2000,
+            1,
+            2,
+            128,
+            128,
+            Some(vec![0, 1990, 2000]),
+            Options::default(),
+        ),
+        spec: RandomSpec {
+            zero_gate_heads: 1,
+            ..common::cases::spec(51, true)
+        },
+    };
+    let p = &case.problem;
+    let mut failures = Vec::new();
+    for dtype in [DType::BF16, DType::F16] {
+        let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
+        let first = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), BackwardPath::Chunked);
+        let second = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), BackwardPath::Chunked);
+        for ((name, a), (_, b)) in gradient_list(&first)
+            .into_iter()
+            .zip(gradient_list(&second))
+        {
+            if let Err(e) = same_bits(&format!("{dtype} {name} run twice"), a, b) {
+                failures.push(e);
+            }
+        }
+        failures.extend(check_gradients_with(
+            "chunked backward",
+            &case,
+            dtype,
+            backward_arithmetic_of(BackwardPath::Chunked, dtype),
+            &first,
+            &expected,
+        ));
     }
     fail_on(failures);
 }
@@ -774,7 +932,14 @@ fn the_backend_trait_runs_forward_backward() {
         ) {
             failures.push(e);
         }
-        failures.extend(check_gradients(what, case, dtype, &grads, &expected));
+        failures.extend(check_gradients_with(
+            what,
+            case,
+            dtype,
+            ctx.arithmetic(Op::Backward, &case.problem, dtype),
+            &grads,
+            &expected,
+        ));
     }
     fail_on(failures);
 }
@@ -800,8 +965,8 @@ fn backward_bad_input_is_a_typed_error() {
     let d_o = CudaTensor::upload(ctx, "do", &d_o).unwrap();
     let grads = cuda_backend::backward::alloc_gradients(ctx, p, &dev, 0.0).unwrap();
     let run = |ws_problem: &Problem, grads: &gdn_wgpu::Gradients<&CudaTensor>| {
-        let ws = cuda_backend::backward::BackwardWorkspace::new(ctx, ws_problem).unwrap();
-        cuda_backend::backward::backward_into(ctx, p, &ws, &dev, &d_o, None, grads)
+        let ws = BackwardWorkspace::new(ctx, ws_problem, DType::F32).unwrap();
+        backward_into(ctx, p, &ws, &dev, &d_o, None, grads)
     };
     let all = cuda_backend::backward::gradients_ref(&grads);
     run(p, &all).unwrap();
@@ -815,6 +980,22 @@ fn backward_bad_input_is_a_typed_error() {
     let bad = CudaTensor::zeros(ctx, "dq", &p.qk_shape(), DType::BF16).unwrap();
     let wrong = gdn_wgpu::Gradients { dq: &bad, ..all };
     assert!(matches!(run(p, &wrong), Err(Error::DType { .. })));
+    // A workspace made for another storage dtype.
+    let ws16 = BackwardWorkspace::new(ctx, p, DType::BF16).unwrap();
+    assert_eq!(ws16.path(), BackwardPath::Chunked);
+    let err = backward_into(ctx, p, &ws16, &dev, &d_o, None, &all).unwrap_err();
+    assert!(matches!(err, Error::Value { .. }), "{err:?}");
+    // The chunked path forced where it cannot run: f32 storage, K = 256.
+    for (problem, dtype) in [(p, DType::F32), (&hard_cases()[5].problem, DType::BF16)] {
+        let err =
+            BackwardWorkspace::with_path(ctx, problem, dtype, BackwardPath::Chunked).unwrap_err();
+        assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    }
+    assert_eq!(
+        BackwardPath::parse_override("GDN_CUDA_BACKWARD", "Exact").unwrap(),
+        Some(BackwardPath::Exact)
+    );
+    assert!(BackwardPath::parse_override("GDN_CUDA_BACKWARD", "fast").is_err());
     ctx.synchronize().unwrap();
 }
 
@@ -1059,7 +1240,7 @@ fn run_launchers(mem: &mut Mem<'_>, case: &HardCase) -> LauncherRuns {
     };
     cuda_backend::forward_recurrent_into(ctx, p, &seq, &dev.as_ref(), &outputs).unwrap();
     cuda_backend::decode_into(ctx, p, &seq, &dev.as_ref(), &o_dec, &pool, 1).unwrap();
-    let ws = BackwardWorkspace::new(ctx, p).unwrap();
+    let ws = BackwardWorkspace::new(ctx, p, DType::BF16).unwrap();
     let g = cuda_backend::backward::gradients_ref(&grads);
     backward_into(ctx, p, &ws, &bwd_dev.as_ref(), &d_o, dht.as_ref(), &g).unwrap();
     ctx.synchronize().unwrap();
@@ -1155,10 +1336,11 @@ fn launches_on_a_caller_stream_over_caller_memory_match_the_owning_path_and_the_
             .err(),
         );
         let (_, _, _, expected) = backward_case(&case, DType::BF16, true);
-        failures.extend(check_gradients(
+        failures.extend(check_gradients_with(
             "interop backward",
             &case,
             DType::BF16,
+            own.arithmetic(Op::Backward, &case.problem, DType::BF16),
             &theirs.grads,
             &expected,
         ));
@@ -1258,7 +1440,8 @@ fn cuda_graph_capture_and_replay_give_the_eager_result() {
     let plan = ChunkPlan::new(&ctx, p, DType::BF16).unwrap();
     let seq = SeqBounds::upload(&ctx, p).unwrap();
     let dseq = SeqBounds::upload(&ctx, &dp).unwrap();
-    let ws = BackwardWorkspace::new(&ctx, p).unwrap();
+    let ws = BackwardWorkspace::new(&ctx, p, DType::BF16).unwrap();
+    assert_eq!(ws.path(), BackwardPath::Chunked);
     let g = cuda_backend::backward::gradients_ref(&grads);
     let mut written: Vec<&CudaTensor> = outs.iter().collect();
     written.extend([&g.dq, &g.dk, &g.dv, &g.dg, &g.dbeta]);
@@ -1529,4 +1712,86 @@ fn the_decode_kernel_refuses_a_bad_pool_with_a_typed_error() {
     let pool = CudaTensor::zeros(ctx, "pool", &p.state_shape(), DType::F32).unwrap();
     let o32 = CudaTensor::zeros(ctx, "o", &p.v_shape(), DType::F32).unwrap();
     assert!(matches!(launch(&pool, &o32), Err(Error::DType { .. })));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The host emulator of the chunked backward (tools/cuda-emu)
+
+/// Writes each hard case the chunked backward takes (both 16-bit dtypes, with and without dht)
+/// with the oracle's gradients into `$EMU_CASES`, for tools/cuda-emu's `hard_case` runner
+/// (format: its README). Needs no GPU; run with `--ignored`.
+#[test]
+#[ignore]
+fn export_hard_cases_for_the_host_emulator() {
+    use std::io::Write;
+    let dir = std::env::var("EMU_CASES").expect("EMU_CASES: the folder to write to");
+    for (ci, case) in hard_cases().iter().enumerate() {
+        let p = &case.problem;
+        if expected_backward_path(p, DType::BF16) != BackwardPath::Chunked {
+            continue;
+        }
+        for (di, dtype) in [DType::F16, DType::BF16].into_iter().enumerate() {
+            for with_dht in [false, true] {
+                let (inputs, d_o, dht, exp) = backward_case(case, dtype, with_dht);
+                let path = format!("{dir}/case{ci:02}_{dtype}_{}.bin", with_dht as u8);
+                let mut out = Vec::new();
+                let o = p.options;
+                let flags = [
+                    o.l2norm_qk,
+                    o.beta_sigmoid,
+                    o.allow_neg_eigval,
+                    o.gate_in_kernel,
+                    o.state_v_first,
+                ]
+                .iter()
+                .enumerate()
+                .fold(0i32, |acc, (bit, &on)| acc | ((on as i32) << bit));
+                let mut ints = vec![
+                    p.num_sequences() as i32,
+                    p.total_tokens() as i32,
+                    p.heads_qk as i32,
+                    p.heads_v as i32,
+                    p.key_dim as i32,
+                    p.value_dim as i32,
+                    flags,
+                    inputs.initial_state.is_some() as i32,
+                    dht.is_some() as i32,
+                    di as i32 + 1,
+                    0,
+                ];
+                ints.extend(p.sequences().iter().map(|s| s.end as i32));
+                ints.iter().for_each(|x| out.extend(x.to_le_bytes()));
+                out.extend(p.scale().to_le_bytes());
+                let mut f32s: Vec<&[f32]> = vec![
+                    &inputs.q.data,
+                    &inputs.k.data,
+                    &inputs.v.data,
+                    &inputs.g.data,
+                    &inputs.beta.data,
+                ];
+                f32s.extend(inputs.initial_state.as_ref().map(|t| &t.data[..]));
+                if o.gate_in_kernel {
+                    f32s.push(&inputs.a_log.as_ref().unwrap().data);
+                    f32s.push(&inputs.dt_bias.as_ref().unwrap().data);
+                }
+                f32s.push(&d_o.data);
+                f32s.extend(dht.as_ref().map(|t| &t.data[..]));
+                f32s.iter()
+                    .flat_map(|x| x.iter())
+                    .for_each(|x| out.extend(x.to_le_bytes()));
+                let mut f64s: Vec<&[f64]> = vec![&exp.dq, &exp.dk, &exp.dv, &exp.dg, &exp.dbeta];
+                f64s.extend(exp.dh0.as_deref());
+                f64s.extend(exp.da_log.as_deref());
+                f64s.extend(exp.ddt_bias.as_deref());
+                f64s.iter()
+                    .flat_map(|x| x.iter())
+                    .for_each(|x| out.extend(x.to_le_bytes()));
+                std::fs::File::create(&path)
+                    .unwrap()
+                    .write_all(&out)
+                    .unwrap();
+                eprintln!("{path}: {} {dtype}", case.name);
+            }
+        }
+    }
 }

@@ -32,17 +32,23 @@ impl Backend for Context {
 
     fn arithmetic(&self, op: Op, problem: &Problem, dtype: DType) -> Arithmetic {
         // The recurrent kernel (decode, and the forward where the chunked path does not run)
-        // and the backward multiply in f32 whatever the storage dtype; the chunked forward
-        // rounds its MMA operands to the storage dtype.
-        if op != Op::Forward {
-            return Arithmetic::F32;
-        }
-        match super::forward_path(self, problem, dtype) {
-            Ok(super::ForwardPath::Chunked) => match dtype {
-                DType::BF16 => Arithmetic::Bf16Operands,
-                _ => Arithmetic::F16Operands,
-            },
-            _ => Arithmetic::F32,
+        // and the exact backward multiply in f32 whatever the storage dtype; the chunked
+        // forward and backward round their MMA operands to the storage dtype.
+        let rounded = match op {
+            Op::Decode => false,
+            Op::Forward => matches!(
+                super::forward_path(self, problem, dtype),
+                Ok(super::ForwardPath::Chunked)
+            ),
+            Op::Backward => matches!(
+                super::backward_path(self, problem, dtype),
+                Ok(super::BackwardPath::Chunked)
+            ),
+        };
+        match (rounded, dtype) {
+            (false, _) | (_, DType::F32) => Arithmetic::F32,
+            (true, DType::BF16) => Arithmetic::Bf16Operands,
+            (true, DType::F16) => Arithmetic::F16Operands,
         }
     }
 

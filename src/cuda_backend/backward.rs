@@ -1,10 +1,22 @@
-//! The exact backward (`shaders/cuda/backward.cu`): BPTT through the token recurrence in f32,
-//! every gradient and option of [`crate::reference::backward`]. A [`BackwardWorkspace`] holds
-//! everything the kernels need besides inputs and outputs, so [`backward_into`] only enqueues
-//! launches (no allocation, no host synchronisation).
+//! The CUDA backward, on one of two paths ([`backward_path`] says which a call takes):
+//!
+//! - **chunked** (`shaders/cuda/chunk_bwd_chain.cu`, `chunk_bwd_grad.cu`, see
+//!   [`super::chunk_bwd`]): tensor cores for f16/bf16 storage with K, V ≤ 128, operands in the
+//!   storage dtype, f32 accumulators;
+//! - **exact** (`shaders/cuda/backward.cu`): BPTT through the token recurrence in f32, for f32
+//!   storage (the exact-f32 mode) and the shapes the chunked path does not take.
+//!
+//! Both give every gradient and option of [`crate::reference::backward`] and share the
+//! finishing kernels (GVA sums with the l2norm chain rule, the sigmoid and gate-activation
+//! chain rules, dA_log and ddt_bias). A [`BackwardWorkspace`] holds everything the kernels need
+//! besides inputs and outputs, so [`backward_into`] only enqueues launches (no allocation, no
+//! host synchronisation). `GDN_CUDA_BACKWARD` (or [`Context::with_backward_path`]) forces a
+//! path.
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
+use super::chunk_bwd::ChunkedScratch;
+pub use super::chunk_bwd::ChunkedStage;
 use super::context::{Context, driver_error};
 use super::kernels::{BACKWARD, option_flags};
 use super::recurrent::{self, STORAGE_DTYPES, SeqBounds, to_i32};
@@ -17,6 +29,62 @@ use crate::tensor::{DType, HostTensor, TensorMeta};
 const BLOCK_V: usize = 32;
 /// Tokens per checkpoint segment (`CK` in backward.cu).
 const CHECKPOINT: usize = 64;
+
+/// Which backward a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum BackwardPath {
+    /// BPTT through the token recurrence, f32 arithmetic (backward.cu).
+    Exact,
+    /// The chunked tensor-core backward: MMA operands in the storage dtype, f32 accumulators.
+    Chunked,
+}
+
+impl BackwardPath {
+    /// The name `GDN_CUDA_BACKWARD` and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackwardPath::Exact => "exact",
+            BackwardPath::Chunked => "chunked",
+        }
+    }
+
+    /// `auto` (→ `None`), `exact` or `chunked`, case-insensitive; anything else is an
+    /// `Error::Value` naming `what`.
+    pub fn parse_override(what: &str, s: &str) -> Result<Option<BackwardPath>> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Ok(None),
+            "exact" => Ok(Some(BackwardPath::Exact)),
+            "chunked" => Ok(Some(BackwardPath::Chunked)),
+            _ => Err(Error::value(what, "auto, exact or chunked", s)),
+        }
+    }
+}
+
+/// The backward [`backward_into`] runs for `problem` with q, k, v stored as `dtype`: the
+/// chunked one for f16/bf16 with K, V ≤ 128 where the device's shared memory holds its passes,
+/// the exact one otherwise, unless the context forces one ([`Context::with_backward_path`],
+/// `GDN_CUDA_BACKWARD`). Forcing the chunked path where it cannot run is
+/// `Error::Unsupported`.
+pub fn backward_path(ctx: &Context, problem: &Problem, dtype: DType) -> Result<BackwardPath> {
+    let runs = super::chunk_bwd::chunked_backward_runs(ctx, problem, dtype)?;
+    match ctx.backward_path_override() {
+        Some(BackwardPath::Chunked) if !runs => Err(chunked_unsupported(problem, dtype)),
+        Some(path) => Ok(path),
+        None if runs => Ok(BackwardPath::Chunked),
+        None => Ok(BackwardPath::Exact),
+    }
+}
+
+fn chunked_unsupported(problem: &Problem, dtype: DType) -> Error {
+    Error::unsupported(
+        "chunked cuda backward",
+        format!(
+            "{dtype} storage with K = {}, V = {} on this device (f16/bf16 with K, V ≤ 128 \
+             where the shared memory fits; the exact backward runs the rest)",
+            problem.key_dim, problem.value_dim
+        ),
+    )
+}
 
 /// Mirrors `gdn::BackwardParams` in backward.cu.
 #[repr(C)]
@@ -36,19 +104,35 @@ struct BackwardParams {
 // SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernel takes by value.
 unsafe impl DeviceRepr for BackwardParams {}
 
-fn alloc_f32(ctx: &Context, name: &str, len: usize) -> Result<CudaSlice<f32>> {
+impl BackwardParams {
+    fn of(problem: &Problem, v_blocks: usize) -> Self {
+        let p = problem;
+        BackwardParams {
+            heads_qk: p.heads_qk as i32,
+            heads_v: p.heads_v as i32,
+            key_dim: p.key_dim as i32,
+            value_dim: p.value_dim as i32,
+            group: p.group() as i32,
+            flags: option_flags(p),
+            v_blocks: v_blocks as i32,
+            total_tokens: p.total_tokens() as i32,
+            scale: p.scale(),
+        }
+    }
+}
+
+pub(crate) fn alloc_f32(ctx: &Context, name: &str, len: usize) -> Result<CudaSlice<f32>> {
     // A zero-length allocation is refused by the driver; one spare element is never read.
     ctx.stream()
         .alloc_zeros::<f32>(len.max(1))
         .map_err(|e| driver_error(&format!("allocation of {name}"), e))
 }
 
-/// Scratch memory of the backward for one problem shape: sequence bounds, checkpoints (the
-/// state every 64 tokens), one 64-token replay buffer per (sequence, v-head, V-block), and the
-/// per-V-block partial sums of dq, dk, dβ, dg.
+/// Scratch memory of the exact backward: sequence bounds, checkpoints (the state every 64
+/// tokens), one 64-token replay buffer per (sequence, v-head, V-block), and the per-V-block
+/// partial sums of dq, dk, dβ, dg.
 #[derive(Debug)]
-pub struct BackwardWorkspace {
-    problem: Problem,
+struct ExactScratch {
     bounds: CudaSlice<i32>,
     ckpt_base: CudaSlice<i32>,
     ckpt: CudaSlice<f32>,
@@ -59,10 +143,9 @@ pub struct BackwardWorkspace {
     dg_part: CudaSlice<f32>,
 }
 
-impl BackwardWorkspace {
-    /// Allocate the workspace for `problem` (enqueued on the context's stream). Its size is
+impl ExactScratch {
     /// `4·HV·K·V·(Σ⌈len/64⌉ + 64·N) + 8·⌈V/32⌉·B·T·HV·(K + 1)` bytes.
-    pub fn new(ctx: &Context, problem: &Problem) -> Result<Self> {
+    fn new(ctx: &Context, problem: &Problem) -> Result<Self> {
         let p = problem;
         let seqs = p.sequences();
         let mut bounds = vec![0i32];
@@ -81,8 +164,7 @@ impl BackwardWorkspace {
         let vb = p.value_dim.div_ceil(BLOCK_V);
         let slice = p.key_dim * vb * BLOCK_V; // one block's state slice, V padded to whole blocks
         let per_token = vb * p.total_tokens() * p.heads_v;
-        Ok(BackwardWorkspace {
-            problem: p.clone(),
+        Ok(ExactScratch {
             bounds: up("sequence bounds", &bounds)?,
             ckpt_base: up("checkpoint offsets", &base)?,
             ckpt: alloc_f32(ctx, "checkpoints", checkpoints * p.heads_v * slice)?,
@@ -97,9 +179,95 @@ impl BackwardWorkspace {
             dg_part: alloc_f32(ctx, "dg partials", per_token)?,
         })
     }
+
+    fn bytes(&self) -> usize {
+        4 * (self.ckpt.len()
+            + self.seg.len()
+            + self.dq_part.len()
+            + self.dk_part.len()
+            + self.dbeta_part.len()
+            + self.dg_part.len())
+    }
 }
 
-fn check_tensor<T: TensorMeta>(name: &str, t: &T, shape: &[usize], dtype: DType) -> Result<()> {
+#[derive(Debug)]
+enum Scratch {
+    Exact(ExactScratch),
+    Chunked(Box<ChunkedScratch>),
+}
+
+/// Scratch memory of the backward for one problem shape and storage dtype, on the path it was
+/// made for: reused across calls, so that [`backward_into`] allocates nothing.
+#[derive(Debug)]
+pub struct BackwardWorkspace {
+    problem: Problem,
+    dtype: DType,
+    scratch: Scratch,
+}
+
+impl BackwardWorkspace {
+    /// Allocate the workspace for `problem` with q, k, v stored as `dtype` (enqueued on the
+    /// context's stream), for the path [`backward_path`] chooses.
+    pub fn new(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Self> {
+        let path = backward_path(ctx, problem, dtype)?;
+        Self::with_path(ctx, problem, dtype, path)
+    }
+
+    /// [`Self::new`] for `path` whatever the automatic choice (to compare the two); the chunked
+    /// path where it cannot run is `Error::Unsupported`.
+    pub fn with_path(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        path: BackwardPath,
+    ) -> Result<Self> {
+        let scratch = match path {
+            BackwardPath::Exact => Scratch::Exact(ExactScratch::new(ctx, problem)?),
+            BackwardPath::Chunked => {
+                if !super::chunk_bwd::chunked_backward_runs(ctx, problem, dtype)? {
+                    return Err(chunked_unsupported(problem, dtype));
+                }
+                Scratch::Chunked(Box::new(ChunkedScratch::new(ctx, problem, dtype)?))
+            }
+        };
+        Ok(BackwardWorkspace {
+            problem: problem.clone(),
+            dtype,
+            scratch,
+        })
+    }
+
+    /// The path this workspace runs.
+    pub fn path(&self) -> BackwardPath {
+        match self.scratch {
+            Scratch::Exact(_) => BackwardPath::Exact,
+            Scratch::Chunked(_) => BackwardPath::Chunked,
+        }
+    }
+
+    /// The chunked path's V-block of its sequential passes (`None` on the exact path).
+    pub fn value_block(&self) -> Option<usize> {
+        match &self.scratch {
+            Scratch::Exact(_) => None,
+            Scratch::Chunked(c) => Some(c.value_block()),
+        }
+    }
+
+    /// Bytes of device memory the workspace holds.
+    pub fn workspace_bytes(&self) -> usize {
+        match &self.scratch {
+            Scratch::Exact(e) => e.bytes(),
+            Scratch::Chunked(c) => c.bytes(),
+        }
+    }
+}
+
+pub(crate) fn check_tensor<T: TensorMeta>(
+    name: &str,
+    t: &T,
+    shape: &[usize],
+    dtype: DType,
+) -> Result<()> {
     if t.shape() != shape {
         return Err(Error::shape(name, shape, t.shape()));
     }
@@ -124,10 +292,11 @@ fn present(name: &str, want: bool, got: bool, why: &str) -> Result<()> {
     }
 }
 
-/// Enqueue the backward of `L = Σ o ⊙ d_o + Σ final_state ⊙ dht` into `grads`: three
-/// launches, no allocation, no host synchronisation. `d_o` is `[B,T,HV,V]` in the dtype of v,
-/// `dht` (optional) the state shape in f32. `grads.dh0` must be present exactly when the
-/// inputs have an initial state, `da_log` / `ddt_bias` exactly with `gate_in_kernel`.
+/// Enqueue the backward of `L = Σ o ⊙ d_o + Σ final_state ⊙ dht` into `grads` on the
+/// workspace's path: no allocation, no host synchronisation. `d_o` is `[B,T,HV,V]` in the
+/// dtype of v, `dht` (optional) the state shape in f32. `grads.dh0` must be present exactly
+/// when the inputs have an initial state, `da_log` / `ddt_bias` exactly with
+/// `gate_in_kernel`.
 pub fn backward_into(
     ctx: &Context,
     problem: &Problem,
@@ -139,14 +308,14 @@ pub fn backward_into(
 ) -> Result<()> {
     let p = problem;
     p.check_inputs(inputs, &STORAGE_DTYPES)?;
-    if workspace.problem != *p {
+    let dtype = inputs.q.dtype();
+    if workspace.problem != *p || workspace.dtype != dtype {
         return Err(Error::value(
             "backward workspace",
-            "one made for this problem",
-            format!("{:?}", workspace.problem),
+            format!("one made for this problem with {dtype} storage"),
+            format!("{:?} with {}", workspace.problem, workspace.dtype),
         ));
     }
-    let dtype = inputs.q.dtype();
     let f32_ = DType::F32;
     check_tensor("do", d_o, &p.v_shape(), inputs.v.dtype())?;
     if let Some(t) = dht {
@@ -169,7 +338,7 @@ pub fn backward_into(
             check_tensor(name, t, &[p.heads_v], f32_)?;
         }
     }
-    let tokens = to_i32("tokens (B·T)", p.total_tokens())?;
+    to_i32("tokens (B·T)", p.total_tokens())?;
     for (name, x) in [
         ("heads_v (HV)", p.heads_v),
         ("sequences (N)", p.num_sequences()),
@@ -182,26 +351,66 @@ pub fn backward_into(
             ));
         }
     }
-    let v_blocks = p.value_dim.div_ceil(BLOCK_V);
-    let params = BackwardParams {
-        heads_qk: p.heads_qk as i32,
-        heads_v: p.heads_v as i32,
-        key_dim: p.key_dim as i32,
-        value_dim: p.value_dim as i32,
-        group: p.group() as i32,
-        flags: option_flags(p),
-        v_blocks: v_blocks as i32,
-        total_tokens: tokens,
-        scale: p.scale(),
-    };
-    let suffix = match dtype {
+    match &workspace.scratch {
+        Scratch::Exact(ws) => record_exact(ctx, p, ws, inputs, d_o, dht, grads),
+        Scratch::Chunked(ws) => ws.record(ctx, p, inputs, d_o, dht, grads, ChunkedStage::All),
+    }
+}
+
+/// [`backward_into`] on a chunked workspace stopped after `until` (the gradients are then
+/// incomplete): for timing the passes apart. An exact workspace is `Error::Value`.
+#[allow(clippy::too_many_arguments)]
+pub fn backward_stages_into(
+    ctx: &Context,
+    problem: &Problem,
+    workspace: &BackwardWorkspace,
+    inputs: &ForwardInputs<&CudaTensor>,
+    d_o: &CudaTensor,
+    dht: Option<&CudaTensor>,
+    grads: &Gradients<&CudaTensor>,
+    until: ChunkedStage,
+) -> Result<()> {
+    match &workspace.scratch {
+        Scratch::Chunked(ws) if workspace.problem == *problem => {
+            ws.record(ctx, problem, inputs, d_o, dht, grads, until)
+        }
+        _ => Err(Error::value(
+            "backward workspace",
+            "a chunked one made for this problem",
+            format!(
+                "{:?} on the {} path",
+                workspace.problem,
+                workspace.path().name()
+            ),
+        )),
+    }
+}
+
+/// The storage dtype's kernel-name suffix.
+pub(crate) fn dtype_suffix(dtype: DType) -> &'static str {
+    match dtype {
         DType::F32 => "f32",
         DType::F16 => "f16",
         DType::BF16 => "bf16",
-    };
+    }
+}
+
+/// The exact path: the BPTT kernel, then the finishing kernels.
+fn record_exact(
+    ctx: &Context,
+    problem: &Problem,
+    ws: &ExactScratch,
+    inputs: &ForwardInputs<&CudaTensor>,
+    d_o: &CudaTensor,
+    dht: Option<&CudaTensor>,
+    grads: &Gradients<&CudaTensor>,
+) -> Result<()> {
+    let p = problem;
+    let v_blocks = p.value_dim.div_ceil(BLOCK_V);
+    let params = BackwardParams::of(p, v_blocks);
+    let suffix = dtype_suffix(inputs.q.dtype());
     let stream = ctx.stream();
     let null: u64 = 0;
-    let ws = workspace;
 
     // 1. The recurrent BPTT kernel.
     let name = format!("gdn_bwd_recurrent_{suffix}");
@@ -243,12 +452,42 @@ pub fn backward_into(
         block_dim: (128, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: the arguments match GDN_BWD in backward.cu; every tensor was checked above to
-    // have the shape and dtype the kernel indexes with, the workspace was made for `problem`.
+    // SAFETY: the arguments match GDN_BWD in backward.cu; every tensor was checked by
+    // backward_into to have the shape and dtype the kernel indexes with, the workspace was
+    // made for `problem`.
     unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
 
-    // 2. dq, dk: V-block and GVA sums, l2norm chain rule (no tokens: nothing to write, and a
-    // grid of zero blocks is refused).
+    launch_finish(
+        ctx,
+        p,
+        v_blocks,
+        inputs,
+        [&ws.dq_part, &ws.dk_part, &ws.dbeta_part, &ws.dg_part],
+        grads,
+    )
+}
+
+/// The finishing kernels of either path: dq, dk from their f32 partials (`v_blocks` per
+/// token and v-head: summed over them and the GVA group, then the l2norm chain rule), and
+/// dβ, dg, dA_log, ddt_bias from theirs (`parts` = dq, dk, dβ, dg partials).
+pub(crate) fn launch_finish(
+    ctx: &Context,
+    problem: &Problem,
+    v_blocks: usize,
+    inputs: &ForwardInputs<&CudaTensor>,
+    parts: [&CudaSlice<f32>; 4],
+    grads: &Gradients<&CudaTensor>,
+) -> Result<()> {
+    let p = problem;
+    let params = BackwardParams::of(p, v_blocks);
+    let suffix = dtype_suffix(inputs.q.dtype());
+    let stream = ctx.stream();
+    let null: u64 = 0;
+    let [dq_part, dk_part, dbeta_part, dg_part] = parts;
+    let tokens = p.total_tokens();
+
+    // dq, dk: V-block and GVA sums, l2norm chain rule (no tokens: nothing to write, and a grid
+    // of zero blocks is refused).
     let name = format!("gdn_bwd_qk_finish_{suffix}");
     let func = ctx.function(&BACKWARD, &name)?;
     let mut launch = stream.launch_builder(&func);
@@ -256,8 +495,8 @@ pub fn backward_into(
         .arg(&params)
         .arg(inputs.q.buffer())
         .arg(inputs.k.buffer())
-        .arg(&ws.dq_part)
-        .arg(&ws.dk_part)
+        .arg(dq_part)
+        .arg(dk_part)
         .arg(grads.dq.buffer())
         .arg(grads.dk.buffer());
     let cfg = LaunchConfig {
@@ -266,11 +505,12 @@ pub fn backward_into(
         shared_mem_bytes: 0,
     };
     if tokens > 0 {
-        // SAFETY: as above (gdn_bwd_qk_finish_* in backward.cu).
+        // SAFETY: gdn_bwd_qk_finish_* in backward.cu; the partials hold v_blocks·B·T·HV·K
+        // floats, q, k, dq, dk were checked against the problem.
         unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     }
 
-    // 3. dβ, dg, dA_log, ddt_bias.
+    // dβ, dg, dA_log, ddt_bias.
     let name = "gdn_bwd_gate_finish";
     let func = ctx.function(&BACKWARD, name)?;
     let mut launch = stream.launch_builder(&func);
@@ -285,8 +525,8 @@ pub fn backward_into(
         };
     }
     launch
-        .arg(&ws.dbeta_part)
-        .arg(&ws.dg_part)
+        .arg(dbeta_part)
+        .arg(dg_part)
         .arg(grads.dg.buffer())
         .arg(grads.dbeta.buffer());
     for t in [grads.da_log, grads.ddt_bias] {
@@ -300,7 +540,7 @@ pub fn backward_into(
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: as above (gdn_bwd_gate_finish in backward.cu).
+    // SAFETY: gdn_bwd_gate_finish in backward.cu; the partials hold v_blocks·B·T·HV floats.
     unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
 }
@@ -378,7 +618,7 @@ pub fn forward_backward_host(
             final_state: &state,
         },
     )?;
-    let ws = BackwardWorkspace::new(ctx, problem)?;
+    let ws = BackwardWorkspace::new(ctx, problem, inputs.q.dtype)?;
     let grads = alloc_gradients(ctx, problem, &dev, 0.0)?;
     backward_into(
         ctx,

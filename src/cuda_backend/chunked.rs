@@ -78,18 +78,36 @@ pub enum ForwardPath {
     Chunked,
 }
 
-/// Mirrors `gdn::chunked::ChunkParams` in chunked.cu.
+/// Mirrors `gdn::chunked::ChunkParams` in chunk.cuh (the chunked backward's kernels take it
+/// too).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]
-struct ChunkParams {
-    heads_qk: i32,
-    heads_v: i32,
-    key_dim: i32,
-    value_dim: i32,
-    group: i32,
-    flags: i32,
-    num_chunks: i32,
-    scale: f32,
+pub(crate) struct ChunkParams {
+    pub(crate) heads_qk: i32,
+    pub(crate) heads_v: i32,
+    pub(crate) key_dim: i32,
+    pub(crate) value_dim: i32,
+    pub(crate) group: i32,
+    pub(crate) flags: i32,
+    pub(crate) num_chunks: i32,
+    pub(crate) scale: f32,
+}
+
+impl ChunkParams {
+    /// The parameters of `problem` with its option bits and `num_chunks` chunks.
+    pub(crate) fn of(problem: &Problem, num_chunks: usize) -> Self {
+        let p = problem;
+        ChunkParams {
+            heads_qk: p.heads_qk as i32,
+            heads_v: p.heads_v as i32,
+            key_dim: p.key_dim as i32,
+            value_dim: p.value_dim as i32,
+            group: p.group() as i32,
+            flags: option_flags(p),
+            num_chunks: num_chunks as i32,
+            scale: p.scale(),
+        }
+    }
 }
 
 // SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernels take by value.
@@ -101,8 +119,8 @@ const LDK: usize = MAX_CHUNKED_KEY_DIM + 8;
 const LDC: usize = CHUNK + 8;
 const LDO: usize = 16 + 8;
 
-/// Pass 1's shared memory (chunked.cu PREP_TILE): k (then block sums), q (then T), L, gates.
-fn prep_smem() -> usize {
+/// Pass 1's shared memory (chunk.cuh PREP_TILE): k (then block sums), q (then T), L, gates.
+pub(crate) fn prep_smem() -> usize {
     3 * 2 * CHUNK * LDK + 2 * CHUNK * 4
 }
 
@@ -118,7 +136,7 @@ fn fwd_smem(bv: usize, local: bool) -> usize {
     }
 }
 
-fn max_shared_optin(ctx: &Context) -> Result<usize> {
+pub(crate) fn max_shared_optin(ctx: &Context) -> Result<usize> {
     let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
     ctx.cuda_context()
         .attribute(attr)
@@ -166,15 +184,15 @@ fn alloc(ctx: &Context, name: &str, bytes: usize) -> Result<CudaSlice<u8>> {
 }
 
 /// The device's numbers the plan's choices depend on.
-struct DeviceLimits {
+pub(crate) struct DeviceLimits {
     /// Shared memory one block may opt in to.
-    smem_per_block: usize,
-    smem_per_sm: usize,
-    sms: usize,
+    pub(crate) smem_per_block: usize,
+    pub(crate) smem_per_sm: usize,
+    pub(crate) sms: usize,
 }
 
 impl DeviceLimits {
-    fn of(ctx: &Context) -> Result<Self> {
+    pub(crate) fn of(ctx: &Context) -> Result<Self> {
         use sys::CUdevice_attribute as A;
         Ok(DeviceLimits {
             smem_per_block: max_shared_optin(ctx)?,
@@ -193,7 +211,7 @@ impl DeviceLimits {
     }
 
     /// Blocks of `smem` bytes resident on the whole device at once (at least one per SM).
-    fn resident(&self, smem: usize) -> usize {
+    pub(crate) fn resident(&self, smem: usize) -> usize {
         self.sms * (self.smem_per_sm / (smem + 1024)).max(1)
     }
 }
@@ -517,15 +535,10 @@ pub fn launch_chunked_passes(
     if let Some(h) = inputs.initial_state {
         check_tensor("initial_state", h, &p.state_shape(), DType::F32)?;
     }
+    let params = ChunkParams::of(p, plan.num_chunks);
     let params = ChunkParams {
-        heads_qk: p.heads_qk as i32,
-        heads_v: p.heads_v as i32,
-        key_dim: p.key_dim as i32,
-        value_dim: p.value_dim as i32,
-        group: p.group() as i32,
-        flags: option_flags(p) | if plan.split_state { SPLIT_STATE } else { 0 },
-        num_chunks: plan.num_chunks as i32,
-        scale: p.scale(),
+        flags: params.flags | if plan.split_state { SPLIT_STATE } else { 0 },
+        ..params
     };
     let suffix = match dtype {
         DType::F16 => "f16",
@@ -541,27 +554,7 @@ pub fn launch_chunked_passes(
     // l2norm: q̂, k̂ replace q, k for both passes.
     let (q, k) = match &plan.normalized {
         Some((qn, kn)) => {
-            let name = format!("gdn_l2norm_{suffix}");
-            let func = ctx.function(&CHUNKED, &name)?;
-            let rows = p.total_tokens() * p.heads_qk;
-            if rows > 0 {
-                let cfg = LaunchConfig {
-                    grid_dim: (rows.div_ceil(4) as u32, 2, 1),
-                    block_dim: (THREADS, 1, 1),
-                    shared_mem_bytes: 0,
-                };
-                let (rows, key_dim) = (rows as i32, p.key_dim as i32);
-                let mut l = stream.launch_builder(&func);
-                l.arg(&rows)
-                    .arg(&key_dim)
-                    .arg(inputs.q.buffer())
-                    .arg(inputs.k.buffer())
-                    .arg(qn)
-                    .arg(kn);
-                // SAFETY: matches gdn_l2norm_* in chunked.cu; q, k and q̂, k̂ hold rows·K
-                // elements of the storage dtype.
-                unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
-            }
+            launch_l2norm(ctx, p, inputs, qn, kn)?;
             (qn, kn)
         }
         None => (inputs.q.buffer(), inputs.k.buffer()),
@@ -654,4 +647,44 @@ pub fn launch_chunked_passes(
         launch_chunk_combine(ctx, p, &plan.seq_units, inputs.initial_state, end, start)?;
     }
     sequential(false)
+}
+
+/// Enqueue the in-kernel l2norm (`gdn_l2norm_*` in chunked.cu): q̂, k̂ rounded to the storage
+/// dtype of q and k into `qn`, `kn` (each `B·T·H·K` elements of that dtype).
+pub(crate) fn launch_l2norm(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&CudaTensor>,
+    qn: &CudaSlice<u8>,
+    kn: &CudaSlice<u8>,
+) -> Result<()> {
+    let p = problem;
+    let suffix = match inputs.q.dtype() {
+        DType::F16 => "f16",
+        DType::BF16 => "bf16",
+        DType::F32 => return Err(Error::unsupported("chunked l2norm", "f32 storage")),
+    };
+    let rows = p.total_tokens() * p.heads_qk;
+    if rows == 0 {
+        return Ok(());
+    }
+    let name = format!("gdn_l2norm_{suffix}");
+    let func = ctx.function(&CHUNKED, &name)?;
+    let cfg = LaunchConfig {
+        grid_dim: (rows.div_ceil(4) as u32, 2, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let (rows, key_dim) = (rows as i32, p.key_dim as i32);
+    let mut l = ctx.stream().launch_builder(&func);
+    l.arg(&rows)
+        .arg(&key_dim)
+        .arg(inputs.q.buffer())
+        .arg(inputs.k.buffer())
+        .arg(qn)
+        .arg(kn);
+    // SAFETY: matches gdn_l2norm_* in chunked.cu; q, k (checked against the problem by the
+    // callers) and q̂, k̂ hold rows·K elements of the storage dtype.
+    unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
+    Ok(())
 }

@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, sys};
 
+use super::backward::BackwardPath;
 use super::kernels::Source;
 use super::nvrtc::{self, Target};
 use crate::error::{Error, Result};
@@ -26,6 +27,8 @@ pub struct Context {
     /// Dynamic shared memory each kernel was opted into so far (set once, not per launch).
     smem_opt_in: Mutex<HashMap<String, usize>>,
     borrowed_stream: bool,
+    /// The backward's path when forced (`GDN_CUDA_BACKWARD`, [`Context::with_backward_path`]).
+    backward_path: Option<BackwardPath>,
 }
 
 impl std::fmt::Debug for Context {
@@ -192,6 +195,10 @@ impl Context {
         .map_err(|_| missing_driver())?;
         let (ctx, stream, name, capability) = made?;
         let target = Target::for_capability(capability.0, capability.1)?;
+        let backward_path = match std::env::var("GDN_CUDA_BACKWARD") {
+            Ok(s) if !s.is_empty() => BackwardPath::parse_override("GDN_CUDA_BACKWARD", &s)?,
+            _ => None,
+        };
         Ok(Context {
             ctx,
             stream,
@@ -203,7 +210,20 @@ impl Context {
             modules: Mutex::new(HashMap::new()),
             smem_opt_in: Mutex::new(HashMap::new()),
             borrowed_stream: borrowed.is_some(),
+            backward_path,
         })
+    }
+
+    /// The same context with the backward's path forced (`None`: chosen per call by
+    /// [`crate::cuda_backend::backward::backward_path`]); overrides `GDN_CUDA_BACKWARD`.
+    pub fn with_backward_path(mut self, path: Option<BackwardPath>) -> Self {
+        self.backward_path = path;
+        self
+    }
+
+    /// The forced backward path, if any.
+    pub fn backward_path_override(&self) -> Option<BackwardPath> {
+        self.backward_path
     }
 
     /// The same context with the kernel cache in `dir` (`None`: compile every time).

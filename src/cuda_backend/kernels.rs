@@ -1,10 +1,31 @@
 //! The CUDA sources (`shaders/cuda/*.cu`, one file per pass) built into the crate, each
-//! compiled after the shared prelude `shaders/cuda/common.cuh`.
+//! compiled after the shared prelude `shaders/cuda/common.cuh` and the headers it names
+//! (`shaders/cuda/*.cuh`, e.g. `chunk.cuh`, shared by the chunked forward and backward).
 
 use crate::problem::Problem;
 
 /// The prelude every pass is compiled after (dtype conversions, activations, option bits).
 pub const PRELUDE: &str = include_str!("../../shaders/cuda/common.cuh");
+
+/// A header shared by several passes (`shaders/cuda/*.cuh`, besides the prelude).
+#[derive(Debug, Clone, Copy)]
+pub struct Header {
+    /// File name under `shaders/cuda/`.
+    pub file: &'static str,
+    /// The CUDA C++ text.
+    pub text: &'static str,
+}
+
+/// What the chunked forward and backward share: tensor-core tile helpers, chunk constants,
+/// the per-chunk prep pass.
+pub const CHUNK_HEADER: Header = Header {
+    file: "chunk.cuh",
+    text: include_str!("../../shaders/cuda/chunk.cuh"),
+};
+
+/// Every header besides the prelude; the `cuda` test checks that this lists every
+/// `shaders/cuda/*.cuh` but `common.cuh`.
+pub const HEADERS: &[Header] = &[CHUNK_HEADER];
 
 /// One pass: its file name under `shaders/cuda/` and its source.
 #[derive(Debug, Clone, Copy)]
@@ -13,13 +34,20 @@ pub struct Source {
     pub file: &'static str,
     /// The CUDA C++ text, without the prelude.
     pub text: &'static str,
+    /// Headers compiled between the prelude and the pass, in order.
+    pub headers: &'static [Header],
 }
 
 impl Source {
-    /// What NVRTC compiles: the prelude, then the pass (a `#line` keeps diagnostics on the
-    /// pass's own line numbers).
+    /// What NVRTC compiles: the prelude, the headers, then the pass (`#line`s keep
+    /// diagnostics on each file's own line numbers).
     pub fn full_text(&self) -> String {
-        format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.file, self.text)
+        let mut text = format!("{PRELUDE}\n");
+        for h in self.headers {
+            text.push_str(&format!("#line 1 \"{}\"\n{}\n", h.file, h.text));
+        }
+        text.push_str(&format!("#line 1 \"{}\"\n{}", self.file, self.text));
+        text
     }
 }
 
@@ -27,34 +55,62 @@ impl Source {
 pub const RECURRENT: Source = Source {
     file: "recurrent.cu",
     text: include_str!("../../shaders/cuda/recurrent.cu"),
+    headers: &[],
 };
 
 /// The chunked tensor-core forward (l2norm, per-chunk prep, sequential state pass).
 pub const CHUNKED: Source = Source {
     file: "chunked.cu",
     text: include_str!("../../shaders/cuda/chunked.cu"),
+    headers: &[CHUNK_HEADER],
 };
 
 /// Sequence parallelism's combine step: each segment's start state from E and M.
 pub const CHUNK_COMBINE: Source = Source {
     file: "chunk_combine.cu",
     text: include_str!("../../shaders/cuda/chunk_combine.cu"),
+    headers: &[],
 };
 
 /// The exact backward: BPTT kernel, dq/dk and gate finishing kernels.
 pub const BACKWARD: Source = Source {
     file: "backward.cu",
     text: include_str!("../../shaders/cuda/backward.cu"),
+    headers: &[],
+};
+
+/// The chunked backward's sequential passes: chunk start states and end-state gradients.
+pub const CHUNK_BWD_CHAIN: Source = Source {
+    file: "chunk_bwd_chain.cu",
+    text: include_str!("../../shaders/cuda/chunk_bwd_chain.cu"),
+    headers: &[CHUNK_HEADER],
+};
+
+/// The chunked backward's parallel passes: prep, the gradients inside each chunk and through
+/// its states.
+pub const CHUNK_BWD_GRAD: Source = Source {
+    file: "chunk_bwd_grad.cu",
+    text: include_str!("../../shaders/cuda/chunk_bwd_grad.cu"),
+    headers: &[CHUNK_HEADER],
 };
 
 /// The decode kernel: a window of tokens per sequence over an in-place state pool.
 pub const DECODE: Source = Source {
     file: "decode.cu",
     text: include_str!("../../shaders/cuda/decode.cu"),
+    headers: &[],
 };
 
 /// Every pass; the `cuda` test checks that this lists every `shaders/cuda/*.cu`.
-pub const SOURCES: &[Source] = &[RECURRENT, CHUNKED, CHUNK_COMBINE, BACKWARD, DECODE];
+pub const SOURCES: &[Source] = &[
+    RECURRENT,
+    CHUNKED,
+    CHUNK_COMBINE,
+    BACKWARD,
+    CHUNK_BWD_CHAIN,
+    CHUNK_BWD_GRAD,
+    DECODE,
+];
 
 // Option bits of `RecurrentParams::flags` and friends, as in common.cuh.
 const L2NORM_QK: i32 = 1;

@@ -9,8 +9,9 @@
 //! storage dtype, f32 arithmetic), the chunked tensor-core forward for f16/bf16 storage with
 //! K ≤ 128 ([`forward_path`] says which one a forward call runs; exact sequence parallelism
 //! for few heads, [`Segments`]), the decode kernel
-//! ([`decode`]: every decode step, bandwidth-bound) and the exact BPTT backward ([`backward`],
-//! every gradient, f32 arithmetic).
+//! ([`decode`]: every decode step, bandwidth-bound) and the backward ([`backward`], every
+//! gradient): chunked on tensor cores for f16/bf16 with K, V ≤ 128, the exact BPTT in f32
+//! otherwise ([`backward_path`] says which).
 //!
 //! Interop (PyTorch, JAX, CUDA graphs): [`Context::from_raw_stream`] launches on a caller's
 //! stream, [`CudaTensor::from_raw`] wraps caller-owned device memory without a copy; with a
@@ -28,6 +29,9 @@
 
 mod backend;
 pub mod backward;
+mod chunk_bwd;
+mod chunk_bwd_chain;
+mod chunk_bwd_grad;
 mod chunk_combine;
 pub mod chunked;
 mod context;
@@ -37,6 +41,9 @@ pub mod nvrtc;
 pub mod recurrent;
 mod tensor;
 
+pub use backward::{BackwardPath, BackwardWorkspace, backward_path};
+pub use chunk_bwd_chain::CHAIN_VALUE_BLOCKS;
+pub use chunk_bwd_grad::MAX_CHUNKED_BWD_VALUE_DIM;
 pub use chunked::{
     ChunkPlan, ChunkedPasses, ForwardPath, PlanOptions, Segments, forward_path, launch_chunked,
     launch_chunked_passes,

@@ -265,7 +265,8 @@ pub fn fail_on(failures: Vec<String>) {
     );
 }
 
-/// Compare every gradient with the oracle within the policy's tolerance; the failures.
+/// Compare every gradient with the oracle within the policy's tolerance for a backward with
+/// f32 arithmetic; the failures.
 pub fn check_gradients(
     what: &str,
     case: &HardCase,
@@ -273,8 +274,22 @@ pub fn check_gradients(
     got: &gdn_wgpu::Gradients<HostTensor>,
     expected: &reference::Gradients,
 ) -> Vec<String> {
+    check_gradients_with(what, case, dtype, Arithmetic::F32, got, expected)
+}
+
+/// [`check_gradients`] for a backward computed with `arithmetic`.
+pub fn check_gradients_with(
+    what: &str,
+    case: &HardCase,
+    dtype: DType,
+    arithmetic: Arithmetic,
+    got: &gdn_wgpu::Gradients<HostTensor>,
+    expected: &reference::Gradients,
+) -> Vec<String> {
     let p = &case.problem;
-    let tol = Case::new(Op::Backward, dtype).with_l2norm(p.options.l2norm_qk);
+    let tol = Case::new(Op::Backward, dtype)
+        .with_arithmetic(arithmetic)
+        .with_l2norm(p.options.l2norm_qk);
     let mut pairs: Vec<(&str, &HostTensor, &[f64], Quantity, DType)> = vec![
         ("dq", &got.dq, &expected.dq, Quantity::GradQkv, dtype),
         ("dk", &got.dk, &expected.dk, Quantity::GradQkv, dtype),
@@ -311,7 +326,7 @@ pub fn check_gradients(
             )),
         }
     }
-    let mut line = format!("{what} [{}] {dtype}:", case.name);
+    let mut line = format!("{what} [{}] {dtype} {arithmetic:?}:", case.name);
     for (name, g, e, quantity, want_dtype) in pairs {
         let err = relative_l2(&g.data, e);
         let t = tol.tolerance(quantity);

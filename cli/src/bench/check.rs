@@ -272,8 +272,9 @@ pub fn check_backward_on(
     let expected = reference::backward_heads(p, &inputs.as_ref(), &d_o, Some(&dht), &heads)?;
     let (_, grads) = backend.forward_backward(p, &inputs.as_ref(), &d_o, Some(&dht))?;
     let (h, hv, kd, vd) = (p.heads_qk, p.heads_v, p.key_dim, p.value_dim);
-    // The policy's backward bounds hold for f32 arithmetic, the only one the backward has.
-    let tol = |q| bound(Op::Backward, Arithmetic::F32, p, dtype, q);
+    // The policy's bounds for the arithmetic the backend's backward uses on this problem.
+    let arithmetic = backend.arithmetic(tolerance::Op::Backward, p, dtype);
+    let tol = |q| bound(Op::Backward, arithmetic, p, dtype, q);
     let c = |name: &str, got: Vec<f32>, want: Vec<f64>, q: Quantity| Compared {
         name: name.into(),
         got,

@@ -13,7 +13,8 @@ use cudarc::driver::{CudaContext, CudaStream, sys};
 use gdn_wgpu::ForwardOutputs;
 use gdn_wgpu::cuda_backend::{
     self, ChunkPlan, ChunkedPasses, Context, CudaTensor, ForwardPath, PlanOptions, Segments,
-    SeqBounds, backward::BackwardWorkspace,
+    SeqBounds,
+    backward::{BackwardPath, BackwardWorkspace, ChunkedStage},
 };
 use gdn_wgpu::error::{Error, Result};
 use gdn_wgpu::tensor::DType;
@@ -155,12 +156,58 @@ fn time_on(
             Box::new(move || cuda_backend::decode_into(ctx, p, &seq, &inputs, &o, &pool, 1))
         }
         Op::Backward => {
-            variant = "cuda exact backward (BPTT, checkpoints every 64 tokens)".into();
-            let workspace = BackwardWorkspace::new(ctx, p)?;
+            let workspace = BackwardWorkspace::new(ctx, p, host.dtype)?;
+            variant = match workspace.path() {
+                BackwardPath::Exact => {
+                    "cuda exact backward (BPTT, checkpoints every 64 tokens)".into()
+                }
+                BackwardPath::Chunked => format!(
+                    "cuda chunked tensor-core backward, V-block {}",
+                    workspace.value_block().unwrap_or(0)
+                ),
+            };
             let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0).with_dtype(host.dtype);
             let d_o = CudaTensor::upload(ctx, "do", &d_o)?;
             let dht = CudaTensor::upload(ctx, "dht", &normal(&p.state_shape(), 0.5, seed ^ 0xd7))?;
             let grads = cuda_backend::backward::alloc_gradients(ctx, p, &inputs, 0.0)?;
+            if workspace.path() == BackwardPath::Chunked && graph_stream.is_none() {
+                // The passes apart: each stage's time is the difference of the prefixes.
+                let g = cuda_backend::backward::gradients_ref(&grads);
+                let mut prefix = Vec::new();
+                for stage in [
+                    ChunkedStage::Prep,
+                    ChunkedStage::States,
+                    ChunkedStage::Chains,
+                    ChunkedStage::Intra,
+                    ChunkedStage::StateGrad,
+                    ChunkedStage::All,
+                ] {
+                    let run = || {
+                        cuda_backend::backward::backward_stages_into(
+                            ctx,
+                            p,
+                            &workspace,
+                            &inputs,
+                            &d_o,
+                            Some(&dht),
+                            &g,
+                            stage,
+                        )
+                    };
+                    run()?;
+                    prefix.push(event_median(ctx, reps.min(5), &run)?);
+                }
+                let names = ["prep", "states", "dh", "intra", "state_grad", "finish"];
+                let mut parts = Vec::new();
+                for (i, name) in names.iter().enumerate() {
+                    let before = if i == 0 { 0.0 } else { prefix[i - 1] };
+                    parts.push(format!("{name} {:.4}", prefix[i] - before));
+                }
+                variant = format!(
+                    "{variant}; passes ms (prefix differences): {}",
+                    parts.join(", ")
+                );
+            }
             Box::new(move || {
                 let grads = cuda_backend::backward::gradients_ref(&grads);
                 cuda_backend::backward::backward_into(

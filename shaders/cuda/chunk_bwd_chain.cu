@@ -1,0 +1,501 @@
+// The chunked backward's two sequential passes (C = 64, f16/bf16 storage, K ≤ 128, V ≤ 128),
+// one block per (V-block, v-head, sequence), a warp per 16 columns, the f32 state or state
+// gradient in registers in the transposed orientation, as the forward's sequential pass
+// (chunked.cu) keeps its state. Both read the backward prep's workspace (chunk.cuh prep with
+// BWD: the decays, T·diag(β), P); they do not depend on each other.
+//
+//   gdn_chunk_bwd_states{32,64,128}_*   forward over the chunks, the forward's recurrence
+//       X = V − diag(γ)·K·S,  v' = T·diag(β)·X,  S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v'),
+//       storing per chunk its start state S (rounded), X and v' (rounded, the operands the
+//       forward multiplied with), all transposed: Sᵀ as V × K, Xᵀ and v'ᵀ as V × C.
+//   gdn_chunk_bwd_dh{32,64,128}_*       backward over the chunks from dht (or 0), per chunk with
+//       dS' the gradient of its end state:
+//         dv' = Pᵀ·dO + diag(γ_C/γ)·K·dS'        (v' feeds o through P and the next state)
+//         dX  = (T·diag(β))ᵀ·dv'                 (= dv: X = V − …)
+//         dS  = γ_C·dS' + scale·Qᵀ·diag(γ)·dO − Kᵀ·diag(γ)·dX
+//       storing dS' (rounded, transposed V × K) and dv' (rounded, V × C) per chunk, writing dv
+//       and, at the sequence start, dh0 (f32).
+// The per-chunk gradient passes (chunk_bwd_grad.cu) then run over all chunks at once.
+//
+// Why: the dh recurrence needs no forward state (only P, T·diag(β), the decays, q, k, dO), so
+// the two chains are independent; everything else of the backward is parallel over chunks.
+// The stores are what the parallel passes cannot cheaply recompute (S, dS') or what the
+// chains already hold as MMA operands (X, v', dv'), rounded exactly as multiplied.
+
+namespace gdn {
+namespace chunked {
+
+constexpr int LDO = 16 + 8;  // a warp's C × 16 staging tile of dv
+
+// Pass-wide layout of one stage (byte offsets), as the forward's FwdLayout: k, the V-block of v
+// (states) or of dO (dh), T·diag(β), the decays (γ, γ_C/γ), then q and P (dh only). After both
+// stages, the dh pass's dv staging tiles. Mirrored by chain_smem in chunk_bwd_chain.rs.
+template <int BV> struct ChainLayout {
+    static constexpr int LDV = BV + 8;
+    static constexpr int K_OFF = 0;
+    static constexpr int V_OFF = K_OFF + 2 * C * LDK;
+    static constexpr int A_OFF = V_OFF + 2 * C * LDV;
+    static constexpr int F_OFF = A_OFF + 2 * C * LDC;
+    static constexpr int Q_OFF = F_OFF + 4 * 2 * C;
+    static constexpr int P_OFF = Q_OFF + 2 * C * LDK;
+    static constexpr int STATES_STAGE = Q_OFF;
+    static constexpr int DH_STAGE = P_OFF + 2 * C * LDC;
+    static constexpr int WARPS = BV / 16;
+    static constexpr int THREADS = 32 * WARPS;
+};
+
+// Transposed accumulators (16 columns × 16·n rows, row 8j + 2t + (e & 1) of column g + 8(e >> 1))
+// to a row-major 16-bit matrix whose rows are the columns: pairs of rows are adjacent.
+template <typename T, int N8>
+__device__ __forceinline__ void store_transposed(T* dst, size_t ld, const float (&acc)[N8][4]) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < N8; ++j) {
+        const int r = 8 * j + 2 * t;
+        *reinterpret_cast<unsigned*>(dst + (size_t)g * ld + r) = pack2<T>(acc[j][0], acc[j][1]);
+        *reinterpret_cast<unsigned*>(dst + (size_t)(g + 8) * ld + r) = pack2<T>(acc[j][2], acc[j][3]);
+    }
+}
+
+// Accumulators acc (16 columns × C tokens) as A operands over the tokens, each token's value
+// scaled by f[token] (f = nullptr: unscaled) and by `sign`.
+template <typename T>
+__device__ __forceinline__ void pack_tokens(unsigned (&a)[C / 16][4], const float (&acc)[C / 8][4],
+                                            const float* f, float sign) {
+    const int t = threadIdx.x & 3;
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+        const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
+        const float f0 = f != nullptr ? sign * f[i] : sign, f1 = f != nullptr ? sign * f[i + 1] : sign;
+        a[kb][half] = pack2<T>(acc[j][0] * f0, acc[j][1] * f1);
+        a[kb][half + 1] = pack2<T>(acc[j][2] * f0, acc[j][3] * f1);
+    }
+}
+
+__device__ __forceinline__ void zero_acc(float (&acc)[C / 8][4]) {
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][e] = 0.0f;
+    }
+}
+
+// acc (16 × C) += Sᵀ·Bᵀ over K in 16-row blocks: the state accumulators rounded as A operands,
+// B = a C × K token-major tile (k or q) through this lane's n-major ldmatrix address.
+template <typename T>
+__device__ __forceinline__ void state_times(float (&acc)[C / 8][4], const float (&s)[MAX_K / 8][4],
+                                            unsigned lane_bt, int nk) {
+#pragma unroll
+    for (int kb = 0; kb < MAX_K / 16; ++kb) {
+        if (kb < nk) {
+            unsigned fb[C / 16][4];
+#pragma unroll
+            for (int jp = 0; jp < C / 16; ++jp) ldsm4(fb[jp], lane_bt + 2 * (16 * jp * LDK + 16 * kb));
+            const float* s0 = s[2 * kb];
+            const float* s1 = s[2 * kb + 1];
+            const unsigned a[4] = {pack2<T>(s0[0], s0[1]), pack2<T>(s0[2], s0[3]), pack2<T>(s1[0], s1[1]),
+                                   pack2<T>(s1[2], s1[3])};
+#pragma unroll
+            for (int jp = 0; jp < C / 16; ++jp) {
+                MmaOp<T>::run(acc[2 * jp], a, fb[jp][0], fb[jp][1]);
+                MmaOp<T>::run(acc[2 * jp + 1], a, fb[jp][2], fb[jp][3]);
+            }
+        }
+    }
+}
+
+// s (16 × K) += aᵀ·B over the chunk's tokens: a (16 × C) as A operands, B a C × K token-major
+// tile through this lane's k-major ldmatrix address.
+template <typename T>
+__device__ __forceinline__ void add_tokens_times(float (&s)[MAX_K / 8][4], const unsigned (&a)[C / 16][4],
+                                                 unsigned lane_b, int nk) {
+#pragma unroll
+    for (int kb = 0; kb < C / 16; ++kb) {
+#pragma unroll
+        for (int jb = 0; jb < MAX_K / 16; jb += 4) {
+            unsigned fk[4][4];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                if (jb + jj < nk) ldsm4_t(fk[jj], lane_b + 2 * (16 * kb * LDK + 16 * (jb + jj)));
+            }
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                if (jb + jj < nk) {
+                    MmaOp<T>::run(s[2 * (jb + jj)], a[kb], fk[jj][0], fk[jj][1]);
+                    MmaOp<T>::run(s[2 * (jb + jj) + 1], a[kb], fk[jj][2], fk[jj][3]);
+                }
+            }
+        }
+    }
+}
+
+// acc (16 × C) += a·B for a lower-triangular C × C tile B stored row-major (B[j][i], nonzero
+// for j ≥ i): output token block ib reads blocks jb ≥ ib.
+template <typename T>
+__device__ __forceinline__ void times_lower(float (&acc)[C / 8][4], const unsigned (&a)[C / 16][4],
+                                            unsigned lane_b) {
+#pragma unroll
+    for (int ib = 0; ib < C / 16; ++ib) {
+        unsigned fb[C / 16][4];
+#pragma unroll
+        for (int jb = ib; jb < C / 16; ++jb) ldsm4_t(fb[jb], lane_b + 2 * (16 * jb * LDC + 16 * ib));
+#pragma unroll
+        for (int jb = ib; jb < C / 16; ++jb) {
+            MmaOp<T>::run(acc[2 * ib], a[jb], fb[jb][0], fb[jb][1]);
+            MmaOp<T>::run(acc[2 * ib + 1], a[jb], fb[jb][2], fb[jb][3]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The states pass.
+
+template <typename T, int BV>
+__device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
+                           const int* __restrict__ units, const T* __restrict__ k,
+                           const T* __restrict__ v, const float* __restrict__ ws_f,
+                           const T* __restrict__ ws_a, const float* __restrict__ h0,
+                           T* __restrict__ ws_h, T* __restrict__ ws_x, T* __restrict__ ws_vp) {
+    using L = ChainLayout<BV>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int hv = blockIdx.y, seq = blockIdx.z, h = hv / p.group;
+    const int first = units[4 * seq], end = units[4 * seq + 1];
+    const int flags = p.flags;
+    const int col0 = blockIdx.x * BV;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wc = warp * 16, c0 = col0 + wc;
+    const bool active = c0 < V;
+    const int nk = K / 16;
+
+    const unsigned smem0 = smem_addr(smem);
+    const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ
+    const unsigned lane_at = 2 * (L::A_OFF / 2 + lane_b_nmajor<LDC>(lane));  // (T·diag(β))ᵀ
+    const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
+
+    const size_t qk_stride = (size_t)H * K;
+    const int v_vecs = (min(BV, V - col0) + 7) / 8;
+    auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
+    auto prefetch = [&](int chunk, int s, int2 info) {
+        const unsigned base = smem0 + s * L::STATES_STAGE;
+        const int start = info.x, len = info.y;
+        const size_t ch = (size_t)chunk * HV + hv;
+        copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride,
+                                              len, K / 8);
+        copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, v + ((size_t)start * HV + hv) * V + col0,
+                                              (size_t)HV * V, len, v_vecs);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8);
+        if (threadIdx.x < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x, ws_f + ch * 4 * C + 4 * threadIdx.x, true);
+        }
+    };
+
+    // sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows 8j + 2t, 8j + 2t + 1.
+    const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
+    float sacc[MAX_K / 8][4];
+#pragma unroll
+    for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            float x = 0.0f;
+            if (active && j < 2 * nk && h0 != nullptr) {
+                x = h0[user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c)];
+            }
+            sacc[j][e] = x;
+        }
+    }
+
+    auto info_of = [&](int c) { return c < end ? chunk_info(c) : make_int2(0, 0); };
+    int2 info1 = info_of(first + 1);
+    if (first < end) {
+        prefetch(first, 0, info_of(first));
+        cp_async_commit();
+    }
+    for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
+        const int2 info2 = info_of(chunk + 2);
+        cp_async_wait_group<0>();
+        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        if (chunk + 1 < end) {
+            prefetch(chunk + 1, s ^ 1, info1);
+            cp_async_commit();
+        }
+        if (active) {
+            const unsigned base = smem0 + s * L::STATES_STAGE;
+            const unsigned char* stage = smem + s * L::STATES_STAGE;
+            const T* vs = reinterpret_cast<const T*>(stage + L::V_OFF);
+            const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
+            const float* dec = gam + C;                                            // γ_C/γ_i
+            const size_t ch = (size_t)chunk * HV + hv;
+
+            // The chunk's start state, rounded as the MMAs take it, as Sᵀ (V × K).
+#pragma unroll
+            for (int j = 0; j < MAX_K / 8; ++j) {
+                if (j < 2 * nk) {
+                    const int r = 8 * j + 2 * t;
+                    T* dst = ws_h + (ch * V + c0 + g) * K + r;
+                    *reinterpret_cast<unsigned*>(dst) = pack2<T>(sacc[j][0], sacc[j][1]);
+                    *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(sacc[j][2], sacc[j][3]);
+                }
+            }
+
+            // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded (the forward's operand), stored as V × C.
+            float xacc[C / 8][4];
+            zero_acc(xacc);
+            state_times<T>(xacc, sacc, base + lane_kt, nk);
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+                const int i = 8 * j + 2 * t;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    const float vi = to_f32(vs[(i + (e & 1)) * L::LDV + wc + g + 8 * (e >> 1)]);
+                    xacc[j][e] = vi - gam[i + (e & 1)] * xacc[j][e];
+                }
+            }
+            unsigned xa[C / 16][4];
+            pack_tokens<T>(xa, xacc, nullptr, 1.0f);
+            store_transposed<T>(ws_x + (ch * V + c0) * C, C, xacc);
+
+            // v'ᵀ = Xᵀ·(T·diag(β))ᵀ; T is lower triangular: token block ip reads blocks kb ≤ ip.
+            float vacc[C / 8][4];
+            zero_acc(vacc);
+#pragma unroll
+            for (int ip = 0; ip < C / 16; ++ip) {
+                unsigned fa[C / 16][4];
+#pragma unroll
+                for (int kb = 0; kb <= ip; ++kb) ldsm4(fa[kb], base + lane_at + 2 * (16 * ip * LDC + 16 * kb));
+#pragma unroll
+                for (int kb = 0; kb <= ip; ++kb) {
+                    MmaOp<T>::run(vacc[2 * ip], xa[kb], fa[kb][0], fa[kb][1]);
+                    MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fa[kb][2], fa[kb][3]);
+                }
+            }
+            store_transposed<T>(ws_vp + (ch * V + c0) * C, C, vacc);
+
+            // Sᵀ ← γ_C·Sᵀ + (diag(γ_C/γ)·v')ᵀ·K.
+            unsigned vd[C / 16][4];
+            pack_tokens<T>(vd, vacc, dec, 1.0f);
+            const float gamma_c = gam[C - 1];
+#pragma unroll
+            for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+            }
+            add_tokens_times<T>(sacc, vd, base + lane_k, nk);
+        }
+        info1 = info2;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The state-gradient (dh) pass.
+
+template <typename T, int BV>
+__device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
+                       const int* __restrict__ units, const T* __restrict__ q,
+                       const T* __restrict__ k, const T* __restrict__ d_o,
+                       const float* __restrict__ ws_f, const T* __restrict__ ws_a,
+                       const T* __restrict__ ws_p, const float* __restrict__ dht,
+                       T* __restrict__ dv, float* __restrict__ dh0, T* __restrict__ ws_dh,
+                       T* __restrict__ ws_dvp) {
+    using L = ChainLayout<BV>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int hv = blockIdx.y, seq = blockIdx.z, h = hv / p.group;
+    const int first = units[4 * seq], end = units[4 * seq + 1];
+    const int flags = p.flags;
+    const int col0 = blockIdx.x * BV;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int wc = warp * 16, c0 = col0 + wc;
+    const bool active = c0 < V;
+    const int nk = K / 16;
+
+    const unsigned smem0 = smem_addr(smem);
+    T* const dv_stage = reinterpret_cast<T*>(smem + 2 * L::DH_STAGE) + warp * C * LDO;
+    const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ
+    const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
+    const unsigned lane_q = 2 * (L::Q_OFF / 2 + lane_b_kmajor<LDK>(lane));   // Q
+    // dOᵀ as an A operand (columns × tokens) from the token-major dO tile: the same lane
+    // pattern as an n-major B operand, transposed.
+    const unsigned lane_dot = 2 * (L::V_OFF / 2 + lane_b_nmajor<L::LDV>(lane) + wc);
+    const unsigned lane_p = 2 * (L::P_OFF / 2 + lane_b_kmajor<LDC>(lane));  // P (B[j][i] = P[j][i])
+    const unsigned lane_a = 2 * (L::A_OFF / 2 + lane_b_kmajor<LDC>(lane));  // T·diag(β)
+
+    const size_t qk_stride = (size_t)H * K;
+    const int v_vecs = (min(BV, V - col0) + 7) / 8;
+    auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
+    auto prefetch = [&](int chunk, int s, int2 info) {
+        const unsigned base = smem0 + s * L::DH_STAGE;
+        const int start = info.x, len = info.y;
+        const size_t ch = (size_t)chunk * HV + hv;
+        copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride,
+                                              len, K / 8);
+        copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, d_o + ((size_t)start * HV + hv) * V + col0,
+                                              (size_t)HV * V, len, v_vecs);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8);
+        if (threadIdx.x < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x, ws_f + ch * 4 * C + 4 * threadIdx.x, true);
+        }
+        copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride,
+                                              len, K / 8);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C / 8);
+    };
+
+    // dsacc[j] holds dSᵀ rows (columns c0 + g, c0 + g + 8) × K rows 8j + 2t, 8j + 2t + 1.
+    const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
+    auto user_state_at = [&](int r, int c) -> size_t {
+        return user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c);
+    };
+    float dsacc[MAX_K / 8][4];
+#pragma unroll
+    for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            dsacc[j][e] = active && j < 2 * nk && dht != nullptr ? dht[user_state_at(r, c)] : 0.0f;
+        }
+    }
+
+    auto info_of = [&](int c) { return c >= first ? chunk_info(c) : make_int2(0, 0); };
+    int2 info = info_of(end - 1), info1 = info_of(end - 2);
+    if (first < end) {
+        prefetch(end - 1, 0, info);
+        cp_async_commit();
+    }
+    for (int chunk = end - 1, s = 0; chunk >= first; --chunk, s ^= 1) {
+        const int2 info2 = info_of(chunk - 2);
+        cp_async_wait_group<0>();
+        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        if (chunk - 1 >= first) {
+            prefetch(chunk - 1, s ^ 1, info1);
+            cp_async_commit();
+        }
+        if (active) {
+            const unsigned base = smem0 + s * L::DH_STAGE;
+            const unsigned char* stage = smem + s * L::DH_STAGE;
+            const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
+            const float* dec = gam + C;                                            // γ_C/γ_i
+            const size_t ch = (size_t)chunk * HV + hv;
+
+            // dS' (the gradient of the chunk's end state), rounded, as dS'ᵀ (V × K).
+#pragma unroll
+            for (int j = 0; j < MAX_K / 8; ++j) {
+                if (j < 2 * nk) {
+                    const int r = 8 * j + 2 * t;
+                    T* dst = ws_dh + (ch * V + c0 + g) * K + r;
+                    *reinterpret_cast<unsigned*>(dst) = pack2<T>(dsacc[j][0], dsacc[j][1]);
+                    *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(dsacc[j][2], dsacc[j][3]);
+                }
+            }
+
+            // dv'ᵀ = dS'ᵀ·Kᵀ·diag(γ_C/γ) + dOᵀ·P.
+            float dvacc[C / 8][4];
+            zero_acc(dvacc);
+            state_times<T>(dvacc, dsacc, base + lane_kt, nk);
+#pragma unroll
+            for (int j = 0; j < C / 8; ++j) {
+                const int i = 8 * j + 2 * t;
+                dvacc[j][0] *= dec[i];
+                dvacc[j][1] *= dec[i + 1];
+                dvacc[j][2] *= dec[i];
+                dvacc[j][3] *= dec[i + 1];
+            }
+            unsigned fo[C / 16][4];  // dOᵀ (16 columns × C tokens)
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) ldsm4_t(fo[kb], base + lane_dot + 2 * (16 * kb * L::LDV));
+            times_lower<T>(dvacc, fo, base + lane_p);
+            store_transposed<T>(ws_dvp + (ch * V + c0) * C, C, dvacc);
+
+            // dXᵀ = dv'ᵀ·(T·diag(β)) (= dv), stored through the warp's staging tile.
+            unsigned dva[C / 16][4];
+            pack_tokens<T>(dva, dvacc, nullptr, 1.0f);
+            float dxacc[C / 8][4];
+            zero_acc(dxacc);
+            times_lower<T>(dxacc, dva, base + lane_a);
+            {
+                const int2 ci = chunk_info(chunk);
+                const int start = ci.x, len = ci.y;
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+                    const int i = 8 * j + 2 * t;
+                    dv_stage[i * LDO + g] = from_f32<T>(dxacc[j][0]);
+                    dv_stage[(i + 1) * LDO + g] = from_f32<T>(dxacc[j][1]);
+                    dv_stage[i * LDO + g + 8] = from_f32<T>(dxacc[j][2]);
+                    dv_stage[(i + 1) * LDO + g + 8] = from_f32<T>(dxacc[j][3]);
+                }
+                __syncwarp();
+#pragma unroll
+                for (int r = 0; r < C * 2 / 32; ++r) {
+                    const int idx = lane + 32 * r, i = idx >> 1, half = idx & 1;
+                    if (i < len) {
+                        *reinterpret_cast<uint4*>(dv + ((size_t)(start + i) * HV + hv) * V + c0 + 8 * half) =
+                            *reinterpret_cast<const uint4*>(dv_stage + i * LDO + 8 * half);
+                    }
+                }
+                __syncwarp();
+            }
+
+            // dSᵀ ← γ_C·dS'ᵀ + (scale·dOᵀ·diag(γ))·Q − (dXᵀ·diag(γ))·K.
+            unsigned a1[C / 16][4];
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+                const int i0 = 16 * kb + 2 * t, i1 = i0 + 8;
+                const float s00 = p.scale * gam[i0], s01 = p.scale * gam[i0 + 1];
+                const float s10 = p.scale * gam[i1], s11 = p.scale * gam[i1 + 1];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const float2 x = unpack2<T>(fo[kb][r]);
+                    const float f0 = r < 2 ? s00 : s10, f1 = r < 2 ? s01 : s11;
+                    a1[kb][r] = pack2<T>(x.x * f0, x.y * f1);
+                }
+            }
+            unsigned a2[C / 16][4];
+            pack_tokens<T>(a2, dxacc, gam, -1.0f);
+            const float gamma_c = gam[C - 1];
+#pragma unroll
+            for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dsacc[j][e] *= gamma_c;
+            }
+            add_tokens_times<T>(dsacc, a1, base + lane_q, nk);
+            add_tokens_times<T>(dsacc, a2, base + lane_k, nk);
+        }
+        info1 = info2;
+    }
+
+    if (!active || dh0 == nullptr) return;
+#pragma unroll
+    for (int j = 0; j < MAX_K / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            if (j < 2 * nk) dh0[user_state_at(r, c)] = dsacc[j][e];
+        }
+    }
+}
+
+}  // namespace chunked
+}  // namespace gdn
+
+#define GDN_CHUNK_BWD_CHAIN(SUFFIX, T, BV)                                                        \
+    extern "C" __global__ void __launch_bounds__(BV * 2, 1) gdn_chunk_bwd_states##BV##_##SUFFIX(  \
+        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* k,       \
+        const T* v, const float* ws_f, const T* ws_a, const float* h0, T* ws_h, T* ws_x,          \
+        T* ws_vp) {                                                                               \
+        gdn::chunked::bwd_states<T, BV>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp); \
+    }                                                                                             \
+    extern "C" __global__ void __launch_bounds__(BV * 2, 1) gdn_chunk_bwd_dh##BV##_##SUFFIX(      \
+        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,       \
+        const T* k, const T* d_o, const float* ws_f, const T* ws_a, const T* ws_p,                \
+        const float* dht, T* dv, float* dh0, T* ws_dh, T* ws_dvp) {                               \
+        gdn::chunked::bwd_dh<T, BV>(p, chunks, units, q, k, d_o, ws_f, ws_a, ws_p, dht, dv, dh0,  \
+                                    ws_dh, ws_dvp);                                               \
+    }
+
+#define GDN_CHUNK_BWD_CHAINS(SUFFIX, T)  \
+    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 32)   \
+    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 64)   \
+    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 128)
+
+GDN_CHUNK_BWD_CHAINS(f16, __half)
+GDN_CHUNK_BWD_CHAINS(bf16, __nv_bfloat16)

@@ -1,0 +1,480 @@
+// The chunked backward's parallel passes (C = 64, f16/bf16 storage, K ≤ 128, V ≤ 128), one
+// block of 8 warps per (chunk, v-head), all chunks at once:
+//
+//   gdn_chunk_bwd_prep_*   the forward's prep (chunk.cuh) with the backward's extras: per chunk
+//       the decays γ, γ_C/γ, the cumsum G and the activated β (f32), T·diag(β), P and T.
+//   gdn_chunk_bwd_intra_*  the gradients inside a chunk, from dO, v', X, dv' (chunk_bwd_chain.cu)
+//       and T, P:
+//         dP  = dO·v'ᵀ,  dPs = scale·Γ⊙dP (i ≥ j)           dq = dPs·K,  dk = dPsᵀ·Q
+//         dA  = dv'·Xᵀ  (A = T·diag(β)):  dβ_j += Σ_i dA_ij T_ij,  dT = dA·diag(β)
+//         dL  = −Tᵀ·dT·Tᵀ  (T = (I + L)⁻¹, L = strict_lower(diag(β)·(Γ⊙KKᵀ)))
+//         M   = diag(β)·(Γ⊙dL) (i > j):  dβ_i += Σ_j Γ_ij dL_ij (k_i·k_j),  dk += (M + Mᵀ)·K
+//         dG  = rowsum(E) − colsum(E) for E = P⊙dP and E = L⊙dL (the Γ masks' gate terms)
+//       writing dq, dk (f32, per v-head), dβ (final, w.r.t. the activated β) and dG so far.
+//   gdn_chunk_bwd_state_grad_*  the gradients through the chunk's start state S and end-state
+//       gradient dS' (both from the chains):
+//         dq += scale·diag(γ)·dO·Sᵀ,  dk += −diag(γ)·dX·Sᵀ + diag(γ_C/γ)·v'·dS'ᵀ   (dX = dv)
+//         dG_i += q_i·dq_S,i + k_i·dk_X,i − k_i·dk_S,i,
+//         dG_last += γ_C·Σ S⊙dS' + Σ_i k_i·dk_S,i,
+//       then dg = the reverse cumsum of dG within the chunk (G is a chunk-local cumsum), f32.
+// backward.cu's finishing kernels then sum dq, dk over the GVA group (with the l2norm chain
+// rule) and take dβ, dg through the sigmoid and the gate activation (dA_log, ddt_bias).
+//
+// Every sum has a fixed order (per-thread loops, shuffles, per-warp partials summed in warp
+// order), so results are bitwise the same from run to run. Operands of the MMAs are in the
+// storage dtype (as the chains stored them), accumulators and every elementwise step f32.
+// Tiles are 16×16×16 products on mma.sync with ldmatrix operands from shared memory
+// (chunk.cuh's load_a / load_b); each warp takes whole output tiles.
+
+namespace gdn {
+namespace chunked {
+
+constexpr int GRAD_THREADS = 256;
+constexpr int GRAD_WARPS = GRAD_THREADS / 32;
+constexpr int MAX_V = 128;
+
+// Operand tiles of a product: the 16×16 block (mb, kb) of A and (kb, nb) of B, row-major
+// (element (r, c) at p[r·ld + c]) or column-major (COL: at p[c·ld + r]).
+template <bool COL, typename T>
+__device__ __forceinline__ const T* a_block(const T* a, int ld, int mb, int kb) {
+    return COL ? a + 16 * kb * ld + 16 * mb : a + 16 * mb * ld + 16 * kb;
+}
+template <bool COL, typename T>
+__device__ __forceinline__ const T* b_block(const T* b, int ld, int kb, int nb) {
+    return COL ? b + 16 * nb * ld + 16 * kb : b + 16 * kb * ld + 16 * nb;
+}
+
+// acc += A(mb, kb)·B(kb, nb) for kb in [kb0, kb1).
+template <typename T, bool ACOL, bool BCOL>
+__device__ __forceinline__ void tile_product(FragC& acc, const T* a, int lda, const T* b, int ldb, int mb,
+                                             int nb, int kb0, int kb1) {
+    for (int kb = kb0; kb < kb1; ++kb) {
+        FragA fa;
+        FragB fb;
+        load_a<T, ACOL>(fa, a_block<ACOL>(a, lda, mb, kb), lda);
+        load_b<T, BCOL>(fb, b_block<BCOL>(b, ldb, kb, nb), ldb);
+        mma<T>(acc, fa, fb);
+    }
+}
+
+// An accumulator's element e: row g + 8·((e & 3) >> 1), column 8·(e >> 2) + 2t + (e & 1).
+__device__ __forceinline__ int frag_row(int e) { return ((threadIdx.x & 31) >> 2) + 8 * ((e & 3) >> 1); }
+__device__ __forceinline__ int frag_col(int e) { return 8 * (e >> 2) + 2 * (threadIdx.x & 3) + (e & 1); }
+
+// An accumulator, times `factor`, to a row-major 16-bit tile.
+template <typename T>
+__device__ __forceinline__ void store_c16(T* p, const FragC& f, int ld, float factor) {
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+        *reinterpret_cast<unsigned*>(p + frag_row(e) * ld + frag_col(e)) =
+            pack2<T>(factor * f.x[e], factor * f.x[e + 1]);
+    }
+}
+
+// Start copying `rows` rows of `vecs` 16-byte vectors (global rows `stride` elements apart)
+// to a shared tile at byte address dst with rows `ld` elements apart, by the whole block; rows
+// from `valid` on are zeros (their source is not read).
+template <typename E>
+__device__ __forceinline__ void copy_rows(unsigned dst, const E* src, size_t stride, int rows, int valid,
+                                          int vecs, int ld) {
+    for (int idx = threadIdx.x; idx < rows * vecs; idx += GRAD_THREADS) {
+        const int r = idx / vecs, c = idx % vecs;
+        const bool ok = r < valid;
+        cp_async16_zfill(dst + 2 * (r * ld + 8 * c), src + (size_t)(ok ? r : 0) * stride + 8 * c, ok);
+    }
+}
+
+// Lower-triangular 16×16 block number `idx` (0..9) of a C × C matrix: (ti, tj), tj ≤ ti.
+__device__ __forceinline__ int2 lower_block(int idx) {
+    int ti = 0;
+    while ((ti + 1) * (ti + 2) / 2 <= idx) ++ti;
+    return make_int2(ti, idx - ti * (ti + 1) / 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The intra-chunk pass. Shared memory (bytes; mirrored by intra_smem in chunk_bwd_grad.rs):
+// q, k, dO (C × K / V, token rows), v'ᵀ, Xᵀ, dv'ᵀ (V × C), T, P (C × C, 16-bit), then three
+// f32 C × C tiles (dP, dA then dL, KKᵀ), the gates and the row / column sums. After the
+// first products, v'ᵀ's and Xᵀ's room holds dPs, dT, Y = dT·Tᵀ and M + Mᵀ (16-bit).
+struct IntraLayout {
+    static constexpr int Q_OFF = 0;
+    static constexpr int K_OFF = Q_OFF + 2 * C * LDK;
+    static constexpr int DO_OFF = K_OFF + 2 * C * LDK;
+    static constexpr int VP_OFF = DO_OFF + 2 * C * LDK;
+    static constexpr int X_OFF = VP_OFF + 2 * MAX_V * LDC;
+    static constexpr int DVP_OFF = X_OFF + 2 * MAX_V * LDC;
+    static constexpr int T_OFF = DVP_OFF + 2 * MAX_V * LDC;
+    static constexpr int P_OFF = T_OFF + 2 * C * LDC;
+    static constexpr int DP_OFF = P_OFF + 2 * C * LDC;
+    static constexpr int DA_OFF = DP_OFF + 4 * C * LDF;
+    static constexpr int KK_OFF = DA_OFF + 4 * C * LDF;
+    static constexpr int G_OFF = KK_OFF + 4 * C * LDF;  // G, then β (activated)
+    static constexpr int SUM_OFF = G_OFF + 4 * 2 * C;   // 6 × C sums
+    static constexpr int BYTES = SUM_OFF + 4 * 6 * C;
+    // Reused after the first products.
+    static constexpr int DPS_OFF = VP_OFF;
+    static constexpr int DT_OFF = VP_OFF + 2 * C * LDC;
+    static constexpr int Y_OFF = X_OFF;
+    static constexpr int MS_OFF = X_OFF + 2 * C * LDC;
+    static_assert(2 * 2 * C * LDC <= 2 * MAX_V * LDC, "two C × C tiles fit a V × C tile");
+};
+
+template <typename T>
+__device__ void bwd_intra(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
+                          const T* __restrict__ k, const T* __restrict__ d_o,
+                          const float* __restrict__ ws_f, const T* __restrict__ ws_p,
+                          const T* __restrict__ ws_t, const T* __restrict__ ws_x,
+                          const T* __restrict__ ws_vp, const T* __restrict__ ws_dvp,
+                          float* __restrict__ dq_part, float* __restrict__ dk_part,
+                          float* __restrict__ dg_part, float* __restrict__ dbeta_part) {
+    using L = IntraLayout;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
+    const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
+    const size_t ch = (size_t)chunk * HV + hv;
+    const int warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const int nk = K / 16, nv = V / 16;
+
+    T* qs = reinterpret_cast<T*>(smem + L::Q_OFF);
+    T* ks = reinterpret_cast<T*>(smem + L::K_OFF);
+    T* dos = reinterpret_cast<T*>(smem + L::DO_OFF);
+    T* vps = reinterpret_cast<T*>(smem + L::VP_OFF);
+    T* xs = reinterpret_cast<T*>(smem + L::X_OFF);
+    T* dvps = reinterpret_cast<T*>(smem + L::DVP_OFF);
+    T* ts = reinterpret_cast<T*>(smem + L::T_OFF);
+    T* ps = reinterpret_cast<T*>(smem + L::P_OFF);
+    float* dp = reinterpret_cast<float*>(smem + L::DP_OFF);
+    float* da = reinterpret_cast<float*>(smem + L::DA_OFF);  // later dL
+    float* kk = reinterpret_cast<float*>(smem + L::KK_OFF);
+    float* sg = reinterpret_cast<float*>(smem + L::G_OFF);
+    float* sb = sg + C;
+    float* sums = reinterpret_cast<float*>(smem + L::SUM_OFF);
+    float* row_e1 = sums;          // Σ_j P_ij dP_ij
+    float* col_e1 = sums + C;      // Σ_i P_ij dP_ij
+    float* col_da = sums + 2 * C;  // Σ_i dA_ij T_ij
+    float* row_dl = sums + 3 * C;  // Σ_j Γ_ij dL_ij KK_ij
+    float* col_e2 = sums + 4 * C;  // Σ_i β_i Γ_ij dL_ij KK_ij
+    T* dps = reinterpret_cast<T*>(smem + L::DPS_OFF);
+    T* dts = reinterpret_cast<T*>(smem + L::DT_OFF);
+    T* ys = reinterpret_cast<T*>(smem + L::Y_OFF);
+    T* ms = reinterpret_cast<T*>(smem + L::MS_OFF);
+
+    const unsigned s0 = smem_addr(smem);
+    const size_t qk_stride = (size_t)H * K;
+    copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
+    copy_rows(s0 + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
+    copy_rows(s0 + L::DO_OFF, d_o + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
+    copy_rows(s0 + L::VP_OFF, ws_vp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
+    copy_rows(s0 + L::X_OFF, ws_x + ch * V * C, (size_t)C, V, V, C / 8, LDC);
+    copy_rows(s0 + L::DVP_OFF, ws_dvp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
+    copy_rows(s0 + L::T_OFF, ws_t + ch * C * C, (size_t)C, C, C, C / 8, LDC);
+    copy_rows(s0 + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C, C / 8, LDC);
+    if (tid < 2 * C / 4) cp_async16_zfill(s0 + L::G_OFF + 16 * tid, ws_f + ch * 4 * C + 2 * C + 4 * tid, true);
+    cp_async_wait();
+    __syncthreads();
+
+    // dP = dO·v'ᵀ, dA = dv'·Xᵀ, KKᵀ: their lower 16×16 blocks (i ≥ j), f32.
+    for (int job = warp; job < 30; job += GRAD_WARPS) {
+        const int2 b = lower_block(job % 10);
+        FragC acc;
+        fill_zero(acc);
+        float* out;
+        if (job < 10) {
+            tile_product<T, false, false>(acc, dos, LDK, vps, LDC, b.x, b.y, 0, nv);
+            out = dp;
+        } else if (job < 20) {
+            tile_product<T, true, false>(acc, dvps, LDC, xs, LDC, b.x, b.y, 0, nv);
+            out = da;
+        } else {
+            tile_product<T, false, true>(acc, ks, LDK, ks, LDK, b.x, b.y, 0, nk);
+            out = kk;
+        }
+        store_c(out + 16 * b.x * LDF + 16 * b.y, acc, LDF);
+    }
+    __syncthreads();
+
+    // dPs = scale·Γ⊙dP and dT = dA·diag(β) (lower, with the diagonal; zero above); the sums of
+    // P⊙dP by rows and columns and of dA⊙T by columns.
+    for (int idx = tid; idx < C * C; idx += GRAD_THREADS) {
+        const int i = idx / C, j = idx % C;
+        const bool lower = j <= i;
+        const float gm = lower ? __expf(sg[i] - sg[j]) : 0.0f;
+        dps[i * LDC + j] = from_f32<T>(lower ? p.scale * gm * dp[i * LDF + j] : 0.0f);
+        dts[i * LDC + j] = from_f32<T>(lower ? da[i * LDF + j] * sb[j] : 0.0f);
+    }
+    if (tid < C) {
+        const int i = tid;
+        float acc = 0.0f;
+        for (int j = 0; j <= i; ++j) acc = fmaf(to_f32(ps[i * LDC + j]), dp[i * LDF + j], acc);
+        row_e1[i] = acc;
+    } else if (tid < 2 * C) {
+        const int j = tid - C;
+        float acc = 0.0f;
+        for (int i = j; i < C; ++i) acc = fmaf(to_f32(ps[i * LDC + j]), dp[i * LDF + j], acc);
+        col_e1[j] = acc;
+    } else if (tid < 3 * C) {
+        const int j = tid - 2 * C;
+        float acc = 0.0f;
+        for (int i = j; i < C; ++i) acc = fmaf(da[i * LDF + j], to_f32(ts[i * LDC + j]), acc);
+        col_da[j] = acc;
+    }
+    __syncthreads();
+
+    // Y = dT·Tᵀ, lower blocks (the only ones Tᵀ·Y reads below the diagonal): Tᵀ's block (kb, tj)
+    // is zero past kb = tj.
+    for (int job = warp; job < 10; job += GRAD_WARPS) {
+        const int2 b = lower_block(job);
+        FragC acc;
+        fill_zero(acc);
+        tile_product<T, false, true>(acc, dts, LDC, ts, LDC, b.x, b.y, 0, b.y + 1);
+        store_c16<T>(ys + 16 * b.x * LDC + 16 * b.y, acc, LDC, 1.0f);
+    }
+    __syncthreads();
+
+    // dL = −Tᵀ·Y, lower blocks: Tᵀ's block (ti, kb) is zero before kb = ti.
+    for (int job = warp; job < 10; job += GRAD_WARPS) {
+        const int2 b = lower_block(job);
+        FragC acc;
+        fill_zero(acc);
+        tile_product<T, true, false>(acc, ts, LDC, ys, LDC, b.x, b.y, b.x, C / 16);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc.x[e] = -acc.x[e];
+        store_c(da + 16 * b.x * LDF + 16 * b.y, acc, LDF);
+    }
+    __syncthreads();
+
+    // M = diag(β)·(Γ⊙dL) strictly below the diagonal, as M + Mᵀ (16-bit); the row sums of
+    // Γ⊙dL⊙KKᵀ (dβ) and the column sums of L⊙dL = M⊙KKᵀ (dG).
+    for (int idx = tid; idx < C * C; idx += GRAD_THREADS) {
+        const int i = idx / C, j = idx % C;
+        float m = 0.0f;
+        if (i > j) m = sb[i] * da[i * LDF + j] * __expf(sg[i] - sg[j]);
+        if (i < j) m = sb[j] * da[j * LDF + i] * __expf(sg[j] - sg[i]);
+        ms[i * LDC + j] = from_f32<T>(m);
+    }
+    if (tid < C) {
+        const int i = tid;
+        float acc = 0.0f;
+        for (int j = 0; j < i; ++j) acc = fmaf(da[i * LDF + j] * __expf(sg[i] - sg[j]), kk[i * LDF + j], acc);
+        row_dl[i] = acc;
+    } else if (tid < 2 * C) {
+        const int j = tid - C;
+        float acc = 0.0f;
+        for (int i = j + 1; i < C; ++i) acc = fmaf(sb[i] * da[i * LDF + j] * __expf(sg[i] - sg[j]), kk[i * LDF + j], acc);
+        col_e2[j] = acc;
+    }
+    __syncthreads();
+
+    // dβ (final for the activated β: T·diag(β) and L are its only uses) and dG so far.
+    if (tid < len) {
+        const int i = tid;
+        const size_t gi = (size_t)(start + i) * HV + hv;
+        dbeta_part[gi] = col_da[i] + row_dl[i];
+        dg_part[gi] = row_e1[i] - col_e1[i] + sb[i] * row_dl[i] - col_e2[i];
+    }
+
+    // dq = dPs·K; dk = dPsᵀ·Q + (M + Mᵀ)·K (f32, this v-head's rows of the chunk).
+    for (int job = warp; job < 2 * 4 * nk; job += GRAD_WARPS) {
+        const bool is_dk = job >= 4 * nk;
+        const int tile = is_dk ? job - 4 * nk : job, mb = tile & 3, nb = tile >> 2;
+        FragC acc;
+        fill_zero(acc);
+        if (!is_dk) {
+            tile_product<T, false, false>(acc, dps, LDC, ks, LDK, mb, nb, 0, mb + 1);
+        } else {
+            tile_product<T, true, false>(acc, dps, LDC, qs, LDK, mb, nb, mb, C / 16);
+            tile_product<T, false, false>(acc, ms, LDC, ks, LDK, mb, nb, 0, C / 16);
+        }
+        float* out = is_dk ? dk_part : dq_part;
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+            const int i = 16 * mb + frag_row(e), c = 16 * nb + frag_col(e);
+            if (i < len) {
+                *reinterpret_cast<float2*>(out + ((size_t)(start + i) * HV + hv) * K + c) =
+                    make_float2(acc.x[e], acc.x[e + 1]);
+            }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The state-gradient pass. Shared memory (bytes; mirrored by state_grad_smem in
+// chunk_bwd_grad.rs): dO, dX, q, k (C × V / K, token rows), v'ᵀ (V × C), Sᵀ, dS'ᵀ (V × K), the
+// decays, the row partials.
+struct StateGradLayout {
+    static constexpr int DO_OFF = 0;
+    static constexpr int DX_OFF = DO_OFF + 2 * C * LDK;
+    static constexpr int Q_OFF = DX_OFF + 2 * C * LDK;
+    static constexpr int K_OFF = Q_OFF + 2 * C * LDK;
+    static constexpr int VP_OFF = K_OFF + 2 * C * LDK;
+    static constexpr int H_OFF = VP_OFF + 2 * MAX_V * LDC;
+    static constexpr int DH_OFF = H_OFF + 2 * MAX_V * LDK;
+    static constexpr int F_OFF = DH_OFF + 2 * MAX_V * LDK;  // γ, then γ_C/γ
+    static constexpr int RED_OFF = F_OFF + 4 * 2 * C;       // 2 × 2 × C row partials, 8 warp sums, C
+    static constexpr int BYTES = RED_OFF + 4 * (4 * C + GRAD_WARPS + C);
+};
+
+template <typename T>
+__device__ void bwd_state_grad(const ChunkParams p, const int* __restrict__ chunks,
+                               const T* __restrict__ q, const T* __restrict__ k,
+                               const T* __restrict__ d_o, const T* __restrict__ dv,
+                               const float* __restrict__ ws_f, const T* __restrict__ ws_h,
+                               const T* __restrict__ ws_dh, const T* __restrict__ ws_vp,
+                               float* __restrict__ dq_part, float* __restrict__ dk_part,
+                               float* __restrict__ dg_part) {
+    using L = StateGradLayout;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
+    const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
+    const size_t ch = (size_t)chunk * HV + hv;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
+    const int nk = K / 16, nv = V / 16;
+
+    T* dos = reinterpret_cast<T*>(smem + L::DO_OFF);
+    T* dxs = reinterpret_cast<T*>(smem + L::DX_OFF);
+    T* qs = reinterpret_cast<T*>(smem + L::Q_OFF);
+    T* ks = reinterpret_cast<T*>(smem + L::K_OFF);
+    T* vps = reinterpret_cast<T*>(smem + L::VP_OFF);
+    T* hs = reinterpret_cast<T*>(smem + L::H_OFF);
+    T* dhs = reinterpret_cast<T*>(smem + L::DH_OFF);
+    float* gam = reinterpret_cast<float*>(smem + L::F_OFF);
+    float* dec = gam + C;
+    float* red = reinterpret_cast<float*>(smem + L::RED_OFF);
+    float* row_g = red;               // [2][C]: q·dq_S + k·dk_X − k·dk_S by column half
+    float* row_s = red + 2 * C;       // [2][C]: k·dk_S
+    float* warp_s = red + 4 * C;      // [8]: Σ S⊙dS' per warp
+    float* dg_s = warp_s + GRAD_WARPS;  // [C]
+
+    const unsigned s0 = smem_addr(smem);
+    const size_t qk_stride = (size_t)H * K;
+    copy_rows(s0 + L::DO_OFF, d_o + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
+    copy_rows(s0 + L::DX_OFF, dv + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
+    copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
+    copy_rows(s0 + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
+    copy_rows(s0 + L::VP_OFF, ws_vp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
+    copy_rows(s0 + L::H_OFF, ws_h + ch * V * K, (size_t)K, V, V, K / 8, LDK);
+    copy_rows(s0 + L::DH_OFF, ws_dh + ch * V * K, (size_t)K, V, V, K / 8, LDK);
+    if (tid < 2 * C / 4) cp_async16_zfill(s0 + L::F_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
+    cp_async_wait();
+    __syncthreads();
+
+    // Warp w: row block mb = w % 4, column blocks nb = w / 4 + 2n of C × K.
+    const int mb = warp & 3, half = warp >> 2;
+    float rg[2] = {0.0f, 0.0f}, rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int n = 0; n < MAX_K / 32; ++n) {
+        const int nb = half + 2 * n;
+        if (nb >= nk) break;
+        FragC u1, u2, u3;  // dO·Sᵀ, dX·Sᵀ, v'·dS'ᵀ
+        fill_zero(u1);
+        fill_zero(u2);
+        fill_zero(u3);
+        tile_product<T, false, false>(u1, dos, LDK, hs, LDK, mb, nb, 0, nv);
+        tile_product<T, false, false>(u2, dxs, LDK, hs, LDK, mb, nb, 0, nv);
+        tile_product<T, true, false>(u3, vps, LDC, dhs, LDK, mb, nb, 0, nv);
+#pragma unroll
+        for (int e = 0; e < 8; e += 2) {
+            const int i = 16 * mb + frag_row(e), c = 16 * nb + frag_col(e);
+            const float gi = gam[i], di = dec[i];
+            float dq2[2], dk2[2];
+#pragma unroll
+            for (int x = 0; x < 2; ++x) {
+                const float dqs = p.scale * gi * u1.x[e + x];  // dq through S
+                const float dkx = -gi * u2.x[e + x];           // dk through X
+                const float dks = di * u3.x[e + x];            // dk through the state update
+                const float qv = to_f32(qs[i * LDK + c + x]), kv = to_f32(ks[i * LDK + c + x]);
+                rg[(e & 3) >> 1] += qv * dqs + kv * dkx - kv * dks;
+                rs[(e & 3) >> 1] += kv * dks;
+                dq2[x] = dqs;
+                dk2[x] = dkx + dks;
+            }
+            if (i < len) {
+                const size_t at = ((size_t)(start + i) * HV + hv) * K + c;
+                float2 a = *reinterpret_cast<float2*>(dq_part + at);
+                *reinterpret_cast<float2*>(dq_part + at) = make_float2(a.x + dq2[0], a.y + dq2[1]);
+                a = *reinterpret_cast<float2*>(dk_part + at);
+                *reinterpret_cast<float2*>(dk_part + at) = make_float2(a.x + dk2[0], a.y + dk2[1]);
+            }
+        }
+    }
+    // Row partials over the four lanes of a row, then per column half.
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            rg[r] += __shfl_xor_sync(0xffffffffu, rg[r], off);
+            rs[r] += __shfl_xor_sync(0xffffffffu, rs[r], off);
+        }
+    }
+    if ((lane & 3) == 0) {
+        const int i = 16 * mb + (lane >> 2);
+        row_g[half * C + i] = rg[0];
+        row_g[half * C + i + 8] = rg[1];
+        row_s[half * C + i] = rs[0];
+        row_s[half * C + i + 8] = rs[1];
+    }
+    // Σ S⊙dS' over the V × K state.
+    float sd = 0.0f;
+    for (int idx = tid; idx < V * K / 2; idx += GRAD_THREADS) {
+        const int r = (2 * idx) / K, c = (2 * idx) % K;
+        const float2 a = unpack2<T>(*reinterpret_cast<const unsigned*>(hs + r * LDK + c));
+        const float2 b = unpack2<T>(*reinterpret_cast<const unsigned*>(dhs + r * LDK + c));
+        sd = fmaf(a.x, b.x, fmaf(a.y, b.y, sd));
+    }
+    sd = warp_sum(sd);
+    if (lane == 0) warp_s[warp] = sd;
+    if (tid < C) {
+        const int i = tid;
+        dg_s[i] = i < len ? dg_part[(size_t)(start + i) * HV + hv] : 0.0f;
+    }
+    __syncthreads();
+
+    // dG, its last-token terms, and the reverse cumsum within the chunk (one thread, in order).
+    if (tid == 0 && len > 0) {
+        float total = 0.0f;
+        for (int w = 0; w < GRAD_WARPS; ++w) total += warp_s[w];
+        float last = gam[C - 1] * total;
+        for (int i = 0; i < C; ++i) last += row_s[i] + row_s[C + i];
+        float acc = last;
+        for (int i = len - 1; i >= 0; --i) {
+            acc += dg_s[i] + row_g[i] + row_g[C + i];
+            dg_s[i] = acc;
+        }
+    }
+    __syncthreads();
+    if (tid < len) dg_part[(size_t)(start + tid) * HV + hv] = dg_s[tid];
+}
+
+}  // namespace chunked
+}  // namespace gdn
+
+#define GDN_CHUNK_BWD_GRAD(SUFFIX, T)                                                               \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS) gdn_chunk_bwd_prep_##SUFFIX( \
+        const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k,              \
+        const float* g, const float* beta, const float* a_log, const float* dt_bias, float* ws_f,  \
+        T* ws_a, T* ws_p, T* ws_t) {                                                               \
+        gdn::chunked::prep<T, true>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p, ws_t); \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::GRAD_THREADS, 1)                    \
+        gdn_chunk_bwd_intra_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks,         \
+                                     const T* q, const T* k, const T* d_o, const float* ws_f,      \
+                                     const T* ws_p, const T* ws_t, const T* ws_x, const T* ws_vp,  \
+                                     const T* ws_dvp, float* dq_part, float* dk_part,              \
+                                     float* dg_part, float* dbeta_part) {                          \
+        gdn::chunked::bwd_intra<T>(p, chunks, q, k, d_o, ws_f, ws_p, ws_t, ws_x, ws_vp, ws_dvp,    \
+                                   dq_part, dk_part, dg_part, dbeta_part);                         \
+    }                                                                                              \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::GRAD_THREADS, 1)                    \
+        gdn_chunk_bwd_state_grad_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks,    \
+                                          const T* q, const T* k, const T* d_o, const T* dv,       \
+                                          const float* ws_f, const T* ws_h, const T* ws_dh,        \
+                                          const T* ws_vp, float* dq_part, float* dk_part,          \
+                                          float* dg_part) {                                        \
+        gdn::chunked::bwd_state_grad<T>(p, chunks, q, k, d_o, dv, ws_f, ws_h, ws_dh, ws_vp,        \
+                                        dq_part, dk_part, dg_part);                                \
+    }
+
+GDN_CHUNK_BWD_GRAD(f16, __half)
+GDN_CHUNK_BWD_GRAD(bf16, __nv_bfloat16)

@@ -1,0 +1,353 @@
+//! The chunked tensor-core backward (C = 64) for f16/bf16 storage with K, V ≤ 128: the
+//! workspace and the order of its launches.
+//!
+//! 1. l2norm of q and k (only with `Options::l2norm_qk`; chunked.cu's kernel, as the forward).
+//! 2. prep per (chunk, v-head): the gate cumsum and decays, T = (I + L)⁻¹, T·diag(β), P
+//!    (`chunk_bwd_grad.cu`, chunk.cuh's prep with the backward's extras).
+//! 3. the states pass and 4. the dh pass per (V-block, v-head, sequence), sequential over the
+//!    chunks (`chunk_bwd_chain.cu`): each chunk's start state S, X, v' and end-state gradient
+//!    dS', dv'; dv and dh0.
+//! 5. the intra-chunk pass and 6. the state-gradient pass per (chunk, v-head)
+//!    (`chunk_bwd_grad.cu`): dq, dk per v-head in f32, dβ, dg.
+//! 7. backward.cu's finishing kernels: GVA sums and the l2norm chain rule for dq, dk; the
+//!    sigmoid and gate-activation chain rules, dA_log and ddt_bias.
+//!
+//! Deterministic: no atomics, every sum in a fixed order.
+
+use cudarc::driver::CudaSlice;
+
+use super::backward::{alloc_f32, dtype_suffix, launch_finish};
+use super::chunk_bwd_chain::{
+    ChainBuffers, chain_smem, chain_value_block, launch_dh, launch_states,
+};
+use super::chunk_bwd_grad::{
+    GradParts, MAX_CHUNKED_BWD_VALUE_DIM, intra_smem, launch_intra, launch_prep, launch_state_grad,
+    state_grad_smem,
+};
+use super::chunked::{ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM, launch_l2norm, prep_smem};
+use super::context::{Context, driver_error};
+use super::recurrent::to_i32;
+use super::tensor::CudaTensor;
+use crate::error::Result;
+use crate::problem::{CHUNK, ForwardInputs, Gradients, Problem};
+use crate::tensor::DType;
+
+/// How far [`crate::cuda_backend::backward::backward_stages_into`] goes on the chunked path
+/// (each stage includes the ones before it): for timing the passes apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ChunkedStage {
+    /// l2norm (with `l2norm_qk`) and the prep.
+    Prep,
+    /// The states pass.
+    States,
+    /// The dh pass.
+    Chains,
+    /// The intra-chunk pass.
+    Intra,
+    /// The state-gradient pass.
+    StateGrad,
+    /// Everything: the finishing kernels too.
+    All,
+}
+
+/// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
+/// device: f16/bf16, K and V ≤ 128, and every pass within the shared memory a block may use.
+pub(crate) fn chunked_backward_runs(
+    ctx: &Context,
+    problem: &Problem,
+    dtype: DType,
+) -> Result<bool> {
+    if dtype == DType::F32
+        || problem.key_dim > MAX_CHUNKED_KEY_DIM
+        || problem.value_dim > MAX_CHUNKED_BWD_VALUE_DIM
+    {
+        return Ok(false);
+    }
+    let limit = super::chunked::max_shared_optin(ctx)?;
+    Ok([
+        prep_smem(),
+        chain_smem(32, true),
+        intra_smem(),
+        state_grad_smem(),
+    ]
+    .iter()
+    .all(|&s| s <= limit))
+}
+
+fn alloc(ctx: &Context, name: &str, bytes: usize) -> Result<CudaSlice<u8>> {
+    // A zero-byte allocation is refused by the driver; one spare byte is never read.
+    ctx.stream()
+        .alloc_zeros::<u8>(bytes.max(1))
+        .map_err(|e| driver_error(&format!("allocation of {name}"), e))
+}
+
+/// The chunked backward's tables and workspace for one problem shape and dtype.
+#[derive(Debug)]
+pub(crate) struct ChunkedScratch {
+    dtype: DType,
+    num_chunks: usize,
+    value_block: usize,
+    /// (first token, length) per chunk; chunks never cross a sequence boundary.
+    chunks: CudaSlice<i32>,
+    /// (first chunk, end chunk, sequence, flags) per sequence.
+    units: CudaSlice<i32>,
+    /// l2-normalized q and k (only with `Options::l2norm_qk`).
+    normalized: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
+    /// Per (chunk, v-head): γ, γ_C/γ, G, β (4·C f32).
+    gates: CudaSlice<u8>,
+    /// Per (chunk, v-head), storage dtype: T·diag(β), P, T (C × C).
+    t_beta: CudaSlice<u8>,
+    p: CudaSlice<u8>,
+    t: CudaSlice<u8>,
+    /// Per (chunk, v-head), storage dtype: Sᵀ, dS'ᵀ (V × K), Xᵀ, v'ᵀ, dv'ᵀ (V × C).
+    states: CudaSlice<u8>,
+    state_grads: CudaSlice<u8>,
+    x: CudaSlice<u8>,
+    v_new: CudaSlice<u8>,
+    dv_new: CudaSlice<u8>,
+    /// Per (token, v-head), f32: dq, dk (K each), dβ, dg.
+    dq_part: CudaSlice<f32>,
+    dk_part: CudaSlice<f32>,
+    dbeta_part: CudaSlice<f32>,
+    dg_part: CudaSlice<f32>,
+}
+
+impl ChunkedScratch {
+    /// Upload the tables and allocate the workspace (enqueued on the context's stream). Its
+    /// size per (chunk, v-head) is `16·C + s·(3·C² + 2·V·K + 3·V·C)` bytes (s: the dtype's
+    /// size), plus `4·B·T·HV·(2K + 2)` for the f32 per-v-head gradients.
+    pub(crate) fn new(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Self> {
+        let p = problem;
+        to_i32("tokens (B·T)", p.total_tokens())?;
+        let mut table = Vec::new();
+        let mut units = Vec::new();
+        for (n, s) in p.sequences().into_iter().enumerate() {
+            let first = table.len() / 2;
+            for c in (s.start..s.end).step_by(CHUNK) {
+                table.push(to_i32("tokens (B·T)", c)?);
+                table.push(((c + CHUNK).min(s.end) - c) as i32);
+            }
+            let end = table.len() / 2;
+            units.extend([
+                to_i32("chunks", first)?,
+                to_i32("chunks", end)?,
+                n as i32,
+                0,
+            ]);
+        }
+        let num_chunks = table.len() / 2;
+        if table.is_empty() {
+            table.push(0);
+        }
+        if units.is_empty() {
+            units.push(0);
+        }
+        let limits = DeviceLimits::of(ctx)?;
+        let value_block = chain_value_block(&limits, p).unwrap_or(32);
+        let stream = ctx.stream();
+        let upload = |what: &str, data: &[i32]| {
+            stream
+                .clone_htod(data)
+                .map_err(|e| driver_error(&format!("upload of the {what}"), e))
+        };
+        let s = dtype.size();
+        let (k, v, hv, c) = (p.key_dim, p.value_dim, p.heads_v, CHUNK);
+        let heads = num_chunks * hv;
+        let normalized = if p.options.l2norm_qk {
+            let bytes = p.total_tokens() * p.heads_qk * k * s;
+            Some((alloc(ctx, "q̂", bytes)?, alloc(ctx, "k̂", bytes)?))
+        } else {
+            None
+        };
+        let per_token = p.total_tokens() * hv;
+        Ok(ChunkedScratch {
+            dtype,
+            num_chunks,
+            value_block,
+            chunks: upload("chunk table", &table)?,
+            units: upload("sequence table", &units)?,
+            normalized,
+            gates: alloc(ctx, "gate workspace", heads * 4 * c * 4)?,
+            t_beta: alloc(ctx, "T·diag(β) workspace", heads * c * c * s)?,
+            p: alloc(ctx, "P workspace", heads * c * c * s)?,
+            t: alloc(ctx, "T workspace", heads * c * c * s)?,
+            states: alloc(ctx, "chunk states", heads * v * k * s)?,
+            state_grads: alloc(ctx, "chunk state gradients", heads * v * k * s)?,
+            x: alloc(ctx, "X workspace", heads * v * c * s)?,
+            v_new: alloc(ctx, "v' workspace", heads * v * c * s)?,
+            dv_new: alloc(ctx, "dv' workspace", heads * v * c * s)?,
+            dq_part: alloc_f32(ctx, "dq per v-head", per_token * k)?,
+            dk_part: alloc_f32(ctx, "dk per v-head", per_token * k)?,
+            dbeta_part: alloc_f32(ctx, "dbeta per v-head", per_token)?,
+            dg_part: alloc_f32(ctx, "dg per v-head", per_token)?,
+        })
+    }
+
+    /// The V-block of the sequential passes.
+    pub(crate) fn value_block(&self) -> usize {
+        self.value_block
+    }
+
+    /// Bytes of device memory held.
+    pub(crate) fn bytes(&self) -> usize {
+        let pair = |x: &Option<(CudaSlice<u8>, CudaSlice<u8>)>| {
+            x.as_ref().map_or(0, |(a, b)| a.len() + b.len())
+        };
+        [
+            &self.gates,
+            &self.t_beta,
+            &self.p,
+            &self.t,
+            &self.states,
+            &self.state_grads,
+            &self.x,
+            &self.v_new,
+            &self.dv_new,
+        ]
+        .iter()
+        .map(|b| b.len())
+        .sum::<usize>()
+            + pair(&self.normalized)
+            + 4 * (self.dq_part.len()
+                + self.dk_part.len()
+                + self.dbeta_part.len()
+                + self.dg_part.len())
+    }
+
+    /// Enqueue every launch; `backward_into` checked the tensors against the problem and
+    /// that this workspace was made for it and the inputs' dtype.
+    pub(crate) fn record(
+        &self,
+        ctx: &Context,
+        problem: &Problem,
+        inputs: &ForwardInputs<&CudaTensor>,
+        d_o: &CudaTensor,
+        dht: Option<&CudaTensor>,
+        grads: &Gradients<&CudaTensor>,
+        until: ChunkedStage,
+    ) -> Result<()> {
+        let p = problem;
+        let suffix = dtype_suffix(self.dtype);
+        let params = ChunkParams::of(p, self.num_chunks);
+        let (q, k) = match &self.normalized {
+            Some((qn, kn)) => {
+                launch_l2norm(ctx, p, inputs, qn, kn)?;
+                (qn, kn)
+            }
+            None => (inputs.q.buffer(), inputs.k.buffer()),
+        };
+        let ws = ChainBuffers {
+            chunks: &self.chunks,
+            units: &self.units,
+            gates: &self.gates,
+            t_beta: &self.t_beta,
+            p: &self.p,
+            states: &self.states,
+            state_grads: &self.state_grads,
+            x: &self.x,
+            v_new: &self.v_new,
+            dv_new: &self.dv_new,
+        };
+        let parts = GradParts {
+            dq: &self.dq_part,
+            dk: &self.dk_part,
+            dbeta: &self.dbeta_part,
+            dg: &self.dg_part,
+        };
+        let n = self.num_chunks;
+        let bv = self.value_block;
+        if n > 0 && until >= ChunkedStage::Prep {
+            launch_prep(
+                ctx,
+                p,
+                &params,
+                n,
+                suffix,
+                &ws,
+                &self.t,
+                q,
+                k,
+                inputs.g.buffer(),
+                inputs.beta.buffer(),
+                inputs.a_log.map(|t| t.buffer()),
+                inputs.dt_bias.map(|t| t.buffer()),
+            )?;
+        }
+        // The dh pass runs for every sequence, empty ones too (dh0 = dht there).
+        if n > 0 && until >= ChunkedStage::States {
+            launch_states(
+                ctx,
+                p,
+                &params,
+                bv,
+                suffix,
+                &ws,
+                k,
+                inputs.v.buffer(),
+                inputs.initial_state.map(|t| t.buffer()),
+            )?;
+        }
+        if p.num_sequences() > 0 && until >= ChunkedStage::Chains {
+            launch_dh(
+                ctx,
+                p,
+                &params,
+                bv,
+                suffix,
+                &ws,
+                q,
+                k,
+                d_o.buffer(),
+                dht.map(|t| t.buffer()),
+                grads.dv.buffer(),
+                grads.dh0.map(|t| t.buffer()),
+            )?;
+        }
+        if n > 0 && until >= ChunkedStage::Intra {
+            launch_intra(
+                ctx,
+                p,
+                &params,
+                n,
+                suffix,
+                &ws,
+                &self.t,
+                q,
+                k,
+                d_o.buffer(),
+                &parts,
+            )?;
+        }
+        if n > 0 && until >= ChunkedStage::StateGrad {
+            launch_state_grad(
+                ctx,
+                p,
+                &params,
+                n,
+                suffix,
+                &ws,
+                q,
+                k,
+                d_o.buffer(),
+                grads.dv.buffer(),
+                &parts,
+            )?;
+        }
+        if until < ChunkedStage::All {
+            return Ok(());
+        }
+        launch_finish(
+            ctx,
+            p,
+            1,
+            inputs,
+            [
+                &self.dq_part,
+                &self.dk_part,
+                &self.dbeta_part,
+                &self.dg_part,
+            ],
+            grads,
+        )
+    }
+}

@@ -1,0 +1,126 @@
+// Runs one exported hard case (tests/common/cases.rs, see README.md) through the chunked
+// backward on the emulator, with the l2norm and finishing steps of chunked.cu / backward.cu
+// written out on the host, and prints the rel-L2 of every gradient against the f64 oracle.
+#include "kernels.inc"
+#include <cstdio>
+#include <string>
+
+using namespace gdn::chunked;
+
+static std::vector<unsigned char> bytes;
+static size_t pos = 0;
+template <typename X> std::vector<X> take(size_t n) {
+    std::vector<X> v(n); memcpy(v.data(), bytes.data() + pos, n * sizeof(X)); pos += n * sizeof(X); return v;
+}
+static double rel(const std::vector<float>& a, const std::vector<double>& r) {
+    double e = 0, n = 0;
+    for (size_t i = 0; i < r.size(); ++i) { e += (a[i] - r[i]) * (a[i] - r[i]); n += r[i] * r[i]; }
+    return n > 0 ? sqrt(e / n) : sqrt(e);
+}
+
+template <typename T>
+int run(int ints[], const std::vector<int>& cu, float scale, int BV) {
+    int N = ints[0], TT = ints[1], H = ints[2], HV = ints[3], K = ints[4], V = ints[5], flags = ints[6];
+    bool has_h0 = ints[7], has_dht = ints[8];
+    auto q = take<float>((size_t)TT * H * K), k = take<float>((size_t)TT * H * K), v = take<float>((size_t)TT * HV * V);
+    auto g = take<float>((size_t)TT * HV), beta = take<float>((size_t)TT * HV);
+    std::vector<float> h0, a_log, dt_bias, dht;
+    if (has_h0) h0 = take<float>((size_t)N * HV * K * V);
+    bool gate = flags & 8;
+    if (gate) { a_log = take<float>(HV); dt_bias = take<float>(HV); }
+    auto d_o = take<float>((size_t)TT * HV * V);
+    if (has_dht) dht = take<float>((size_t)N * HV * K * V);
+    auto e_dq = take<double>((size_t)TT * H * K), e_dk = take<double>((size_t)TT * H * K), e_dv = take<double>((size_t)TT * HV * V);
+    auto e_dg = take<double>((size_t)TT * HV), e_db = take<double>((size_t)TT * HV);
+    std::vector<double> e_dh0, e_da, e_ddt;
+    if (has_h0) e_dh0 = take<double>((size_t)N * HV * K * V);
+    if (gate) { e_da = take<double>(HV); e_ddt = take<double>(HV); }
+
+    auto to16 = [](const std::vector<float>& x) { std::vector<T> y(x.size()); for (size_t i = 0; i < x.size(); ++i) y[i] = gdn::from_f32<T>(x[i]); return y; };
+    auto Q = to16(q), Kt = to16(k), Vt = to16(v), DO = to16(d_o);
+    if (flags & 1) {  // l2norm: q̂, k̂ rounded to the storage dtype
+        for (auto* x : {&Q, &Kt}) for (size_t r = 0; r < x->size() / K; ++r) {
+            float ss = 0; for (int i = 0; i < K; ++i) { float f = gdn::to_f32((*x)[r * K + i]); ss += f * f; }
+            float rr = 1.0f / sqrtf(ss + 1e-6f);
+            for (int i = 0; i < K; ++i) (*x)[r * K + i] = gdn::from_f32<T>(gdn::to_f32((*x)[r * K + i]) * rr);
+        }
+    }
+    std::vector<int> chunks, units;
+    for (int n = 0; n < N; ++n) { int first = chunks.size() / 2;
+        for (int c = cu[n]; c < cu[n + 1]; c += 64) { chunks.push_back(c); chunks.push_back(std::min(c + 64, cu[n + 1]) - c); }
+        units.push_back(first); units.push_back(chunks.size() / 2); units.push_back(n); units.push_back(0); }
+    int NC = chunks.size() / 2;
+    if (chunks.empty()) chunks.push_back(0);
+    ChunkParams p{H, HV, K, V, HV / H, flags, NC, scale};
+    size_t heads = (size_t)NC * HV + 1;
+    std::vector<float> ws_f(heads * 4 * 64);
+    std::vector<T> ws_a(heads * 4096), ws_p(heads * 4096), ws_t(heads * 4096), ws_h(heads * V * K), ws_dh(heads * V * K),
+        ws_x(heads * V * 64), ws_vp(heads * V * 64), ws_dvp(heads * V * 64), dv((size_t)TT * HV * V, gdn::from_f32<T>(NAN));
+    std::vector<float> dq((size_t)TT * HV * K, NAN), dk((size_t)TT * HV * K, NAN), dbp(TT * HV, NAN), dgp(TT * HV, NAN), dh0((size_t)N * HV * K * V, NAN);
+    const float* H0 = has_h0 ? h0.data() : nullptr; const float* DHT = has_dht ? dht.data() : nullptr;
+    float* DH0 = has_h0 ? dh0.data() : nullptr;
+    if (NC > 0)
+        emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, 3 * 2 * 64 * 136 + 512, [&] {
+            prep<T, true>(p, chunks.data(), Q.data(), Kt.data(), g.data(), beta.data(), gate ? a_log.data() : nullptr,
+                          gate ? dt_bias.data() : nullptr, ws_f.data(), ws_a.data(), ws_p.data(), ws_t.data()); });
+    size_t st = 2 * 64 * 136 + 2 * 64 * (BV + 8) + 2 * 64 * 72 + 4 * 2 * 64;
+    size_t dh_smem = 2 * (st + 2 * 64 * 136 + 2 * 64 * 72) + (BV / 16) * 64 * 24 * 2;
+    Dim3 cg{(unsigned)((V + BV - 1) / BV), (unsigned)HV, (unsigned)N};
+#define CHAINS(BVV) \
+    if (NC > 0) emu::launch(cg, BVV * 2, 2 * st, [&] { bwd_states<T, BVV>(p, chunks.data(), units.data(), Kt.data(), Vt.data(), ws_f.data(), ws_a.data(), H0, ws_h.data(), ws_x.data(), ws_vp.data()); }); \
+    emu::launch(cg, BVV * 2, dh_smem, [&] { bwd_dh<T, BVV>(p, chunks.data(), units.data(), Q.data(), Kt.data(), DO.data(), ws_f.data(), ws_a.data(), ws_p.data(), DHT, dv.data(), DH0, ws_dh.data(), ws_dvp.data()); });
+    if (BV == 32) { CHAINS(32) } else if (BV == 64) { CHAINS(64) } else { CHAINS(128) }
+    if (NC > 0) {
+        emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, IntraLayout::BYTES, [&] {
+            bwd_intra<T>(p, chunks.data(), Q.data(), Kt.data(), DO.data(), ws_f.data(), ws_p.data(), ws_t.data(), ws_x.data(), ws_vp.data(), ws_dvp.data(), dq.data(), dk.data(), dgp.data(), dbp.data()); });
+        emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, StateGradLayout::BYTES, [&] {
+            bwd_state_grad<T>(p, chunks.data(), Q.data(), Kt.data(), DO.data(), dv.data(), ws_f.data(), ws_h.data(), ws_dh.data(), ws_vp.data(), dq.data(), dk.data(), dgp.data()); });
+    }
+    // Finishing (backward.cu qk_finish, gate_finish with one V-block).
+    int G = HV / H;
+    std::vector<float> fdq((size_t)TT * H * K), fdk((size_t)TT * H * K);
+    for (int t = 0; t < TT; ++t) for (int h = 0; h < H; ++h) {
+        std::vector<float> aq(K), ak(K); float sqq = 0, skk = 0, dqq = 0, dkk = 0;
+        size_t row = ((size_t)t * H + h) * K;
+        for (int i = 0; i < K; ++i) {
+            for (int hv = h * G; hv < (h + 1) * G; ++hv) { aq[i] += dq[((size_t)t * HV + hv) * K + i]; ak[i] += dk[((size_t)t * HV + hv) * K + i]; }
+            float xq = gdn::to_f32(gdn::from_f32<T>(q[row + i])), xk = gdn::to_f32(gdn::from_f32<T>(k[row + i]));
+            sqq += xq * xq; skk += xk * xk; dqq += aq[i] * xq; dkk += ak[i] * xk;
+        }
+        float rq = 1, rk = 1, cq = 0, ck = 0;
+        if (flags & 1) { rq = 1 / sqrtf(sqq + 1e-6f); rk = 1 / sqrtf(skk + 1e-6f); cq = dqq * rq * rq * rq; ck = dkk * rk * rk * rk; }
+        for (int i = 0; i < K; ++i) {
+            float yq = aq[i], yk = ak[i];
+            if (flags & 1) { yq = yq * rq - cq * q[row + i]; yk = yk * rk - ck * k[row + i]; }
+            fdq[row + i] = gdn::to_f32(gdn::from_f32<T>(yq)); fdk[row + i] = gdn::to_f32(gdn::from_f32<T>(yk));
+        }
+    }
+    std::vector<float> fdg(TT * HV), fdb(TT * HV), fda(HV), fddt(HV), fdv(dv.size());
+    for (size_t i = 0; i < dv.size(); ++i) fdv[i] = gdn::to_f32(dv[i]);
+    for (int hv = 0; hv < HV; ++hv) {
+        float na = gate ? -expf(a_log[hv]) : 0, bias = gate ? dt_bias[hv] : 0, sa = 0, sb = 0;
+        for (int t = 0; t < TT; ++t) {
+            size_t gi = (size_t)t * HV + hv; float d = 1;
+            if (flags & 2) d = gdn::sigmoid(beta[gi]) * gdn::sigmoid(-beta[gi]);
+            if (flags & 4) d *= 2;
+            fdb[gi] = dbp[gi] * d;
+            if (gate) { float x = g[gi] + bias, gv = na * gdn::softplus(x), dgr = dgp[gi] * na * (x > 20 ? 1 : gdn::sigmoid(x));
+                fdg[gi] = dgr; sa += dgp[gi] * gv; sb += dgr; } else fdg[gi] = dgp[gi];
+        }
+        fda[hv] = sa; fddt[hv] = sb;
+    }
+    printf("dq %.2e dk %.2e dv %.2e dg %.2e db %.2e", rel(fdq, e_dq), rel(fdk, e_dk), rel(fdv, e_dv), rel(fdg, e_dg), rel(fdb, e_db));
+    if (has_h0) printf(" dh0 %.2e", rel(dh0, e_dh0));
+    if (gate) printf(" dA_log %.2e ddt_bias %.2e", rel(fda, e_da), rel(fddt, e_ddt));
+    printf("\n");
+    return 0;
+}
+int main(int argc, char** argv) {
+    FILE* f = fopen(argv[1], "rb"); fseek(f, 0, SEEK_END); bytes.resize(ftell(f)); fseek(f, 0, SEEK_SET);
+    fread(bytes.data(), 1, bytes.size(), f); fclose(f);
+    int BV = argc > 2 ? atoi(argv[2]) : 32;
+    auto ints = take<int>(10);
+    auto cu = take<int>(ints[0] + 1);
+    float scale = take<float>(1)[0];
+    return ints[9] == 1 ? run<__half>(ints.data(), cu, scale, BV) : run<__nv_bfloat16>(ints.data(), cu, scale, BV);
+}

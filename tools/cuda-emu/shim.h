@@ -1,0 +1,168 @@
+// Host emulation of the CUDA features the chunked backward kernels use.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <thread>
+#include <vector>
+#include <functional>
+
+#define __device__
+#define __global__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n)
+
+struct __half { uint16_t x; };
+struct __nv_bfloat16 { uint16_t x; };
+struct __half2 { __half a, b; };
+struct __nv_bfloat162 { __nv_bfloat16 a, b; };
+struct float2 { float x, y; };
+struct int2 { int x, y; };
+struct uint4 { unsigned x, y, z, w; };
+inline float2 make_float2(float a, float b) { return {a, b}; }
+inline int2 make_int2(int a, int b) { return {a, b}; }
+inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline float __expf(float x) { return expf(x); }
+
+inline float __half2float(__half h) { _Float16 f; memcpy(&f, &h, 2); return (float)f; }
+inline __half __float2half_rn(float x) { _Float16 f = (_Float16)x; __half h; memcpy(&h, &f, 2); return h; }
+inline float __bfloat162float(__nv_bfloat16 b) { uint32_t u = (uint32_t)b.x << 16; float f; memcpy(&f, &u, 4); return f; }
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+    uint32_t u; memcpy(&u, &f, 4);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return __nv_bfloat16{(uint16_t)(u >> 16)};
+}
+inline __half2 __floats2half2_rn(float a, float b) { return {__float2half_rn(a), __float2half_rn(b)}; }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) { return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)}; }
+inline float2 __half22float2(__half2 v) { return {__half2float(v.a), __half2float(v.b)}; }
+inline float2 __bfloat1622float2(__nv_bfloat162 v) { return {__bfloat162float(v.a), __bfloat162float(v.b)}; }
+
+struct Dim3 { unsigned x = 0, y = 0, z = 0; };
+
+namespace emu {
+struct Warp {
+    std::barrier<>* bar;
+    uint64_t slot[32][8];
+};
+struct Block {
+    std::barrier<>* bar;
+    Warp* warps;
+    unsigned char* smem;
+};
+inline thread_local Block* blk;
+inline thread_local Dim3 tid, bid;
+inline Dim3 bdim;
+inline int lane() { return tid.x & 31; }
+inline Warp& warp() { return blk->warps[tid.x >> 5]; }
+inline void warp_sync() { warp().bar->arrive_and_wait(); }
+inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - blk->smem); }
+inline void cp_async(unsigned dst, const void* src, int bytes) {
+    unsigned char* d = blk->smem + dst;
+    if (bytes) memcpy(d, src, 16); else memset(d, 0, 16);
+}
+// ldmatrix .x4 from the lanes' row addresses.
+inline void ldsm(unsigned* x, unsigned addr, bool trans) {
+    Warp& w = warp();
+    const int l = lane();
+    w.slot[l][0] = addr;
+    warp_sync();
+    for (int m = 0; m < 4; ++m) {
+        if (!trans) {
+            const unsigned a = (unsigned)w.slot[8 * m + (l >> 2)][0] + 4 * (l & 3);
+            memcpy(&x[m], blk->smem + a, 4);
+        } else {
+            uint16_t lo, hi;
+            memcpy(&lo, blk->smem + (unsigned)w.slot[8 * m + 2 * (l & 3)][0] + 2 * (l >> 2), 2);
+            memcpy(&hi, blk->smem + (unsigned)w.slot[8 * m + 2 * (l & 3) + 1][0] + 2 * (l >> 2), 2);
+            x[m] = lo | ((unsigned)hi << 16);
+        }
+    }
+    warp_sync();
+}
+template <typename T> float h2f(uint16_t v);
+template <> inline float h2f<__half>(uint16_t v) { return __half2float(__half{v}); }
+template <> inline float h2f<__nv_bfloat16>(uint16_t v) { return __bfloat162float(__nv_bfloat16{v}); }
+template <typename T>
+inline void mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    Warp& w = warp();
+    const int l = lane();
+    w.slot[l][0] = a[0]; w.slot[l][1] = a[1]; w.slot[l][2] = a[2]; w.slot[l][3] = a[3];
+    w.slot[l][4] = b0; w.slot[l][5] = b1;
+    warp_sync();
+    float A[16][16], B[16][8];
+    for (int ln = 0; ln < 32; ++ln) {
+        const int g = ln >> 2, t = ln & 3;
+        auto lo = [&](uint64_t r) { return h2f<T>((uint16_t)(r & 0xffff)); };
+        auto hi = [&](uint64_t r) { return h2f<T>((uint16_t)((r >> 16) & 0xffff)); };
+        A[g][2 * t] = lo(w.slot[ln][0]); A[g][2 * t + 1] = hi(w.slot[ln][0]);
+        A[g + 8][2 * t] = lo(w.slot[ln][1]); A[g + 8][2 * t + 1] = hi(w.slot[ln][1]);
+        A[g][2 * t + 8] = lo(w.slot[ln][2]); A[g][2 * t + 9] = hi(w.slot[ln][2]);
+        A[g + 8][2 * t + 8] = lo(w.slot[ln][3]); A[g + 8][2 * t + 9] = hi(w.slot[ln][3]);
+        B[2 * t][g] = lo(w.slot[ln][4]); B[2 * t + 1][g] = hi(w.slot[ln][4]);
+        B[2 * t + 8][g] = lo(w.slot[ln][5]); B[2 * t + 9][g] = hi(w.slot[ln][5]);
+    }
+    warp_sync();
+    const int g = l >> 2, t = l & 3;
+    const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    for (int e = 0; e < 4; ++e) {
+        double s = 0;
+        for (int k = 0; k < 16; ++k) s += (double)A[rows[e]][k] * B[k][cols[e]];
+        d[e] += (float)s;
+    }
+}
+inline float shfl(float v, int src) {
+    Warp& w = warp();
+    const int l = lane();
+    uint32_t u; memcpy(&u, &v, 4);
+    w.slot[l][7] = u;
+    warp_sync();
+    uint32_t r = (uint32_t)w.slot[src][7];
+    warp_sync();
+    float f; memcpy(&f, &r, 4);
+    return f;
+}
+
+// Run `kernel` over a grid, each block's threads as OS threads.
+inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& kernel) {
+    bdim = Dim3{(unsigned)threads, 1, 1};
+    std::vector<unsigned char> smem(smem_bytes + 16);
+    for (unsigned z = 0; z < grid.z; ++z)
+        for (unsigned y = 0; y < grid.y; ++y)
+            for (unsigned x = 0; x < grid.x; ++x) {
+                std::fill(smem.begin(), smem.end(), 0xAB);
+                std::barrier<> bar(threads);
+                int nw = threads / 32;
+                std::vector<std::barrier<>*> wb;
+                std::vector<Warp> warps(nw);
+                for (int i = 0; i < nw; ++i) { warps[i].bar = new std::barrier<>(32); }
+                Block b{&bar, warps.data(), smem.data()};
+                std::vector<std::thread> ts;
+                for (int t = 0; t < threads; ++t) {
+                    ts.emplace_back([&, t] {
+                        blk = &b; tid = Dim3{(unsigned)t, 0, 0}; bid = Dim3{x, y, z};
+                        kernel();
+                    });
+                }
+                for (auto& th : ts) th.join();
+                for (auto& w : warps) delete w.bar;
+            }
+}
+}  // namespace emu
+
+#define threadIdx emu::tid
+#define blockIdx emu::bid
+#define blockDim emu::bdim
+inline void __syncthreads() { emu::blk->bar->arrive_and_wait(); }
+inline void __syncwarp() { emu::warp_sync(); }
+inline float __shfl_xor_sync(unsigned, float v, int off) { return emu::shfl(v, emu::lane() ^ off); }
+inline float __shfl_up_sync(unsigned, float v, int d) {
+    const int l = emu::lane();
+    float r = emu::shfl(v, l >= d ? l - d : l);
+    return r;
+}
