@@ -1715,10 +1715,10 @@ fn the_decode_kernel_refuses_a_bad_pool_with_a_typed_error() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The host emulator of the chunked backward (tools/cuda-emu)
+// The host emulator of the chunked backward (benches/cuda-emu)
 
 /// Writes each hard case the chunked backward takes (both 16-bit dtypes, with and without dht)
-/// with the oracle's gradients into `$EMU_CASES`, for tools/cuda-emu's `hard_case` runner
+/// with the oracle's gradients into `$EMU_CASES`, for benches/cuda-emu's `hard_case` runner
 /// (format: its README). Needs no GPU; run with `--ignored`.
 #[test]
 #[ignore]
