@@ -192,7 +192,7 @@ impl ExactScratch {
 
 #[derive(Debug)]
 enum Scratch {
-    Exact(ExactScratch),
+    Exact(Box<ExactScratch>),
     Chunked(Box<ChunkedScratch>),
 }
 
@@ -222,7 +222,7 @@ impl BackwardWorkspace {
         path: BackwardPath,
     ) -> Result<Self> {
         let scratch = match path {
-            BackwardPath::Exact => Scratch::Exact(ExactScratch::new(ctx, problem)?),
+            BackwardPath::Exact => Scratch::Exact(Box::new(ExactScratch::new(ctx, problem)?)),
             BackwardPath::Chunked => {
                 if !super::chunk_bwd::chunked_backward_runs(ctx, problem, dtype)? {
                     return Err(chunked_unsupported(problem, dtype));

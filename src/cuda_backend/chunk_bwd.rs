@@ -216,6 +216,7 @@ impl ChunkedScratch {
 
     /// Enqueue every launch; `backward_into` checked the tensors against the problem and
     /// that this workspace was made for it and the inputs' dtype.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn record(
         &self,
         ctx: &Context,
