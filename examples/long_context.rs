@@ -195,7 +195,7 @@ fn draw(
         for (start, len, x, slab_do) in slabs {
             // Tensors past the largest buffer span several; write_range finds the buffers.
             let write = |t: &GpuTensor, values: &[f32]| {
-                t.write_range(&ctx, start * (values.len() / len), values)
+                t.write_range(ctx, start * (values.len() / len), values)
             };
             write(&q, &x.q.data)?;
             write(&k, &x.k.data)?;
