@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 
 use crate::error::{Error, Result};
-use crate::wgpu_backend::backward::MemoryBudget;
 use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
@@ -239,5 +238,55 @@ fn parse_shader_checks(s: &str) -> Result<ShaderChecks> {
             "all, no-loop-bounding or none",
             format!("{other:?}"),
         )),
+    }
+}
+
+/// How much device memory a backward plan may use: its workspace (scratch for one window,
+/// tables) plus the state checkpoints `forward_saved` keeps for it (`backward::PlanBytes`). The
+/// caller's inputs, what the forward keeps besides checkpoints, and the gradients are not
+/// part of it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryBudget {
+    /// At most this many bytes.
+    Bytes(u64),
+    /// This many times the backward's inputs (`backward::input_bytes`: q, k, v, g, β, do), or the
+    /// least plan where that is more (problems of a few chunks per sequence, whose one-chunk
+    /// windows and states outweigh their tokens).
+    TimesInputs(u32),
+    /// No budget: windows only where a binding requires them (the whole problem at once
+    /// otherwise; the fastest plan).
+    Unbounded,
+}
+
+impl MemoryBudget {
+    /// Twice the inputs. The backward then holds about four times its inputs at its peak
+    /// (the inputs, gradients of their size, and this budget) instead of ~11× (f32 storage
+    /// ~6×) with its whole-problem workspace, and windows of a fifth of the tokens or longer
+    /// at K = V = 128 keep every pass's grid full on large problems (docs/backward.md).
+    pub const DEFAULT: MemoryBudget = MemoryBudget::TimesInputs(2);
+
+    /// Parse `unbounded`, `Nx` (N ≥ 1 times the inputs) or a byte count with an optional
+    /// `KiB`/`MiB`/`GiB` suffix (at least 1); `name` names the setting in the error.
+    pub fn parse(name: &str, s: &str) -> Result<Self> {
+        let t = s.trim();
+        let parsed = if t.eq_ignore_ascii_case("unbounded") {
+            Some(MemoryBudget::Unbounded)
+        } else if let Some(n) = t.strip_suffix(['x', 'X']) {
+            n.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|&n| n > 0)
+                .map(MemoryBudget::TimesInputs)
+        } else {
+            parse_bytes(t).filter(|&b| b > 0).map(MemoryBudget::Bytes)
+        };
+        parsed.ok_or_else(|| {
+            Error::value(
+                name,
+                "a byte count (optionally with KiB, MiB or GiB), Nx (N times the \
+                 backward's inputs) or unbounded",
+                format!("{s:?}"),
+            )
+        })
     }
 }

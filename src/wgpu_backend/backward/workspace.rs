@@ -11,7 +11,6 @@
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, Problem};
 use crate::tensor::DType;
-use crate::wgpu_backend::config::parse_bytes;
 use crate::wgpu_backend::forward::planned_windows;
 use crate::wgpu_backend::params::{Params, upload_u32};
 use crate::wgpu_backend::path::ComputePath;
@@ -20,55 +19,7 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 use super::{Saved, backward_costs, segment_table, storage_dtypes};
 
-/// How much device memory a backward plan may use: its workspace (scratch for one window,
-/// tables) plus the state checkpoints `forward_saved` keeps for it ([`PlanBytes`]). The
-/// caller's inputs, what the forward keeps besides checkpoints, and the gradients are not
-/// part of it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MemoryBudget {
-    /// At most this many bytes.
-    Bytes(u64),
-    /// This many times the backward's inputs ([`input_bytes`]: q, k, v, g, β, do), or the
-    /// least plan where that is more (problems of a few chunks per sequence, whose one-chunk
-    /// windows and states outweigh their tokens).
-    TimesInputs(u32),
-    /// No budget: windows only where a binding requires them (the whole problem at once
-    /// otherwise; the fastest plan).
-    Unbounded,
-}
-
-impl MemoryBudget {
-    /// Twice the inputs. The backward then holds about four times its inputs at its peak
-    /// (the inputs, gradients of their size, and this budget) instead of ~11× (f32 storage
-    /// ~6×) with its whole-problem workspace, and windows of a fifth of the tokens or longer
-    /// at K = V = 128 keep every pass's grid full on large problems (docs/backward.md).
-    pub const DEFAULT: MemoryBudget = MemoryBudget::TimesInputs(2);
-
-    /// Parse `unbounded`, `Nx` (N ≥ 1 times the inputs) or a byte count with an optional
-    /// `KiB`/`MiB`/`GiB` suffix (at least 1); `name` names the setting in the error.
-    pub fn parse(name: &str, s: &str) -> Result<Self> {
-        let t = s.trim();
-        let parsed = if t.eq_ignore_ascii_case("unbounded") {
-            Some(MemoryBudget::Unbounded)
-        } else if let Some(n) = t.strip_suffix(['x', 'X']) {
-            n.trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|&n| n > 0)
-                .map(MemoryBudget::TimesInputs)
-        } else {
-            parse_bytes(t).filter(|&b| b > 0).map(MemoryBudget::Bytes)
-        };
-        parsed.ok_or_else(|| {
-            Error::value(
-                name,
-                "a byte count (optionally with KiB, MiB or GiB), Nx (N times the \
-                 backward's inputs) or unbounded",
-                format!("{s:?}"),
-            )
-        })
-    }
-}
+pub use crate::wgpu_backend::config::MemoryBudget;
 
 /// Bytes of the backward's inputs with q, k, v, do stored as `dtype`: q, k, v, do, and g, β
 /// (f32) — what [`MemoryBudget::TimesInputs`] multiplies.
