@@ -497,27 +497,19 @@ impl GpuTensor {
                 format!("{elements:?}"),
             ));
         }
-        // One piece per buffer the range touches.
-        let per_buffer = self.parts.as_ref().map_or(usize::MAX, |p| p.elems());
         let mut data = Vec::with_capacity(elements.len());
-        let mut at = elements.start;
-        while at < elements.end {
-            let end = elements
-                .end
-                .min((at / per_buffer + 1).saturating_mul(per_buffer));
+        for (piece, buffer_end) in self.buffer_pieces(elements.clone()) {
             // Copies move whole words: widen to them (within the buffer), then trim.
             let per_word = 4 / self.dtype.size();
-            let first = at / per_word * per_word;
-            let buffer_end = (at / per_buffer + 1).saturating_mul(per_buffer);
-            let last = (end.div_ceil(per_word) * per_word)
+            let first = piece.start / per_word * per_word;
+            let last = (piece.end.div_ceil(per_word) * per_word)
                 .min(self.len())
                 .min(buffer_end);
             let host = self
                 .view("elements", first, &[last - first])?
                 .download_one_buffer(ctx)
                 .await?;
-            data.extend_from_slice(&host.data[at - first..end - first]);
-            at = end;
+            data.extend_from_slice(&host.data[piece.start - first..piece.end - first]);
         }
         Ok(HostTensor {
             shape: vec![elements.len()],
@@ -547,16 +539,30 @@ impl GpuTensor {
                 format!("{} elements from element {first}", values.len()),
             ));
         }
-        let per_buffer = self.parts.as_ref().map_or(usize::MAX, |p| p.elems());
-        let mut at = first;
-        while at < end {
-            let stop = end.min((at / per_buffer + 1).saturating_mul(per_buffer));
-            let view = self.view("first", at, &[stop - at])?;
-            let bytes = encode(&values[at - first..stop - first], self.dtype);
+        for (piece, _) in self.buffer_pieces(first..end) {
+            let view = self.view("first", piece.start, &[piece.len()])?;
+            let bytes = encode(&values[piece.start - first..piece.end - first], self.dtype);
             ctx.queue.write_buffer(&view.buffer, view.offset(), &bytes);
-            at = stop;
         }
         Ok(())
+    }
+
+    /// `elements` cut at the boundaries of the tensor's buffers: each piece with the end of
+    /// the buffer it lies in (one piece for a tensor in one buffer).
+    fn buffer_pieces(
+        &self,
+        elements: std::ops::Range<usize>,
+    ) -> impl Iterator<Item = (std::ops::Range<usize>, usize)> {
+        let per_buffer = self.parts.as_ref().map_or(usize::MAX, |p| p.elems());
+        let mut at = elements.start;
+        std::iter::from_fn(move || {
+            (at < elements.end).then(|| {
+                let buffer_end = (at / per_buffer + 1).saturating_mul(per_buffer);
+                let piece = at..elements.end.min(buffer_end);
+                at = piece.end;
+                (piece, buffer_end)
+            })
+        })
     }
 
     /// [`GpuTensor::download_range`], blocking (native only).
