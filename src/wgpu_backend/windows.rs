@@ -418,9 +418,10 @@ mod tests {
         }
     }
 
-    /// Buffers of 128 tokens: every window ends at their boundaries, cutting the chunks of
-    /// varlen sequences that cross one (a length-2 sequence into two length-1 pieces, a long
-    /// one at every boundary), and the pieces after a cut count their chunks from it.
+    /// Buffers of 128 tokens: windows end at every boundary, cutting the chunks of varlen
+    /// sequences that cross one (a length-2 sequence into two length-1 pieces, long ones
+    /// mid-chunk), and the pieces after a cut count their chunks from it (so the long
+    /// sequence's later boundaries cut none of its chunks).
     #[test]
     fn chunks_across_buffer_boundaries_are_cut_there() {
         let p = varlen(vec![0, 100, 127, 129, 130, 255, 256, 257, 600, 700]);
