@@ -119,7 +119,7 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg) {
 #ifdef OLD
 #define FWD_T(BVV, KSS) fwd<T, BVV>
 #else
-#define FWD_T(BVV, KSS) fwd<T, BVV, KSS>
+#define FWD_T(BVV, KSS) (K == 128 ? fwd<T, BVV, KSS, 128> : fwd<T, BVV, KSS>)
 #endif
 #ifdef OLD
         if (BV == 32) { SEQ(32, 1) } else if (BV == 64) { SEQ(64, 1) } else { SEQ(128, 1) }

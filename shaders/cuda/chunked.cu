@@ -10,7 +10,8 @@
 //                    P = scale·(Γ⊙QKᵀ) (i ≥ j); and the decays γ = e^G, γ_C/γ in f32.
 //   gdn_chunk_fwd{32,64,128}_*
 //                    one block per (V-block, v-head, unit), sequential over the unit's chunks,
-//                    a warp per 16 state columns, the f32 state in registers; per chunk
+//                    the f32 state in registers, a warp pair (V-blocks 32, 64) or a warp (128)
+//                    per 16 state columns; per chunk
 //                      X = V − diag(γ)·K·S,  v' = T·diag(β)·X   (= FLA's U − W·S),
 //                      O = scale·diag(γ)·Q·S + P·v',
 //                      S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v').
@@ -37,8 +38,13 @@
 //   state in registers it costs MMAs but no barrier, while a separate pass would write and
 //   read back the per-chunk states and v' (1.5 GiB more traffic at 16/64 × 32768).
 // - The sequential pass keeps each warp's state columns transposed in accumulator registers
-//   (see fwd below): no shared-memory round trip of the state, one barrier per chunk, the
-//   next chunk's tiles copied by cp.async while this one computes. With SPLIT_STATE the
+//   (see fwd below): no shared-memory round trip of the state, one block barrier per chunk,
+//   the next chunk's tiles copied by cp.async while this one computes. The chain is latency
+//   bound (one warp per scheduler at 16/64 heads × one sequence, 19 % of cycles issuing on
+//   the H200), so at V-blocks 32 and 64 two warps share 16 columns, each with half the
+//   state's K rows: half of K·S, Q·S and the state update each, the partial K·S (both
+//   warps) and Q·S (the warp that writes o) summed through shared memory after a barrier of
+//   the pair; X, v' are computed by both (the same sums in the same order: the same bits). With SPLIT_STATE the
 //   state enters K·S and Q·S as S_hi + S_lo (twice those MMAs, no rounding of the state;
 //   measured on the H200 it did not change the error, so it is off by default).
 // - Chunks never cross a sequence boundary: the host's chunk table gives each chunk's first
@@ -82,8 +88,9 @@ __device__ void l2norm(int rows, int K, const T* __restrict__ q, const T* __rest
 // Pass 2: per (V-block, v-head, unit), sequential over the unit's chunks. A unit is a whole
 // sequence, or with sequence parallelism one segment of it (the host's unit table).
 //
-// Warp w owns the 16 state columns col0 + 16w.. of the block and everything computed from
-// them, in the transposed orientation (columns as the MMA's M dimension), so that every
+// Warp w (KS = 1) or warp pair w (KS = 2, each warp half the state's K rows) owns the 16
+// state columns col0 + 16w.. of the block and everything computed from them, in the
+// transposed orientation (columns as the MMA's M dimension), so that every
 // accumulator is already the A operand of the next product (FlashAttention's P·V trick):
 //   Sᵀ (16 × K, f32)   the state's accumulators; rounded to the storage dtype they are the
 //                      A operand of (K·S)ᵀ = Sᵀ·Kᵀ and of (Q·S)ᵀ = Sᵀ·Qᵀ,
@@ -113,9 +120,9 @@ __device__ __forceinline__ void named_barrier(int id, int count) {
 
 // Pass 2's stage layout (byte offsets; mirrored by fwd_smem in chunked.rs): k, V's block,
 // T·diag(β), the decays (γ, then γ_C/γ), then q and P (not in the local pass). After the two
-// stages (of either pass): with KS = 1 one C × 16 staging tile of o per warp; with KS = 2 (the state's K rows
-// split over a pair of warps) per pair the two warps' f32 (K·S)ᵀ partial sums and the second
-// warp's (Q·S)ᵀ partial, whose slot is then the first warp's o staging tile.
+// stages (of either pass): with KS = 1 one C × 16 staging tile of o per warp; with KS = 2 (the
+// state's K rows split over a pair of warps) per pair the two warps' f32 (K·S)ᵀ partial sums
+// and one (Q·S)ᵀ partial, whose slot is then the o staging tile of the warp that writes o.
 template <int BV, int KS> struct FwdLayout {
     static constexpr int LDV = BV + 8;
     static constexpr int K_OFF = 0;
@@ -135,7 +142,9 @@ template <int BV, int KS> struct FwdLayout {
     static_assert(PART >= 2 * C * LDO, "the o staging tile fits a partial's slot");
 };
 
-template <typename T, int BV, int KS>
+// KD > 0: the key dimension as a compile-time constant (the common K = 128: no guards on the
+// K blocks, constant tile offsets); 0: p.key_dim.
+template <typename T, int BV, int KS, int KD = 0>
 __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     const int* __restrict__ units, const T* __restrict__ q,
                     const T* __restrict__ k, const T* __restrict__ v,
@@ -145,7 +154,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     float* __restrict__ seg_end) {
     using L = FwdLayout<BV, KS>;
     extern __shared__ __align__(128) unsigned char smem[];
-    const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int K = KD > 0 ? KD : p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
     const int first = units[4 * unit], end = units[4 * unit + 1];
     const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
@@ -175,7 +184,10 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const float* const part_other = reinterpret_cast<const float*>(after + cw * L::PAIR + (1 - kh) * L::PART);
     float* const part_q = reinterpret_cast<float*>(after + cw * L::PAIR + 2 * L::PART);
     T* const o_stage = KS == 1 ? reinterpret_cast<T*>(after) + warp * C * LDO : reinterpret_cast<T*>(part_q);
-    const bool writes_o = !local && kh == 0;
+    // Which warp of a pair finishes and writes o (the other sends its (Q·S)ᵀ partial): the
+    // first for column groups 0, 1, 4, 5, …, the second for 2, 3, 6, 7, … — so that the two
+    // warps of each scheduler (warps w and w + 4) carry the same work.
+    const bool writes_o = !local && kh == (KS == 2 ? (cw >> 1) & 1 : 0);
     // This lane's ldmatrix addresses within a stage.
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ (B[k][n] = K[n][k])
     const unsigned lane_qt = 2 * (L::Q_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Qᵀ
@@ -317,11 +329,11 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             if (KS == 2) put_part(part_mine, xacc);
             if (!local) {
                 state_times(oacc, lane_qt);
-                if (KS == 2 && kh == 1) put_part(part_q, oacc);
+                if (KS == 2 && !writes_o) put_part(part_q, oacc);
             }
             if (KS == 2) {
                 // The pair's partial sums: both warps add the other's (K·S)ᵀ (the same sum in
-                // either order: both get the same X), the first the second's (Q·S)ᵀ.
+                // either order: both get the same X), the one that writes o the other's (Q·S)ᵀ.
                 named_barrier(1 + cw, 64);
                 add_part(xacc, part_other);
                 if (writes_o) add_part(oacc, part_q);
@@ -478,8 +490,14 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
         const T* k, const T* v, const float* ws_f, const T* ws_a, const T* ws_p,                   \
         const float* h_in, const float* seg_start, T* o, float* h_out, float* seg_end) {           \
-        gdn::chunked::fwd<T, BV, KS>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in, seg_start, o,  \
-                                 h_out, seg_end);                                                  \
+        if (p.key_dim == gdn::chunked::MAX_K) {                                                    \
+            gdn::chunked::fwd<T, BV, KS, gdn::chunked::MAX_K>(p, chunks, units, q, k, v, ws_f, ws_a, \
+                                                              ws_p, h_in, seg_start, o, h_out,       \
+                                                              seg_end);                              \
+        } else {                                                                                   \
+            gdn::chunked::fwd<T, BV, KS>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in,          \
+                                         seg_start, o, h_out, seg_end);                            \
+        }                                                                                          \
     }
 
 #define GDN_CHUNKED(SUFFIX, T)                                                                     \
