@@ -64,7 +64,7 @@ struct Block {
 };
 inline thread_local Block* blk;
 inline thread_local Dim3 tid, bid;
-inline Dim3 bdim;
+inline Dim3 bdim, gdim;
 inline int lane() { return tid.x & 31; }
 inline Warp& warp() { return blk->warps[tid.x >> 5]; }
 inline void warp_sync() { warp().bar->arrive_and_wait(); }
@@ -149,6 +149,7 @@ inline float shfl(float v, int src) {
 // Run `kernel` over a grid, each block's threads as OS threads.
 inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& kernel) {
     bdim = Dim3{(unsigned)threads, 1, 1};
+    gdim = grid;
     std::vector<unsigned char> smem(smem_bytes + 16);
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
@@ -176,6 +177,7 @@ inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::functio
 #define threadIdx emu::tid
 #define blockIdx emu::bid
 #define blockDim emu::bdim
+#define gridDim emu::gdim
 inline void __syncthreads() { emu::blk->bar->arrive_and_wait(); }
 inline void __syncwarp() { emu::warp_sync(); }
 inline float __shfl_xor_sync(unsigned, float v, int off) { return emu::shfl(v, emu::lane() ^ off); }

@@ -216,7 +216,10 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     static_assert(LDF % 4 == 0, "16-byte rows of the f32 tiles");
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, H = p.heads_qk, HV = p.heads_v;
-    const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
+    // The grid is (chunks, v-heads); blocks are numbered v-head fastest, so that the v-heads
+    // of a GVA group, which read the same q and k tiles, run together and share them in L2.
+    const size_t lin = blockIdx.x + (size_t)blockIdx.y * gridDim.x;
+    const int chunk = (int)(lin / HV), hv = (int)(lin % HV), h = hv / p.group;
     const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
     const size_t ch = (size_t)chunk * HV + hv;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
