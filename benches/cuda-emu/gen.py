@@ -1,5 +1,7 @@
 # Builds kernels.inc: common.cuh, chunk.cuh and the chunked backward's passes with every
-# inline-PTX helper (ldmatrix, mma.sync, cp.async, cvta) replaced by shim.h's emulation.
+# inline-PTX helper (ldmatrix, mma.sync, cp.async, cvta, named barriers) replaced by shim.h's
+# emulation. `gen.py fwd [chunked.cu]` builds fwd_kernels.inc from the chunked forward and the
+# combine step instead (chunked.cu from another path: an older version, for an A/B).
 import os, re, sys
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.join(here, '..', '..', 'shaders', 'cuda') + '/'
@@ -49,9 +51,19 @@ for h, b in [
 ]:
     chunk = replace_body(chunk, h, b)
 out = '#include "shim.h"\n' + common + '\n' + chunk + '\n'
-for f in ['chunk_bwd_chain.cu', 'chunk_bwd_grad.cu']:
-    t = open(root + f).read()
-    out += '\n// ' + f + '\n' + t
+fwd = len(sys.argv) > 1 and sys.argv[1] == 'fwd'
+files = [root + 'chunk_bwd_chain.cu', root + 'chunk_bwd_grad.cu']
+if fwd:
+    files = [sys.argv[2] if len(sys.argv) > 2 else root + 'chunked.cu', root + 'chunk_combine.cu']
+for f in files:
+    t = open(f).read()
+    if 'void named_barrier(int id, int count) {' in t:
+        t = replace_body(t, '__device__ __forceinline__ void named_barrier(int id, int count) {', '{ emu::named_barrier(id, count); }')
+    # extern "C" kernels: plain host functions here (the templates are what the harness calls)
+    t = re.sub(r'#define GDN_[A-Z_]+\(.*?(?<!\\)\n(?=\S|\n)', '', t, flags=re.S)
+    t = re.sub(r'^GDN_[A-Z_]+\(.*\)\s*$', '', t, flags=re.M)
+    out += '\n// ' + os.path.basename(f) + '\n' + t
 out = out.replace('extern __shared__ __align__(128) unsigned char smem[];', 'unsigned char* smem = emu::blk->smem;')
+out = out.replace('extern __shared__ __align__(16) float smem[];', 'float* smem = reinterpret_cast<float*>(emu::blk->smem);')
 assert 'asm' not in re.sub(r'//.*', '', out), [l for l in out.split('\n') if 'asm' in l and not l.strip().startswith('//')][:5]
-open(os.path.join(here, 'kernels.inc'), 'w').write(out)
+open(os.path.join(here, 'fwd_kernels.inc' if fwd else 'kernels.inc'), 'w').write(out)

@@ -9,6 +9,9 @@
 #include <thread>
 #include <vector>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 
 #define __device__
 #define __global__
@@ -24,6 +27,8 @@ struct __nv_bfloat162 { __nv_bfloat16 a, b; };
 struct float2 { float x, y; };
 struct int2 { int x, y; };
 struct uint4 { unsigned x, y, z, w; };
+struct alignas(16) float4 { float x, y, z, w; };
+inline float4 make_float4(float a, float b, float c, float d) { return {a, b, c, d}; }
 inline float2 make_float2(float a, float b) { return {a, b}; }
 inline int2 make_int2(int a, int b) { return {a, b}; }
 inline uint4 make_uint4(unsigned a, unsigned b, unsigned c, unsigned d) { return {a, b, c, d}; }
@@ -54,13 +59,26 @@ struct Block {
     std::barrier<>* bar;
     Warp* warps;
     unsigned char* smem;
+    std::mutex named_lock{};
+    std::map<int, std::unique_ptr<std::barrier<>>> named{};  // bar.sync id, count
 };
 inline thread_local Block* blk;
 inline thread_local Dim3 tid, bid;
-inline Dim3 bdim;
+inline Dim3 bdim, gdim;
 inline int lane() { return tid.x & 31; }
 inline Warp& warp() { return blk->warps[tid.x >> 5]; }
 inline void warp_sync() { warp().bar->arrive_and_wait(); }
+// bar.sync id, count: the first thread to arrive makes the barrier of `count` threads.
+inline void named_barrier(int id, int count) {
+    std::barrier<>* b;
+    {
+        std::lock_guard<std::mutex> g(blk->named_lock);
+        auto& slot = blk->named[id];
+        if (!slot) slot = std::make_unique<std::barrier<>>(count);
+        b = slot.get();
+    }
+    b->arrive_and_wait();
+}
 inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - blk->smem); }
 inline void cp_async(unsigned dst, const void* src, int bytes) {
     unsigned char* d = blk->smem + dst;
@@ -131,6 +149,7 @@ inline float shfl(float v, int src) {
 // Run `kernel` over a grid, each block's threads as OS threads.
 inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::function<void()>& kernel) {
     bdim = Dim3{(unsigned)threads, 1, 1};
+    gdim = grid;
     std::vector<unsigned char> smem(smem_bytes + 16);
     for (unsigned z = 0; z < grid.z; ++z)
         for (unsigned y = 0; y < grid.y; ++y)
@@ -158,6 +177,7 @@ inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::functio
 #define threadIdx emu::tid
 #define blockIdx emu::bid
 #define blockDim emu::bdim
+#define gridDim emu::gdim
 inline void __syncthreads() { emu::blk->bar->arrive_and_wait(); }
 inline void __syncwarp() { emu::warp_sync(); }
 inline float __shfl_xor_sync(unsigned, float v, int off) { return emu::shfl(v, emu::lane() ^ off); }

@@ -212,9 +212,14 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
                      const float* __restrict__ dt_bias, float* __restrict__ ws_f,
                      T* __restrict__ ws_a, T* __restrict__ ws_p, T* __restrict__ ws_t = nullptr) {
     static_assert(PREP_TILE == 4 * C * LDF, "q's tile is reused for T");
+    static_assert(PREP_THREADS >= 3 * 64, "a thread per row quarter of block row 3");
+    static_assert(LDF % 4 == 0, "16-byte rows of the f32 tiles");
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, H = p.heads_qk, HV = p.heads_v;
-    const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
+    // The grid is (chunks, v-heads); blocks are numbered v-head fastest, so that the v-heads
+    // of a GVA group, which read the same q and k tiles, run together and share them in L2.
+    const size_t lin = blockIdx.x + (size_t)blockIdx.y * gridDim.x;
+    const int chunk = (int)(lin / HV), hv = (int)(lin % HV), h = hv / p.group;
     const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
     const size_t ch = (size_t)chunk * HV + hv;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
@@ -314,39 +319,57 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     __syncthreads();
 
     // T = (I + L)⁻¹ in 16×16 blocks (§2.3). Diagonal blocks by forward substitution, one
-    // column per thread: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within the block.
+    // column per thread in registers: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within
+    // the block (the column's entries above c are zero, so the sum may start at 0).
     for (int idx = threadIdx.x; idx < C * C; idx += PREP_THREADS) t[(idx / C) * LDF + idx % C] = 0.0f;
     __syncthreads();
     if (threadIdx.x < C) {
         const int b = (threadIdx.x / 16) * 16, c = threadIdx.x % 16;
-        t[(b + c) * LDF + b + c] = 1.0f;
-        for (int i = c + 1; i < 16; ++i) {
+        float col[16];
+#pragma unroll
+        for (int i = 0; i < 16; ++i) {
             float acc = 0.0f;
-            for (int j = c; j < i; ++j) acc = fmaf(a[(b + i) * LDF + b + j], t[(b + j) * LDF + b + c], acc);
-            t[(b + i) * LDF + b + c] = -acc;
+#pragma unroll
+            for (int j = 0; j < i; ++j) acc = fmaf(a[(b + i) * LDF + b + j], col[j], acc);
+            col[i] = i == c ? 1.0f : (i > c ? -acc : 0.0f);
         }
+#pragma unroll
+        for (int i = 0; i < 16; ++i) t[(b + i) * LDF + b + c] = col[i];
     }
     __syncthreads();
     // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
-    // sums staged in xs.
+    // sums staged in xs (c·256 + row·16 + column). Each thread computes four consecutive
+    // columns of one row (a broadcast of L or T_rr and a 16-byte load per four FMAs).
     for (int r = 1; r < C / 16; ++r) {
-        for (int e = threadIdx.x; e < r * 256; e += PREP_THREADS) {
-            const int c = e / 256, i = (e % 256) / 16, j = e % 16;
-            float acc = 0.0f;
-            for (int m = c; m < r; ++m) {
-#pragma unroll
-                for (int l = 0; l < 16; ++l) {
-                    acc = fmaf(a[(16 * r + i) * LDF + 16 * m + l], t[(16 * m + l) * LDF + 16 * c + j], acc);
-                }
+        const int e = threadIdx.x, c = e / 64, i = (e % 64) / 4, j4 = (e % 4) * 4;
+        if (c < r) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const float* arow = a + (16 * r + i) * LDF;
+            for (int kk = 16 * c; kk < 16 * r; ++kk) {
+                const float l = arow[kk];
+                const float4 tv = *reinterpret_cast<const float4*>(t + kk * LDF + 16 * c + j4);
+                acc[0] = fmaf(l, tv.x, acc[0]);
+                acc[1] = fmaf(l, tv.y, acc[1]);
+                acc[2] = fmaf(l, tv.z, acc[2]);
+                acc[3] = fmaf(l, tv.w, acc[3]);
             }
-            xs[e] = acc;
+            *reinterpret_cast<float4*>(xs + c * 256 + i * 16 + j4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
         }
         __syncthreads();
-        for (int e = threadIdx.x; e < r * 256; e += PREP_THREADS) {
-            const int c = e / 256, i = (e % 256) / 16, j = e % 16;
-            float acc = 0.0f;
-            for (int l = 0; l <= i; ++l) acc = fmaf(t[(16 * r + i) * LDF + 16 * r + l], xs[c * 256 + l * 16 + j], acc);
-            t[(16 * r + i) * LDF + 16 * c + j] = -acc;
+        if (c < r) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            const float* trow = t + (16 * r + i) * LDF + 16 * r;
+#pragma unroll
+            for (int l = 0; l < 16; ++l) {
+                const float tl = trow[l];  // zero above the diagonal
+                const float4 xv = *reinterpret_cast<const float4*>(xs + c * 256 + l * 16 + j4);
+                acc[0] = fmaf(tl, xv.x, acc[0]);
+                acc[1] = fmaf(tl, xv.y, acc[1]);
+                acc[2] = fmaf(tl, xv.z, acc[2]);
+                acc[3] = fmaf(tl, xv.w, acc[3]);
+            }
+            *reinterpret_cast<float4*>(t + (16 * r + i) * LDF + 16 * c + j4) =
+                make_float4(-acc[0], -acc[1], -acc[2], -acc[3]);
         }
         __syncthreads();
     }

@@ -10,7 +10,8 @@
 //                    P = scale·(Γ⊙QKᵀ) (i ≥ j); and the decays γ = e^G, γ_C/γ in f32.
 //   gdn_chunk_fwd{32,64,128}_*
 //                    one block per (V-block, v-head, unit), sequential over the unit's chunks,
-//                    a warp per 16 state columns, the f32 state in registers; per chunk
+//                    the f32 state in registers, a warp pair (V-blocks 32, 64) or a warp (128)
+//                    per 16 state columns; per chunk
 //                      X = V − diag(γ)·K·S,  v' = T·diag(β)·X   (= FLA's U − W·S),
 //                      O = scale·diag(γ)·Q·S + P·v',
 //                      S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v').
@@ -37,8 +38,13 @@
 //   state in registers it costs MMAs but no barrier, while a separate pass would write and
 //   read back the per-chunk states and v' (1.5 GiB more traffic at 16/64 × 32768).
 // - The sequential pass keeps each warp's state columns transposed in accumulator registers
-//   (see fwd below): no shared-memory round trip of the state, one barrier per chunk, the
-//   next chunk's tiles copied by cp.async while this one computes. With SPLIT_STATE the
+//   (see fwd below): no shared-memory round trip of the state, one block barrier per chunk,
+//   the next chunk's tiles copied by cp.async while this one computes. The chain is latency
+//   bound (one warp per scheduler at 16/64 heads × one sequence, 19 % of cycles issuing on
+//   the H200), so at V-blocks 32 and 64 two warps share 16 columns, each with half the
+//   state's K rows: half of K·S, Q·S and the state update each, the partial K·S (both
+//   warps) and Q·S (the warp that writes o) summed through shared memory after a barrier of
+//   the pair; X, v' are computed by both (the same sums in the same order: the same bits). With SPLIT_STATE the
 //   state enters K·S and Q·S as S_hi + S_lo (twice those MMAs, no rounding of the state;
 //   measured on the H200 it did not change the error, so it is off by default).
 // - Chunks never cross a sequence boundary: the host's chunk table gives each chunk's first
@@ -82,8 +88,9 @@ __device__ void l2norm(int rows, int K, const T* __restrict__ q, const T* __rest
 // Pass 2: per (V-block, v-head, unit), sequential over the unit's chunks. A unit is a whole
 // sequence, or with sequence parallelism one segment of it (the host's unit table).
 //
-// Warp w owns the 16 state columns col0 + 16w.. of the block and everything computed from
-// them, in the transposed orientation (columns as the MMA's M dimension), so that every
+// Warp w (KS = 1) or warp pair w (KS = 2, each warp half the state's K rows) owns the 16
+// state columns col0 + 16w.. of the block and everything computed from them, in the
+// transposed orientation (columns as the MMA's M dimension), so that every
 // accumulator is already the A operand of the next product (FlashAttention's P·V trick):
 //   Sᵀ (16 × K, f32)   the state's accumulators; rounded to the storage dtype they are the
 //                      A operand of (K·S)ᵀ = Sᵀ·Kᵀ and of (Q·S)ᵀ = Sᵀ·Qᵀ,
@@ -106,10 +113,17 @@ constexpr int UNIT_LAST = 2;   // the unit ends its sequence: its end state is t
 constexpr int LOCAL_PASS = 1 << 9;
 
 
+// A barrier of the `count` threads (whole warps) that use barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void named_barrier(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // Pass 2's stage layout (byte offsets; mirrored by fwd_smem in chunked.rs): k, V's block,
-// T·diag(β), the decays (γ, then γ_C/γ), then q and P (not in the local pass). After both
-// stages, one C × 16 staging tile of o per warp.
-template <int BV> struct FwdLayout {
+// T·diag(β), the decays (γ, then γ_C/γ), then q and P (not in the local pass). After the two
+// stages (of either pass): with KS = 1 one C × 16 staging tile of o per warp; with KS = 2 (the
+// state's K rows split over a pair of warps) per pair the two warps' f32 (K·S)ᵀ partial sums
+// and one (Q·S)ᵀ partial, whose slot is then the o staging tile of the warp that writes o.
+template <int BV, int KS> struct FwdLayout {
     static constexpr int LDV = BV + 8;
     static constexpr int K_OFF = 0;
     static constexpr int V_OFF = K_OFF + 2 * C * LDK;
@@ -119,11 +133,18 @@ template <int BV> struct FwdLayout {
     static constexpr int P_OFF = Q_OFF + 2 * C * LDK;
     static constexpr int LOCAL_STAGE = Q_OFF;
     static constexpr int MAIN_STAGE = P_OFF + 2 * C * LDC;
-    static constexpr int WARPS = BV / 16;
+    static constexpr int COL_WARPS = BV / 16;  // warps across the block's columns
+    static constexpr int WARPS = KS * COL_WARPS;
     static constexpr int THREADS = 32 * WARPS;
+    static constexpr int PART = 4 * C * 16;  // bytes of one warp's f32 C × 16 partial sum
+    static constexpr int PAIR = 3 * PART;    // KS = 2: two (K·S)ᵀ partials, one (Q·S)ᵀ
+    static_assert(KS == 1 || KS == 2, "one warp or a pair per 16 state columns");
+    static_assert(PART >= 2 * C * LDO, "the o staging tile fits a partial's slot");
 };
 
-template <typename T, int BV>
+// KD > 0: the key dimension as a compile-time constant (the common K = 128: no guards on the
+// K blocks, constant tile offsets); 0: p.key_dim.
+template <typename T, int BV, int KS, int KD = 0>
 __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     const int* __restrict__ units, const T* __restrict__ q,
                     const T* __restrict__ k, const T* __restrict__ v,
@@ -131,9 +152,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     const T* __restrict__ ws_p, const float* h_in,
                     const float* __restrict__ seg_start, T* __restrict__ o, float* h_out,
                     float* __restrict__ seg_end) {
-    using L = FwdLayout<BV>;
+    using L = FwdLayout<BV, KS>;
     extern __shared__ __align__(128) unsigned char smem[];
-    const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int K = KD > 0 ? KD : p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
     const int first = units[4 * unit], end = units[4 * unit + 1];
     const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
@@ -146,14 +167,27 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const int cols = transition ? K : V;
     const int col0 = (transition ? (int)blockIdx.x - v_blocks : (int)blockIdx.x) * BV;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wc = warp * 16;  // the warp's first column in the block
+    // Warp `warp` owns state columns cw·16.. of the block and (KS = 2) the K rows of half kh:
+    // 16-row blocks kb0 .. kb0 + nkw of the nk = K/16.
+    const int cw = warp / KS, kh = warp % KS;
+    const int wc = cw * 16;    // the warp's first column in the block
     const int c0 = col0 + wc;  // ... in the state (cols and c0 are multiples of 16)
     const bool active = c0 < cols;
-    const int nk = K / 16;
+    const int nk = K / 16, nk_half = (nk + KS - 1) / KS;
+    const int kb0 = kh * nk_half, nkw = min(nk_half, nk - kb0);
+    constexpr int KBW = MAX_K / 16 / KS;  // the most 16-row blocks a warp holds
 
     const int stage_bytes = local ? L::LOCAL_STAGE : L::MAIN_STAGE;
     const unsigned smem0 = smem_addr(smem);
-    T* const o_stage = reinterpret_cast<T*>(smem + 2 * L::MAIN_STAGE) + warp * C * LDO;
+    unsigned char* const after = smem + 2 * stage_bytes;
+    float* const part_mine = reinterpret_cast<float*>(after + cw * L::PAIR + kh * L::PART);
+    const float* const part_other = reinterpret_cast<const float*>(after + cw * L::PAIR + (1 - kh) * L::PART);
+    float* const part_q = reinterpret_cast<float*>(after + cw * L::PAIR + 2 * L::PART);
+    T* const o_stage = KS == 1 ? reinterpret_cast<T*>(after) + warp * C * LDO : reinterpret_cast<T*>(part_q);
+    // Which warp of a pair finishes and writes o (the other sends its (Q·S)ᵀ partial): the
+    // first for column groups 0, 1, 4, 5, …, the second for 2, 3, 6, 7, … — so that the two
+    // warps of each scheduler (warps w and w + 4) carry the same work.
+    const bool writes_o = !local && kh == (KS == 2 ? (cw >> 1) & 1 : 0);
     // This lane's ldmatrix addresses within a stage.
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ (B[k][n] = K[n][k])
     const unsigned lane_qt = 2 * (L::Q_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Qᵀ
@@ -185,20 +219,21 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }
     };
 
-    // The state: sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows 8j + 2t, 8j + 2t + 1.
+    // The state: sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows
+    // 16·kb0 + 8j + 2t, + 1.
     const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
     auto user_state_at = [&](int r, int c) -> size_t {
         return user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c);
     };
     const size_t unit_slice = ((size_t)unit * HV + hv) * (size_t)K;
-    float sacc[MAX_K / 8][4];
+    float sacc[2 * KBW][4];
 #pragma unroll
-    for (int j = 0; j < MAX_K / 8; ++j) {
+    for (int j = 0; j < 2 * KBW; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            const int r = 16 * kb0 + 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
             float x = 0.0f;
-            if (active && j < 2 * nk) {
+            if (active && j < 2 * nkw) {
                 if (transition) x = r == c ? 1.0f : 0.0f;
                 else if (local) x = 0.0f;
                 else if (unit_flags & UNIT_FIRST) x = h_in != nullptr ? h_in[user_state_at(r, c)] : 0.0f;
@@ -207,6 +242,24 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             sacc[j][e] = x;
         }
     }
+
+    // A warp's C × 16 f32 partial to / from its slot: lane-major 16-byte vectors.
+    auto put_part = [&](float* dst, const float (&acc)[C / 8][4]) {
+#pragma unroll
+        for (int j = 0; j < C / 8; ++j) {
+            *reinterpret_cast<float4*>(dst + 4 * (32 * j + lane)) = make_float4(acc[j][0], acc[j][1], acc[j][2], acc[j][3]);
+        }
+    };
+    auto add_part = [&](float (&acc)[C / 8][4], const float* src) {
+#pragma unroll
+        for (int j = 0; j < C / 8; ++j) {
+            const float4 x = *reinterpret_cast<const float4*>(src + 4 * (32 * j + lane));
+            acc[j][0] += x.x;
+            acc[j][1] += x.y;
+            acc[j][2] += x.z;
+            acc[j][3] += x.w;
+        }
+    };
 
     auto info_of = [&](int c) { return c < end ? chunk_info(c) : make_int2(0, 0); };
     int2 info = info_of(first), info1 = info_of(first + 1);
@@ -237,14 +290,16 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 auto pk = [&](float lo, float hi) { return rest ? pack2_rest<T>(lo, hi) : pack2<T>(lo, hi); };
                 return make_uint4(pk(s0[0], s0[1]), pk(s0[2], s0[3]), pk(s1[0], s1[1]), pk(s1[2], s1[3]));
             };
-            // acc[0..7] += Sᵀ·Bᵀ over K in 16-row blocks, B = k or q (C × K, token rows).
+            // acc[0..7] += Sᵀ·Bᵀ over the warp's K blocks, B = k or q (C × K, token rows).
             auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt) {
 #pragma unroll
-                for (int kb = 0; kb < MAX_K / 16; ++kb) {
-                    if (kb < nk) {
+                for (int kb = 0; kb < KBW; ++kb) {
+                    if (kb < nkw) {
                         unsigned fb[C / 16][4];
 #pragma unroll
-                        for (int jp = 0; jp < C / 16; ++jp) ldsm4(fb[jp], base + lane_bt + 2 * (16 * jp * LDK + 16 * kb));
+                        for (int jp = 0; jp < C / 16; ++jp) {
+                            ldsm4(fb[jp], base + lane_bt + 2 * (16 * jp * LDK + 16 * (kb0 + kb)));
+                        }
 #pragma unroll
                         for (int part = 0; part < 2; ++part) {
                             if (part == 1 && !split) break;
@@ -260,14 +315,29 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 }
             };
 
-            // (K·S)ᵀ = Sᵀ·Kᵀ.
-            float xacc[C / 8][4];
+            // (K·S)ᵀ = Sᵀ·Kᵀ (this warp's K rows), and (Q·S)ᵀ likewise (main pass only).
+            float xacc[C / 8][4], oacc[C / 8][4];
 #pragma unroll
             for (int j = 0; j < C / 8; ++j) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) xacc[j][e] = 0.0f;
+                for (int e = 0; e < 4; ++e) {
+                    xacc[j][e] = 0.0f;
+                    oacc[j][e] = 0.0f;
+                }
             }
             state_times(xacc, lane_kt);
+            if (KS == 2) put_part(part_mine, xacc);
+            if (!local) {
+                state_times(oacc, lane_qt);
+                if (KS == 2 && !writes_o) put_part(part_q, oacc);
+            }
+            if (KS == 2) {
+                // The pair's partial sums: both warps add the other's (K·S)ᵀ (the same sum in
+                // either order: both get the same X), the one that writes o the other's (Q·S)ᵀ.
+                named_barrier(1 + cw, 64);
+                add_part(xacc, part_other);
+                if (writes_o) add_part(oacc, part_q);
+            }
 
             // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ
             // (FLA's v' = U − W·S with U = T·diag(β)·V and W = T·diag(βγ)·K, without forming
@@ -287,15 +357,8 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 xa[kb][half + 1] = pack2<T>(x[2], x[3]);
             }
 
-            // Oᵀ = scale·(Q·S)ᵀ·diag(γ) so far (main pass only).
-            float oacc[C / 8][4];
-#pragma unroll
-            for (int j = 0; j < C / 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) oacc[j][e] = 0.0f;
-            }
-            if (!local) {
-                state_times(oacc, lane_qt);
+            // Oᵀ = scale·(Q·S)ᵀ·diag(γ) so far (the warp that writes o).
+            if (writes_o) {
 #pragma unroll
                 for (int j = 0; j < C / 8; ++j) {
                     const int i = 8 * j + 2 * t;
@@ -338,7 +401,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 vd[kb][half + 1] = pack2<T>(vacc[j][2] * d0, vacc[j][3] * d1);
             }
 
-            if (!local) {
+            if (writes_o) {
                 // Oᵀ += v'ᵀ·Pᵀ; P is lower triangular: token block ip reads blocks kb ≤ ip.
 #pragma unroll
                 for (int ip = 0; ip < C / 16; ++ip) {
@@ -351,7 +414,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                         MmaOp<T>::run(oacc[2 * ip + 1], va[kb], fp[kb][2], fp[kb][3]);
                     }
                 }
-                // o through the warp's staging tile: 16-byte stores of whole rows.
+                // o through the warp's staging tile: 16-byte stores of whole rows. With
+                // KS = 2 the tile is the (Q·S)ᵀ slot this warp has just read.
+                if (KS == 2) __syncwarp();
                 const int start = info.x, len = info.y;
 #pragma unroll
                 for (int j = 0; j < C / 8; ++j) {
@@ -373,25 +438,25 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 __syncwarp();
             }
 
-            // Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks.
+            // Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks (the warp's K rows).
             const float gamma_c = gam[C - 1];
 #pragma unroll
-            for (int j = 0; j < MAX_K / 8; ++j) {
+            for (int j = 0; j < 2 * KBW; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
             }
 #pragma unroll
             for (int kb = 0; kb < C / 16; ++kb) {
 #pragma unroll
-                for (int jb = 0; jb < MAX_K / 16; jb += 4) {
+                for (int jb = 0; jb < KBW; jb += 4) {
                     unsigned fk[4][4];
 #pragma unroll
                     for (int jj = 0; jj < 4; ++jj) {
-                        if (jb + jj < nk) ldsm4_t(fk[jj], base + lane_k + 2 * (16 * kb * LDK + 16 * (jb + jj)));
+                        if (jb + jj < nkw) ldsm4_t(fk[jj], base + lane_k + 2 * (16 * kb * LDK + 16 * (kb0 + jb + jj)));
                     }
 #pragma unroll
                     for (int jj = 0; jj < 4; ++jj) {
-                        if (jb + jj < nk) {
+                        if (jb + jj < nkw) {
                             MmaOp<T>::run(sacc[2 * (jb + jj)], vd[kb], fk[jj][0], fk[jj][1]);
                             MmaOp<T>::run(sacc[2 * (jb + jj) + 1], vd[kb], fk[jj][2], fk[jj][3]);
                         }
@@ -405,11 +470,11 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 
     if (!active) return;
 #pragma unroll
-    for (int j = 0; j < MAX_K / 8; ++j) {
+    for (int j = 0; j < 2 * KBW; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
-            if (j < 2 * nk) {
+            const int r = 16 * kb0 + 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            if (j < 2 * nkw) {
                 if (local) seg_end[(unit_slice + r) * (V + K) + (transition ? V : 0) + c] = sacc[j][e];
                 else if (unit_flags & UNIT_LAST) h_out[user_state_at(r, c)] = sacc[j][e];
             }
@@ -420,13 +485,19 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 }  // namespace chunked
 }  // namespace gdn
 
-#define GDN_CHUNK_FWD(SUFFIX, T, BV)                                                               \
-    extern "C" __global__ void __launch_bounds__(BV * 2, 1) gdn_chunk_fwd##BV##_##SUFFIX(          \
+#define GDN_CHUNK_FWD(SUFFIX, T, BV, KS)                                                           \
+    extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_fwd##BV##_##SUFFIX(     \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
         const T* k, const T* v, const float* ws_f, const T* ws_a, const T* ws_p,                   \
         const float* h_in, const float* seg_start, T* o, float* h_out, float* seg_end) {           \
-        gdn::chunked::fwd<T, BV>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in, seg_start, o,  \
-                                 h_out, seg_end);                                                  \
+        if (p.key_dim == gdn::chunked::MAX_K) {                                                    \
+            gdn::chunked::fwd<T, BV, KS, gdn::chunked::MAX_K>(p, chunks, units, q, k, v, ws_f, ws_a, \
+                                                              ws_p, h_in, seg_start, o, h_out,       \
+                                                              seg_end);                              \
+        } else {                                                                                   \
+            gdn::chunked::fwd<T, BV, KS>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in,          \
+                                         seg_start, o, h_out, seg_end);                            \
+        }                                                                                          \
     }
 
 #define GDN_CHUNKED(SUFFIX, T)                                                                     \
@@ -440,9 +511,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                                 const float* dt_bias, float* ws_f, T* ws_a, T* ws_p) {             \
         gdn::chunked::prep<T>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p);         \
     }                                                                                              \
-    GDN_CHUNK_FWD(SUFFIX, T, 32)                                                                   \
-    GDN_CHUNK_FWD(SUFFIX, T, 64)                                                                   \
-    GDN_CHUNK_FWD(SUFFIX, T, 128)
+    GDN_CHUNK_FWD(SUFFIX, T, 32, 2)                                                                \
+    GDN_CHUNK_FWD(SUFFIX, T, 64, 2)                                                                \
+    GDN_CHUNK_FWD(SUFFIX, T, 128, 1)
 
 GDN_CHUNKED(f16, __half)
 GDN_CHUNKED(bf16, __nv_bfloat16)
