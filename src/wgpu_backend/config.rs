@@ -282,32 +282,48 @@ fn parse_segments(s: &str) -> Result<SegmentChoice> {
 /// `GDN_SEGMENT_WINDOW` and `GDN_SEGMENT_WARMUP` (the warm-up cap is checked even while the
 /// window is off, so a typo is never silently ignored).
 fn parse_segment_window(window: Option<&str>, warmup: Option<&str>) -> Result<Option<SegmentWindow>> {
-    let max_warmup = match warmup.map(str::trim) {
-        None | Some("segment") => None,
-        Some(t) => Some(t.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
-            Error::value(
-                "GDN_SEGMENT_WARMUP",
-                "a number of chunks (at least 1) or segment",
-                format!("{t:?}"),
-            )
-        })?),
-    };
-    let threshold = match window.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
-        None | Some("exact") | Some("off") => return Ok(None),
-        Some("on") => SegmentWindow::DEFAULT_THRESHOLD,
-        Some(t) => t
-            .parse::<f32>()
-            .ok()
-            .filter(|x| x.is_finite() && *x < 0.0)
-            .ok_or_else(|| {
+    SegmentWindow::parse(
+        ("GDN_SEGMENT_WINDOW", window),
+        ("GDN_SEGMENT_WARMUP", warmup),
+    )
+}
+
+impl SegmentWindow {
+    /// Parse a window setting as `GDN_SEGMENT_WINDOW` takes it (`exact`, `off` or unset:
+    /// `None`; `on`; or a threshold below 0) with a warm-up cap as `GDN_SEGMENT_WARMUP`
+    /// takes it (chunks ≥ 1, `segment` or unset: the whole segment); each is (the name the
+    /// error gives, the value). The cap is checked even while the window is off.
+    pub fn parse(
+        (window_name, window): (&str, Option<&str>),
+        (warmup_name, warmup): (&str, Option<&str>),
+    ) -> Result<Option<SegmentWindow>> {
+        let max_warmup = match warmup.map(str::trim) {
+            None | Some("segment") => None,
+            Some(t) => Some(t.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
                 Error::value(
-                    "GDN_SEGMENT_WINDOW",
-                    "exact, off, on, or a log-decay threshold below 0 (e.g. -10)",
+                    warmup_name,
+                    "a number of chunks (at least 1) or segment",
                     format!("{t:?}"),
                 )
-            })?,
-    };
-    SegmentWindow::new(threshold, max_warmup).map(Some)
+            })?),
+        };
+        let threshold = match window.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("exact") | Some("off") => return Ok(None),
+            Some("on") => SegmentWindow::DEFAULT_THRESHOLD,
+            Some(t) => t
+                .parse::<f32>()
+                .ok()
+                .filter(|x| x.is_finite() && *x < 0.0)
+                .ok_or_else(|| {
+                    Error::value(
+                        window_name,
+                        "exact, off, on, or a log-decay threshold below 0 (e.g. -10)",
+                        format!("{t:?}"),
+                    )
+                })?,
+        };
+        SegmentWindow::new(threshold, max_warmup).map(Some)
+    }
 }
 
 /// Bytes, optionally with a binary suffix (`KiB`, `MiB`, `GiB`), a multiple of 4 (bindings
