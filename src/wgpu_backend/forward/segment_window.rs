@@ -10,6 +10,7 @@ use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// `warmup` of a (segment, v-head) that takes the exact transition.
+#[cfg_attr(target_arch = "wasm32", allow(dead_code))]
 pub(crate) const FALLBACK: u32 = u32::MAX;
 
 /// The buffers of [`segment_window`].

@@ -183,6 +183,7 @@ pub struct ForwardWorkspace {
     pub(crate) segment_window: Option<SegmentWindow>,
     /// Whether the last forward recorded through it ran the window (what
     /// [`Self::segment_paths`] reads back).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
     pub(crate) last_windowed: std::sync::atomic::AtomicBool,
 }
 
@@ -411,9 +412,9 @@ impl ForwardWorkspace {
             ))?;
             let warmup: &[u32] = bytemuck::cast_slice(&bytes);
             for &n in warmup.iter().take(st.num_segments * hv) {
+                // 0: a sequence's last segment, whose scans were skipped (no warm-up).
                 match n {
                     super::segment_window::FALLBACK => paths.exact += 1,
-                    0 => {}
                     n => {
                         paths.windowed += 1;
                         paths.longest_warmup_chunks = paths.longest_warmup_chunks.max(n as usize);
