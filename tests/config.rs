@@ -141,7 +141,11 @@ fn segment_window_settings() {
     ] {
         let mut vars = vec![("GDN_SEGMENT_WINDOW", w)];
         vars.extend(warmup.map(|m| ("GDN_SEGMENT_WARMUP", m)));
-        assert_eq!(parse(&vars).unwrap().segment_window, want, "{w:?} {warmup:?}");
+        assert_eq!(
+            parse(&vars).unwrap().segment_window,
+            want,
+            "{w:?} {warmup:?}"
+        );
     }
     for bad in ["", "0", "10", "yes", "-inf", "nan"] {
         expect_bad(&[("GDN_SEGMENT_WINDOW", bad)], "GDN_SEGMENT_WINDOW");

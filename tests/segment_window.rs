@@ -46,13 +46,17 @@ fn run(
     window: Option<SegmentWindow>,
 ) -> (HostTensor, HostTensor, SegmentPaths) {
     let up = common::upload_inputs(ctx, inputs);
-    let mut ws = ForwardWorkspace::with_segments(ctx, problem, dtype, path, segment_chunks).unwrap();
+    let mut ws =
+        ForwardWorkspace::with_segments(ctx, problem, dtype, path, segment_chunks).unwrap();
     ws.set_segment_window(window);
     assert_eq!(ws.segment_window(), window);
     let (o, st, _) = common::run_poisoned(ctx, problem, dtype, |encoder, outputs| {
         forward_into_workspace(ctx, encoder, problem, &up.as_ref(), outputs, &ws, None)
     });
-    let paths = ws.segment_paths(ctx).unwrap().expect("a segmented workspace");
+    let paths = ws
+        .segment_paths(ctx)
+        .unwrap()
+        .expect("a segmented workspace");
     (o, st, paths)
 }
 
@@ -162,14 +166,23 @@ fn heads_that_never_decay_are_bitwise_exact() {
             // The state of sequence 0, head 0: its first K·V values.
             let kv = p.key_dim * v;
             assert_eq!(
-                ws.data[..kv].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                es.data[..kv].iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                ws.data[..kv]
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>(),
+                es.data[..kv]
+                    .iter()
+                    .map(|x| x.to_bits())
+                    .collect::<Vec<_>>(),
                 "{path} final state, head 0"
             );
             let e_o = gdn_wgpu::relative_l2(&wo.data, &expected.o);
             let e_s = gdn_wgpu::relative_l2(&ws.data, &expected.final_state);
             eprintln!("{path} mixed h0 {h0}: o {e_o:.2e} state {e_s:.2e}");
-            assert!(e_o <= tol_o && e_s <= tol_s, "{path} h0 {h0}: o {e_o:e} state {e_s:e}");
+            assert!(
+                e_o <= tol_o && e_s <= tol_s,
+                "{path} h0 {h0}: o {e_o:e} state {e_s:e}"
+            );
         }
     }
 }
@@ -325,14 +338,20 @@ fn window_accuracy_table() {
         let mut x = 12345u64;
         (0..t * p.heads_v)
             .map(|_| {
-                x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 lo + (hi - lo) * ((x >> 40) as f32 / (1u64 << 24) as f32)
             })
             .collect()
     };
     type Regime = (&'static str, Option<Vec<f32>>, [Option<f32>; 4]);
     let regimes: Vec<Regime> = vec![
-        ("g uniform in [-20, -1]", Some(uniform(-20.0, -1.0)), [None; 4]),
+        (
+            "g uniform in [-20, -1]",
+            Some(uniform(-20.0, -1.0)),
+            [None; 4],
+        ),
         ("g = logsigmoid(N(0,1))", None, [None; 4]),
         ("g = -0.05 (chunk -3.2)", None, [Some(-0.05); 4]),
         ("g = -0.01 (chunk -0.64)", None, [Some(-0.01); 4]),
@@ -342,7 +361,9 @@ fn window_accuracy_table() {
             [Some(0.0), Some(-20.0), Some(-0.05), None],
         ),
     ];
-    println!("| gates | threshold | pairs windowed / exact | f32 o | f32 state | bf16 o | bf16 state |");
+    println!(
+        "| gates | threshold | pairs windowed / exact | f32 o | f32 state | bf16 o | bf16 state |"
+    );
     println!("|---|---|---|---|---|---|---|");
     for (name, per_token, heads) in &regimes {
         let mut rows: Vec<(String, String, Vec<f64>)> = Vec::new();
@@ -352,7 +373,10 @@ fn window_accuracy_table() {
                 inputs.g.data.copy_from_slice(g);
             }
             let expected = gdn_wgpu::reference::forward(&p, &inputs.as_ref()).unwrap();
-            for (i, thr) in [None, Some(-5.0), Some(-10.0), Some(-15.0)].into_iter().enumerate() {
+            for (i, thr) in [None, Some(-5.0), Some(-10.0), Some(-15.0)]
+                .into_iter()
+                .enumerate()
+            {
                 let w = thr.map(|t| SegmentWindow::new(t, None).unwrap());
                 let (o, st, paths) = run(ctx, &p, &inputs, dtype, ComputePath::Scalar, 8, w);
                 let eo = gdn_wgpu::relative_l2(&o.data, &expected.o);

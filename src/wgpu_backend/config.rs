@@ -281,7 +281,10 @@ fn parse_segments(s: &str) -> Result<SegmentChoice> {
 
 /// `GDN_SEGMENT_WINDOW` and `GDN_SEGMENT_WARMUP` (the warm-up cap is checked even while the
 /// window is off, so a typo is never silently ignored).
-fn parse_segment_window(window: Option<&str>, warmup: Option<&str>) -> Result<Option<SegmentWindow>> {
+fn parse_segment_window(
+    window: Option<&str>,
+    warmup: Option<&str>,
+) -> Result<Option<SegmentWindow>> {
     SegmentWindow::parse(
         ("GDN_SEGMENT_WINDOW", window),
         ("GDN_SEGMENT_WARMUP", warmup),

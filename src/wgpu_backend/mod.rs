@@ -33,9 +33,8 @@ pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, d
 pub use forward::forward_host;
 pub use forward::{
     Forward, ForwardWorkspace, Intermediates, RecurrentForward, SegmentPaths, forward,
-    forward_algorithm,
-    forward_into, forward_into_profiled, forward_into_with_algorithm, forward_into_with_path,
-    forward_into_workspace,
+    forward_algorithm, forward_into, forward_into_profiled, forward_into_with_algorithm,
+    forward_into_with_path, forward_into_workspace,
 };
 pub use path::{AlgorithmChoice, ComputePath, ForwardAlgorithm, PathChoice, PathSupport};
 pub use tensor::{GpuTensor, upload_inputs};

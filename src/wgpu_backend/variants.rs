@@ -49,8 +49,16 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
         variant(Pass::SegmentCombine, "identity", &[]),
         variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 0.0)]),
         variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 1.0)]),
-        variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 0.0), ("WINDOWED", 1.0)]),
-        variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 1.0), ("WINDOWED", 1.0)]),
+        variant(
+            Pass::SegmentCombine,
+            "combine",
+            &[("HAS_H0", 0.0), ("WINDOWED", 1.0)],
+        ),
+        variant(
+            Pass::SegmentCombine,
+            "combine",
+            &[("HAS_H0", 1.0), ("WINDOWED", 1.0)],
+        ),
         variant(Pass::SegmentCombine, "final_copy", &[]),
         variant(
             Pass::SegmentWindow,

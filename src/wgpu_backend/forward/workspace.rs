@@ -400,7 +400,10 @@ impl ForwardWorkspace {
         let mut paths = SegmentPaths::default();
         for w in &self.windows {
             let Some(st) = &w.segmented else { continue };
-            if !self.last_windowed.load(std::sync::atomic::Ordering::Relaxed) {
+            if !self
+                .last_windowed
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
                 paths.exact += st.num_segments * hv;
                 continue;
             }
