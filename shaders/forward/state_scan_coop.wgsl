@@ -131,14 +131,13 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let hk = params.heads_qk * KD;          // token stride of k16
     let hq = hv_count * KD;                 // token stride of qg16
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
-    // A table with a row per (segment, v-head) (segment_window's) may skip a pair entirely.
+    // A table with a row per (segment, v-head) (segment_window's) may give a pair length 0:
+    // no chunks, the state stored back as loaded (naga rejects an early return before
+    // cooperative ops: it counts storage loads as non-uniform).
     let seg_row = select(seg, seg * hv_count + hv, SEGMENTS_PER_HEAD);
     let seg_start = segments[3u * seg_row];
     let seg_len = segments[3u * seg_row + 1u];
     let slot = segments[3u * seg_row + 2u];
-    if (SEGMENTS_PER_HEAD && seg_len == 0u) {
-        return;
-    }
     let v_first = (params.flags & FLAG_STATE_V_FIRST) != 0u;
     let sbase = (slot * hv_count + hv) * KD * vd;
 
