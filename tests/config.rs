@@ -125,6 +125,41 @@ fn bad_v_block_is_an_error() {
     }
 }
 
+/// `GDN_SEGMENT_WINDOW` (exact by default) and `GDN_SEGMENT_WARMUP`.
+#[test]
+fn segment_window_settings() {
+    use gdn_wgpu::wgpu_backend::SegmentWindow;
+    assert_eq!(parse(&[]).unwrap().segment_window, None, "exact by default");
+    let window = |t, m| Some(SegmentWindow::new(t, m).unwrap());
+    for (w, warmup, want) in [
+        ("exact", None, None),
+        ("OFF", Some("4"), None),
+        ("on", None, Some(SegmentWindow::DEFAULT)),
+        ("on", Some("segment"), window(-10.0, None)),
+        (" -15 ", Some(" 8 "), window(-15.0, Some(8))),
+        ("-5.5", None, window(-5.5, None)),
+    ] {
+        let mut vars = vec![("GDN_SEGMENT_WINDOW", w)];
+        vars.extend(warmup.map(|m| ("GDN_SEGMENT_WARMUP", m)));
+        assert_eq!(
+            parse(&vars).unwrap().segment_window,
+            want,
+            "{w:?} {warmup:?}"
+        );
+    }
+    for bad in ["", "0", "10", "yes", "-inf", "nan"] {
+        expect_bad(&[("GDN_SEGMENT_WINDOW", bad)], "GDN_SEGMENT_WINDOW");
+    }
+    for bad in ["", "0", "-1", "all"] {
+        expect_bad(
+            &[("GDN_SEGMENT_WINDOW", "on"), ("GDN_SEGMENT_WARMUP", bad)],
+            "GDN_SEGMENT_WARMUP",
+        );
+        // Checked while the window is off too: a typo is never ignored.
+        expect_bad(&[("GDN_SEGMENT_WARMUP", bad)], "GDN_SEGMENT_WARMUP");
+    }
+}
+
 #[test]
 fn bad_segment_chunks_is_an_error() {
     for bad in ["", "-1", "two", "1.5", "on"] {

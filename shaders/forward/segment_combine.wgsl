@@ -8,6 +8,11 @@
 // state M_{n−1} start_{n−1} + E_{n−1} in the problem's layout. One workgroup per (sequence,
 // v-head, 16 state columns); invocation r owns state row r (K ≤ 256), in f32.
 //
+// With the gate-driven window (WINDOWED, segment_window.wgsl): a (segment, v-head) whose
+// `warmup` is not FALLBACK takes start_{i+1} = E_i (the end state of its warm-up from zero;
+// its transition was never scanned), and `final_copy` then writes the final state from the
+// final scan's end state of each sequence's last segment (that segment's E is not scanned).
+//
 // `identity` fills every M slot with the identity before the transition scan.
 
 @group(0) @binding(0) var<uniform> params: Params;                        // the problem's
@@ -18,8 +23,11 @@
 @group(0) @binding(5) var<storage, read_write> starts: array<f32>;        // [S, HV, K, V]
 @group(0) @binding(6) var<storage, read_write> final_state: array<f32>;   // [N, HV, K, V] (problem layout)
 @group(0) @binding(7) var<storage, read_write> trans_init: array<f32>;    // [S, HV, K, K]
+@group(0) @binding(8) var<storage, read> warmup: array<u32>;              // [S, HV] (WINDOWED)
 
 override HAS_H0: bool;
+override WINDOWED: bool = false;
+const FALLBACK: u32 = 0xffffffffu;     // segment_window's mark of an exact (segment, v-head)
 const COLS: u32 = 16u;
 
 var<workgroup> cur: array<f32, 4096>;   // the running state's 16 columns, [K][16]
@@ -80,8 +88,9 @@ fn combine(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
                            end_or_zero(sbase, 10u, w), end_or_zero(sbase, 11u, w));
             a3 = vec4<f32>(end_or_zero(sbase, 12u, w), end_or_zero(sbase, 13u, w),
                            end_or_zero(sbase, 14u, w), end_or_zero(sbase, 15u, w));
+            let exact = !WINDOWED || warmup[slot * hvc + hv] == FALLBACK;
             let mrow = ((slot * hvc + hv) * kd + t) * kd;
-            for (var j = 0u; j < kd; j++) {
+            for (var j = 0u; j < select(0u, kd, exact); j++) {
                 let m = trans[mrow + j];
                 let s = j * COLS;
                 a0 += m * vec4<f32>(cur[s], cur[s + 1u], cur[s + 2u], cur[s + 3u]);
@@ -107,6 +116,33 @@ fn combine(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
             if (c0 + c < vd) {
                 final_state[problem_index(n, hv, t, c0 + c)] = cur[t * COLS + c];
             }
+        }
+    }
+}
+
+// After the final scan (windowed combines only): each sequence's final state is its last
+// segment's end state, which the final scan left in `starts`, where that segment skipped its
+// scans. Exact last segments and sequences without segments (empty) keep what `combine`
+// wrote.
+@compute @workgroup_size(256)
+fn final_copy(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let n = wid.x;
+    let hv = wid.y;
+    let c0 = wid.z * COLS;
+    let kd = params.key_dim;
+    let vd = params.value_dim;
+    let count = seq_segments[2u * n + 1u];
+    if (count == 0u || t >= kd) {
+        return;
+    }
+    let slot = seq_segments[2u * n] + count - 1u;
+    if (warmup[slot * params.heads_v + hv] == FALLBACK) {
+        return;
+    }
+    let sbase = ((slot * params.heads_v + hv) * kd + t) * vd;
+    for (var c = 0u; c < COLS; c++) {
+        if (c0 + c < vd) {
+            final_state[problem_index(n, hv, t, c0 + c)] = starts[sbase + c0 + c];
         }
     }
 }

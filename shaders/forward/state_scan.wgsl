@@ -46,7 +46,7 @@
 @group(0) @binding(3) var<storage, read> v_buf: array<Elem>;              // [B·T, HV, V]
 @group(0) @binding(4) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
 @group(0) @binding(5) var<storage, read> gated: array<f32>;               // [B·T, HV, 128]: Γ⊙A⊙β | Γ⊙QKᵀ
-@group(0) @binding(6) var<storage, read> segments: array<u32>;            // start, length, state slot
+@group(0) @binding(6) var<storage, read> segments: array<u32>;            // start, length, state slot (per segment, or per (segment, v-head))
 @group(0) @binding(7) var<storage, read_write> state: array<f32>;         // [slots, HV, K, V] or V-first
 @group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;        // [B·T, HV, V]
 
@@ -59,6 +59,7 @@ const K_SLICE: u32 = 16u;
 const K_PITCH: u32 = 68u;                 // pitch of the transposed K/Q slices ([kk][row], 16-byte aligned)
 override T_SLICE: u32;                   // tokens per K slice of the state update (T_SLICE·K ≤ 1024)
 override T_PITCH: u32 = K_DIM + 4u;      // 16-byte aligned rows
+override SEGMENTS_PER_HEAD: bool = false; // `segments` has a row per (segment, v-head)
 
 var<workgroup> arena: array<Operand, ARENA>;
 var<workgroup> gam_s: array<f32, 64>;  // γ_i = exp(G_i)
@@ -283,10 +284,15 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     let seg = wid.x;
     let hv = wid.y;
     let v0 = wid.z * V_BLOCK;
-    let seg_start = segments[3u * seg];
-    let seg_len = segments[3u * seg + 1u];
-    let slot = segments[3u * seg + 2u];
     let hv_count = params.heads_v;
+    // A table with a row per (segment, v-head) (segment_window's) may skip a pair entirely.
+    let seg_row = select(seg, seg * hv_count + hv, SEGMENTS_PER_HEAD);
+    let seg_start = segments[3u * seg_row];
+    let seg_len = segments[3u * seg_row + 1u];
+    let slot = segments[3u * seg_row + 2u];
+    if (SEGMENTS_PER_HEAD && seg_len == 0u) {
+        return;
+    }
     let h_count = params.heads_qk;
     let h = hv / (hv_count / h_count);
     let v_first = has_flag(params.flags, FLAG_STATE_V_FIRST);

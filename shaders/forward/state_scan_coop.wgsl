@@ -38,7 +38,8 @@
 @group(0) @binding(3) var<storage, read> v_buf: array<Elem>;              // [B·T, HV, V]
 @group(0) @binding(4) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
 @group(0) @binding(5) var<storage, read> gated16: array<f16>;             // [B·T + 64, HV, 128]
-@group(0) @binding(6) var<storage, read> segments: array<u32>;            // start, length, state slot
+@group(0) @binding(6) var<storage, read> segments: array<u32>;            // start, length, state slot (per segment, or per (segment, v-head))
+override SEGMENTS_PER_HEAD: bool = false;
 @group(0) @binding(7) var<storage, read_write> state: array<f32>;         // [slots, HV, K, V] or V-first
 @group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;        // [B·T, HV, V]
 
@@ -130,9 +131,13 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let hk = params.heads_qk * KD;          // token stride of k16
     let hq = hv_count * KD;                 // token stride of qg16
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
-    let seg_start = segments[3u * seg];
-    let seg_len = segments[3u * seg + 1u];
-    let slot = segments[3u * seg + 2u];
+    // A table with a row per (segment, v-head) (segment_window's) may give a pair length 0:
+    // no chunks, the state stored back as loaded (naga rejects an early return before
+    // cooperative ops: it counts storage loads as non-uniform).
+    let seg_row = select(seg, seg * hv_count + hv, SEGMENTS_PER_HEAD);
+    let seg_start = segments[3u * seg_row];
+    let seg_len = segments[3u * seg_row + 1u];
+    let slot = segments[3u * seg_row + 2u];
     let v_first = (params.flags & FLAG_STATE_V_FIRST) != 0u;
     let sbase = (slot * hv_count + hv) * KD * vd;
 

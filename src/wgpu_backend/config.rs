@@ -9,12 +9,14 @@ use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 9] = [
+pub const VARIABLES: [&str; 11] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
     "GDN_V_BLOCK",
     "GDN_SEGMENT_CHUNKS",
+    "GDN_SEGMENT_WINDOW",
+    "GDN_SEGMENT_WARMUP",
     "GDN_SHADER_CHECKS",
     "GDN_MAX_BINDING_BYTES",
     "GDN_MAX_BUFFER_BYTES",
@@ -56,6 +58,75 @@ pub enum SegmentChoice {
     Chunks(usize),
 }
 
+/// The gate-driven window of sequence parallelism (FlashQLA's, docs/sequence-parallelism.md):
+/// a segment boundary whose preceding chunks' gates have decayed the state by less than
+/// `e^threshold` takes the end state of a short warm-up scan from zero instead of the exact
+/// transition. Off (`None` where it is taken) means exact only, the default.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SegmentWindow {
+    threshold: f32,
+    max_warmup_chunks: Option<usize>,
+}
+
+/// Finite by construction (see [`SegmentWindow::new`]), so equality is an equivalence.
+impl Eq for SegmentWindow {}
+
+impl SegmentWindow {
+    /// FlashQLA's threshold: a boundary state whose history decayed by e^-10 ≈ 4.5·10^-5.
+    pub const DEFAULT_THRESHOLD: f32 = -10.0;
+
+    /// The window with FlashQLA's threshold and warm-ups up to a whole segment.
+    pub const DEFAULT: SegmentWindow = SegmentWindow {
+        threshold: Self::DEFAULT_THRESHOLD,
+        max_warmup_chunks: None,
+    };
+
+    /// A window at `threshold` (natural-log decay, finite and < 0), with warm-ups of at most
+    /// `max_warmup_chunks` chunks (≥ 1; `None`: up to the whole segment). A (segment, v-head)
+    /// whose last chunks do not decay below the threshold within that many chunks takes the
+    /// exact transition.
+    pub fn new(threshold: f32, max_warmup_chunks: Option<usize>) -> Result<Self> {
+        if !threshold.is_finite() || threshold >= 0.0 {
+            return Err(Error::value(
+                "segment window threshold",
+                "a finite log-decay below 0 (e.g. -10)",
+                threshold,
+            ));
+        }
+        if max_warmup_chunks == Some(0) {
+            return Err(Error::value(
+                "segment window maximum warm-up",
+                "at least 1 chunk",
+                0,
+            ));
+        }
+        Ok(SegmentWindow {
+            threshold,
+            max_warmup_chunks,
+        })
+    }
+
+    /// The log-decay below which a boundary takes the warm-up's state.
+    pub fn threshold(&self) -> f32 {
+        self.threshold
+    }
+
+    /// The longest warm-up, in chunks (`None`: the whole segment).
+    pub fn max_warmup_chunks(&self) -> Option<usize> {
+        self.max_warmup_chunks
+    }
+}
+
+impl std::fmt::Display for SegmentWindow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "gate window e^{}", self.threshold)?;
+        match self.max_warmup_chunks {
+            Some(n) => write!(f, ", warm-up ≤ {n} chunks"),
+            None => write!(f, ", warm-up ≤ a segment"),
+        }
+    }
+}
+
 /// The backend's settings. `Default` is what an empty environment gives.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Config {
@@ -73,6 +144,10 @@ pub struct Config {
     /// `GDN_SEGMENT_CHUNKS` (`auto` or unset, `off` or `0`, or n ≥ 1): whether and how the
     /// chunked forward runs sequence-parallel.
     pub segments: SegmentChoice,
+    /// `GDN_SEGMENT_WINDOW` (`exact` or `off`, unset: `None`; `on`: threshold -10; or a
+    /// negative threshold such as `-15`) with `GDN_SEGMENT_WARMUP` (n ≥ 1 chunks, or
+    /// `segment`, the default): the gate-driven window of sequence parallelism.
+    pub segment_window: Option<SegmentWindow>,
     /// `GDN_SHADER_CHECKS` (`all`, `no-loop-bounding`, `none`).
     pub shader_checks: ShaderChecks,
     /// `GDN_MAX_BINDING_BYTES` (bytes, or with a `KiB`/`MiB`/`GiB` suffix; at least
@@ -130,6 +205,10 @@ impl Config {
                 .map(|s| parse_segments(&s))
                 .transpose()?
                 .unwrap_or_default(),
+            segment_window: parse_segment_window(
+                lookup("GDN_SEGMENT_WINDOW").as_deref(),
+                lookup("GDN_SEGMENT_WARMUP").as_deref(),
+            )?,
             shader_checks: match lookup("GDN_SHADER_CHECKS") {
                 Some(s) => parse_shader_checks(&s)?,
                 None => ShaderChecks::None,
@@ -197,6 +276,56 @@ fn parse_segments(s: &str) -> Result<SegmentChoice> {
                 format!("{s:?}"),
             )
         }),
+    }
+}
+
+/// `GDN_SEGMENT_WINDOW` and `GDN_SEGMENT_WARMUP` (the warm-up cap is checked even while the
+/// window is off, so a typo is never silently ignored).
+fn parse_segment_window(
+    window: Option<&str>,
+    warmup: Option<&str>,
+) -> Result<Option<SegmentWindow>> {
+    SegmentWindow::parse(
+        ("GDN_SEGMENT_WINDOW", window),
+        ("GDN_SEGMENT_WARMUP", warmup),
+    )
+}
+
+impl SegmentWindow {
+    /// Parse a window setting as `GDN_SEGMENT_WINDOW` takes it (`exact`, `off` or unset:
+    /// `None`; `on`; or a threshold below 0) with a warm-up cap as `GDN_SEGMENT_WARMUP`
+    /// takes it (chunks ≥ 1, `segment` or unset: the whole segment); each is (the name the
+    /// error gives, the value). The cap is checked even while the window is off.
+    pub fn parse(
+        (window_name, window): (&str, Option<&str>),
+        (warmup_name, warmup): (&str, Option<&str>),
+    ) -> Result<Option<SegmentWindow>> {
+        let max_warmup = match warmup.map(str::trim) {
+            None | Some("segment") => None,
+            Some(t) => Some(t.parse::<usize>().ok().filter(|&n| n > 0).ok_or_else(|| {
+                Error::value(
+                    warmup_name,
+                    "a number of chunks (at least 1) or segment",
+                    format!("{t:?}"),
+                )
+            })?),
+        };
+        let threshold = match window.map(|s| s.trim().to_ascii_lowercase()).as_deref() {
+            None | Some("exact") | Some("off") => return Ok(None),
+            Some("on") => SegmentWindow::DEFAULT_THRESHOLD,
+            Some(t) => t
+                .parse::<f32>()
+                .ok()
+                .filter(|x| x.is_finite() && *x < 0.0)
+                .ok_or_else(|| {
+                    Error::value(
+                        window_name,
+                        "exact, off, on, or a log-decay threshold below 0 (e.g. -10)",
+                        format!("{t:?}"),
+                    )
+                })?,
+        };
+        SegmentWindow::new(threshold, max_warmup).map(Some)
     }
 }
 

@@ -389,6 +389,13 @@ impl Context {
         self.config.backward_budget = budget;
     }
 
+    /// Set the gate-driven window of sequence parallelism that forwards and workspaces made
+    /// afterwards take (`None`: exact only, the default), as `GDN_SEGMENT_WINDOW` and
+    /// `GDN_SEGMENT_WARMUP` do (docs/sequence-parallelism.md).
+    pub fn set_segment_window(&mut self, window: Option<crate::wgpu_backend::SegmentWindow>) {
+        self.config.segment_window = window;
+    }
+
     /// The configuration the context was made with.
     pub fn config(&self) -> &Config {
         &self.config

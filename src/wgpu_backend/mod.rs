@@ -26,15 +26,15 @@ pub use backward::{
     BackwardPlan, BackwardWorkspace, MemoryBudget, Saved, backward, backward_into_workspace,
     backward_profiled, backward_with_workspace, forward_backward, forward_saved, forward_saved_for,
 };
-pub use config::{Config, SegmentChoice, ShaderChecks};
+pub use config::{Config, SegmentChoice, SegmentWindow, ShaderChecks};
 pub use context::{Context, list_adapters, list_adapters_matching};
 pub use decode::{DecodeOutputs, DecodePlan, StateLayout, StatePool, StateSlot, decode_step};
 #[cfg(not(target_arch = "wasm32"))]
 pub use forward::forward_host;
 pub use forward::{
-    Forward, ForwardWorkspace, Intermediates, RecurrentForward, forward, forward_algorithm,
-    forward_into, forward_into_profiled, forward_into_with_algorithm, forward_into_with_path,
-    forward_into_workspace,
+    Forward, ForwardWorkspace, Intermediates, RecurrentForward, SegmentPaths, forward,
+    forward_algorithm, forward_into, forward_into_profiled, forward_into_with_algorithm,
+    forward_into_with_path, forward_into_workspace,
 };
 pub use path::{AlgorithmChoice, ComputePath, ForwardAlgorithm, PathChoice, PathSupport};
 pub use tensor::{GpuTensor, upload_inputs};

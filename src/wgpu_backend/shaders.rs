@@ -30,6 +30,8 @@ pub enum Pass {
     StateScanCoop,
     /// Intra-device sequence parallelism: segment start states from transitions and ends.
     SegmentCombine,
+    /// `forward/segment_window.wgsl`: the gate-driven warm-up length per (segment, v-head).
+    SegmentWindow,
     /// `backward/state_recompute.wgsl`: the forward scan replayed for the backward.
     StateRecompute,
     /// `backward/dh_scan.wgsl`: the reverse scan of the state gradient.
@@ -62,7 +64,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 21] = [
+    pub const ALL: [Pass; 22] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -71,6 +73,7 @@ impl Pass {
         Pass::WyInverseCoop,
         Pass::StateScanCoop,
         Pass::SegmentCombine,
+        Pass::SegmentWindow,
         Pass::StateRecompute,
         Pass::DhScan,
         Pass::ValueGrams,
@@ -97,6 +100,7 @@ impl Pass {
             Pass::WyInverseCoop => "forward/wy_inverse_coop.wgsl",
             Pass::StateScanCoop => "forward/state_scan_coop.wgsl",
             Pass::SegmentCombine => "forward/segment_combine.wgsl",
+            Pass::SegmentWindow => "forward/segment_window.wgsl",
             Pass::StateRecompute => "backward/state_recompute.wgsl",
             Pass::DhScan => "backward/dh_scan.wgsl",
             Pass::ValueGrams => "backward/value_grams.wgsl",
@@ -122,6 +126,7 @@ impl Pass {
             }
             Pass::StateScanCoop => include_str!("../../shaders/forward/state_scan_coop.wgsl"),
             Pass::SegmentCombine => include_str!("../../shaders/forward/segment_combine.wgsl"),
+            Pass::SegmentWindow => include_str!("../../shaders/forward/segment_window.wgsl"),
             Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
             Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
             Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),

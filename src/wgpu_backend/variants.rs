@@ -49,6 +49,22 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
         variant(Pass::SegmentCombine, "identity", &[]),
         variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 0.0)]),
         variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 1.0)]),
+        variant(
+            Pass::SegmentCombine,
+            "combine",
+            &[("HAS_H0", 0.0), ("WINDOWED", 1.0)],
+        ),
+        variant(
+            Pass::SegmentCombine,
+            "combine",
+            &[("HAS_H0", 1.0), ("WINDOWED", 1.0)],
+        ),
+        variant(Pass::SegmentCombine, "final_copy", &[]),
+        variant(
+            Pass::SegmentWindow,
+            "segment_window",
+            &[("THRESHOLD", -10.0), ("MAX_WARMUP", u32::MAX as f64)],
+        ),
         variant(Pass::ValueGrams, "value_grams", &[]),
         variant(Pass::WyGrad, "wy_grad", &[("K_DIM", kf)]),
         variant(Pass::StateGrad, "state_grad", &[("K_DIM", kf)]),
@@ -70,6 +86,12 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
                 ("T_SLICE", state_scan_token_slice(k) as f64),
             ];
             out.push(variant(pass, "state_scan", &constants));
+            // The gate-driven window's scans read a row per (segment, v-head).
+            let per_head: Vec<_> = constants
+                .into_iter()
+                .chain([("SEGMENTS_PER_HEAD", 1.0)])
+                .collect();
+            out.push(variant(pass, "state_scan", &per_head));
         }
     }
     if k as usize == COOP_KEY_DIM
@@ -78,6 +100,11 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
     {
         out.push(variant(Pass::WyInverseCoop, "wy_inverse_coop", &[]));
         out.push(variant(Pass::StateScanCoop, "state_scan_coop", &[]));
+        out.push(variant(
+            Pass::StateScanCoop,
+            "state_scan_coop",
+            &[("SEGMENTS_PER_HEAD", 1.0)],
+        ));
     }
     // The backward scans' widths: those `backward::scan_v_block` picks from.
     for bv in [64, 32, 16] {

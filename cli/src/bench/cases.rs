@@ -30,6 +30,12 @@ pub trait GpuCase {
     fn backward_memory(&self) -> Option<(BackwardMemory, Option<u64>, usize)> {
         None
     }
+
+    /// The segmented chunked forward: which path its (segment, v-head) pairs took in the
+    /// last recorded call (reads the device's counts back; call after the timing).
+    fn segment_paths(&self) -> gdn_wgpu::Result<Option<wgpu_backend::SegmentPaths>> {
+        Ok(None)
+    }
 }
 
 /// Host inputs of one (heads, sequences) shape, generated once and shared by forward and
@@ -106,6 +112,13 @@ impl GpuCase for ForwardCase<'_> {
             }
         }
         Ok(())
+    }
+
+    fn segment_paths(&self) -> gdn_wgpu::Result<Option<wgpu_backend::SegmentPaths>> {
+        match &self.run {
+            ForwardRun::Chunked(workspace) => workspace.segment_paths(self.ctx),
+            ForwardRun::Recurrent(_) => Ok(None),
+        }
     }
 }
 

@@ -296,6 +296,17 @@ pub struct BenchArgs {
     /// `unbounded` [default: 2x] (docs/backward.md, "Memory").
     #[arg(long, value_name = "BYTES|Nx|unbounded")]
     pub backward_budget: Option<String>,
+    /// Sequence parallelism's gate-driven window (as `GDN_SEGMENT_WINDOW`, which it
+    /// overrides): `exact` (the exact transitions), `on` (threshold -10) or a log-decay
+    /// threshold below 0 such as `-15`; the record's `variant` names it and
+    /// `segment_paths` counts the (segment, v-head) pairs on each path
+    /// (docs/sequence-parallelism.md) [default: GDN_SEGMENT_WINDOW, else exact].
+    #[arg(long, value_name = "exact|on|THRESHOLD", allow_hyphen_values = true)]
+    pub segment_window: Option<String>,
+    /// The window's longest warm-up in chunks, or `segment` (as `GDN_SEGMENT_WARMUP`)
+    /// [default: segment].
+    #[arg(long, value_name = "CHUNKS|segment")]
+    pub segment_warmup: Option<String>,
     /// `--backend cuda`: time replays of a CUDA graph holding this many calls (per-call time =
     /// replay time / N, as FLA's `do_bench_cudagraph` measures) instead of eager launches; 0
     /// times eager launches.
@@ -352,6 +363,9 @@ pub struct Config {
     pub cuda_graph: usize,
     /// The backward's memory budget (`--backward-budget`; `None`: the context's).
     pub backward_budget: Option<MemoryBudget>,
+    /// Sequence parallelism's gate-driven window (`--segment-window`, `--segment-warmup`):
+    /// `None` keeps the context's (`GDN_SEGMENT_WINDOW`).
+    pub segment_window: Option<Option<gdn_wgpu::wgpu_backend::SegmentWindow>>,
 }
 
 impl BenchArgs {
@@ -437,6 +451,19 @@ impl BenchArgs {
             .map(|b| MemoryBudget::parse("--backward-budget", b))
             .transpose()
             .map_err(|e| usage(e.to_string()))?;
+        if self.segment_warmup.is_some() && self.segment_window.is_none() {
+            return Err(usage("--segment-warmup needs --segment-window".into()));
+        }
+        let segment_window = match &self.segment_window {
+            Some(w) => Some(
+                gdn_wgpu::wgpu_backend::SegmentWindow::parse(
+                    ("--segment-window", Some(w)),
+                    ("--segment-warmup", self.segment_warmup.as_deref()),
+                )
+                .map_err(|e| usage(e.to_string()))?,
+            ),
+            None => None,
+        };
         if self.reps == Some(0) {
             return Err(usage("--reps must be at least 1".into()));
         }
@@ -482,6 +509,7 @@ impl BenchArgs {
             decode_pool: self.decode_pool.dtype(),
             cuda_graph: self.cuda_graph,
             backward_budget,
+            segment_window,
         })
     }
 }
@@ -607,6 +635,9 @@ fn open_engine(c: &Config) -> Result<Engine, BenchError> {
     let mut engine = Engine::open(c.backend, c.adapter.as_deref())?;
     if let (Some(budget), Some(ctx)) = (c.backward_budget, engine.wgpu_mut()) {
         ctx.set_backward_budget(Some(budget));
+    }
+    if let (Some(window), Some(ctx)) = (c.segment_window, engine.wgpu_mut()) {
+        ctx.set_segment_window(window);
     }
     if let (Some(algorithm), Some(ctx)) = (c.forward_algorithm, engine.wgpu_mut()) {
         ctx.set_forward_algorithm(Some(algorithm));
@@ -948,6 +979,10 @@ fn variant(
             // automatic; checked and timed).
             if let Some(n) = gdn_wgpu::wgpu_backend::forward::segment_chunks_for(ctx, p, path) {
                 name.push_str(&format!(", sequence-parallel segments of {n} chunks"));
+                // GDN_SEGMENT_WINDOW or --segment-window (exact transitions, unnamed, else).
+                if let Some(w) = ctx.config().segment_window {
+                    name.push_str(&format!(", {w}"));
+                }
             }
             (Variant::Forward(path, vb), name, None)
         }
@@ -1153,6 +1188,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             peak_memory_bytes: None,
             memory_source: None,
             backward_memory: None,
+            segment_paths: None,
             check: None,
         };
         let outcome = (|| -> Result<(), (Status, String)> {
@@ -1288,6 +1324,13 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                         });
                     }
                     let timing = time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?;
+                    if let Some(sp) = case.segment_paths().map_err(|e| err(e.into()))? {
+                        record.segment_paths = Some(report::SegmentPathsRecord {
+                            windowed: sp.windowed,
+                            exact: sp.exact,
+                            longest_warmup_chunks: sp.longest_warmup_chunks,
+                        });
+                    }
                     if pc.op == Op::Decode {
                         // Measured after the case, on the same device, for the pool's bytes.
                         let pool = metrics::pool_bytes(&p, c.decode_pool);

@@ -100,6 +100,17 @@ pub struct PassTime {
     pub median_ms: f64,
 }
 
+/// Which path a segmented forward's (segment, v-head) pairs took (docs/sequence-parallelism.md).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SegmentPathsRecord {
+    /// Pairs on the gate-driven window (a warm-up instead of the transition).
+    pub windowed: usize,
+    /// Pairs on the exact transition.
+    pub exact: usize,
+    /// The longest warm-up a windowed pair ran, in chunks.
+    pub longest_warmup_chunks: usize,
+}
+
 /// What one backward holds on the device, counted from the buffers the library allocated
 /// (`wgpu_backend::backward::backward_memory`): each buffer once, at its allocated size.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -198,6 +209,10 @@ pub struct Record {
     pub memory_source: Option<MemorySource>,
     /// The backward: what one call holds, by part (null for other ops).
     pub backward_memory: Option<BackwardMemoryRecord>,
+    /// The segmented chunked forward: how many (segment, v-head) pairs of the last timed
+    /// call took the gate-driven window and how many the exact transition
+    /// (`ForwardWorkspace::segment_paths`); null without segments and for other ops.
+    pub segment_paths: Option<SegmentPathsRecord>,
     /// The oracle check that gated the case (`None` when it never ran).
     pub check: Option<CheckRecord>,
 }

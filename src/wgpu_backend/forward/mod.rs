@@ -8,6 +8,7 @@ mod prepare_gate;
 mod prepare_qk;
 mod recurrent;
 mod segment_combine;
+mod segment_window;
 mod state_scan;
 mod state_scan_coop;
 mod workspace;
@@ -23,7 +24,7 @@ pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
 pub(crate) use workspace::planned_windows;
 pub use workspace::{
     AUTO_SEGMENT_BELOW_WORKGROUPS, AUTO_SEGMENT_TARGET_WORKGROUPS, ForwardWorkspace,
-    MIN_AUTO_SEGMENT_CHUNKS, auto_segment_chunks, segment_chunks_for,
+    MIN_AUTO_SEGMENT_CHUNKS, SegmentPaths, auto_segment_chunks, segment_chunks_for,
 };
 use workspace::{ScanScratch, WindowTables};
 pub use wy_inverse::{WyInverseBuffers, wy_inverse};
@@ -606,6 +607,9 @@ fn record_window(
     let scan = |encoder: &mut wgpu::CommandEncoder, run: ScanRun<'_>| {
         record_scan(ctx, encoder, ws.path, &scan_scratch, gate_beta, q, k, run)
     };
+    let windowed_segments = ws.segmented.is_some() && ws.segment_window.is_some();
+    ws.last_windowed
+        .store(windowed_segments, std::sync::atomic::Ordering::Relaxed);
     match (&ws.segmented, &wt.segmented) {
         (Some(sp), Some(st)) => {
             let segs = st.num_segments;
@@ -620,13 +624,38 @@ fn record_window(
             );
             // End states from zero (o is overwritten by the last scan), transitions from the
             // identity with v = 0, the sequential combine, then the scan from the right starts.
+            // With the gate-driven window, the window pass first gives each (segment, v-head)
+            // its rows of the two scans: a warm-up of the last chunks and no transition, or
+            // (fallback) the whole segment as without it.
+            let (end_rows, trans_rows) = match ws.segment_window {
+                Some(window) => {
+                    segment_window::segment_window(
+                        ctx,
+                        encoder,
+                        &st.window_params,
+                        &segment_window::WindowBuffers {
+                            segments: &st.segments,
+                            last_segment: &st.last_segment,
+                            gate_beta,
+                            end_rows: &st.end_rows,
+                            trans_rows: &st.trans_rows,
+                            warmup: &st.warmup,
+                        },
+                        segs * hv,
+                        window,
+                    )?;
+                    (Some(&st.end_rows), Some(&st.trans_rows))
+                }
+                None => (None, None),
+            };
             encoder.clear_buffer(&ends.buffer, 0, Some(ends.binding_bytes()));
             scan(
                 encoder,
                 ScanRun {
                     problem: &sp.scan_problem,
                     params: &st.scan_params,
-                    segments: &st.segments,
+                    segments: end_rows.unwrap_or(&st.segments),
+                    segments_per_head: end_rows.is_some(),
                     num_segments: segs,
                     v: &v,
                     state: &ends,
@@ -639,7 +668,8 @@ fn record_window(
                 ScanRun {
                     problem: &sp.trans_problem,
                     params: &st.trans_params,
-                    segments: &st.segments,
+                    segments: trans_rows.unwrap_or(&st.segments),
+                    segments_per_head: trans_rows.is_some(),
                     num_segments: segs,
                     v: &zero_v,
                     state: &trans,
@@ -674,6 +704,7 @@ fn record_window(
                     ends: &ends,
                     starts: &starts,
                     final_state: &state,
+                    warmup: ws.segment_window.map(|_| &st.warmup),
                 },
                 w.seqs(),
                 hv,
@@ -686,12 +717,27 @@ fn record_window(
                     problem: &sp.scan_problem,
                     params: &st.scan_params,
                     segments: &st.segments,
+                    segments_per_head: false,
                     num_segments: segs,
                     v: &v,
                     state: &starts,
                     o: &o,
                 },
             )?;
+            if ws.segment_window.is_some() {
+                segment_combine::final_copy(
+                    ctx,
+                    encoder,
+                    params,
+                    &st.seq_segments,
+                    &st.warmup,
+                    &starts,
+                    &state,
+                    w.seqs(),
+                    hv,
+                    problem.value_dim,
+                )?;
+            }
             mark(encoder, "state_scan");
         }
         _ => {
@@ -701,6 +747,7 @@ fn record_window(
                     problem,
                     params,
                     segments,
+                    segments_per_head: false,
                     num_segments,
                     v: &v,
                     state: &state,
@@ -764,6 +811,8 @@ struct ScanRun<'a> {
     problem: &'a Problem,
     params: &'a wgpu::Buffer,
     segments: &'a wgpu::Buffer,
+    /// `segments` has a row per (segment, v-head) (the gate-driven window's tables).
+    segments_per_head: bool,
     num_segments: usize,
     v: &'a GpuTensor,
     state: &'a GpuTensor,
@@ -792,6 +841,7 @@ fn record_scan(
                 gate_beta,
                 gated,
                 segments: run.segments,
+                segments_per_head: run.segments_per_head,
                 state: run.state,
                 o: run.o,
             };
@@ -817,6 +867,7 @@ fn record_scan(
                 gate_beta,
                 gated16,
                 segments: run.segments,
+                segments_per_head: run.segments_per_head,
                 state: run.state,
                 o: run.o,
             };

@@ -23,8 +23,12 @@ pub struct ScanBuffers<'a> {
     pub gate_beta: &'a GpuTensor,
     /// `[B·T, HV, 128]`: Γ⊙A⊙β and Γ⊙QKᵀ rows from `wy_inverse`.
     pub gated: &'a GpuTensor,
-    /// Segment table: (start token, length, state slot) per segment.
+    /// Segment table: (start token, length, state slot) per segment, or per (segment, v-head)
+    /// with `segments_per_head`.
     pub segments: &'a wgpu::Buffer,
+    /// Whether `segments` has a row per (segment, v-head) (the gate-driven window's tables:
+    /// a row of length 0 skips its workgroups).
+    pub segments_per_head: bool,
     /// Start states on entry, end states on exit.
     pub state: &'a GpuTensor,
     /// `[B,T,HV,V]` (written), in the dtype of v.
@@ -91,16 +95,21 @@ pub fn state_scan_with_math(
         }
     };
     let key_dim = dims.key_dim;
+    let mut constants = vec![
+        ("K_DIM", key_dim as f64),
+        ("V_BLOCK", v_block as f64),
+        ("ARENA", arena as f64),
+        ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
+    ];
+    // Only where set, so the plain scan's pipeline stays the one it always was.
+    if bufs.segments_per_head {
+        constants.push(("SEGMENTS_PER_HEAD", 1.0));
+    }
     Launch {
         name: "state_scan",
         source: source(pass, bufs.q.dtype)?,
         entry: "state_scan",
-        constants: &[
-            ("K_DIM", key_dim as f64),
-            ("V_BLOCK", v_block as f64),
-            ("ARENA", arena as f64),
-            ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
-        ],
+        constants: &constants,
         bindings: Bindings::Ordered(&[
             params,
             bufs.q,

@@ -20,8 +20,12 @@ pub struct CoopScanBuffers<'a> {
     pub gate_beta: &'a GpuTensor,
     /// `[B·T + 64, HV, 128]` f16: Γ⊙A⊙β | Γ⊙QKᵀ rows from wy_inverse, padding rows zero.
     pub gated16: &'a GpuTensor,
-    /// Segment table: (start token, length, state slot) per segment.
+    /// Segment table: (start token, length, state slot) per segment, or per (segment, v-head)
+    /// with `segments_per_head`.
     pub segments: &'a wgpu::Buffer,
+    /// Whether `segments` has a row per (segment, v-head) (the gate-driven window's tables:
+    /// a row of length 0 skips its workgroups).
+    pub segments_per_head: bool,
     /// Start states on entry, end states on exit.
     pub state: &'a GpuTensor,
     /// `[B,T,HV,V]` (written), in the dtype of v.
@@ -64,7 +68,11 @@ pub fn state_scan_coop(
         name: "state_scan_coop",
         source: source(Pass::StateScanCoop, bufs.v.dtype)?,
         entry: "state_scan_coop",
-        constants: &[],
+        constants: if bufs.segments_per_head {
+            &[("SEGMENTS_PER_HEAD", 1.0)]
+        } else {
+            &[]
+        },
         bindings: Bindings::Ordered(&[
             params,
             bufs.qg16,

@@ -11,7 +11,7 @@
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, Problem};
 use crate::tensor::DType;
-use crate::wgpu_backend::config::SegmentChoice;
+use crate::wgpu_backend::config::{SegmentChoice, SegmentWindow};
 use crate::wgpu_backend::params::{Params, upload_u32};
 use crate::wgpu_backend::path::ComputePath;
 use crate::wgpu_backend::tensor::token_part_rows;
@@ -117,6 +117,31 @@ pub(crate) struct SegmentTables {
     pub scan_params: wgpu::Buffer,
     pub trans_params: wgpu::Buffer,
     pub identity_params: wgpu::Buffer,
+    /// The gate-driven window's: `[S]` last-of-its-sequence flags, its parameter block
+    /// (`rows` = S · HV), and what `segment_window` writes: the end-state and transition
+    /// scans' rows per (segment, v-head) and the warm-up lengths (read back by
+    /// [`ForwardWorkspace::segment_paths`]).
+    pub last_segment: wgpu::Buffer,
+    pub window_params: wgpu::Buffer,
+    pub end_rows: wgpu::Buffer,
+    pub trans_rows: wgpu::Buffer,
+    pub warmup: wgpu::Buffer,
+}
+
+/// Which path the (segment, v-head) pairs of a segmented forward took (every segment of
+/// every token window, times the v-heads; `windowed + exact` is all of them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SegmentPaths {
+    /// Pairs on the gate-driven window: their gates decayed below the threshold within the
+    /// maximum warm-up, so the next segment starts from the end state of a warm-up from
+    /// zero over their last chunks and their transition is never scanned (a sequence's last
+    /// segment then skips both scans; the final scan gives its final state).
+    pub windowed: usize,
+    /// Pairs on the exact path: the window off, or gates that did not decay below the
+    /// threshold within the maximum warm-up (g = 0 heads always).
+    pub exact: usize,
+    /// The longest warm-up any windowed pair ran, in chunks (0 when none did).
+    pub longest_warmup_chunks: usize,
 }
 
 /// One window of the forward: its tokens and sequences, parameter block (whose
@@ -154,6 +179,12 @@ pub struct ForwardWorkspace {
     pub(crate) a: GpuTensor,
     pub(crate) scan: ScanScratch,
     pub(crate) segmented: Option<Segmented>,
+    /// The gate-driven window its segmented forwards take (`None`: exact only).
+    pub(crate) segment_window: Option<SegmentWindow>,
+    /// Whether the last forward recorded through it ran the window (what
+    /// [`Self::segment_paths`] reads back).
+    #[cfg_attr(target_arch = "wasm32", allow(dead_code))]
+    pub(crate) last_windowed: std::sync::atomic::AtomicBool,
 }
 
 impl ForwardWorkspace {
@@ -339,7 +370,62 @@ impl ForwardWorkspace {
             a: GpuTensor::scratch(ctx, "wy_inverse", &[tokens, hv, CHUNK], DType::F32)?,
             scan,
             segmented,
+            segment_window: ctx.config().segment_window,
+            last_windowed: false.into(),
         })
+    }
+
+    /// The gate-driven window of its segmented forwards (`None`: exact only), from the
+    /// context's `Config::segment_window` (`GDN_SEGMENT_WINDOW`) when it was made.
+    pub fn segment_window(&self) -> Option<SegmentWindow> {
+        self.segment_window
+    }
+
+    /// Set the gate-driven window of its segmented forwards (`None`: exact only;
+    /// docs/sequence-parallelism.md). Without segments it changes nothing.
+    pub fn set_segment_window(&mut self, window: Option<SegmentWindow>) {
+        self.segment_window = window;
+    }
+
+    /// How the last forward recorded through this workspace got its segment boundaries
+    /// (`None` when it has no segments): counted on the device by the window pass, so with
+    /// the window on this reads its tables back (submit the forward first; this waits for
+    /// the device). Without the window every boundary pair is exact.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub fn segment_paths(&self, ctx: &Context) -> Result<Option<SegmentPaths>> {
+        if self.segmented.is_none() {
+            return Ok(None);
+        }
+        let hv = self.problem.heads_v;
+        let mut paths = SegmentPaths::default();
+        for w in &self.windows {
+            let Some(st) = &w.segmented else { continue };
+            if !self
+                .last_windowed
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                paths.exact += st.num_segments * hv;
+                continue;
+            }
+            let bytes = pollster::block_on(crate::wgpu_backend::tensor::read_buffer(
+                ctx,
+                &st.warmup,
+                0,
+                (4 * st.num_segments * hv).max(4) as u64,
+            ))?;
+            let warmup: &[u32] = bytemuck::cast_slice(&bytes);
+            for &n in warmup.iter().take(st.num_segments * hv) {
+                // 0: a sequence's last segment, whose scans were skipped (no warm-up).
+                match n {
+                    super::segment_window::FALLBACK => paths.exact += 1,
+                    n => {
+                        paths.windowed += 1;
+                        paths.longest_warmup_chunks = paths.longest_warmup_chunks.max(n as usize);
+                    }
+                }
+            }
+        }
+        Ok(Some(paths))
     }
 
     /// The compute path the workspace was made for.
@@ -363,7 +449,12 @@ impl ForwardWorkspace {
                     + st.seq_segments.size()
                     + st.scan_params.size()
                     + st.trans_params.size()
-                    + st.identity_params.size();
+                    + st.identity_params.size()
+                    + st.last_segment.size()
+                    + st.window_params.size()
+                    + st.end_rows.size()
+                    + st.trans_rows.size()
+                    + st.warmup.size();
             }
         }
         if let Some(sp) = &self.segmented {
@@ -526,6 +617,7 @@ impl SegmentTables {
         let span = chunks * CHUNK;
         let mut table = Vec::new();
         let mut seq_table = Vec::new();
+        let mut last_segment = Vec::new();
         for piece in &window.pieces {
             seq_table.push((table.len() / 3) as u32);
             let mut count = 0u32;
@@ -539,9 +631,11 @@ impl SegmentTables {
                 ]);
                 start += len;
                 count += 1;
+                last_segment.push(u32::from(start == piece.end));
             }
             seq_table.push(count);
         }
+
         let num_segments = table.len() / 3;
         let num_chunks = window.chunk_table().len() / 2;
         let (scan_problem, trans_problem) = segment_problems(problem);
@@ -552,7 +646,23 @@ impl SegmentTables {
         };
         let mut identity = params(&trans_problem);
         identity.rows = (num_segments * problem.heads_v * problem.key_dim * problem.key_dim) as u32;
+        let pairs = num_segments * problem.heads_v;
+        let mut window_params = params(&scan_problem);
+        window_params.rows = pairs as u32;
+        let scratch = |label, words: usize| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: (4 * words).max(4) as u64,
+                usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            })
+        };
         SegmentTables {
+            last_segment: upload_u32(ctx, "cp last segments", &last_segment),
+            window_params: window_params.upload(ctx),
+            end_rows: scratch("cp window end rows", 3 * pairs),
+            trans_rows: scratch("cp window transition rows", 3 * pairs),
+            warmup: scratch("cp window warm-up", pairs),
             segments: upload_u32(ctx, "cp segments", &table),
             num_segments,
             seq_segments: upload_u32(ctx, "cp sequence segments", &seq_table),
