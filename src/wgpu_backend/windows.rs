@@ -289,6 +289,76 @@ pub(crate) fn plan(
     Ok(windows)
 }
 
+/// The token windows of a decode call over packed `sequences` (contiguous ranges of the
+/// token axis, lengths 0 included): each binds at most `max_tokens` tokens from its `base`
+/// (a multiple of `granule` tokens, so every offset stays aligned), lies inside one buffer of
+/// the token-indexed tensors stored in several (boundaries every `part_tokens` tokens, a
+/// multiple of `granule`), and holds at most `max_sequences` sequences (the kernel's uniform
+/// tables). Unlike the forward's, decode windows cut anywhere: the kernel walks tokens one
+/// at a time, and a sequence cut by a boundary continues from the state its slot holds.
+/// `max_tokens ≥ granule ≥ 1` and `max_sequences ≥ 1`.
+pub(crate) fn plan_decode(
+    sequences: &[Range<usize>],
+    max_tokens: usize,
+    granule: usize,
+    part_tokens: Option<usize>,
+    max_sequences: usize,
+) -> Vec<TokenWindow> {
+    let total = sequences.last().map_or(0, |s| s.end);
+    let mut windows: Vec<TokenWindow> = Vec::new();
+    let (mut n, mut at) = (0, 0);
+    while n < sequences.len() {
+        // Sequences after the last token (empty ones) join the window before when it has room.
+        if at == total
+            && let Some(w) = windows.last_mut()
+            && w.seqs() < max_sequences
+            && w.first_seq + w.seqs() == n
+        {
+            w.pieces.push(total..total);
+            n += 1;
+            continue;
+        }
+        let base = if at == total {
+            total.saturating_sub(1) / granule * granule
+        } else {
+            at / granule * granule
+        };
+        let mut limit = (base + max_tokens).min(total);
+        if let Some(p) = part_tokens {
+            limit = limit.min((base / p + 1) * p);
+        }
+        let first_seq = n;
+        let mut pieces = Vec::new();
+        while n < sequences.len() && pieces.len() < max_sequences {
+            let s = &sequences[n];
+            let start = at.max(s.start);
+            if start >= limit && s.end > start {
+                break;
+            }
+            let end = s.end.min(limit);
+            pieces.push(start..end);
+            if end < s.end {
+                at = end;
+                break;
+            }
+            at = s.end;
+            n += 1;
+        }
+        let end = pieces
+            .last()
+            .map_or(base, |p| p.end)
+            .max(base + 1)
+            .min(total);
+        windows.push(TokenWindow {
+            base,
+            tokens: end.saturating_sub(base),
+            first_seq,
+            pieces,
+        });
+    }
+    windows
+}
+
 /// Add chunk `chunk` of sequence `n` to a window's pieces (sequences from `first_seq`),
 /// with empty pieces for the (empty) sequences in between.
 fn extend(

@@ -48,7 +48,7 @@ use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, Problem};
 use crate::tensor::{DType, TensorMeta};
 use crate::wgpu_backend::shaders::Pass;
-use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
+use crate::wgpu_backend::tensor::{check_distinct_buffers, copy_elements, named_inputs};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// Record one decode (or verification) call: every sequence of `problem` continues from its
@@ -102,16 +102,8 @@ pub(crate) fn check_decode(
         ));
     }
     pool.check_fits(problem)?;
-    let sequences = problem.num_sequences();
-    let most = max_sequences(problem.heads_v);
-    if sequences > most {
-        return Err(Error::value(
-            "slots",
-            format!("at most {most} sequences per decode call (the 64 KiB uniform tables)"),
-            sequences,
-        ));
-    }
-    check_slots(slots, sequences, pool.slots())?;
+    // More sequences than one uniform table holds run in several token windows.
+    check_slots(slots, problem.num_sequences(), pool.slots())?;
 
     let o = outputs.o;
     if o.shape() != problem.v_shape() {
@@ -200,14 +192,11 @@ pub fn decode_host_in(
         });
     }
     let p = problem;
-    let layout = StateLayout::of(p);
-    let pool = match inputs.initial_state {
-        Some(h0) => {
-            let h0 = h0.clone().with_dtype(pool_dtype);
-            StatePool::from_tensor(GpuTensor::upload(ctx, "state pool", &h0)?, layout)?
-        }
-        None => StatePool::for_problem_in(ctx, p, p.num_sequences(), pool_dtype)?,
-    };
+    let pool = StatePool::for_problem_in(ctx, p, p.num_sequences(), pool_dtype)?;
+    if let Some(h0) = inputs.initial_state {
+        // Written into the pool's own buffers (whole slots each); values round to its dtype.
+        pool.tensor().write_range(ctx, 0, &h0.data)?;
+    }
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), inputs.v.dtype)?;
     let a_log = inputs
         .a_log
@@ -220,7 +209,7 @@ pub fn decode_host_in(
 
     let sequences = p.sequences();
     let longest = sequences.iter().map(|s| s.len()).max().unwrap_or(0);
-    let o_row_bytes = (p.heads_v * p.value_dim * inputs.v.dtype.size()) as u64;
+    let o_row = p.heads_v * p.value_dim;
     for step in (0..longest).step_by(tokens_per_step) {
         let tokens: Vec<std::ops::Range<usize>> = sequences
             .iter()
@@ -303,14 +292,13 @@ pub fn decode_host_in(
             &outputs,
         )?;
         for (n, r) in tokens.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
-            let bytes = r.len() as u64 * o_row_bytes;
-            encoder.copy_buffer_to_buffer(
-                &step_o.buffer,
-                cu[n] as u64 * o_row_bytes,
-                &o.buffer,
-                r.start as u64 * o_row_bytes,
-                bytes,
-            );
+            copy_elements(
+                &mut encoder,
+                "o",
+                (&step_o, cu[n] * o_row),
+                (&o, r.start * o_row),
+                r.len() * o_row,
+            )?;
         }
         ctx.scoped("decode step", None, || ctx.queue.submit([encoder.finish()]))?;
     }
