@@ -701,3 +701,240 @@ fn tensors_larger_than_a_buffer() {
     );
     ctx.check().unwrap();
 }
+
+/// A pool of `host`'s states made on `ctx` (in several buffers of whole slots when it is
+/// larger than the context's buffer limit).
+fn pool_of(ctx: &Context, p: &Problem, host: &HostTensor) -> wgpu_backend::StatePool {
+    let pool = wgpu_backend::StatePool::for_problem(ctx, p, host.shape[0]).unwrap();
+    pool.tensor().write_range(ctx, 0, &host.data).unwrap();
+    pool
+}
+
+/// What a decode step left: o, the per-token states (when asked) and the pool.
+struct DecodeRun {
+    o: HostTensor,
+    per_token_states: Option<HostTensor>,
+    pool: HostTensor,
+    pool_windows: usize,
+    token_windows: usize,
+    pool_buffers: usize,
+}
+
+/// One decode step of `p` over a pool seeded with `pool_host`, into NaN-poisoned outputs;
+/// with `reuse`, the plan is made for those slots first and switched with `set_slots`.
+fn decode_run(
+    ctx: &Context,
+    p: &Problem,
+    inputs: &gdn_wgpu::ForwardInputs<HostTensor>,
+    pool_host: &HostTensor,
+    slots: &[wgpu_backend::StateSlot],
+    reuse: Option<&[wgpu_backend::StateSlot]>,
+    per_token_states: bool,
+) -> DecodeRun {
+    use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
+    let mut up = common::upload_inputs(ctx, inputs);
+    up.initial_state = None;
+    let pool = pool_of(ctx, p, pool_host);
+    let o = GpuTensor::filled(ctx, "o", &p.v_shape(), inputs.v.dtype, f32::NAN).unwrap();
+    let [a, b] = wgpu_backend::StateLayout::of(p).inner_shape(p.key_dim, p.value_dim);
+    let states_shape = [p.total_tokens(), p.heads_v, a, b];
+    let states = per_token_states
+        .then(|| GpuTensor::filled(ctx, "states", &states_shape, DType::F32, f32::NAN).unwrap());
+    let outputs = DecodeOutputs {
+        o: &o,
+        per_token_states: states.as_ref(),
+    };
+    let mut plan =
+        DecodePlan::new(ctx, p, &up.as_ref(), &pool, reuse.unwrap_or(slots), &outputs).unwrap();
+    if reuse.is_some() {
+        plan.set_slots(ctx, slots).unwrap();
+    }
+    let mut encoder = ctx.create_encoder("decode windows");
+    plan.record(&mut encoder);
+    ctx.submit_and_wait(encoder).unwrap();
+    DecodeRun {
+        o: o.download_blocking(ctx).unwrap(),
+        per_token_states: states.map(|s| s.download_blocking(ctx).unwrap()),
+        pool: pool.tensor().download_blocking(ctx).unwrap(),
+        pool_windows: plan.pool_windows(),
+        token_windows: plan.token_windows(),
+        pool_buffers: pool.tensor().buffers().len(),
+    }
+}
+
+#[track_caller]
+fn assert_same_run(got: &DecodeRun, want: &DecodeRun, what: &str) {
+    assert_eq!(bits(&got.o), bits(&want.o), "o, {what}");
+    assert_eq!(bits(&got.pool), bits(&want.pool), "pool, {what}");
+    match (&got.per_token_states, &want.per_token_states) {
+        (Some(g), Some(w)) => assert_eq!(bits(g), bits(w), "per-token states, {what}"),
+        (None, None) => {}
+        _ => panic!("per-token states in one run only, {what}"),
+    }
+}
+
+/// A pool in several buffers of whole slots (`Context::set_max_buffer_bytes`): pool windows
+/// end at the buffers' boundaries; slots resumed, fresh and padding in different buffers,
+/// bitwise equal to the same step over a pool in one buffer; slot copies across buffers
+/// round-trip; a step that fails leaves every buffer of the pool as it was.
+#[test]
+fn decode_over_a_pool_in_several_buffers() {
+    use StateSlot::{Fresh, Padding, Resume};
+    use gdn_wgpu::wgpu_backend::decode::StateSlot;
+    use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
+    let Some(mut ctx) = context() else { return };
+    // 64 KiB per slot (HV = 4, K = V = 64).
+    let p = common::problem(
+        1,
+        9,
+        2,
+        4,
+        64,
+        64,
+        Some(vec![0, 1, 3, 4, 6, 9]),
+        Default::default(),
+    );
+    let pool_slots = 10;
+    let pool_host = common::decode::random_pool(&p, pool_slots, 7);
+    let inputs = common::decode::spec(8).generate(&p);
+    let slots = [Resume(9), Fresh(0), Padding, Resume(4), Resume(5)];
+    let other = [Resume(1), Padding, Fresh(8), Resume(7), Resume(2)];
+    for slots in [&slots[..], &other[..]] {
+        ctx.set_max_buffer_bytes(None).unwrap();
+        ctx.set_max_binding_bytes(None).unwrap();
+        let whole = decode_run(&ctx, &p, &inputs, &pool_host, slots, None, false);
+        assert_eq!((whole.pool_windows, whole.pool_buffers), (1, 1));
+        assert!(whole.o.data.iter().all(|x| x.is_finite()));
+        // (buffer limit, binding limit) → (slots per buffer, windows).
+        for (buffer, binding, buffers, windows) in [
+            (3u64 << 16, None, 4, 4),
+            (3 << 16, Some(1u64 << 16), 4, 10),
+            (5 << 16, Some(2 << 16), 3, 5),
+        ] {
+            ctx.set_max_buffer_bytes(Some(buffer)).unwrap();
+            ctx.set_max_binding_bytes(binding).unwrap();
+            for reuse in [None, Some(&other[..])] {
+                let got = decode_run(&ctx, &p, &inputs, &pool_host, slots, reuse, false);
+                let what = format!("buffers of {buffer} B, bindings {binding:?}, {slots:?}");
+                assert_eq!((got.pool_buffers, got.pool_windows), (buffers, windows), "{what}");
+                assert_same_run(&got, &whole, &what);
+            }
+        }
+    }
+
+    // Slot copies across buffers: slot 7 (third buffer) out to a tensor in two buffers of
+    // its own, then into slot 2 (first buffer).
+    ctx.set_max_buffer_bytes(Some(3 << 16)).unwrap();
+    ctx.set_max_binding_bytes(None).unwrap();
+    let pool = pool_of(&ctx, &p, &pool_host);
+    assert_eq!(pool.slots_per_buffer(), 3);
+    let mut shape = pool.tensor().shape.clone();
+    shape[0] = 5;
+    let entries = GpuTensor::empty(&ctx, "entries", &shape, DType::F32).unwrap();
+    assert!(entries.buffers().len() > 1);
+    let mut encoder = ctx.create_encoder("slot copies");
+    pool.copy_from_slot(&mut encoder, 7, &entries, 4).unwrap();
+    pool.copy_into_slot(&mut encoder, &entries, 4, 2).unwrap();
+    ctx.submit_and_wait(encoder).unwrap();
+    let slot_len = pool_host.len() / pool_slots;
+    let entry = entries
+        .download_range_blocking(&ctx, 4 * slot_len..5 * slot_len)
+        .unwrap();
+    assert_eq!(entry.data, pool_host.data[7 * slot_len..8 * slot_len]);
+    let after = pool.tensor().download_blocking(&ctx).unwrap();
+    let mut expected = pool_host.data.clone();
+    expected.copy_within(7 * slot_len..8 * slot_len, 2 * slot_len);
+    assert_eq!(after.data, expected);
+
+    // A step that fails at submission (an invalid copy after it in the same command
+    // buffer; then an output destroyed before submitting) leaves the pool as it was.
+    ctx.set_max_binding_bytes(Some(1 << 16)).unwrap();
+    let pool = pool_of(&ctx, &p, &pool_host);
+    let mut up = common::upload_inputs(&ctx, &inputs);
+    up.initial_state = None;
+    let o = GpuTensor::empty(&ctx, "o", &p.v_shape(), DType::F32).unwrap();
+    let outs = DecodeOutputs {
+        o: &o,
+        per_token_states: None,
+    };
+    let plan = DecodePlan::new(&ctx, &p, &up.as_ref(), &pool, &slots, &outs).unwrap();
+    assert!(plan.active_passes() > 1 && pool.tensor().buffers().len() > 1);
+    let mut encoder = ctx.create_encoder("step + invalid copy");
+    plan.record(&mut encoder);
+    encoder.copy_buffer_to_buffer(&o.buffer, o.buffer.size(), &o.buffer, 0, 4);
+    assert!(matches!(ctx.submit_and_wait(encoder), Err(Error::Gpu(_))));
+    let after = pool.tensor().download_blocking(&ctx).unwrap();
+    assert_eq!(bits(&after), bits(&pool_host), "the pool changed");
+    let mut encoder = ctx.create_encoder("step with a destroyed output");
+    plan.record(&mut encoder);
+    o.buffer.destroy();
+    assert!(matches!(ctx.submit_and_wait(encoder), Err(Error::Gpu(_))));
+    let after = pool.tensor().download_blocking(&ctx).unwrap();
+    assert_eq!(bits(&after), bits(&pool_host), "the pool changed");
+    ctx.check().unwrap();
+}
+
+/// A decode call larger than a binding and stored in several buffers: q, k, v, o and the
+/// per-token states in token windows (16 tokens per window at 64 KiB bindings; v, o in 3
+/// buffers, the per-token states in 38), sequences cut by windows resumed, fresh and padding
+/// (a padding sequence carries its state through the plan's carry slot), an empty fresh
+/// sequence, every option and bf16 inputs: bitwise equal to the same call in one window.
+#[test]
+fn decode_calls_larger_than_a_binding() {
+    use StateSlot::{Fresh, Padding, Resume};
+    use gdn_wgpu::wgpu_backend::decode::StateSlot;
+    let Some(mut ctx) = context() else { return };
+    let every = gdn_wgpu::Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let cu = vec![0, 1, 150, 151, 400, 400, 600];
+    let slots = [Resume(0), Fresh(1), Padding, Padding, Fresh(4), Resume(5)];
+    let other = [Padding, Resume(3), Fresh(2), Resume(1), Padding, Fresh(0)];
+    for (options, dtype) in [
+        (gdn_wgpu::Options::default(), DType::F32),
+        (every, DType::F32),
+        (Default::default(), DType::BF16),
+    ] {
+        // HV = 4, K = V = 16: 4 KiB of state per token, 256 B of v.
+        let p = common::problem(1, 600, 2, 4, 16, 16, Some(cu.clone()), options);
+        let pool_host = common::decode::random_pool(&p, 6, 11);
+        let mut inputs = common::decode::spec(12).generate(&p);
+        for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
+            *t = t.clone().with_dtype(dtype);
+        }
+        for slots in [&slots[..], &other[..]] {
+            ctx.set_max_buffer_bytes(None).unwrap();
+            ctx.set_max_binding_bytes(None).unwrap();
+            let whole = decode_run(&ctx, &p, &inputs, &pool_host, slots, None, true);
+            assert_eq!(whole.token_windows, 1);
+            assert!(whole.o.data.iter().all(|x| x.is_finite()));
+            let states = whole.per_token_states.as_ref().unwrap();
+            assert!(states.data.iter().all(|x| x.is_finite()));
+            for (buffer, binding) in [(None, Some(1u64 << 16)), (Some(1u64 << 16), None)] {
+                ctx.set_max_buffer_bytes(buffer).unwrap();
+                ctx.set_max_binding_bytes(binding).unwrap();
+                for reuse in [None, Some(&other[..])] {
+                    let what =
+                        format!("{options:?} {dtype}, buffers {buffer:?}, bindings {binding:?}");
+                    let got = decode_run(&ctx, &p, &inputs, &pool_host, slots, reuse, true);
+                    assert!(got.token_windows >= 600 / 16, "{what}: {}", got.token_windows);
+                    assert_same_run(&got, &whole, &what);
+                }
+            }
+            // Without per-token states, v (256 B per token) alone is cut.
+            ctx.set_max_buffer_bytes(None).unwrap();
+            ctx.set_max_binding_bytes(Some(1 << 16)).unwrap();
+            let got = decode_run(&ctx, &p, &inputs, &pool_host, slots, None, false);
+            let v_bytes = 600 * 4 * 16 * dtype.size();
+            assert_eq!(got.token_windows, v_bytes.div_ceil(1 << 16));
+            assert_eq!(bits(&got.o), bits(&whole.o));
+            assert_eq!(bits(&got.pool), bits(&whole.pool));
+        }
+    }
+    ctx.check().unwrap();
+}

@@ -965,13 +965,16 @@ fn token_windows(
         }
     }
     if max_tokens < granule {
-        let worst = tensors
+        // A window's base must keep every binding's offset aligned, so it holds at least
+        // `granule` tokens of every tensor.
+        let (worst, token_bytes) = tensors
             .iter()
-            .max_by_key(|t| t.token_elems * t.tensor.dtype.size())
-            .map_or("q", |t| t.name);
+            .map(|t| (t.name, (t.token_elems * t.tensor.dtype.size()) as u64))
+            .max_by_key(|&(_, b)| b)
+            .unwrap_or(("q", 0));
         return Err(Error::TooLarge {
-            name: format!("{worst} of {granule} tokens (one aligned token window)"),
-            bytes: 0,
+            name: format!("{worst} of {granule} tokens (the least aligned token window)"),
+            bytes: granule as u64 * token_bytes,
             limit_name: "max_storage_buffer_binding_size",
             limit,
         });
