@@ -731,6 +731,31 @@ fn decode_run(
     reuse: Option<&[wgpu_backend::StateSlot]>,
     per_token_states: bool,
 ) -> DecodeRun {
+    let tiles = wgpu_backend::decode::RecurrentStepTiles::choose_for(ctx, p).unwrap();
+    decode_run_tiled(
+        ctx,
+        p,
+        inputs,
+        pool_host,
+        slots,
+        reuse,
+        per_token_states,
+        tiles,
+    )
+}
+
+/// [`decode_run`] with a given tiling (the default depends on the call's size).
+#[allow(clippy::too_many_arguments)]
+fn decode_run_tiled(
+    ctx: &Context,
+    p: &Problem,
+    inputs: &gdn_wgpu::ForwardInputs<HostTensor>,
+    pool_host: &HostTensor,
+    slots: &[wgpu_backend::StateSlot],
+    reuse: Option<&[wgpu_backend::StateSlot]>,
+    per_token_states: bool,
+    tiles: wgpu_backend::decode::RecurrentStepTiles,
+) -> DecodeRun {
     use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
     let mut up = common::upload_inputs(ctx, inputs);
     up.initial_state = None;
@@ -744,8 +769,16 @@ fn decode_run(
         o: &o,
         per_token_states: states.as_ref(),
     };
-    let mut plan =
-        DecodePlan::new(ctx, p, &up.as_ref(), &pool, reuse.unwrap_or(slots), &outputs).unwrap();
+    let mut plan = DecodePlan::with_tiles(
+        ctx,
+        p,
+        &up.as_ref(),
+        &pool,
+        reuse.unwrap_or(slots),
+        &outputs,
+        tiles,
+    )
+    .unwrap();
     if reuse.is_some() {
         plan.set_slots(ctx, slots).unwrap();
     }
@@ -816,7 +849,11 @@ fn decode_over_a_pool_in_several_buffers() {
             for reuse in [None, Some(&other[..])] {
                 let got = decode_run(&ctx, &p, &inputs, &pool_host, slots, reuse, false);
                 let what = format!("buffers of {buffer} B, bindings {binding:?}, {slots:?}");
-                assert_eq!((got.pool_buffers, got.pool_windows), (buffers, windows), "{what}");
+                assert_eq!(
+                    (got.pool_buffers, got.pool_windows),
+                    (buffers, windows),
+                    "{what}"
+                );
                 assert_same_run(&got, &whole, &what);
             }
         }
@@ -922,7 +959,11 @@ fn decode_calls_larger_than_a_binding() {
                     let what =
                         format!("{options:?} {dtype}, buffers {buffer:?}, bindings {binding:?}");
                     let got = decode_run(&ctx, &p, &inputs, &pool_host, slots, reuse, true);
-                    assert!(got.token_windows >= 600 / 16, "{what}: {}", got.token_windows);
+                    assert!(
+                        got.token_windows >= 600 / 16,
+                        "{what}: {}",
+                        got.token_windows
+                    );
                     assert_same_run(&got, &whole, &what);
                 }
             }
@@ -936,5 +977,101 @@ fn decode_calls_larger_than_a_binding() {
             assert_eq!(bits(&got.pool), bits(&whole.pool));
         }
     }
+    ctx.check().unwrap();
+}
+
+/// More sequences than one call's uniform tables address (`max_sequences`): token windows of
+/// at most that many sequences, bitwise equal to the same sequences in two calls that each
+/// fit one table; fresh, resumed, padding and empty sequences.
+#[test]
+fn decode_calls_with_more_sequences_than_one_table() {
+    use StateSlot::{Fresh, Padding, Resume};
+    use gdn_wgpu::wgpu_backend::decode::StateSlot;
+    let Some(ctx) = context() else { return };
+    let most = wgpu_backend::decode::max_sequences(2);
+    let n = most + 50;
+    // One token per sequence, but every 97th sequence is empty and every 89th has three.
+    let lens: Vec<usize> = (0..n)
+        .map(|i| match (i % 97, i % 89) {
+            (0, _) => 0,
+            (_, 0) => 3,
+            _ => 1,
+        })
+        .collect();
+    let slot_of = |i: usize| match i % 5 {
+        0 => Padding,
+        1 => Fresh(i as u32),
+        _ => Resume(i as u32),
+    };
+    let call = |range: Range<usize>| {
+        let mut cu = vec![0];
+        for &l in &lens[range.clone()] {
+            cu.push(cu.last().unwrap() + l);
+        }
+        let total = *cu.last().unwrap();
+        common::problem(1, total, 1, 2, 16, 16, Some(cu), Default::default())
+    };
+    let all = call(0..n);
+    let pool_host = common::decode::random_pool(&all, n, 21);
+    let inputs = common::decode::spec(22).generate(&all);
+    let slots: Vec<StateSlot> = (0..n).map(slot_of).collect();
+    // One tiling for all three calls (the default depends on the call's size).
+    let tiles = wgpu_backend::decode::RecurrentStepTiles::choose_for(&ctx, &all).unwrap();
+    let got = decode_run_tiled(&ctx, &all, &inputs, &pool_host, &slots, None, true, tiles);
+    assert_eq!(got.token_windows, 2);
+
+    // The same sequences as two calls (the first `most`, then the rest) over one pool.
+    let half = most;
+    let first = call(0..half);
+    let split_at = first.total_tokens();
+    let slice = |t: &HostTensor, tokens: Range<usize>, shape: Vec<usize>| {
+        let row = t.len() / all.total_tokens();
+        HostTensor {
+            shape,
+            dtype: t.dtype,
+            data: t.data[tokens.start * row..tokens.end * row].to_vec(),
+        }
+    };
+    let part = |p: &Problem, tokens: Range<usize>| gdn_wgpu::ForwardInputs {
+        q: slice(&inputs.q, tokens.clone(), p.qk_shape().to_vec()),
+        k: slice(&inputs.k, tokens.clone(), p.qk_shape().to_vec()),
+        v: slice(&inputs.v, tokens.clone(), p.v_shape().to_vec()),
+        g: slice(&inputs.g, tokens.clone(), p.gate_shape().to_vec()),
+        beta: slice(&inputs.beta, tokens, p.gate_shape().to_vec()),
+        initial_state: None,
+        a_log: None,
+        dt_bias: None,
+    };
+    let a = decode_run_tiled(
+        &ctx,
+        &first,
+        &part(&first, 0..split_at),
+        &pool_host,
+        &slots[..half],
+        None,
+        true,
+        tiles,
+    );
+    let second = call(half..n);
+    let b = decode_run_tiled(
+        &ctx,
+        &second,
+        &part(&second, split_at..all.total_tokens()),
+        &a.pool,
+        &slots[half..],
+        None,
+        true,
+        tiles,
+    );
+    assert_eq!((a.token_windows, b.token_windows), (1, 1));
+    let cat = |x: &HostTensor, y: &HostTensor| -> Vec<u32> {
+        bits(x).into_iter().chain(bits(y)).collect()
+    };
+    let want = cat(&a.o, &b.o);
+    let first_diff = bits(&got.o).iter().zip(&want).position(|(x, y)| x != y);
+    assert_eq!(first_diff, None, "o: first difference (of {})", want.len());
+    let states = |r: &DecodeRun| r.per_token_states.clone().unwrap();
+    assert_eq!(bits(&states(&got)), cat(&states(&a), &states(&b)));
+    assert_eq!(bits(&got.pool), bits(&b.pool));
     ctx.check().unwrap();
 }
