@@ -1075,3 +1075,95 @@ fn decode_calls_with_more_sequences_than_one_table() {
     assert_eq!(bits(&got.pool), bits(&b.pool));
     ctx.check().unwrap();
 }
+
+/// On a GPU with the real limits (ignored: needs ~6 GB of device memory; run on the H200 with
+/// `cargo test --release --test windows -- --ignored a_pool_larger_than_4_gib`): a pool of
+/// 2,500 slots at HV = 32, K = V = 128 f32 (5.2 GB, past the 4 GiB `max_buffer_size`) lives in
+/// several buffers; a step over slots in both buffers is bitwise the same step over a small
+/// pool holding the same states, slots no sequence names keep their states, and the finite
+/// check finds a NaN in the second buffer at its index in the whole pool.
+#[test]
+#[ignore]
+fn a_pool_larger_than_4_gib() {
+    use StateSlot::{Fresh, Resume};
+    use gdn_wgpu::wgpu_backend::decode::StateSlot;
+    let Some(ctx) = context() else { return };
+    let p = common::problem(4, 1, 16, 32, 128, 128, None, Default::default());
+    let slots_big = 2500;
+    let big = wgpu_backend::StatePool::for_problem(&ctx, &p, slots_big).unwrap();
+    let per_buffer = big.slots_per_buffer();
+    eprintln!(
+        "{} slots of {} B in {} buffers of {per_buffer} slots; max_buffer_bytes {}",
+        slots_big,
+        big.slot_bytes(),
+        big.tensor().buffers().len(),
+        ctx.max_buffer_bytes()
+    );
+    assert!(big.tensor().buffers().len() > 1);
+    let small_host = common::decode::random_pool(&p, 4, 41);
+    let slot_len = small_host.len() / 4;
+    // Sequence i's state: in slot `picked[i]` of the big pool, slot i of the small one.
+    let picked = [0, per_buffer - 1, per_buffer, slots_big - 1];
+    for (i, &s) in picked.iter().enumerate() {
+        let state = &small_host.data[i * slot_len..(i + 1) * slot_len];
+        big.tensor().write_range(&ctx, s * slot_len, state).unwrap();
+    }
+    let inputs = common::decode::spec(42).generate(&p);
+    let tiles = wgpu_backend::decode::RecurrentStepTiles::choose_for(&ctx, &p).unwrap();
+    let run = |pool: &wgpu_backend::StatePool, slots: &[StateSlot]| {
+        use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
+        let mut up = common::upload_inputs(&ctx, &inputs);
+        up.initial_state = None;
+        let o = GpuTensor::filled(&ctx, "o", &p.v_shape(), DType::F32, f32::NAN).unwrap();
+        let outs = DecodeOutputs {
+            o: &o,
+            per_token_states: None,
+        };
+        let plan =
+            DecodePlan::with_tiles(&ctx, &p, &up.as_ref(), pool, slots, &outs, tiles).unwrap();
+        let mut encoder = ctx.create_encoder("big pool step");
+        plan.record(&mut encoder);
+        ctx.submit_and_wait(encoder).unwrap();
+        (o.download_blocking(&ctx).unwrap(), plan.pool_windows())
+    };
+    let big_slots = [
+        Resume(picked[0] as u32),
+        Resume(picked[1] as u32),
+        Resume(picked[2] as u32),
+        Fresh(picked[3] as u32),
+    ];
+    let (o_big, windows) = run(&big, &big_slots);
+    assert!(windows >= 3, "{windows} pool windows");
+    let small = pool_of(&ctx, &p, &small_host);
+    let (o_small, _) = run(&small, &[Resume(0), Resume(1), Resume(2), Fresh(3)]);
+    assert_eq!(bits(&o_big), bits(&o_small));
+    let small_after = small.tensor().download_blocking(&ctx).unwrap();
+    for (i, &s) in picked.iter().enumerate() {
+        let got = big
+            .tensor()
+            .download_range_blocking(&ctx, s * slot_len..(s + 1) * slot_len)
+            .unwrap();
+        assert_eq!(
+            bits(&got),
+            bits(&HostTensor {
+                shape: vec![slot_len],
+                dtype: DType::F32,
+                data: small_after.data[i * slot_len..(i + 1) * slot_len].to_vec(),
+            }),
+            "slot {s}"
+        );
+    }
+    let untouched = big
+        .tensor()
+        .download_range_blocking(&ctx, 7 * slot_len..8 * slot_len)
+        .unwrap();
+    assert!(untouched.data.iter().all(|&x| x == 0.0));
+
+    let index = (slots_big - 2) * slot_len + 12_345;
+    big.tensor().write_range(&ctx, index, &[f32::NAN, 0.0]).unwrap();
+    let e = wgpu_backend::check_finite(&ctx, &[("pool", big.tensor())]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("pool: expected finite values, got NaN at flat index {index}")
+    );
+}

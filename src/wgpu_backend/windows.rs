@@ -484,4 +484,45 @@ mod tests {
         let e = plan(&p, &costs(4, 1 << 20), 1 << 16, 256).unwrap_err();
         assert!(e.to_string().contains("state of one sequence"), "{e}");
     }
+
+    /// Decode windows compute every token once, in order, with every sequence (empty ones
+    /// included) in at least one window; each binds at most `max_tokens` from a base that is
+    /// a multiple of the granule, lies inside one part and holds at most `max_sequences`.
+    #[test]
+    fn decode_windows_cover_every_token_within_their_bounds() {
+        let cases: [(Vec<usize>, usize, usize, Option<usize>, usize); 5] = [
+            (vec![0, 1, 150, 151, 400, 400, 600], 16, 16, Some(16), 8190),
+            (vec![0, 1, 150, 151, 400, 400, 600], 256, 4, Some(512), 8190),
+            (vec![0, 0, 0, 5, 5, 9, 9, 9], 4, 2, None, 2),
+            (vec![0, 1000], 7, 1, Some(64), 1),
+            ((0..=50).collect(), 1 << 20, 64, None, 7),
+        ];
+        for (cu, max_tokens, granule, part, most) in cases {
+            let seqs: Vec<Range<usize>> = cu.windows(2).map(|w| w[0]..w[1]).collect();
+            let windows = plan_decode(&seqs, max_tokens, granule, part, most);
+            let mut next = vec![None::<usize>; seqs.len()];
+            let mut seen = vec![false; seqs.len()];
+            for w in &windows {
+                let what = format!("{cu:?}: {w:?}");
+                assert!(w.base.is_multiple_of(granule) && w.tokens <= max_tokens, "{what}");
+                assert!(!w.pieces.is_empty() && w.seqs() <= most, "{what}");
+                if let Some(p) = part {
+                    assert_eq!(w.base / p, (w.base + w.tokens.max(1) - 1) / p, "{what}");
+                }
+                for (i, piece) in w.pieces.iter().enumerate() {
+                    let n = w.first_seq + i;
+                    seen[n] = true;
+                    let start = next[n].unwrap_or(seqs[n].start);
+                    assert_eq!(piece.start, start, "{what}: sequence {n}");
+                    assert!(piece.end <= seqs[n].end && piece.start >= w.base, "{what}");
+                    assert!(piece.end <= w.base + w.tokens.max(1), "{what}");
+                    next[n] = Some(piece.end);
+                }
+            }
+            for (n, s) in seqs.iter().enumerate() {
+                assert!(seen[n], "{cu:?}: sequence {n} in no window");
+                assert_eq!(next[n], Some(s.end), "{cu:?}: sequence {n} not covered");
+            }
+        }
+    }
 }

@@ -19,6 +19,9 @@
 //!   entry `start + k − 1` back with [`StatePool::copy_into_slot`].
 //! - Prefill → decode: run [`wgpu_backend::forward`](crate::wgpu_backend::forward()) over the prompt and copy its
 //!   `final_state` into the pool with [`StatePool::copy_into_slot`].
+//! - No size limit but device memory: a pool past one buffer lives in several buffers of
+//!   whole slots, and pools or calls past one binding run in pool and token windows
+//!   (docs/windows.md, "Decode").
 //! - Hot path: build a [`DecodePlan`] once and call [`DecodePlan::record`] per step (one
 //!   compute pass, no allocation); [`decode_step`] builds a plan per call.
 //! - A step that fails leaves the pool as it was. Everything that can fail is done before

@@ -158,7 +158,8 @@ fn slots_per_buffer(ctx: &Context, slot_bytes: u64) -> usize {
 }
 
 /// A pool of states `[P, HV, K, V]` (or `[P, HV, V, K]`) that decode calls update in place,
-/// stored as f32 or bf16 ([`POOL_DTYPES`]).
+/// stored as f32 or bf16 ([`POOL_DTYPES`]); past [`Context::max_buffer_bytes`] in several
+/// buffers of whole slots ([`StatePool::slots_per_buffer`]).
 #[derive(Debug, Clone)]
 pub struct StatePool {
     states: GpuTensor,
