@@ -490,7 +490,9 @@ mod tests {
     /// a multiple of the granule, lies inside one part and holds at most `max_sequences`.
     #[test]
     fn decode_windows_cover_every_token_within_their_bounds() {
-        let cases: [(Vec<usize>, usize, usize, Option<usize>, usize); 5] = [
+        // (cu_seqlens, max tokens, granule, tokens per part, max sequences)
+        type Case = (Vec<usize>, usize, usize, Option<usize>, usize);
+        let cases: [Case; 5] = [
             (vec![0, 1, 150, 151, 400, 400, 600], 16, 16, Some(16), 8190),
             (vec![0, 1, 150, 151, 400, 400, 600], 256, 4, Some(512), 8190),
             (vec![0, 0, 0, 5, 5, 9, 9, 9], 4, 2, None, 2),
