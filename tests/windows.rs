@@ -1160,7 +1160,9 @@ fn a_pool_larger_than_4_gib() {
     assert!(untouched.data.iter().all(|&x| x == 0.0));
 
     let index = (slots_big - 2) * slot_len + 12_345;
-    big.tensor().write_range(&ctx, index, &[f32::NAN, 0.0]).unwrap();
+    big.tensor()
+        .write_range(&ctx, index, &[f32::NAN, 0.0])
+        .unwrap();
     let e = wgpu_backend::check_finite(&ctx, &[("pool", big.tensor())]).unwrap_err();
     assert_eq!(
         e.to_string(),

@@ -506,7 +506,10 @@ mod tests {
             let mut seen = vec![false; seqs.len()];
             for w in &windows {
                 let what = format!("{cu:?}: {w:?}");
-                assert!(w.base.is_multiple_of(granule) && w.tokens <= max_tokens, "{what}");
+                assert!(
+                    w.base.is_multiple_of(granule) && w.tokens <= max_tokens,
+                    "{what}"
+                );
                 assert!(!w.pieces.is_empty() && w.seqs() <= most, "{what}");
                 if let Some(p) = part {
                     assert_eq!(w.base / p, (w.base + w.tokens.max(1) - 1) / p, "{what}");
