@@ -600,8 +600,7 @@ fn backward_of_a_sequence_longer_than_a_binding() {
 /// downloads, ranges across buffer boundaries and slab writes round-trip exactly; the forward
 /// over inputs and outputs in several buffers is bitwise the one-buffer forward and within
 /// the oracle's bounds; the backward (inputs, saved intermediates and gradients in several
-/// buffers) is within the oracle's bounds; a varlen chunk across a buffer boundary is a typed
-/// error naming cu_seqlens.
+/// buffers) is within the oracle's bounds.
 #[test]
 fn tensors_larger_than_a_buffer() {
     use common::cases::{backward_case, check_gradients};
@@ -688,17 +687,6 @@ fn tensors_larger_than_a_buffer() {
         failures.extend(check_gradients(&what, &case, dtype, &grads, &expected));
     }
     fail_on(failures);
-
-    // Sequence 2's chunk 1000..1064 crosses the buffer boundary at token 1024 (v: 256 B per
-    // token, 512 tokens per 128 KiB buffer).
-    let crossing = common::problem(1, 3000, 1, 2, 32, 32, Some(vec![0, 1000, 3000]), options);
-    let spec = common::cases::spec(80, true);
-    let inputs = spec.generate(&crossing);
-    let e = wgpu_backend::forward_host(&ctx, &crossing, &inputs.as_ref()).unwrap_err();
-    assert!(
-        matches!(&e, Error::Unsupported { name, .. } if name == "cu_seqlens"),
-        "{e}"
-    );
     ctx.check().unwrap();
 }
 
@@ -1168,4 +1156,253 @@ fn a_pool_larger_than_4_gib() {
         e.to_string(),
         format!("pool: expected finite values, got NaN at flat index {index}")
     );
+}
+
+/// Relative L2 error of tokens `rows` (of `row` elements each, the packed token axis
+/// outermost) against the oracle's.
+fn rows_error(got: &[f32], expected: &[f64], row: usize, rows: &Range<usize>) -> f64 {
+    let r = rows.start * row..rows.end * row;
+    gdn_wgpu::relative_l2(&got[r.clone()], &expected[r])
+}
+
+/// `forward_saved` then the backward through a workspace of the context's plan, into
+/// NaN-poisoned gradients (and outputs); the outputs, gradients and the plan's windows.
+fn backward_poisoned(
+    ctx: &Context,
+    p: &Problem,
+    inputs: &gdn_wgpu::ForwardInputs<HostTensor>,
+    d_o: &HostTensor,
+    dht: Option<&HostTensor>,
+) -> (
+    ForwardOutputs<HostTensor>,
+    gdn_wgpu::Gradients<HostTensor>,
+    Vec<Range<usize>>,
+) {
+    let up = common::upload_inputs(ctx, inputs);
+    let d_o = GpuTensor::upload(ctx, "do", d_o).unwrap();
+    let dht = dht.map(|t| GpuTensor::upload(ctx, "dht", t).unwrap());
+    let dtype = inputs.q.dtype;
+    let ws = wgpu_backend::BackwardWorkspace::new(ctx, p, dtype).unwrap();
+    let nan = |name: &str, shape: &[usize], dtype| {
+        GpuTensor::filled(ctx, name, shape, dtype, f32::NAN).unwrap()
+    };
+    let sums = p.options.gate_in_kernel;
+    let grads = gdn_wgpu::Gradients {
+        dq: nan("dq", &p.qk_shape(), dtype),
+        dk: nan("dk", &p.qk_shape(), dtype),
+        dv: nan("dv", &p.v_shape(), dtype),
+        dg: nan("dg", &p.gate_shape(), DType::F32),
+        dbeta: nan("dbeta", &p.gate_shape(), DType::F32),
+        dh0: inputs
+            .initial_state
+            .as_ref()
+            .map(|_| nan("dh0", &p.state_shape(), DType::F32)),
+        da_log: sums.then(|| nan("dA_log", &[p.heads_v], DType::F32)),
+        ddt_bias: sums.then(|| nan("ddt_bias", &[p.heads_v], DType::F32)),
+    };
+    let mut encoder = ctx.create_encoder("forward_saved and backward");
+    let (fwd, saved) =
+        wgpu_backend::forward_saved_for(ctx, &mut encoder, p, &up.as_ref(), ws.plan()).unwrap();
+    let refs = gdn_wgpu::Gradients {
+        dq: &grads.dq,
+        dk: &grads.dk,
+        dv: &grads.dv,
+        dg: &grads.dg,
+        dbeta: &grads.dbeta,
+        dh0: grads.dh0.as_ref(),
+        da_log: grads.da_log.as_ref(),
+        ddt_bias: grads.ddt_bias.as_ref(),
+    };
+    wgpu_backend::backward_into_workspace(
+        ctx,
+        &mut encoder,
+        &saved,
+        &d_o,
+        dht.as_ref(),
+        &refs,
+        &ws,
+        None,
+    )
+    .unwrap();
+    ctx.submit_and_wait(encoder).unwrap();
+    let down = |t: &GpuTensor| t.download_blocking(ctx).unwrap();
+    let down_opt = |t: &Option<GpuTensor>| t.as_ref().map(down);
+    (
+        ForwardOutputs {
+            o: down(&fwd.o),
+            final_state: down(&fwd.final_state),
+        },
+        gdn_wgpu::Gradients {
+            dq: down(&grads.dq),
+            dk: down(&grads.dk),
+            dv: down(&grads.dv),
+            dg: down(&grads.dg),
+            dbeta: down(&grads.dbeta),
+            dh0: down_opt(&grads.dh0),
+            da_log: down_opt(&grads.da_log),
+            ddt_bias: down_opt(&grads.ddt_bias),
+        },
+        ws.plan().window_tokens(),
+    )
+}
+
+/// Varlen chunks across the boundaries of tensors larger than one buffer (buffers of 128 KiB:
+/// b = 512 tokens of v in f32, 1024 in bf16, so v, o, dv span five buffers): the windows end
+/// at every boundary and cut the chunks that cross one, the piece after a cut continuing from
+/// the state the window before left. Every option (bf16 without l2norm), GVA 2, h0 and dht
+/// on, a g = 0 head, f32 and bf16: the forward (at the binding limit a buffer allows, at the least one: windows of
+/// about one chunk, and in f32 sequence-parallel) and `forward_saved` + the backward (at both
+/// limits) against the oracle at the policy's bounds, over all tokens and over the tokens
+/// around each boundary, outputs and gradients NaN-poisoned first.
+#[test]
+fn varlen_chunks_across_buffer_boundaries() {
+    use common::cases::{backward_case, check_gradients};
+    use gdn_wgpu::tolerance::{Case, Quantity};
+    let Some(mut ctx) = context() else { return };
+    const BUFFER: usize = 128 << 10;
+    let (vrow, qrow, grow) = (2 * 32, 32, 2);
+    let mut failures = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        // bf16 without l2norm: the chunked forward stores q̂, k̂ in bf16, and on this problem
+        // its o is 3.3e-3 from the oracle in one buffer too, over the policy's 3e-3.
+        let l2norm_qk = dtype == DType::F32;
+        let options = gdn_wgpu::Options {
+            scale: Some(0.3),
+            l2norm_qk,
+            beta_sigmoid: true,
+            allow_neg_eigval: true,
+            gate_in_kernel: true,
+            state_v_first: true,
+        };
+        let b = BUFFER / (vrow * dtype.size());
+        // The length-2 sequence b-1..b+1 is cut into two length-1 pieces; b+1..b+2 is a
+        // length-1 sequence just after a boundary, 2b-1..2b one that ends at a boundary and
+        // 2b..2b+1 one that starts at it; 2b+1..4b+52 spans three buffers, its chunk
+        // 3b-63..3b+1 cut at 3b (the chunks after it count from 3b, so 4b cuts none);
+        // 4b+52..4b+102 ends the problem.
+        let cu = vec![
+            0,
+            100,
+            b - 1,
+            b + 1,
+            b + 2,
+            2 * b - 1,
+            2 * b,
+            2 * b + 1,
+            4 * b + 52,
+            4 * b + 102,
+        ];
+        let case = common::cases::HardCase {
+            name: format!(
+                "varlen across buffer boundaries every {b} tokens, GVA2, l2norm {l2norm_qk}"
+            ),
+            problem: common::problem(1, 4 * b + 102, 1, 2, 32, 32, Some(cu), options),
+            spec: gdn_wgpu::RandomSpec {
+                zero_gate_heads: 1,
+                ..common::cases::spec(81, true)
+            },
+        };
+        let p = &case.problem;
+        let boundaries = [b, 2 * b, 3 * b, 4 * b];
+        let near: Vec<Range<usize>> = boundaries.iter().map(|&t| t - 40..t + 40).collect();
+        ctx.set_max_buffer_bytes(Some(BUFFER as u64)).unwrap();
+        let (inputs, expected) = inputs_and_oracle(&case, dtype);
+        let up = common::upload_inputs(&ctx, &inputs);
+        assert_eq!(up.v.buffers().len(), 5, "{dtype}");
+        let path = ctx.forward_path(p, dtype).unwrap().path;
+        let tol = Case::new(Op::Forward, dtype)
+            .with_arithmetic(path.arithmetic())
+            .with_l2norm(l2norm_qk)
+            .tolerance(Quantity::Output);
+
+        // The forward at the binding limit a buffer allows, then at the least one.
+        let buffer_limit = ctx.max_binding_bytes();
+        let least = least_limit(&mut ctx, p, dtype, path, None);
+        let mut forwards = vec![(buffer_limit, None), (least, None)];
+        if dtype == DType::F32 {
+            forwards.push((buffer_limit, Some(2)));
+        }
+        for (limit, segments) in forwards {
+            ctx.set_max_binding_bytes(Some(limit)).unwrap();
+            let ws = match segments {
+                Some(c) => ForwardWorkspace::with_segments(&ctx, p, dtype, path, c).unwrap(),
+                None => ForwardWorkspace::with_path(&ctx, p, dtype, path).unwrap(),
+            };
+            let starts: Vec<usize> = ws.window_tokens().iter().map(|w| w.start).collect();
+            assert!(boundaries.iter().all(|t| starts.contains(t)), "{starts:?}");
+            let got = run(&ctx, p, dtype, |e, out| {
+                forward_into_workspace(&ctx, e, p, &up.as_ref(), out, &ws, None)
+            });
+            let what = format!(
+                "forward, limit {limit}, segments {segments:?} ({} windows)",
+                ws.windows()
+            );
+            let arithmetic = path.arithmetic();
+            if let Err(e) = check(
+                &what,
+                &case,
+                Op::Forward,
+                dtype,
+                arithmetic,
+                &got,
+                &expected,
+            ) {
+                failures.push(e);
+            }
+            for r in &near {
+                let e = rows_error(&got.o.data, &expected.o, vrow, r);
+                if e.is_nan() || e > tol {
+                    failures.push(format!(
+                        "{what} {dtype}: o over {r:?} rel-L2 {e:e} (tol {tol:e})"
+                    ));
+                }
+            }
+        }
+
+        // forward_saved and the backward.
+        let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
+        let grad_tol = Case::new(Op::Backward, dtype).with_l2norm(l2norm_qk);
+        let qkv = grad_tol.tolerance(Quantity::GradQkv);
+        let gates = grad_tol.tolerance(Quantity::GradGates);
+        for least in [false, true] {
+            let limit = if least {
+                let up = common::upload_inputs(&ctx, &inputs);
+                least_training_limit(&mut ctx, p, &up)
+            } else {
+                buffer_limit
+            };
+            ctx.set_max_binding_bytes(Some(limit)).unwrap();
+            let (out, grads, windows) = backward_poisoned(&ctx, p, &inputs, &d_o, dht.as_ref());
+            let starts: Vec<usize> = windows.iter().map(|w| w.start).collect();
+            assert!(boundaries.iter().all(|t| starts.contains(t)), "{starts:?}");
+            let what = format!("backward, limit {limit} ({} windows)", windows.len());
+            failures.extend(check_gradients(&what, &case, dtype, &grads, &expected));
+            for r in &near {
+                for (name, got, want, row, t) in [
+                    ("dq", &grads.dq, &expected.dq, qrow, qkv),
+                    ("dk", &grads.dk, &expected.dk, qrow, qkv),
+                    ("dv", &grads.dv, &expected.dv, vrow, qkv),
+                    ("dg", &grads.dg, &expected.dg, grow, gates),
+                    ("dbeta", &grads.dbeta, &expected.dbeta, grow, gates),
+                ] {
+                    let e = rows_error(&got.data, want, row, r);
+                    if e.is_nan() || e > t {
+                        failures.push(format!(
+                            "{what} {dtype}: {name} over {r:?} rel-L2 {e:e} (tol {t:e})"
+                        ));
+                    }
+                }
+            }
+            // forward_saved's forward (on the scalar path in several windows).
+            let (_, oracle) = inputs_and_oracle(&case, dtype);
+            let arithmetic = ComputePath::Scalar.arithmetic();
+            if let Err(e) = check(&what, &case, Op::Forward, dtype, arithmetic, &out, &oracle) {
+                failures.push(e);
+            }
+        }
+        ctx.set_max_binding_bytes(None).unwrap();
+    }
+    ctx.set_max_buffer_bytes(None).unwrap();
+    ctx.check().unwrap();
+    fail_on(failures);
 }

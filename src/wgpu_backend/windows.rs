@@ -1,7 +1,9 @@
 //! Token windows: how the forward runs over tensors and scratch larger than one storage
 //! binding (docs/windows.md).
 //!
-//! A window is a run of whole chunks of the packed token axis. Its passes bind the caller's
+//! A window is a run of whole chunks of the packed token axis (a chunk that crosses the
+//! boundary between two buffers of a tensor larger than one buffer is cut there: the windows
+//! on either side each hold one piece of it). Its passes bind the caller's
 //! token-indexed tensors (q, k, v, g, β, o) at a byte offset — from the window's `base`, a
 //! token at or before its first chunk chosen so every such offset is a multiple of the
 //! device's `min_storage_buffer_offset_alignment` — and the state slots of the sequences it
@@ -53,8 +55,10 @@ pub(crate) struct TokenWindow {
     pub tokens: usize,
     /// The first sequence (state slot) of the window.
     pub first_seq: usize,
-    /// Per sequence from `first_seq` on: the tokens this window computes. Pieces start at a
-    /// chunk boundary of their sequence, so the window's chunks are the problem's chunks.
+    /// Per sequence from `first_seq` on: the tokens this window computes. A piece starts at
+    /// a chunk boundary of its sequence, or at a buffer boundary (`WindowCosts::part_tokens`)
+    /// that cut one of its chunks, after which the sequence's chunks count from that boundary:
+    /// a window's chunks count from the start of each of its pieces.
     pub pieces: Vec<Range<usize>>,
 }
 
@@ -139,8 +143,10 @@ fn segments_of(len: usize, span: usize) -> usize {
 
 /// The windows of `problem` under a binding limit of `limit` bytes with offsets aligned to
 /// `align` bytes: the whole problem when everything fits one binding (then nothing changes),
-/// else windows of whole chunks, each as long as its bindings allow. A limit below one chunk's
-/// bindings, or below one sequence's state, is an `Error::TooLarge` naming it.
+/// else windows of whole chunks, each as long as its bindings allow, ending at every buffer
+/// boundary of `costs.part_tokens` (which may cut a chunk of a varlen sequence: see
+/// [`TokenWindow::pieces`]). A limit below one chunk's bindings, or below one sequence's
+/// state, is an `Error::TooLarge` naming it.
 pub(crate) fn plan(
     problem: &Problem,
     costs: &WindowCosts,
@@ -234,20 +240,16 @@ pub(crate) fn plan(
     // The open window, its segment count and its chunk count.
     let mut open: Option<(TokenWindow, usize, usize)> = None;
     for (n, seq) in sequences.iter().enumerate() {
-        for start in (seq.start..seq.end).step_by(CHUNK) {
-            let end = (start + CHUNK).min(seq.end);
-            if part(start) != part(end - 1) {
-                return Err(Error::unsupported(
-                    "cu_seqlens",
-                    format!(
-                        "a chunk across the boundary between two buffers of a tensor larger than \
-                         one buffer (tokens {start}..{end} of sequence {n} cross token {}; \
-                         such boundaries fall every {} tokens: start sequences so that their \
-                         64-token chunks do not cross them, or use smaller tensors)",
-                        part(end - 1) * costs.part_tokens.unwrap_or(0),
-                        costs.part_tokens.unwrap_or(0)
-                    ),
-                ));
+        // The sequence's chunks, 64 tokens from its start; a chunk across a buffer boundary
+        // is cut there, and the chunks after the cut count from the boundary (which starts a
+        // window, so every piece's chunks count from its start).
+        let mut start = seq.start;
+        while start < seq.end {
+            let mut end = (start + CHUNK).min(seq.end);
+            if let Some(p) = costs.part_tokens
+                && part(start) != part(end - 1)
+            {
+                end = (part(start) + 1) * p;
             }
             if let Some((w, _, _)) = &open
                 && part(w.base) != part(start)
@@ -283,6 +285,7 @@ pub(crate) fn plan(
             extend(&mut w.pieces, first_seq, n, start..end, &sequences);
             *segs = *segs - before + span_segments(w.pieces[n - first_seq].len());
             w.tokens = end - w.base;
+            start = end;
         }
     }
     windows.extend(open.map(|(w, _, _)| w));
@@ -402,12 +405,17 @@ mod tests {
     }
 
     /// Every token of every sequence is in exactly one window, in order, each piece starting
-    /// on a chunk boundary of its sequence; bindings stay within the limit.
+    /// on a chunk boundary of its sequence (counted from its start, or from the last buffer
+    /// boundary of `c.part_tokens` before the piece inside the sequence); no window crosses a
+    /// buffer boundary; bindings stay within the limit.
     fn check_cover(p: &Problem, windows: &[TokenWindow], c: &WindowCosts, limit: u64) {
         let seqs = p.sequences();
         let mut next: Vec<usize> = seqs.iter().map(|s| s.start).collect();
         for w in windows {
             assert!(w.base <= w.pieces.iter().map(|r| r.start).min().unwrap());
+            if let Some(part) = c.part_tokens {
+                assert_eq!(w.base / part, (w.base + w.tokens - 1) / part, "{w:?}");
+            }
             assert!(
                 (w.tokens + c.pad_tokens) as u64 * c.token_bytes[0] <= limit,
                 "{w:?}"
@@ -417,7 +425,11 @@ mod tests {
             for (i, piece) in w.pieces.iter().enumerate() {
                 let n = w.first_seq + i;
                 assert_eq!(piece.start, next[n], "sequence {n} in {w:?}");
-                assert_eq!((piece.start - seqs[n].start) % CHUNK, 0);
+                let origin = c
+                    .part_tokens
+                    .map_or(seqs[n].start, |part| piece.start / part * part)
+                    .max(seqs[n].start);
+                assert_eq!((piece.start - origin) % CHUNK, 0, "sequence {n} in {w:?}");
                 assert!(piece.end <= w.base + w.tokens);
                 next[n] = piece.end;
             }
@@ -473,6 +485,52 @@ mod tests {
         check_cover(&p, &w, &c, 1 << 20);
         for w in &w {
             assert!(w.seqs() <= 3 && w.chunk_table().len() / 2 <= 3, "{w:?}");
+        }
+    }
+
+    /// Buffers of 128 tokens: windows end at every boundary, cutting the chunks of varlen
+    /// sequences that cross one (a length-2 sequence into two length-1 pieces, long ones
+    /// mid-chunk), and the pieces after a cut count their chunks from it (so the long
+    /// sequence's later boundaries cut none of its chunks).
+    #[test]
+    fn chunks_across_buffer_boundaries_are_cut_there() {
+        let p = varlen(vec![0, 100, 127, 129, 130, 255, 256, 257, 600, 700]);
+        let pieces_of = |w: &[TokenWindow], n: usize| -> Vec<Range<usize>> {
+            w.iter()
+                .filter(|w| (w.first_seq..w.first_seq + w.seqs()).contains(&n))
+                .map(|w| w.pieces[n - w.first_seq].clone())
+                .filter(|r| !r.is_empty())
+                .collect()
+        };
+        let long = costs(64, 256);
+        let one_chunk = WindowCosts {
+            max_rows: 1,
+            ..costs(64, 256)
+        };
+        for (c, seq7) in [
+            (long, vec![257..384, 384..512, 512..600]),
+            (
+                one_chunk,
+                vec![257..321, 321..384, 384..448, 448..512, 512..576, 576..600],
+            ),
+        ] {
+            let c = WindowCosts {
+                part_tokens: Some(128),
+                ..c
+            };
+            let w = plan(&p, &c, 1 << 20, 256).unwrap();
+            check_cover(&p, &w, &c, 1 << 20);
+            for boundary in [128, 256, 384, 512, 640] {
+                assert!(w.iter().any(|w| w.base == boundary), "{boundary}: {w:?}");
+            }
+            // The length-2 sequence across 128 in two length-1 pieces; the length-1 ones at
+            // 255 and 256 whole; the long ones cut mid-chunk at 384 and 640, and the chunks
+            // after a cut counted from it.
+            assert_eq!(pieces_of(&w, 2), [127..128, 128..129]);
+            assert_eq!(pieces_of(&w, 5), vec![255..256]);
+            assert_eq!(pieces_of(&w, 6), vec![256..257]);
+            assert_eq!(pieces_of(&w, 7), seq7);
+            assert_eq!(pieces_of(&w, 8), [600..640, 640..700]);
         }
     }
 
