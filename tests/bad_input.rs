@@ -1113,33 +1113,6 @@ fn gpu_decode() {
             |enc| pool.copy_from_slot(enc, *slot, states, *entry),
         );
     }
-
-    // More sequences than one call's uniform tables address: all padding, one token.
-    let most = wgpu_backend::decode::max_sequences(2);
-    let mut cu = vec![0usize; most + 1];
-    cu.push(1);
-    let many = problem(1, 1, 1, 2, 16, 16, Some(cu), Options::default());
-    let mut many_inputs = upload_inputs(ctx, &decode_spec(132).generate(&many));
-    many_inputs.initial_state = None;
-    let many_o = GpuTensor::empty(ctx, "o", &many.v_shape(), DType::F32).unwrap();
-    let slots = vec![Padding; most + 1];
-    refused(
-        ctx,
-        &watched,
-        "one sequence too many",
-        expect("decode-too-many-sequences", Value, "slots", "at most"),
-        |enc| {
-            decode_step(
-                ctx,
-                enc,
-                &many,
-                &many_inputs.as_ref(),
-                &pool,
-                &slots,
-                &out(&many_o, None),
-            )
-        },
-    );
 }
 
 // ---------------------------------------------------------------- backward

@@ -707,3 +707,71 @@ fn f16_storage_at_scale() {
     failures.extend(all_finite("dk", &grads.dk).err());
     fail_on(failures);
 }
+
+/// Tensors past one binding or in several buffers (`Context::set_max_binding_bytes`,
+/// `set_max_buffer_bytes`) are searched view by view: a NaN in the second buffer, or in the
+/// second binding's worth of one buffer, is named with its flat index in the whole tensor,
+/// in f32 and in a 16-bit dtype; `check_inputs_finite` names the input.
+#[test]
+fn the_gpu_check_covers_tensors_past_a_binding_and_in_several_buffers() {
+    let mut ctx = match gdn_wgpu::wgpu_backend::Context::new_blocking() {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(
+                std::env::var("GDN_REQUIRE_GPU").as_deref() != Ok("1"),
+                "GDN_REQUIRE_GPU=1 but no GPU context: {e}"
+            );
+            return;
+        }
+    };
+    const LIMIT: u64 = 1 << 16;
+    for (buffer, binding) in [(Some(LIMIT), None), (None, Some(LIMIT))] {
+        ctx.set_max_buffer_bytes(buffer).unwrap();
+        ctx.set_max_binding_bytes(binding).unwrap();
+        for dtype in [DType::F32, DType::BF16] {
+            // [1, 50,001, 1, 3]: 150,003 elements, 2.3 (f32) or 1.1 (bf16) limits' worth.
+            let shape = [1, 50_001, 1, 3];
+            let len: usize = shape.iter().product();
+            let mut data = vec![-0.5f32; len];
+            let t = GpuTensor::from_values(&ctx, "x", &shape, dtype, &data).unwrap();
+            let what = format!("{dtype}, buffers {buffer:?}, bindings {binding:?}");
+            assert_eq!(t.buffers().len() > 1, buffer.is_some(), "{what}");
+            check_finite(&ctx, &[("x", &t)]).unwrap();
+            // Past the first limit's worth: the second buffer or the second view.
+            let per_limit = LIMIT as usize / dtype.size();
+            for index in [len - 1, per_limit + 7, per_limit] {
+                data[index] = f32::NAN;
+                let t = GpuTensor::from_values(&ctx, "x", &shape, dtype, &data).unwrap();
+                let e = check_finite(&ctx, &[("x", &t)]).unwrap_err();
+                assert_eq!(
+                    e.to_string(),
+                    format!("x: expected finite values, got NaN at flat index {index}"),
+                    "{what}"
+                );
+            }
+        }
+        // A forward's inputs in several buffers: the bad input and its index.
+        let p = problem(1, 9000, 1, 2, 32, 32, None, Options::default());
+        let mut inputs = RandomSpec::default().generate(&p);
+        let index = 9000 * 2 * 32 - 5;
+        inputs.v.data[index] = f32::INFINITY;
+        inputs.g.data[17_000] = 0.25;
+        let up = common::upload_inputs(&ctx, &inputs);
+        if buffer.is_some() {
+            assert!(up.v.buffers().len() > 1 && up.g.buffers().len() > 1);
+        }
+        let e = wgpu_backend::check_inputs_finite(&ctx, &p, &up.as_ref()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("v: expected finite values, got inf at flat index {index}")
+        );
+        inputs.v.data[index] = 0.0;
+        let up = common::upload_inputs(&ctx, &inputs);
+        let e = wgpu_backend::check_inputs_finite(&ctx, &p, &up.as_ref()).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "g: expected log-space decays ≤ 0, got 0.25 at flat index 17000"
+        );
+    }
+    ctx.check().unwrap();
+}

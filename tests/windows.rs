@@ -690,6 +690,474 @@ fn tensors_larger_than_a_buffer() {
     ctx.check().unwrap();
 }
 
+/// A pool of `host`'s states made on `ctx` (in several buffers of whole slots when it is
+/// larger than the context's buffer limit).
+fn pool_of(ctx: &Context, p: &Problem, host: &HostTensor) -> wgpu_backend::StatePool {
+    let pool = wgpu_backend::StatePool::for_problem(ctx, p, host.shape[0]).unwrap();
+    pool.tensor().write_range(ctx, 0, &host.data).unwrap();
+    pool
+}
+
+/// What a decode step left: o, the per-token states (when asked) and the pool.
+struct DecodeRun {
+    o: HostTensor,
+    per_token_states: Option<HostTensor>,
+    pool: HostTensor,
+    pool_windows: usize,
+    token_windows: usize,
+    pool_buffers: usize,
+}
+
+/// One decode step of `p` over a pool seeded with `pool_host`, into NaN-poisoned outputs;
+/// with `reuse`, the plan is made for those slots first and switched with `set_slots`.
+fn decode_run(
+    ctx: &Context,
+    p: &Problem,
+    inputs: &gdn_wgpu::ForwardInputs<HostTensor>,
+    pool_host: &HostTensor,
+    slots: &[wgpu_backend::StateSlot],
+    reuse: Option<&[wgpu_backend::StateSlot]>,
+    per_token_states: bool,
+) -> DecodeRun {
+    let tiles = wgpu_backend::decode::RecurrentStepTiles::choose_for(ctx, p).unwrap();
+    decode_run_tiled(
+        ctx,
+        p,
+        inputs,
+        pool_host,
+        slots,
+        reuse,
+        per_token_states,
+        tiles,
+    )
+}
+
+/// [`decode_run`] with a given tiling (the default depends on the call's size).
+#[allow(clippy::too_many_arguments)]
+fn decode_run_tiled(
+    ctx: &Context,
+    p: &Problem,
+    inputs: &gdn_wgpu::ForwardInputs<HostTensor>,
+    pool_host: &HostTensor,
+    slots: &[wgpu_backend::StateSlot],
+    reuse: Option<&[wgpu_backend::StateSlot]>,
+    per_token_states: bool,
+    tiles: wgpu_backend::decode::RecurrentStepTiles,
+) -> DecodeRun {
+    use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
+    let mut up = common::upload_inputs(ctx, inputs);
+    up.initial_state = None;
+    let pool = pool_of(ctx, p, pool_host);
+    let o = GpuTensor::filled(ctx, "o", &p.v_shape(), inputs.v.dtype, f32::NAN).unwrap();
+    let [a, b] = wgpu_backend::StateLayout::of(p).inner_shape(p.key_dim, p.value_dim);
+    let states_shape = [p.total_tokens(), p.heads_v, a, b];
+    let states = per_token_states
+        .then(|| GpuTensor::filled(ctx, "states", &states_shape, DType::F32, f32::NAN).unwrap());
+    let outputs = DecodeOutputs {
+        o: &o,
+        per_token_states: states.as_ref(),
+    };
+    let mut plan = DecodePlan::with_tiles(
+        ctx,
+        p,
+        &up.as_ref(),
+        &pool,
+        reuse.unwrap_or(slots),
+        &outputs,
+        tiles,
+    )
+    .unwrap();
+    if reuse.is_some() {
+        plan.set_slots(ctx, slots).unwrap();
+    }
+    let mut encoder = ctx.create_encoder("decode windows");
+    plan.record(&mut encoder);
+    ctx.submit_and_wait(encoder).unwrap();
+    DecodeRun {
+        o: o.download_blocking(ctx).unwrap(),
+        per_token_states: states.map(|s| s.download_blocking(ctx).unwrap()),
+        pool: pool.tensor().download_blocking(ctx).unwrap(),
+        pool_windows: plan.pool_windows(),
+        token_windows: plan.token_windows(),
+        pool_buffers: pool.tensor().buffers().len(),
+    }
+}
+
+#[track_caller]
+fn assert_same_run(got: &DecodeRun, want: &DecodeRun, what: &str) {
+    assert_eq!(bits(&got.o), bits(&want.o), "o, {what}");
+    assert_eq!(bits(&got.pool), bits(&want.pool), "pool, {what}");
+    match (&got.per_token_states, &want.per_token_states) {
+        (Some(g), Some(w)) => assert_eq!(bits(g), bits(w), "per-token states, {what}"),
+        (None, None) => {}
+        _ => panic!("per-token states in one run only, {what}"),
+    }
+}
+
+/// A pool in several buffers of whole slots (`Context::set_max_buffer_bytes`): pool windows
+/// end at the buffers' boundaries; slots resumed, fresh and padding in different buffers,
+/// bitwise equal to the same step over a pool in one buffer; slot copies across buffers
+/// round-trip; a step that fails leaves every buffer of the pool as it was.
+#[test]
+fn decode_over_a_pool_in_several_buffers() {
+    use StateSlot::{Fresh, Padding, Resume};
+    use gdn_wgpu::wgpu_backend::decode::StateSlot;
+    use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
+    let Some(mut ctx) = context() else { return };
+    // 64 KiB per slot (HV = 4, K = V = 64).
+    let p = common::problem(
+        1,
+        9,
+        2,
+        4,
+        64,
+        64,
+        Some(vec![0, 1, 3, 4, 6, 9]),
+        Default::default(),
+    );
+    let pool_slots = 10;
+    let pool_host = common::decode::random_pool(&p, pool_slots, 7);
+    let inputs = common::decode::spec(8).generate(&p);
+    let slots = [Resume(9), Fresh(0), Padding, Resume(4), Resume(5)];
+    let other = [Resume(1), Padding, Fresh(8), Resume(7), Resume(2)];
+    for slots in [&slots[..], &other[..]] {
+        ctx.set_max_buffer_bytes(None).unwrap();
+        ctx.set_max_binding_bytes(None).unwrap();
+        let whole = decode_run(&ctx, &p, &inputs, &pool_host, slots, None, false);
+        assert_eq!((whole.pool_windows, whole.pool_buffers), (1, 1));
+        assert!(whole.o.data.iter().all(|x| x.is_finite()));
+        // (buffer limit, binding limit) → (slots per buffer, windows).
+        for (buffer, binding, buffers, windows) in [
+            (3u64 << 16, None, 4, 4),
+            (3 << 16, Some(1u64 << 16), 4, 10),
+            (5 << 16, Some(2 << 16), 3, 5),
+        ] {
+            ctx.set_max_buffer_bytes(Some(buffer)).unwrap();
+            ctx.set_max_binding_bytes(binding).unwrap();
+            for reuse in [None, Some(&other[..])] {
+                let got = decode_run(&ctx, &p, &inputs, &pool_host, slots, reuse, false);
+                let what = format!("buffers of {buffer} B, bindings {binding:?}, {slots:?}");
+                assert_eq!(
+                    (got.pool_buffers, got.pool_windows),
+                    (buffers, windows),
+                    "{what}"
+                );
+                assert_same_run(&got, &whole, &what);
+            }
+        }
+    }
+
+    // Slot copies across buffers: slot 7 (third buffer) out to a tensor in two buffers of
+    // its own, then into slot 2 (first buffer).
+    ctx.set_max_buffer_bytes(Some(3 << 16)).unwrap();
+    ctx.set_max_binding_bytes(None).unwrap();
+    let pool = pool_of(&ctx, &p, &pool_host);
+    assert_eq!(pool.slots_per_buffer(), 3);
+    let mut shape = pool.tensor().shape.clone();
+    shape[0] = 5;
+    let entries = GpuTensor::empty(&ctx, "entries", &shape, DType::F32).unwrap();
+    assert!(entries.buffers().len() > 1);
+    let mut encoder = ctx.create_encoder("slot copies");
+    pool.copy_from_slot(&mut encoder, 7, &entries, 4).unwrap();
+    pool.copy_into_slot(&mut encoder, &entries, 4, 2).unwrap();
+    ctx.submit_and_wait(encoder).unwrap();
+    let slot_len = pool_host.len() / pool_slots;
+    let entry = entries
+        .download_range_blocking(&ctx, 4 * slot_len..5 * slot_len)
+        .unwrap();
+    assert_eq!(entry.data, pool_host.data[7 * slot_len..8 * slot_len]);
+    let after = pool.tensor().download_blocking(&ctx).unwrap();
+    let mut expected = pool_host.data.clone();
+    expected.copy_within(7 * slot_len..8 * slot_len, 2 * slot_len);
+    assert_eq!(after.data, expected);
+
+    // A step that fails at submission (an invalid copy after it in the same command
+    // buffer; then an output destroyed before submitting) leaves the pool as it was.
+    ctx.set_max_binding_bytes(Some(1 << 16)).unwrap();
+    let pool = pool_of(&ctx, &p, &pool_host);
+    let mut up = common::upload_inputs(&ctx, &inputs);
+    up.initial_state = None;
+    let o = GpuTensor::empty(&ctx, "o", &p.v_shape(), DType::F32).unwrap();
+    let outs = DecodeOutputs {
+        o: &o,
+        per_token_states: None,
+    };
+    let plan = DecodePlan::new(&ctx, &p, &up.as_ref(), &pool, &slots, &outs).unwrap();
+    assert!(plan.active_passes() > 1 && pool.tensor().buffers().len() > 1);
+    let mut encoder = ctx.create_encoder("step + invalid copy");
+    plan.record(&mut encoder);
+    encoder.copy_buffer_to_buffer(&o.buffer, o.buffer.size(), &o.buffer, 0, 4);
+    assert!(matches!(ctx.submit_and_wait(encoder), Err(Error::Gpu(_))));
+    let after = pool.tensor().download_blocking(&ctx).unwrap();
+    assert_eq!(bits(&after), bits(&pool_host), "the pool changed");
+    let mut encoder = ctx.create_encoder("step with a destroyed output");
+    plan.record(&mut encoder);
+    o.buffer.destroy();
+    assert!(matches!(ctx.submit_and_wait(encoder), Err(Error::Gpu(_))));
+    let after = pool.tensor().download_blocking(&ctx).unwrap();
+    assert_eq!(bits(&after), bits(&pool_host), "the pool changed");
+    ctx.check().unwrap();
+}
+
+/// A decode call larger than a binding and stored in several buffers: q, k, v, o and the
+/// per-token states in token windows (16 tokens per window at 64 KiB bindings; v, o in 3
+/// buffers, the per-token states in 38), sequences cut by windows resumed, fresh and padding
+/// (a padding sequence carries its state through the plan's carry slot), an empty fresh
+/// sequence, every option and bf16 inputs: bitwise equal to the same call in one window.
+#[test]
+fn decode_calls_larger_than_a_binding() {
+    use StateSlot::{Fresh, Padding, Resume};
+    use gdn_wgpu::wgpu_backend::decode::StateSlot;
+    let Some(mut ctx) = context() else { return };
+    let every = gdn_wgpu::Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    let cu = vec![0, 1, 150, 151, 400, 400, 600];
+    let slots = [Resume(0), Fresh(1), Padding, Padding, Fresh(4), Resume(5)];
+    let other = [Padding, Resume(3), Fresh(2), Resume(1), Padding, Fresh(0)];
+    for (options, dtype) in [
+        (gdn_wgpu::Options::default(), DType::F32),
+        (every, DType::F32),
+        (Default::default(), DType::BF16),
+    ] {
+        // HV = 4, K = V = 16: 4 KiB of state per token, 256 B of v.
+        let p = common::problem(1, 600, 2, 4, 16, 16, Some(cu.clone()), options);
+        let pool_host = common::decode::random_pool(&p, 6, 11);
+        let mut inputs = common::decode::spec(12).generate(&p);
+        for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
+            *t = t.clone().with_dtype(dtype);
+        }
+        for slots in [&slots[..], &other[..]] {
+            ctx.set_max_buffer_bytes(None).unwrap();
+            ctx.set_max_binding_bytes(None).unwrap();
+            let whole = decode_run(&ctx, &p, &inputs, &pool_host, slots, None, true);
+            assert_eq!(whole.token_windows, 1);
+            assert!(whole.o.data.iter().all(|x| x.is_finite()));
+            let states = whole.per_token_states.as_ref().unwrap();
+            assert!(states.data.iter().all(|x| x.is_finite()));
+            for (buffer, binding) in [(None, Some(1u64 << 16)), (Some(1u64 << 16), None)] {
+                ctx.set_max_buffer_bytes(buffer).unwrap();
+                ctx.set_max_binding_bytes(binding).unwrap();
+                for reuse in [None, Some(&other[..])] {
+                    let what =
+                        format!("{options:?} {dtype}, buffers {buffer:?}, bindings {binding:?}");
+                    let got = decode_run(&ctx, &p, &inputs, &pool_host, slots, reuse, true);
+                    assert!(
+                        got.token_windows >= 600 / 16,
+                        "{what}: {}",
+                        got.token_windows
+                    );
+                    assert_same_run(&got, &whole, &what);
+                }
+            }
+            // Without per-token states, v (256 B per token) alone is cut.
+            ctx.set_max_buffer_bytes(None).unwrap();
+            ctx.set_max_binding_bytes(Some(1 << 16)).unwrap();
+            let got = decode_run(&ctx, &p, &inputs, &pool_host, slots, None, false);
+            let v_bytes = 600 * 4 * 16 * dtype.size();
+            assert_eq!(got.token_windows, v_bytes.div_ceil(1 << 16));
+            assert_eq!(bits(&got.o), bits(&whole.o));
+            assert_eq!(bits(&got.pool), bits(&whole.pool));
+        }
+    }
+    ctx.check().unwrap();
+}
+
+/// More sequences than one call's uniform tables address (`max_sequences`): token windows of
+/// at most that many sequences, bitwise equal to the same sequences in two calls that each
+/// fit one table; fresh, resumed, padding and empty sequences.
+#[test]
+fn decode_calls_with_more_sequences_than_one_table() {
+    use StateSlot::{Fresh, Padding, Resume};
+    use gdn_wgpu::wgpu_backend::decode::StateSlot;
+    let Some(ctx) = context() else { return };
+    let most = wgpu_backend::decode::max_sequences(2);
+    let n = most + 50;
+    // One token per sequence, but every 97th sequence is empty and every 89th has three.
+    let lens: Vec<usize> = (0..n)
+        .map(|i| match (i % 97, i % 89) {
+            (0, _) => 0,
+            (_, 0) => 3,
+            _ => 1,
+        })
+        .collect();
+    let slot_of = |i: usize| match i % 5 {
+        0 => Padding,
+        1 => Fresh(i as u32),
+        _ => Resume(i as u32),
+    };
+    let call = |range: Range<usize>| {
+        let mut cu = vec![0];
+        for &l in &lens[range.clone()] {
+            cu.push(cu.last().unwrap() + l);
+        }
+        let total = *cu.last().unwrap();
+        common::problem(1, total, 1, 2, 16, 16, Some(cu), Default::default())
+    };
+    let all = call(0..n);
+    let pool_host = common::decode::random_pool(&all, n, 21);
+    let inputs = common::decode::spec(22).generate(&all);
+    let slots: Vec<StateSlot> = (0..n).map(slot_of).collect();
+    // One tiling for all three calls (the default depends on the call's size).
+    let tiles = wgpu_backend::decode::RecurrentStepTiles::choose_for(&ctx, &all).unwrap();
+    let got = decode_run_tiled(&ctx, &all, &inputs, &pool_host, &slots, None, true, tiles);
+    assert_eq!(got.token_windows, 2);
+
+    // The same sequences as two calls (the first `most`, then the rest) over one pool.
+    let half = most;
+    let first = call(0..half);
+    let split_at = first.total_tokens();
+    let slice = |t: &HostTensor, tokens: Range<usize>, shape: Vec<usize>| {
+        let row = t.len() / all.total_tokens();
+        HostTensor {
+            shape,
+            dtype: t.dtype,
+            data: t.data[tokens.start * row..tokens.end * row].to_vec(),
+        }
+    };
+    let part = |p: &Problem, tokens: Range<usize>| gdn_wgpu::ForwardInputs {
+        q: slice(&inputs.q, tokens.clone(), p.qk_shape().to_vec()),
+        k: slice(&inputs.k, tokens.clone(), p.qk_shape().to_vec()),
+        v: slice(&inputs.v, tokens.clone(), p.v_shape().to_vec()),
+        g: slice(&inputs.g, tokens.clone(), p.gate_shape().to_vec()),
+        beta: slice(&inputs.beta, tokens, p.gate_shape().to_vec()),
+        initial_state: None,
+        a_log: None,
+        dt_bias: None,
+    };
+    let a = decode_run_tiled(
+        &ctx,
+        &first,
+        &part(&first, 0..split_at),
+        &pool_host,
+        &slots[..half],
+        None,
+        true,
+        tiles,
+    );
+    let second = call(half..n);
+    let b = decode_run_tiled(
+        &ctx,
+        &second,
+        &part(&second, split_at..all.total_tokens()),
+        &a.pool,
+        &slots[half..],
+        None,
+        true,
+        tiles,
+    );
+    assert_eq!((a.token_windows, b.token_windows), (1, 1));
+    let cat = |x: &HostTensor, y: &HostTensor| -> Vec<u32> {
+        bits(x).into_iter().chain(bits(y)).collect()
+    };
+    let want = cat(&a.o, &b.o);
+    let first_diff = bits(&got.o).iter().zip(&want).position(|(x, y)| x != y);
+    assert_eq!(first_diff, None, "o: first difference (of {})", want.len());
+    let states = |r: &DecodeRun| r.per_token_states.clone().unwrap();
+    assert_eq!(bits(&states(&got)), cat(&states(&a), &states(&b)));
+    assert_eq!(bits(&got.pool), bits(&b.pool));
+    ctx.check().unwrap();
+}
+
+/// On a GPU with the real limits (ignored: needs ~6 GB of device memory; run on the H200 with
+/// `cargo test --release --test windows -- --ignored a_pool_larger_than_4_gib`): a pool of
+/// 2,500 slots at HV = 32, K = V = 128 f32 (5.2 GB, past the 4 GiB `max_buffer_size`) lives in
+/// several buffers; a step over slots in both buffers is bitwise the same step over a small
+/// pool holding the same states, slots no sequence names keep their states, and the finite
+/// check finds a NaN in the second buffer at its index in the whole pool.
+#[test]
+#[ignore]
+fn a_pool_larger_than_4_gib() {
+    use StateSlot::{Fresh, Resume};
+    use gdn_wgpu::wgpu_backend::decode::StateSlot;
+    let Some(ctx) = context() else { return };
+    let p = common::problem(4, 1, 16, 32, 128, 128, None, Default::default());
+    let slots_big = 2500;
+    let big = wgpu_backend::StatePool::for_problem(&ctx, &p, slots_big).unwrap();
+    let per_buffer = big.slots_per_buffer();
+    eprintln!(
+        "{} slots of {} B in {} buffers of {per_buffer} slots; max_buffer_bytes {}",
+        slots_big,
+        big.slot_bytes(),
+        big.tensor().buffers().len(),
+        ctx.max_buffer_bytes()
+    );
+    assert!(big.tensor().buffers().len() > 1);
+    let small_host = common::decode::random_pool(&p, 4, 41);
+    let slot_len = small_host.len() / 4;
+    // Sequence i's state: in slot `picked[i]` of the big pool, slot i of the small one.
+    let picked = [0, per_buffer - 1, per_buffer, slots_big - 1];
+    for (i, &s) in picked.iter().enumerate() {
+        let state = &small_host.data[i * slot_len..(i + 1) * slot_len];
+        big.tensor().write_range(&ctx, s * slot_len, state).unwrap();
+    }
+    let inputs = common::decode::spec(42).generate(&p);
+    let tiles = wgpu_backend::decode::RecurrentStepTiles::choose_for(&ctx, &p).unwrap();
+    let run = |pool: &wgpu_backend::StatePool, slots: &[StateSlot]| {
+        use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
+        let mut up = common::upload_inputs(&ctx, &inputs);
+        up.initial_state = None;
+        let o = GpuTensor::filled(&ctx, "o", &p.v_shape(), DType::F32, f32::NAN).unwrap();
+        let outs = DecodeOutputs {
+            o: &o,
+            per_token_states: None,
+        };
+        let plan =
+            DecodePlan::with_tiles(&ctx, &p, &up.as_ref(), pool, slots, &outs, tiles).unwrap();
+        let mut encoder = ctx.create_encoder("big pool step");
+        plan.record(&mut encoder);
+        ctx.submit_and_wait(encoder).unwrap();
+        (o.download_blocking(&ctx).unwrap(), plan.pool_windows())
+    };
+    let big_slots = [
+        Resume(picked[0] as u32),
+        Resume(picked[1] as u32),
+        Resume(picked[2] as u32),
+        Fresh(picked[3] as u32),
+    ];
+    let (o_big, windows) = run(&big, &big_slots);
+    assert!(windows >= 3, "{windows} pool windows");
+    let small = pool_of(&ctx, &p, &small_host);
+    let (o_small, _) = run(&small, &[Resume(0), Resume(1), Resume(2), Fresh(3)]);
+    assert_eq!(bits(&o_big), bits(&o_small));
+    let small_after = small.tensor().download_blocking(&ctx).unwrap();
+    for (i, &s) in picked.iter().enumerate() {
+        let got = big
+            .tensor()
+            .download_range_blocking(&ctx, s * slot_len..(s + 1) * slot_len)
+            .unwrap();
+        assert_eq!(
+            bits(&got),
+            bits(&HostTensor {
+                shape: vec![slot_len],
+                dtype: DType::F32,
+                data: small_after.data[i * slot_len..(i + 1) * slot_len].to_vec(),
+            }),
+            "slot {s}"
+        );
+    }
+    let untouched = big
+        .tensor()
+        .download_range_blocking(&ctx, 7 * slot_len..8 * slot_len)
+        .unwrap();
+    assert!(untouched.data.iter().all(|&x| x == 0.0));
+
+    let index = (slots_big - 2) * slot_len + 12_345;
+    big.tensor()
+        .write_range(&ctx, index, &[f32::NAN, 0.0])
+        .unwrap();
+    let e = wgpu_backend::check_finite(&ctx, &[("pool", big.tensor())]).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        format!("pool: expected finite values, got NaN at flat index {index}")
+    );
+}
+
 /// Relative L2 error of tokens `rows` (of `row` elements each, the packed token axis
 /// outermost) against the oracle's.
 fn rows_error(got: &[f32], expected: &[f64], row: usize, rows: &Range<usize>) -> f64 {

@@ -142,7 +142,7 @@ pub(crate) fn check_distinct_buffers(
 ) -> Result<()> {
     for (i, (out, t)) in outputs.iter().enumerate() {
         let others = outputs[..i].iter().chain(inputs);
-        if let Some((other, _)) = others.into_iter().find(|(_, u)| u.buffer == t.buffer) {
+        if let Some((other, _)) = others.into_iter().find(|(_, u)| u.shares_buffer_with(t)) {
             return Err(Error::value(
                 out,
                 format!("a buffer of its own (not the buffer of {other})"),
@@ -234,6 +234,19 @@ impl GpuTensor {
         dtype: DType,
         make: impl Fn(u64, u64) -> wgpu::Buffer,
     ) -> Result<Self> {
+        let rows = part_rows(name, shape, dtype, ctx.max_buffer_bytes())?;
+        Self::create_in(ctx, name, shape, dtype, rows, make)
+    }
+
+    /// [`GpuTensor::create`] with `rows` rows per buffer (`None`: one buffer).
+    fn create_in(
+        ctx: &Context,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        rows: Option<usize>,
+        make: impl Fn(u64, u64) -> wgpu::Buffer,
+    ) -> Result<Self> {
         let len = crate::tensor::element_count(name, shape)?;
         let total = (len as u64).saturating_mul(dtype.size() as u64);
         let tensor = |buffer, parts| GpuTensor {
@@ -247,10 +260,10 @@ impl GpuTensor {
             let padded = bytes.div_ceil(4).max(1) * 4;
             ctx.scoped(name, Some(padded), || make(first, bytes))
         };
-        let Some(rows) = part_rows(name, shape, dtype, ctx.max_buffer_bytes())? else {
+        let (all_rows, row_elems) = rows_of(shape);
+        let Some(rows) = rows.filter(|&r| r < all_rows) else {
             return Ok(tensor(scoped(0, total)?, None));
         };
-        let (all_rows, row_elems) = rows_of(shape);
         let part_bytes = (rows * row_elems * dtype.size()) as u64;
         let buffers = (0..all_rows.div_ceil(rows))
             .map(|p| {
@@ -318,6 +331,87 @@ impl GpuTensor {
                 mapped_at_creation: false,
             })
         })
+    }
+
+    /// An uninitialized (zeroed) tensor in buffers of `rows` rows each (the two outermost
+    /// dimensions flattened; one buffer when it has no more rows): e.g. a state pool in
+    /// buffers of whole slots. Each buffer must fit [`Context::max_buffer_bytes`].
+    pub(crate) fn empty_in_rows(
+        ctx: &Context,
+        name: &str,
+        shape: &[usize],
+        dtype: DType,
+        rows: usize,
+    ) -> Result<Self> {
+        let (_, row_elems) = rows_of(shape);
+        let bytes = padded_bytes(rows.max(1) * row_elems, dtype);
+        let limit = ctx.max_buffer_bytes();
+        if bytes > limit {
+            return Err(Error::TooLarge {
+                name: name.into(),
+                bytes,
+                limit_name: "max_buffer_size",
+                limit,
+            });
+        }
+        Self::create_in(ctx, name, shape, dtype, Some(rows.max(1)), |_, bytes| {
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(name),
+                size: bytes.div_ceil(4).max(1) * 4,
+                usage: USAGE,
+                mapped_at_creation: false,
+            })
+        })
+    }
+
+    /// Rows (the two outermost dimensions flattened) per buffer of a tensor of several
+    /// buffers; `None` for one buffer (or a view).
+    pub(crate) fn rows_per_buffer(&self) -> Option<usize> {
+        self.parts.as_ref().map(|p| p.rows)
+    }
+
+    /// Whether any buffer of the tensor is one of `other`'s.
+    pub(crate) fn shares_buffer_with(&self, other: &GpuTensor) -> bool {
+        let theirs = other.buffers();
+        self.buffers().iter().any(|b| theirs.contains(b))
+    }
+
+    /// The buffer holding flat element `element`, the element's byte offset in it and the
+    /// elements from it to the end of that buffer's part of the tensor.
+    fn locate(&self, element: usize) -> (&wgpu::Buffer, u64, usize) {
+        match &self.parts {
+            Some(parts) if self.range.is_none() => {
+                let p = (element / parts.elems()).min(parts.buffers.len() - 1);
+                let start = p * parts.elems();
+                let end = (start + parts.elems()).min(self.len());
+                let offset = ((element - start) * self.dtype.size()) as u64;
+                (&parts.buffers[p], offset, end - element)
+            }
+            _ => {
+                let offset = self.offset() + (element * self.dtype.size()) as u64;
+                (&self.buffer, offset, self.len() - element)
+            }
+        }
+    }
+
+    /// The tensor cut into views a pass can bind: each inside one buffer, at most
+    /// `max_bytes` bytes and starting at a multiple of `align` bytes from its buffer's start
+    /// (a power of two ≥ 4), each with its first flat element. One view of everything for a
+    /// tensor in one buffer that fits.
+    pub(crate) fn binding_views(&self, max_bytes: u64, align: u64) -> Result<Vec<(usize, Self)>> {
+        let size = self.dtype.size();
+        let step = ((max_bytes / align * align) as usize / size).max(1);
+        if self.parts.is_none() && self.binding_bytes() <= max_bytes {
+            return Ok(vec![(0, self.clone())]);
+        }
+        let mut views = Vec::new();
+        for (piece, _) in self.buffer_pieces(0..self.len()) {
+            for first in (piece.start..piece.end).step_by(step) {
+                let len = step.min(piece.end - first);
+                views.push((first, self.view("tensor", first, &[len])?));
+            }
+        }
+        Ok(views)
     }
 
     /// Scratch of the library's own passes: always one buffer (passes bind windows of it at
@@ -622,6 +716,48 @@ pub(crate) async fn read_buffer(
         .to_vec();
     staging.unmap();
     Ok(bytes)
+}
+
+/// Record a copy of `len` flat elements of `src` from `src_first` to `dst` from `dst_first`
+/// (the same dtype), across the buffers of either: one buffer copy per piece that lies in one
+/// buffer of each. Offsets and sizes must be multiples of 4 bytes (an `Error::Value` naming
+/// `name` otherwise; nothing is recorded then).
+pub(crate) fn copy_elements(
+    encoder: &mut wgpu::CommandEncoder,
+    name: &str,
+    (src, src_first): (&GpuTensor, usize),
+    (dst, dst_first): (&GpuTensor, usize),
+    len: usize,
+) -> Result<()> {
+    if src_first + len > src.len() || dst_first + len > dst.len() || src.dtype != dst.dtype {
+        return Err(Error::value(
+            name,
+            "a copy inside both tensors, of one dtype",
+            format!("{len} elements from {src_first} to {dst_first}"),
+        ));
+    }
+    let size = src.dtype.size();
+    let mut pieces = Vec::new();
+    let mut done = 0;
+    while done < len {
+        let (from, from_offset, from_left) = src.locate(src_first + done);
+        let (to, to_offset, to_left) = dst.locate(dst_first + done);
+        let n = (len - done).min(from_left).min(to_left);
+        let bytes = (n * size) as u64;
+        if !(from_offset | to_offset | bytes).is_multiple_of(4) {
+            return Err(Error::value(
+                name,
+                "a copy of whole 4-byte words between buffers",
+                format!("{bytes} bytes from byte {from_offset} to byte {to_offset}"),
+            ));
+        }
+        pieces.push((from, from_offset, to, to_offset, bytes));
+        done += n;
+    }
+    for (from, from_offset, to, to_offset, bytes) in pieces {
+        encoder.copy_buffer_to_buffer(from, from_offset, to, to_offset, bytes);
+    }
+    Ok(())
 }
 
 /// Upload every tensor of a problem's inputs (each in its own dtype).

@@ -292,6 +292,76 @@ pub(crate) fn plan(
     Ok(windows)
 }
 
+/// The token windows of a decode call over packed `sequences` (contiguous ranges of the
+/// token axis, lengths 0 included): each binds at most `max_tokens` tokens from its `base`
+/// (a multiple of `granule` tokens, so every offset stays aligned), lies inside one buffer of
+/// the token-indexed tensors stored in several (boundaries every `part_tokens` tokens, a
+/// multiple of `granule`), and holds at most `max_sequences` sequences (the kernel's uniform
+/// tables). Unlike the forward's, decode windows cut anywhere: the kernel walks tokens one
+/// at a time, and a sequence cut by a boundary continues from the state its slot holds.
+/// `max_tokens ≥ granule ≥ 1` and `max_sequences ≥ 1`.
+pub(crate) fn plan_decode(
+    sequences: &[Range<usize>],
+    max_tokens: usize,
+    granule: usize,
+    part_tokens: Option<usize>,
+    max_sequences: usize,
+) -> Vec<TokenWindow> {
+    let total = sequences.last().map_or(0, |s| s.end);
+    let mut windows: Vec<TokenWindow> = Vec::new();
+    let (mut n, mut at) = (0, 0);
+    while n < sequences.len() {
+        // Sequences after the last token (empty ones) join the window before when it has room.
+        if at == total
+            && let Some(w) = windows.last_mut()
+            && w.seqs() < max_sequences
+            && w.first_seq + w.seqs() == n
+        {
+            w.pieces.push(total..total);
+            n += 1;
+            continue;
+        }
+        let base = if at == total {
+            total.saturating_sub(1) / granule * granule
+        } else {
+            at / granule * granule
+        };
+        let mut limit = (base + max_tokens).min(total);
+        if let Some(p) = part_tokens {
+            limit = limit.min((base / p + 1) * p);
+        }
+        let first_seq = n;
+        let mut pieces = Vec::new();
+        while n < sequences.len() && pieces.len() < max_sequences {
+            let s = &sequences[n];
+            let start = at.max(s.start);
+            if start >= limit && s.end > start {
+                break;
+            }
+            let end = s.end.min(limit);
+            pieces.push(start..end);
+            if end < s.end {
+                at = end;
+                break;
+            }
+            at = s.end;
+            n += 1;
+        }
+        let end = pieces
+            .last()
+            .map_or(base, |p| p.end)
+            .max(base + 1)
+            .min(total);
+        windows.push(TokenWindow {
+            base,
+            tokens: end.saturating_sub(base),
+            first_seq,
+            pieces,
+        });
+    }
+    windows
+}
+
 /// Add chunk `chunk` of sequence `n` to a window's pieces (sequences from `first_seq`),
 /// with empty pieces for the (empty) sequences in between.
 fn extend(
@@ -471,5 +541,51 @@ mod tests {
         assert!(e.to_string().contains("one 64-token chunk"), "{e}");
         let e = plan(&p, &costs(4, 1 << 20), 1 << 16, 256).unwrap_err();
         assert!(e.to_string().contains("state of one sequence"), "{e}");
+    }
+
+    /// Decode windows compute every token once, in order, with every sequence (empty ones
+    /// included) in at least one window; each binds at most `max_tokens` from a base that is
+    /// a multiple of the granule, lies inside one part and holds at most `max_sequences`.
+    #[test]
+    fn decode_windows_cover_every_token_within_their_bounds() {
+        // (cu_seqlens, max tokens, granule, tokens per part, max sequences)
+        type Case = (Vec<usize>, usize, usize, Option<usize>, usize);
+        let cases: [Case; 5] = [
+            (vec![0, 1, 150, 151, 400, 400, 600], 16, 16, Some(16), 8190),
+            (vec![0, 1, 150, 151, 400, 400, 600], 256, 4, Some(512), 8190),
+            (vec![0, 0, 0, 5, 5, 9, 9, 9], 4, 2, None, 2),
+            (vec![0, 1000], 7, 1, Some(64), 1),
+            ((0..=50).collect(), 1 << 20, 64, None, 7),
+        ];
+        for (cu, max_tokens, granule, part, most) in cases {
+            let seqs: Vec<Range<usize>> = cu.windows(2).map(|w| w[0]..w[1]).collect();
+            let windows = plan_decode(&seqs, max_tokens, granule, part, most);
+            let mut next = vec![None::<usize>; seqs.len()];
+            let mut seen = vec![false; seqs.len()];
+            for w in &windows {
+                let what = format!("{cu:?}: {w:?}");
+                assert!(
+                    w.base.is_multiple_of(granule) && w.tokens <= max_tokens,
+                    "{what}"
+                );
+                assert!(!w.pieces.is_empty() && w.seqs() <= most, "{what}");
+                if let Some(p) = part {
+                    assert_eq!(w.base / p, (w.base + w.tokens.max(1) - 1) / p, "{what}");
+                }
+                for (i, piece) in w.pieces.iter().enumerate() {
+                    let n = w.first_seq + i;
+                    seen[n] = true;
+                    let start = next[n].unwrap_or(seqs[n].start);
+                    assert_eq!(piece.start, start, "{what}: sequence {n}");
+                    assert!(piece.end <= seqs[n].end && piece.start >= w.base, "{what}");
+                    assert!(piece.end <= w.base + w.tokens.max(1), "{what}");
+                    next[n] = Some(piece.end);
+                }
+            }
+            for (n, s) in seqs.iter().enumerate() {
+                assert!(seen[n], "{cu:?}: sequence {n} in no window");
+                assert_eq!(next[n], Some(s.end), "{cu:?}: sequence {n} not covered");
+            }
+        }
     }
 }

@@ -19,6 +19,9 @@
 //!   entry `start + k − 1` back with [`StatePool::copy_into_slot`].
 //! - Prefill → decode: run [`wgpu_backend::forward`](crate::wgpu_backend::forward()) over the prompt and copy its
 //!   `final_state` into the pool with [`StatePool::copy_into_slot`].
+//! - No size limit but device memory: a pool past one buffer lives in several buffers of
+//!   whole slots, and pools or calls past one binding run in pool and token windows
+//!   (docs/windows.md, "Decode").
 //! - Hot path: build a [`DecodePlan`] once and call [`DecodePlan::record`] per step (one
 //!   compute pass, no allocation); [`decode_step`] builds a plan per call.
 //! - A step that fails leaves the pool as it was. Everything that can fail is done before
@@ -48,7 +51,7 @@ use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, Problem};
 use crate::tensor::{DType, TensorMeta};
 use crate::wgpu_backend::shaders::Pass;
-use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
+use crate::wgpu_backend::tensor::{check_distinct_buffers, copy_elements, named_inputs};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// Record one decode (or verification) call: every sequence of `problem` continues from its
@@ -102,16 +105,8 @@ pub(crate) fn check_decode(
         ));
     }
     pool.check_fits(problem)?;
-    let sequences = problem.num_sequences();
-    let most = max_sequences(problem.heads_v);
-    if sequences > most {
-        return Err(Error::value(
-            "slots",
-            format!("at most {most} sequences per decode call (the 64 KiB uniform tables)"),
-            sequences,
-        ));
-    }
-    check_slots(slots, sequences, pool.slots())?;
+    // More sequences than one uniform table holds run in several token windows.
+    check_slots(slots, problem.num_sequences(), pool.slots())?;
 
     let o = outputs.o;
     if o.shape() != problem.v_shape() {
@@ -200,14 +195,11 @@ pub fn decode_host_in(
         });
     }
     let p = problem;
-    let layout = StateLayout::of(p);
-    let pool = match inputs.initial_state {
-        Some(h0) => {
-            let h0 = h0.clone().with_dtype(pool_dtype);
-            StatePool::from_tensor(GpuTensor::upload(ctx, "state pool", &h0)?, layout)?
-        }
-        None => StatePool::for_problem_in(ctx, p, p.num_sequences(), pool_dtype)?,
-    };
+    let pool = StatePool::for_problem_in(ctx, p, p.num_sequences(), pool_dtype)?;
+    if let Some(h0) = inputs.initial_state {
+        // Written into the pool's own buffers (whole slots each); values round to its dtype.
+        pool.tensor().write_range(ctx, 0, &h0.data)?;
+    }
     let o = GpuTensor::empty(ctx, "o", &p.v_shape(), inputs.v.dtype)?;
     let a_log = inputs
         .a_log
@@ -220,7 +212,7 @@ pub fn decode_host_in(
 
     let sequences = p.sequences();
     let longest = sequences.iter().map(|s| s.len()).max().unwrap_or(0);
-    let o_row_bytes = (p.heads_v * p.value_dim * inputs.v.dtype.size()) as u64;
+    let o_row = p.heads_v * p.value_dim;
     for step in (0..longest).step_by(tokens_per_step) {
         let tokens: Vec<std::ops::Range<usize>> = sequences
             .iter()
@@ -303,14 +295,13 @@ pub fn decode_host_in(
             &outputs,
         )?;
         for (n, r) in tokens.iter().enumerate().filter(|(_, r)| !r.is_empty()) {
-            let bytes = r.len() as u64 * o_row_bytes;
-            encoder.copy_buffer_to_buffer(
-                &step_o.buffer,
-                cu[n] as u64 * o_row_bytes,
-                &o.buffer,
-                r.start as u64 * o_row_bytes,
-                bytes,
-            );
+            copy_elements(
+                &mut encoder,
+                "o",
+                (&step_o, cu[n] * o_row),
+                (&o, r.start * o_row),
+                r.len() * o_row,
+            )?;
         }
         ctx.scoped("decode step", None, || ctx.queue.submit([encoder.finish()]))?;
     }

@@ -5,6 +5,7 @@
 use crate::error::{Error, Result};
 use crate::problem::Problem;
 use crate::tensor::{DType, TensorMeta};
+use crate::wgpu_backend::tensor::copy_elements;
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// How a state is laid out: `[K, V]` (FLA's default) or `[V, K]` (`state_v_first`).
@@ -140,8 +141,25 @@ fn check_pool_dtype(name: &str, dtype: DType) -> Result<()> {
     })
 }
 
+/// Slots per buffer of a pool of `slot_bytes`-byte slots on `ctx`: the most whole slots one
+/// buffer ([`Context::max_buffer_bytes`]) holds, rounded down to a whole number of binding
+/// windows ([`Context::max_binding_bytes`]) where a buffer holds more than one, so the decode
+/// plan's pool windows are equal. At least 1 (a slot larger than a buffer is refused where
+/// the buffer is made).
+fn slots_per_buffer(ctx: &Context, slot_bytes: u64) -> usize {
+    let slot_bytes = slot_bytes.max(4);
+    let per_buffer = (ctx.max_buffer_bytes() / slot_bytes).max(1) as usize;
+    let per_window = (ctx.max_binding_bytes() / slot_bytes).max(1) as usize;
+    if per_buffer > per_window {
+        per_buffer / per_window * per_window
+    } else {
+        per_buffer
+    }
+}
+
 /// A pool of states `[P, HV, K, V]` (or `[P, HV, V, K]`) that decode calls update in place,
-/// stored as f32 or bf16 ([`POOL_DTYPES`]).
+/// stored as f32 or bf16 ([`POOL_DTYPES`]); past [`Context::max_buffer_bytes`] in several
+/// buffers of whole slots ([`StatePool::slots_per_buffer`]).
 #[derive(Debug, Clone)]
 pub struct StatePool {
     states: GpuTensor,
@@ -176,7 +194,11 @@ impl StatePool {
         }
         check_pool_dtype("pool", dtype)?;
         let [a, b] = layout.inner_shape(key_dim, value_dim);
-        let states = GpuTensor::scratch(ctx, "state pool", &[slots, heads_v, a, b], dtype)?;
+        let shape = [slots, heads_v, a, b];
+        let slot_bytes = (crate::tensor::element_count("pool", &shape[1..])? * dtype.size()) as u64;
+        let per_buffer = slots_per_buffer(ctx, slot_bytes);
+        let states =
+            GpuTensor::empty_in_rows(ctx, "state pool", &shape, dtype, per_buffer * heads_v)?;
         Ok(StatePool { states, layout })
     }
 
@@ -216,6 +238,19 @@ impl StatePool {
         }
         check_pool_dtype("pool", states.dtype)?;
         states.check_storage("pool")?;
+        if let Some(rows) = states.rows_per_buffer()
+            && !rows.is_multiple_of(states.shape[1])
+        {
+            return Err(Error::unsupported(
+                "pool",
+                format!(
+                    "a tensor of several buffers whose buffers hold whole slots ({rows} rows \
+                     of {} v-heads per buffer): make the pool with StatePool::zeros and fill \
+                     it with write_range",
+                    states.shape[1]
+                ),
+            ));
+        }
         Ok(StatePool { states, layout })
     }
 
@@ -242,6 +277,20 @@ impl StatePool {
     /// Bytes of one slot (all v-heads).
     pub fn slot_bytes(&self) -> u64 {
         self.states.bytes() / self.slots() as u64
+    }
+
+    /// Slots per buffer: all of them unless the pool is larger than one buffer
+    /// ([`Context::max_buffer_bytes`]), when it lives in several buffers of this many whole
+    /// slots (the last holding the rest).
+    pub fn slots_per_buffer(&self) -> usize {
+        self.states
+            .rows_per_buffer()
+            .map_or(self.slots(), |rows| rows / self.states.shape[1])
+    }
+
+    /// Elements of one slot.
+    fn slot_elems(&self) -> usize {
+        self.states.len() / self.slots()
     }
 
     /// Check that the pool fits `problem`: same layout, HV, K and V.
@@ -273,15 +322,14 @@ impl StatePool {
         slot: usize,
     ) -> Result<()> {
         self.check_entry("states", states, entry, slot)?;
-        let bytes = self.slot_bytes();
-        encoder.copy_buffer_to_buffer(
-            &states.buffer,
-            entry as u64 * bytes,
-            &self.states.buffer,
-            slot as u64 * bytes,
-            bytes,
-        );
-        Ok(())
+        let n = self.slot_elems();
+        copy_elements(
+            encoder,
+            "states",
+            (states, entry * n),
+            (&self.states, slot * n),
+            n,
+        )
     }
 
     /// Record a copy of pool slot `slot` into entry `entry` of `states` (e.g. to download it,
@@ -294,20 +342,19 @@ impl StatePool {
         entry: usize,
     ) -> Result<()> {
         self.check_entry("states", states, entry, slot)?;
-        let bytes = self.slot_bytes();
-        encoder.copy_buffer_to_buffer(
-            &self.states.buffer,
-            slot as u64 * bytes,
-            &states.buffer,
-            entry as u64 * bytes,
-            bytes,
-        );
-        Ok(())
+        let n = self.slot_elems();
+        copy_elements(
+            encoder,
+            "states",
+            (&self.states, slot * n),
+            (states, entry * n),
+            n,
+        )
     }
 
     fn check_entry(&self, name: &str, states: &GpuTensor, entry: usize, slot: usize) -> Result<()> {
         let inner = &self.states.shape[1..];
-        if states.buffer == self.states.buffer {
+        if states.shares_buffer_with(&self.states) {
             // A buffer copy onto itself is refused by wgpu at submit.
             return Err(Error::value(
                 name,

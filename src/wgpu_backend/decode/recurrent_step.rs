@@ -12,7 +12,9 @@ use crate::wgpu_backend::decode::pool::{StatePool, StateSlot, check_slots};
 use crate::wgpu_backend::launch::{Bindings, Grid, Launch, Prepared};
 use crate::wgpu_backend::params::{Params, init_buffer};
 use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::windows::{TokenWindow, plan_decode};
 use crate::wgpu_backend::{Context, GpuTensor};
+use std::ops::Range;
 
 /// u32 words of the kernel's uniform `tables` (64 KiB: WebGPU's default uniform binding size).
 pub const TABLE_WORDS: usize = 16384;
@@ -415,28 +417,51 @@ impl RecurrentStepTiles {
 /// given tensors; refill them (e.g. `queue.write_buffer` of the next token's q, k, v, g,
 /// beta) between steps.
 ///
-/// A pool larger than one storage binding ([`Context::max_binding_bytes`]) is bound in pool
-/// windows of whole slots: the plan records one pass per window that holds a slot of the
-/// call, and each sequence runs in the window of its slot (in the others its workgroups
-/// walk no tokens and write nothing).
+/// Calls and pools of any size (docs/windows.md, "Decode"): a pool larger than one storage
+/// binding ([`Context::max_binding_bytes`]) or stored in several buffers is bound in pool
+/// windows of whole slots, each inside one buffer; a call whose q, k, v, o, g, β or
+/// per-token states are larger than a binding, stored in several buffers, or that has more
+/// sequences than one uniform table holds, runs in token windows (runs of the packed token
+/// axis, each inside one buffer of every tensor). The plan records one pass per token window
+/// and pool window that holds a sequence of the call; a sequence cut by a token window
+/// continues from the state its slot holds (a padding sequence through a carry slot of the
+/// plan's own).
 pub struct DecodePlan {
-    /// One pass per pool window (one when the pool fits a binding).
-    windows: Vec<PoolWindow>,
-    /// (A_log, dt_bias) and their word offset in the tables, with `gate_in_kernel`.
-    gate_params: Option<(wgpu::Buffer, wgpu::Buffer, u64)>,
+    /// Passes in recording order: token window by token window, each over every pool window
+    /// (and the carry window, where the token window holds a cut sequence).
+    passes: Vec<StepPass>,
+    /// Token windows of the call (one when it fits a binding).
+    token_windows: Vec<TokenWindow>,
+    /// Pool windows: slots `first..first + len`, each inside one buffer.
+    pool_windows: Vec<Range<usize>>,
+    /// Per sequence: its slot in the carry tensor when a token window boundary cuts it.
+    carry_slots: Vec<Option<u32>>,
+    /// First token of every sequence (a cut sequence starts fresh in its first piece only).
+    sequence_starts: Vec<usize>,
+    /// (A_log, dt_bias) with `gate_in_kernel`.
+    gate_params: Option<(wgpu::Buffer, wgpu::Buffer)>,
     heads_v: usize,
     pool_slots: usize,
     slots: Vec<StateSlot>,
     tiles: RecurrentStepTiles,
 }
 
-/// The pass over one window of pool slots `first..first + len`.
-struct PoolWindow {
+/// Which states a pass binds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StatesWindow {
+    /// Pool window `i` of [`DecodePlan::pool_windows`].
+    Pool(usize),
+    /// The plan's carry slots (padding sequences cut by a token window).
+    Carry,
+}
+
+/// The pass over one token window and one window of states.
+struct StepPass {
     pass: Prepared,
     tables: wgpu::Buffer,
-    first: usize,
-    len: usize,
-    /// Whether a sequence of the current slots runs in this window.
+    token_window: usize,
+    states: StatesWindow,
+    /// Whether a sequence of the current slots runs in this pass.
     active: bool,
 }
 
@@ -444,17 +469,25 @@ struct PoolWindow {
 /// tokens and write nothing (`SLOT_ELSEWHERE` in `shaders/decode/recurrent_step.wgsl`).
 const SLOT_ELSEWHERE: i32 = i32::MIN;
 
-/// The kernel's code for `slot` in the pool window `first..first + len`: slots are relative
-/// to the window, padding runs in the first window only.
-fn window_code(slot: StateSlot, window: usize, first: usize, len: usize) -> i32 {
+/// The kernel's code for `slot` in the pool window `slots` (index `window`): slots are
+/// relative to the window, padding runs in the first window only.
+fn window_code(slot: StateSlot, window: usize, slots: &Range<usize>) -> i32 {
+    let first = slots.start as u32;
     match slot.slot() {
-        Some(s) if (first..first + len).contains(&(s as usize)) => match slot {
-            StateSlot::Resume(s) => StateSlot::Resume(s - first as u32).code(),
-            _ => StateSlot::Fresh(s - first as u32).code(),
+        Some(s) if slots.contains(&(s as usize)) => match slot {
+            StateSlot::Resume(s) => StateSlot::Resume(s - first).code(),
+            _ => StateSlot::Fresh(s - first).code(),
         },
         None if window == 0 => slot.code(),
         _ => SLOT_ELSEWHERE,
     }
+}
+
+/// A token-indexed tensor of the call: its name and elements per token.
+struct TokenTensor<'a> {
+    name: &'static str,
+    tensor: &'a GpuTensor,
+    token_elems: usize,
 }
 
 impl DecodePlan {
@@ -490,15 +523,28 @@ impl DecodePlan {
                 format!("{tiles:?}"),
             ));
         }
+        let pool_windows = pool_windows(ctx, pool)?;
+        let token_windows = token_windows(ctx, problem, inputs, outputs)?;
 
         // Every buffer, the pipeline and the bind group are made here, inside error scopes,
         // so an allocation or validation failure is an error from `new` and `record` only
         // ever records a pass the device accepted.
         ctx.scoped("recurrent_step plan", None, || {
-            Self::build(ctx, problem, inputs, pool, slots, outputs, tiles)
+            Self::build(
+                ctx,
+                problem,
+                inputs,
+                pool,
+                slots,
+                outputs,
+                tiles,
+                pool_windows,
+                token_windows,
+            )
         })?
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn build(
         ctx: &Context,
         problem: &Problem,
@@ -507,142 +553,212 @@ impl DecodePlan {
         slots: &[StateSlot],
         outputs: &DecodeOutputs<'_>,
         tiles: RecurrentStepTiles,
+        pool_windows: Vec<Range<usize>>,
+        token_windows: Vec<TokenWindow>,
     ) -> Result<Self> {
-        let n = problem.num_sequences();
         let hv = problem.heads_v;
-        // Pool windows of whole slots, each within one binding.
-        let slot_bytes = pool.slot_bytes();
-        let limit = ctx.max_binding_bytes();
-        let per_window = (limit / slot_bytes) as usize;
-        if per_window == 0 {
-            return Err(Error::TooLarge {
-                name: "pool slot".into(),
-                bytes: slot_bytes,
-                limit_name: "max_storage_buffer_binding_size",
-                limit,
-            });
-        }
-        let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
-        if pool.slots() > per_window && !slot_bytes.is_multiple_of(align) {
-            return Err(Error::unsupported(
-                "pool",
-                format!(
-                    "windows over slots of {slot_bytes} bytes, not a multiple of the device's \
-                     min_storage_buffer_offset_alignment ({align})"
-                ),
-            ));
-        }
+        let sequences = problem.sequences();
+        let one_token_window = token_windows.len() == 1;
 
-        // Token starts, slot codes (per window), then A_log and dt_bias (copied in by
-        // `record`).
-        let mut words = vec![0u32; TABLE_WORDS];
-        let starts = problem
-            .sequences()
-            .into_iter()
-            .map(|s| s.start as u32)
-            .chain([problem.total_tokens() as u32]);
-        for (w, start) in words.iter_mut().zip(starts) {
-            *w = start;
+        // A sequence in more than one token window carries its state through its slot; a
+        // padding one has none, so it gets a carry slot of the plan's own.
+        let mut carry_slots = vec![None; sequences.len()];
+        let mut cuts = 0u32;
+        for w in &token_windows {
+            for (i, piece) in w.pieces.iter().enumerate() {
+                let n = w.first_seq + i;
+                if piece.end < sequences[n].end && carry_slots[n].is_none() {
+                    carry_slots[n] = Some(cuts);
+                    cuts += 1;
+                }
+            }
         }
+        let carry = (cuts > 0)
+            .then(|| {
+                let mut shape = pool.tensor().shape.clone();
+                shape[0] = cuts as usize;
+                GpuTensor::scratch(ctx, "decode carry states", &shape, pool.dtype())
+            })
+            .transpose()?;
+
         let gate_params = match (inputs.a_log, inputs.dt_bias) {
-            (Some(a), Some(d)) => Some((a.buffer.clone(), d.buffer.clone(), (2 * n + 1) as u64)),
+            (Some(a), Some(d)) => Some((a.buffer.clone(), d.buffer.clone())),
             _ => None,
         };
-
         // The binding exists whether or not the kernel writes it; 16 bytes = one vec4.
-        let token_states = match outputs.per_token_states {
-            Some(t) => t.clone(),
-            None => GpuTensor::from_buffer(
-                ctx.device.create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("no per-token states"),
-                    size: 16,
-                    usage: wgpu::BufferUsages::STORAGE,
-                    mapped_at_creation: false,
-                }),
-                &[4],
-                crate::DType::F32,
-            ),
-        };
+        let no_token_states = GpuTensor::from_buffer(
+            ctx.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("no per-token states"),
+                size: 16,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            }),
+            &[4],
+            crate::DType::F32,
+        );
         let constants = tiles.pipeline_constants(outputs.per_token_states.is_some());
         let source = source(tiles.pass(pool.dtype()), inputs.q.dtype)?;
-        let whole = pool.slots() <= per_window;
-        let mut windows = Vec::new();
-        for (index, first) in (0..pool.slots()).step_by(per_window).enumerate() {
-            let len = per_window.min(pool.slots() - first);
-            let states = if whole {
-                pool.tensor().clone()
-            } else {
-                let t = pool.tensor();
-                let slot_elems = t.len() / pool.slots();
-                let shape: Vec<usize> = [len]
-                    .into_iter()
-                    .chain(t.shape[1..].iter().copied())
-                    .collect();
-                t.view("pool", first * slot_elems, &shape)?
-            };
-            let mut params = Params::for_problem(problem, 0, n);
-            params.rows = len as u32;
-            let params = params.upload(ctx);
-            for (w, s) in words[n + 1..].iter_mut().zip(slots) {
-                *w = window_code(*s, index, first, len) as u32;
-            }
-            let tables = init_buffer(
-                ctx,
-                "decode tables",
-                bytemuck::cast_slice(&words),
-                wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-            );
-            let pass = Launch {
-                name: tiles.entry(),
-                source,
-                entry: tiles.entry(),
-                constants: &constants,
-                bindings: Bindings::Ordered(&[
-                    &params,
-                    &tables,
-                    inputs.q,
-                    inputs.k,
-                    inputs.v,
-                    inputs.g,
-                    inputs.beta,
-                    &states,
-                    outputs.o,
-                    &token_states,
-                ]),
-                grid: Grid([
-                    (tiles.v_blocks(problem.value_dim), "V-blocks"),
-                    (hv, "heads_v (HV)"),
-                    (n, "sequences (slots)"),
-                ]),
-            }
-            .prepare(ctx)?;
-            windows.push(PoolWindow {
-                pass,
-                tables,
-                first,
-                len,
-                active: false,
-            });
-        }
+
+        // The pool's windows as views (the whole tensor when it is one window).
+        let slot_elems = pool.tensor().len() / pool.slots();
+        let pool_views = pool_windows
+            .iter()
+            .map(|r| {
+                if pool_windows.len() == 1 {
+                    return Ok(pool.tensor().clone());
+                }
+                let mut shape = pool.tensor().shape.clone();
+                shape[0] = r.len();
+                pool.tensor().view("pool", r.start * slot_elems, &shape)
+            })
+            .collect::<Result<Vec<_>>>()?;
+
         let mut plan = DecodePlan {
-            windows,
+            passes: Vec::new(),
+            token_windows,
+            pool_windows,
+            carry_slots,
+            sequence_starts: sequences.iter().map(|s| s.start).collect(),
             gate_params,
             heads_v: hv,
             pool_slots: pool.slots(),
             slots: slots.to_vec(),
             tiles,
         };
+        for (index, w) in plan.token_windows.iter().enumerate() {
+            // The window's token-indexed tensors, bound from its base (whole when the call
+            // is one window).
+            let bound = |t: &GpuTensor, name: &str| -> Result<GpuTensor> {
+                if one_token_window {
+                    return Ok(t.clone());
+                }
+                // Bytes are what a binding sees: the view is [tokens, elements per token].
+                let per_token = t.len() / problem.total_tokens();
+                t.view(name, w.base * per_token, &[w.tokens, per_token])
+            };
+            let q = bound(inputs.q, "q")?;
+            let k = bound(inputs.k, "k")?;
+            let v = bound(inputs.v, "v")?;
+            let g = bound(inputs.g, "g")?;
+            let beta = bound(inputs.beta, "beta")?;
+            let o = bound(outputs.o, "o")?;
+            let token_states = match outputs.per_token_states {
+                Some(t) => bound(t, "per_token_states")?,
+                None => no_token_states.clone(),
+            };
+            // Token starts relative to the base, then slot codes (per pass), then A_log and
+            // dt_bias (copied in by `record`).
+            let n = w.seqs();
+            let mut words = vec![0u32; TABLE_WORDS];
+            let starts = w
+                .pieces
+                .iter()
+                .map(|p| p.start)
+                .chain([w.pieces.last().map_or(w.base, |p| p.end)]);
+            for (word, start) in words.iter_mut().zip(starts) {
+                *word = (start.max(w.base) - w.base) as u32;
+            }
+            let mut states_windows: Vec<StatesWindow> = (0..plan.pool_windows.len())
+                .map(StatesWindow::Pool)
+                .collect();
+            if (0..n).any(|i| plan.carry_slots[w.first_seq + i].is_some()) {
+                states_windows.push(StatesWindow::Carry);
+            }
+            for states in states_windows {
+                let (view, rows) = match states {
+                    StatesWindow::Pool(p) => (&pool_views[p], plan.pool_windows[p].len()),
+                    StatesWindow::Carry => {
+                        let c = carry
+                            .as_ref()
+                            .expect("a carry tensor where a sequence is cut");
+                        (c, c.shape[0])
+                    }
+                };
+                let mut params = Params::for_problem(problem, 0, n);
+                params.rows = rows as u32;
+                let params = params.upload(ctx);
+                for (i, word) in words[n + 1..2 * n + 1].iter_mut().enumerate() {
+                    *word = plan.code(w.first_seq + i, index, states) as u32;
+                }
+                let tables = init_buffer(
+                    ctx,
+                    "decode tables",
+                    bytemuck::cast_slice(&words),
+                    wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                );
+                let pass = Launch {
+                    name: tiles.entry(),
+                    source,
+                    entry: tiles.entry(),
+                    constants: &constants,
+                    bindings: Bindings::Ordered(&[
+                        &params,
+                        &tables,
+                        &q,
+                        &k,
+                        &v,
+                        &g,
+                        &beta,
+                        view,
+                        &o,
+                        &token_states,
+                    ]),
+                    grid: Grid([
+                        (tiles.v_blocks(problem.value_dim), "V-blocks"),
+                        (hv, "heads_v (HV)"),
+                        (n, "sequences (slots)"),
+                    ]),
+                }
+                .prepare(ctx)?;
+                plan.passes.push(StepPass {
+                    pass,
+                    tables,
+                    token_window: index,
+                    states,
+                    active: false,
+                });
+            }
+        }
         plan.mark_active();
         Ok(plan)
     }
 
-    /// Which windows hold a slot of the current call (padding runs in the first).
+    /// The kernel's code for sequence `n` in the pass over token window `window` and
+    /// `states`: a cut sequence starts fresh (if at all) in its first piece only and resumes
+    /// after; a cut padding sequence runs in the carry slots.
+    fn code(&self, n: usize, window: usize, states: StatesWindow) -> i32 {
+        let w = &self.token_windows[window];
+        let first_piece = w.pieces[n - w.first_seq].start == self.sequence_starts[n];
+        let (in_carry, slot) = match (self.slots[n], self.carry_slots[n]) {
+            (StateSlot::Padding, Some(c)) if first_piece => (true, StateSlot::Fresh(c)),
+            (StateSlot::Padding, Some(c)) => (true, StateSlot::Resume(c)),
+            (StateSlot::Fresh(s), _) if !first_piece => (false, StateSlot::Resume(s)),
+            (s, _) => (false, s),
+        };
+        match states {
+            StatesWindow::Carry if in_carry => slot.code(),
+            StatesWindow::Pool(p) if !in_carry => window_code(slot, p, &self.pool_windows[p]),
+            _ => SLOT_ELSEWHERE,
+        }
+    }
+
+    /// The slot codes of a pass's sequences.
+    fn codes(&self, pass: &StepPass) -> Vec<i32> {
+        let w = &self.token_windows[pass.token_window];
+        (0..w.seqs())
+            .map(|i| self.code(w.first_seq + i, pass.token_window, pass.states))
+            .collect()
+    }
+
+    /// Which passes hold a sequence of the current slots.
     fn mark_active(&mut self) {
-        for (index, w) in self.windows.iter_mut().enumerate() {
-            w.active = self
-                .slots
-                .iter()
-                .any(|&s| window_code(s, index, w.first, w.len) != SLOT_ELSEWHERE);
+        let active: Vec<bool> = self
+            .passes
+            .iter()
+            .map(|p| self.codes(p).iter().any(|&c| c != SLOT_ELSEWHERE))
+            .collect();
+        for (p, a) in self.passes.iter_mut().zip(active) {
+            p.active = a;
         }
     }
 
@@ -653,18 +769,15 @@ impl DecodePlan {
         ctx.check_lost_noticed()?;
         check_slots(slots, self.slots.len(), self.pool_slots)?;
         if slots != self.slots {
-            for (index, w) in self.windows.iter().enumerate() {
-                let codes: Vec<i32> = slots
-                    .iter()
-                    .map(|&s| window_code(s, index, w.first, w.len))
-                    .collect();
+            self.slots = slots.to_vec();
+            for pass in &self.passes {
+                let codes = self.codes(pass);
                 ctx.queue.write_buffer(
-                    &w.tables,
-                    4 * (slots.len() as u64 + 1),
+                    &pass.tables,
+                    4 * (codes.len() as u64 + 1),
                     bytemuck::cast_slice(&codes),
                 );
             }
-            self.slots = slots.to_vec();
             self.mark_active();
         }
         Ok(())
@@ -680,25 +793,213 @@ impl DecodePlan {
         self.tiles
     }
 
-    /// Record one step: one compute pass per pool window that holds a slot of the call (one
-    /// when the pool fits a binding), plus, with `gate_in_kernel`, two small copies of A_log
-    /// and dt_bias into its uniform tables, since a ninth storage binding would exceed
-    /// WebGPU's default of 8. Recording cannot fail: everything was checked and made by
-    /// [`DecodePlan::new`]. A device lost since shows at the caller's submit and at the
-    /// context's next call ([`Context::check`], [`Context::is_lost`]).
+    /// Record one step: one compute pass per token window and pool window that holds a
+    /// sequence of the call (one when everything fits a binding), plus, with
+    /// `gate_in_kernel`, two small copies of A_log and dt_bias into each pass's uniform
+    /// tables, since a ninth storage binding would exceed WebGPU's default of 8. Recording
+    /// cannot fail: everything was checked and made by [`DecodePlan::new`]. A device lost
+    /// since shows at the caller's submit and at the context's next call
+    /// ([`Context::check`], [`Context::is_lost`]).
     pub fn record(&self, encoder: &mut wgpu::CommandEncoder) {
-        for w in self.windows.iter().filter(|w| w.active) {
-            if let Some((a_log, dt_bias, word)) = &self.gate_params {
+        for p in self.passes.iter().filter(|p| p.active) {
+            if let Some((a_log, dt_bias)) = &self.gate_params {
+                let word = 2 * self.token_windows[p.token_window].seqs() as u64 + 1;
                 let bytes = 4 * self.heads_v as u64;
-                encoder.copy_buffer_to_buffer(a_log, 0, &w.tables, 4 * word, bytes);
-                encoder.copy_buffer_to_buffer(dt_bias, 0, &w.tables, 4 * word + bytes, bytes);
+                encoder.copy_buffer_to_buffer(a_log, 0, &p.tables, 4 * word, bytes);
+                encoder.copy_buffer_to_buffer(dt_bias, 0, &p.tables, 4 * word + bytes, bytes);
             }
-            w.pass.record(encoder);
+            p.pass.record(encoder);
         }
     }
 
-    /// Pool windows the plan binds: 1 unless the pool is larger than one storage binding.
+    /// Pool windows the plan binds: 1 unless the pool is larger than one storage binding or
+    /// stored in several buffers.
     pub fn pool_windows(&self) -> usize {
-        self.windows.len()
+        self.pool_windows.len()
     }
+
+    /// Token windows the plan runs: 1 unless the call's token-indexed tensors are larger
+    /// than one binding, stored in several buffers, or it has more sequences than one
+    /// uniform table holds ([`max_sequences`]).
+    pub fn token_windows(&self) -> usize {
+        self.token_windows.len()
+    }
+
+    /// Compute passes one step records with the current slots.
+    pub fn active_passes(&self) -> usize {
+        self.passes.iter().filter(|p| p.active).count()
+    }
+}
+
+/// The pool's windows: runs of whole slots inside one buffer, each within one binding.
+fn pool_windows(ctx: &Context, pool: &StatePool) -> Result<Vec<Range<usize>>> {
+    let slot_bytes = pool.slot_bytes();
+    let limit = ctx.max_binding_bytes();
+    let per_window = (limit / slot_bytes.max(1)) as usize;
+    if per_window == 0 {
+        return Err(Error::TooLarge {
+            name: "pool slot".into(),
+            bytes: slot_bytes,
+            limit_name: "max_storage_buffer_binding_size",
+            limit,
+        });
+    }
+    let per_buffer = pool.slots_per_buffer();
+    let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
+    if per_buffer > per_window && !slot_bytes.is_multiple_of(align) {
+        return Err(Error::unsupported(
+            "pool",
+            format!(
+                "windows over slots of {slot_bytes} bytes, not a multiple of the device's \
+                 min_storage_buffer_offset_alignment ({align})"
+            ),
+        ));
+    }
+    let mut windows = Vec::new();
+    for buffer_first in (0..pool.slots()).step_by(per_buffer) {
+        let buffer_end = (buffer_first + per_buffer).min(pool.slots());
+        for first in (buffer_first..buffer_end).step_by(per_window) {
+            windows.push(first..(first + per_window).min(buffer_end));
+        }
+    }
+    Ok(windows)
+}
+
+/// The call's token windows ([`plan_decode`]): the whole call when its token-indexed tensors
+/// each fit one binding and one buffer and its sequences one uniform table.
+fn token_windows(
+    ctx: &Context,
+    problem: &Problem,
+    inputs: &ForwardInputs<&GpuTensor>,
+    outputs: &DecodeOutputs<'_>,
+) -> Result<Vec<TokenWindow>> {
+    let (hv, total) = (problem.heads_v, problem.total_tokens());
+    let qk = problem.heads_qk * problem.key_dim;
+    let mut tensors = vec![
+        TokenTensor {
+            name: "q",
+            tensor: inputs.q,
+            token_elems: qk,
+        },
+        TokenTensor {
+            name: "k",
+            tensor: inputs.k,
+            token_elems: qk,
+        },
+        TokenTensor {
+            name: "v",
+            tensor: inputs.v,
+            token_elems: hv * problem.value_dim,
+        },
+        TokenTensor {
+            name: "g",
+            tensor: inputs.g,
+            token_elems: hv,
+        },
+        TokenTensor {
+            name: "beta",
+            tensor: inputs.beta,
+            token_elems: hv,
+        },
+        TokenTensor {
+            name: "o",
+            tensor: outputs.o,
+            token_elems: hv * problem.value_dim,
+        },
+    ];
+    if let Some(t) = outputs.per_token_states {
+        let token_elems = hv * problem.key_dim * problem.value_dim;
+        tensors.push(TokenTensor {
+            name: "per_token_states",
+            tensor: t,
+            token_elems,
+        });
+    }
+    let limit = ctx.max_binding_bytes();
+    let most_sequences = max_sequences(hv);
+    let fits = tensors
+        .iter()
+        .all(|t| t.tensor.rows_per_buffer().is_none() && t.tensor.binding_bytes() <= limit);
+    if total == 0 || (fits && problem.num_sequences() <= most_sequences) {
+        return Ok(vec![TokenWindow::whole(problem)]);
+    }
+
+    let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
+    let (mut granule, mut max_tokens, mut part_tokens) = (1usize, usize::MAX, None::<usize>);
+    for t in &tensors {
+        let token_bytes = (t.token_elems * t.tensor.dtype.size()) as u64;
+        if !token_bytes.is_multiple_of(4) {
+            return Err(Error::unsupported(
+                t.name,
+                format!("token windows over tokens of {token_bytes} bytes (not whole words)"),
+            ));
+        }
+        granule = granule.max((align / gcd(align, token_bytes)) as usize);
+        max_tokens = max_tokens.min((limit / token_bytes) as usize);
+        if let Some(rows) = t.tensor.rows_per_buffer() {
+            let rows_per_token = t.tensor.shape.iter().take(2).product::<usize>() / total;
+            if !rows.is_multiple_of(rows_per_token) {
+                return Err(Error::unsupported(
+                    t.name,
+                    format!(
+                        "a tensor of several buffers whose buffers hold whole tokens ({rows} \
+                         rows of {rows_per_token} per token per buffer: per-token states of \
+                         several buffers need HV a power of two)"
+                    ),
+                ));
+            }
+            let tokens = rows / rows_per_token;
+            part_tokens = Some(match part_tokens {
+                Some(p) if p.max(tokens) % p.min(tokens) != 0 => {
+                    return Err(Error::unsupported(
+                        t.name,
+                        format!(
+                            "buffer boundaries every {tokens} tokens, which do not nest with \
+                             another tensor's every {p}"
+                        ),
+                    ));
+                }
+                Some(p) => p.min(tokens),
+                None => tokens,
+            });
+        }
+    }
+    if max_tokens < granule {
+        // A window's base must keep every binding's offset aligned, so it holds at least
+        // `granule` tokens of every tensor.
+        let (worst, token_bytes) = tensors
+            .iter()
+            .map(|t| (t.name, (t.token_elems * t.tensor.dtype.size()) as u64))
+            .max_by_key(|&(_, b)| b)
+            .unwrap_or(("q", 0));
+        return Err(Error::TooLarge {
+            name: format!("{worst} of {granule} tokens (the least aligned token window)"),
+            bytes: granule as u64 * token_bytes,
+            limit_name: "max_storage_buffer_binding_size",
+            limit,
+        });
+    }
+    if let Some(p) = part_tokens
+        && !p.is_multiple_of(granule)
+    {
+        return Err(Error::unsupported(
+            "decode",
+            format!(
+                "buffers of {p} tokens, fewer than the {granule} tokens that keep a window's \
+                 bindings aligned"
+            ),
+        ));
+    }
+    let sequences = problem.sequences();
+    Ok(plan_decode(
+        &sequences,
+        max_tokens / granule * granule,
+        granule,
+        part_tokens,
+        most_sequences,
+    ))
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
 }

@@ -25,7 +25,8 @@ pub fn find_nonfinite_constants(dtype: DType, reject_positive: bool) -> [(&'stat
 
 /// Record a search of `tensor` for its first NaN or ±Inf (and, with `reject_positive`, its
 /// first value > 0): the flat index is atomically minimised into `first_bad`, one u32 the
-/// caller sets to `u32::MAX` beforehand.
+/// caller sets to `u32::MAX` beforehand. One pass binds the tensor whole, so it must fit one
+/// binding; [`FiniteCheck`](super::FiniteCheck) searches larger tensors view by view.
 pub fn find_nonfinite(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -37,8 +38,8 @@ pub fn find_nonfinite(
     if tensor.is_empty() {
         return Ok(());
     }
-    // The search binds the whole tensor: one binding's worth at most (a tensor in several
-    // buffers is always larger than that).
+    // The search binds the whole tensor (its view's range): one binding's worth at most (a
+    // tensor in several buffers is always larger than that).
     if tensor.buffers().len() > 1 {
         return Err(Error::TooLarge {
             name: name.into(),
@@ -60,7 +61,7 @@ pub fn find_nonfinite(
         source: source(Pass::FindNonfinite, DType::F32)?,
         entry: "find_nonfinite",
         constants: &find_nonfinite_constants(tensor.dtype, reject_positive),
-        bindings: Bindings::Ordered(&[&params, &tensor.buffer, first_bad]),
+        bindings: Bindings::Ordered(&[&params, tensor, first_bad]),
         grid: Grid::items_64(words, "words of the tensor"),
     }
     .record(ctx, encoder)

@@ -31,9 +31,14 @@ pub enum Require {
 /// A recorded search of named tensors for values they must not hold; submit the encoder, then
 /// [`FiniteCheck::read`] gives the verdict: `Ok(())`, or [`Error::Value`] naming the first
 /// tensor (in the order given) with a bad value, the value and its flat index.
+///
+/// Tensors of any size: one larger than a binding, or stored in several buffers, is searched
+/// in views (each inside one buffer, within one binding), one pass each; the index reported
+/// is the flat index in the whole tensor.
 pub struct FiniteCheck {
-    tensors: Vec<(String, GpuTensor, Require)>,
-    /// One u32 per tensor: the first bad flat index, `u32::MAX` when none.
+    /// Per tensor its name and views, each with its first flat element.
+    tensors: Vec<(String, Vec<(usize, GpuTensor)>)>,
+    /// One u32 per view: the first bad flat index in it, `u32::MAX` when none.
     results: wgpu::Buffer,
 }
 
@@ -45,15 +50,38 @@ impl FiniteCheck {
         tensors: &[(&str, &GpuTensor, Require)],
     ) -> Result<Self> {
         ctx.check_lost()?;
-        let n = tensors.len().max(1) as u64;
-        let (results, per_tensor) = ctx.scoped("finite check results", None, || {
+        let align = ctx.limits().min_storage_buffer_offset_alignment as u64;
+        let views = tensors
+            .iter()
+            .map(|(name, t, _)| {
+                if t.is_empty() {
+                    return Ok((name.to_string(), Vec::new()));
+                }
+                Ok((
+                    name.to_string(),
+                    t.binding_views(ctx.max_binding_bytes(), align)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let searches: Vec<(&str, &GpuTensor, bool)> = views
+            .iter()
+            .zip(tensors)
+            .flat_map(|((name, views), (_, _, require))| {
+                let reject_positive = *require == Require::FiniteNonPositive;
+                views
+                    .iter()
+                    .map(move |(_, v)| (name.as_str(), v, reject_positive))
+            })
+            .collect();
+        let n = searches.len().max(1) as u64;
+        let (results, per_view) = ctx.scoped("finite check results", None, || {
             let results = ctx.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("finite check results"),
                 size: 4 * n,
                 usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             });
-            let per_tensor: Vec<wgpu::Buffer> = tensors
+            let per_view: Vec<wgpu::Buffer> = searches
                 .iter()
                 .map(|_| {
                     init_buffer(
@@ -64,47 +92,47 @@ impl FiniteCheck {
                     )
                 })
                 .collect();
-            (results, per_tensor)
+            (results, per_view)
         })?;
         ctx.scoped("finite check", None, || -> Result<()> {
-            for (i, ((name, tensor, require), first_bad)) in
-                tensors.iter().zip(&per_tensor).enumerate()
+            for (i, ((name, view, reject_positive), first_bad)) in
+                searches.iter().zip(&per_view).enumerate()
             {
-                let reject_positive = *require == Require::FiniteNonPositive;
-                find_nonfinite(ctx, encoder, name, tensor, reject_positive, first_bad)?;
+                find_nonfinite(ctx, encoder, name, view, *reject_positive, first_bad)?;
                 encoder.copy_buffer_to_buffer(first_bad, 0, &results, 4 * i as u64, 4);
             }
             Ok(())
         })??;
         Ok(FiniteCheck {
-            tensors: tensors
-                .iter()
-                .map(|&(name, t, r)| (name.to_string(), t.clone(), r))
-                .collect(),
+            tensors: views,
             results,
         })
     }
 
     /// The verdict, once the encoder holding the search has been submitted (waits for it).
     pub async fn read(&self, ctx: &Context) -> Result<()> {
-        if self.tensors.is_empty() {
-            return Ok(());
-        }
-        let bytes = read_buffer(ctx, &self.results, 0, 4 * self.tensors.len() as u64).await?;
-        let first_bad: &[u32] = bytemuck::cast_slice(&bytes);
-        let Some(((name, tensor, _), &index)) = self
+        let views = self
             .tensors
             .iter()
-            .zip(first_bad)
-            .find(|(_, i)| **i != u32::MAX)
+            .flat_map(|(name, views)| views.iter().map(move |(first, v)| (name, *first, v)));
+        let count = views.clone().count();
+        if count == 0 {
+            return Ok(());
+        }
+        let bytes = read_buffer(ctx, &self.results, 0, 4 * count as u64).await?;
+        let first_bad: &[u32] = bytemuck::cast_slice(&bytes);
+        let Some(((name, first, tensor), &local)) =
+            views.zip(first_bad).find(|(_, i)| **i != u32::MAX)
         else {
             return Ok(());
         };
+        let index = first + local as usize;
         // The bad value itself, for the message: the word holding it.
         let per_word = 4 / tensor.dtype.size() as u32;
-        let word = read_buffer(ctx, &tensor.buffer, 4 * (index / per_word) as u64, 4).await?;
+        let at = tensor.offset() + 4 * (local / per_word) as u64;
+        let word = read_buffer(ctx, &tensor.buffer, at, 4).await?;
         let word = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-        let half = (word >> (16 * (index % per_word))) as u16;
+        let half = (word >> (16 * (local % per_word))) as u16;
         let value = match tensor.dtype {
             DType::F32 => f32::from_bits(word),
             DType::F16 => half::f16::from_bits(half).to_f32(),
