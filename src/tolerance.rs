@@ -12,6 +12,8 @@
 //! - f16 operands (tensor cores, cooperative matrices) or f16 products (f16 math): ~2⁻¹¹ per
 //!   operand rounding, growing to ~3e-3 at β ≈ 2 where the eigenvalue ≈ −1 along k keeps
 //!   errors from decaying.
+//! - Sums over every token (dA_log, ddt_bias): measured relative to Σ|terms|, not to the sum,
+//!   which can cancel by 1,000× and more; they take their per-token terms' bound.
 
 use crate::tensor::DType;
 
