@@ -130,7 +130,14 @@ fn agree(
     let tol = Case::new(Op::Backward, dtype).with_l2norm(case.problem.options.l2norm_qk);
     let f64s = |t: &HostTensor| t.data.iter().map(|&x| x as f64).collect::<Vec<_>>();
     // (name, got, reference, scale of the error: None for the reference itself)
-    let mut pairs: Vec<(&str, &HostTensor, &HostTensor, Option<&[f64]>, Quantity)> = vec![
+    type Pair<'a> = (
+        &'a str,
+        &'a HostTensor,
+        &'a HostTensor,
+        Option<&'a [f64]>,
+        Quantity,
+    );
+    let mut pairs: Vec<Pair> = vec![
         ("dq", &got.dq, &reference.dq, None, Quantity::GradQkv),
         ("dk", &got.dk, &reference.dk, None, Quantity::GradQkv),
         ("dv", &got.dv, &reference.dv, None, Quantity::GradQkv),
