@@ -38,7 +38,7 @@ pub use problem::{
     CHUNK, ForwardInputs, ForwardOutputs, Gradients, Options, Problem, check_host_values,
 };
 pub use random::RandomSpec;
-pub use tensor::{DType, HostTensor, TensorMeta, relative_l2};
+pub use tensor::{DType, HostTensor, TensorMeta, relative_l2, relative_l2_scaled};
 
 /// The README's Rust example is compiled as a doctest.
 #[cfg(doctest)]

@@ -150,16 +150,31 @@ pub fn round_to_dtype(values: &mut [f32], dtype: DType) {
 /// Relative L2 error `‖actual − expected‖₂ / ‖expected‖₂`, in f64. When `expected` is all zeros
 /// the absolute L2 norm of the difference is returned. NaN anywhere gives NaN (so tests fail).
 pub fn relative_l2(actual: &[f32], expected: &[f64]) -> f64 {
+    relative_l2_scaled(actual, expected, expected)
+}
+
+/// `‖actual − expected‖₂ / ‖scale‖₂`, in f64: the L2 error relative to a scale other than the
+/// expected value. For a sum, pass the sums of its terms' magnitudes (Σ|terms| per element, as
+/// the oracle's `da_log_magnitude` gives): a sum whose terms each carry a relative error ≤ ε is
+/// within ε·Σ|terms| however much they cancel, so this measure bounds it by its terms' error,
+/// where `relative_l2` grows with the cancellation Σ|terms| / |Σ terms|. When `scale` is all
+/// zeros the absolute L2 norm of the difference is returned; NaN anywhere in `actual` gives NaN.
+pub fn relative_l2_scaled(actual: &[f32], expected: &[f64], scale: &[f64]) -> f64 {
     assert_eq!(actual.len(), expected.len(), "relative_l2: lengths differ");
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for (&a, &e) in actual.iter().zip(expected) {
-        let d = a as f64 - e;
-        num += d * d;
-        den += e * e;
-    }
+    assert_eq!(
+        scale.len(),
+        expected.len(),
+        "relative_l2: scale length differs"
+    );
     if actual.iter().any(|a| !a.is_finite()) {
         return f64::NAN;
     }
+    let num: f64 = actual
+        .iter()
+        .zip(expected)
+        .map(|(&a, &e)| (a as f64 - e).powi(2))
+        .sum();
+    let den: f64 = scale.iter().map(|s| s * s).sum();
     if den == 0.0 {
         num.sqrt()
     } else {

@@ -9,7 +9,9 @@ use common::{dense, problem};
 use gdn_wgpu::reference::{self, forward_f64};
 use gdn_wgpu::tolerance::{Case, Op, Quantity};
 use gdn_wgpu::wgpu_backend::{self, Context};
-use gdn_wgpu::{DType, ForwardInputs, HostTensor, Options, Problem, RandomSpec, relative_l2};
+use gdn_wgpu::{
+    DType, ForwardInputs, HostTensor, Options, Problem, RandomSpec, relative_l2, relative_l2_scaled,
+};
 
 /// The policy's bound for the gradient `name` of a backward with `dtype` storage.
 fn grad_tol(dtype: DType, l2norm_qk: bool, name: &str) -> f64 {
@@ -51,11 +53,36 @@ fn backward_errors(
         errors.push(("dh0", relative_l2(&g.data, e)));
     }
     assert_eq!(got.da_log.is_some(), problem.options.gate_in_kernel);
-    if let (Some(g), Some(e)) = (&got.da_log, &expected.da_log) {
-        errors.push(("dA_log", relative_l2(&g.data, e)));
-    }
-    if let (Some(g), Some(e)) = (&got.ddt_bias, &expected.ddt_bias) {
-        errors.push(("ddt_bias", relative_l2(&g.data, e)));
+    errors.extend(sum_errors(&got, &expected));
+    errors
+}
+
+/// dA_log and ddt_bias (when present) against the oracle, relative to their terms' magnitudes
+/// (`Quantity::GradSums`).
+fn sum_errors(
+    got: &gdn_wgpu::Gradients<HostTensor>,
+    expected: &reference::Gradients,
+) -> Vec<(&'static str, f64)> {
+    let sums = [
+        (
+            "dA_log",
+            &got.da_log,
+            &expected.da_log,
+            &expected.da_log_magnitude,
+        ),
+        (
+            "ddt_bias",
+            &got.ddt_bias,
+            &expected.ddt_bias,
+            &expected.ddt_bias_magnitude,
+        ),
+    ];
+    let mut errors = Vec::new();
+    for (name, g, e, m) in sums {
+        if let (Some(g), Some(e), Some(m)) = (g, e, m) {
+            assert_eq!(g.dtype, DType::F32, "{name}");
+            errors.push((name, relative_l2_scaled(&g.data, e, m)));
+        }
     }
     errors
 }
@@ -361,17 +388,11 @@ fn half_precision_storage() {
                 ("dg", relative_l2(&got.dg.data, &expected.dg)),
                 ("dbeta", relative_l2(&got.dbeta.data, &expected.dbeta)),
             ];
-            let f32_grads = [
-                ("dh0", &got.dh0, &expected.dh0),
-                ("dA_log", &got.da_log, &expected.da_log),
-                ("ddt_bias", &got.ddt_bias, &expected.ddt_bias),
-            ];
-            for (n, g, e) in f32_grads {
-                if let (Some(g), Some(e)) = (g, e) {
-                    assert_eq!(g.dtype, DType::F32, "{n}");
-                    errors.push((n, relative_l2(&g.data, e)));
-                }
+            if let (Some(g), Some(e)) = (&got.dh0, &expected.dh0) {
+                assert_eq!(g.dtype, DType::F32, "dh0");
+                errors.push(("dh0", relative_l2(&g.data, e)));
             }
+            errors.extend(sum_errors(&got, &expected));
             let line: Vec<String> = errors.iter().map(|(n, e)| format!("{n} {e:.2e}")).collect();
             eprintln!("{dtype} {name}: rel-L2 {}", line.join(", "));
             for (n, e) in errors {
@@ -403,6 +424,116 @@ fn repeated_runs_are_bitwise_identical() {
     assert_eq!(a.dg.data, b.dg.data);
     assert_eq!(a.dbeta.data, b.dbeta.data);
     assert_eq!(a.da_log.unwrap().data, b.da_log.unwrap().data);
+}
+
+/// dA_log and ddt_bias where their terms cancel: varlen with every option and h0 (T = 1041
+/// with a v-head that never decays, A_log = −30, whose sums are ~1e-10; T = 2100 without),
+/// the sums 100–40,000× smaller than Σ|terms| (the seeds were picked for that from the oracle). The sums' rel-L2
+/// there is the per-token gradients' error times that cancellation (f32 1.4e-4 and 9.1e-4 at
+/// T = 1041, bf16 0.75: past any fixed bound), so the policy measures them against Σ|terms|
+/// (`Quantity::GradSums`). Separately, the kernel's own reduction (its sum against the f64
+/// sum of the per-token terms it wrote) is held to 1e-6·Σ|terms|: ~2⁻²⁰, a few roundings of
+/// its strided partials and tree.
+#[test]
+fn gate_sums_whose_terms_cancel() {
+    let Some(ctx) = common::gpu() else { return };
+    let all = Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    };
+    // (cu_seqlens, seed, v-heads that never decay)
+    let cases = [
+        (vec![0, 1, 520, 1041], 87, 1),
+        (vec![0, 1000, 1041], 2, 1),
+        (vec![0, 1, 700, 701, 2100], 8, 0),
+    ];
+    let available = wgpu_backend::backward::storage_dtypes(ctx);
+    let mut failures = Vec::new();
+    for (cu, seed, zero_gate_heads) in cases {
+        let t = *cu.last().unwrap();
+        let problem = problem(1, t, 1, 2, 32, 32, Some(cu), all);
+        let s = RandomSpec {
+            seed,
+            initial_state: true,
+            zero_gate_heads,
+            ..RandomSpec::default()
+        };
+        for dtype in [DType::F32, DType::BF16] {
+            if !available.contains(&dtype) {
+                eprintln!("{dtype} storage not available on this device: not run");
+                continue;
+            }
+            let mut inputs = s.generate(&problem);
+            for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
+                *t = t.clone().with_dtype(dtype);
+            }
+            let (d_o, dht) = upstream(&problem, seed, true);
+            let d_o = d_o.with_dtype(dtype);
+            let expected =
+                reference::backward(&problem, &inputs.as_ref(), &d_o, dht.as_ref()).unwrap();
+            let (_, got) =
+                wgpu_backend::backward_host(ctx, &problem, &inputs.as_ref(), &d_o, dht.as_ref())
+                    .unwrap();
+            let tol = grad_tol(dtype, true, "dA_log");
+            let (da_log, ddt_bias) = (got.da_log.unwrap(), got.ddt_bias.unwrap());
+            // The f64 sums of the per-token terms the kernel wrote: dg_raw (ddt_bias) and
+            // dg_raw / (∂g/∂g_raw) · g (dA_log).
+            let dt_bias = &inputs.dt_bias.unwrap().data;
+            let mut own = [vec![0.0f64; 2], vec![0.0f64; 2]];
+            for (at, &dg_raw) in got.dg.data.iter().enumerate() {
+                let hv = at % 2;
+                let x = inputs.g.data[at] as f64 + dt_bias[hv] as f64;
+                let (softplus, slope) = if x > 20.0 {
+                    (x, 1.0)
+                } else {
+                    ((1.0 + x.exp()).ln(), 1.0 / (1.0 + (-x).exp()))
+                };
+                own[0][hv] += dg_raw as f64 / slope * softplus;
+                own[1][hv] += dg_raw as f64;
+            }
+            let sums = [
+                (
+                    "dA_log",
+                    &da_log,
+                    &expected.da_log,
+                    &expected.da_log_magnitude,
+                ),
+                (
+                    "ddt_bias",
+                    &ddt_bias,
+                    &expected.ddt_bias,
+                    &expected.ddt_bias_magnitude,
+                ),
+            ];
+            for ((name, got, e, m), own) in sums.into_iter().zip(&own) {
+                let (e, m) = (e.as_ref().unwrap(), m.as_ref().unwrap());
+                let norm = |x: &[f64]| x.iter().map(|v| v * v).sum::<f64>().sqrt();
+                let cancel = norm(m) / norm(e);
+                let rel = relative_l2(&got.data, e);
+                let err = relative_l2_scaled(&got.data, e, m);
+                let reduction = relative_l2_scaled(&got.data, own, m);
+                eprintln!(
+                    "T{t} seed {seed} {dtype} {name}: Σ|terms| / |Σ| {cancel:.0}, rel-L2 \
+                     {rel:.2e}, vs Σ|terms| {err:.2e} (≤ {tol:.0e}), kernel reduction {reduction:.1e}"
+                );
+                assert!(
+                    cancel >= 100.0,
+                    "{name}: the case no longer cancels ({cancel})"
+                );
+                if !(err <= tol && reduction <= 1e-6) {
+                    failures.push(format!(
+                        "T{t} seed {seed} {dtype} {name}: error {err:e} (≤ {tol:e}), \
+                         reduction {reduction:e} (≤ 1e-6)"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 /// Directional derivatives by central differences of the f64 forward, against the GPU

@@ -13,7 +13,7 @@ use gdn_wgpu::wgpu_backend::{
     self, BackwardWorkspace, ComputePath, Config, Context, GpuTensor, backward_into_workspace,
     forward_saved_for,
 };
-use gdn_wgpu::{DType, Error, ForwardInputs, Gradients, HostTensor, Problem, relative_l2};
+use gdn_wgpu::{DType, Error, ForwardInputs, Gradients, HostTensor, Problem, relative_l2_scaled};
 
 /// A context of our own (its budget changes), or `None` without an adapter (a failure with
 /// GDN_REQUIRE_GPU=1).
@@ -117,42 +117,66 @@ fn run(ctx: &Context, p: &Problem, up: &Uploaded, ws: &BackwardWorkspace) -> Gra
 }
 
 /// Each gradient of `got` against `reference` (another GPU plan's) within the policy's bound
-/// for it, as if `reference` were the oracle.
+/// for it, as if `reference` were the oracle (the sums over tokens relative to the oracle's
+/// magnitudes of their terms, `oracle`).
 fn agree(
     what: &str,
     case: &HardCase,
     dtype: DType,
     got: &Gradients<HostTensor>,
     reference: &Gradients<HostTensor>,
+    oracle: &gdn_wgpu::reference::Gradients,
 ) -> Vec<String> {
     let tol = Case::new(Op::Backward, dtype).with_l2norm(case.problem.options.l2norm_qk);
     let f64s = |t: &HostTensor| t.data.iter().map(|&x| x as f64).collect::<Vec<_>>();
-    let mut pairs = vec![
-        ("dq", &got.dq, &reference.dq, Quantity::GradQkv),
-        ("dk", &got.dk, &reference.dk, Quantity::GradQkv),
-        ("dv", &got.dv, &reference.dv, Quantity::GradQkv),
-        ("dg", &got.dg, &reference.dg, Quantity::GradGates),
-        ("dbeta", &got.dbeta, &reference.dbeta, Quantity::GradGates),
+    // (name, got, reference, scale of the error: None for the reference itself)
+    type Pair<'a> = (
+        &'a str,
+        &'a HostTensor,
+        &'a HostTensor,
+        Option<&'a [f64]>,
+        Quantity,
+    );
+    let mut pairs: Vec<Pair> = vec![
+        ("dq", &got.dq, &reference.dq, None, Quantity::GradQkv),
+        ("dk", &got.dk, &reference.dk, None, Quantity::GradQkv),
+        ("dv", &got.dv, &reference.dv, None, Quantity::GradQkv),
+        ("dg", &got.dg, &reference.dg, None, Quantity::GradGates),
+        (
+            "dbeta",
+            &got.dbeta,
+            &reference.dbeta,
+            None,
+            Quantity::GradGates,
+        ),
     ];
     let optional = [
-        ("dh0", &got.dh0, &reference.dh0, Quantity::GradGates),
-        ("dA_log", &got.da_log, &reference.da_log, Quantity::GradSums),
+        ("dh0", &got.dh0, &reference.dh0, None, Quantity::GradGates),
+        (
+            "dA_log",
+            &got.da_log,
+            &reference.da_log,
+            oracle.da_log_magnitude.as_deref(),
+            Quantity::GradSums,
+        ),
         (
             "ddt_bias",
             &got.ddt_bias,
             &reference.ddt_bias,
+            oracle.ddt_bias_magnitude.as_deref(),
             Quantity::GradSums,
         ),
     ];
-    for (name, g, r, q) in &optional {
+    for (name, g, r, scale, q) in optional {
         if let (Some(g), Some(r)) = (g, r) {
-            pairs.push((name, g, r, *q));
+            pairs.push((name, g, r, scale, q));
         }
     }
     pairs
         .into_iter()
-        .filter_map(|(name, g, r, q)| {
-            let err = relative_l2(&g.data, &f64s(r));
+        .filter_map(|(name, g, r, scale, q)| {
+            let r = f64s(r);
+            let err = relative_l2_scaled(&g.data, &r, scale.unwrap_or(&r));
             let bound = tol.tolerance(q);
             (err.is_nan() || err > bound).then(|| {
                 format!(
@@ -199,7 +223,7 @@ fn tight_budgets_match_the_unbounded_plan_and_the_oracle() {
             let got = run(&ctx, p, &up, &ws);
             let what = format!("budget {budget} ({} windows)", plan.windows());
             failures.extend(check_gradients(&what, case, dtype, &got, &expected));
-            failures.extend(agree(&what, case, dtype, &got, &whole));
+            failures.extend(agree(&what, case, dtype, &got, &whole, &expected));
         }
     }
     ctx.check().unwrap();

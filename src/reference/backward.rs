@@ -46,6 +46,13 @@ pub struct Gradients {
     pub da_log: Option<Vec<f64>>,
     /// `[HV]`, with `gate_in_kernel`: summed over all tokens and sequences.
     pub ddt_bias: Option<Vec<f64>>,
+    /// `[HV]`, with `gate_in_kernel`: Σ_t |∂L/∂g_t · g_t|, the magnitudes of dA_log's terms.
+    /// dA_log can cancel to far less than this (its terms have random signs); an error in it
+    /// is measured against this scale (`tolerance::Quantity::GradSums`,
+    /// [`crate::relative_l2_scaled`]).
+    pub da_log_magnitude: Option<Vec<f64>>,
+    /// `[HV]`, with `gate_in_kernel`: Σ_t |∂L/∂g_raw,t|, the magnitudes of ddt_bias's terms.
+    pub ddt_bias_magnitude: Option<Vec<f64>>,
 }
 
 /// The gradients of `L = Σ o ⊙ d_o + Σ final_state ⊙ dht` w.r.t. the raw inputs.
@@ -158,6 +165,8 @@ fn backward_f64_heads<T: AsRef<[f64]>>(
             .map(|_| vec![0.0; p.state_shape().iter().product()]),
         da_log: opt.gate_in_kernel.then(|| vec![0.0; hv_n]),
         ddt_bias: opt.gate_in_kernel.then(|| vec![0.0; hv_n]),
+        da_log_magnitude: opt.gate_in_kernel.then(|| vec![0.0; hv_n]),
+        ddt_bias_magnitude: opt.gate_in_kernel.then(|| vec![0.0; hv_n]),
     };
 
     for (n, seq) in p.sequences().into_iter().enumerate() {
@@ -198,8 +207,11 @@ fn backward_f64_heads<T: AsRef<[f64]>>(
                     let dg_raw = head.dg[i] * gate_derivative(g_raw, a_log, dt_bias);
                     grads.dg[th] = dg_raw;
                     // ∂g/∂A_log = g (g = −exp(A_log)·softplus), ∂g/∂dt_bias = ∂g/∂g_raw.
-                    grads.da_log.as_mut().expect("allocated")[hv] += head.dg[i] * tokens[i].g;
+                    let da_log_term = head.dg[i] * tokens[i].g;
+                    grads.da_log.as_mut().expect("allocated")[hv] += da_log_term;
                     grads.ddt_bias.as_mut().expect("allocated")[hv] += dg_raw;
+                    grads.da_log_magnitude.as_mut().expect("allocated")[hv] += da_log_term.abs();
+                    grads.ddt_bias_magnitude.as_mut().expect("allocated")[hv] += dg_raw.abs();
                 } else {
                     grads.dg[th] = head.dg[i];
                 }

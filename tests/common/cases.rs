@@ -7,7 +7,7 @@
 use gdn_wgpu::tolerance::{Arithmetic, Case, Op, Quantity};
 use gdn_wgpu::{
     DType, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec, reference,
-    relative_l2,
+    relative_l2, relative_l2_scaled,
 };
 
 use super::problem;
@@ -290,14 +290,53 @@ pub fn check_gradients_with(
     let tol = Case::new(Op::Backward, dtype)
         .with_arithmetic(arithmetic)
         .with_l2norm(p.options.l2norm_qk);
-    let mut pairs: Vec<(&str, &HostTensor, &[f64], Quantity, DType)> = vec![
-        ("dq", &got.dq, &expected.dq, Quantity::GradQkv, dtype),
-        ("dk", &got.dk, &expected.dk, Quantity::GradQkv, dtype),
-        ("dv", &got.dv, &expected.dv, Quantity::GradQkv, dtype),
-        ("dg", &got.dg, &expected.dg, Quantity::GradGates, DType::F32),
+    // (name, got, expected, scale of the error: the expected value itself, or for the sums
+    // over tokens their terms' magnitudes, quantity, dtype)
+    type Pair<'a> = (
+        &'a str,
+        &'a HostTensor,
+        &'a [f64],
+        &'a [f64],
+        Quantity,
+        DType,
+    );
+    let mut pairs: Vec<Pair> = vec![
+        (
+            "dq",
+            &got.dq,
+            &expected.dq,
+            &expected.dq,
+            Quantity::GradQkv,
+            dtype,
+        ),
+        (
+            "dk",
+            &got.dk,
+            &expected.dk,
+            &expected.dk,
+            Quantity::GradQkv,
+            dtype,
+        ),
+        (
+            "dv",
+            &got.dv,
+            &expected.dv,
+            &expected.dv,
+            Quantity::GradQkv,
+            dtype,
+        ),
+        (
+            "dg",
+            &got.dg,
+            &expected.dg,
+            &expected.dg,
+            Quantity::GradGates,
+            DType::F32,
+        ),
         (
             "dbeta",
             &got.dbeta,
+            &expected.dbeta,
             &expected.dbeta,
             Quantity::GradGates,
             DType::F32,
@@ -305,19 +344,34 @@ pub fn check_gradients_with(
     ];
     let mut failures = Vec::new();
     let optional = [
-        ("dh0", &got.dh0, &expected.dh0, Quantity::GradGates),
-        ("dA_log", &got.da_log, &expected.da_log, Quantity::GradSums),
+        (
+            "dh0",
+            &got.dh0,
+            &expected.dh0,
+            &expected.dh0,
+            Quantity::GradGates,
+        ),
+        (
+            "dA_log",
+            &got.da_log,
+            &expected.da_log,
+            &expected.da_log_magnitude,
+            Quantity::GradSums,
+        ),
         (
             "ddt_bias",
             &got.ddt_bias,
             &expected.ddt_bias,
+            &expected.ddt_bias_magnitude,
             Quantity::GradSums,
         ),
     ];
-    for (name, g, e, quantity) in optional {
-        match (g, e) {
-            (Some(g), Some(e)) => pairs.push((name, g, e, quantity, DType::F32)),
-            (None, None) => {}
+    for (name, g, e, scale, quantity) in optional {
+        match (g, e, scale) {
+            (Some(g), Some(e), Some(scale)) => {
+                pairs.push((name, g, e, scale, quantity, DType::F32))
+            }
+            (None, None, None) => {}
             _ => failures.push(format!(
                 "{what} [{}] {dtype}: {name} present {} but expected {}",
                 case.name,
@@ -327,8 +381,9 @@ pub fn check_gradients_with(
         }
     }
     let mut line = format!("{what} [{}] {dtype} {arithmetic:?}:", case.name);
-    for (name, g, e, quantity, want_dtype) in pairs {
-        let err = relative_l2(&g.data, e);
+    for (name, g, e, scale, quantity, want_dtype) in pairs {
+        // The sums are measured against Σ|terms| (`Quantity::GradSums`).
+        let err = relative_l2_scaled(&g.data, e, scale);
         let t = tol.tolerance(quantity);
         line.push_str(&format!(" {name} {err:.1e}"));
         if g.dtype != want_dtype {
@@ -340,7 +395,7 @@ pub fn check_gradients_with(
         // NaN compares false: a poisoned element left unwritten fails here.
         if err.is_nan() || err > t {
             failures.push(format!(
-                "{what} [{}] {dtype}: {name} rel-L2 {err:e} (tol {t:e}) for {:?}",
+                "{what} [{}] {dtype}: {name} error {err:e} (tol {t:e}) for {:?}",
                 case.name, p
             ));
         }
