@@ -806,6 +806,7 @@ fn the_cli_tests_f32_bound_is_the_policys() {
 use gdn_wgpu::tolerance::Arithmetic;
 use gdn_wgpu::wgpu_backend::path::choose_algorithm;
 use gdn_wgpu::wgpu_backend::{ForwardAlgorithm, forward_algorithm, forward_into_with_algorithm};
+use gdn_wgpu::wgpu_backend::decode::StepKernel;
 
 /// Both algorithms, each forced per call, on the shared hard cases (T not a multiple of 64,
 /// T = 1, varlen with empty and length-1 sequences, GVA, special gates, β near 0 and 2, h0 on
@@ -979,9 +980,12 @@ fn the_reported_algorithm_is_the_one_that_runs() {
                 "{dtype}: o {eo:e}, state {es:e}"
             );
         }
-        let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p).unwrap();
+        let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p, DType::F32).unwrap();
         if cpu {
-            assert_eq!(tiles.vec4s_per_thread, 32, "{tiles:?}");
+            assert_eq!(tiles.kernel, StepKernel::Column, "{tiles:?}");
+            let bf16 =
+                gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p, DType::BF16).unwrap();
+            assert_eq!(bf16.vec4s_per_thread, 32, "{bf16:?}");
         } else {
             assert_eq!(
                 tiles,
