@@ -980,12 +980,10 @@ fn the_reported_algorithm_is_the_one_that_runs() {
                 "{dtype}: o {eo:e}, state {es:e}"
             );
         }
-        let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p, DType::F32).unwrap();
+        let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p).unwrap();
         if cpu {
-            assert_eq!(tiles.kernel, StepKernel::Column, "{tiles:?}");
-            let bf16 =
-                gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p, DType::BF16).unwrap();
-            assert_eq!(bf16.vec4s_per_thread, 32, "{bf16:?}");
+            assert_eq!(tiles.kernel, StepKernel::Workgroup, "{tiles:?}");
+            assert_eq!(tiles.vec4s_per_thread, 32, "{tiles:?}");
         } else {
             assert_eq!(
                 tiles,
