@@ -675,9 +675,12 @@ fn webgpu_default_limits() {
             assert!(
                 RecurrentStepTiles::all_candidates(&ctx, &p)
                     .iter()
-                    .all(|t| t.kernel == StepKernel::Workgroup)
+                    .all(|t| t.kernel != StepKernel::Subgroup)
             );
-            check_decode_with(&ctx, &p, 90 + i as u64, 1, &[Resume(0)], false, None);
+            // The default and the column kernel (where K ≤ 128) within these limits.
+            for tiles in kernels(&ctx, &p) {
+                check_decode_with(&ctx, &p, 90 + i as u64, 1, &[Resume(0)], false, tiles);
+            }
         }
     }
 }
