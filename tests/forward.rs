@@ -804,9 +804,9 @@ fn the_cli_tests_f32_bound_is_the_policys() {
 // ---- The forward's algorithm: chunked scan or recurrent kernel --------------------------------
 
 use gdn_wgpu::tolerance::Arithmetic;
+use gdn_wgpu::wgpu_backend::decode::StepKernel;
 use gdn_wgpu::wgpu_backend::path::choose_algorithm;
 use gdn_wgpu::wgpu_backend::{ForwardAlgorithm, forward_algorithm, forward_into_with_algorithm};
-use gdn_wgpu::wgpu_backend::decode::StepKernel;
 
 /// Both algorithms, each forced per call, on the shared hard cases (T not a multiple of 64,
 /// T = 1, varlen with empty and length-1 sequences, GVA, special gates, β near 0 and 2, h0 on

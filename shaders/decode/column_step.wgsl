@@ -1,18 +1,26 @@
-// column_step: the recurrent kernel's token-by-token GDN recurrence (recurrent_step.wgsl,
-// same bindings, tables and slot codes) with no workgroup memory and no barriers, for CPU
-// adapters. Every invocation owns one value column v of a (v-head, sequence) state, all K
-// rows of it in named registers (K ≤ 128: 32 vec4s), and walks the sequence's tokens alone:
-//     a = S_oldᵀk,  b = S_oldᵀq (its column's entries),  u = β (v − α a),
-//     o = scale (α b + u (k·q)),  S ← α S_old + k u
-// k and q of a token are read by every invocation (a CPU's caches serve them); Σk², Σq² and
-// k·q are computed per invocation. Why: SwiftShader runs a workgroup with barriers as one
-// coroutine per 4 invocations, switching at every barrier (two per token in recurrent_step),
-// and compiles such a shader far slower; here a workgroup is one straight call.
-// docs/compute-paths.md, "Tiling on CPU adapters".
+// column_step: the recurrent kernel's token-by-token GDN recurrence (recurrent_step.wgsl:
+// same bindings, tables, slot codes and FLA order) with one value column per invocation.
+// Every invocation owns column v of a (v-head, sequence) state slice, all K rows of it in
+// 32 vec4 registers (K ≤ 128), and computes what its column needs itself:
+//     a = S_oldᵀk, b = S_oldᵀq (its column's), Σk², Σq², k·q,
+//     u = β (v − α rk a),  o = scale (α rq b + u rk rq k·q),  S ← α S_old + (rk u) k
+// No cross-invocation sums: the workgroup only stages the token's k and q in workgroup
+// memory, two barriers per token (after staging; before the next token's staging).
 //
-// State f32 only (the forward's final state; a bf16 pool takes recurrent_step). K-first
-// [K, V]: register r holds rows 4r..4r+3 of column v, four scalar loads (once per call);
-// V-first [V, K]: one vec4 load.
+// Why it exists: SwiftShader (Chromium's WebGPU without a GPU) turns every memory access
+// whose address it cannot resolve when compiling into per-lane branches, and its compile
+// time grows faster than their count (64 such loads 90 ms, 128 420 ms; BENCHMARKS.md, "In
+// the browser"). Here the per-token code has few of them (the staging, v, g, β, o): k and q
+// are read from workgroup memory at constant indices, and the state moves in loops over a
+// private array whose constant-index elements are plain registers. It compiles 2–2.5×
+// faster than recurrent_step at the CPU tiling but ran the warm forward no faster (mostly
+// slower: every invocation reads all of k and q and recomputes the norms), so it is an
+// opt-in tiling (`colV`), not a default (docs/compute-paths.md, "Tiling on CPU adapters").
+//
+// f32 state only, and q, k, v, o of one element per word (f32, f16): each invocation writes
+// its own o and the words of its own state column. K-first [K, V]: register r holds rows
+// 4r..4r+3 of column v; V-first [V, K]: the same elements, contiguous. Either way the state
+// is read and written one element at a time, once per call.
 //
 // Bindings, slot codes, pool windows and the gate: shaders/decode/step_common.wgsl.
 

@@ -582,12 +582,18 @@ impl DecodePlan {
             ));
         }
         if tiles.kernel == StepKernel::Column
-            && (pool.dtype() != DType::F32 || !Pass::ColumnStep.storage_dtypes().contains(&inputs.q.dtype))
+            && (pool.dtype() != DType::F32
+                || !Pass::ColumnStep.storage_dtypes().contains(&inputs.q.dtype))
         {
             return Err(Error::value(
                 "tiles",
                 "the column kernel with an f32 pool and f32 or f16 q, k, v, o",
-                format!("{} with a {} pool and {} storage", tiles.name(), pool.dtype(), inputs.q.dtype),
+                format!(
+                    "{} with a {} pool and {} storage",
+                    tiles.name(),
+                    pool.dtype(),
+                    inputs.q.dtype
+                ),
             ));
         }
         let pool_windows = pool_windows(ctx, pool)?;
