@@ -12,9 +12,9 @@
 // time grows faster than their count (64 such loads 90 ms, 128 420 ms; BENCHMARKS.md, "In
 // the browser"). Here the per-token code has few of them (the staging, v, g, β, o): k and q
 // are read from workgroup memory at constant indices, and the state moves in loops over a
-// private array whose constant-index elements are plain registers. It compiles 2–2.5×
-// faster than recurrent_step at the CPU tiling but ran the warm forward no faster (mostly
-// slower: every invocation reads all of k and q and recomputes the norms), so it is an
+// private array whose constant-index elements are plain registers. It compiles 2.2–2.6×
+// faster than recurrent_step at the CPU tiling but ran the warm forward slower (every
+// invocation reads all of k and q and recomputes the norms), so it is an
 // opt-in tiling (`colV`), not a default (docs/compute-paths.md, "Tiling on CPU adapters").
 //
 // f32 state only, and q, k, v, o of one element per word (f32, f16): each invocation writes

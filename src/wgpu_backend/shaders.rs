@@ -59,7 +59,7 @@ pub enum Pass {
     /// The subgroup kernel on a bf16 state pool.
     SubgroupStepBf16State,
     /// `decode/column_step.wgsl`: decode tokens on pooled f32 states, one value column per
-    /// invocation, no barrier reductions (the forward's kernel on CPU adapters).
+    /// invocation, no cross-invocation sums (opt-in; made for SwiftShader's compiler).
     ColumnStep,
     /// `validate/find_nonfinite.wgsl`: the first NaN/±Inf (or positive log-decay) of a tensor.
     FindNonfinite,

@@ -57,8 +57,9 @@ pub enum StepKernel {
     Subgroup,
     /// `column_step.wgsl`: one value column (all K rows) per invocation, k and q staged in
     /// workgroup memory, no cross-invocation sums; f32 state pools and one element per
-    /// storage word (f32, f16) only. The forward's kernel on CPU adapters: SwiftShader
-    /// compiles it about twice as fast as `recurrent_step` (docs/compute-paths.md).
+    /// storage word (f32, f16) only. Made for CPU adapters: SwiftShader
+    /// compiles it 2.2–2.6× as fast as `recurrent_step`, but it ran the warm forward slower,
+    /// so it is opt-in (docs/compute-paths.md, "Tiling on CPU adapters").
     Column,
 }
 

@@ -108,9 +108,9 @@ const LLVMPIPE_LOOP_ITERATIONS: usize = 65_535;
 /// staging. Measured on lavapipe (2 cores shared with other jobs, 5 runs each, median;
 /// docs/compute-paths.md): T = 512, H/HV = 2/4, K = V = 128: the GPU default (V-block 32, 8
 /// vec4s, 128 invocations) 388 / 965 ms in two sweeps, V-block 32 with 32 vec4s (32
-/// invocations) 154 / 328 ms. The column kernel (`colV` tilings) compiles about twice as
-/// fast in Chromium on SwiftShader but ran the warm forward 1.6–1.8× slower there, so it is
-/// not the default (docs/compute-paths.md, "Tiling on CPU adapters").
+/// invocations) 154 / 328 ms. The column kernel (`colV` tilings) compiles 2.2–2.6× as fast
+/// in Chromium on SwiftShader but ran the warm forward slower there, so it is not the
+/// default (docs/compute-paths.md, "Tiling on CPU adapters").
 pub fn recurrent_tiles(ctx: &Context, problem: &Problem) -> Result<RecurrentStepTiles> {
     let limits = ctx.limits();
     let cpu = ctx
