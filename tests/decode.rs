@@ -280,6 +280,31 @@ fn check_decode_in(
         *t = t.clone().with_dtype(dtype);
     }
     let pool = random_pool(p, pool_slots, seed).with_dtype(pool_dtype);
+    // The column kernel takes f32 pools and one element per storage word only: elsewhere
+    // a typed error naming the tiles.
+    if let Some(t) = tiles.filter(|t| t.kernel == StepKernel::Column)
+        && (pool_dtype != DType::F32 || dtype == DType::BF16)
+    {
+        let mut gpu_inputs = upload_inputs(ctx, &inputs);
+        gpu_inputs.initial_state = None;
+        let pool_gpu = StatePool::from_tensor(
+            GpuTensor::upload(ctx, "pool", &pool).unwrap(),
+            StateLayout::of(p),
+        )
+        .unwrap();
+        let o = GpuTensor::empty(ctx, "o", &p.v_shape(), dtype).unwrap();
+        let outputs = DecodeOutputs {
+            o: &o,
+            per_token_states: None,
+        };
+        let plan =
+            DecodePlan::with_tiles(ctx, p, &gpu_inputs.as_ref(), &pool_gpu, slots, &outputs, t);
+        match plan.err() {
+            Some(gdn_wgpu::Error::Value { name, .. }) => assert_eq!(name, "tiles", "{what}"),
+            other => panic!("{what}: expected a tiles error, got {other:?}"),
+        }
+        return;
+    }
     let mut oracle_inputs = inputs.clone();
     oracle_inputs.initial_state = Some(starting_states(p, &pool, slots));
     let expected = reference::forward(p, &oracle_inputs.as_ref()).unwrap();
@@ -334,10 +359,18 @@ fn check_decode_in(
     }
 }
 
-/// The default tiling and, where the device has subgroups of ≥ 8 invocations, the subgroup
-/// kernel's own default too (opt-in), so every option runs through both kernels.
+/// The default tiling, the column kernel's (V-block nearest 32) where it takes the head dims
+/// and, where the device has subgroups of ≥ 8 invocations, the subgroup kernel's own default
+/// too (opt-in), so every option runs through every kernel.
 fn kernels(ctx: &Context, p: &Problem) -> Vec<Option<RecurrentStepTiles>> {
     let mut out = vec![None];
+    // The column kernel (the forward's on CPU adapters) where it takes the head dims.
+    if let Some(t) = RecurrentStepTiles::column_candidates(&ctx.limits(), p)
+        .into_iter()
+        .min_by_key(|t| t.v_block.abs_diff(32))
+    {
+        out.push(Some(t));
+    }
     if subgroup_kernel_available(ctx) {
         out.push(RecurrentStepTiles::choose_subgroup(&ctx.limits(), p));
     }
@@ -496,8 +529,11 @@ fn every_tiling_the_device_fits() {
             ..Options::default()
         };
         let p = problem(2, 2, 1, 2, k, v, None, o);
-        let tiles = RecurrentStepTiles::candidates(&ctx.limits(), &p);
+        let mut tiles = RecurrentStepTiles::candidates(&ctx.limits(), &p);
         assert!(!tiles.is_empty(), "no tiling for {p:?}");
+        let columns = RecurrentStepTiles::column_candidates(&ctx.limits(), &p);
+        assert!(!columns.is_empty(), "no column tiling for {p:?}");
+        tiles.extend(columns);
         for t in tiles {
             check_decode_with(
                 ctx,
@@ -639,9 +675,12 @@ fn webgpu_default_limits() {
             assert!(
                 RecurrentStepTiles::all_candidates(&ctx, &p)
                     .iter()
-                    .all(|t| t.kernel == StepKernel::Workgroup)
+                    .all(|t| t.kernel != StepKernel::Subgroup)
             );
-            check_decode_with(&ctx, &p, 90 + i as u64, 1, &[Resume(0)], false, None);
+            // The default and the column kernel (where K ≤ 128) within these limits.
+            for tiles in kernels(&ctx, &p) {
+                check_decode_with(&ctx, &p, 90 + i as u64, 1, &[Resume(0)], false, tiles);
+            }
         }
     }
 }

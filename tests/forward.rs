@@ -804,6 +804,7 @@ fn the_cli_tests_f32_bound_is_the_policys() {
 // ---- The forward's algorithm: chunked scan or recurrent kernel --------------------------------
 
 use gdn_wgpu::tolerance::Arithmetic;
+use gdn_wgpu::wgpu_backend::decode::StepKernel;
 use gdn_wgpu::wgpu_backend::path::choose_algorithm;
 use gdn_wgpu::wgpu_backend::{ForwardAlgorithm, forward_algorithm, forward_into_with_algorithm};
 
@@ -981,6 +982,7 @@ fn the_reported_algorithm_is_the_one_that_runs() {
         }
         let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p).unwrap();
         if cpu {
+            assert_eq!(tiles.kernel, StepKernel::Workgroup, "{tiles:?}");
             assert_eq!(tiles.vec4s_per_thread, 32, "{tiles:?}");
         } else {
             assert_eq!(

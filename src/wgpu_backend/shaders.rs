@@ -58,13 +58,16 @@ pub enum Pass {
     SubgroupStep,
     /// The subgroup kernel on a bf16 state pool.
     SubgroupStepBf16State,
+    /// `decode/column_step.wgsl`: decode tokens on pooled f32 states, one value column per
+    /// invocation, no cross-invocation sums (opt-in; made for SwiftShader's compiler).
+    ColumnStep,
     /// `validate/find_nonfinite.wgsl`: the first NaN/±Inf (or positive log-decay) of a tensor.
     FindNonfinite,
 }
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 22] = [
+    pub const ALL: [Pass; 23] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -86,6 +89,7 @@ impl Pass {
         Pass::RecurrentStepBf16State,
         Pass::SubgroupStep,
         Pass::SubgroupStepBf16State,
+        Pass::ColumnStep,
         Pass::FindNonfinite,
     ];
 
@@ -111,6 +115,7 @@ impl Pass {
             Pass::GateFinish => "backward/gate_finish.wgsl",
             Pass::RecurrentStep | Pass::RecurrentStepBf16State => "decode/recurrent_step.wgsl",
             Pass::SubgroupStep | Pass::SubgroupStepBf16State => "decode/subgroup_step.wgsl",
+            Pass::ColumnStep => "decode/column_step.wgsl",
             Pass::FindNonfinite => "validate/find_nonfinite.wgsl",
         }
     }
@@ -141,6 +146,7 @@ impl Pass {
             Pass::SubgroupStep | Pass::SubgroupStepBf16State => {
                 include_str!("../../shaders/decode/subgroup_step.wgsl")
             }
+            Pass::ColumnStep => include_str!("../../shaders/decode/column_step.wgsl"),
             Pass::FindNonfinite => include_str!("../../shaders/validate/find_nonfinite.wgsl"),
         }
     }
@@ -182,6 +188,8 @@ impl Pass {
             | Pass::RecurrentStepBf16State
             | Pass::SubgroupStep
             | Pass::SubgroupStepBf16State => &FORWARD_STORAGE_DTYPES,
+            // One element per word: each invocation writes its own column's o.
+            Pass::ColumnStep => &[DType::F32, DType::F16],
             _ => &STORAGE_DTYPES,
         }
     }
@@ -220,7 +228,9 @@ impl Pass {
             include_str!("../../shaders/decode/step_common.wgsl"),
         );
         match self {
-            Pass::RecurrentStep | Pass::SubgroupStep => &[STATE_F32, STEP_COMMON],
+            Pass::RecurrentStep | Pass::SubgroupStep | Pass::ColumnStep => {
+                &[STATE_F32, STEP_COMMON]
+            }
             Pass::RecurrentStepBf16State | Pass::SubgroupStepBf16State => {
                 &[STATE_BF16, STEP_COMMON]
             }

@@ -25,7 +25,7 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
     use crate::wgpu_backend::backward::{
         dh_scan_tiling, recompute_token_slice, scan_arena_words, scan_bytes,
     };
-    use crate::wgpu_backend::decode::RecurrentStepTiles;
+    use crate::wgpu_backend::decode::{RecurrentStepTiles, StepKernel};
     use crate::wgpu_backend::path::{COOP_KEY_DIM, COOP_V_BLOCK};
     use crate::wgpu_backend::tuning::COOP_PATH_BYTES;
     use crate::wgpu_backend::tuning::{
@@ -134,15 +134,19 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             out.push(variant(Pass::FindNonfinite, "find_nonfinite", &constants));
         }
     }
-    // Both decode kernels (the subgroup one where the device has subgroups), both pool
-    // dtypes.
+    // The decode kernels (the subgroup one where the device has subgroups), both pool
+    // dtypes (the column kernel takes f32 pools only).
     let decode_tiles = RecurrentStepTiles::candidates(limits, problem)
         .into_iter()
+        .chain(RecurrentStepTiles::column_candidates(limits, problem))
         .chain(RecurrentStepTiles::subgroup_candidates(limits, problem));
     for tiles in decode_tiles {
         for per_token_states in [false, true] {
             let constants = tiles.pipeline_constants(per_token_states);
             for state in [DType::F32, DType::BF16] {
+                if tiles.kernel == StepKernel::Column && state != DType::F32 {
+                    continue;
+                }
                 out.push(variant(tiles.pass(state), tiles.entry(), &constants));
             }
         }

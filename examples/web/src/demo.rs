@@ -308,22 +308,30 @@ fn sums(values: &[f32]) -> (f64, f64) {
     })
 }
 
-/// `VxN` (V-block, vec4s per invocation) or empty.
+/// `VxN` (V-block, vec4s per invocation), `colV` (the column kernel, N = 0) or empty.
 pub fn parse_tiles(s: &str) -> Result<Option<(u32, u32)>> {
     if s.trim().is_empty() {
         return Ok(None);
+    }
+    if let Some(v) = s.trim().strip_prefix("col") {
+        return v.parse().map(|v| Some((v, 0))).map_err(|_| Error::Value {
+            name: "tiles".into(),
+            expected: "VxN or colV, e.g. 32x32 or col32".into(),
+            got: format!("{s:?}"),
+        });
     }
     s.split_once('x')
         .and_then(|(v, n)| Some((v.trim().parse().ok()?, n.trim().parse().ok()?)))
         .map(Some)
         .ok_or_else(|| Error::Value {
             name: "tiles".into(),
-            expected: "VxN, e.g. 32x32".into(),
+            expected: "VxN or colV, e.g. 32x32 or col32".into(),
             got: format!("{s:?}"),
         })
 }
 
-/// The forward through the recurrent kernel at tiling (V-block, vec4s per invocation).
+/// The forward through the recurrent kernel at tiling (V-block, vec4s per invocation), or
+/// the column kernel with V-block columns when vec4s is 0.
 fn recurrent_at(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -331,13 +339,18 @@ fn recurrent_at(
     inputs: &ForwardInputs<&GpuTensor>,
     (v_block, vec4s): (u32, u32),
 ) -> Result<wgpu_backend::Forward> {
-    let tiles = wgpu_backend::decode::RecurrentStepTiles::candidates(&ctx.limits(), problem)
+    use wgpu_backend::decode::{RecurrentStepTiles, StepKernel};
+    let tiles = RecurrentStepTiles::all_candidates(ctx, problem)
         .into_iter()
-        .find(|t| t.v_block == v_block && t.vec4s_per_thread == vec4s)
+        .find(|t| match t.kernel {
+            StepKernel::Column => vec4s == 0 && t.v_block == v_block,
+            StepKernel::Workgroup => t.v_block == v_block && t.vec4s_per_thread == vec4s,
+            StepKernel::Subgroup => false,
+        })
         .ok_or_else(|| Error::Value {
             name: "tiles".into(),
             expected:
-                "a recurrent tiling this device fits (V-block dividing V, vec4s a power of two)"
+                "a recurrent tiling this device fits (V-block dividing V, vec4s a power of two; colV: the column kernel)"
                     .into(),
             got: format!("{v_block}x{vec4s}"),
         })?;
@@ -460,6 +473,10 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
     let forward_pipelines = ctx.compiled_pipelines();
     let choice = match c.tiles {
         None => wgpu_backend::forward_algorithm(ctx, &prefill, DType::F32)?,
+        Some((v, 0)) => wgpu_backend::AlgorithmChoice {
+            algorithm: ForwardAlgorithm::Recurrent,
+            reason: format!("tiles=col{v} asked for"),
+        },
         Some((v, n)) => wgpu_backend::AlgorithmChoice {
             algorithm: ForwardAlgorithm::Recurrent,
             reason: format!("tiles={v}x{n} asked for"),

@@ -25,7 +25,8 @@ mod web {
 
     /// Run the forward on `tokens` tokens (`runs` times: the first compiles the pipelines; on
     /// `algorithm` = auto, chunked or recurrent; `tiles` = `VxN` runs the recurrent kernel at
-    /// V-block V with N vec4s per invocation, empty: the library's choice) and
+    /// V-block V with N vec4s per invocation, `colV` the column kernel, empty: the library's
+    /// choice) and
     /// `decode_steps` decode steps on the browser's WebGPU adapter and check them against the
     /// f64 oracle. Resolves to the report as JSON; rejects with a one-line message (bad sizes,
     /// no adapter, device errors).

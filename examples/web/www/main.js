@@ -1,6 +1,6 @@
 // The page: checks for WebGPU, loads the wasm module built by build.sh, runs the demo with the
 // sizes from the form and shows the report. URL parameters fill the form (T, H, HV, K, V,
-// steps, runs, algorithm=auto|chunked|recurrent, seed, defaults=0|1, l2norm=0|1, tol; tiles=VxN
+// steps, runs, algorithm=auto|chunked|recurrent, seed, defaults=0|1, l2norm=0|1, tol; tiles=VxN (or colV, the column kernel)
 // runs the forward through the recurrent kernel at that tiling, for tiling sweeps) and `autorun=1` runs at once (the headless test
 // uses it). The outcome is in #status: data-state = done | fail | error | no-webgpu, and
 // window.gdnResult.

@@ -55,6 +55,12 @@ pub enum StepKernel {
     /// and no workgroup memory. Needs `Features::SUBGROUP` with subgroups of at least 8
     /// invocations ([`subgroup_kernel_available`]).
     Subgroup,
+    /// `column_step.wgsl`: one value column (all K rows) per invocation, k and q staged in
+    /// workgroup memory, no cross-invocation sums; f32 state pools and one element per
+    /// storage word (f32, f16) only. Made for CPU adapters: SwiftShader
+    /// compiles it 2.2–2.6× as fast as `recurrent_step`, but it ran the warm forward slower,
+    /// so it is opt-in (docs/compute-paths.md, "Tiling on CPU adapters").
+    Column,
 }
 
 /// Whether the subgroup decode kernel can run on `ctx`'s device: SUBGROUP enabled and a
@@ -128,6 +134,23 @@ impl RecurrentStepTiles {
         (tiles.workgroup() <= MAX_WORKGROUP && tiles.stage() <= MAX_STAGE).then_some(tiles)
     }
 
+    /// The column kernel's tiling with `v_block` columns (invocations) per workgroup, if it
+    /// fits the kernel: K a multiple of 4 and at most 4·MAX_VEC4S_PER_THREAD.
+    fn column(key_dim: u32, v_block: u32, v_first: bool) -> Option<Self> {
+        let fits = key_dim.is_multiple_of(4)
+            && key_dim / 4 <= MAX_VEC4S_PER_THREAD
+            && v_block.is_multiple_of(4);
+        fits.then_some(RecurrentStepTiles {
+            kernel: StepKernel::Column,
+            v_block,
+            row_lanes: 1,
+            row_vecs: v_block,
+            vec4s_per_thread: key_dim / 4,
+            v_first,
+            key_dim,
+        })
+    }
+
     /// The subgroup kernel's tiling with `v_block` columns per workgroup and `col_groups`
     /// (1 or 2) groups of 4 columns per team (workgroups of `2·v_block / col_groups`
     /// invocations), if it fits the kernel.
@@ -184,6 +207,8 @@ impl RecurrentStepTiles {
                 16 * (3 * self.key_dim / 4 + self.workgroup() + self.pb_vec4s() + self.lanes())
             }
             StepKernel::Subgroup => 0,
+            // k and q of one token.
+            StepKernel::Column => 16 * 2 * (self.key_dim / 4),
         }
     }
 
@@ -199,6 +224,8 @@ impl RecurrentStepTiles {
             (StepKernel::Workgroup, _) => Pass::RecurrentStep,
             (StepKernel::Subgroup, DType::BF16) => Pass::SubgroupStepBf16State,
             (StepKernel::Subgroup, _) => Pass::SubgroupStep,
+            // f32 pools only (`DecodePlan::with_tiles` refuses others).
+            (StepKernel::Column, _) => Pass::ColumnStep,
         }
     }
 
@@ -207,6 +234,7 @@ impl RecurrentStepTiles {
         match self.kernel {
             StepKernel::Workgroup => "recurrent_step",
             StepKernel::Subgroup => "subgroup_step",
+            StepKernel::Column => "column_step",
         }
     }
 
@@ -235,11 +263,32 @@ impl RecurrentStepTiles {
         out
     }
 
+    /// Every column-kernel tiling of `problem` the device's limits fit: V-blocks of 4 to 128
+    /// columns dividing V (whether the pool and storage dtypes suit it is
+    /// [`DecodePlan::with_tiles`]'s question).
+    pub fn column_candidates(limits: &wgpu::Limits, problem: &Problem) -> Vec<Self> {
+        let max_wg = MAX_WORKGROUP
+            .min(limits.max_compute_invocations_per_workgroup)
+            .min(limits.max_compute_workgroup_size_x);
+        let (k, v) = (problem.key_dim as u32, problem.value_dim as u32);
+        [4u32, 8, 16, 32, 64, 128]
+            .into_iter()
+            .filter(|b| v.is_multiple_of(*b))
+            .filter_map(|b| Self::column(k, b, problem.options.state_v_first))
+            .filter(|t| {
+                t.workgroup() <= max_wg
+                    && t.workgroup_bytes() <= limits.max_compute_workgroup_storage_size
+            })
+            .collect()
+    }
+
     /// Every tiling `ctx` can run `problem` with: the workgroup kernel's
-    /// [`candidates`](Self::candidates), then the subgroup kernel's where it is available.
+    /// [`candidates`](Self::candidates), the column kernel's, then the subgroup kernel's
+    /// where it is available.
     pub fn all_candidates(ctx: &Context, problem: &Problem) -> Vec<Self> {
         let limits = ctx.limits();
         let mut out = Self::candidates(&limits, problem);
+        out.extend(Self::column_candidates(&limits, problem));
         if subgroup_kernel_available(ctx) {
             out.extend(Self::subgroup_candidates(&limits, problem));
         }
@@ -358,6 +407,7 @@ impl RecurrentStepTiles {
             StepKernel::Workgroup => format!("{}x{}", self.v_block, self.vec4s_per_thread),
             StepKernel::Subgroup if self.col_groups() > 1 => format!("sg{}w", self.v_block),
             StepKernel::Subgroup => format!("sg{}", self.v_block),
+            StepKernel::Column => format!("col{}", self.v_block),
         }
     }
 
@@ -386,6 +436,15 @@ impl RecurrentStepTiles {
     /// The pipeline's override constants (public so the shader tests specialize every tiling).
     pub fn pipeline_constants(&self, per_token_states: bool) -> Vec<(&'static str, f64)> {
         let bool_constant = |b: bool| if b { 1.0 } else { 0.0 };
+        if self.kernel == StepKernel::Column {
+            return vec![
+                ("WG", self.workgroup() as f64),
+                ("K_DIM", self.key_dim as f64),
+                ("V_FIRST", bool_constant(self.v_first)),
+                ("PER_TOKEN_STATES", bool_constant(per_token_states)),
+                ("K_VEC4S", (self.key_dim / 4) as f64),
+            ];
+        }
         if self.kernel == StepKernel::Subgroup {
             return vec![
                 ("WG", self.workgroup() as f64),
@@ -521,6 +580,21 @@ impl DecodePlan {
                 "tiles",
                 "a tiling from RecurrentStepTiles::all_candidates for this problem and device",
                 format!("{tiles:?}"),
+            ));
+        }
+        if tiles.kernel == StepKernel::Column
+            && (pool.dtype() != DType::F32
+                || !Pass::ColumnStep.storage_dtypes().contains(&inputs.q.dtype))
+        {
+            return Err(Error::value(
+                "tiles",
+                "the column kernel with an f32 pool and f32 or f16 q, k, v, o",
+                format!(
+                    "{} with a {} pool and {} storage",
+                    tiles.name(),
+                    pool.dtype(),
+                    inputs.q.dtype
+                ),
             ));
         }
         let pool_windows = pool_windows(ctx, pool)?;

@@ -102,13 +102,15 @@ pub fn recurrent_rejects(ctx: &Context, problem: &Problem, dtype: DType) -> Opti
 const LLVMPIPE_LOOP_ITERATIONS: usize = 65_535;
 
 /// The recurrent kernel's tiling for a forward on this context: the decode default
-/// ([`RecurrentStepTiles::choose`], tuned for GPUs) except on CPU-type adapters, where the
-/// most state per invocation (32 vec4s) in workgroups of about 32 invocations ran fastest:
-/// a CPU runs a workgroup's invocations one after another, so fewer, fuller invocations
-/// spend less on the two barriers per token and the per-invocation staging. Measured on
-/// lavapipe (2 cores shared with other jobs, 5 runs each, median; docs/compute-paths.md):
-/// T = 512, H/HV = 2/4, K = V = 128: the GPU default (V-block 32, 8 vec4s, 128 invocations)
-/// 388 / 965 ms in two sweeps, V-block 32 with 32 vec4s (32 invocations) 154 / 328 ms.
+/// ([`RecurrentStepTiles::choose`], tuned for GPUs) except on CPU-type adapters, where the most state per invocation (32 vec4s) in workgroups of about
+/// 32 invocations ran fastest: a CPU runs a workgroup's invocations one after another, so
+/// fewer, fuller invocations spend less on the two barriers per token and the per-invocation
+/// staging. Measured on lavapipe (2 cores shared with other jobs, 5 runs each, median;
+/// docs/compute-paths.md): T = 512, H/HV = 2/4, K = V = 128: the GPU default (V-block 32, 8
+/// vec4s, 128 invocations) 388 / 965 ms in two sweeps, V-block 32 with 32 vec4s (32
+/// invocations) 154 / 328 ms. The column kernel (`colV` tilings) compiles 2.2–2.6× as fast
+/// in Chromium on SwiftShader but ran the warm forward slower there, so it is not the
+/// default (docs/compute-paths.md, "Tiling on CPU adapters").
 pub fn recurrent_tiles(ctx: &Context, problem: &Problem) -> Result<RecurrentStepTiles> {
     let limits = ctx.limits();
     let cpu = ctx

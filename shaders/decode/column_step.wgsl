@@ -1,0 +1,246 @@
+// column_step: the recurrent kernel's token-by-token GDN recurrence (recurrent_step.wgsl:
+// same bindings, tables, slot codes and FLA order) with one value column per invocation.
+// Every invocation owns column v of a (v-head, sequence) state slice, all K rows of it in
+// 32 vec4 registers (K ≤ 128), and computes what its column needs itself:
+//     a = S_oldᵀk, b = S_oldᵀq (its column's), Σk², Σq², k·q,
+//     u = β (v − α rk a),  o = scale (α rq b + u rk rq k·q),  S ← α S_old + (rk u) k
+// No cross-invocation sums: the workgroup only stages the token's k and q in workgroup
+// memory, two barriers per token (after staging; before the next token's staging).
+//
+// Why it exists: SwiftShader (Chromium's WebGPU without a GPU) turns every memory access
+// whose address it cannot resolve when compiling into per-lane branches, and its compile
+// time grows faster than their count (64 such loads 90 ms, 128 420 ms; BENCHMARKS.md, "In
+// the browser"). Here the per-token code has few of them (the staging, v, g, β, o): k and q
+// are read from workgroup memory at constant indices, and the state moves in loops over a
+// private array whose constant-index elements are plain registers. It compiles 2.2–2.6×
+// faster than recurrent_step at the CPU tiling but ran the warm forward slower (every
+// invocation reads all of k and q and recomputes the norms), so it is an
+// opt-in tiling (`colV`), not a default (docs/compute-paths.md, "Tiling on CPU adapters").
+//
+// f32 state only, and q, k, v, o of one element per word (f32, f16): each invocation writes
+// its own o and the words of its own state column. K-first [K, V]: register r holds rows
+// 4r..4r+3 of column v; V-first [V, K]: the same elements, contiguous. Either way the state
+// is read and written one element at a time, once per call.
+//
+// Bindings, slot codes, pool windows and the gate: shaders/decode/step_common.wgsl.
+
+@group(0) @binding(2) var<storage, read> q_buf: array<Elem>;               // [B·T, H, K]
+@group(0) @binding(3) var<storage, read> k_buf: array<Elem>;               // [B·T, H, K]
+@group(0) @binding(4) var<storage, read> v_buf: array<Elem>;               // [B·T, HV, V]
+@group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;         // [B·T, HV, V]
+
+override WG: u32;                 // value columns per workgroup, one per invocation
+override K_DIM: u32;              // a multiple of 4, ≤ 128
+override V_FIRST: bool;
+override PER_TOKEN_STATES: bool;
+// Sizes of workgroup and private arrays must be plain overrides: K / 4.
+override K_VEC4S: u32;
+
+// The token's k and q, staged by the workgroup, read by every invocation at constant indices.
+var<workgroup> k_s: array<vec4<f32>, K_VEC4S>;
+var<workgroup> q_s: array<vec4<f32>, K_VEC4S>;
+
+// Element `row` of column `col` of the slice starting at vec4 `base`: (vec4 index, lane).
+fn state_place(base: u32, col: u32, row: u32) -> vec2<u32> {
+    var e = row * params.value_dim + col;
+    if (V_FIRST) {
+        e = col * K_DIM + row;
+    }
+    return vec2<u32>(base + e / 4u, e % 4u);
+}
+
+// Register r (rows 4r..4r+3) of the column, 0 past K.
+fn load_reg(base: u32, col: u32, r: u32) -> vec4<f32> {
+    var x = vec4<f32>(0.0);
+    if (4u * r < K_DIM) {
+        for (var i = 0u; i < 4u; i++) {
+            let at = state_place(base, col, 4u * r + i);
+            x[i] = state_in(pool[at.x])[at.y];
+        }
+    }
+    return x;
+}
+
+// f32 state: an element is a word, so invocations of neighbouring columns never share one.
+fn store_reg(to_pool: bool, base: u32, col: u32, r: u32, x: vec4<f32>) {
+    if (4u * r < K_DIM) {
+        for (var i = 0u; i < 4u; i++) {
+            let at = state_place(base, col, 4u * r + i);
+            if (to_pool) {
+                pool[at.x][at.y] = x[i];
+            } else {
+                token_states[at.x][at.y] = x[i];
+            }
+        }
+    }
+}
+
+// 32 registers of the column in a private array, filled and emptied in loops: SwiftShader
+// compiles every memory access of straight-line code into per-lane branches, and its
+// compile time grows faster than their count; indexed by constants, the array's elements
+// are plain registers (loads and stores at static offsets).
+struct Column {
+    r: array<vec4<f32>, 32>,
+}
+
+fn load_column(base: u32, col: u32) -> Column {
+    var c: Column;
+    for (var r = 0u; r < 32u; r++) {
+        c.r[r] = load_reg(base, col, r);
+    }
+    return c;
+}
+
+fn store_column(to_pool: bool, base: u32, col: u32, c: Column) {
+    var x = c;
+    for (var r = 0u; r < 32u; r++) {
+        store_reg(to_pool, base, col, r, x.r[r]);
+    }
+}
+
+// Eight registers of state: 32 rows of the column.
+struct Oct {
+    x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
+    x4: vec4<f32>, x5: vec4<f32>, x6: vec4<f32>, x7: vec4<f32>,
+}
+
+fn oct_of(c: ptr<function, Column>, g: u32) -> Oct {
+    let r = 8u * g;
+    return Oct((*c).r[r], (*c).r[r + 1u], (*c).r[r + 2u], (*c).r[r + 3u],
+               (*c).r[r + 4u], (*c).r[r + 5u], (*c).r[r + 6u], (*c).r[r + 7u]);
+}
+
+fn set_oct(c: ptr<function, Column>, g: u32, s: Oct) {
+    let r = 8u * g;
+    (*c).r[r] = s.x0;
+    (*c).r[r + 1u] = s.x1;
+    (*c).r[r + 2u] = s.x2;
+    (*c).r[r + 3u] = s.x3;
+    (*c).r[r + 4u] = s.x4;
+    (*c).r[r + 5u] = s.x5;
+    (*c).r[r + 6u] = s.x6;
+    (*c).r[r + 7u] = s.x7;
+}
+
+// k (q) rows 4j..4j+3 from workgroup memory, 0 past K.
+fn k_at(j: u32) -> vec4<f32> {
+    if (j >= K_VEC4S) {
+        return vec4<f32>(0.0);
+    }
+    return k_s[j];
+}
+
+fn q_at(j: u32) -> vec4<f32> {
+    if (j >= K_VEC4S) {
+        return vec4<f32>(0.0);
+    }
+    return q_s[j];
+}
+
+// (a, b, Σk², Σq²) and k·q.
+struct Sums {
+    abkk: vec4<f32>,
+    kq: f32,
+}
+
+fn reg_sums(acc: Sums, s: vec4<f32>, j: u32) -> Sums {
+    let k = k_at(j);
+    let q = q_at(j);
+    return Sums(acc.abkk + vec4<f32>(dot(s, k), dot(s, q), dot(k, k), dot(q, q)), acc.kq + dot(k, q));
+}
+
+fn oct_sums(acc: Sums, s: Oct, g: u32) -> Sums {
+    let j = 8u * g;
+    var a = reg_sums(acc, s.x0, j);
+    a = reg_sums(a, s.x1, j + 1u);
+    a = reg_sums(a, s.x2, j + 2u);
+    a = reg_sums(a, s.x3, j + 3u);
+    a = reg_sums(a, s.x4, j + 4u);
+    a = reg_sums(a, s.x5, j + 5u);
+    a = reg_sums(a, s.x6, j + 6u);
+    return reg_sums(a, s.x7, j + 7u);
+}
+
+// S ← α S + k (rk u).
+fn oct_update(s: Oct, g: u32, alpha: f32, ku: f32) -> Oct {
+    let j = 8u * g;
+    return Oct(alpha * s.x0 + k_at(j) * ku, alpha * s.x1 + k_at(j + 1u) * ku,
+               alpha * s.x2 + k_at(j + 2u) * ku, alpha * s.x3 + k_at(j + 3u) * ku,
+               alpha * s.x4 + k_at(j + 4u) * ku, alpha * s.x5 + k_at(j + 5u) * ku,
+               alpha * s.x6 + k_at(j + 6u) * ku, alpha * s.x7 + k_at(j + 7u) * ku);
+}
+
+@compute @workgroup_size(WG)
+fn column_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let hv = wid.y;
+    let n = wid.z;
+    let hv_count = params.heads_v;
+    let h = hv / (hv_count / params.heads_qk);
+    let v_dim = params.value_dim;
+    let col = wid.x * WG + t;
+    let sq = sequence_of(n, hv);
+    let slice_vec4s = K_DIM * v_dim / 4u;
+
+    var state: Column;
+    if (sq.read_slot >= 0) {
+        state = load_column((u32(sq.read_slot) * hv_count + hv) * slice_vec4s, col);
+    }
+    var s0 = oct_of(&state, 0u);
+    var s1 = oct_of(&state, 1u);
+    var s2 = oct_of(&state, 2u);
+    var s3 = oct_of(&state, 3u);
+
+    let l2norm = has_flag(params.flags, FLAG_L2NORM);
+    for (var tok = sq.start; tok < sq.end; tok++) {
+        // Stage k and q: invocation t moves elements t, t + WG, ... of each row.
+        let row = (tok * params.heads_qk + h) * K_DIM;
+        for (var i = t; i < K_DIM; i += WG) {
+            let w = elem_word(row + i);
+            k_s[i / 4u][i % 4u] = load_elem(k_buf[w], row + i);
+            q_s[i / 4u][i % 4u] = load_elem(q_buf[w], row + i);
+        }
+        let vi = (tok * hv_count + hv) * v_dim + col;
+        let v = load_elem(v_buf[elem_word(vi)], vi);
+        let gate = gate_of(tok, hv, sq.a_log, sq.dt_bias);
+        workgroupBarrier();
+
+        var acc = Sums(vec4<f32>(0.0), 0.0);
+        acc = oct_sums(acc, s0, 0u);
+        acc = oct_sums(acc, s1, 1u);
+        acc = oct_sums(acc, s2, 2u);
+        acc = oct_sums(acc, s3, 3u);
+        var rk = 1.0;
+        var rq = 1.0;
+        if (l2norm) {
+            rk = 1.0 / sqrt(acc.abkk.z + 1e-6);
+            rq = 1.0 / sqrt(acc.abkk.w + 1e-6);
+        }
+        let alpha = gate.x;
+        let beta = gate.y;
+        let u = beta * (v - alpha * rk * acc.abkk.x);
+        o_buf[elem_word(vi)] = pack_elem(params.scale * (alpha * rq * acc.abkk.y + u * (acc.kq * rk * rq)));
+
+        let ku = rk * u;
+        s0 = oct_update(s0, 0u, alpha, ku);
+        s1 = oct_update(s1, 1u, alpha, ku);
+        s2 = oct_update(s2, 2u, alpha, ku);
+        s3 = oct_update(s3, 3u, alpha, ku);
+        if (PER_TOKEN_STATES) {
+            set_oct(&state, 0u, s0);
+            set_oct(&state, 1u, s1);
+            set_oct(&state, 2u, s2);
+            set_oct(&state, 3u, s3);
+            store_column(false, (tok * hv_count + hv) * slice_vec4s, col, state);
+        }
+        // The next token's staging overwrites k and q.
+        workgroupBarrier();
+    }
+
+    if (sq.write_slot >= 0) {
+        set_oct(&state, 0u, s0);
+        set_oct(&state, 1u, s1);
+        set_oct(&state, 2u, s2);
+        set_oct(&state, 3u, s3);
+        store_column(true, (u32(sq.write_slot) * hv_count + hv) * slice_vec4s, col, state);
+    }
+}
