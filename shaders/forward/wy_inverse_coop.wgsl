@@ -97,13 +97,14 @@ fn wy_inverse_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let sidx = srow * ROW + scol;
     workgroupBarrier();
     let gam = exp(g_s[srow]);
+    // The next slice's loads are issued before this slice's products (clamped rows, masked
+    // values), so their latency hides behind them.
+    var kx = select(vec4<f32>(0.0), load4(k_buf[kq_base / 4u]), inside);
+    var qx = select(vec4<f32>(0.0), load4(q_buf[kq_base / 4u]), inside);
     for (var k0 = 0u; k0 < KD; k0 += K_SLICE) {
-        let gi = kq_base + k0;
-        let kx = select(vec4<f32>(0.0), load4(k_buf[gi / 4u]), inside);
-        let qx = select(vec4<f32>(0.0), load4(q_buf[gi / 4u]), inside);
         if (inside) {
             if (writes_k) {
-                k16_out[gi / 4u] = vec4<f16>(kx);
+                k16_out[(kq_base + k0) / 4u] = vec4<f16>(kx);
             }
             qg16_out[(qg_base + k0) / 4u] = vec4<f16>(gam * qx);
         }
@@ -111,6 +112,11 @@ fn wy_inverse_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         arena[sidx / 4u] = kx;
         arena[(Q_STAGE + sidx) / 4u] = qx;
         workgroupBarrier();
+        if (k0 + K_SLICE < KD) {
+            let gi = kq_base + k0 + K_SLICE;
+            kx = select(vec4<f32>(0.0), load4(k_buf[gi / 4u]), inside);
+            qx = select(vec4<f32>(0.0), load4(q_buf[gi / 4u]), inside);
+        }
         for (var kk = 0u; kk < K_SLICE; kk += 4u) {
             let kr0 = arena4(r * ROW + kk);
             let kr1 = arena4((16u + r) * ROW + kk);
