@@ -1061,7 +1061,16 @@ fn wy_inverse_coop_matches_wy_inverse() {
         ("T=130 B=2, GVA 2", dense(2, 130, 2, 4, 128, 32)),
         (
             "varlen, length-1 sequences",
-            problem(1, 132, 1, 2, 128, 32, Some(vec![0, 1, 2, 67, 68, 131, 132]), d),
+            problem(
+                1,
+                132,
+                1,
+                2,
+                128,
+                32,
+                Some(vec![0, 1, 2, 67, 68, 131, 132]),
+                d,
+            ),
         ),
         ("T=1", dense(1, 1, 1, 1, 128, 32)),
     ];
@@ -1102,9 +1111,8 @@ fn wy_inverse_coop_matches_wy_inverse() {
             q_host.data.iter_mut().for_each(|x| *x = round(*x));
             let k = GpuTensor::from_values(ctx, "k", &inputs.k.shape, dtype, &k_host.data).unwrap();
             let q = GpuTensor::from_values(ctx, "q", &inputs.q.shape, dtype, &q_host.data).unwrap();
-            let gb =
-                GpuTensor::from_values(ctx, "gate_beta", &[bt, hv, 2], DType::F32, &gate_beta)
-                    .unwrap();
+            let gb = GpuTensor::from_values(ctx, "gate_beta", &[bt, hv, 2], DType::F32, &gate_beta)
+                .unwrap();
             let chunks = upload_u32(ctx, "chunks", &chunk_table);
             let params = Params::for_problem(p, num_chunks, 1).upload(ctx);
             let poisoned = |name: &str, shape: &[usize], dt: DType| {
@@ -1151,7 +1159,10 @@ fn wy_inverse_coop_matches_wy_inverse() {
             let f16 = |x: f32| half::f16::from_f32(x).to_f32();
             let close = |x: f32, want: f32, rel: f32| (x - want).abs() <= rel * want.abs() + 1e-6;
             for (e, (&x, &want)) in a2.iter().zip(&a).enumerate() {
-                assert!(want.is_finite() && close(x, want, 1e-5), "{what}: A[{e}] {x} vs {want}");
+                assert!(
+                    want.is_finite() && close(x, want, 1e-5),
+                    "{what}: A[{e}] {x} vs {want}"
+                );
             }
             for (e, &want) in gated.iter().enumerate() {
                 let x = gated16[e];
@@ -1173,7 +1184,11 @@ fn wy_inverse_coop_matches_wy_inverse() {
                     for c in 0..kd {
                         let e = (i * hv + v) * kd + c;
                         let want = gam * q_host.data[(i * h + v / (hv / h)) * kd + c];
-                        assert!(close(qg16[e], f16(want), 2e-3), "{what}: qg16[{e}] {} vs {want}", qg16[e]);
+                        assert!(
+                            close(qg16[e], f16(want), 2e-3),
+                            "{what}: qg16[{e}] {} vs {want}",
+                            qg16[e]
+                        );
                     }
                 }
             }
