@@ -52,10 +52,10 @@ fn token_krows(krow: u32, k: u32) -> mat4x4<f16> {
 // bits, ample before the bf16 rounding (8).
 fn put_f32(base: u32, n: u32, x: f32) {
     let hi = f16(x);
-    set_word(base + 2u * n, hi);
-    set_word(base + 2u * n + 1u, f16(x - f32(hi)));
+    arena[base + 2u * n] = hi;
+    arena[base + 2u * n + 1u] = f16(x - f32(hi));
 }
 
 fn get_f32(base: u32, n: u32) -> f32 {
-    return f32(word(base + 2u * n)) + f32(word(base + 2u * n + 1u));
+    return f32(arena[base + 2u * n]) + f32(arena[base + 2u * n + 1u]);
 }

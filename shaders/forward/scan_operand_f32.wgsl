@@ -33,9 +33,9 @@ fn token_krows(krow: u32, k: u32) -> vec4<f32> {
 
 // Value n of an f32 array at `base` in workgroup memory (the packed-o exchange): one word.
 fn put_f32(base: u32, n: u32, x: f32) {
-    set_word(base + n, x);
+    arena[base + n] = x;
 }
 
 fn get_f32(base: u32, n: u32) -> f32 {
-    return word(base + n);
+    return arena[base + n];
 }

@@ -23,10 +23,10 @@
 // G = G_last, so they contribute nothing and γ_C/γ = 1 there. Columns past V (when V is not a multiple of
 // V_BLOCK) are computed on zeros and never stored.
 //
-// Workgroup memory (4 · `ARENA_VECS` slots of type `Operand` from the host, see
+// Workgroup memory (`ARENA` slots of type `Operand` from the host, see
 // `tuning::state_scan_arena_words`): the W/V' tile (64 × V_BLOCK), then one region reused by
 // the phases: the K/Q/S slices of the first GEMMs, the packed lower triangle (2080 slots) of
-// Γ⊙A⊙β and of Γ⊙QKᵀ, and the T_SLICE-token K slices of the state update (T_SLICE·K ≤ 2048).
+// Γ⊙A⊙β and of Γ⊙QKᵀ, and the T_SLICE-token K slices of the state update (T_SLICE·K ≤ 1024).
 //
 // Operand arithmetic: a family snippet sets `Operand`, the type of everything in workgroup
 // memory, and the steps of the triangle loops and the state update (`STEP` rows or tokens at
@@ -52,32 +52,18 @@
 
 override K_DIM: u32;
 override V_BLOCK: u32;                    // 16, 32 or 64
-override ARENA_VECS: u32;               // the arena's slots / 4
+override ARENA: u32;
 override TC: u32 = V_BLOCK / 16u;         // columns per invocation: 1, 2 or 4
 override KB: u32 = (K_DIM + 63u) / 64u;   // 64-row state blocks: 1..4
 const K_SLICE: u32 = 16u;
 const K_PITCH: u32 = 68u;                 // pitch of the transposed K/Q slices ([kk][row], 16-byte aligned)
-override T_SLICE: u32;                   // tokens per K slice of the state update (T_SLICE·K ≤ 2048)
+override T_SLICE: u32;                   // tokens per K slice of the state update (T_SLICE·K ≤ 1024)
 override T_PITCH: u32 = K_DIM + 4u;      // 16-byte aligned rows
 override SEGMENTS_PER_HEAD: bool = false; // `segments` has a row per (segment, v-head)
 
-var<workgroup> arena: array<vec4<Operand>, ARENA_VECS>;  // as vec4s: word, set_word, arena4
+var<workgroup> arena: array<Operand, ARENA>;
 var<workgroup> gam_s: array<f32, 64>;  // γ_i = exp(G_i)
 var<workgroup> dec_s: array<f32, 64>;  // γ_C/γ_i = exp(G_last − G_i)
-
-// Slot i of the arena, and four slots at i (i a multiple of 4: one 16-byte access in f32, 8 in
-// f16, so the compiler need not prove four scalar accesses adjacent and aligned).
-fn word(i: u32) -> Operand {
-    return arena[i / 4u][i % 4u];
-}
-
-fn set_word(i: u32, x: Operand) {
-    arena[i / 4u][i % 4u] = x;
-}
-
-fn arena4(i: u32) -> vec4<Operand> {
-    return arena[i / 4u];
-}
 
 // Element i of q, k, v as f32, whatever the storage dtype.
 fn q_at(i: u32) -> f32 {
@@ -98,40 +84,41 @@ fn tri(i: u32, j: u32) -> u32 {
 
 // Entry (i, j) of a packed lower triangle at `base`, 0 above the diagonal.
 fn tri_or_zero(base: u32, i: u32, j: u32) -> Operand {
-    return select(0.0, word(base + tri(i, min(j, i))), j <= i);
+    return select(0.0, arena[base + tri(i, min(j, i))], j <= i);
 }
 
 // The invocation's columns c + 16 j (j < TC) of a V-block row at `base`; other lanes 0.
 // Rows of V-block tiles in workgroup memory are stored column-permuted (column c + 16 j at
 // c·TC + j), so an invocation's TC columns are adjacent and read as one wide load.
-// (base and every tile row are multiples of 4 slots, so TC = 4 is one aligned vector.)
 fn cols4(base: u32, c: u32) -> vec4<Operand> {
     let at = base + c * TC;
-    if (TC > 2u) {
-        return arena4(at);
-    }
-    var x = vec4<Operand>(word(at), 0.0, 0.0, 0.0);
+    var x = vec4<Operand>(arena[at], 0.0, 0.0, 0.0);
     if (TC > 1u) {
-        x.y = word(at + 1u);
+        x.y = arena[at + 1u];
+    }
+    if (TC > 2u) {
+        x.z = arena[at + 2u];
+        x.w = arena[at + 3u];
     }
     return x;
 }
 
 fn store_cols4(base: u32, c: u32, x: vec4<f32>) {
     let at = base + c * TC;
-    if (TC > 2u) {
-        arena[at / 4u] = vec4<Operand>(x);
-        return;
-    }
-    set_word(at, Operand(x.x));
+    arena[at] = Operand(x.x);
     if (TC > 1u) {
-        set_word(at + 1u, Operand(x.y));
+        arena[at + 1u] = Operand(x.y);
+    }
+    if (TC > 2u) {
+        arena[at + 2u] = Operand(x.z);
+        arena[at + 3u] = Operand(x.w);
     }
 }
 
 // Rows row0..row0+3 at column kk of a transposed slice ([kk][row], pitch K_PITCH): adjacent.
 fn rows4(base: u32, row0: u32, kk: u32) -> vec4<Operand> {
-    return arena4(base + kk * K_PITCH + row0);
+    let at = base + kk * K_PITCH + row0;
+    return vec4<Operand>(arena[at], arena[at + 1u], arena[at + 2u], arena[at + 3u]);
 }
 
 fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
@@ -175,7 +162,7 @@ fn publish4(dst: u32, c: u32, a: vec4<f32>, b: vec4<f32>, d: vec4<f32>, e: vec4<
 
 // Rows row0..row0+3 of the token-slice row at `base` (the state update's K values).
 fn krow4(base: u32, k: u32) -> vec4<Operand> {
-    return arena4(base + k);
+    return vec4<Operand>(arena[base + k], arena[base + k + 1u], arena[base + k + 2u], arena[base + k + 3u]);
 }
 
 // Row i of v at the invocation's columns, 0 past the chunk or past V. The loads are
@@ -240,7 +227,7 @@ fn store_tri_row(tr: u32, i: u32, c: u32, x: vec4<f32>) {
     for (var jj = 0u; jj < 4u; jj++) {
         let j = c + 16u * jj;
         if (j <= i) {
-            set_word(tr + tri(i, j), Operand(x[jj]));
+            arena[tr + tri(i, j)] = Operand(x[jj]);
         }
     }
 }
@@ -264,15 +251,16 @@ fn load_q4(base: u32, len: u32, h: u32, k0: u32, t: u32) -> vec4<f32> {
 fn store_slice4(dst: u32, t: u32, x: vec4<f32>) {
     // Element (row t / 4, column (t % 4)·4 + q) goes to [column][row].
     let at = dst + (t % 4u) * 4u * K_PITCH + t / 4u;
-    set_word(at, Operand(x.x));
-    set_word(at + K_PITCH, Operand(x.y));
-    set_word(at + 2u * K_PITCH, Operand(x.z));
-    set_word(at + 3u * K_PITCH, Operand(x.w));
+    arena[at] = Operand(x.x);
+    arena[at + K_PITCH] = Operand(x.y);
+    arena[at + 2u * K_PITCH] = Operand(x.z);
+    arena[at + 3u * K_PITCH] = Operand(x.w);
 }
 
 // Four consecutive K values of the state update's T_SLICE × K token slice starting at token
-// i0 (elements e .. e + 3 of the slice, e a multiple of 4); 0 past the chunk or past the slice.
-fn load_kt4(base: u32, len: u32, h: u32, i0: u32, e: u32) -> vec4<f32> {
+// i0 (element 4t of the slice); 0 past the chunk or past the slice.
+fn load_kt4(base: u32, len: u32, h: u32, i0: u32, t: u32) -> vec4<f32> {
+    let e = 4u * t;
     let i = i0 + e / K_DIM;
     let ok = e < T_SLICE * K_DIM && i < len;
     let gi = ((base + min(i, len - 1u)) * params.heads_qk + h) * K_DIM + min(e % K_DIM, K_DIM - 4u);
@@ -280,10 +268,14 @@ fn load_kt4(base: u32, len: u32, h: u32, i0: u32, e: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x, vec4<bool>(ok));
 }
 
-fn store_kt4(kt: u32, e: u32, x: vec4<f32>) {
+fn store_kt4(kt: u32, t: u32, x: vec4<f32>) {
+    let e = 4u * t;
     if (e < T_SLICE * K_DIM) {
         let at = kt + (e / K_DIM) * T_PITCH + e % K_DIM;
-        arena[at / 4u] = vec4<Operand>(x);
+        arena[at] = Operand(x.x);
+        arena[at + 1u] = Operand(x.y);
+        arena[at + 2u] = Operand(x.z);
+        arena[at + 3u] = Operand(x.w);
     }
 }
 
@@ -487,17 +479,12 @@ fn state_scan(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         if (KB > 3u) {
             s12 *= gam_c; s13 *= gam_c; s14 *= gam_c; s15 *= gam_c;
         }
-        // Two vec4s per invocation per slice (T_SLICE·K ≤ 2048): half the slices and barriers
-        // of one.
-        var kt_next = load_kt4(base, len, h, 0u, 4u * t);
-        var kt_next2 = load_kt4(base, len, h, 0u, 4u * t + 1024u);
+        var kt_next = load_kt4(base, len, h, 0u, t);
         for (var i0 = 0u; i0 < CHUNK; i0 += T_SLICE) {
             workgroupBarrier();
-            store_kt4(kt, 4u * t, kt_next);
-            store_kt4(kt, 4u * t + 1024u, kt_next2);
+            store_kt4(kt, t, kt_next);
             if (i0 + T_SLICE < CHUNK) {
-                kt_next = load_kt4(base, len, h, i0 + T_SLICE, 4u * t);
-                kt_next2 = load_kt4(base, len, h, i0 + T_SLICE, 4u * t + 1024u);
+                kt_next = load_kt4(base, len, h, i0 + T_SLICE, t);
             }
             workgroupBarrier();
             // STEP tokens at a time (STEP divides T_SLICE): kx[ii] holds state row row0 + ii's

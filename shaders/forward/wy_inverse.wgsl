@@ -48,15 +48,6 @@ fn q_at(i: u32) -> f32 {
     return load_elem(q_buf[elem_word(i)], i);
 }
 
-// Four consecutive elements of k (or q) from element gi, 0 outside the chunk.
-fn k4(gi: u32, inside: bool) -> vec4<f32> {
-    return select(vec4<f32>(0.0), vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u)), inside);
-}
-
-fn q4(gi: u32, inside: bool) -> vec4<f32> {
-    return select(vec4<f32>(0.0), vec4<f32>(q_at(gi), q_at(gi + 1u), q_at(gi + 2u), q_at(gi + 3u)), inside);
-}
-
 // Row i of Γ ⊙ Q Kᵀ at columns c + 16 bj (p holds the four blocks' values); 0 above the
 // diagonal, every exponent ≤ 0; rows past the chunk are not stored.
 fn store_gated_qk(start: u32, hv: u32, len: u32, i: u32, c: u32, p: vec4<f32>) {
@@ -107,19 +98,15 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
     let inside = srow < len;
     let gbase = ((start + min(srow, len - 1u)) * params.heads_qk + h) * K_DIM + scol;
     let sidx = srow * ROW + scol;
-    // The next slice's eight loads are issued before this slice's products (clamped rows,
-    // masked values), so their latency hides behind them.
-    var kx = k4(gbase, inside);
-    var qx = q4(gbase, inside);
     for (var k0 = 0u; k0 < K_DIM; k0 += K_SLICE) {
+        // All eight loads are issued before any is used (clamped rows, masked values).
+        let gi = gbase + k0;
+        let kx = select(vec4<f32>(0.0), vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u)), inside);
+        let qx = select(vec4<f32>(0.0), vec4<f32>(q_at(gi), q_at(gi + 1u), q_at(gi + 2u), q_at(gi + 3u)), inside);
         workgroupBarrier();
         arena[sidx / 4u] = kx;
         arena[(Q_STAGE + sidx) / 4u] = qx;
         workgroupBarrier();
-        if (k0 + K_SLICE < K_DIM) {
-            kx = k4(gbase + k0 + K_SLICE, inside);
-            qx = q4(gbase + k0 + K_SLICE, inside);
-        }
         for (var kk = 0u; kk < K_SLICE; kk += 4u) {
             let kr0 = arena4(r * ROW + kk);
             let kr1 = arena4((16u + r) * ROW + kk);

@@ -39,11 +39,11 @@ pub struct Tuning {
 /// f32 words of workgroup memory `state_scan` needs at V-block width `bv` (mirrors the
 /// layout in `shaders/forward/state_scan.wgsl`): the 64 × bv W/V' tile, then one region reused
 /// for the transposed K/Q slices (16 × 68 each) plus a 16 × bv state slice, the packed 64×64
-/// lower triangle, and the token slices of the state update (T_SLICE·(K+4) ≤ 2304 words).
+/// lower triangle, and the token slices of the state update (T_SLICE·(K+4) ≤ 1280 words).
 pub fn state_scan_arena_words(bv: u32) -> u32 {
     let slices = 2 * 16 * 68 + 16 * bv;
     let triangle = 64 * 65 / 2;
-    let token_slices = 2048 + 4 * 64;
+    let token_slices = 1024 + 4 * 64;
     64 * bv + slices.max(triangle).max(token_slices)
 }
 
@@ -57,9 +57,9 @@ pub fn state_scan_f16_arena_slots(bv: u32) -> u32 {
 }
 
 /// Tokens per K slice in the scan's state update: the largest power of two with
-/// `T_SLICE · K ≤ 2048` (two vec4s per invocation), at most a chunk.
+/// `T_SLICE · K ≤ 1024` (one vec4 per invocation), at most a chunk.
 pub fn state_scan_token_slice(key_dim: u32) -> u32 {
-    token_slice(key_dim, 2048, 64)
+    token_slice(key_dim, 1024, 64)
 }
 
 /// The largest power of two `t` ≤ `max` with `t · k ≤ elems` (at least 1): tokens per K slice

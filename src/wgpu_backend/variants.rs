@@ -82,7 +82,7 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             let constants = [
                 ("K_DIM", kf),
                 ("V_BLOCK", bv as f64),
-                ("ARENA_VECS", (arena / 4) as f64),
+                ("ARENA", arena as f64),
                 ("T_SLICE", state_scan_token_slice(k) as f64),
             ];
             out.push(variant(pass, "state_scan", &constants));

@@ -98,8 +98,7 @@ pub fn state_scan_with_math(
     let mut constants = vec![
         ("K_DIM", key_dim as f64),
         ("V_BLOCK", v_block as f64),
-        // The arena in vec4s (naga takes no expression as an override array's size).
-        ("ARENA_VECS", (arena / 4) as f64),
+        ("ARENA", arena as f64),
         ("T_SLICE", state_scan_token_slice(key_dim as u32) as f64),
     ];
     // Only where set, so the plain scan's pipeline stays the one it always was.
