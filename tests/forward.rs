@@ -1040,3 +1040,161 @@ fn a_call_the_recurrent_kernel_cannot_run() {
     assert!(e.to_string().contains("forward algorithm"), "{e}");
     ctx.check().unwrap();
 }
+
+/// The coop path's `wy_inverse_coop` against the scalar `wy_inverse` on the same inputs, every
+/// storage dtype (it needs only SHADER_F16, so it runs on lavapipe too): A equal to f32
+/// rounding, the gated matrices the f32 ones rounded to f16, k16 = f16(k) and qg16 =
+/// f16(γ ⊙ q) on every token row. Outputs are NaN-poisoned first. Cases: T not a multiple of
+/// 64, GVA 2 (k16 written by the group's first v-head only), varlen with length-1 sequences,
+/// β near 2 and g ≈ −20 heads.
+#[test]
+fn wy_inverse_coop_matches_wy_inverse() {
+    use gdn_wgpu::wgpu_backend::forward::{
+        WyInverseBuffers, WyInverseCoopBuffers, tables, wy_inverse, wy_inverse_coop,
+    };
+    use gdn_wgpu::wgpu_backend::params::{Params, upload_u32};
+    let Some(ctx) = common::gpu() else { return };
+    if !ctx.device.features().contains(wgpu::Features::SHADER_F16) {
+        eprintln!("SHADER_F16 missing: wy_inverse_coop not run");
+        return;
+    }
+    let d = Options::default();
+    let cases = [
+        ("T=130 B=2, GVA 2", dense(2, 130, 2, 4, 128, 32)),
+        (
+            "varlen, length-1 sequences",
+            problem(
+                1,
+                132,
+                1,
+                2,
+                128,
+                32,
+                Some(vec![0, 1, 2, 67, 68, 131, 132]),
+                d,
+            ),
+        ),
+        ("T=1", dense(1, 1, 1, 1, 128, 32)),
+    ];
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for (ci, (name, p)) in cases.iter().enumerate() {
+            let spec = RandomSpec {
+                seed: 900 + ci as u64,
+                beta: [(1.95, 2.0), (0.0, 1.0), (0.0, 1e-3)][ci % 3],
+                zero_gate_heads: 1,
+                strong_gate_heads: usize::from(p.heads_v > 1),
+                ..RandomSpec::default()
+            };
+            let inputs = spec.generate(p);
+            let (bt, hv, h, kd) = (p.total_tokens(), p.heads_v, p.heads_qk, p.key_dim);
+            let (chunk_table, _) = tables(p);
+            let num_chunks = chunk_table.len() / 2;
+            // (G, β): the chunk-local gate cumsum prepare_gate would give.
+            let mut gate_beta = vec![0.0f32; bt * hv * 2];
+            for c in chunk_table.chunks(2) {
+                let (start, len) = (c[0] as usize, c[1] as usize);
+                for v in 0..hv {
+                    let mut g = 0.0;
+                    for i in start..start + len {
+                        g += inputs.g.data[i * hv + v];
+                        gate_beta[(i * hv + v) * 2] = g;
+                        gate_beta[(i * hv + v) * 2 + 1] = inputs.beta.data[i * hv + v];
+                    }
+                }
+            }
+            let mut k_host = inputs.k.clone();
+            let mut q_host = inputs.q.clone();
+            let round = |x: f32| match dtype {
+                DType::F32 => x,
+                DType::F16 => half::f16::from_f32(x).to_f32(),
+                DType::BF16 => half::bf16::from_f32(x).to_f32(),
+            };
+            k_host.data.iter_mut().for_each(|x| *x = round(*x));
+            q_host.data.iter_mut().for_each(|x| *x = round(*x));
+            let k = GpuTensor::from_values(ctx, "k", &inputs.k.shape, dtype, &k_host.data).unwrap();
+            let q = GpuTensor::from_values(ctx, "q", &inputs.q.shape, dtype, &q_host.data).unwrap();
+            let gb = GpuTensor::from_values(ctx, "gate_beta", &[bt, hv, 2], DType::F32, &gate_beta)
+                .unwrap();
+            let chunks = upload_u32(ctx, "chunks", &chunk_table);
+            let params = Params::for_problem(p, num_chunks, 1).upload(ctx);
+            let poisoned = |name: &str, shape: &[usize], dt: DType| {
+                GpuTensor::filled(ctx, name, shape, dt, f32::NAN).unwrap()
+            };
+            let a = poisoned("a", &[bt, hv, 64], DType::F32);
+            let gated = poisoned("gated", &[bt, hv, 128], DType::F32);
+            let a2 = poisoned("a2", &[bt, hv, 64], DType::F32);
+            let gated16 = poisoned("gated16", &[bt + 64, hv, 128], DType::F16);
+            let k16 = poisoned("k16", &[bt + 64, h, kd], DType::F16);
+            let qg16 = poisoned("qg16", &[bt + 64, hv, kd], DType::F16);
+            let mut encoder = ctx.create_encoder("wy_inverse_coop test");
+            let scalar = WyInverseBuffers {
+                k: &k,
+                q: &q,
+                gate_beta: &gb,
+                chunks: &chunks,
+                a: &a,
+                gated: &gated,
+            };
+            wy_inverse(ctx, &mut encoder, &params, &scalar, num_chunks, hv).unwrap();
+            let coop = WyInverseCoopBuffers {
+                k: &k,
+                q: &q,
+                gate_beta: &gb,
+                chunks: &chunks,
+                a: &a2,
+                gated16: &gated16,
+                k16: &k16,
+                qg16: &qg16,
+            };
+            wy_inverse_coop(ctx, &mut encoder, &params, &coop, num_chunks, hv).unwrap();
+            ctx.submit_and_wait(encoder).unwrap();
+            let get = |t: &GpuTensor| t.download_blocking(ctx).unwrap().data;
+            let (a, gated, a2, gated16, k16, qg16) = (
+                get(&a),
+                get(&gated),
+                get(&a2),
+                get(&gated16),
+                get(&k16),
+                get(&qg16),
+            );
+            let what = format!("{dtype} {name}");
+            let f16 = |x: f32| half::f16::from_f32(x).to_f32();
+            let close = |x: f32, want: f32, rel: f32| (x - want).abs() <= rel * want.abs() + 1e-6;
+            for (e, (&x, &want)) in a2.iter().zip(&a).enumerate() {
+                assert!(
+                    want.is_finite() && close(x, want, 1e-5),
+                    "{what}: A[{e}] {x} vs {want}"
+                );
+            }
+            for (e, &want) in gated.iter().enumerate() {
+                let x = gated16[e];
+                // One f16 rounding of the f32 value (both are 0 above the diagonal).
+                assert!(
+                    want.is_finite() && close(x, f16(want), 2e-3),
+                    "{what}: gated[{e}] {x} vs {want}"
+                );
+            }
+            for i in 0..bt {
+                for hh in 0..h {
+                    for c in 0..kd {
+                        let e = (i * h + hh) * kd + c;
+                        assert_eq!(k16[e], f16(k_host.data[e]), "{what}: k16[{e}]");
+                    }
+                }
+                for v in 0..hv {
+                    let gam = gate_beta[(i * hv + v) * 2].exp();
+                    for c in 0..kd {
+                        let e = (i * hv + v) * kd + c;
+                        let want = gam * q_host.data[(i * h + v / (hv / h)) * kd + c];
+                        assert!(
+                            close(qg16[e], f16(want), 2e-3),
+                            "{what}: qg16[{e}] {} vs {want}",
+                            qg16[e]
+                        );
+                    }
+                }
+            }
+            eprintln!("wy_inverse_coop {what}: matches wy_inverse");
+        }
+    }
+}

@@ -16,7 +16,8 @@
 // Workgroup memory (13.3 KiB, within every WebGPU device's 16 KiB): during the Gram products
 // the first 2560 words stage 64 × 16 slices of K and Q, rows 20 words apart (vec4 reads of
 // 20 distinct rows hit distinct banks); then the ten lower blocks of L / A and the solve's
-// sums.
+// sums. The arena is declared as vec4s so that every row piece is one 16-byte access (the
+// compiler need not prove four scalar accesses adjacent and aligned).
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> k_buf: array<Elem>;              // [B·T, H, K]
@@ -35,7 +36,7 @@ const Q_STAGE: u32 = 64u * ROW;
 const SOLVE_WG: u32 = WG;
 const SOLVE_SCRATCH: u32 = 2560u;
 
-var<workgroup> arena: array<f32, 3328>;
+var<workgroup> arena: array<vec4<f32>, 832>;   // 3328 words (wy_solve.wgsl: word, arena4)
 var<workgroup> beta_s: array<f32, 64>;
 var<workgroup> g_s: array<f32, 64>;
 
@@ -103,14 +104,8 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         let kx = select(vec4<f32>(0.0), vec4<f32>(k_at(gi), k_at(gi + 1u), k_at(gi + 2u), k_at(gi + 3u)), inside);
         let qx = select(vec4<f32>(0.0), vec4<f32>(q_at(gi), q_at(gi + 1u), q_at(gi + 2u), q_at(gi + 3u)), inside);
         workgroupBarrier();
-        arena[sidx] = kx.x;
-        arena[sidx + 1u] = kx.y;
-        arena[sidx + 2u] = kx.z;
-        arena[sidx + 3u] = kx.w;
-        arena[Q_STAGE + sidx] = qx.x;
-        arena[Q_STAGE + sidx + 1u] = qx.y;
-        arena[Q_STAGE + sidx + 2u] = qx.z;
-        arena[Q_STAGE + sidx + 3u] = qx.w;
+        arena[sidx / 4u] = kx;
+        arena[(Q_STAGE + sidx) / 4u] = qx;
         workgroupBarrier();
         for (var kk = 0u; kk < K_SLICE; kk += 4u) {
             let kr0 = arena4(r * ROW + kk);
@@ -157,16 +152,16 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
 
     // L = strict_lower(diag(β) K Kᵀ).
     let strict = select(0.0, 1.0, c < r);
-    arena[blk(0u, 0u) + t] = beta_s[r] * a00 * strict;
-    arena[blk(1u, 0u) + t] = beta_s[16u + r] * a10;
-    arena[blk(1u, 1u) + t] = beta_s[16u + r] * a11 * strict;
-    arena[blk(2u, 0u) + t] = beta_s[32u + r] * a20;
-    arena[blk(2u, 1u) + t] = beta_s[32u + r] * a21;
-    arena[blk(2u, 2u) + t] = beta_s[32u + r] * a22 * strict;
-    arena[blk(3u, 0u) + t] = beta_s[48u + r] * a30;
-    arena[blk(3u, 1u) + t] = beta_s[48u + r] * a31;
-    arena[blk(3u, 2u) + t] = beta_s[48u + r] * a32;
-    arena[blk(3u, 3u) + t] = beta_s[48u + r] * a33 * strict;
+    set_word(blk(0u, 0u) + t, beta_s[r] * a00 * strict);
+    set_word(blk(1u, 0u) + t, beta_s[16u + r] * a10);
+    set_word(blk(1u, 1u) + t, beta_s[16u + r] * a11 * strict);
+    set_word(blk(2u, 0u) + t, beta_s[32u + r] * a20);
+    set_word(blk(2u, 1u) + t, beta_s[32u + r] * a21);
+    set_word(blk(2u, 2u) + t, beta_s[32u + r] * a22 * strict);
+    set_word(blk(3u, 0u) + t, beta_s[48u + r] * a30);
+    set_word(blk(3u, 1u) + t, beta_s[48u + r] * a31);
+    set_word(blk(3u, 2u) + t, beta_s[48u + r] * a32);
+    set_word(blk(3u, 3u) + t, beta_s[48u + r] * a33 * strict);
     workgroupBarrier();
 
     solve_inverse(t);
@@ -179,7 +174,7 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         if (i < len) {
             var a = 0.0;
             if (j / 16u <= i / 16u) {
-                a = arena[blk(i / 16u, j / 16u) + (i % 16u) * 16u + j % 16u];
+                a = word(blk(i / 16u, j / 16u) + (i % 16u) * 16u + j % 16u);
             }
             a_out[((start + i) * hv_count + hv) * CHUNK + j] = a;
             var ag = 0.0;

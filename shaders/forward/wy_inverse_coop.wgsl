@@ -1,89 +1,63 @@
-// wy_inverse_coop: the coop path's per-(chunk, v-head) pass, wy_inverse.wgsl with its Gram
-// products on cooperative matrices and the scan's f16 operands written on the way:
+// wy_inverse_coop: the coop path's per-(chunk, v-head) pass — wy_inverse.wgsl's Gram products
+// and inverse, writing the coop scan's f16 operands on the way:
 //     A = (I + strict_lower(diag(β) K Kᵀ))⁻¹      f32, kept for the backward
 //     gated[i, 0..64)   = Γ ⊙ A ⊙ β_col          f16, the scan's V' = gated_A · W
 //     gated[i, 64..128) = Γ ⊙ Q Kᵀ                f16, the scan's intra-chunk output term
 //     k16 = f16(k)       (by the first v-head of each q/k head)
 //     qg16 = f16(γ ⊙ q)  per v-head (the scan accumulates (γ ⊙ Q) S straight into O)
-// One workgroup of four 32-wide subgroups. K and Q are staged in workgroup memory as f16,
-// 32 columns at a time (rows 40 apart: 16-byte aligned, spread over banks); K Kᵀ and Q Kᵀ
-// (their ten lower 16×16 blocks each, twenty products) accumulate in f32, five products per
-// subgroup. The f16 operands are exact for bf16 and f16 storage (within f16's range, the
-// coop path's documented condition) and rounded once for f32. The inverse is f32
-// (forward/wy_solve.wgsl).
+// The f16 operands are exact for bf16 and f16 storage (within f16's range, the coop path's
+// documented condition) and rounded once for f32. Everything else is f32, as in wy_inverse.
+//
+// Why not cooperative matrices: an earlier version of this pass ran the Gram products on
+// them (one workgroup of four subgroups, the twenty 16×16 products staged through 31 KiB of
+// workgroup memory) and took 6.42 ms on the H200 at 16/64 heads × 32768 tokens, bf16, where
+// the scalar wy_inverse took 2.86 ms with f32 inputs: the products are a small part of the
+// pass, and the larger workgroup memory and half the invocations left the solve and the
+// stores with fewer warps per SM. This layout is wy_inverse's: 256 invocations, 13.3 KiB,
+// Γ ⊙ Q Kᵀ stored straight from the accumulators.
 //
 // Rows past a partial chunk's end are staged as zeros (so they contribute nothing) and never
 // stored: those rows of k16 and qg16 belong to the next chunk, which writes them.
-//
-// naga: every pointer index is bound with `let` first (naga 30's SPIR-V backend panics on a
-// computed index in a cooperative store); cooperative ops need uniform control flow, so the
-// subgroup's products differ only in their addresses.
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> k_buf: array<Elem>;                  // [B·T, H, K]
-@group(0) @binding(2) var<storage, read> q_buf: array<Elem>;                  // [B·T, H, K]
+@group(0) @binding(1) var<storage, read> k_buf: array<Elem4>;                 // [B·T, H, K]
+@group(0) @binding(2) var<storage, read> q_buf: array<Elem4>;                 // [B·T, H, K]
 @group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;         // [B·T, HV]: (G, β)
 @group(0) @binding(4) var<storage, read> chunks: array<u32>;                  // per chunk: start, length
 @group(0) @binding(5) var<storage, read_write> a_out: array<f32>;             // [B·T, HV, 64]
-@group(0) @binding(6) var<storage, read_write> gated_out: array<vec2<f16>>;   // [B·T + 64, HV, 128]
-@group(0) @binding(7) var<storage, read_write> k16_out: array<vec2<f16>>;     // [B·T + 64, H, K]
-@group(0) @binding(8) var<storage, read_write> qg16_out: array<vec2<f16>>;    // [B·T + 64, HV, K]
+@group(0) @binding(6) var<storage, read_write> gated_out: array<f16>;        // [B·T + 64, HV, 128]
+@group(0) @binding(7) var<storage, read_write> k16_out: array<vec4<f16>>;     // [B·T + 64, H, K]
+@group(0) @binding(8) var<storage, read_write> qg16_out: array<vec4<f16>>;    // [B·T + 64, HV, K]
 
-const WG: u32 = 128u;
+const WG: u32 = 256u;
 const KD: u32 = 128u;              // key dimension (the coop path's)
-const SLICE: u32 = 32u;            // K columns staged at a time
-const KQS: u32 = 40u;              // staged row stride in f16 (SLICE + 8)
-const Q_OFF: u32 = 64u * KQS;      // Q's rows after K's
-const P_OFF: u32 = 2560u;          // Q Kᵀ's ten blocks after K Kᵀ's (then the solve's sums)
+const K_SLICE: u32 = 16u;
+const ROW: u32 = 20u;              // staged row stride (K_SLICE + 4)
+const Q_STAGE: u32 = 64u * ROW;
 const SOLVE_WG: u32 = WG;
-const SOLVE_SCRATCH: u32 = P_OFF;
+const SOLVE_SCRATCH: u32 = 2560u;
 
-var<workgroup> kq: array<f16, 2u * 64u * KQS>;
-var<workgroup> arena: array<f32, 5120>;
+var<workgroup> arena: array<vec4<f32>, 832>;   // 3328 words (wy_solve.wgsl: word, arena4)
 var<workgroup> beta_s: array<f32, 64>;
 var<workgroup> g_s: array<f32, 64>;
 
-fn k_at(i: u32) -> f32 {
-    return load_elem(k_buf[elem_word(i)], i);
+// Row i of Γ ⊙ Q Kᵀ at columns c + 16 bj (p holds the four blocks' values); 0 above the
+// diagonal, every exponent ≤ 0; rows past the chunk are not stored.
+fn store_gated_qk(start: u32, hv: u32, len: u32, i: u32, c: u32, p: vec4<f32>) {
+    if (i < len) {
+        let row = ((start + i) * params.heads_v + hv) * 2u * CHUNK + CHUNK;
+        for (var bj = 0u; bj < 4u; bj++) {
+            let j = 16u * bj + c;
+            var v = 0.0;
+            if (j <= i) {
+                v = p[bj] * exp(g_s[i] - g_s[j]);
+            }
+            gated_out[row + j] = f16(v);
+        }
+    }
 }
 
-fn q_at(i: u32) -> f32 {
-    return load_elem(q_buf[elem_word(i)], i);
-}
-
-// Block row of lower block b (0..9, row-major over the lower triangle).
-fn block_row(b: u32) -> u32 {
-    return select(select(select(3u, 2u, b < 6u), 1u, b < 3u), 0u, b < 1u);
-}
-
-// Staged offsets of product p = 0..19 (K Kᵀ blocks, then Q Kᵀ blocks): its A rows (K or Q,
-// block row bi) and its B rows (K, block column bj), at column 0 of the slice.
-fn a_offset(p: u32) -> u32 {
-    let b = p % 10u;
-    return select(0u, Q_OFF, p >= 10u) + 16u * block_row(b) * KQS;
-}
-
-fn b_offset(p: u32) -> u32 {
-    let b = p % 10u;
-    let bi = block_row(b);
-    return 16u * (b - bi * (bi + 1u) / 2u) * KQS;
-}
-
-fn a_tile(i: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&kq[i], KQS);
-}
-
-// Kᵀ tile: B[k][n] = K[n][k], a column-major read of the staged rows.
-fn bt_tile(i: u32) -> coop_mat16x16<f16, B> {
-    return coopLoad<coop_mat16x16<f16, B>>(&kq[i], KQS);
-}
-
-fn store_block(m: coop_mat16x16<f32, C>, p: u32) {
-    let i = 256u * p;
-    coopStoreT(m, &arena[i], 16u);
-}
-
-@compute @workgroup_size(128)
+@compute @workgroup_size(256)
 fn wy_inverse_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let chunk = wid.x;
     let hv = wid.y;
@@ -93,7 +67,8 @@ fn wy_inverse_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let group = hv_count / params.heads_qk;
     let h = hv / group;
     let writes_k = hv % group == 0u;
-    let sg = t / 32u;
+    let r = t / 16u;
+    let c = t % 16u;
 
     if (t < CHUNK) {
         // Padded rows: β = 0, G = G_last (so Γ never sees a positive exponent).
@@ -104,149 +79,119 @@ fn wy_inverse_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         g_s[t] = gb.x;
         beta_s[t] = gb.y;
     }
-    arena[t] = 0.0;
-    arena[t + WG] = 0.0;
-    workgroupBarrier();
 
-    // Subgroup sg accumulates products 5 sg .. 5 sg + 4.
-    let p0 = 5u * sg;
-    let ao0 = a_offset(p0);
-    let ao1 = a_offset(p0 + 1u);
-    let ao2 = a_offset(p0 + 2u);
-    let ao3 = a_offset(p0 + 3u);
-    let ao4 = a_offset(p0 + 4u);
-    let bo0 = b_offset(p0);
-    let bo1 = b_offset(p0 + 1u);
-    let bo2 = b_offset(p0 + 2u);
-    let bo3 = b_offset(p0 + 3u);
-    let bo4 = b_offset(p0 + 4u);
-    var acc0 = coopLoad<coop_mat16x16<f32, C>>(&arena[0], 16u);
-    var acc1 = acc0;
-    var acc2 = acc0;
-    var acc3 = acc0;
-    var acc4 = acc0;
-
-    // Staging: invocation t holds row t / 2, columns 16 (t % 2) .. + 15 of each slice.
-    let srow = t / 2u;
-    let scol = 16u * (t % 2u);
+    // Gram matrices K Kᵀ and Q Kᵀ, lower blocks only; this invocation owns entry (r, c) of
+    // each block (named accumulators: an indexed array would land in local memory).
+    var a00 = 0.0; var a10 = 0.0; var a11 = 0.0; var a20 = 0.0; var a21 = 0.0;
+    var a22 = 0.0; var a30 = 0.0; var a31 = 0.0; var a32 = 0.0; var a33 = 0.0;
+    var p00 = 0.0; var p10 = 0.0; var p11 = 0.0; var p20 = 0.0; var p21 = 0.0;
+    var p22 = 0.0; var p30 = 0.0; var p31 = 0.0; var p32 = 0.0; var p33 = 0.0;
+    // Staging: invocation t loads row t / 4, columns 4 (t % 4) .. + 3 of each slice, and
+    // writes the same elements of k16 and qg16.
+    let srow = t / 4u;
+    let scol = 4u * (t % 4u);
     let inside = srow < len;
     let token = start + min(srow, len - 1u);
-    let kq_row = (token * params.heads_qk + h) * KD + scol;
-    let qg_row = (token * hv_count + hv) * KD + scol;
+    let kq_base = (token * params.heads_qk + h) * KD + scol;
+    let qg_base = (token * hv_count + hv) * KD + scol;
+    let sidx = srow * ROW + scol;
+    workgroupBarrier();
     let gam = exp(g_s[srow]);
-    let sidx = srow * KQS + scol;
-    for (var k0 = 0u; k0 < KD; k0 += SLICE) {
-        workgroupBarrier();
-        for (var e = 0u; e < 16u; e += 2u) {
-            let gi = kq_row + k0 + e;
-            let kx = select(vec2<f32>(0.0), vec2<f32>(k_at(gi), k_at(gi + 1u)), inside);
-            let qx = select(vec2<f32>(0.0), vec2<f32>(q_at(gi), q_at(gi + 1u)), inside);
-            let kh = vec2<f16>(kx);
-            kq[sidx + e] = kh.x;
-            kq[sidx + e + 1u] = kh.y;
-            let qh = vec2<f16>(qx);
-            kq[Q_OFF + sidx + e] = qh.x;
-            kq[Q_OFF + sidx + e + 1u] = qh.y;
-            if (inside) {
-                if (writes_k) {
-                    k16_out[gi / 2u] = kh;
-                }
-                qg16_out[(qg_row + k0 + e) / 2u] = vec2<f16>(gam * qx);
+    // The next slice's loads are issued before this slice's products (clamped rows, masked
+    // values), so their latency hides behind them.
+    var kx = select(vec4<f32>(0.0), load4(k_buf[kq_base / 4u]), inside);
+    var qx = select(vec4<f32>(0.0), load4(q_buf[kq_base / 4u]), inside);
+    for (var k0 = 0u; k0 < KD; k0 += K_SLICE) {
+        if (inside) {
+            if (writes_k) {
+                k16_out[(kq_base + k0) / 4u] = vec4<f16>(kx);
             }
+            qg16_out[(qg_base + k0) / 4u] = vec4<f16>(gam * qx);
         }
         workgroupBarrier();
-        for (var kk = 0u; kk < SLICE; kk += 16u) {
-            let i0 = ao0 + kk;
-            let j0 = bo0 + kk;
-            let i1 = ao1 + kk;
-            let j1 = bo1 + kk;
-            let i2 = ao2 + kk;
-            let j2 = bo2 + kk;
-            let i3 = ao3 + kk;
-            let j3 = bo3 + kk;
-            let i4 = ao4 + kk;
-            let j4 = bo4 + kk;
-            let x0 = a_tile(i0);
-            let y0 = bt_tile(j0);
-            let x1 = a_tile(i1);
-            let y1 = bt_tile(j1);
-            let x2 = a_tile(i2);
-            let y2 = bt_tile(j2);
-            let x3 = a_tile(i3);
-            let y3 = bt_tile(j3);
-            let x4 = a_tile(i4);
-            let y4 = bt_tile(j4);
-            acc0 = coopMultiplyAdd(x0, y0, acc0);
-            acc1 = coopMultiplyAdd(x1, y1, acc1);
-            acc2 = coopMultiplyAdd(x2, y2, acc2);
-            acc3 = coopMultiplyAdd(x3, y3, acc3);
-            acc4 = coopMultiplyAdd(x4, y4, acc4);
+        arena[sidx / 4u] = kx;
+        arena[(Q_STAGE + sidx) / 4u] = qx;
+        workgroupBarrier();
+        if (k0 + K_SLICE < KD) {
+            let gi = kq_base + k0 + K_SLICE;
+            kx = select(vec4<f32>(0.0), load4(k_buf[gi / 4u]), inside);
+            qx = select(vec4<f32>(0.0), load4(q_buf[gi / 4u]), inside);
+        }
+        for (var kk = 0u; kk < K_SLICE; kk += 4u) {
+            let kr0 = arena4(r * ROW + kk);
+            let kr1 = arena4((16u + r) * ROW + kk);
+            let kr2 = arena4((32u + r) * ROW + kk);
+            let kr3 = arena4((48u + r) * ROW + kk);
+            let kc0 = arena4(c * ROW + kk);
+            let kc1 = arena4((16u + c) * ROW + kk);
+            let kc2 = arena4((32u + c) * ROW + kk);
+            let kc3 = arena4((48u + c) * ROW + kk);
+            let qr0 = arena4(Q_STAGE + r * ROW + kk);
+            let qr1 = arena4(Q_STAGE + (16u + r) * ROW + kk);
+            let qr2 = arena4(Q_STAGE + (32u + r) * ROW + kk);
+            let qr3 = arena4(Q_STAGE + (48u + r) * ROW + kk);
+            a00 += dot(kr0, kc0);
+            a10 += dot(kr1, kc0);
+            a11 += dot(kr1, kc1);
+            a20 += dot(kr2, kc0);
+            a21 += dot(kr2, kc1);
+            a22 += dot(kr2, kc2);
+            a30 += dot(kr3, kc0);
+            a31 += dot(kr3, kc1);
+            a32 += dot(kr3, kc2);
+            a33 += dot(kr3, kc3);
+            p00 += dot(qr0, kc0);
+            p10 += dot(qr1, kc0);
+            p11 += dot(qr1, kc1);
+            p20 += dot(qr2, kc0);
+            p21 += dot(qr2, kc1);
+            p22 += dot(qr2, kc2);
+            p30 += dot(qr3, kc0);
+            p31 += dot(qr3, kc1);
+            p32 += dot(qr3, kc2);
+            p33 += dot(qr3, kc3);
         }
     }
-    // Products p land at 256 p: K Kᵀ block b at 256 b, Q Kᵀ block b at P_OFF + 256 b.
-    store_block(acc0, p0);
-    store_block(acc1, p0 + 1u);
-    store_block(acc2, p0 + 2u);
-    store_block(acc3, p0 + 3u);
-    store_block(acc4, p0 + 4u);
     workgroupBarrier();
 
-    // Γ ⊙ Q Kᵀ rows (element pairs; 0 above the diagonal, every exponent ≤ 0), valid rows.
-    for (var n = 0u; n < 16u; n++) {
-        let e = t + WG * n;
-        let i = e / 32u;
-        let j = 2u * (e % 32u);
-        if (i < len) {
-            var v = vec2<f32>(0.0);
-            if (j / 16u <= i / 16u) {
-                let at = P_OFF + blk(i / 16u, j / 16u) + (i % 16u) * 16u + j % 16u;
-                if (j <= i) {
-                    v.x = arena[at] * exp(g_s[i] - g_s[j]);
-                }
-                if (j + 1u <= i) {
-                    v.y = arena[at + 1u] * exp(g_s[i] - g_s[j + 1u]);
-                }
-            }
-            gated_out[((start + i) * hv_count + hv) * CHUNK + CHUNK / 2u + e % 32u] = vec2<f16>(v);
-        }
-    }
+    // Γ ⊙ Q Kᵀ straight from the accumulators; blocks above the diagonal are 0.
+    store_gated_qk(start, hv, len, r, c, vec4<f32>(p00, 0.0, 0.0, 0.0));
+    store_gated_qk(start, hv, len, 16u + r, c, vec4<f32>(p10, p11, 0.0, 0.0));
+    store_gated_qk(start, hv, len, 32u + r, c, vec4<f32>(p20, p21, p22, 0.0));
+    store_gated_qk(start, hv, len, 48u + r, c, vec4<f32>(p30, p31, p32, p33));
 
-    // L = strict_lower(diag(β) K Kᵀ), in place.
-    for (var e = t; e < P_OFF; e += WG) {
-        let b = e / 256u;
-        let bi = block_row(b);
-        let r = (e % 256u) / 16u;
-        let c = e % 16u;
-        let diagonal = b == bi * (bi + 1u) / 2u + bi;
-        let keep = !diagonal || c < r;
-        arena[e] = select(0.0, beta_s[16u * bi + r] * arena[e], keep);
-    }
+    // L = strict_lower(diag(β) K Kᵀ).
+    let strict = select(0.0, 1.0, c < r);
+    set_word(blk(0u, 0u) + t, beta_s[r] * a00 * strict);
+    set_word(blk(1u, 0u) + t, beta_s[16u + r] * a10);
+    set_word(blk(1u, 1u) + t, beta_s[16u + r] * a11 * strict);
+    set_word(blk(2u, 0u) + t, beta_s[32u + r] * a20);
+    set_word(blk(2u, 1u) + t, beta_s[32u + r] * a21);
+    set_word(blk(2u, 2u) + t, beta_s[32u + r] * a22 * strict);
+    set_word(blk(3u, 0u) + t, beta_s[48u + r] * a30);
+    set_word(blk(3u, 1u) + t, beta_s[48u + r] * a31);
+    set_word(blk(3u, 2u) + t, beta_s[48u + r] * a32);
+    set_word(blk(3u, 3u) + t, beta_s[48u + r] * a33 * strict);
     workgroupBarrier();
 
     solve_inverse(t);
 
-    // A (f32) and Γ ⊙ A ⊙ β (f16 pairs) of the valid rows, zeros above the diagonal blocks.
+    // A (f32) and Γ ⊙ A ⊙ β (f16) of the valid rows, zeros above the diagonal blocks.
     for (var n = 0u; n < 16u; n++) {
         let e = t + WG * n;
-        let i = e / 32u;
-        let j = 2u * (e % 32u);
+        let i = e / CHUNK;
+        let j = e % CHUNK;
         if (i < len) {
-            var a = vec2<f32>(0.0);
+            var a = 0.0;
             if (j / 16u <= i / 16u) {
-                let at = blk(i / 16u, j / 16u) + (i % 16u) * 16u + j % 16u;
-                a = vec2<f32>(arena[at], arena[at + 1u]);
+                a = word(blk(i / 16u, j / 16u) + (i % 16u) * 16u + j % 16u);
             }
-            let arow = ((start + i) * hv_count + hv) * CHUNK + j;
-            a_out[arow] = a.x;
-            a_out[arow + 1u] = a.y;
-            var ag = vec2<f32>(0.0);
+            a_out[((start + i) * hv_count + hv) * CHUNK + j] = a;
+            var ag = 0.0;
             if (j <= i) {
-                ag.x = a.x * exp(g_s[i] - g_s[j]) * beta_s[j];
+                ag = a * exp(g_s[i] - g_s[j]) * beta_s[j];
             }
-            if (j + 1u <= i) {
-                ag.y = a.y * exp(g_s[i] - g_s[j + 1u]) * beta_s[j + 1u];
-            }
-            gated_out[((start + i) * hv_count + hv) * CHUNK + e % 32u] = vec2<f16>(ag);
+            gated_out[((start + i) * hv_count + hv) * 2u * CHUNK + j] = f16(ag);
         }
     }
 }

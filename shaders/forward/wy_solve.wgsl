@@ -1,22 +1,41 @@
 // Family snippet of wy_inverse and wy_inverse_coop: the 64×64 unit-lower-triangular inverse
 // A = (I + L)⁻¹ in f32, in place over L's ten lower 16×16 blocks in `arena` (block (bi, bj)
-// at blk(bi, bj), row-major). The includer declares `arena` (f32, at least SOLVE_SCRATCH +
-// 768 words) and the constants SOLVE_WG (its invocations, ≥ 64) and SOLVE_SCRATCH.
+// at word blk(bi, bj), row-major). The includer declares `arena` (array<vec4<f32>>, at least
+// SOLVE_SCRATCH + 768 words: vec4 elements, so that row pieces are single 16-byte accesses)
+// and the constants SOLVE_WG (its invocations, ≥ 64) and SOLVE_SCRATCH (a multiple of 4).
 //
 // Two steps, eight barriers in all:
 //   1. the four diagonal blocks by forward substitution, one column per invocation;
 //   2. block back-substitution by block rows, every block of a row at once:
 //        A_ij = −A_ii · X_ij,   X_ij = Σ_{m=j}^{i−1} L_im A_mj     (j < i),
-//      whose operands (A_mj, m < i) the previous rows have finished.
+//      whose operands (A_mj, m < i) the previous rows have finished. Each invocation
+//      computes a strip of four adjacent columns of one row (as the CUDA prep does,
+//      shaders/cuda/chunk.cuh): a 16-byte load of L (four of its terms) feeds 16 FMAs, and the
+//      A (or X) rows are 16-byte loads shared by the strip's row neighbours.
 
-// Offset of lower block (bi, bj), bj ≤ bi.
+// Word offset of lower block (bi, bj), bj ≤ bi.
 fn blk(bi: u32, bj: u32) -> u32 {
     return (bi * (bi + 1u) / 2u + bj) * 256u;
 }
 
-// Four consecutive words of `arena` (a row piece of a block).
+// Word i of `arena`.
+fn word(i: u32) -> f32 {
+    return arena[i / 4u][i % 4u];
+}
+
+fn set_word(i: u32, x: f32) {
+    arena[i / 4u][i % 4u] = x;
+}
+
+// Words i .. i + 3 of `arena` (i a multiple of 4: a row piece of a block).
 fn arena4(i: u32) -> vec4<f32> {
-    return vec4<f32>(arena[i], arena[i + 1u], arena[i + 2u], arena[i + 3u]);
+    return arena[i / 4u];
+}
+
+// Σ_q l[q] · (row q of the four rows at `rows`, 16 words apart), columns of this strip.
+fn strip_terms(l: vec4<f32>, rows: u32) -> vec4<f32> {
+    return l.x * arena4(rows) + l.y * arena4(rows + 16u) + l.z * arena4(rows + 32u)
+        + l.w * arena4(rows + 48u);
 }
 
 // Call from uniform control flow (barriers); L must be in place and visible.
@@ -48,44 +67,43 @@ fn solve_inverse(t: u32) {
     if (t < CHUNK) {
         let base = blk(d, d) + col;
         for (var q = 0u; q < 4u; q++) {
-            arena[base + q * 16u] = x0[q];
-            arena[base + (q + 4u) * 16u] = x1[q];
-            arena[base + (q + 8u) * 16u] = x2[q];
-            arena[base + (q + 12u) * 16u] = x3[q];
+            set_word(base + q * 16u, x0[q]);
+            set_word(base + (q + 4u) * 16u, x1[q]);
+            set_word(base + (q + 8u) * 16u, x2[q]);
+            set_word(base + (q + 12u) * 16u, x3[q]);
         }
     }
     workgroupBarrier();
 
-    // Block rows 1..3. Element e of row bi: block bj = e / 256, entry (r, c). The sums read
-    // L_im (m ≥ j) of this row only, which the second half overwrites after a barrier.
+    // Block rows 1..3. Strip s of row bi: block column bj = s / 64, row r = (s % 64) / 4,
+    // columns j4 .. j4 + 3 with j4 = 4 (s % 4). The sums read L_im (m ≥ j) of this row only,
+    // which the second half overwrites after a barrier.
     for (var bi = 1u; bi < 4u; bi++) {
-        for (var e = t; e < bi * 256u; e += SOLVE_WG) {
-            let bj = e / 256u;
-            let r = (e % 256u) / 16u;
-            let c = e % 16u;
-            var xs = 0.0;
+        for (var s = t; s < bi * 64u; s += SOLVE_WG) {
+            let bj = s / 64u;
+            let r = (s % 64u) / 4u;
+            let j4 = 4u * (s % 4u);
+            var xs = vec4<f32>(0.0);
             for (var m = bj; m < bi; m++) {
                 let lrow = blk(bi, m) + r * 16u;
-                let acol = blk(m, bj) + c;
-                xs += dot(arena4(lrow), vec4<f32>(arena[acol], arena[acol + 16u], arena[acol + 32u], arena[acol + 48u]))
-                    + dot(arena4(lrow + 4u), vec4<f32>(arena[acol + 64u], arena[acol + 80u], arena[acol + 96u], arena[acol + 112u]))
-                    + dot(arena4(lrow + 8u), vec4<f32>(arena[acol + 128u], arena[acol + 144u], arena[acol + 160u], arena[acol + 176u]))
-                    + dot(arena4(lrow + 12u), vec4<f32>(arena[acol + 192u], arena[acol + 208u], arena[acol + 224u], arena[acol + 240u]));
+                let acol = blk(m, bj) + j4;
+                xs += strip_terms(arena4(lrow), acol) + strip_terms(arena4(lrow + 4u), acol + 64u)
+                    + strip_terms(arena4(lrow + 8u), acol + 128u)
+                    + strip_terms(arena4(lrow + 12u), acol + 192u);
             }
-            arena[SOLVE_SCRATCH + e] = xs;
+            arena[(SOLVE_SCRATCH + bj * 256u + r * 16u + j4) / 4u] = xs;
         }
         workgroupBarrier();
-        for (var e = t; e < bi * 256u; e += SOLVE_WG) {
-            let bj = e / 256u;
-            let r = (e % 256u) / 16u;
-            let c = e % 16u;
+        for (var s = t; s < bi * 64u; s += SOLVE_WG) {
+            let bj = s / 64u;
+            let r = (s % 64u) / 4u;
+            let j4 = 4u * (s % 4u);
             let drow = blk(bi, bi) + r * 16u;
-            let xcol = SOLVE_SCRATCH + bj * 256u + c;
-            let y = dot(arena4(drow), vec4<f32>(arena[xcol], arena[xcol + 16u], arena[xcol + 32u], arena[xcol + 48u]))
-                + dot(arena4(drow + 4u), vec4<f32>(arena[xcol + 64u], arena[xcol + 80u], arena[xcol + 96u], arena[xcol + 112u]))
-                + dot(arena4(drow + 8u), vec4<f32>(arena[xcol + 128u], arena[xcol + 144u], arena[xcol + 160u], arena[xcol + 176u]))
-                + dot(arena4(drow + 12u), vec4<f32>(arena[xcol + 192u], arena[xcol + 208u], arena[xcol + 224u], arena[xcol + 240u]));
-            arena[blk(bi, bj) + e % 256u] = -y;
+            let xcol = SOLVE_SCRATCH + bj * 256u + j4;
+            let y = strip_terms(arena4(drow), xcol) + strip_terms(arena4(drow + 4u), xcol + 64u)
+                + strip_terms(arena4(drow + 8u), xcol + 128u)
+                + strip_terms(arena4(drow + 12u), xcol + 192u);
+            arena[(blk(bi, bj) + r * 16u + j4) / 4u] = -y;
         }
         workgroupBarrier();
     }

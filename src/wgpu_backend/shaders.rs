@@ -23,8 +23,8 @@ pub enum Pass {
     /// The scalar scan's f16-math variant (same file): f16 operands in workgroup memory,
     /// multiplied in f16, accumulated in f32.
     StateScanF16,
-    /// `forward/wy_inverse_coop.wgsl`: wy_inverse with its Gram products on cooperative
-    /// matrices, writing the coop scan's f16 operands (gated matrices, k, γ ⊙ q).
+    /// `forward/wy_inverse_coop.wgsl`: the coop path's wy_inverse, writing the coop scan's f16
+    /// operands (gated matrices, k, γ ⊙ q); f32 arithmetic, no cooperative matrices.
     WyInverseCoop,
     /// The sequential scan on cooperative matrices.
     StateScanCoop,
@@ -247,7 +247,8 @@ impl Pass {
     pub fn enables(self) -> &'static [&'static str] {
         match self {
             Pass::StateScanF16 => &["f16"],
-            Pass::WyInverseCoop | Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
+            Pass::WyInverseCoop => &["f16"],
+            Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }
     }

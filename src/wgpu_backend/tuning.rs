@@ -136,9 +136,8 @@ pub fn state_scan_bytes(bv: u32) -> u32 {
 /// solve's sums of one block row (three blocks), G and β.
 pub const WY_INVERSE_WORDS: u32 = 13 * 256 + 2 * 64;
 
-/// Workgroup memory of `wy_inverse_coop` in bytes (mirrors the shader): K and Q slices in f16
-/// (64 rows of 40), twenty f32 16×16 blocks, G and β.
-pub const WY_INVERSE_COOP_BYTES: u32 = 2 * (2 * 64 * 40) + 4 * (20 * 256 + 2 * 64);
+/// Workgroup memory of `wy_inverse_coop` in bytes (mirrors the shader): wy_inverse's.
+pub const WY_INVERSE_COOP_BYTES: u32 = 4 * WY_INVERSE_WORDS;
 
 /// Workgroup memory the coop path's passes need: its scan's and its WY inverse's.
 pub const COOP_PATH_BYTES: u32 = if STATE_SCAN_COOP_BYTES > WY_INVERSE_COOP_BYTES {

@@ -1,6 +1,6 @@
 //! Launcher of `shaders/forward/wy_inverse_coop.wgsl`: the coop path's gate-free WY inverse
-//! per chunk and v-head, its Gram products on cooperative matrices, writing the coop scan's
-//! f16 operands on the way.
+//! per chunk and v-head (wy_inverse's f32 arithmetic), writing the coop scan's f16 operands on
+//! the way.
 
 use crate::error::{Error, Result};
 use crate::tensor::DType;
