@@ -17,10 +17,12 @@ use super::chunk_combine::{combine_smem, launch_chunk_combine};
 use super::context::{Context, driver_error};
 use super::kernels::{CHUNKED, option_flags};
 use super::recurrent::check_tensor;
+use super::segment_window::launch_segment_window;
 use super::tensor::CudaTensor;
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
 use crate::tensor::{DType, TensorMeta};
+use crate::wgpu_backend::{SegmentPaths, SegmentWindow};
 
 /// Largest K the chunked pass runs (its shared memory); larger heads take the recurrent kernel.
 pub const MAX_CHUNKED_KEY_DIM: usize = 128;
@@ -299,6 +301,13 @@ pub struct ChunkPlan {
     ws_p: CudaSlice<u8>,
     /// Sequence parallelism: per unit [E | M] (K × (V + K) f32) and the start state (K × V).
     segment_states: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
+    /// The gate-driven window (segmented plans only; `None`: exact only).
+    segment_window: Option<SegmentWindow>,
+    /// Per (unit, v-head) the window's warm-up in chunks, −1 exact (segment_window.cu);
+    /// allocated with the segment states.
+    warmup: Option<CudaSlice<i32>>,
+    /// Whether the last launch through the plan ran the window (what `warmup` holds).
+    last_windowed: std::sync::atomic::AtomicBool,
     /// l2-normalized q and k (only with `Options::l2norm_qk`).
     normalized: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
     split_state: bool,
@@ -448,6 +457,15 @@ impl ChunkPlan {
         } else {
             None
         };
+        let warmup = if segmented {
+            Some(
+                stream
+                    .alloc_zeros::<i32>(num_units * hv)
+                    .map_err(|e| driver_error("allocation of the window table", e))?,
+            )
+        } else {
+            None
+        };
         Ok(ChunkPlan {
             problem: p.clone(),
             dtype,
@@ -462,6 +480,9 @@ impl ChunkPlan {
             ws_a: alloc(ctx, "T·diag(β) workspace", rows * CHUNK * s)?,
             ws_p: alloc(ctx, "P workspace", rows * CHUNK * s)?,
             segment_states,
+            segment_window: ctx.segment_window(),
+            warmup,
+            last_windowed: std::sync::atomic::AtomicBool::new(false),
             normalized,
             split_state: false,
         })
@@ -476,6 +497,49 @@ impl ChunkPlan {
             split_state,
             ..self
         }
+    }
+
+    /// Sequence parallelism's gate-driven window for the launches through this plan
+    /// (docs/sequence-parallelism.md; `None`: exact only, the default unless the context has
+    /// one, [`Context::set_segment_window`]). Without segments it changes nothing.
+    pub fn set_segment_window(&mut self, window: Option<SegmentWindow>) {
+        self.segment_window = window;
+    }
+
+    /// The gate-driven window the plan's segmented launches run.
+    pub fn segment_window(&self) -> Option<SegmentWindow> {
+        self.segment_window
+    }
+
+    /// Which path the (segment, v-head) pairs of the last launch through this plan took
+    /// (waits for the stream and reads the window's table back; `None` without segments).
+    /// Without the window every pair is exact.
+    pub fn segment_paths(&self, ctx: &Context) -> Result<Option<SegmentPaths>> {
+        let Some(warmup) = &self.warmup else {
+            return Ok(None);
+        };
+        let pairs = self.num_units * self.problem.heads_v;
+        if !self.last_windowed.load(std::sync::atomic::Ordering::Relaxed) {
+            return Ok(Some(SegmentPaths {
+                windowed: 0,
+                exact: pairs,
+                longest_warmup_chunks: 0,
+            }));
+        }
+        let table = ctx
+            .stream()
+            .clone_dtoh(warmup)
+            .map_err(|e| driver_error("read-back of the window table", e))?;
+        let windowed: Vec<usize> = table
+            .iter()
+            .filter(|&&n| n >= 0)
+            .map(|&n| n as usize)
+            .collect();
+        Ok(Some(SegmentPaths {
+            windowed: windowed.len(),
+            exact: table.len() - windowed.len(),
+            longest_warmup_chunks: windowed.into_iter().max().unwrap_or(0),
+        }))
     }
 
     /// Whether the state enters the MMAs as two 16-bit parts.
@@ -616,6 +680,26 @@ pub fn launch_chunked_passes(
     if passes == ChunkedPasses::Parallel || plan.num_units == 0 {
         return Ok(());
     }
+    // The gate-driven window's table, written after the prep (it reads the decays).
+    let window_table = match (plan.segment_window, &plan.warmup) {
+        (Some(window), Some(warmup)) => {
+            launch_segment_window(
+                ctx,
+                window,
+                p.heads_v,
+                plan.num_units,
+                &plan.units,
+                &plan.ws_f,
+                warmup,
+            )?;
+            Some(warmup)
+        }
+        _ => None,
+    };
+    plan.last_windowed.store(
+        window_table.is_some(),
+        std::sync::atomic::Ordering::Relaxed,
+    );
     let bv = plan.value_block;
     let name = format!("gdn_chunk_fwd{bv}_{suffix}");
     // The sequential kernel, in the local pass (`local`) or the main pass.
@@ -660,6 +744,10 @@ pub fn launch_chunked_passes(
             Some((end, _)) => l.arg(end),
             None => l.arg(&null),
         };
+        match window_table {
+            Some(w) => l.arg(w),
+            None => l.arg(&null),
+        };
         // SAFETY: matches gdn_chunk_fwd* in chunked.cu; o, the states and the workspace were
         // checked or sized for this problem, the unit table indexes only the chunk table.
         unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
@@ -667,7 +755,15 @@ pub fn launch_chunked_passes(
     };
     if let Some((end, start)) = &plan.segment_states {
         sequential(true)?;
-        launch_chunk_combine(ctx, p, &plan.seq_units, inputs.initial_state, end, start)?;
+        launch_chunk_combine(
+            ctx,
+            p,
+            &plan.seq_units,
+            window_table,
+            inputs.initial_state,
+            end,
+            start,
+        )?;
     }
     sequential(false)
 }
