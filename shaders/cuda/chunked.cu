@@ -19,7 +19,9 @@
 //                    a local pass of the same kernel (LOCAL_PASS) gives each segment's end state
 //                    from zero, E, and its transition M (S_end = M·S_start + E), chunk_combine.cu
 //                    chains them into every segment's exact start state, and the main pass runs
-//                    the segments from those (src/cuda_backend/chunked.rs decides).
+//                    the segments from those (src/cuda_backend/chunked.rs decides). With the
+//                    gate-driven window (segment_window.cu) a windowed (segment, v-head)'s
+//                    local pass runs only its last n chunks and has no transition.
 //
 // Decisions and why:
 // - FLA's gated T (not FlashQLA's gate-free A): no gate work on the T operand in the
