@@ -599,12 +599,25 @@ fn the_gate_window_matches_the_oracle_on_the_hard_cases() {
                 if let Some(paths) = paths {
                     let plan = ChunkPlan::with_options(ctx, p, dtype, options).unwrap();
                     assert!(plan.segment_chunks().is_some(), "[{}]", case.name);
-                    assert!(paths.windowed + paths.exact >= p.heads_v, "[{}] {paths:?}", case.name);
+                    assert!(
+                        paths.windowed + paths.exact >= p.heads_v,
+                        "[{}] {paths:?}",
+                        case.name
+                    );
                     windowed_pairs += paths.windowed;
                 }
-                let what = format!("forward (Chunked, {segments:?}, V-block {value_block:?}, window)");
+                let what =
+                    format!("forward (Chunked, {segments:?}, V-block {value_block:?}, window)");
                 let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
-                if let Err(e) = check(&what, &case, Op::Forward, dtype, arithmetic, &got, &expected) {
+                if let Err(e) = check(
+                    &what,
+                    &case,
+                    Op::Forward,
+                    dtype,
+                    arithmetic,
+                    &got,
+                    &expected,
+                ) {
                     failures.push(e);
                 }
             }
@@ -701,7 +714,10 @@ fn the_gate_window_reports_each_path_and_keeps_g0_heads_exact() {
         segments: Segments::Off,
         value_block: None,
     };
-    assert_eq!(run_windowed(ctx, &p, &dev, dtype, whole, window(-10.0, None)).1, None);
+    assert_eq!(
+        run_windowed(ctx, &p, &dev, dtype, whole, window(-10.0, None)).1,
+        None
+    );
     fail_on(failures);
 }
 

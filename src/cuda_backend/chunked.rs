@@ -519,7 +519,10 @@ impl ChunkPlan {
             return Ok(None);
         };
         let pairs = self.num_units * self.problem.heads_v;
-        if !self.last_windowed.load(std::sync::atomic::Ordering::Relaxed) {
+        if !self
+            .last_windowed
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
             return Ok(Some(SegmentPaths {
                 windowed: 0,
                 exact: pairs,
@@ -696,10 +699,8 @@ pub fn launch_chunked_passes(
         }
         _ => None,
     };
-    plan.last_windowed.store(
-        window_table.is_some(),
-        std::sync::atomic::Ordering::Relaxed,
-    );
+    plan.last_windowed
+        .store(window_table.is_some(), std::sync::atomic::Ordering::Relaxed);
     let bv = plan.value_block;
     let name = format!("gdn_chunk_fwd{bv}_{suffix}");
     // The sequential kernel, in the local pass (`local`) or the main pass.
