@@ -44,8 +44,9 @@ const UNIT_LAST: i32 = 2;
 pub const VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 
 /// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
-/// spend more on the local pass and the combine than they gain (2/8 × 32768 on the H200:
-/// segments of 16 chunks 1.45 ms, of 32 or 64 chunks 1.05 ms).
+/// spend more on the local pass and the combine than they gain (2/8 × 32768 bf16 on the
+/// H200, 2026-12-01, with the 8-column combine: segments of 16 chunks 0.663 ms, of 32
+/// chunks 0.604, of 64 chunks 0.757).
 const MIN_SEGMENT_CHUNKS: usize = 16;
 
 /// How a [`ChunkPlan`] cuts sequences into segments that are scanned at once (sequence
@@ -239,20 +240,29 @@ impl DeviceLimits {
     }
 }
 
-/// The automatic segment length: only when even 32-wide V-blocks leave more than half the
-/// SMs idle, and then about one wave of the main pass at V-block 64 (the local pass, with
-/// the transition's K extra columns, is about two).
+/// The automatic segment length. Exact transitions: only when even 32-wide V-blocks leave
+/// more than half the SMs idle; with the gate-driven window (whose local pass is a warm-up
+/// per pair): whenever 128-wide V-blocks leave some SM idle (16/64 heads × 1×32768 bf16 on
+/// the H200: 3.14 ms whole, 2.44 ms in 2 windowed segments at V-block 128). Then about one
+/// wave of the main pass at V-block 128 (2/8 × 32768: segments of 32 chunks, 0.604 ms exact
+/// and 0.362 ms windowed, against 0.757 and 0.427 at 64 chunks).
 fn auto_segment_chunks(
     limits: &DeviceLimits,
     problem: &Problem,
     seq_chunks: &[usize],
+    windowed: bool,
 ) -> Option<usize> {
     let p = problem;
-    let busy = p.heads_v * seq_chunks.len() * p.value_dim.div_ceil(32);
-    if 2 * busy >= limits.sms {
+    let n_seq = seq_chunks.len();
+    let idle = if windowed {
+        p.heads_v * n_seq * p.value_dim.div_ceil(128) < limits.sms
+    } else {
+        2 * p.heads_v * n_seq * p.value_dim.div_ceil(32) < limits.sms
+    };
+    if !idle {
         return None;
     }
-    let units = (limits.sms / (p.heads_v * p.value_dim.div_ceil(64))).max(1);
+    let units = (limits.sms / (p.heads_v * p.value_dim.div_ceil(128))).max(1);
     let total: usize = seq_chunks.iter().sum();
     let n = total.div_ceil(units).max(MIN_SEGMENT_CHUNKS);
     seq_chunks.iter().any(|&c| c > n).then_some(n)
@@ -323,12 +333,26 @@ impl ChunkPlan {
 
     /// [`Self::new`] with the choices in `options` overridden; a V-block the device cannot
     /// fit, or segments that need more shared memory or more units than the device allows,
-    /// is a typed error.
+    /// is a typed error. The gate-driven window is the context's
+    /// ([`Context::segment_window`]).
     pub fn with_options(
         ctx: &Context,
         problem: &Problem,
         dtype: DType,
         options: PlanOptions,
+    ) -> Result<Self> {
+        Self::with_window(ctx, problem, dtype, options, ctx.segment_window())
+    }
+
+    /// [`Self::with_options`] with the gate-driven window `window` (`None`: exact only)
+    /// instead of the context's; the automatic segments are chosen for it (with the window
+    /// they are cut wherever 128-wide V-blocks leave SMs idle).
+    pub fn with_window(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        options: PlanOptions,
+        window: Option<SegmentWindow>,
     ) -> Result<Self> {
         if forward_path(ctx, problem, dtype)? != ForwardPath::Chunked {
             return Err(Error::unsupported(
@@ -370,7 +394,8 @@ impl ChunkPlan {
         let combine_fits = combine_smem(p.key_dim) <= limits.smem_per_block;
         let segment_chunks = match options.segments {
             Segments::Off => None,
-            Segments::Auto => auto_segment_chunks(&limits, p, &seq_chunks).filter(|_| combine_fits),
+            Segments::Auto => auto_segment_chunks(&limits, p, &seq_chunks, window.is_some())
+                .filter(|_| combine_fits),
             Segments::Chunks(0) => {
                 return Err(Error::value("segments", "at least 1 chunk", 0));
             }
@@ -480,7 +505,7 @@ impl ChunkPlan {
             ws_a: alloc(ctx, "T·diag(β) workspace", rows * CHUNK * s)?,
             ws_p: alloc(ctx, "P workspace", rows * CHUNK * s)?,
             segment_states,
-            segment_window: ctx.segment_window(),
+            segment_window: window,
             warmup,
             last_windowed: std::sync::atomic::AtomicBool::new(false),
             normalized,
@@ -501,7 +526,9 @@ impl ChunkPlan {
 
     /// Sequence parallelism's gate-driven window for the launches through this plan
     /// (docs/sequence-parallelism.md; `None`: exact only, the default unless the context has
-    /// one, [`Context::set_segment_window`]). Without segments it changes nothing.
+    /// one, [`Context::set_segment_window`]). Without segments it changes nothing; the
+    /// automatic segments were chosen for the window the plan was made with
+    /// ([`Self::with_window`]).
     pub fn set_segment_window(&mut self, window: Option<SegmentWindow>) {
         self.segment_window = window;
     }

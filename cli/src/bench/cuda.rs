@@ -115,11 +115,9 @@ fn time_on(
     let launch: Box<dyn Fn() -> Result<()>> = match op {
         Op::Forward => match cuda_backend::forward_path(ctx, p, host.dtype)? {
             ForwardPath::Chunked => {
-                let mut plan = ChunkPlan::with_options(ctx, p, host.dtype, plan_options()?)?;
                 // --segment-window overrides the context's (GDN_SEGMENT_WINDOW).
-                if let Some(window) = c.segment_window {
-                    plan.set_segment_window(window);
-                }
+                let window = c.segment_window.unwrap_or(ctx.segment_window());
+                let plan = ChunkPlan::with_window(ctx, p, host.dtype, plan_options()?, window)?;
                 // The parallel passes (l2norm, prep) alone, after a warm-up, for the split.
                 let parallel = || {
                     cuda_backend::launch_chunked_passes(
