@@ -272,11 +272,10 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         }
     }
 
-    // L = strict_lower(diag(β)·(Γ⊙KKᵀ)) (to shared) and P = scale·Γ⊙QKᵀ (i ≥ j, to the
-    // workspace), both straight from the accumulators with one decay e^{G_i − G_j} each,
-    // lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w % 4 and every other
-    // of its tiles. The sequential pass never reads P's tiles above the diagonal. Only
-    // i ≥ j is exponentiated, so G_i − G_j ≤ 0.
+    // KKᵀ (to shared) and P = scale·Γ⊙QKᵀ (i ≥ j, straight from the accumulators to the
+    // workspace), lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w % 4 and
+    // every other of its tiles. The sequential pass never reads P's tiles above the
+    // diagonal. Only i ≥ j is exponentiated, so G_i − G_j ≤ 0.
     T* p_out = ws_p + ch * C * C;
     {
         const int ti = warp & 3;
@@ -293,33 +292,37 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
                 mma<T>(ckk, fk, fkt);
                 mma<T>(cqk, fq, fkt);
             }
+            store_c(a + ti * 16 * LDF + tj * 16, ckk, LDF);
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
 #pragma unroll
                 for (int rh = 0; rh < 2; ++rh) {
                     const int i = ti * 16 + g4 + 8 * rh, j = tj * 16 + 8 * half + 2 * t4;
-                    float x[2], l[2];
+                    float x[2];
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const float qk = cqk.x[4 * half + 2 * rh + e];
-                        const float kk = ckk.x[4 * half + 2 * rh + e];
-                        const float decay = j + e <= i ? __expf(sg[i] - sg[j + e]) : 0.0f;
-                        x[e] = j + e <= i ? p.scale * qk * decay : 0.0f;
-                        l[e] = j + e < i ? sb[i] * kk * decay : 0.0f;
+                        x[e] = j + e <= i ? p.scale * qk * __expf(sg[i] - sg[j + e]) : 0.0f;
                     }
                     *reinterpret_cast<unsigned*>(p_out + i * C + j) = pack2<T>(x[0], x[1]);
-                    *reinterpret_cast<float2*>(a + i * LDF + j) = make_float2(l[0], l[1]);
                 }
             }
         }
     }
     __syncthreads();
 
+    // L (strictly lower, gated, β rows) in place.
+    for (int idx = threadIdx.x; idx < C * C; idx += PREP_THREADS) {
+        const int i = idx / C, j = idx % C;
+        a[i * LDF + j] = j < i ? sb[i] * a[i * LDF + j] * __expf(sg[i] - sg[j]) : 0.0f;
+    }
+    __syncthreads();
+
     // T = (I + L)⁻¹ in 16×16 blocks (§2.3). Diagonal blocks by forward substitution, one
     // column per thread in registers: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within
-    // the block (the column's entries above c are zero, so the sum may start at 0). Only the
-    // blocks on and below the diagonal are written (and read); the output masks the others.
-    // L's tiles above the diagonal are never written nor read.
+    // the block (the column's entries above c are zero, so the sum may start at 0).
+    for (int idx = threadIdx.x; idx < C * C; idx += PREP_THREADS) t[(idx / C) * LDF + idx % C] = 0.0f;
+    __syncthreads();
     if (threadIdx.x < C) {
         const int b = (threadIdx.x / 16) * 16, c = threadIdx.x % 16;
         float col[16];
@@ -373,24 +376,18 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     // T·diag(β) to the workspace (the sequential pass's operand of v' = T·diag(β)·X), eight
     // elements per 16-byte store.
     T* a_out = ws_a + ch * C * C;
-    // Blocks above the diagonal are zeros (t holds q's old bits there).
     for (int idx = threadIdx.x; idx < C * C / 8; idx += PREP_THREADS) {
         const int i = idx / (C / 8), j = (idx % (C / 8)) * 8;
-        const bool upper = (j >> 4) > (i >> 4);
-        uint4 out = make_uint4(0u, 0u, 0u, 0u);
+        uint4 out;
         unsigned* w = reinterpret_cast<unsigned*>(&out);
-        if (!upper) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                w[e] = pack2<T>(t[i * LDF + j + 2 * e] * sb[j + 2 * e], t[i * LDF + j + 2 * e + 1] * sb[j + 2 * e + 1]);
-            }
+        for (int e = 0; e < 4; ++e) {
+            w[e] = pack2<T>(t[i * LDF + j + 2 * e] * sb[j + 2 * e], t[i * LDF + j + 2 * e + 1] * sb[j + 2 * e + 1]);
         }
         *reinterpret_cast<uint4*>(a_out + i * C + j) = out;
         if (BWD) {
-            if (!upper) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) w[e] = pack2<T>(t[i * LDF + j + 2 * e], t[i * LDF + j + 2 * e + 1]);
-            }
+            for (int e = 0; e < 4; ++e) w[e] = pack2<T>(t[i * LDF + j + 2 * e], t[i * LDF + j + 2 * e + 1]);
             *reinterpret_cast<uint4*>(ws_t + ch * C * C + i * C + j) = out;
         }
     }

@@ -835,3 +835,53 @@ pub(crate) fn launch_l2norm(
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::Options;
+
+    /// The H200's numbers (132 SMs, 228 KiB of shared memory per SM, 227 KiB per block).
+    fn h200() -> DeviceLimits {
+        DeviceLimits {
+            smem_per_block: 232_448,
+            smem_per_sm: 233_472,
+            sms: 132,
+        }
+    }
+
+    fn chunks_of(problem: &Problem) -> Vec<usize> {
+        problem
+            .sequences()
+            .iter()
+            .map(|s| (s.end - s.start).div_ceil(CHUNK))
+            .collect()
+    }
+
+    #[test]
+    fn automatic_segments_aim_at_one_wave_at_value_block_128() {
+        let d = Options::default();
+        let shape = |heads: (usize, usize), b: usize, t: usize| {
+            Problem::new(b, t, heads.0, heads.1, 128, 128, None, d).unwrap()
+        };
+        let auto =
+            |p: &Problem, windowed: bool| auto_segment_chunks(&h200(), p, &chunks_of(p), windowed);
+        // 2/8 × 32768: 16 segments of 32 chunks, exact or windowed; × 8192: the minimum, 16.
+        let few = shape((2, 8), 1, 32768);
+        assert_eq!(auto(&few, false), Some(32));
+        assert_eq!(auto(&few, true), Some(32));
+        assert_eq!(
+            auto(&shape((2, 8), 1, 8192), false),
+            Some(MIN_SEGMENT_CHUNKS)
+        );
+        // 16/64 × 32768: whole when exact, two windowed segments.
+        let many = shape((16, 64), 1, 32768);
+        assert_eq!(auto(&many, false), None);
+        assert_eq!(auto(&many, true), Some(256));
+        // Batches that fill the device stay whole either way.
+        assert_eq!(auto(&shape((16, 64), 8, 4096), true), None);
+        assert_eq!(auto(&shape((2, 8), 8, 4096), false), None);
+        // Sequences no longer than a segment are never cut.
+        assert_eq!(auto(&shape((2, 8), 1, 1024), false), None);
+    }
+}
