@@ -28,6 +28,7 @@ use gdn_wgpu::cuda_backend::{
     SeqBounds, backward_path, forward_path, kernels,
 };
 use gdn_wgpu::tolerance::{Arithmetic, Op};
+use gdn_wgpu::wgpu_backend::{SegmentPaths, SegmentWindow};
 use gdn_wgpu::{
     Backend, DType, Error, ForwardInputs, ForwardOutputs, HostTensor, Options, Problem, RandomSpec,
     reference,
@@ -536,6 +537,187 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
         }
     }
     assert!(segmented_runs > 0, "no case was cut into segments");
+    fail_on(failures);
+}
+
+/// One chunked forward through a plan of `options` with the gate-driven `window`, into
+/// NaN-poisoned outputs: o, the final state and the plan's report.
+fn run_windowed(
+    ctx: &Context,
+    p: &Problem,
+    dev: &ForwardInputs<CudaTensor>,
+    dtype: DType,
+    options: PlanOptions,
+    window: Option<SegmentWindow>,
+) -> (ForwardOutputs<HostTensor>, Option<SegmentPaths>) {
+    let mut plan = ChunkPlan::with_options(ctx, p, dtype, options).unwrap();
+    plan.set_segment_window(window);
+    assert_eq!(plan.segment_window(), window);
+    let o = CudaTensor::filled(ctx, "o", &p.v_shape(), dtype, f32::NAN).unwrap();
+    let state = CudaTensor::filled(ctx, "state", &p.state_shape(), DType::F32, f32::NAN).unwrap();
+    let outputs = ForwardOutputs {
+        o: &o,
+        final_state: &state,
+    };
+    cuda_backend::launch_chunked(ctx, p, &plan, &dev.as_ref(), &outputs).unwrap();
+    let paths = plan.segment_paths(ctx).unwrap();
+    let got = ForwardOutputs {
+        o: o.download(ctx).unwrap(),
+        final_state: state.download(ctx).unwrap(),
+    };
+    (got, paths)
+}
+
+/// The gate-driven window (docs/sequence-parallelism.md) on every hard case that takes the
+/// chunked path, with segments of 1 and 2 chunks at every V-block, against the oracle; the
+/// report covers every (segment, v-head) pair.
+#[test]
+fn the_gate_window_matches_the_oracle_on_the_hard_cases() {
+    let Some(ctx) = cuda() else { return };
+    let window = Some(SegmentWindow::DEFAULT);
+    let variants = [
+        (Segments::Chunks(1), Some(32)),
+        (Segments::Chunks(2), Some(64)),
+        (Segments::Chunks(1), Some(128)),
+    ];
+    let mut failures = Vec::new();
+    let mut windowed_pairs = 0;
+    for case in hard_cases() {
+        for dtype in [DType::F16, DType::BF16] {
+            let p = &case.problem;
+            if forward_path(ctx, p, dtype).unwrap() != ForwardPath::Chunked {
+                continue;
+            }
+            let (inputs, expected) = inputs_and_oracle(&case, dtype);
+            let dev = upload(ctx, &inputs);
+            for (segments, value_block) in variants {
+                let options = PlanOptions {
+                    segments,
+                    value_block,
+                };
+                let (got, paths) = run_windowed(ctx, p, &dev, dtype, options, window);
+                if let Some(paths) = paths {
+                    let plan = ChunkPlan::with_options(ctx, p, dtype, options).unwrap();
+                    assert!(plan.segment_chunks().is_some(), "[{}]", case.name);
+                    assert!(
+                        paths.windowed + paths.exact >= p.heads_v,
+                        "[{}] {paths:?}",
+                        case.name
+                    );
+                    windowed_pairs += paths.windowed;
+                }
+                let what =
+                    format!("forward (Chunked, {segments:?}, V-block {value_block:?}, window)");
+                let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
+                if let Err(e) = check(
+                    &what,
+                    &case,
+                    Op::Forward,
+                    dtype,
+                    arithmetic,
+                    &got,
+                    &expected,
+                ) {
+                    failures.push(e);
+                }
+            }
+        }
+    }
+    assert!(windowed_pairs > 0, "no pair took the window");
+    fail_on(failures);
+}
+
+/// The window's report counts what ran (per-token gates whose chunk decays are −0 (never),
+/// −1280, −6.4 and −1.92, as tests/segment_window.rs on wgpu), and heads that never decay
+/// are bit for bit the exact path.
+#[test]
+fn the_gate_window_reports_each_path_and_keeps_g0_heads_exact() {
+    let Some(ctx) = cuda() else { return };
+    // 16 whole chunks in segments of 4: four segments per head.
+    let p = problem(1, 16 * 64, 1, 4, 32, 32, None, Options::default());
+    let dtype = DType::BF16;
+    let mut inputs = RandomSpec::default().generate(&p);
+    for t in [&mut inputs.q, &mut inputs.k, &mut inputs.v] {
+        *t = t.clone().with_dtype(dtype);
+    }
+    let gates = [0.0f32, -20.0, -0.1, -0.03];
+    for (i, g) in inputs.g.data.iter_mut().enumerate() {
+        *g = gates[i % 4];
+    }
+    let expected = reference::forward(&p, &inputs.as_ref()).unwrap();
+    let dev = upload(ctx, &inputs);
+    let options = PlanOptions {
+        segments: Segments::Chunks(4),
+        value_block: None,
+    };
+    let window = |t, m| Some(SegmentWindow::new(t, m).unwrap());
+    let case = HardCase {
+        name: "T1024 gates 0, -20, -0.1, -0.03".into(),
+        problem: p.clone(),
+        spec: RandomSpec::default(),
+    };
+    let (exact, exact_paths) = run_windowed(ctx, &p, &dev, dtype, options, None);
+    let mut failures = Vec::new();
+    for (w, want) in [
+        // Head 1 needs 1 chunk, head 2 two (−12.8), head 3 more than a segment (−7.68).
+        (window(-10.0, None), (8, 8, 2)),
+        // At most one chunk: head 2 falls back too.
+        (window(-10.0, Some(1)), (4, 12, 1)),
+        // At −5: head 2 needs one chunk, head 3 three (−5.76).
+        (window(-5.0, None), (12, 4, 3)),
+        (None, (0, 16, 0)),
+    ] {
+        let (got, paths) = run_windowed(ctx, &p, &dev, dtype, options, w);
+        let want = SegmentPaths {
+            windowed: want.0,
+            exact: want.1,
+            longest_warmup_chunks: want.2,
+        };
+        assert_eq!(paths, Some(want), "{w:?}");
+        if let Err(e) = check(
+            &format!("forward (Chunked, segments of 4, {w:?})"),
+            &case,
+            Op::Forward,
+            dtype,
+            arithmetic_of(ForwardPath::Chunked, dtype),
+            &got,
+            &expected,
+        ) {
+            failures.push(e);
+        }
+        // Head 0 (g = 0) is exact in every run: its o columns and state bit for bit.
+        let (v, k) = (p.value_dim, p.key_dim);
+        for t in 0..p.total_tokens() {
+            let at = t * 4 * v;
+            assert_eq!(
+                got.o.data[at..at + v],
+                exact.o.data[at..at + v],
+                "{w:?}: o of the g = 0 head at token {t}"
+            );
+        }
+        assert_eq!(
+            got.final_state.data[..k * v],
+            exact.final_state.data[..k * v],
+            "{w:?}: the g = 0 head's state"
+        );
+    }
+    assert_eq!(
+        exact_paths,
+        Some(SegmentPaths {
+            windowed: 0,
+            exact: 16,
+            longest_warmup_chunks: 0
+        })
+    );
+    // Without segments there is no report.
+    let whole = PlanOptions {
+        segments: Segments::Off,
+        value_block: None,
+    };
+    assert_eq!(
+        run_windowed(ctx, &p, &dev, dtype, whole, window(-10.0, None)).1,
+        None
+    );
     fail_on(failures);
 }
 

@@ -19,7 +19,9 @@
 //                    a local pass of the same kernel (LOCAL_PASS) gives each segment's end state
 //                    from zero, E, and its transition M (S_end = M·S_start + E), chunk_combine.cu
 //                    chains them into every segment's exact start state, and the main pass runs
-//                    the segments from those (src/cuda_backend/chunked.rs decides).
+//                    the segments from those (src/cuda_backend/chunked.rs decides). With the
+//                    gate-driven window (segment_window.cu) a windowed (segment, v-head)'s
+//                    local pass runs only its last n chunks and has no transition.
 //
 // Decisions and why:
 // - FLA's gated T (not FlashQLA's gate-free A): no gate work on the T operand in the
@@ -151,12 +153,12 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     const float* __restrict__ ws_f, const T* __restrict__ ws_a,
                     const T* __restrict__ ws_p, const float* h_in,
                     const float* __restrict__ seg_start, T* __restrict__ o, float* h_out,
-                    float* __restrict__ seg_end) {
+                    float* __restrict__ seg_end, const int* __restrict__ warmup) {
     using L = FwdLayout<BV, KS>;
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = KD > 0 ? KD : p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
-    const int first = units[4 * unit], end = units[4 * unit + 1];
+    const int end = units[4 * unit + 1];
     const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
     const int flags = p.flags;
     const bool local = flags & LOCAL_PASS, split = flags & SPLIT_STATE;
@@ -164,6 +166,11 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const int v_blocks = (V + BV - 1) / BV;
     // Local pass: blocks past the v-blocks carry the transition's K columns (V = 0).
     const bool transition = local && (int)blockIdx.x >= v_blocks;
+    // The gate-driven window (segment_window.cu): a windowed pair's local pass runs only its
+    // last n chunks (E from zero over the warm-up) and needs no transition.
+    const int n_warmup = local && warmup != nullptr ? warmup[(size_t)unit * HV + hv] : -1;
+    if (transition && n_warmup >= 0) return;
+    const int first = n_warmup >= 0 ? end - n_warmup : units[4 * unit];
     const int cols = transition ? K : V;
     const int col0 = (transition ? (int)blockIdx.x - v_blocks : (int)blockIdx.x) * BV;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -489,14 +496,15 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_fwd##BV##_##SUFFIX(     \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
         const T* k, const T* v, const float* ws_f, const T* ws_a, const T* ws_p,                   \
-        const float* h_in, const float* seg_start, T* o, float* h_out, float* seg_end) {           \
+        const float* h_in, const float* seg_start, T* o, float* h_out, float* seg_end,             \
+        const int* warmup) {                                                                       \
         if (p.key_dim == gdn::chunked::MAX_K) {                                                    \
             gdn::chunked::fwd<T, BV, KS, gdn::chunked::MAX_K>(p, chunks, units, q, k, v, ws_f, ws_a, \
                                                               ws_p, h_in, seg_start, o, h_out,       \
-                                                              seg_end);                              \
+                                                              seg_end, warmup);                      \
         } else {                                                                                   \
             gdn::chunked::fwd<T, BV, KS>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in,          \
-                                         seg_start, o, h_out, seg_end);                            \
+                                         seg_start, o, h_out, seg_end, warmup);                    \
         }                                                                                          \
     }
 

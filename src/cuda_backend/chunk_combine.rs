@@ -1,6 +1,7 @@
-//! Sequence parallelism's combine step (`shaders/cuda/chunk_combine.cu`): per (32 v columns,
+//! Sequence parallelism's combine step (`shaders/cuda/chunk_combine.cu`): per (8 v columns,
 //! v-head, sequence), the segments' exact start states from their end states E and
-//! transitions M (the chunked forward's local pass), `start_{i+1} = M_i·start_i + E_i` in f32.
+//! transitions M (the chunked forward's local pass), `start_{i+1} = M_i·start_i + E_i` in f32;
+//! with the gate-driven window, `start_{i+1} = E_i` where segment i's pair was windowed.
 //! Launched by [`launch_chunked`](super::launch_chunked) between the local and the main pass.
 
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
@@ -13,7 +14,7 @@ use crate::problem::Problem;
 
 /// Threads per block and v columns per block (chunk_combine.cu `THREADS`, `COLS`).
 const THREADS: u32 = 256;
-const COLS: usize = 32;
+const COLS: usize = 8;
 
 /// Mirrors `gdn::combine::CombineParams` in chunk_combine.cu.
 #[repr(C)]
@@ -28,18 +29,22 @@ struct CombineParams {
 // SAFETY: plain old data of 4-byte fields, laid out like the C struct the kernel takes by value.
 unsafe impl DeviceRepr for CombineParams {}
 
-/// Shared memory of the combine kernel: two K × (K + 4) stages of M and the K × 32 start state.
+/// Shared memory of the combine kernel: two K × (K + 4) stages of M, two K × 8 stages of E's
+/// columns and the start state's 8 columns of K + 4.
 pub(crate) fn combine_smem(key_dim: usize) -> usize {
-    4 * (2 * key_dim * (key_dim + 4) + key_dim * COLS)
+    4 * (2 * key_dim * (key_dim + 4) + 2 * key_dim * COLS + COLS * (key_dim + 4))
 }
 
 /// Enqueue the combine: `seq_units` gives each sequence's units (segments) in order,
 /// `segment_ends` their [E | M] rows (K × (V + K) f32 per unit and v-head), and the start
 /// state of every unit but each sequence's first goes to `segment_starts` (K × V f32).
+/// `warmup` (per unit and v-head, the gate-driven window's table: > 0 windowed) makes a
+/// windowed unit's next start state its E alone; `None`: every unit exact.
 pub(crate) fn launch_chunk_combine(
     ctx: &Context,
     problem: &Problem,
     seq_units: &CudaSlice<i32>,
+    warmup: Option<&CudaSlice<i32>>,
     initial_state: Option<&CudaTensor>,
     segment_ends: &CudaSlice<u8>,
     segment_starts: &CudaSlice<u8>,
@@ -66,6 +71,10 @@ pub(crate) fn launch_chunk_combine(
     let null: u64 = 0;
     let mut l = ctx.stream().launch_builder(&func);
     l.arg(&params).arg(seq_units);
+    match warmup {
+        Some(w) => l.arg(w),
+        None => l.arg(&null),
+    };
     match initial_state {
         Some(t) => l.arg(t.buffer()),
         None => l.arg(&null),

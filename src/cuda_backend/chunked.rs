@@ -17,10 +17,12 @@ use super::chunk_combine::{combine_smem, launch_chunk_combine};
 use super::context::{Context, driver_error};
 use super::kernels::{CHUNKED, option_flags};
 use super::recurrent::check_tensor;
+use super::segment_window::launch_segment_window;
 use super::tensor::CudaTensor;
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Problem};
 use crate::tensor::{DType, TensorMeta};
+use crate::wgpu_backend::{SegmentPaths, SegmentWindow};
 
 /// Largest K the chunked pass runs (its shared memory); larger heads take the recurrent kernel.
 pub const MAX_CHUNKED_KEY_DIM: usize = 128;
@@ -42,8 +44,9 @@ const UNIT_LAST: i32 = 2;
 pub const VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 
 /// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
-/// spend more on the local pass and the combine than they gain (2/8 × 32768 on the H200:
-/// segments of 16 chunks 1.45 ms, of 32 or 64 chunks 1.05 ms).
+/// spend more on the local pass and the combine than they gain (2/8 × 32768 bf16 on the
+/// H200, 2026-12-01, with the 8-column combine: segments of 16 chunks 0.663 ms, of 32
+/// chunks 0.604, of 64 chunks 0.757).
 const MIN_SEGMENT_CHUNKS: usize = 16;
 
 /// How a [`ChunkPlan`] cuts sequences into segments that are scanned at once (sequence
@@ -237,20 +240,29 @@ impl DeviceLimits {
     }
 }
 
-/// The automatic segment length: only when even 32-wide V-blocks leave more than half the
-/// SMs idle, and then about one wave of the main pass at V-block 64 (the local pass, with
-/// the transition's K extra columns, is about two).
+/// The automatic segment length. Exact transitions: only when even 32-wide V-blocks leave
+/// more than half the SMs idle; with the gate-driven window (whose local pass is a warm-up
+/// per pair): whenever 128-wide V-blocks leave some SM idle (16/64 heads × 1×32768 bf16 on
+/// the H200: 3.14 ms whole, 2.44 ms in 2 windowed segments at V-block 128). Then about one
+/// wave of the main pass at V-block 128 (2/8 × 32768: segments of 32 chunks, 0.604 ms exact
+/// and 0.362 ms windowed, against 0.757 and 0.427 at 64 chunks).
 fn auto_segment_chunks(
     limits: &DeviceLimits,
     problem: &Problem,
     seq_chunks: &[usize],
+    windowed: bool,
 ) -> Option<usize> {
     let p = problem;
-    let busy = p.heads_v * seq_chunks.len() * p.value_dim.div_ceil(32);
-    if 2 * busy >= limits.sms {
+    let n_seq = seq_chunks.len();
+    let idle = if windowed {
+        p.heads_v * n_seq * p.value_dim.div_ceil(128) < limits.sms
+    } else {
+        2 * p.heads_v * n_seq * p.value_dim.div_ceil(32) < limits.sms
+    };
+    if !idle {
         return None;
     }
-    let units = (limits.sms / (p.heads_v * p.value_dim.div_ceil(64))).max(1);
+    let units = (limits.sms / (p.heads_v * p.value_dim.div_ceil(128))).max(1);
     let total: usize = seq_chunks.iter().sum();
     let n = total.div_ceil(units).max(MIN_SEGMENT_CHUNKS);
     seq_chunks.iter().any(|&c| c > n).then_some(n)
@@ -299,6 +311,13 @@ pub struct ChunkPlan {
     ws_p: CudaSlice<u8>,
     /// Sequence parallelism: per unit [E | M] (K × (V + K) f32) and the start state (K × V).
     segment_states: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
+    /// The gate-driven window (segmented plans only; `None`: exact only).
+    segment_window: Option<SegmentWindow>,
+    /// Per (unit, v-head) the window's warm-up in chunks, −1 exact (segment_window.cu);
+    /// allocated with the segment states.
+    warmup: Option<CudaSlice<i32>>,
+    /// Whether the last launch through the plan ran the window (what `warmup` holds).
+    last_windowed: std::sync::atomic::AtomicBool,
     /// l2-normalized q and k (only with `Options::l2norm_qk`).
     normalized: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
     split_state: bool,
@@ -314,12 +333,26 @@ impl ChunkPlan {
 
     /// [`Self::new`] with the choices in `options` overridden; a V-block the device cannot
     /// fit, or segments that need more shared memory or more units than the device allows,
-    /// is a typed error.
+    /// is a typed error. The gate-driven window is the context's
+    /// ([`Context::segment_window`]).
     pub fn with_options(
         ctx: &Context,
         problem: &Problem,
         dtype: DType,
         options: PlanOptions,
+    ) -> Result<Self> {
+        Self::with_window(ctx, problem, dtype, options, ctx.segment_window())
+    }
+
+    /// [`Self::with_options`] with the gate-driven window `window` (`None`: exact only)
+    /// instead of the context's; the automatic segments are chosen for it (with the window
+    /// they are cut wherever 128-wide V-blocks leave SMs idle).
+    pub fn with_window(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        options: PlanOptions,
+        window: Option<SegmentWindow>,
     ) -> Result<Self> {
         if forward_path(ctx, problem, dtype)? != ForwardPath::Chunked {
             return Err(Error::unsupported(
@@ -361,7 +394,8 @@ impl ChunkPlan {
         let combine_fits = combine_smem(p.key_dim) <= limits.smem_per_block;
         let segment_chunks = match options.segments {
             Segments::Off => None,
-            Segments::Auto => auto_segment_chunks(&limits, p, &seq_chunks).filter(|_| combine_fits),
+            Segments::Auto => auto_segment_chunks(&limits, p, &seq_chunks, window.is_some())
+                .filter(|_| combine_fits),
             Segments::Chunks(0) => {
                 return Err(Error::value("segments", "at least 1 chunk", 0));
             }
@@ -448,6 +482,15 @@ impl ChunkPlan {
         } else {
             None
         };
+        let warmup = if segmented {
+            Some(
+                stream
+                    .alloc_zeros::<i32>(num_units * hv)
+                    .map_err(|e| driver_error("allocation of the window table", e))?,
+            )
+        } else {
+            None
+        };
         Ok(ChunkPlan {
             problem: p.clone(),
             dtype,
@@ -462,6 +505,9 @@ impl ChunkPlan {
             ws_a: alloc(ctx, "T·diag(β) workspace", rows * CHUNK * s)?,
             ws_p: alloc(ctx, "P workspace", rows * CHUNK * s)?,
             segment_states,
+            segment_window: window,
+            warmup,
+            last_windowed: std::sync::atomic::AtomicBool::new(false),
             normalized,
             split_state: false,
         })
@@ -476,6 +522,54 @@ impl ChunkPlan {
             split_state,
             ..self
         }
+    }
+
+    /// Sequence parallelism's gate-driven window for the launches through this plan
+    /// (docs/sequence-parallelism.md; `None`: exact only, the default unless the context has
+    /// one, [`Context::set_segment_window`]). Without segments it changes nothing; the
+    /// automatic segments were chosen for the window the plan was made with
+    /// ([`Self::with_window`]).
+    pub fn set_segment_window(&mut self, window: Option<SegmentWindow>) {
+        self.segment_window = window;
+    }
+
+    /// The gate-driven window the plan's segmented launches run.
+    pub fn segment_window(&self) -> Option<SegmentWindow> {
+        self.segment_window
+    }
+
+    /// Which path the (segment, v-head) pairs of the last launch through this plan took
+    /// (waits for the stream and reads the window's table back; `None` without segments).
+    /// Without the window every pair is exact.
+    pub fn segment_paths(&self, ctx: &Context) -> Result<Option<SegmentPaths>> {
+        let Some(warmup) = &self.warmup else {
+            return Ok(None);
+        };
+        let pairs = self.num_units * self.problem.heads_v;
+        if !self
+            .last_windowed
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return Ok(Some(SegmentPaths {
+                windowed: 0,
+                exact: pairs,
+                longest_warmup_chunks: 0,
+            }));
+        }
+        let table = ctx
+            .stream()
+            .clone_dtoh(warmup)
+            .map_err(|e| driver_error("read-back of the window table", e))?;
+        let windowed: Vec<usize> = table
+            .iter()
+            .filter(|&&n| n >= 0)
+            .map(|&n| n as usize)
+            .collect();
+        Ok(Some(SegmentPaths {
+            windowed: windowed.len(),
+            exact: table.len() - windowed.len(),
+            longest_warmup_chunks: windowed.into_iter().max().unwrap_or(0),
+        }))
     }
 
     /// Whether the state enters the MMAs as two 16-bit parts.
@@ -616,6 +710,24 @@ pub fn launch_chunked_passes(
     if passes == ChunkedPasses::Parallel || plan.num_units == 0 {
         return Ok(());
     }
+    // The gate-driven window's table, written after the prep (it reads the decays).
+    let window_table = match (plan.segment_window, &plan.warmup) {
+        (Some(window), Some(warmup)) => {
+            launch_segment_window(
+                ctx,
+                window,
+                p.heads_v,
+                plan.num_units,
+                &plan.units,
+                &plan.ws_f,
+                warmup,
+            )?;
+            Some(warmup)
+        }
+        _ => None,
+    };
+    plan.last_windowed
+        .store(window_table.is_some(), std::sync::atomic::Ordering::Relaxed);
     let bv = plan.value_block;
     let name = format!("gdn_chunk_fwd{bv}_{suffix}");
     // The sequential kernel, in the local pass (`local`) or the main pass.
@@ -660,6 +772,10 @@ pub fn launch_chunked_passes(
             Some((end, _)) => l.arg(end),
             None => l.arg(&null),
         };
+        match window_table {
+            Some(w) => l.arg(w),
+            None => l.arg(&null),
+        };
         // SAFETY: matches gdn_chunk_fwd* in chunked.cu; o, the states and the workspace were
         // checked or sized for this problem, the unit table indexes only the chunk table.
         unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
@@ -667,7 +783,15 @@ pub fn launch_chunked_passes(
     };
     if let Some((end, start)) = &plan.segment_states {
         sequential(true)?;
-        launch_chunk_combine(ctx, p, &plan.seq_units, inputs.initial_state, end, start)?;
+        launch_chunk_combine(
+            ctx,
+            p,
+            &plan.seq_units,
+            window_table,
+            inputs.initial_state,
+            end,
+            start,
+        )?;
     }
     sequential(false)
 }
@@ -710,4 +834,54 @@ pub(crate) fn launch_l2norm(
     // callers) and q̂, k̂ hold rows·K elements of the storage dtype.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::Options;
+
+    /// The H200's numbers (132 SMs, 228 KiB of shared memory per SM, 227 KiB per block).
+    fn h200() -> DeviceLimits {
+        DeviceLimits {
+            smem_per_block: 232_448,
+            smem_per_sm: 233_472,
+            sms: 132,
+        }
+    }
+
+    fn chunks_of(problem: &Problem) -> Vec<usize> {
+        problem
+            .sequences()
+            .iter()
+            .map(|s| (s.end - s.start).div_ceil(CHUNK))
+            .collect()
+    }
+
+    #[test]
+    fn automatic_segments_aim_at_one_wave_at_value_block_128() {
+        let d = Options::default();
+        let shape = |heads: (usize, usize), b: usize, t: usize| {
+            Problem::new(b, t, heads.0, heads.1, 128, 128, None, d).unwrap()
+        };
+        let auto =
+            |p: &Problem, windowed: bool| auto_segment_chunks(&h200(), p, &chunks_of(p), windowed);
+        // 2/8 × 32768: 16 segments of 32 chunks, exact or windowed; × 8192: the minimum, 16.
+        let few = shape((2, 8), 1, 32768);
+        assert_eq!(auto(&few, false), Some(32));
+        assert_eq!(auto(&few, true), Some(32));
+        assert_eq!(
+            auto(&shape((2, 8), 1, 8192), false),
+            Some(MIN_SEGMENT_CHUNKS)
+        );
+        // 16/64 × 32768: whole when exact, two windowed segments.
+        let many = shape((16, 64), 1, 32768);
+        assert_eq!(auto(&many, false), None);
+        assert_eq!(auto(&many, true), Some(256));
+        // Batches that fill the device stay whole either way.
+        assert_eq!(auto(&shape((16, 64), 8, 4096), true), None);
+        assert_eq!(auto(&shape((2, 8), 8, 4096), false), None);
+        // Sequences no longer than a segment are never cut.
+        assert_eq!(auto(&shape((2, 8), 1, 1024), false), None);
+    }
 }

@@ -11,6 +11,7 @@ use super::backward::BackwardPath;
 use super::kernels::Source;
 use super::nvrtc::{self, Target};
 use crate::error::{Error, Result};
+use crate::wgpu_backend::SegmentWindow;
 
 /// One CUDA device and the stream this crate's launchers enqueue on: a stream of its own
 /// ([`Context::new`]) or a caller's ([`Context::from_raw_stream`], for PyTorch/JAX interop and
@@ -29,6 +30,9 @@ pub struct Context {
     borrowed_stream: bool,
     /// The backward's path when forced (`GDN_CUDA_BACKWARD`, [`Context::with_backward_path`]).
     backward_path: Option<BackwardPath>,
+    /// Sequence parallelism's gate-driven window for plans made afterwards
+    /// (`GDN_SEGMENT_WINDOW`, `GDN_SEGMENT_WARMUP`, [`Context::set_segment_window`]).
+    segment_window: Option<SegmentWindow>,
 }
 
 impl std::fmt::Debug for Context {
@@ -199,6 +203,11 @@ impl Context {
             Ok(s) if !s.is_empty() => BackwardPath::parse_override("GDN_CUDA_BACKWARD", &s)?,
             _ => None,
         };
+        let env = |name: &str| std::env::var(name).ok();
+        let segment_window = SegmentWindow::parse(
+            ("GDN_SEGMENT_WINDOW", env("GDN_SEGMENT_WINDOW").as_deref()),
+            ("GDN_SEGMENT_WARMUP", env("GDN_SEGMENT_WARMUP").as_deref()),
+        )?;
         Ok(Context {
             ctx,
             stream,
@@ -211,7 +220,22 @@ impl Context {
             smem_opt_in: Mutex::new(HashMap::new()),
             borrowed_stream: borrowed.is_some(),
             backward_path,
+            segment_window,
         })
+    }
+
+    /// The gate-driven window (docs/sequence-parallelism.md) for the chunk plans made from now
+    /// on (`None`: exact only, the default); overrides `GDN_SEGMENT_WINDOW` /
+    /// `GDN_SEGMENT_WARMUP`. [`ChunkPlan::set_segment_window`] sets one plan's.
+    ///
+    /// [`ChunkPlan::set_segment_window`]: crate::cuda_backend::ChunkPlan::set_segment_window
+    pub fn set_segment_window(&mut self, window: Option<SegmentWindow>) {
+        self.segment_window = window;
+    }
+
+    /// The gate-driven window new chunk plans take.
+    pub fn segment_window(&self) -> Option<SegmentWindow> {
+        self.segment_window
     }
 
     /// The same context with the backward's path forced (`None`: chosen per call by

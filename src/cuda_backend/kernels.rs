@@ -72,6 +72,13 @@ pub const CHUNK_COMBINE: Source = Source {
     headers: &[],
 };
 
+/// Sequence parallelism's gate-driven window: each (segment, v-head)'s warm-up.
+pub const SEGMENT_WINDOW: Source = Source {
+    file: "segment_window.cu",
+    text: include_str!("../../shaders/cuda/segment_window.cu"),
+    headers: &[],
+};
+
 /// The exact backward: BPTT kernel, dq/dk and gate finishing kernels.
 pub const BACKWARD: Source = Source {
     file: "backward.cu",
@@ -106,6 +113,7 @@ pub const SOURCES: &[Source] = &[
     RECURRENT,
     CHUNKED,
     CHUNK_COMBINE,
+    SEGMENT_WINDOW,
     BACKWARD,
     CHUNK_BWD_CHAIN,
     CHUNK_BWD_GRAD,

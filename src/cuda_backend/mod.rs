@@ -39,6 +39,7 @@ pub mod decode;
 pub mod kernels;
 pub mod nvrtc;
 pub mod recurrent;
+mod segment_window;
 mod tensor;
 
 pub use backward::{BackwardPath, BackwardWorkspace, backward_path};

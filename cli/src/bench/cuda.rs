@@ -115,7 +115,9 @@ fn time_on(
     let launch: Box<dyn Fn() -> Result<()>> = match op {
         Op::Forward => match cuda_backend::forward_path(ctx, p, host.dtype)? {
             ForwardPath::Chunked => {
-                let plan = ChunkPlan::with_options(ctx, p, host.dtype, plan_options()?)?;
+                // --segment-window overrides the context's (GDN_SEGMENT_WINDOW).
+                let window = c.segment_window.unwrap_or(ctx.segment_window());
+                let plan = ChunkPlan::with_window(ctx, p, host.dtype, plan_options()?, window)?;
                 // The parallel passes (l2norm, prep) alone, after a warm-up, for the split.
                 let parallel = || {
                     cuda_backend::launch_chunked_passes(
@@ -129,13 +131,22 @@ fn time_on(
                 };
                 parallel()?;
                 let parallel_ms = event_median(ctx, reps.min(10), &parallel)?;
+                // One whole call, for the window's report of which path each pair took.
+                cuda_backend::launch_chunked(ctx, p, &plan, &inputs, &outputs)?;
+                let segments = match (plan.segment_chunks(), plan.segment_paths(ctx)?) {
+                    (Some(n), Some(paths)) => format!(
+                        "segments of {n} chunks, {}, pairs windowed / exact {} / {} (longest warm-up {} chunks)",
+                        plan.segment_window()
+                            .map_or("exact transitions".into(), |w| w.to_string()),
+                        paths.windowed,
+                        paths.exact,
+                        paths.longest_warmup_chunks
+                    ),
+                    _ => "whole sequences".into(),
+                };
                 variant = format!(
-                    "cuda chunked tensor-core forward, V-block {}, {}, parallel passes {parallel_ms:.4} ms",
+                    "cuda chunked tensor-core forward, V-block {}, {segments}, parallel passes {parallel_ms:.4} ms",
                     plan.value_block(),
-                    match plan.segment_chunks() {
-                        Some(n) => format!("segments of {n} chunks"),
-                        None => "whole sequences".into(),
-                    }
                 );
                 Box::new(move || cuda_backend::launch_chunked(ctx, p, &plan, &inputs, &outputs))
             }
