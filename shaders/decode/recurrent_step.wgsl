@@ -60,6 +60,10 @@ override LANES: u32;              // partial sums per result (K-first row lanes,
 override STAGE: u32;              // words of a k (q) row each invocation stages, ≤ 8
 override V_FIRST: bool;
 override PER_TOKEN_STATES: bool;
+// Sequences per workgroup (SEQS > 1: the grid's z is ⌈N / SEQS⌉ and workgroup z walks
+// sequences z, z + nwg.z, …, loading the next sequence's slice while it walks this one's
+// tokens; then 2 VEC4S ≤ 32).
+override SEQS: u32;
 // Sizes of workgroup arrays must be plain overrides: 2 K / 4, K / 4, WG (K-first) or 1.
 override K2_VEC4S: u32;
 override K_VEC4S: u32;
@@ -282,46 +286,60 @@ fn v_first_u(ab: vec4<f32>, v: f32, alpha: f32, beta: f32, rk: f32) -> f32 {
     return beta * (v - alpha * rk * ab.x);
 }
 
-@compute @workgroup_size(WG)
-fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let hv = wid.y;
-    let n = wid.z;
+// An invocation's share of a slice: eight quads (registers 0 .. 31).
+struct Slice {
+    g0: Quad,
+    g1: Quad,
+    g2: Quad,
+    g3: Quad,
+    g4: Quad,
+    g5: Quad,
+    g6: Quad,
+    g7: Quad,
+}
+
+fn zero_slice() -> Slice {
+    return Slice(zero_quad(), zero_quad(), zero_quad(), zero_quad(), zero_quad(), zero_quad(),
+                 zero_quad(), zero_quad());
+}
+
+// The invocation's registers of the slice at vec4 `base`, every load issued at once.
+fn load_slice(base: u32, p: Place) -> Slice {
+    return Slice(load_quad(base, p, 0u), load_quad(base, p, 1u), load_quad(base, p, 2u),
+                 load_quad(base, p, 3u), load_quad(base, p, 4u), load_quad(base, p, 5u),
+                 load_quad(base, p, 6u), load_quad(base, p, 7u));
+}
+
+fn store_slice(to_pool: bool, base: u32, p: Place, s: Slice) {
+    store_quad(to_pool, base, p, 0u, s.g0);
+    store_quad(to_pool, base, p, 1u, s.g1);
+    store_quad(to_pool, base, p, 2u, s.g2);
+    store_quad(to_pool, base, p, 3u, s.g3);
+    store_quad(to_pool, base, p, 4u, s.g4);
+    store_quad(to_pool, base, p, 5u, s.g5);
+    store_quad(to_pool, base, p, 6u, s.g6);
+    store_quad(to_pool, base, p, 7u, s.g7);
+}
+
+// The state a sequence starts from: its slot's slice, or zero.
+fn read_state(sq: Sequence, hv: u32, p: Place) -> Slice {
+    if (sq.read_slot >= 0) {
+        let slice_words = K_DIM * params.value_dim / 4u;
+        return load_slice((u32(sq.read_slot) * params.heads_v + hv) * slice_words, p);
+    }
+    return zero_slice();
+}
+
+// Walk the tokens of `sq` from state `s0`; `steps` counts the tokens the workgroup walked
+// before (the parity of k's double buffer continues across its sequences).
+fn walk(sq: Sequence, hv: u32, t: u32, p: Place, s0: Slice, steps: u32) -> Slice {
     let hv_count = params.heads_v;
     let h = hv / (hv_count / params.heads_qk);
     let v_dim = params.value_dim;
-    let sq = sequence_of(n, hv);
-    let start = sq.start;
-    let end = sq.end;
-    let a_log = sq.a_log;
-    let dt_bias = sq.dt_bias;
-    let write_slot = sq.write_slot;
-
-    let p = Place(t % ROW_VECS, t / ROW_VECS, wid.x * V_BLOCK);
     let slice_words = K_DIM * v_dim / 4u;
-
-    // The whole slice in flight at once.
-    var s0 = zero_quad();
-    var s1 = zero_quad();
-    var s2 = zero_quad();
-    var s3 = zero_quad();
-    var s4 = zero_quad();
-    var s5 = zero_quad();
-    var s6 = zero_quad();
-    var s7 = zero_quad();
-    if (sq.read_slot >= 0) {
-        let base = (u32(sq.read_slot) * hv_count + hv) * slice_words;
-        s0 = load_quad(base, p, 0u);
-        s1 = load_quad(base, p, 1u);
-        s2 = load_quad(base, p, 2u);
-        s3 = load_quad(base, p, 3u);
-        s4 = load_quad(base, p, 4u);
-        s5 = load_quad(base, p, 5u);
-        s6 = load_quad(base, p, 6u);
-        s7 = load_quad(base, p, 7u);
-    }
-
-    for (var tok = start; tok < end; tok++) {
-        let kb = (tok % 2u) * K_VEC4S;
+    var s = s0;
+    for (var tok = sq.start; tok < sq.end; tok++) {
+        let kb = ((steps + tok - sq.start) % 2u) * K_VEC4S;
         // The token's loads, all issued before any is used: this invocation's words of the k
         // and q rows, its v, g and β.
         let row_word = (tok * params.heads_qk + h) * (K_DIM / ELEMS_PER_WORD);
@@ -352,7 +370,7 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
             let c = v_row + 4u * p.lane_vec;
             v = vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
         }
-        let gate = gate_of(tok, hv, a_log, dt_bias);
+        let gate = gate_of(tok, hv, sq.a_log, sq.dt_bias);
 
         stage_word(true, kb, t, 0u, kw0);
         stage_word(true, kb, t, 1u, kw1);
@@ -374,14 +392,14 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
 
         // Partial a, b and (Σk², Σq², k·q) over the invocation's registers.
         var acc = Sums(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-        acc = quad_sums(acc, s0, p, 0u, kb);
-        acc = quad_sums(acc, s1, p, 1u, kb);
-        acc = quad_sums(acc, s2, p, 2u, kb);
-        acc = quad_sums(acc, s3, p, 3u, kb);
-        acc = quad_sums(acc, s4, p, 4u, kb);
-        acc = quad_sums(acc, s5, p, 5u, kb);
-        acc = quad_sums(acc, s6, p, 6u, kb);
-        acc = quad_sums(acc, s7, p, 7u, kb);
+        acc = quad_sums(acc, s.g0, p, 0u, kb);
+        acc = quad_sums(acc, s.g1, p, 1u, kb);
+        acc = quad_sums(acc, s.g2, p, 2u, kb);
+        acc = quad_sums(acc, s.g3, p, 3u, kb);
+        acc = quad_sums(acc, s.g4, p, 4u, kb);
+        acc = quad_sums(acc, s.g5, p, 5u, kb);
+        acc = quad_sums(acc, s.g6, p, 6u, kb);
+        acc = quad_sums(acc, s.g7, p, 7u, kb);
         pa[t] = acc.a;
         if (V_FIRST) {
             if (p.row_lane == 0u) {
@@ -444,36 +462,53 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
         }
 
         // S ← α S + k uᵀ in registers.
-        s0 = quad_update(s0, p, 0u, kb, alpha, rk, u4);
-        s1 = quad_update(s1, p, 1u, kb, alpha, rk, u4);
-        s2 = quad_update(s2, p, 2u, kb, alpha, rk, u4);
-        s3 = quad_update(s3, p, 3u, kb, alpha, rk, u4);
-        s4 = quad_update(s4, p, 4u, kb, alpha, rk, u4);
-        s5 = quad_update(s5, p, 5u, kb, alpha, rk, u4);
-        s6 = quad_update(s6, p, 6u, kb, alpha, rk, u4);
-        s7 = quad_update(s7, p, 7u, kb, alpha, rk, u4);
+        s.g0 = quad_update(s.g0, p, 0u, kb, alpha, rk, u4);
+        s.g1 = quad_update(s.g1, p, 1u, kb, alpha, rk, u4);
+        s.g2 = quad_update(s.g2, p, 2u, kb, alpha, rk, u4);
+        s.g3 = quad_update(s.g3, p, 3u, kb, alpha, rk, u4);
+        s.g4 = quad_update(s.g4, p, 4u, kb, alpha, rk, u4);
+        s.g5 = quad_update(s.g5, p, 5u, kb, alpha, rk, u4);
+        s.g6 = quad_update(s.g6, p, 6u, kb, alpha, rk, u4);
+        s.g7 = quad_update(s.g7, p, 7u, kb, alpha, rk, u4);
         if (PER_TOKEN_STATES) {
-            let base = (tok * hv_count + hv) * slice_words;
-            store_quad(false, base, p, 0u, s0);
-            store_quad(false, base, p, 1u, s1);
-            store_quad(false, base, p, 2u, s2);
-            store_quad(false, base, p, 3u, s3);
-            store_quad(false, base, p, 4u, s4);
-            store_quad(false, base, p, 5u, s5);
-            store_quad(false, base, p, 6u, s6);
-            store_quad(false, base, p, 7u, s7);
+            store_slice(false, (tok * hv_count + hv) * slice_words, p, s);
         }
     }
+    return s;
+}
 
-    if (write_slot >= 0) {
-        let base = (u32(write_slot) * hv_count + hv) * slice_words;
-        store_quad(true, base, p, 0u, s0);
-        store_quad(true, base, p, 1u, s1);
-        store_quad(true, base, p, 2u, s2);
-        store_quad(true, base, p, 3u, s3);
-        store_quad(true, base, p, 4u, s4);
-        store_quad(true, base, p, 5u, s5);
-        store_quad(true, base, p, 6u, s6);
-        store_quad(true, base, p, 7u, s7);
+@compute @workgroup_size(WG)
+fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let hv = wid.y;
+    let p = Place(t % ROW_VECS, t / ROW_VECS, wid.x * V_BLOCK);
+    let slice_words = K_DIM * params.value_dim / 4u;
+    let sequences = params.num_segments;
+
+    var n = wid.z;
+    var sq = sequence_of(n, hv);
+    var s = read_state(sq, hv, p);
+    var steps = 0u;
+    for (var i = 0u; i < SEQS; i++) {
+        // The next sequence's slice is loaded while this one's tokens are walked.
+        let next = n + nwg.z;
+        let has_next = SEQS > 1u && i + 1u < SEQS && next < sequences;
+        var next_sq = sq;
+        var next_s = zero_slice();
+        if (has_next) {
+            next_sq = sequence_of(next, hv);
+            next_s = read_state(next_sq, hv, p);
+        }
+        s = walk(sq, hv, t, p, s, steps);
+        steps += sq.end - sq.start;
+        if (sq.write_slot >= 0) {
+            store_slice(true, (u32(sq.write_slot) * params.heads_v + hv) * slice_words, p, s);
+        }
+        if (!has_next) {
+            break;
+        }
+        n = next;
+        sq = next_sq;
+        s = next_s;
     }
 }

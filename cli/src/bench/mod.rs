@@ -940,15 +940,16 @@ fn check_decode_tiles_name(s: &str) -> Result<String, String> {
     let number = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
     let ok = match s.strip_prefix("sg") {
         Some(rest) => number(rest.strip_suffix('w').unwrap_or(rest)),
-        None => s
-            .split_once('x')
-            .is_some_and(|(v, n)| number(v) && number(n)),
+        None => s.split_once('x').is_some_and(|(v, n)| {
+            let (n, seqs) = n.split_once('s').unwrap_or((n, "1"));
+            number(v) && number(n) && number(seqs)
+        }),
     };
     if ok {
         Ok(s.to_string())
     } else {
         Err(format!(
-            "--decode-tiles: expected VxN (e.g. 64x32) or sgV / sgVw (e.g. sg32), got {s:?}"
+            "--decode-tiles: expected VxN or VxNsS (e.g. 64x32, 64x16s4) or sgV / sgVw (e.g. sg32), got {s:?}"
         ))
     }
 }
