@@ -820,7 +820,8 @@ struct Timing {
     reps: usize,
 }
 
-/// Timestamps per repetition: a start mark, one per pass, and the closing "tail" mark.
+/// Timestamps per repetition: a start mark, one per pass, and the closing mark ("tail", or
+/// the last pass's name: `GpuCase::closing_label`).
 const TIMER_MARKS: u32 = 64;
 
 /// Warm up, then time `reps` repetitions (fewer when they would exceed `max_seconds`).
@@ -840,7 +841,7 @@ fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> gdn_wgpu::Result<T
         }
         case.record(&mut encoder, set, timer.as_ref())?;
         if let Some(timer) = &timer {
-            timer.mark(&mut encoder, "tail");
+            timer.mark(&mut encoder, case.closing_label());
             timer.resolve(&mut encoder);
         }
         let index = ctx.queue.submit([encoder.finish()]);
@@ -860,8 +861,8 @@ fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> gdn_wgpu::Result<T
             if let Some(timer) = &timer {
                 let spans = timer.read_spans(ctx)?;
                 // The timer drops marks past its capacity: a GPU time without the closing
-                // "tail" mark would silently miss the last passes.
-                if spans.last().map(|(l, _)| *l) != Some("tail") {
+                // mark would silently miss the last passes.
+                if spans.last().map(|(l, _)| *l) != Some(case.closing_label()) {
                     return Err(Error::Gpu(format!(
                         "the op wrote more than the bench timer's {TIMER_MARKS} timestamps; its GPU time would miss passes (raise TIMER_MARKS)"
                     )));
