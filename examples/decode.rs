@@ -22,7 +22,8 @@
 //! - `host_us`: host time per step of encoder creation + `DecodePlan::record` + finish +
 //!   submit (median, p90), measured in a pipelined loop without timestamps, and its parts
 //!   (`host_encoder_us`, `host_record_us`, `host_finish_us`, `host_submit_us`, medians);
-//!   `host_empty_us` the same loop with the empty pass; `host_writes_us` the same plus the
+//!   `host_empty_us` the same loop with the empty pass (`host_empty_finish_us`,
+//!   `host_empty_submit_us` its finish and submit); `host_writes_us` the same plus the
 //!   five `queue.write_buffer`s that refill q, k, v, g, β; `period_us`: wall time of that
 //!   loop per step (the token rate of a host-bound loop).
 //!
@@ -493,6 +494,7 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
          \"marks_us\":{},\"copy_us\":{},\"state_gbps\":{},\"copy_gbps\":{},\"of_copy\":{},\
          \"host_us\":{:.2},\"host_p90_us\":{:.2},\"host_encoder_us\":{:.2},\"host_record_us\":{:.2},\
          \"host_finish_us\":{:.2},\"host_submit_us\":{:.2},\"host_empty_us\":{:.2},\
+         \"host_empty_finish_us\":{:.2},\"host_empty_submit_us\":{:.2},\
          \"host_writes_us\":{:.2},\"period_us\":{:.2}}}",
         args.v_first,
         args.dtype,
@@ -515,6 +517,8 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         median(column(&host, 3)),
         median(column(&host, 4)),
         median(column(&host_empty, 0)),
+        median(column(&host_empty, 3)),
+        median(column(&host_empty, 4)),
         median(writes_us),
         period,
     );
