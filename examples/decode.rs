@@ -329,7 +329,9 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
             .device
             .create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some("empty"),
-                source: wgpu::ShaderSource::Wgsl("@compute @workgroup_size(1) fn empty() {}".into()),
+                source: wgpu::ShaderSource::Wgsl(
+                    "@compute @workgroup_size(1) fn empty() {}".into(),
+                ),
             });
         ctx.device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

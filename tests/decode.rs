@@ -555,14 +555,26 @@ fn workgroups_walking_several_sequences() {
         };
         let cases = [
             (problem(7, 1, 1, 4, 32, 32, None, plain), false, (0.0, 0.02)),
-            (problem(1, 14, 2, 4, 32, 32, varlen.clone(), every), true, (0.99, 1.0)),
+            (
+                problem(1, 14, 2, 4, 32, 32, varlen.clone(), every),
+                true,
+                (0.99, 1.0),
+            ),
         ];
         for (j, (p, per_token, beta)) in cases.into_iter().enumerate() {
             BETA.set(beta);
             let tiles = RecurrentStepTiles::candidates(&ctx.limits(), &p);
             for t in tiles.into_iter().filter(|t| t.seqs_per_workgroup > 1) {
                 assert!(t.name().ends_with(&format!("s{}", t.seqs_per_workgroup)));
-                check_decode_with(ctx, &p, 900 + (2 * i + j) as u64, 8, &slots, per_token, Some(t));
+                check_decode_with(
+                    ctx,
+                    &p,
+                    900 + (2 * i + j) as u64,
+                    8,
+                    &slots,
+                    per_token,
+                    Some(t),
+                );
                 walked += 1;
             }
         }

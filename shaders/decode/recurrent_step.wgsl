@@ -30,9 +30,10 @@
 //
 // Thread layout, t = lane_vec + ROW_VECS · row_lane:
 //   K-first [K, V]: the slice's rows are k, a row holds V_BLOCK / 4 vec4s of v. An invocation
-//     owns one vec4 column (lane_vec < ROW_VECS = V_BLOCK / 4) of rows row_lane + LANES · r
-//     (r < VEC4S; LANES = K / VEC4S row lanes). a, b are summed over k: in registers over the
-//     invocation's rows, then over the LANES row lanes.
+//     owns one vec4 column (lane_vec < ROW_VECS = V_BLOCK / 4) of the consecutive rows
+//     row_lane · VEC4S + r (r < VEC4S; LANES = K / VEC4S row lanes), so four registers take
+//     their k and q as one vec4 from workgroup memory. a, b are summed over k: in registers
+//     over the invocation's rows, then over the LANES row lanes.
 //   V-first [V, K]: the slice's rows are v, one per row lane (V_BLOCK of them); a row holds
 //     K / 4 vec4s of k. An invocation owns vec4s lane_vec + ROW_VECS · r of its row
 //     (ROW_VECS = LANES = K / (4 VEC4S)). a, b are dot products along k: in registers, then
@@ -121,7 +122,13 @@ fn slice_vec(base: u32, p: Place, r: u32) -> u32 {
     if (V_FIRST) {
         return base + (p.v0 + p.row_lane) * (K_DIM / 4u) + p.lane_vec + ROW_VECS * r;
     }
-    return base + (p.row_lane + LANES * r) * (params.value_dim / 4u) + p.v0 / 4u + p.lane_vec;
+    return base + k_row(p, r) * (params.value_dim / 4u) + p.v0 / 4u + p.lane_vec;
+}
+
+// K-first: the k row of register r. An invocation owns VEC4S consecutive rows, so a quad's
+// four rows take their k (and q) as one vec4 from workgroup memory.
+fn k_row(p: Place, r: u32) -> u32 {
+    return p.row_lane * VEC4S + r;
 }
 
 fn load_reg(base: u32, p: Place, r: u32) -> vec4<f32> {
@@ -210,7 +217,7 @@ fn reg_sums(acc: Sums, x: vec4<f32>, p: Place, r: u32, kb: u32) -> Sums {
         return Sums(acc.a + vec4<f32>(dot(x, kv), dot(x, qv), 0.0, 0.0), acc.b,
                     acc.c + vec4<f32>(dot(kv, kv), dot(qv, qv), dot(kv, qv), 0.0));
     }
-    let row = p.row_lane + LANES * r;
+    let row = k_row(p, r);
     let kx = k_elem(kb, row);
     let qx = q_elem(row);
     return Sums(acc.a + x * kx, acc.b + x * qx, acc.c + vec4<f32>(kx * kx, qx * qx, kx * qx, 0.0));
@@ -221,6 +228,15 @@ fn quad_sums(acc: Sums, q: Quad, p: Place, g: u32, kb: u32) -> Sums {
         return acc;
     }
     let r = 4u * g;
+    if (!V_FIRST && VEC4S % 4u == 0u) {
+        // Rows 4 j .. 4 j + 3: their k and q in one vec4 each.
+        let j = k_row(p, r) / 4u;
+        let kv = k_s[kb + j];
+        let qv = q_s[j];
+        let a = acc.a + ((q.x0 * kv.x + q.x1 * kv.y) + (q.x2 * kv.z + q.x3 * kv.w));
+        let b = acc.b + ((q.x0 * qv.x + q.x1 * qv.y) + (q.x2 * qv.z + q.x3 * qv.w));
+        return Sums(a, b, acc.c + vec4<f32>(dot(kv, kv), dot(qv, qv), dot(kv, qv), 0.0));
+    }
     var s = reg_sums(acc, q.x0, p, r, kb);
     s = reg_sums(s, q.x1, p, r + 1u, kb);
     s = reg_sums(s, q.x2, p, r + 2u, kb);
@@ -237,7 +253,7 @@ fn reg_update(x: vec4<f32>, p: Place, r: u32, kb: u32, alpha: f32, rk: f32, u4: 
     if (V_FIRST) {
         return alpha * x + k_s[kb + p.lane_vec + ROW_VECS * r] * (rk * u4.x);
     }
-    return alpha * x + (k_elem(kb, p.row_lane + LANES * r) * rk) * u4;
+    return alpha * x + (k_elem(kb, k_row(p, r)) * rk) * u4;
 }
 
 fn quad_update(q: Quad, p: Place, g: u32, kb: u32, alpha: f32, rk: f32, u4: vec4<f32>) -> Quad {
@@ -245,6 +261,11 @@ fn quad_update(q: Quad, p: Place, g: u32, kb: u32, alpha: f32, rk: f32, u4: vec4
         return q;
     }
     let r = 4u * g;
+    if (!V_FIRST && VEC4S % 4u == 0u) {
+        let kv = k_s[kb + k_row(p, r) / 4u] * rk;
+        return Quad(alpha * q.x0 + kv.x * u4, alpha * q.x1 + kv.y * u4, alpha * q.x2 + kv.z * u4,
+                    alpha * q.x3 + kv.w * u4);
+    }
     return Quad(reg_update(q.x0, p, r, kb, alpha, rk, u4), reg_update(q.x1, p, r + 1u, kb, alpha, rk, u4),
                 reg_update(q.x2, p, r + 2u, kb, alpha, rk, u4), reg_update(q.x3, p, r + 3u, kb, alpha, rk, u4));
 }

@@ -73,7 +73,7 @@ const SUBGROUP_TEAM: u32 = 8;
 /// headers.
 ///
 /// Workgroup kernel, K-first: invocations are `row_vecs = v_block / 4` (one vec4 column each)
-/// × `row_lanes = K / vec4s_per_thread` (k rows `row_lane + row_lanes·r`). V-first:
+/// × `row_lanes = K / vec4s_per_thread` (the consecutive k rows `row_lane·vec4s_per_thread + r`). V-first:
 /// `row_lanes = v_block` (one v row each) × `row_vecs = K / (4·vec4s_per_thread)` (vec4s
 /// `lane_vec + row_vecs·r` of the row along k).
 ///
