@@ -16,10 +16,16 @@
 //! - `state_gbps`: the pool read and written once per step / `gpu_us`;
 //! - `copy_gbps`: a vec4 compute-shader copy of the very pool buffer, timed in the same
 //!   process (`timing::copy_gbps`), and `of_copy = state_gbps / copy_gbps`;
+//! - `empty_us`, `empty_batched_us`: the same two for an empty dispatch (one invocation, no
+//!   bindings) in place of the step's pass — the fixed cost of a pass by these timestamps;
+//!   `marks_us`: two timestamps with nothing between them; `copy_us`: the copy's time;
 //! - `host_us`: host time per step of encoder creation + `DecodePlan::record` + finish +
-//!   submit (median, p90), measured in a pipelined loop without timestamps; `host_writes_us`
-//!   the same plus the five `queue.write_buffer`s that refill q, k, v, g, β; `period_us`: wall
-//!   time of that loop per step (the token rate of a host-bound loop).
+//!   submit (median, p90), measured in a pipelined loop without timestamps, and its parts
+//!   (`host_encoder_us`, `host_record_us`, `host_finish_us`, `host_submit_us`, medians);
+//!   `host_empty_us` the same loop with the empty pass (`host_empty_finish_us`,
+//!   `host_empty_submit_us` its finish and submit); `host_writes_us` the same plus the
+//!   five `queue.write_buffer`s that refill q, k, v, g, β; `period_us`: wall time of that
+//!   loop per step (the token rate of a host-bound loop).
 //!
 //! ```text
 //! decode --bench --batch 256 --heads 16/32 --dim 128 [--dtype f32|bf16|f16]
@@ -316,38 +322,81 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         })?;
         Ok(())
     };
+    // An empty dispatch (one invocation, no bindings) in its own pass: the fixed cost of a
+    // step's pass by the same timestamps, without any of the kernel's work.
+    let empty_pipeline = {
+        let module = ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("empty"),
+                source: wgpu::ShaderSource::Wgsl(
+                    "@compute @workgroup_size(1) fn empty() {}".into(),
+                ),
+            });
+        ctx.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("empty"),
+                layout: None,
+                module: &module,
+                entry_point: Some("empty"),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+    };
+    let record_empty = |encoder: &mut wgpu::CommandEncoder| {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("empty"),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&empty_pipeline);
+        pass.dispatch_workgroups(1, 1, 1);
+    };
+    let record_step = |encoder: &mut wgpu::CommandEncoder| plan.record(encoder);
     // The pipelined loop: step i waits for step i − 2 after submitting (≤ 2 in flight).
-    let run_loop =
-        |n: usize, timer: Option<&GpuTimer>, writes: bool, host_us: &mut Vec<f64>| -> Res<f64> {
-            let mut in_flight = std::collections::VecDeque::new();
-            let start = Instant::now();
-            for _ in 0..n {
-                let t0 = Instant::now();
-                if writes {
-                    for (buffer, bytes) in &refills {
-                        ctx.queue.write_buffer(buffer, 0, bytes);
-                    }
-                }
-                let mut encoder = ctx.create_encoder("decode step");
-                if let Some(t) = timer {
-                    t.mark(&mut encoder, "gap");
-                }
-                plan.record(&mut encoder);
-                if let Some(t) = timer {
-                    t.mark(&mut encoder, "step");
-                }
-                in_flight.push_back(ctx.queue.submit([encoder.finish()]));
-                host_us.push(t0.elapsed().as_secs_f64() * 1e6);
-                if in_flight.len() > 2 {
-                    wait(in_flight.pop_front().expect("three in flight"))?;
+    // `host` gets per step (total, encoder creation, record, finish, submit) in µs.
+    let run_loop = |n: usize,
+                    timer: Option<&GpuTimer>,
+                    writes: bool,
+                    record: &dyn Fn(&mut wgpu::CommandEncoder),
+                    host: &mut Vec<[f64; 5]>|
+     -> Res<f64> {
+        let mut in_flight = std::collections::VecDeque::new();
+        let start = Instant::now();
+        for _ in 0..n {
+            let t0 = Instant::now();
+            if writes {
+                for (buffer, bytes) in &refills {
+                    ctx.queue.write_buffer(buffer, 0, bytes);
                 }
             }
-            for index in in_flight {
-                wait(index)?;
+            let t1 = Instant::now();
+            let mut encoder = ctx.create_encoder("decode step");
+            let t2 = Instant::now();
+            if let Some(t) = timer {
+                t.mark(&mut encoder, "gap");
             }
-            Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
-        };
-    run_loop(30, None, false, &mut Vec::new())?; // pipelines compiled, caches warm
+            record(&mut encoder);
+            if let Some(t) = timer {
+                t.mark(&mut encoder, "step");
+            }
+            let t3 = Instant::now();
+            let commands = encoder.finish();
+            let t4 = Instant::now();
+            in_flight.push_back(ctx.queue.submit([commands]));
+            let t5 = Instant::now();
+            let us = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e6;
+            host.push([us(t0, t5), us(t1, t2), us(t2, t3), us(t3, t4), us(t4, t5)]);
+            if in_flight.len() > 2 {
+                wait(in_flight.pop_front().expect("three in flight"))?;
+            }
+        }
+        for index in in_flight {
+            wait(index)?;
+        }
+        Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
+    };
+    run_loop(30, None, false, &record_step, &mut Vec::new())?; // pipelines compiled, caches warm
+    run_loop(30, None, false, &record_empty, &mut Vec::new())?;
     // Keep the GPU busy for `--warm-ms` first (64 steps per submit), so every setting is timed
     // at the clocks of a loaded GPU rather than wherever an idle one left them.
     let warm = Instant::now();
@@ -359,43 +408,73 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         ctx.submit_and_wait(encoder)?;
     }
 
-    // GPU time per step, from timestamps around each step's pass.
-    let (gpu_med, gpu_min, gpu_batched) = match GpuTimer::new(ctx, 2 * steps as u32) {
+    // GPU time per step, from timestamps around each step's pass (median, min), and of
+    // `steps` passes back to back in one encoder.
+    let gpu_times = |record: &dyn Fn(&mut wgpu::CommandEncoder)| -> Res<Option<(f64, f64, f64)>> {
+        let Some(timer) = GpuTimer::new(ctx, 2 * steps as u32) else {
+            return Ok(None);
+        };
+        timer.reset();
+        run_loop(steps, Some(&timer), false, record, &mut Vec::new())?;
+        let mut encoder = ctx.create_encoder("resolve");
+        timer.resolve(&mut encoder);
+        ctx.submit_and_wait(encoder)?;
+        let per_step: Vec<f64> = timer
+            .read_spans(ctx)?
+            .into_iter()
+            .filter(|(l, _)| *l == "step")
+            .map(|(_, ms)| ms * 1e3)
+            .collect();
+        let min = per_step.iter().copied().fold(f64::INFINITY, f64::min);
+        let batch = GpuTimer::new(ctx, 2).expect("timestamps exist");
+        batch.reset();
+        let mut encoder = ctx.create_encoder("decode batch");
+        batch.mark(&mut encoder, "start");
+        for _ in 0..steps {
+            record(&mut encoder);
+        }
+        batch.mark(&mut encoder, "steps");
+        batch.resolve(&mut encoder);
+        ctx.submit_and_wait(encoder)?;
+        let batched = batch.read_total_ms(ctx)? * 1e3 / steps as f64;
+        Ok(Some((median(per_step), min, batched)))
+    };
+    let gpu = gpu_times(&record_step)?;
+    let (gpu_med, gpu_min, gpu_batched) = match gpu {
+        Some((m, n, b)) => (Some(m), Some(n), Some(b)),
+        None => (None, None, None),
+    };
+    let empty = gpu_times(&record_empty)?;
+    // Two timestamps with nothing between them (the bench's "tail" span).
+    let marks_us = match GpuTimer::new(ctx, 2 * steps as u32) {
         Some(timer) => {
             timer.reset();
-            run_loop(steps, Some(&timer), false, &mut Vec::new())?;
+            run_loop(steps, Some(&timer), false, &|_| {}, &mut Vec::new())?;
             let mut encoder = ctx.create_encoder("resolve");
             timer.resolve(&mut encoder);
             ctx.submit_and_wait(encoder)?;
-            let per_step: Vec<f64> = timer
+            let spans: Vec<f64> = timer
                 .read_spans(ctx)?
                 .into_iter()
                 .filter(|(l, _)| *l == "step")
                 .map(|(_, ms)| ms * 1e3)
                 .collect();
-            let min = per_step.iter().copied().fold(f64::INFINITY, f64::min);
-            // `steps` passes back to back in one encoder.
-            let batch = GpuTimer::new(ctx, 2).expect("timestamps exist");
-            batch.reset();
-            let mut encoder = ctx.create_encoder("decode batch");
-            batch.mark(&mut encoder, "start");
-            for _ in 0..steps {
-                plan.record(&mut encoder);
-            }
-            batch.mark(&mut encoder, "steps");
-            batch.resolve(&mut encoder);
-            ctx.submit_and_wait(encoder)?;
-            let batched = batch.read_total_ms(ctx)? * 1e3 / steps as f64;
-            (Some(median(per_step)), Some(min), Some(batched))
+            Some(median(spans))
         }
-        None => (None, None, None),
+        None => None,
     };
 
-    // Host time per step, without timestamps; then with the input refills.
-    let mut host_us = Vec::new();
-    let period = run_loop(steps, None, false, &mut host_us)?;
-    let mut writes_us = Vec::new();
-    run_loop(steps, None, true, &mut writes_us)?;
+    // Host time per step, without timestamps; then with the input refills; then an empty
+    // pass in place of the plan's (the cost of any one-pass step).
+    let mut host = Vec::new();
+    let period = run_loop(steps, None, false, &record_step, &mut host)?;
+    let mut writes = Vec::new();
+    run_loop(steps, None, true, &record_step, &mut writes)?;
+    let mut host_empty = Vec::new();
+    run_loop(steps, None, false, &record_empty, &mut host_empty)?;
+    let column = |x: &[[f64; 5]], i: usize| x.iter().map(|r| r[i]).collect::<Vec<f64>>();
+    let host_us = column(&host, 0);
+    let writes_us = column(&writes, 0);
 
     let pool_bytes = pool.tensor().bytes();
     let copy = timing::copy_gbps(ctx, &pool.tensor().buffer, pool_bytes, 50)?;
@@ -405,6 +484,7 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         _ => None,
     };
     let num = |x: Option<f64>| x.map_or("null".to_string(), |v| format!("{v:.4}"));
+    let copy_us = copy.map(|gbps| 2.0 * pool_bytes as f64 / (gbps * 1e9) * 1e6);
     let adapter = ctx
         .adapter_info
         .as_ref()
@@ -412,8 +492,12 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
     println!(
         "{{\"adapter\":\"{adapter}\",\"batch\":{b},\"heads\":\"{h}/{hv}\",\"dim\":{dim},\"v_first\":{},\
          \"dtype\":\"{}\",\"pool\":\"{}\",\"tiles\":\"{}\",\"steps\":{steps},\"gpu_us\":{},\
-         \"gpu_min_us\":{},\"gpu_batched_us\":{},\"state_gbps\":{},\"copy_gbps\":{},\"of_copy\":{},\
-         \"host_us\":{:.2},\"host_p90_us\":{:.2},\"host_writes_us\":{:.2},\"period_us\":{:.2}}}",
+         \"gpu_min_us\":{},\"gpu_batched_us\":{},\"empty_us\":{},\"empty_batched_us\":{},\
+         \"marks_us\":{},\"copy_us\":{},\"state_gbps\":{},\"copy_gbps\":{},\"of_copy\":{},\
+         \"host_us\":{:.2},\"host_p90_us\":{:.2},\"host_encoder_us\":{:.2},\"host_record_us\":{:.2},\
+         \"host_finish_us\":{:.2},\"host_submit_us\":{:.2},\"host_empty_us\":{:.2},\
+         \"host_empty_finish_us\":{:.2},\"host_empty_submit_us\":{:.2},\
+         \"host_writes_us\":{:.2},\"period_us\":{:.2}}}",
         args.v_first,
         args.dtype,
         args.pool,
@@ -421,11 +505,22 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         num(gpu_med),
         num(gpu_min),
         num(gpu_batched),
+        num(empty.map(|e| e.0)),
+        num(empty.map(|e| e.2)),
+        num(marks_us),
+        num(copy_us),
         num(state_gbps),
         num(copy),
         num(of_copy),
         median(host_us.clone()),
         quantile(host_us, 0.9),
+        median(column(&host, 1)),
+        median(column(&host, 2)),
+        median(column(&host, 3)),
+        median(column(&host, 4)),
+        median(column(&host_empty, 0)),
+        median(column(&host_empty, 3)),
+        median(column(&host_empty, 4)),
         median(writes_us),
         period,
     );

@@ -22,6 +22,11 @@ use gdn_wgpu::{
 
 use StateSlot::{Fresh, Padding, Resume};
 
+thread_local! {
+    /// The β range of `check_decode_in`'s inputs (RandomSpec's default unless a test sets it).
+    static BETA: std::cell::Cell<(f32, f32)> = const { std::cell::Cell::new((0.0, 1.0)) };
+}
+
 fn state_len(p: &Problem) -> usize {
     p.heads_v * p.key_dim * p.value_dim
 }
@@ -273,6 +278,7 @@ fn check_decode_in(
     let s = RandomSpec {
         zero_gate_heads: special.0,
         strong_gate_heads: special.1,
+        beta: BETA.get(),
         ..spec(seed)
     };
     let mut inputs = s.generate(p);
@@ -546,6 +552,71 @@ fn every_tiling_the_device_fits() {
             );
         }
     }
+}
+
+/// Workgroups that walk several sequences (the `VxNsS` tilings): more sequences than a
+/// workgroup walks and not a multiple of it, lengths 0, 1 and odd (k's double buffer carries
+/// its parity across sequences), resumed, fresh and padding slots side by side, GVA with a
+/// g = 0 and a g ≈ −20 head, per-token states, β near 0 and near 2, both layouts.
+#[test]
+fn workgroups_walking_several_sequences() {
+    let Some(ctx) = gpu() else { return };
+    let all = Options {
+        scale: Some(0.2),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: false,
+    };
+    let slots = [
+        Resume(3),
+        Fresh(0),
+        Padding,
+        Resume(5),
+        Fresh(6),
+        Padding,
+        Resume(1),
+    ];
+    let varlen = Some(vec![0, 1, 1, 4, 9, 10, 13, 14]);
+    let mut walked = 0;
+    for (i, v_first) in [false, true].into_iter().enumerate() {
+        let plain = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        let every = Options {
+            state_v_first: v_first,
+            ..all
+        };
+        let cases = [
+            (problem(7, 1, 1, 4, 32, 32, None, plain), false, (0.0, 0.02)),
+            (
+                problem(1, 14, 2, 4, 32, 32, varlen.clone(), every),
+                true,
+                (0.99, 1.0),
+            ),
+        ];
+        for (j, (p, per_token, beta)) in cases.into_iter().enumerate() {
+            BETA.set(beta);
+            let tiles = RecurrentStepTiles::candidates(&ctx.limits(), &p);
+            for t in tiles.into_iter().filter(|t| t.seqs_per_workgroup > 1) {
+                assert!(t.name().ends_with(&format!("s{}", t.seqs_per_workgroup)));
+                check_decode_with(
+                    ctx,
+                    &p,
+                    900 + (2 * i + j) as u64,
+                    8,
+                    &slots,
+                    per_token,
+                    Some(t),
+                );
+                walked += 1;
+            }
+        }
+    }
+    BETA.set((0.0, 1.0));
+    assert!(walked >= 6, "only {walked} walking tilings ran");
 }
 
 /// The subgroup kernel at every tiling it has, on K with partial and full k-groups (16, 48,

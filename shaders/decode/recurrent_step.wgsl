@@ -30,9 +30,10 @@
 //
 // Thread layout, t = lane_vec + ROW_VECS · row_lane:
 //   K-first [K, V]: the slice's rows are k, a row holds V_BLOCK / 4 vec4s of v. An invocation
-//     owns one vec4 column (lane_vec < ROW_VECS = V_BLOCK / 4) of rows row_lane + LANES · r
-//     (r < VEC4S; LANES = K / VEC4S row lanes). a, b are summed over k: in registers over the
-//     invocation's rows, then over the LANES row lanes.
+//     owns one vec4 column (lane_vec < ROW_VECS = V_BLOCK / 4) of the consecutive rows
+//     row_lane · VEC4S + r (r < VEC4S; LANES = K / VEC4S row lanes), so four registers take
+//     their k and q as one vec4 from workgroup memory. a, b are summed over k: in registers
+//     over the invocation's rows, then over the LANES row lanes.
 //   V-first [V, K]: the slice's rows are v, one per row lane (V_BLOCK of them); a row holds
 //     K / 4 vec4s of k. An invocation owns vec4s lane_vec + ROW_VECS · r of its row
 //     (ROW_VECS = LANES = K / (4 VEC4S)). a, b are dot products along k: in registers, then
@@ -60,6 +61,10 @@ override LANES: u32;              // partial sums per result (K-first row lanes,
 override STAGE: u32;              // words of a k (q) row each invocation stages, ≤ 8
 override V_FIRST: bool;
 override PER_TOKEN_STATES: bool;
+// Sequences per workgroup (SEQS > 1: the grid's z is ⌈N / SEQS⌉ and workgroup z walks
+// sequences z, z + nwg.z, …, loading the next sequence's slice while it walks this one's
+// tokens; then 2 VEC4S ≤ 32).
+override SEQS: u32;
 // Sizes of workgroup arrays must be plain overrides: 2 K / 4, K / 4, WG (K-first) or 1.
 override K2_VEC4S: u32;
 override K_VEC4S: u32;
@@ -117,7 +122,13 @@ fn slice_vec(base: u32, p: Place, r: u32) -> u32 {
     if (V_FIRST) {
         return base + (p.v0 + p.row_lane) * (K_DIM / 4u) + p.lane_vec + ROW_VECS * r;
     }
-    return base + (p.row_lane + LANES * r) * (params.value_dim / 4u) + p.v0 / 4u + p.lane_vec;
+    return base + k_row(p, r) * (params.value_dim / 4u) + p.v0 / 4u + p.lane_vec;
+}
+
+// K-first: the k row of register r. An invocation owns VEC4S consecutive rows, so a quad's
+// four rows take their k (and q) as one vec4 from workgroup memory.
+fn k_row(p: Place, r: u32) -> u32 {
+    return p.row_lane * VEC4S + r;
 }
 
 fn load_reg(base: u32, p: Place, r: u32) -> vec4<f32> {
@@ -206,7 +217,7 @@ fn reg_sums(acc: Sums, x: vec4<f32>, p: Place, r: u32, kb: u32) -> Sums {
         return Sums(acc.a + vec4<f32>(dot(x, kv), dot(x, qv), 0.0, 0.0), acc.b,
                     acc.c + vec4<f32>(dot(kv, kv), dot(qv, qv), dot(kv, qv), 0.0));
     }
-    let row = p.row_lane + LANES * r;
+    let row = k_row(p, r);
     let kx = k_elem(kb, row);
     let qx = q_elem(row);
     return Sums(acc.a + x * kx, acc.b + x * qx, acc.c + vec4<f32>(kx * kx, qx * qx, kx * qx, 0.0));
@@ -217,6 +228,15 @@ fn quad_sums(acc: Sums, q: Quad, p: Place, g: u32, kb: u32) -> Sums {
         return acc;
     }
     let r = 4u * g;
+    if (!V_FIRST && VEC4S % 4u == 0u) {
+        // Rows 4 j .. 4 j + 3: their k and q in one vec4 each.
+        let j = k_row(p, r) / 4u;
+        let kv = k_s[kb + j];
+        let qv = q_s[j];
+        let a = acc.a + ((q.x0 * kv.x + q.x1 * kv.y) + (q.x2 * kv.z + q.x3 * kv.w));
+        let b = acc.b + ((q.x0 * qv.x + q.x1 * qv.y) + (q.x2 * qv.z + q.x3 * qv.w));
+        return Sums(a, b, acc.c + vec4<f32>(dot(kv, kv), dot(qv, qv), dot(kv, qv), 0.0));
+    }
     var s = reg_sums(acc, q.x0, p, r, kb);
     s = reg_sums(s, q.x1, p, r + 1u, kb);
     s = reg_sums(s, q.x2, p, r + 2u, kb);
@@ -233,7 +253,7 @@ fn reg_update(x: vec4<f32>, p: Place, r: u32, kb: u32, alpha: f32, rk: f32, u4: 
     if (V_FIRST) {
         return alpha * x + k_s[kb + p.lane_vec + ROW_VECS * r] * (rk * u4.x);
     }
-    return alpha * x + (k_elem(kb, p.row_lane + LANES * r) * rk) * u4;
+    return alpha * x + (k_elem(kb, k_row(p, r)) * rk) * u4;
 }
 
 fn quad_update(q: Quad, p: Place, g: u32, kb: u32, alpha: f32, rk: f32, u4: vec4<f32>) -> Quad {
@@ -241,6 +261,11 @@ fn quad_update(q: Quad, p: Place, g: u32, kb: u32, alpha: f32, rk: f32, u4: vec4
         return q;
     }
     let r = 4u * g;
+    if (!V_FIRST && VEC4S % 4u == 0u) {
+        let kv = k_s[kb + k_row(p, r) / 4u] * rk;
+        return Quad(alpha * q.x0 + kv.x * u4, alpha * q.x1 + kv.y * u4, alpha * q.x2 + kv.z * u4,
+                    alpha * q.x3 + kv.w * u4);
+    }
     return Quad(reg_update(q.x0, p, r, kb, alpha, rk, u4), reg_update(q.x1, p, r + 1u, kb, alpha, rk, u4),
                 reg_update(q.x2, p, r + 2u, kb, alpha, rk, u4), reg_update(q.x3, p, r + 3u, kb, alpha, rk, u4));
 }
@@ -282,46 +307,60 @@ fn v_first_u(ab: vec4<f32>, v: f32, alpha: f32, beta: f32, rk: f32) -> f32 {
     return beta * (v - alpha * rk * ab.x);
 }
 
-@compute @workgroup_size(WG)
-fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let hv = wid.y;
-    let n = wid.z;
+// An invocation's share of a slice: eight quads (registers 0 .. 31).
+struct Slice {
+    g0: Quad,
+    g1: Quad,
+    g2: Quad,
+    g3: Quad,
+    g4: Quad,
+    g5: Quad,
+    g6: Quad,
+    g7: Quad,
+}
+
+fn zero_slice() -> Slice {
+    return Slice(zero_quad(), zero_quad(), zero_quad(), zero_quad(), zero_quad(), zero_quad(),
+                 zero_quad(), zero_quad());
+}
+
+// The invocation's registers of the slice at vec4 `base`, every load issued at once.
+fn load_slice(base: u32, p: Place) -> Slice {
+    return Slice(load_quad(base, p, 0u), load_quad(base, p, 1u), load_quad(base, p, 2u),
+                 load_quad(base, p, 3u), load_quad(base, p, 4u), load_quad(base, p, 5u),
+                 load_quad(base, p, 6u), load_quad(base, p, 7u));
+}
+
+fn store_slice(to_pool: bool, base: u32, p: Place, s: Slice) {
+    store_quad(to_pool, base, p, 0u, s.g0);
+    store_quad(to_pool, base, p, 1u, s.g1);
+    store_quad(to_pool, base, p, 2u, s.g2);
+    store_quad(to_pool, base, p, 3u, s.g3);
+    store_quad(to_pool, base, p, 4u, s.g4);
+    store_quad(to_pool, base, p, 5u, s.g5);
+    store_quad(to_pool, base, p, 6u, s.g6);
+    store_quad(to_pool, base, p, 7u, s.g7);
+}
+
+// The state a sequence starts from: its slot's slice, or zero.
+fn read_state(sq: Sequence, hv: u32, p: Place) -> Slice {
+    if (sq.read_slot >= 0) {
+        let slice_words = K_DIM * params.value_dim / 4u;
+        return load_slice((u32(sq.read_slot) * params.heads_v + hv) * slice_words, p);
+    }
+    return zero_slice();
+}
+
+// Walk the tokens of `sq` from state `s0`; `steps` counts the tokens the workgroup walked
+// before (the parity of k's double buffer continues across its sequences).
+fn walk(sq: Sequence, hv: u32, t: u32, p: Place, s0: Slice, steps: u32) -> Slice {
     let hv_count = params.heads_v;
     let h = hv / (hv_count / params.heads_qk);
     let v_dim = params.value_dim;
-    let sq = sequence_of(n, hv);
-    let start = sq.start;
-    let end = sq.end;
-    let a_log = sq.a_log;
-    let dt_bias = sq.dt_bias;
-    let write_slot = sq.write_slot;
-
-    let p = Place(t % ROW_VECS, t / ROW_VECS, wid.x * V_BLOCK);
     let slice_words = K_DIM * v_dim / 4u;
-
-    // The whole slice in flight at once.
-    var s0 = zero_quad();
-    var s1 = zero_quad();
-    var s2 = zero_quad();
-    var s3 = zero_quad();
-    var s4 = zero_quad();
-    var s5 = zero_quad();
-    var s6 = zero_quad();
-    var s7 = zero_quad();
-    if (sq.read_slot >= 0) {
-        let base = (u32(sq.read_slot) * hv_count + hv) * slice_words;
-        s0 = load_quad(base, p, 0u);
-        s1 = load_quad(base, p, 1u);
-        s2 = load_quad(base, p, 2u);
-        s3 = load_quad(base, p, 3u);
-        s4 = load_quad(base, p, 4u);
-        s5 = load_quad(base, p, 5u);
-        s6 = load_quad(base, p, 6u);
-        s7 = load_quad(base, p, 7u);
-    }
-
-    for (var tok = start; tok < end; tok++) {
-        let kb = (tok % 2u) * K_VEC4S;
+    var s = s0;
+    for (var tok = sq.start; tok < sq.end; tok++) {
+        let kb = ((steps + tok - sq.start) % 2u) * K_VEC4S;
         // The token's loads, all issued before any is used: this invocation's words of the k
         // and q rows, its v, g and β.
         let row_word = (tok * params.heads_qk + h) * (K_DIM / ELEMS_PER_WORD);
@@ -352,7 +391,7 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
             let c = v_row + 4u * p.lane_vec;
             v = vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
         }
-        let gate = gate_of(tok, hv, a_log, dt_bias);
+        let gate = gate_of(tok, hv, sq.a_log, sq.dt_bias);
 
         stage_word(true, kb, t, 0u, kw0);
         stage_word(true, kb, t, 1u, kw1);
@@ -374,14 +413,14 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
 
         // Partial a, b and (Σk², Σq², k·q) over the invocation's registers.
         var acc = Sums(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-        acc = quad_sums(acc, s0, p, 0u, kb);
-        acc = quad_sums(acc, s1, p, 1u, kb);
-        acc = quad_sums(acc, s2, p, 2u, kb);
-        acc = quad_sums(acc, s3, p, 3u, kb);
-        acc = quad_sums(acc, s4, p, 4u, kb);
-        acc = quad_sums(acc, s5, p, 5u, kb);
-        acc = quad_sums(acc, s6, p, 6u, kb);
-        acc = quad_sums(acc, s7, p, 7u, kb);
+        acc = quad_sums(acc, s.g0, p, 0u, kb);
+        acc = quad_sums(acc, s.g1, p, 1u, kb);
+        acc = quad_sums(acc, s.g2, p, 2u, kb);
+        acc = quad_sums(acc, s.g3, p, 3u, kb);
+        acc = quad_sums(acc, s.g4, p, 4u, kb);
+        acc = quad_sums(acc, s.g5, p, 5u, kb);
+        acc = quad_sums(acc, s.g6, p, 6u, kb);
+        acc = quad_sums(acc, s.g7, p, 7u, kb);
         pa[t] = acc.a;
         if (V_FIRST) {
             if (p.row_lane == 0u) {
@@ -444,36 +483,53 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
         }
 
         // S ← α S + k uᵀ in registers.
-        s0 = quad_update(s0, p, 0u, kb, alpha, rk, u4);
-        s1 = quad_update(s1, p, 1u, kb, alpha, rk, u4);
-        s2 = quad_update(s2, p, 2u, kb, alpha, rk, u4);
-        s3 = quad_update(s3, p, 3u, kb, alpha, rk, u4);
-        s4 = quad_update(s4, p, 4u, kb, alpha, rk, u4);
-        s5 = quad_update(s5, p, 5u, kb, alpha, rk, u4);
-        s6 = quad_update(s6, p, 6u, kb, alpha, rk, u4);
-        s7 = quad_update(s7, p, 7u, kb, alpha, rk, u4);
+        s.g0 = quad_update(s.g0, p, 0u, kb, alpha, rk, u4);
+        s.g1 = quad_update(s.g1, p, 1u, kb, alpha, rk, u4);
+        s.g2 = quad_update(s.g2, p, 2u, kb, alpha, rk, u4);
+        s.g3 = quad_update(s.g3, p, 3u, kb, alpha, rk, u4);
+        s.g4 = quad_update(s.g4, p, 4u, kb, alpha, rk, u4);
+        s.g5 = quad_update(s.g5, p, 5u, kb, alpha, rk, u4);
+        s.g6 = quad_update(s.g6, p, 6u, kb, alpha, rk, u4);
+        s.g7 = quad_update(s.g7, p, 7u, kb, alpha, rk, u4);
         if (PER_TOKEN_STATES) {
-            let base = (tok * hv_count + hv) * slice_words;
-            store_quad(false, base, p, 0u, s0);
-            store_quad(false, base, p, 1u, s1);
-            store_quad(false, base, p, 2u, s2);
-            store_quad(false, base, p, 3u, s3);
-            store_quad(false, base, p, 4u, s4);
-            store_quad(false, base, p, 5u, s5);
-            store_quad(false, base, p, 6u, s6);
-            store_quad(false, base, p, 7u, s7);
+            store_slice(false, (tok * hv_count + hv) * slice_words, p, s);
         }
     }
+    return s;
+}
 
-    if (write_slot >= 0) {
-        let base = (u32(write_slot) * hv_count + hv) * slice_words;
-        store_quad(true, base, p, 0u, s0);
-        store_quad(true, base, p, 1u, s1);
-        store_quad(true, base, p, 2u, s2);
-        store_quad(true, base, p, 3u, s3);
-        store_quad(true, base, p, 4u, s4);
-        store_quad(true, base, p, 5u, s5);
-        store_quad(true, base, p, 6u, s6);
-        store_quad(true, base, p, 7u, s7);
+@compute @workgroup_size(WG)
+fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>,
+                  @builtin(num_workgroups) nwg: vec3<u32>) {
+    let hv = wid.y;
+    let p = Place(t % ROW_VECS, t / ROW_VECS, wid.x * V_BLOCK);
+    let slice_words = K_DIM * params.value_dim / 4u;
+    let sequences = params.num_segments;
+
+    var n = wid.z;
+    var sq = sequence_of(n, hv);
+    var s = read_state(sq, hv, p);
+    var steps = 0u;
+    for (var i = 0u; i < SEQS; i++) {
+        // The next sequence's slice is loaded while this one's tokens are walked.
+        let next = n + nwg.z;
+        let has_next = SEQS > 1u && i + 1u < SEQS && next < sequences;
+        var next_sq = sq;
+        var next_s = zero_slice();
+        if (has_next) {
+            next_sq = sequence_of(next, hv);
+            next_s = read_state(next_sq, hv, p);
+        }
+        s = walk(sq, hv, t, p, s, steps);
+        steps += sq.end - sq.start;
+        if (sq.write_slot >= 0) {
+            store_slice(true, (u32(sq.write_slot) * params.heads_v + hv) * slice_words, p, s);
+        }
+        if (!has_next) {
+            break;
+        }
+        n = next;
+        sq = next_sq;
+        s = next_s;
     }
 }

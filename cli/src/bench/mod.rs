@@ -820,7 +820,8 @@ struct Timing {
     reps: usize,
 }
 
-/// Timestamps per repetition: a start mark, one per pass, and the closing "tail" mark.
+/// Timestamps per repetition: a start mark, one per pass, and the closing mark ("tail", or
+/// the last pass's name: `GpuCase::closing_label`).
 const TIMER_MARKS: u32 = 64;
 
 /// Warm up, then time `reps` repetitions (fewer when they would exceed `max_seconds`).
@@ -840,7 +841,7 @@ fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> gdn_wgpu::Result<T
         }
         case.record(&mut encoder, set, timer.as_ref())?;
         if let Some(timer) = &timer {
-            timer.mark(&mut encoder, "tail");
+            timer.mark(&mut encoder, case.closing_label());
             timer.resolve(&mut encoder);
         }
         let index = ctx.queue.submit([encoder.finish()]);
@@ -860,8 +861,8 @@ fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> gdn_wgpu::Result<T
             if let Some(timer) = &timer {
                 let spans = timer.read_spans(ctx)?;
                 // The timer drops marks past its capacity: a GPU time without the closing
-                // "tail" mark would silently miss the last passes.
-                if spans.last().map(|(l, _)| *l) != Some("tail") {
+                // mark would silently miss the last passes.
+                if spans.last().map(|(l, _)| *l) != Some(case.closing_label()) {
                     return Err(Error::Gpu(format!(
                         "the op wrote more than the bench timer's {TIMER_MARKS} timestamps; its GPU time would miss passes (raise TIMER_MARKS)"
                     )));
@@ -940,15 +941,16 @@ fn check_decode_tiles_name(s: &str) -> Result<String, String> {
     let number = |t: &str| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit());
     let ok = match s.strip_prefix("sg") {
         Some(rest) => number(rest.strip_suffix('w').unwrap_or(rest)),
-        None => s
-            .split_once('x')
-            .is_some_and(|(v, n)| number(v) && number(n)),
+        None => s.split_once('x').is_some_and(|(v, n)| {
+            let (n, seqs) = n.split_once('s').unwrap_or((n, "1"));
+            number(v) && number(n) && number(seqs)
+        }),
     };
     if ok {
         Ok(s.to_string())
     } else {
         Err(format!(
-            "--decode-tiles: expected VxN (e.g. 64x32) or sgV / sgVw (e.g. sg32), got {s:?}"
+            "--decode-tiles: expected VxN or VxNsS (e.g. 64x32, 64x16s4) or sgV / sgVw (e.g. sg32), got {s:?}"
         ))
     }
 }

@@ -79,7 +79,7 @@ const SUBGROUP_TEAM: u32 = 8;
 /// headers.
 ///
 /// Workgroup kernel, K-first: invocations are `row_vecs = v_block / 4` (one vec4 column each)
-/// × `row_lanes = K / vec4s_per_thread` (k rows `row_lane + row_lanes·r`). V-first:
+/// × `row_lanes = K / vec4s_per_thread` (the consecutive k rows `row_lane·vec4s_per_thread + r`). V-first:
 /// `row_lanes = v_block` (one v row each) × `row_vecs = K / (4·vec4s_per_thread)` (vec4s
 /// `lane_vec + row_vecs·r` of the row along k).
 ///
@@ -101,6 +101,10 @@ pub struct RecurrentStepTiles {
     pub vec4s_per_thread: u32,
     /// Tiles for V-first states (`[.., V, K]`), which swap the lane axes.
     pub v_first: bool,
+    /// Sequences one workgroup walks (workgroup kernel): with more than one, a workgroup
+    /// loads the next sequence's slice while it walks this one's tokens, holding two slices
+    /// (so `2·vec4s_per_thread ≤ 32`); the grid has ⌈N / seqs_per_workgroup⌉ along z.
+    pub seqs_per_workgroup: u32,
     key_dim: u32,
 }
 
@@ -129,6 +133,7 @@ impl RecurrentStepTiles {
             row_vecs,
             vec4s_per_thread: vec4s,
             v_first,
+            seqs_per_workgroup: 1,
             key_dim,
         };
         (tiles.workgroup() <= MAX_WORKGROUP && tiles.stage() <= MAX_STAGE).then_some(tiles)
@@ -148,6 +153,19 @@ impl RecurrentStepTiles {
             vec4s_per_thread: key_dim / 4,
             v_first,
             key_dim,
+            seqs_per_workgroup: 1,
+        })
+    }
+
+    /// These tiles walking `seqs` sequences per workgroup (see
+    /// [`seqs_per_workgroup`](Self::seqs_per_workgroup)), if the two slices fit the registers.
+    fn walking(self, seqs: u32) -> Option<Self> {
+        let fits = self.kernel == StepKernel::Workgroup
+            && seqs >= 1
+            && (seqs == 1 || 2 * self.vec4s_per_thread <= MAX_VEC4S_PER_THREAD);
+        fits.then_some(RecurrentStepTiles {
+            seqs_per_workgroup: seqs,
+            ..self
         })
     }
 
@@ -166,6 +184,7 @@ impl RecurrentStepTiles {
             row_vecs: v_block / (4 * col_groups),
             vec4s_per_thread: vec4s,
             v_first,
+            seqs_per_workgroup: 1,
             key_dim,
         })
     }
@@ -319,7 +338,8 @@ impl RecurrentStepTiles {
     }
 
     /// Every tiling of `problem` the device fits, for tests and benchmarks: V-blocks of 4 to
-    /// 128 columns and 1 to 32 vec4s per invocation (powers of two).
+    /// 128 columns and 1 to 32 vec4s per invocation (powers of two), and, for V-blocks of
+    /// ≥ 32 columns with 8 or 16 vec4s, 2, 4 and 8 sequences per workgroup.
     pub fn candidates(limits: &wgpu::Limits, problem: &Problem) -> Vec<Self> {
         let (k, v) = (problem.key_dim as u32, problem.value_dim as u32);
         let v_first = problem.options.state_v_first;
@@ -339,6 +359,9 @@ impl RecurrentStepTiles {
                     && t.workgroup_bytes() <= limits.max_compute_workgroup_storage_size
                 {
                     out.push(t);
+                    if v_block >= 32 && matches!(vec4s, 8 | 16) {
+                        out.extend([2, 4, 8].into_iter().filter_map(|s| t.walking(s)));
+                    }
                 }
             }
         }
@@ -386,6 +409,7 @@ impl RecurrentStepTiles {
         };
         Self::candidates(limits, problem)
             .into_iter()
+            .filter(|t| t.seqs_per_workgroup == 1)
             .min_by(|a, b| score(a).total_cmp(&score(b)))
             .ok_or_else(|| {
                 Error::unsupported(
@@ -398,12 +422,16 @@ impl RecurrentStepTiles {
             })
     }
 
-    /// The tiling's name: `VxN` for the workgroup kernel (V-block × vec4s per invocation),
-    /// `sgV` for the subgroup kernel (V columns per workgroup) and `sgVw` for its wide form
-    /// (8 columns per team); what [`named`](Self::named) reads, `gdn bench --decode-tiles`
-    /// takes and records show.
+    /// The tiling's name: `VxN` for the workgroup kernel (V-block × vec4s per invocation;
+    /// `VxNsS` walking S sequences per workgroup), `sgV` for the subgroup kernel (V columns
+    /// per workgroup) and `sgVw` for its wide form (8 columns per team); what
+    /// [`named`](Self::named) reads, `gdn bench --decode-tiles` takes and records show.
     pub fn name(&self) -> String {
         match self.kernel {
+            StepKernel::Workgroup if self.seqs_per_workgroup > 1 => format!(
+                "{}x{}s{}",
+                self.v_block, self.vec4s_per_thread, self.seqs_per_workgroup
+            ),
             StepKernel::Workgroup => format!("{}x{}", self.v_block, self.vec4s_per_thread),
             StepKernel::Subgroup if self.col_groups() > 1 => format!("sg{}w", self.v_block),
             StepKernel::Subgroup => format!("sg{}", self.v_block),
@@ -465,6 +493,7 @@ impl RecurrentStepTiles {
             ("STAGE", self.stage() as f64),
             ("V_FIRST", bool_constant(self.v_first)),
             ("PER_TOKEN_STATES", bool_constant(per_token_states)),
+            ("SEQS", self.seqs_per_workgroup as f64),
             ("K2_VEC4S", (2 * self.key_dim / 4) as f64),
             ("K_VEC4S", (self.key_dim / 4) as f64),
             ("PB_VEC4S", self.pb_vec4s() as f64),
@@ -780,7 +809,10 @@ impl DecodePlan {
                     grid: Grid([
                         (tiles.v_blocks(problem.value_dim), "V-blocks"),
                         (hv, "heads_v (HV)"),
-                        (n, "sequences (slots)"),
+                        (
+                            n.div_ceil(tiles.seqs_per_workgroup as usize),
+                            "sequences (slots)",
+                        ),
                     ]),
                 }
                 .prepare(ctx)?;
