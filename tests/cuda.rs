@@ -24,8 +24,8 @@ use common::cases::{
 use common::problem;
 use gdn_wgpu::cuda_backend::nvrtc::{self, Target};
 use gdn_wgpu::cuda_backend::{
-    self, BackwardPath, ChunkPlan, Context, CudaTensor, ForwardPath, PlanOptions, Segments,
-    SeqBounds, backward_path, forward_path, kernels,
+    self, BackwardPath, CHAIN_VALUE_BLOCKS, ChunkPlan, Context, CudaTensor, ForwardPath,
+    PlanOptions, Segments, SeqBounds, backward_path, forward_path, kernels,
 };
 use gdn_wgpu::tolerance::{Arithmetic, Op};
 use gdn_wgpu::{
@@ -184,6 +184,8 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
                 "chunk_bwd_dh32",
                 "chunk_bwd_dh64",
                 "chunk_bwd_dh128",
+                "chunk_bwd_chains32",
+                "chunk_bwd_chains64",
             ][..],
         ),
         (
@@ -778,6 +780,7 @@ fn run_backward(
     d_o: &HostTensor,
     dht: Option<&HostTensor>,
     path: BackwardPath,
+    options: BackwardOptions,
 ) -> gdn_wgpu::Gradients<HostTensor> {
     let p = problem;
     let dtype = inputs.q.dtype;
@@ -785,8 +788,16 @@ fn run_backward(
     let dev = dev.as_ref();
     let d_o = CudaTensor::upload(ctx, "do", d_o).unwrap();
     let dht = dht.map(|t| CudaTensor::upload(ctx, "dht", t).unwrap());
-    let ws = BackwardWorkspace::with_path(ctx, p, dtype, path).unwrap();
+    let ws = BackwardWorkspace::with_options(ctx, p, dtype, path, options).unwrap();
     assert_eq!(ws.path(), path);
+    if path == BackwardPath::Chunked {
+        if options.chains != ChainSchedule::Auto {
+            assert_eq!(ws.chain_schedule(), Some(options.chains));
+        }
+        if options.value_block.is_some() {
+            assert_eq!(ws.value_block(), options.value_block);
+        }
+    }
     let grads = cuda_backend::backward::alloc_gradients(ctx, p, &dev, f32::NAN).unwrap();
     backward_into(
         ctx,
@@ -822,20 +833,27 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                 backward_arithmetic_of(path, dtype)
             );
             // The exact path also runs where the chunked one is chosen (forced, as
-            // GDN_CUDA_BACKWARD=exact does).
-            let mut paths = vec![path];
+            // GDN_CUDA_BACKWARD=exact does), and the chunked one with its chains both
+            // together and one after the other.
+            let auto = BackwardOptions::default();
+            let mut runs = vec![(path, auto)];
             if path == BackwardPath::Chunked {
-                paths.push(BackwardPath::Exact);
+                for chains in [ChainSchedule::Serial, ChainSchedule::Together] {
+                    let options = BackwardOptions { chains, ..auto };
+                    runs.push((path, options));
+                }
+                runs.push((BackwardPath::Exact, auto));
                 chunked_runs += 1;
             }
             for with_dht in [false, true] {
                 let (inputs, d_o, dht, expected) = backward_case(&case, dtype, with_dht);
-                for &run_path in &paths {
-                    let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), run_path);
+                for &(run_path, options) in &runs {
+                    let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), run_path, options);
                     let what = format!(
-                        "{} backward{}",
+                        "{} backward{} (chains {})",
                         run_path.name(),
-                        if with_dht { " + dht" } else { "" }
+                        if with_dht { " + dht" } else { "" },
+                        options.chains.name()
                     );
                     failures.extend(check_gradients_with(
                         &what,
@@ -857,7 +875,9 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
 }
 
 /// Many chunks per sequence (the chains carry S and dS' across 31 chunks), every V-block of the
-/// chains, both 16-bit dtypes; two runs bitwise equal (no atomics).
+/// chains one after the other and together, both 16-bit dtypes; two runs bitwise equal (no
+/// atomics), and every schedule and V-block bitwise equal to the others (the same arithmetic
+/// per column).
 #[test]
 fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle() {
     let Some(ctx) = cuda() else { return };
@@ -882,14 +902,30 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
     let mut failures = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
         let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
-        let first = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), BackwardPath::Chunked);
-        let second = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), BackwardPath::Chunked);
-        for ((name, a), (_, b)) in gradient_list(&first)
-            .into_iter()
-            .zip(gradient_list(&second))
-        {
-            if let Err(e) = same_bits(&format!("{dtype} {name} run twice"), a, b) {
-                failures.push(e);
+        let chunked = BackwardPath::Chunked;
+        let auto = BackwardOptions::default();
+        let first = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, auto);
+        let second = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, auto);
+        let mut others = vec![("run twice".to_string(), second)];
+        let schedules = [
+            (ChainSchedule::Serial, &CHAIN_VALUE_BLOCKS[..]),
+            (ChainSchedule::Together, &[32, 64][..]),
+        ];
+        for (chains, blocks) in schedules {
+            for &bv in blocks {
+                let options = BackwardOptions {
+                    chains,
+                    value_block: Some(bv),
+                };
+                let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, options);
+                others.push((format!("chains {} at V-block {bv}", chains.name()), got));
+            }
+        }
+        for (what, other) in &others {
+            for ((name, a), (_, b)) in gradient_list(&first).into_iter().zip(gradient_list(other)) {
+                if let Err(e) = same_bits(&format!("{dtype} {name} {what}"), a, b) {
+                    failures.push(e);
+                }
             }
         }
         failures.extend(check_gradients_with(
@@ -1006,7 +1042,9 @@ fn backward_bad_input_is_a_typed_error() {
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys};
-use gdn_wgpu::cuda_backend::backward::{BackwardWorkspace, backward_into};
+use gdn_wgpu::cuda_backend::backward::{
+    BackwardOptions, BackwardWorkspace, ChainSchedule, backward_into,
+};
 use gdn_wgpu::{Gradients, TensorMeta};
 
 /// The caller's side: its own cudarc context (the device's primary context, as the CUDA

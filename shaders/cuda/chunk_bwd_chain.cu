@@ -155,20 +155,24 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
                            const int* __restrict__ units, const T* __restrict__ k,
                            const T* __restrict__ v, const float* __restrict__ ws_f,
                            const T* __restrict__ ws_a, const float* __restrict__ h0,
-                           T* __restrict__ ws_h, T* __restrict__ ws_x, T* __restrict__ ws_vp) {
+                           T* __restrict__ ws_h, T* __restrict__ ws_x, T* __restrict__ ws_vp,
+                           const int first_thread = 0,
+                           const int smem_offset = 0, const int barrier = 0) {
     using L = ChainLayout<BV>;
     extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* const role_smem = smem + smem_offset;
+    const int tid = threadIdx.x - first_thread;
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int hv = blockIdx.y, seq = blockIdx.z, h = hv / p.group;
     const int first = units[4 * seq], end = units[4 * seq + 1];
     const int flags = p.flags;
     const int col0 = blockIdx.x * BV;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wc = warp * 16, c0 = col0 + wc;
     const bool active = c0 < V;
     const int nk = K / 16;
 
-    const unsigned smem0 = smem_addr(smem);
+    const unsigned smem0 = smem_addr(role_smem);
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ
     const unsigned lane_at = 2 * (L::A_OFF / 2 + lane_b_nmajor<LDC>(lane));  // (T·diag(β))ᵀ
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
@@ -181,12 +185,12 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
         const int start = info.x, len = info.y;
         const size_t ch = (size_t)chunk * HV + hv;
         copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride,
-                                              len, K / 8);
+                                              len, K / 8, tid);
         copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, v + ((size_t)start * HV + hv) * V + col0,
-                                              (size_t)HV * V, len, v_vecs);
-        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8);
-        if (threadIdx.x < 2 * C / 4) {
-            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x, ws_f + ch * 4 * C + 4 * threadIdx.x, true);
+                                              (size_t)HV * V, len, v_vecs, tid);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8, tid);
+        if (tid < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
         }
     };
 
@@ -215,14 +219,14 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
     for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
         const int2 info2 = info_of(chunk + 2);
         cp_async_wait_group<0>();
-        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        named_barrier(barrier, L::THREADS);  // this chunk's tiles are in stage s; every warp is done with s ^ 1
         if (chunk + 1 < end) {
             prefetch(chunk + 1, s ^ 1, info1);
             cp_async_commit();
         }
         if (active) {
             const unsigned base = smem0 + s * L::STATES_STAGE;
-            const unsigned char* stage = smem + s * L::STATES_STAGE;
+            const unsigned char* stage = role_smem + s * L::STATES_STAGE;
             const T* vs = reinterpret_cast<const T*>(stage + L::V_OFF);
             const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
             const float* dec = gam + C;                                            // γ_C/γ_i
@@ -297,21 +301,24 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
                        const float* __restrict__ ws_f, const T* __restrict__ ws_a,
                        const T* __restrict__ ws_p, const float* __restrict__ dht,
                        T* __restrict__ dv, float* __restrict__ dh0, T* __restrict__ ws_dh,
-                       T* __restrict__ ws_dvp) {
+                       T* __restrict__ ws_dvp, const int first_thread = 0,
+                           const int smem_offset = 0, const int barrier = 0) {
     using L = ChainLayout<BV>;
     extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* const role_smem = smem + smem_offset;
+    const int tid = threadIdx.x - first_thread;
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int hv = blockIdx.y, seq = blockIdx.z, h = hv / p.group;
     const int first = units[4 * seq], end = units[4 * seq + 1];
     const int flags = p.flags;
     const int col0 = blockIdx.x * BV;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int wc = warp * 16, c0 = col0 + wc;
     const bool active = c0 < V;
     const int nk = K / 16;
 
-    const unsigned smem0 = smem_addr(smem);
-    T* const dv_stage = reinterpret_cast<T*>(smem + 2 * L::DH_STAGE) + warp * C * LDO;
+    const unsigned smem0 = smem_addr(role_smem);
+    T* const dv_stage = reinterpret_cast<T*>(role_smem + 2 * L::DH_STAGE) + warp * C * LDO;
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
     const unsigned lane_q = 2 * (L::Q_OFF / 2 + lane_b_kmajor<LDK>(lane));   // Q
@@ -329,16 +336,16 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
         const int start = info.x, len = info.y;
         const size_t ch = (size_t)chunk * HV + hv;
         copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride,
-                                              len, K / 8);
+                                              len, K / 8, tid);
         copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, d_o + ((size_t)start * HV + hv) * V + col0,
-                                              (size_t)HV * V, len, v_vecs);
-        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8);
-        if (threadIdx.x < 2 * C / 4) {
-            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x, ws_f + ch * 4 * C + 4 * threadIdx.x, true);
+                                              (size_t)HV * V, len, v_vecs, tid);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8, tid);
+        if (tid < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
         }
         copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride,
-                                              len, K / 8);
-        copy_tile<L::THREADS, C / 8, LDC>(base + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C / 8);
+                                              len, K / 8, tid);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C / 8, tid);
     };
 
     // dsacc[j] holds dSᵀ rows (columns c0 + g, c0 + g + 8) × K rows 8j + 2t, 8j + 2t + 1.
@@ -365,14 +372,14 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
     for (int chunk = end - 1, s = 0; chunk >= first; --chunk, s ^= 1) {
         const int2 info2 = info_of(chunk - 2);
         cp_async_wait_group<0>();
-        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        named_barrier(barrier, L::THREADS);  // this chunk's tiles are in stage s; every warp is done with s ^ 1
         if (chunk - 1 >= first) {
             prefetch(chunk - 1, s ^ 1, info1);
             cp_async_commit();
         }
         if (active) {
             const unsigned base = smem0 + s * L::DH_STAGE;
-            const unsigned char* stage = smem + s * L::DH_STAGE;
+            const unsigned char* stage = role_smem + s * L::DH_STAGE;
             const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
             const float* dec = gam + C;                                            // γ_C/γ_i
             const size_t ch = (size_t)chunk * HV + hv;
@@ -474,6 +481,36 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Both chains in one block (V-blocks 32 and 64): the first L::THREADS threads run the states
+// pass, the next L::THREADS the dh pass of the same (V-block, v-head, sequence), each in its
+// own shared memory (the states layout, then the dh layout) behind its own named barrier. The
+// chains are latency-bound at a few warps per SM: run one after the other, each leaves the SMs
+// mostly idle; side by side, the slower one's time is the pair's.
+template <int BV> struct ChainsLayout {
+    static constexpr int DH_OFF = 2 * ChainLayout<BV>::STATES_STAGE;
+    static constexpr int THREADS = 2 * ChainLayout<BV>::THREADS;
+};
+
+template <typename T, int BV>
+__device__ void bwd_chains(const ChunkParams p, const int* __restrict__ chunks,
+                           const int* __restrict__ units, const T* __restrict__ q,
+                           const T* __restrict__ k, const T* __restrict__ v,
+                           const T* __restrict__ d_o, const float* __restrict__ ws_f,
+                           const T* __restrict__ ws_a, const T* __restrict__ ws_p,
+                           const float* __restrict__ h0, const float* __restrict__ dht,
+                           T* __restrict__ dv, float* __restrict__ dh0, T* __restrict__ ws_h,
+                           T* __restrict__ ws_x, T* __restrict__ ws_vp, T* __restrict__ ws_dh,
+                           T* __restrict__ ws_dvp) {
+    constexpr int ROLE = ChainLayout<BV>::THREADS;
+    if (threadIdx.x < ROLE) {
+        bwd_states<T, BV>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp, 0, 0, 1);
+    } else {
+        bwd_dh<T, BV>(p, chunks, units, q, k, d_o, ws_f, ws_a, ws_p, dht, dv, dh0, ws_dh, ws_dvp, ROLE,
+                      ChainsLayout<BV>::DH_OFF, 2);
+    }
+}
+
 }  // namespace chunked
 }  // namespace gdn
 
@@ -492,10 +529,22 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
                                     ws_dh, ws_dvp);                                               \
     }
 
+#define GDN_CHUNK_BWD_BOTH(SUFFIX, T, BV)                                                           \
+    extern "C" __global__ void __launch_bounds__(BV * 4, 1) gdn_chunk_bwd_chains##BV##_##SUFFIX(    \
+        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,         \
+        const T* k, const T* v, const T* d_o, const float* ws_f, const T* ws_a, const T* ws_p,      \
+        const float* h0, const float* dht, T* dv, float* dh0, T* ws_h, T* ws_x, T* ws_vp, T* ws_dh, \
+        T* ws_dvp) {                                                                                \
+        gdn::chunked::bwd_chains<T, BV>(p, chunks, units, q, k, v, d_o, ws_f, ws_a, ws_p, h0, dht,  \
+                                        dv, dh0, ws_h, ws_x, ws_vp, ws_dh, ws_dvp);                 \
+    }
+
 #define GDN_CHUNK_BWD_CHAINS(SUFFIX, T)  \
     GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 32)   \
     GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 64)   \
-    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 128)
+    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 128)  \
+    GDN_CHUNK_BWD_BOTH(SUFFIX, T, 32)    \
+    GDN_CHUNK_BWD_BOTH(SUFFIX, T, 64)
 
 GDN_CHUNK_BWD_CHAINS(f16, __half)
 GDN_CHUNK_BWD_CHAINS(bf16, __nv_bfloat16)

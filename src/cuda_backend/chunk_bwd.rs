@@ -17,8 +17,9 @@
 use cudarc::driver::CudaSlice;
 
 use super::backward::{alloc_f32, dtype_suffix, launch_finish};
+pub use super::chunk_bwd_chain::ChainSchedule;
 use super::chunk_bwd_chain::{
-    ChainBuffers, chain_smem, chain_value_block, launch_dh, launch_states,
+    ChainBuffers, ChainInputs, chain_plan, chain_smem, launch_dh, launch_states, launch_together,
 };
 use super::chunk_bwd_grad::{
     GradParts, MAX_CHUNKED_BWD_VALUE_DIM, intra_smem, launch_intra, launch_prep, launch_state_grad,
@@ -48,6 +49,17 @@ pub enum ChunkedStage {
     StateGrad,
     /// Everything: the finishing kernels too.
     All,
+}
+
+/// The chunked backward's choices, for overriding them
+/// ([`crate::cuda_backend::backward::BackwardWorkspace::with_options`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct BackwardOptions {
+    /// How the two sequential passes are launched.
+    pub chains: ChainSchedule,
+    /// Their V-block, one of [`crate::cuda_backend::CHAIN_VALUE_BLOCKS`]; `None`: chosen from
+    /// the grid.
+    pub value_block: Option<usize>,
 }
 
 /// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
@@ -87,6 +99,7 @@ pub(crate) struct ChunkedScratch {
     dtype: DType,
     num_chunks: usize,
     value_block: usize,
+    chains: ChainSchedule,
     /// (first token, length) per chunk; chunks never cross a sequence boundary.
     chunks: CudaSlice<i32>,
     /// (first chunk, end chunk, sequence, flags) per sequence.
@@ -116,7 +129,12 @@ impl ChunkedScratch {
     /// Upload the tables and allocate the workspace (enqueued on the context's stream). Its
     /// size per (chunk, v-head) is `16·C + s·(3·C² + 2·V·K + 3·V·C)` bytes (s: the dtype's
     /// size), plus `4·B·T·HV·(2K + 2)` for the f32 per-v-head gradients.
-    pub(crate) fn new(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Self> {
+    pub(crate) fn new(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        options: BackwardOptions,
+    ) -> Result<Self> {
         let p = problem;
         to_i32("tokens (B·T)", p.total_tokens())?;
         let mut table = Vec::new();
@@ -143,7 +161,8 @@ impl ChunkedScratch {
             units.push(0);
         }
         let limits = DeviceLimits::of(ctx)?;
-        let value_block = chain_value_block(&limits, p).unwrap_or(32);
+        let (chains, value_block) = chain_plan(&limits, p, options.chains, options.value_block)?
+            .unwrap_or((ChainSchedule::Serial, 32));
         let stream = ctx.stream();
         let upload = |what: &str, data: &[i32]| {
             stream
@@ -164,6 +183,7 @@ impl ChunkedScratch {
             dtype,
             num_chunks,
             value_block,
+            chains,
             chunks: upload("chunk table", &table)?,
             units: upload("sequence table", &units)?,
             normalized,
@@ -186,6 +206,11 @@ impl ChunkedScratch {
     /// The V-block of the sequential passes.
     pub(crate) fn value_block(&self) -> usize {
         self.value_block
+    }
+
+    /// How the sequential passes are launched (`Auto` resolved).
+    pub(crate) fn chains(&self) -> ChainSchedule {
+        self.chains
     }
 
     /// Bytes of device memory held.
@@ -274,8 +299,10 @@ impl ChunkedScratch {
                 inputs.dt_bias.map(|t| t.buffer()),
             )?;
         }
-        // The dh pass runs for every sequence, empty ones too (dh0 = dht there).
-        if n > 0 && until >= ChunkedStage::States {
+        // The dh pass runs for every sequence, empty ones too (dh0 = dht there). Together,
+        // the States stage (for timing) runs the states pass alone.
+        let together = self.chains == ChainSchedule::Together;
+        if n > 0 && until >= ChunkedStage::States && !(together && until >= ChunkedStage::Chains) {
             launch_states(
                 ctx,
                 p,
@@ -289,20 +316,34 @@ impl ChunkedScratch {
             )?;
         }
         if p.num_sequences() > 0 && until >= ChunkedStage::Chains {
-            launch_dh(
-                ctx,
-                p,
-                &params,
-                bv,
-                suffix,
-                &ws,
-                q,
-                k,
-                d_o.buffer(),
-                dht.map(|t| t.buffer()),
-                grads.dv.buffer(),
-                grads.dh0.map(|t| t.buffer()),
-            )?;
+            if together {
+                let io = ChainInputs {
+                    q,
+                    k,
+                    v: inputs.v.buffer(),
+                    d_o: d_o.buffer(),
+                    h0: inputs.initial_state.map(|t| t.buffer()),
+                    dht: dht.map(|t| t.buffer()),
+                    dv: grads.dv.buffer(),
+                    dh0: grads.dh0.map(|t| t.buffer()),
+                };
+                launch_together(ctx, p, &params, bv, suffix, &ws, &io)?;
+            } else {
+                launch_dh(
+                    ctx,
+                    p,
+                    &params,
+                    bv,
+                    suffix,
+                    &ws,
+                    q,
+                    k,
+                    d_o.buffer(),
+                    dht.map(|t| t.buffer()),
+                    grads.dv.buffer(),
+                    grads.dh0.map(|t| t.buffer()),
+                )?;
+            }
         }
         if n > 0 && until >= ChunkedStage::Intra {
             launch_intra(
