@@ -186,6 +186,11 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
                 "chunk_bwd_dh128",
                 "chunk_bwd_chains32",
                 "chunk_bwd_chains64",
+                "chunk_bwd_states32p",
+                "chunk_bwd_states64p",
+                "chunk_bwd_dh32p",
+                "chunk_bwd_dh64p",
+                "chunk_bwd_chains32p",
             ][..],
         ),
         (
@@ -797,6 +802,7 @@ fn run_backward(
         if options.value_block.is_some() {
             assert_eq!(ws.value_block(), options.value_block);
         }
+        assert_eq!(ws.warp_pairs(), Some(options.warp_pairs));
     }
     let grads = cuda_backend::backward::alloc_gradients(ctx, p, &dev, f32::NAN).unwrap();
     backward_into(
@@ -839,8 +845,14 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
             let mut runs = vec![(path, auto)];
             if path == BackwardPath::Chunked {
                 for chains in [ChainSchedule::Serial, ChainSchedule::Together] {
-                    let options = BackwardOptions { chains, ..auto };
-                    runs.push((path, options));
+                    for warp_pairs in [false, true] {
+                        let options = BackwardOptions {
+                            chains,
+                            warp_pairs,
+                            ..auto
+                        };
+                        runs.push((path, options));
+                    }
                 }
                 runs.push((BackwardPath::Exact, auto));
                 chunked_runs += 1;
@@ -850,10 +862,15 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                 for &(run_path, options) in &runs {
                     let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), run_path, options);
                     let what = format!(
-                        "{} backward{} (chains {})",
+                        "{} backward{} (chains {}{})",
                         run_path.name(),
                         if with_dht { " + dht" } else { "" },
-                        options.chains.name()
+                        options.chains.name(),
+                        if options.warp_pairs {
+                            ", warp pairs"
+                        } else {
+                            ""
+                        }
                     );
                     failures.extend(check_gradients_with(
                         &what,
@@ -916,11 +933,49 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
                 let options = BackwardOptions {
                     chains,
                     value_block: Some(bv),
+                    warp_pairs: false,
                 };
                 let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, options);
                 others.push((format!("chains {} at V-block {bv}", chains.name()), got));
             }
         }
+        // Warp pairs sum K·S in two halves (another rounding order): within the oracle's
+        // bounds, and bitwise the same at every V-block and schedule.
+        let pair_runs = [
+            (ChainSchedule::Serial, 32),
+            (ChainSchedule::Serial, 64),
+            (ChainSchedule::Together, 32),
+        ]
+        .map(|(chains, bv)| {
+            let options = BackwardOptions {
+                chains,
+                value_block: Some(bv),
+                warp_pairs: true,
+            };
+            let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, options);
+            (
+                format!("chains {} at V-block {bv} with warp pairs", chains.name()),
+                got,
+            )
+        });
+        for (what, other) in &pair_runs[1..] {
+            for ((name, a), (_, b)) in gradient_list(&pair_runs[0].1)
+                .into_iter()
+                .zip(gradient_list(other))
+            {
+                if let Err(e) = same_bits(&format!("{dtype} {name} {what}"), a, b) {
+                    failures.push(e);
+                }
+            }
+        }
+        failures.extend(check_gradients_with(
+            "chunked backward with warp pairs",
+            &case,
+            dtype,
+            backward_arithmetic_of(BackwardPath::Chunked, dtype),
+            &pair_runs[0].1,
+            &expected,
+        ));
         for (what, other) in &others {
             for ((name, a), (_, b)) in gradient_list(&first).into_iter().zip(gradient_list(other)) {
                 if let Err(e) = same_bits(&format!("{dtype} {name} {what}"), a, b) {

@@ -273,6 +273,15 @@ impl BackwardWorkspace {
         }
     }
 
+    /// Whether the chunked path's sequential passes run with warp pairs (`None` on the exact
+    /// path).
+    pub fn warp_pairs(&self) -> Option<bool> {
+        match &self.scratch {
+            Scratch::Exact(_) => None,
+            Scratch::Chunked(c) => Some(c.warp_pairs()),
+        }
+    }
+
     /// Bytes of device memory the workspace holds.
     pub fn workspace_bytes(&self) -> usize {
         match &self.scratch {

@@ -60,6 +60,10 @@ pub struct BackwardOptions {
     /// Their V-block, one of [`crate::cuda_backend::CHAIN_VALUE_BLOCKS`]; `None`: chosen from
     /// the grid.
     pub value_block: Option<usize>,
+    /// A pair of warps per 16 columns, each holding half the state's (or state gradient's) K
+    /// rows (V-blocks 32 and 64; together only 32): half of each warp's products, the partial
+    /// K·S (K·dS') summed through shared memory.
+    pub warp_pairs: bool,
 }
 
 /// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
@@ -78,7 +82,7 @@ pub(crate) fn chunked_backward_runs(
     let limit = super::chunked::max_shared_optin(ctx)?;
     Ok([
         prep_smem(),
-        chain_smem(32, true),
+        chain_smem(32, true, false),
         intra_smem(),
         state_grad_smem(),
     ]
@@ -100,6 +104,7 @@ pub(crate) struct ChunkedScratch {
     num_chunks: usize,
     value_block: usize,
     chains: ChainSchedule,
+    pairs: bool,
     /// (first token, length) per chunk; chunks never cross a sequence boundary.
     chunks: CudaSlice<i32>,
     /// (first chunk, end chunk, sequence, flags) per sequence.
@@ -161,8 +166,10 @@ impl ChunkedScratch {
             units.push(0);
         }
         let limits = DeviceLimits::of(ctx)?;
-        let (chains, value_block) = chain_plan(&limits, p, options.chains, options.value_block)?
-            .unwrap_or((ChainSchedule::Serial, 32));
+        let pairs = options.warp_pairs;
+        let (chains, value_block) =
+            chain_plan(&limits, p, options.chains, options.value_block, pairs)?
+                .unwrap_or((ChainSchedule::Serial, 32));
         let stream = ctx.stream();
         let upload = |what: &str, data: &[i32]| {
             stream
@@ -184,6 +191,7 @@ impl ChunkedScratch {
             num_chunks,
             value_block,
             chains,
+            pairs,
             chunks: upload("chunk table", &table)?,
             units: upload("sequence table", &units)?,
             normalized,
@@ -211,6 +219,11 @@ impl ChunkedScratch {
     /// How the sequential passes are launched (`Auto` resolved).
     pub(crate) fn chains(&self) -> ChainSchedule {
         self.chains
+    }
+
+    /// Whether the sequential passes run with warp pairs.
+    pub(crate) fn warp_pairs(&self) -> bool {
+        self.pairs
     }
 
     /// Bytes of device memory held.
@@ -308,6 +321,7 @@ impl ChunkedScratch {
                 p,
                 &params,
                 bv,
+                self.pairs,
                 suffix,
                 &ws,
                 k,
@@ -327,13 +341,14 @@ impl ChunkedScratch {
                     dv: grads.dv.buffer(),
                     dh0: grads.dh0.map(|t| t.buffer()),
                 };
-                launch_together(ctx, p, &params, bv, suffix, &ws, &io)?;
+                launch_together(ctx, p, &params, bv, self.pairs, suffix, &ws, &io)?;
             } else {
                 launch_dh(
                     ctx,
                     p,
                     &params,
                     bv,
+                    self.pairs,
                     suffix,
                     &ws,
                     q,

@@ -16,17 +16,37 @@ pub const CHAIN_VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 
 /// chunk_bwd_chain.cu's ChainLayout: per stage k, the V-block of v or dO, T·diag(β), the
 /// decays, then (dh pass) q and P; two stages, then (dh pass) a C × 16 staging tile of dv per
-/// warp.
-pub(crate) fn chain_smem(bv: usize, dh: bool) -> usize {
+/// 16 columns; with warp pairs, a 16 × C f32 partial sum per warp.
+pub(crate) fn chain_smem(bv: usize, dh: bool, pairs: bool) -> usize {
     let c = CHUNK;
     let ldk = MAX_CHUNKED_KEY_DIM + 8;
     let ldc = c + 8;
     let states_stage = 2 * c * ldk + 2 * c * (bv + 8) + 2 * c * ldc + 4 * 2 * c;
-    if dh {
-        2 * (states_stage + 2 * c * ldk + 2 * c * ldc) + (bv / 16) * c * (16 + 8) * 2
+    let partials = if pairs { 2 * (bv / 16) * 4 * 16 * c } else { 0 };
+    partials
+        + if dh {
+            2 * (states_stage + 2 * c * ldk + 2 * c * ldc) + (bv / 16) * c * (16 + 8) * 2
+        } else {
+            2 * states_stage
+        }
+}
+
+/// The V-blocks with warp-pair kernels: one after the other, and together.
+pub(crate) const PAIR_VALUE_BLOCKS: [usize; 2] = [32, 64];
+pub(crate) const PAIR_TOGETHER_VALUE_BLOCKS: [usize; 1] = [32];
+
+/// The kernels' V-block suffix: `32`, or `32p` with warp pairs.
+fn kernel_block(bv: usize, pairs: bool) -> String {
+    if pairs {
+        format!("{bv}p")
     } else {
-        2 * states_stage
+        bv.to_string()
     }
+}
+
+/// Warps per 16 columns.
+fn warps_per_group(pairs: bool) -> usize {
+    if pairs { 2 } else { 1 }
 }
 
 /// How the two chains are launched.
@@ -59,8 +79,8 @@ impl ChainSchedule {
 pub(crate) const TOGETHER_VALUE_BLOCKS: [usize; 2] = [32, 64];
 
 /// Shared memory of one block running both chains: the states layout, then the dh layout.
-pub(crate) fn together_smem(bv: usize) -> usize {
-    chain_smem(bv, false) + chain_smem(bv, true)
+pub(crate) fn together_smem(bv: usize, pairs: bool) -> usize {
+    chain_smem(bv, false, pairs) + chain_smem(bv, true, pairs)
 }
 
 /// The schedule and V-block of the chains: with `Auto`, both chains together at the smallest
@@ -73,27 +93,35 @@ pub(crate) fn chain_plan(
     problem: &Problem,
     schedule: ChainSchedule,
     value_block: Option<usize>,
+    pairs: bool,
 ) -> Result<Option<(ChainSchedule, usize)>> {
     let p = problem;
     let blocks = |bv: usize| p.value_dim.div_ceil(bv) * p.heads_v * p.num_sequences();
-    let together: Vec<usize> = TOGETHER_VALUE_BLOCKS
-        .into_iter()
-        .filter(|&bv| together_smem(bv) <= limits.smem_per_block)
+    let (together_blocks, serial_blocks): (&[usize], &[usize]) = if pairs {
+        (&PAIR_TOGETHER_VALUE_BLOCKS, &PAIR_VALUE_BLOCKS)
+    } else {
+        (&TOGETHER_VALUE_BLOCKS, &CHAIN_VALUE_BLOCKS)
+    };
+    let together: Vec<usize> = together_blocks
+        .iter()
+        .copied()
+        .filter(|&bv| together_smem(bv, pairs) <= limits.smem_per_block)
         .filter(|&bv| value_block.is_none_or(|b| b == bv))
         .collect();
-    let serial: Vec<usize> = CHAIN_VALUE_BLOCKS
-        .into_iter()
-        .filter(|&bv| chain_smem(bv, true) <= limits.smem_per_block)
+    let serial: Vec<usize> = serial_blocks
+        .iter()
+        .copied()
+        .filter(|&bv| chain_smem(bv, true, pairs) <= limits.smem_per_block)
         .filter(|&bv| value_block.is_none_or(|b| b == bv))
         .collect();
     let resident_together = together
         .iter()
         .copied()
-        .find(|&bv| blocks(bv) <= limits.resident(together_smem(bv)));
+        .find(|&bv| blocks(bv) <= limits.resident(together_smem(bv, pairs)));
     let serial_plan = serial
         .iter()
         .copied()
-        .find(|&bv| blocks(bv) <= limits.resident(chain_smem(bv, true)))
+        .find(|&bv| blocks(bv) <= limits.resident(chain_smem(bv, true, pairs)))
         .or(serial.last().copied())
         .map(|bv| (ChainSchedule::Serial, bv));
     let plan = match schedule {
@@ -110,9 +138,14 @@ pub(crate) fn chain_plan(
             "backward chains",
             format!(
                 "a schedule and V-block (of {CHAIN_VALUE_BLOCKS:?}; together: of \
-                 {TOGETHER_VALUE_BLOCKS:?}) whose shared memory fits the device"
+                 {TOGETHER_VALUE_BLOCKS:?}; with warp pairs {PAIR_VALUE_BLOCKS:?} and together \
+                 {PAIR_TOGETHER_VALUE_BLOCKS:?}) whose shared memory fits the device"
             ),
-            format!("{} at V-block {value_block:?}", schedule.name()),
+            format!(
+                "{} at V-block {value_block:?}{}",
+                schedule.name(),
+                if pairs { " with warp pairs" } else { "" }
+            ),
         ));
     }
     Ok(plan)
@@ -152,14 +185,15 @@ pub(crate) fn launch_states(
     problem: &Problem,
     params: &ChunkParams,
     bv: usize,
+    pairs: bool,
     suffix: &str,
     ws: &ChainBuffers<'_>,
     k: &CudaSlice<u8>,
     v: &CudaSlice<u8>,
     h0: Option<&CudaSlice<u8>>,
 ) -> Result<()> {
-    let name = format!("gdn_chunk_bwd_states{bv}_{suffix}");
-    let smem = chain_smem(bv, false);
+    let name = format!("gdn_chunk_bwd_states{}_{suffix}", kernel_block(bv, pairs));
+    let smem = chain_smem(bv, false, pairs);
     let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
     let null: u64 = 0;
     let mut l = ctx.stream().launch_builder(&func);
@@ -177,7 +211,7 @@ pub(crate) fn launch_states(
     l.arg(ws.states).arg(ws.x).arg(ws.v_new);
     let cfg = LaunchConfig {
         grid_dim: grid(problem, bv),
-        block_dim: ((bv / 16 * 32) as u32, 1, 1),
+        block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     // SAFETY: matches gdn_chunk_bwd_states* in chunk_bwd_chain.cu; the workspace was sized for
@@ -194,6 +228,7 @@ pub(crate) fn launch_dh(
     problem: &Problem,
     params: &ChunkParams,
     bv: usize,
+    pairs: bool,
     suffix: &str,
     ws: &ChainBuffers<'_>,
     q: &CudaSlice<u8>,
@@ -203,8 +238,8 @@ pub(crate) fn launch_dh(
     dv: &CudaSlice<u8>,
     dh0: Option<&CudaSlice<u8>>,
 ) -> Result<()> {
-    let name = format!("gdn_chunk_bwd_dh{bv}_{suffix}");
-    let smem = chain_smem(bv, true);
+    let name = format!("gdn_chunk_bwd_dh{}_{suffix}", kernel_block(bv, pairs));
+    let smem = chain_smem(bv, true, pairs);
     let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
     let null: u64 = 0;
     let mut l = ctx.stream().launch_builder(&func);
@@ -229,7 +264,7 @@ pub(crate) fn launch_dh(
     l.arg(ws.state_grads).arg(ws.dv_new);
     let cfg = LaunchConfig {
         grid_dim: grid(problem, bv),
-        block_dim: ((bv / 16 * 32) as u32, 1, 1),
+        block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     // SAFETY: matches gdn_chunk_bwd_dh* in chunk_bwd_chain.cu; dv, dht, dh0 were checked
@@ -246,12 +281,13 @@ pub(crate) fn launch_together(
     problem: &Problem,
     params: &ChunkParams,
     bv: usize,
+    pairs: bool,
     suffix: &str,
     ws: &ChainBuffers<'_>,
     io: &ChainInputs<'_>,
 ) -> Result<()> {
-    let name = format!("gdn_chunk_bwd_chains{bv}_{suffix}");
-    let smem = together_smem(bv);
+    let name = format!("gdn_chunk_bwd_chains{}_{suffix}", kernel_block(bv, pairs));
+    let smem = together_smem(bv, pairs);
     let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
     let null: u64 = 0;
     let mut l = ctx.stream().launch_builder(&func);
@@ -283,7 +319,7 @@ pub(crate) fn launch_together(
         .arg(ws.dv_new);
     let cfg = LaunchConfig {
         grid_dim: grid(problem, bv),
-        block_dim: ((2 * bv / 16 * 32) as u32, 1, 1),
+        block_dim: ((2 * bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     // SAFETY: matches gdn_chunk_bwd_chains* in chunk_bwd_chain.cu; the tensors were checked

@@ -52,8 +52,8 @@ fn plan_options() -> Result<PlanOptions> {
     })
 }
 
-/// The timed chunked backward's overrides: `GDN_BWD_CHAINS` (auto, serial, together) and
-/// `GDN_V_BLOCK`.
+/// The timed chunked backward's overrides: `GDN_BWD_CHAINS` (auto, serial, together),
+/// `GDN_BWD_PAIRS` (0/off, 1/on: warp pairs in the chains) and `GDN_V_BLOCK`.
 fn backward_options() -> Result<BackwardOptions> {
     let chains = match std::env::var("GDN_BWD_CHAINS") {
         Err(_) => ChainSchedule::Auto,
@@ -70,9 +70,24 @@ fn backward_options() -> Result<BackwardOptions> {
             }
         },
     };
+    let warp_pairs = match std::env::var("GDN_BWD_PAIRS") {
+        Err(_) => false,
+        Ok(s) => match s.trim() {
+            "0" | "off" => false,
+            "1" | "on" => true,
+            _ => {
+                return Err(Error::Value {
+                    name: "GDN_BWD_PAIRS".into(),
+                    expected: "0, off, 1 or on".into(),
+                    got: s,
+                });
+            }
+        },
+    };
     Ok(BackwardOptions {
         chains,
         value_block: plan_options()?.value_block,
+        warp_pairs,
     })
 }
 
@@ -188,12 +203,17 @@ fn time_on(
                     "cuda exact backward (BPTT, checkpoints every 64 tokens)".into()
                 }
                 BackwardPath::Chunked => format!(
-                    "cuda chunked tensor-core backward, V-block {}, chains {}",
+                    "cuda chunked tensor-core backward, V-block {}, chains {}{}",
                     workspace.value_block().unwrap_or(0),
                     workspace
                         .chain_schedule()
                         .unwrap_or(ChainSchedule::Auto)
-                        .name()
+                        .name(),
+                    if workspace.warp_pairs() == Some(true) {
+                        " with warp pairs"
+                    } else {
+                        ""
+                    }
                 ),
             };
             let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0).with_dtype(host.dtype);
