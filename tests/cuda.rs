@@ -802,7 +802,9 @@ fn run_backward(
         if options.value_block.is_some() {
             assert_eq!(ws.value_block(), options.value_block);
         }
-        assert_eq!(ws.warp_pairs(), Some(options.warp_pairs));
+        if let Some(pairs) = options.warp_pairs {
+            assert_eq!(ws.warp_pairs(), Some(pairs));
+        }
     }
     let grads = cuda_backend::backward::alloc_gradients(ctx, p, &dev, f32::NAN).unwrap();
     backward_into(
@@ -845,10 +847,10 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
             let mut runs = vec![(path, auto)];
             if path == BackwardPath::Chunked {
                 for chains in [ChainSchedule::Serial, ChainSchedule::Together] {
-                    for warp_pairs in [false, true] {
+                    for pairs in [false, true] {
                         let options = BackwardOptions {
                             chains,
-                            warp_pairs,
+                            warp_pairs: Some(pairs),
                             ..auto
                         };
                         runs.push((path, options));
@@ -866,7 +868,7 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                         run_path.name(),
                         if with_dht { " + dht" } else { "" },
                         options.chains.name(),
-                        if options.warp_pairs {
+                        if options.warp_pairs == Some(true) {
                             ", warp pairs"
                         } else {
                             ""
@@ -892,9 +894,9 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
 }
 
 /// Many chunks per sequence (the chains carry S and dS' across 31 chunks), every V-block of the
-/// chains one after the other and together, both 16-bit dtypes; two runs bitwise equal (no
-/// atomics), and every schedule and V-block bitwise equal to the others (the same arithmetic
-/// per column).
+/// chains one after the other and together, with and without warp pairs, both 16-bit dtypes;
+/// two runs bitwise equal (no atomics), every schedule and V-block bitwise equal to the others
+/// of its kind (single warps, warp pairs), each kind within the oracle's bounds.
 #[test]
 fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle() {
     let Some(ctx) = cuda() else { return };
@@ -923,74 +925,68 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
         let auto = BackwardOptions::default();
         let first = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, auto);
         let second = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, auto);
-        let mut others = vec![("run twice".to_string(), second)];
-        let schedules = [
-            (ChainSchedule::Serial, &CHAIN_VALUE_BLOCKS[..]),
-            (ChainSchedule::Together, &[32, 64][..]),
-        ];
-        for (chains, blocks) in schedules {
-            for &bv in blocks {
-                let options = BackwardOptions {
-                    chains,
-                    value_block: Some(bv),
-                    warp_pairs: false,
-                };
-                let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, options);
-                others.push((format!("chains {} at V-block {bv}", chains.name()), got));
+        for ((name, a), (_, b)) in gradient_list(&first)
+            .into_iter()
+            .zip(gradient_list(&second))
+        {
+            if let Err(e) = same_bits(&format!("{dtype} {name} run twice"), a, b) {
+                failures.push(e);
             }
         }
-        // Warp pairs sum K·S in two halves (another rounding order): within the oracle's
-        // bounds, and bitwise the same at every V-block and schedule.
-        let pair_runs = [
+        // Every schedule and V-block, without and with warp pairs: bitwise the same within
+        // each (the same arithmetic per column; pairs sum K·S in two halves, another rounding
+        // order).
+        let single: Vec<(ChainSchedule, usize)> = CHAIN_VALUE_BLOCKS
+            .iter()
+            .map(|&bv| (ChainSchedule::Serial, bv))
+            .chain([32, 64].map(|bv| (ChainSchedule::Together, bv)))
+            .collect();
+        let pairs = vec![
             (ChainSchedule::Serial, 32),
             (ChainSchedule::Serial, 64),
             (ChainSchedule::Together, 32),
-        ]
-        .map(|(chains, bv)| {
-            let options = BackwardOptions {
-                chains,
-                value_block: Some(bv),
-                warp_pairs: true,
-            };
-            let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, options);
-            (
-                format!("chains {} at V-block {bv} with warp pairs", chains.name()),
-                got,
-            )
-        });
-        for (what, other) in &pair_runs[1..] {
-            for ((name, a), (_, b)) in gradient_list(&pair_runs[0].1)
+        ];
+        let mut representatives = vec![("automatic".to_string(), first)];
+        for (warp_pairs, runs) in [(false, single), (true, pairs)] {
+            let got: Vec<(String, gdn_wgpu::Gradients<HostTensor>)> = runs
                 .into_iter()
-                .zip(gradient_list(other))
-            {
-                if let Err(e) = same_bits(&format!("{dtype} {name} {what}"), a, b) {
-                    failures.push(e);
+                .map(|(chains, bv)| {
+                    let options = BackwardOptions {
+                        chains,
+                        value_block: Some(bv),
+                        warp_pairs: Some(warp_pairs),
+                    };
+                    let what = format!(
+                        "chains {} at V-block {bv}{}",
+                        chains.name(),
+                        if warp_pairs { " with warp pairs" } else { "" }
+                    );
+                    let g = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, options);
+                    (what, g)
+                })
+                .collect();
+            for (what, other) in &got[1..] {
+                for ((name, a), (_, b)) in gradient_list(&got[0].1)
+                    .into_iter()
+                    .zip(gradient_list(other))
+                {
+                    if let Err(e) = same_bits(&format!("{dtype} {name} {what}"), a, b) {
+                        failures.push(e);
+                    }
                 }
             }
+            representatives.extend(got.into_iter().take(1));
         }
-        failures.extend(check_gradients_with(
-            "chunked backward with warp pairs",
-            &case,
-            dtype,
-            backward_arithmetic_of(BackwardPath::Chunked, dtype),
-            &pair_runs[0].1,
-            &expected,
-        ));
-        for (what, other) in &others {
-            for ((name, a), (_, b)) in gradient_list(&first).into_iter().zip(gradient_list(other)) {
-                if let Err(e) = same_bits(&format!("{dtype} {name} {what}"), a, b) {
-                    failures.push(e);
-                }
-            }
+        for (what, got) in &representatives {
+            failures.extend(check_gradients_with(
+                &format!("chunked backward, {what}"),
+                &case,
+                dtype,
+                backward_arithmetic_of(BackwardPath::Chunked, dtype),
+                got,
+                &expected,
+            ));
         }
-        failures.extend(check_gradients_with(
-            "chunked backward",
-            &case,
-            dtype,
-            backward_arithmetic_of(BackwardPath::Chunked, dtype),
-            &first,
-            &expected,
-        ));
     }
     fail_on(failures);
 }

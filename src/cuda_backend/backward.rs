@@ -16,7 +16,7 @@
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::chunk_bwd::ChunkedScratch;
-pub use super::chunk_bwd::{BackwardOptions, ChainSchedule, ChunkedStage};
+pub use super::chunk_bwd::{AUTO_WARP_PAIRS, BackwardOptions, ChainSchedule, ChunkedStage};
 use super::context::{Context, driver_error};
 use super::kernels::{BACKWARD, option_flags};
 use super::recurrent::{self, STORAGE_DTYPES, SeqBounds, to_i32};

@@ -62,9 +62,13 @@ pub struct BackwardOptions {
     pub value_block: Option<usize>,
     /// A pair of warps per 16 columns, each holding half the state's (or state gradient's) K
     /// rows (V-blocks 32 and 64; together only 32): half of each warp's products, the partial
-    /// K·S (K·dS') summed through shared memory.
-    pub warp_pairs: bool,
+    /// K·S (K·dS') summed through shared memory. `None`: [`AUTO_WARP_PAIRS`].
+    pub warp_pairs: Option<bool>,
 }
+
+/// Whether the chains take warp pairs unless told: not yet (not measured faster on the
+/// H200).
+pub const AUTO_WARP_PAIRS: bool = false;
 
 /// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
 /// device: f16/bf16, K and V ≤ 128, and every pass within the shared memory a block may use.
@@ -166,7 +170,7 @@ impl ChunkedScratch {
             units.push(0);
         }
         let limits = DeviceLimits::of(ctx)?;
-        let pairs = options.warp_pairs;
+        let pairs = options.warp_pairs.unwrap_or(AUTO_WARP_PAIRS);
         let (chains, value_block) =
             chain_plan(&limits, p, options.chains, options.value_block, pairs)?
                 .unwrap_or((ChainSchedule::Serial, 32));

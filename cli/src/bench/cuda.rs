@@ -71,14 +71,15 @@ fn backward_options() -> Result<BackwardOptions> {
         },
     };
     let warp_pairs = match std::env::var("GDN_BWD_PAIRS") {
-        Err(_) => false,
+        Err(_) => None,
         Ok(s) => match s.trim() {
-            "0" | "off" => false,
-            "1" | "on" => true,
+            "auto" => None,
+            "0" | "off" => Some(false),
+            "1" | "on" => Some(true),
             _ => {
                 return Err(Error::Value {
                     name: "GDN_BWD_PAIRS".into(),
-                    expected: "0, off, 1 or on".into(),
+                    expected: "auto, 0, off, 1 or on".into(),
                     got: s,
                 });
             }
