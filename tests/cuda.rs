@@ -841,20 +841,27 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                 backward_arithmetic_of(path, dtype)
             );
             // The exact path also runs where the chunked one is chosen (forced, as
-            // GDN_CUDA_BACKWARD=exact does), and the chunked one with its chains both
-            // together and one after the other.
+            // GDN_CUDA_BACKWARD=exact does), and the chunked one with its chains one after
+            // the other (the automatic choice runs them together on these small grids) and
+            // with warp pairs both ways.
             let auto = BackwardOptions::default();
             let mut runs = vec![(path, auto)];
             if path == BackwardPath::Chunked {
-                for chains in [ChainSchedule::Serial, ChainSchedule::Together] {
-                    for pairs in [false, true] {
-                        let options = BackwardOptions {
-                            chains,
-                            warp_pairs: Some(pairs),
-                            ..auto
-                        };
-                        runs.push((path, options));
-                    }
+                let serial = BackwardOptions {
+                    chains: ChainSchedule::Serial,
+                    ..auto
+                };
+                for (chains, pairs) in [
+                    (ChainSchedule::Serial, false),
+                    (ChainSchedule::Serial, true),
+                    (ChainSchedule::Together, true),
+                ] {
+                    let options = BackwardOptions {
+                        chains,
+                        warp_pairs: Some(pairs),
+                        ..serial
+                    };
+                    runs.push((path, options));
                 }
                 runs.push((BackwardPath::Exact, auto));
                 chunked_runs += 1;
