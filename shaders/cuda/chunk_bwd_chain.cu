@@ -1,8 +1,9 @@
 // The chunked backward's two sequential passes (C = 64, f16/bf16 storage, K ≤ 128, V ≤ 128),
 // one block per (V-block, v-head, sequence) (or one for both passes: bwd_chains), a warp (with
 // warp pairs two) per 16 columns, the f32 state or state gradient in registers in the
-// transposed orientation, as the forward's sequential pass (chunked.cu) keeps its state. Both read the backward prep's workspace (chunk.cuh prep with
-// BWD: the decays, T·diag(β), P); they do not depend on each other.
+// transposed orientation, as the forward's sequential pass (chunked.cu) keeps its state. Both
+// read the backward prep's workspace (chunk.cuh prep with BWD: the decays, T·diag(β), P); they
+// do not depend on each other.
 //
 //   gdn_chunk_bwd_states{32,64,128}_*   forward over the chunks, the forward's recurrence
 //       X = V − diag(γ)·K·S,  v' = T·diag(β)·X,  S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v'),
