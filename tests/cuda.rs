@@ -24,8 +24,8 @@ use common::cases::{
 use common::problem;
 use gdn_wgpu::cuda_backend::nvrtc::{self, Target};
 use gdn_wgpu::cuda_backend::{
-    self, BackwardPath, ChunkPlan, Context, CudaTensor, ForwardPath, PlanOptions, Segments,
-    SeqBounds, backward_path, forward_path, kernels,
+    self, BackwardPath, CHAIN_VALUE_BLOCKS, ChunkPlan, Context, CudaTensor, ForwardPath,
+    PlanOptions, Segments, SeqBounds, backward_path, forward_path, kernels,
 };
 use gdn_wgpu::tolerance::{Arithmetic, Op};
 use gdn_wgpu::wgpu_backend::{SegmentPaths, SegmentWindow};
@@ -185,6 +185,13 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
                 "chunk_bwd_dh32",
                 "chunk_bwd_dh64",
                 "chunk_bwd_dh128",
+                "chunk_bwd_chains32",
+                "chunk_bwd_chains64",
+                "chunk_bwd_states32p",
+                "chunk_bwd_states64p",
+                "chunk_bwd_dh32p",
+                "chunk_bwd_dh64p",
+                "chunk_bwd_chains32p",
             ][..],
         ),
         (
@@ -960,6 +967,7 @@ fn run_backward(
     d_o: &HostTensor,
     dht: Option<&HostTensor>,
     path: BackwardPath,
+    options: BackwardOptions,
 ) -> gdn_wgpu::Gradients<HostTensor> {
     let p = problem;
     let dtype = inputs.q.dtype;
@@ -967,8 +975,19 @@ fn run_backward(
     let dev = dev.as_ref();
     let d_o = CudaTensor::upload(ctx, "do", d_o).unwrap();
     let dht = dht.map(|t| CudaTensor::upload(ctx, "dht", t).unwrap());
-    let ws = BackwardWorkspace::with_path(ctx, p, dtype, path).unwrap();
+    let ws = BackwardWorkspace::with_options(ctx, p, dtype, path, options).unwrap();
     assert_eq!(ws.path(), path);
+    if path == BackwardPath::Chunked {
+        if options.chains != ChainSchedule::Auto {
+            assert_eq!(ws.chain_schedule(), Some(options.chains));
+        }
+        if options.value_block.is_some() {
+            assert_eq!(ws.value_block(), options.value_block);
+        }
+        if let Some(pairs) = options.warp_pairs {
+            assert_eq!(ws.warp_pairs(), Some(pairs));
+        }
+    }
     let grads = cuda_backend::backward::alloc_gradients(ctx, p, &dev, f32::NAN).unwrap();
     backward_into(
         ctx,
@@ -1004,20 +1023,45 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                 backward_arithmetic_of(path, dtype)
             );
             // The exact path also runs where the chunked one is chosen (forced, as
-            // GDN_CUDA_BACKWARD=exact does).
-            let mut paths = vec![path];
+            // GDN_CUDA_BACKWARD=exact does), and the chunked one with its chains one after
+            // the other (the automatic choice runs them together on these small grids) and
+            // with warp pairs both ways.
+            let auto = BackwardOptions::default();
+            let mut runs = vec![(path, auto)];
             if path == BackwardPath::Chunked {
-                paths.push(BackwardPath::Exact);
+                let serial = BackwardOptions {
+                    chains: ChainSchedule::Serial,
+                    ..auto
+                };
+                for (chains, pairs) in [
+                    (ChainSchedule::Serial, false),
+                    (ChainSchedule::Serial, true),
+                    (ChainSchedule::Together, true),
+                ] {
+                    let options = BackwardOptions {
+                        chains,
+                        warp_pairs: Some(pairs),
+                        ..serial
+                    };
+                    runs.push((path, options));
+                }
+                runs.push((BackwardPath::Exact, auto));
                 chunked_runs += 1;
             }
             for with_dht in [false, true] {
                 let (inputs, d_o, dht, expected) = backward_case(&case, dtype, with_dht);
-                for &run_path in &paths {
-                    let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), run_path);
+                for &(run_path, options) in &runs {
+                    let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), run_path, options);
                     let what = format!(
-                        "{} backward{}",
+                        "{} backward{} (chains {}{})",
                         run_path.name(),
-                        if with_dht { " + dht" } else { "" }
+                        if with_dht { " + dht" } else { "" },
+                        options.chains.name(),
+                        if options.warp_pairs == Some(true) {
+                            ", warp pairs"
+                        } else {
+                            ""
+                        }
                     );
                     failures.extend(check_gradients_with(
                         &what,
@@ -1039,7 +1083,9 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
 }
 
 /// Many chunks per sequence (the chains carry S and dS' across 31 chunks), every V-block of the
-/// chains, both 16-bit dtypes; two runs bitwise equal (no atomics).
+/// chains one after the other and together, with and without warp pairs, both 16-bit dtypes;
+/// two runs bitwise equal (no atomics), every schedule and V-block bitwise equal to the others
+/// of its kind (single warps, warp pairs), each kind within the oracle's bounds.
 #[test]
 fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle() {
     let Some(ctx) = cuda() else { return };
@@ -1064,8 +1110,10 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
     let mut failures = Vec::new();
     for dtype in [DType::BF16, DType::F16] {
         let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
-        let first = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), BackwardPath::Chunked);
-        let second = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), BackwardPath::Chunked);
+        let chunked = BackwardPath::Chunked;
+        let auto = BackwardOptions::default();
+        let first = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, auto);
+        let second = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, auto);
         for ((name, a), (_, b)) in gradient_list(&first)
             .into_iter()
             .zip(gradient_list(&second))
@@ -1074,14 +1122,60 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
                 failures.push(e);
             }
         }
-        failures.extend(check_gradients_with(
-            "chunked backward",
-            &case,
-            dtype,
-            backward_arithmetic_of(BackwardPath::Chunked, dtype),
-            &first,
-            &expected,
-        ));
+        // Every schedule and V-block, without and with warp pairs: bitwise the same within
+        // each (the same arithmetic per column; pairs sum K·S in two halves, another rounding
+        // order).
+        let single: Vec<(ChainSchedule, usize)> = CHAIN_VALUE_BLOCKS
+            .iter()
+            .map(|&bv| (ChainSchedule::Serial, bv))
+            .chain([32, 64].map(|bv| (ChainSchedule::Together, bv)))
+            .collect();
+        let pairs = vec![
+            (ChainSchedule::Serial, 32),
+            (ChainSchedule::Serial, 64),
+            (ChainSchedule::Together, 32),
+        ];
+        let mut representatives = vec![("automatic".to_string(), first)];
+        for (warp_pairs, runs) in [(false, single), (true, pairs)] {
+            let got: Vec<(String, gdn_wgpu::Gradients<HostTensor>)> = runs
+                .into_iter()
+                .map(|(chains, bv)| {
+                    let options = BackwardOptions {
+                        chains,
+                        value_block: Some(bv),
+                        warp_pairs: Some(warp_pairs),
+                    };
+                    let what = format!(
+                        "chains {} at V-block {bv}{}",
+                        chains.name(),
+                        if warp_pairs { " with warp pairs" } else { "" }
+                    );
+                    let g = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, options);
+                    (what, g)
+                })
+                .collect();
+            for (what, other) in &got[1..] {
+                for ((name, a), (_, b)) in gradient_list(&got[0].1)
+                    .into_iter()
+                    .zip(gradient_list(other))
+                {
+                    if let Err(e) = same_bits(&format!("{dtype} {name} {what}"), a, b) {
+                        failures.push(e);
+                    }
+                }
+            }
+            representatives.extend(got.into_iter().take(1));
+        }
+        for (what, got) in &representatives {
+            failures.extend(check_gradients_with(
+                &format!("chunked backward, {what}"),
+                &case,
+                dtype,
+                backward_arithmetic_of(BackwardPath::Chunked, dtype),
+                got,
+                &expected,
+            ));
+        }
     }
     fail_on(failures);
 }
@@ -1188,7 +1282,9 @@ fn backward_bad_input_is_a_typed_error() {
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, sys};
-use gdn_wgpu::cuda_backend::backward::{BackwardWorkspace, backward_into};
+use gdn_wgpu::cuda_backend::backward::{
+    BackwardOptions, BackwardWorkspace, ChainSchedule, backward_into,
+};
 use gdn_wgpu::{Gradients, TensorMeta};
 
 /// The caller's side: its own cudarc context (the device's primary context, as the CUDA

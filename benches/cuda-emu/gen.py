@@ -48,6 +48,7 @@ for h, b in [
     ('__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {', '{ emu::cp_async(dst, src, valid ? 16 : 0); }'),
     ('__device__ __forceinline__ void ldsm4(unsigned (&x)[4], unsigned addr) {', '{ emu::ldsm(x, addr, false); }'),
     ('__device__ __forceinline__ void ldsm4_t(unsigned (&x)[4], unsigned addr) {', '{ emu::ldsm(x, addr, true); }'),
+    ('__device__ __forceinline__ void named_barrier(int id, int count) {', '{ emu::named_barrier(id, count); }'),
 ]:
     chunk = replace_body(chunk, h, b)
 out = '#include "shim.h"\n' + common + '\n' + chunk + '\n'

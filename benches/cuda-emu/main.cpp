@@ -51,14 +51,34 @@ int run(int argc, char** argv) {
     size_t st = 2*64*ldk + 2*64*(BV+8) + 2*64*ldc + 4*2*64;
     size_t dh_smem = 2*(st + 2*64*ldk + 2*64*ldc) + (BV/16)*64*24*2;
     Dim3 cg{(unsigned)((V + BV - 1)/BV), (unsigned)HV, (unsigned)N};
+#ifndef KS_EMU
+#define KS_EMU 1  // -DKS_EMU=2: the chains with warp pairs (V-blocks 32 and 64)
+#endif
+#if KS_EMU == 1
     auto states = [&] { if (BV == 32) bwd_states<T,32>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data());
                         else if (BV == 64) bwd_states<T,64>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data());
                         else bwd_states<T,128>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data()); };
-    emu::launch(cg, BV*2, 2*st, states);
     auto dhk = [&] { if (BV == 32) bwd_dh<T,32>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data());
                      else if (BV == 64) bwd_dh<T,64>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data());
                      else bwd_dh<T,128>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data()); };
-    emu::launch(cg, BV*2, dh_smem, dhk);
+#else
+    (void)st; (void)dh_smem;
+    if (BV != 32 && BV != 64) { fprintf(stderr, "warp pairs: BV 32 or 64\n"); return 2; }
+    auto states = [&] { if (BV == 32) bwd_states<T,32,2>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data());
+                        else bwd_states<T,64,2>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data()); };
+    auto dhk = [&] { if (BV == 32) bwd_dh<T,32,2>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data());
+                     else bwd_dh<T,64,2>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data()); };
+    st = BV == 32 ? ChainLayout<32, 2>::STATES_BYTES / 2 : ChainLayout<64, 2>::STATES_BYTES / 2;
+    dh_smem = BV == 32 ? ChainLayout<32, 2>::DH_BYTES : ChainLayout<64, 2>::DH_BYTES;
+#endif
+#ifdef TOGETHER  // both chains in one launch (bwd_chains), V-block 32
+    auto both = [&] { bwd_chains<T, 32, KS_EMU>(p, chunks.data(), units.data(), Q, Kp, Vp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), H0, DHT, (T*)dv.data(), DH0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dh.data(), (T*)ws_dvp.data()); };
+    (void)states; (void)dhk;
+    emu::launch(cg, 32*4*KS_EMU, ChainLayout<32, KS_EMU>::STATES_BYTES + ChainLayout<32, KS_EMU>::DH_BYTES, both);
+#else
+    emu::launch(cg, BV*2*KS_EMU, 2*st, states);
+    emu::launch(cg, BV*2*KS_EMU, dh_smem, dhk);
+#endif
     if (NC > 0) {
         emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, IntraLayout::BYTES, [&] {
             bwd_intra<T>(p, chunks.data(), Q, Kp, DO, ws_f.data(), (T*)ws_p.data(), (T*)ws_t.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dvp.data(), dq.data(), dk.data(), dg.data(), dbeta.data()); });

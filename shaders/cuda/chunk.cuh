@@ -147,6 +147,11 @@ constexpr int LDK = MAX_K + 8;  // 16-bit C × K tiles (k, q)
 constexpr int LDC = C + 8;      // 16-bit C × C tiles (T·diag(β), P)
 constexpr int LDF = C + 4;      // f32 C × C tiles (prep)
 
+// A barrier of the `count` threads (whole warps) that use barrier `id` (0 is __syncthreads').
+__device__ __forceinline__ void named_barrier(int id, int count) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
 // cp.async of 16 bytes to a shared-memory byte address; zeros when !valid (src-size 0: the
 // source is not read).
 __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {
@@ -159,14 +164,14 @@ __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, 
 // LD elements apart, global rows `stride` elements apart; each thread copies PER consecutive
 // vectors of one row (one row address per thread). Rows from `rows` on are zeros; vectors
 // from `valid_vecs` on are left alone (never read). Complete after cp_async_wait and a
-// barrier.
+// barrier. `tid`: this thread's index among the NTHREADS copying.
 template <int NTHREADS, int VECS, int LD, typename E>
 __device__ __forceinline__ void copy_tile(unsigned dst, const E* src, size_t stride, int rows,
-                                          int valid_vecs) {
+                                          int valid_vecs, int tid = threadIdx.x) {
     static_assert(sizeof(E) == 2, "16-bit tiles");
     constexpr int PER = C * VECS / NTHREADS;
     static_assert(PER >= 1 && VECS % PER == 0 && C * VECS == PER * NTHREADS, "tile split");
-    const int r = threadIdx.x / (VECS / PER), v0 = (threadIdx.x % (VECS / PER)) * PER;
+    const int r = tid / (VECS / PER), v0 = (tid % (VECS / PER)) * PER;
     const bool ok = r < rows;
     const E* row = src + (size_t)(ok ? r : 0) * stride + 8 * v0;
     const unsigned d = dst + 2 * (r * LD + 8 * v0);

@@ -1,8 +1,9 @@
 // The chunked backward's two sequential passes (C = 64, f16/bf16 storage, K ≤ 128, V ≤ 128),
-// one block per (V-block, v-head, sequence), a warp per 16 columns, the f32 state or state
-// gradient in registers in the transposed orientation, as the forward's sequential pass
-// (chunked.cu) keeps its state. Both read the backward prep's workspace (chunk.cuh prep with
-// BWD: the decays, T·diag(β), P); they do not depend on each other.
+// one block per (V-block, v-head, sequence) (or one for both passes: bwd_chains), a warp (with
+// warp pairs two) per 16 columns, the f32 state or state gradient in registers in the
+// transposed orientation, as the forward's sequential pass (chunked.cu) keeps its state. Both
+// read the backward prep's workspace (chunk.cuh prep with BWD: the decays, T·diag(β), P); they
+// do not depend on each other.
 //
 //   gdn_chunk_bwd_states{32,64,128}_*   forward over the chunks, the forward's recurrence
 //       X = V − diag(γ)·K·S,  v' = T·diag(β)·X,  S ← γ_C·S + Kᵀ·(diag(γ_C/γ)·v'),
@@ -25,12 +26,14 @@
 namespace gdn {
 namespace chunked {
 
-constexpr int LDO = 16 + 8;  // a warp's C × 16 staging tile of dv
+constexpr int LDO = 16 + 8;  // a column group's C × 16 staging tile of dv
 
 // Pass-wide layout of one stage (byte offsets), as the forward's FwdLayout: k, the V-block of v
 // (states) or of dO (dh), T·diag(β), the decays (γ, γ_C/γ), then q and P (dh only). After both
-// stages, the dh pass's dv staging tiles. Mirrored by chain_smem in chunk_bwd_chain.rs.
-template <int BV> struct ChainLayout {
+// stages, the dh pass's dv staging tiles (one per 16 columns), then with KS = 2 (a pair of
+// warps per 16 columns, each holding half the state's K rows) one f32 16 × C partial sum per
+// warp. Mirrored by chain_smem in chunk_bwd_chain.rs.
+template <int BV, int KS = 1> struct ChainLayout {
     static constexpr int LDV = BV + 8;
     static constexpr int K_OFF = 0;
     static constexpr int V_OFF = K_OFF + 2 * C * LDK;
@@ -40,9 +43,48 @@ template <int BV> struct ChainLayout {
     static constexpr int P_OFF = Q_OFF + 2 * C * LDK;
     static constexpr int STATES_STAGE = Q_OFF;
     static constexpr int DH_STAGE = P_OFF + 2 * C * LDC;
-    static constexpr int WARPS = BV / 16;
+    static constexpr int GROUPS = BV / 16;
+    static constexpr int WARPS = GROUPS * KS;
     static constexpr int THREADS = 32 * WARPS;
+    static constexpr int PARTIAL_BYTES = KS == 2 ? WARPS * 4 * 16 * C : 0;
+    static constexpr int STATES_PARTIAL_OFF = 2 * STATES_STAGE;
+    static constexpr int DH_PARTIAL_OFF = 2 * DH_STAGE + GROUPS * C * LDO * 2;
+    static constexpr int STATES_BYTES = STATES_PARTIAL_OFF + PARTIAL_BYTES;
+    static constexpr int DH_BYTES = DH_PARTIAL_OFF + PARTIAL_BYTES;
 };
+
+// Which K rows of the state a warp holds: 16-row blocks [lo, lo + n) of nk (its pair's first
+// warp takes the odd block when nk is odd).
+struct KRows {
+    int lo, n;
+};
+template <int KS> __device__ __forceinline__ KRows k_rows(int nk, int half) {
+    if (KS == 1) return {0, nk};
+    const int first = (nk + 1) / 2;
+    return half == 0 ? KRows{0, first} : KRows{first, nk - first};
+}
+
+// A pair's partial sums acc (16 columns × C) summed: each warp writes its own to its slot,
+// then both add the two slots in the same order (slot 0 first), so both hold the same sum.
+// `slots` is the pair's two 16 × C f32 slots, `bar` its named barrier.
+__device__ __forceinline__ void pair_sum(float (&acc)[C / 8][4], float* slots, int half, int bar) {
+    const int lane = threadIdx.x & 31;
+    float* mine = slots + half * 16 * C;
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) mine[(4 * j + e) * 32 + lane] = acc[j][e];
+    }
+    named_barrier(bar, 64);
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int at = (4 * j + e) * 32 + lane;
+            acc[j][e] = slots[at] + slots[16 * C + at];
+        }
+    }
+}
 
 // Transposed accumulators (16 columns × 16·n rows, row 8j + 2t + (e & 1) of column g + 8(e >> 1))
 // to a row-major 16-bit matrix whose rows are the columns: pairs of rows are adjacent.
@@ -80,17 +122,20 @@ __device__ __forceinline__ void zero_acc(float (&acc)[C / 8][4]) {
     }
 }
 
-// acc (16 × C) += Sᵀ·Bᵀ over K in 16-row blocks: the state accumulators rounded as A operands,
-// B = a C × K token-major tile (k or q) through this lane's n-major ldmatrix address.
-template <typename T>
-__device__ __forceinline__ void state_times(float (&acc)[C / 8][4], const float (&s)[MAX_K / 8][4],
-                                            unsigned lane_bt, int nk) {
+// acc (16 × C) += Sᵀ·Bᵀ over this warp's K rows (blocks kr.lo + kb, kb < kr.n): the state
+// accumulators rounded as A operands, B = a C × K token-major tile (k or q) through this
+// lane's n-major ldmatrix address.
+template <typename T, int NB>
+__device__ __forceinline__ void state_times(float (&acc)[C / 8][4], const float (&s)[2 * NB][4],
+                                            unsigned lane_bt, KRows kr) {
 #pragma unroll
-    for (int kb = 0; kb < MAX_K / 16; ++kb) {
-        if (kb < nk) {
+    for (int kb = 0; kb < NB; ++kb) {
+        if (kb < kr.n) {
             unsigned fb[C / 16][4];
 #pragma unroll
-            for (int jp = 0; jp < C / 16; ++jp) ldsm4(fb[jp], lane_bt + 2 * (16 * jp * LDK + 16 * kb));
+            for (int jp = 0; jp < C / 16; ++jp) {
+                ldsm4(fb[jp], lane_bt + 2 * (16 * jp * LDK + 16 * (kr.lo + kb)));
+            }
             const float* s0 = s[2 * kb];
             const float* s1 = s[2 * kb + 1];
             const unsigned a[4] = {pack2<T>(s0[0], s0[1]), pack2<T>(s0[2], s0[3]), pack2<T>(s1[0], s1[1]),
@@ -104,23 +149,23 @@ __device__ __forceinline__ void state_times(float (&acc)[C / 8][4], const float 
     }
 }
 
-// s (16 × K) += aᵀ·B over the chunk's tokens: a (16 × C) as A operands, B a C × K token-major
-// tile through this lane's k-major ldmatrix address.
-template <typename T>
-__device__ __forceinline__ void add_tokens_times(float (&s)[MAX_K / 8][4], const unsigned (&a)[C / 16][4],
-                                                 unsigned lane_b, int nk) {
+// s (16 × this warp's K rows) += aᵀ·B over the chunk's tokens: a (16 × C) as A operands, B a
+// C × K token-major tile through this lane's k-major ldmatrix address.
+template <typename T, int NB>
+__device__ __forceinline__ void add_tokens_times(float (&s)[2 * NB][4], const unsigned (&a)[C / 16][4],
+                                                 unsigned lane_b, KRows kr) {
 #pragma unroll
     for (int kb = 0; kb < C / 16; ++kb) {
 #pragma unroll
-        for (int jb = 0; jb < MAX_K / 16; jb += 4) {
+        for (int jb = 0; jb < NB; jb += 4) {
             unsigned fk[4][4];
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
-                if (jb + jj < nk) ldsm4_t(fk[jj], lane_b + 2 * (16 * kb * LDK + 16 * (jb + jj)));
+                if (jb + jj < kr.n) ldsm4_t(fk[jj], lane_b + 2 * (16 * kb * LDK + 16 * (kr.lo + jb + jj)));
             }
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
-                if (jb + jj < nk) {
+                if (jb + jj < kr.n) {
                     MmaOp<T>::run(s[2 * (jb + jj)], a[kb], fk[jj][0], fk[jj][1]);
                     MmaOp<T>::run(s[2 * (jb + jj) + 1], a[kb], fk[jj][2], fk[jj][3]);
                 }
@@ -150,28 +195,37 @@ __device__ __forceinline__ void times_lower(float (&acc)[C / 8][4], const unsign
 // ---------------------------------------------------------------------------------------------
 // The states pass.
 
-template <typename T, int BV>
+template <typename T, int BV, int KS = 1>
 __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
                            const int* __restrict__ units, const T* __restrict__ k,
                            const T* __restrict__ v, const float* __restrict__ ws_f,
                            const T* __restrict__ ws_a, const float* __restrict__ h0,
-                           T* __restrict__ ws_h, T* __restrict__ ws_x, T* __restrict__ ws_vp) {
-    using L = ChainLayout<BV>;
+                           T* __restrict__ ws_h, T* __restrict__ ws_x, T* __restrict__ ws_vp,
+                           const int first_thread = 0,
+                           const int smem_offset = 0, const int barrier = 0) {
+    using L = ChainLayout<BV, KS>;
+    constexpr int NB = MAX_K / 16 / KS;  // 16-row blocks of the state a warp holds at most
     extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* const role_smem = smem + smem_offset;
+    const int tid = threadIdx.x - first_thread;
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int hv = blockIdx.y, seq = blockIdx.z, h = hv / p.group;
     const int first = units[4 * seq], end = units[4 * seq + 1];
     const int flags = p.flags;
     const int col0 = blockIdx.x * BV;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wc = warp * 16, c0 = col0 + wc;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int cw = warp / KS, half = warp % KS;  // column group, its half of the K rows
+    const int wc = cw * 16, c0 = col0 + wc;
     const bool active = c0 < V;
     const int nk = K / 16;
+    const KRows kr = k_rows<KS>(nk, half);
+    const int pair_bar = barrier + 1 + cw;
 
-    const unsigned smem0 = smem_addr(smem);
+    const unsigned smem0 = smem_addr(role_smem);
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ
     const unsigned lane_at = 2 * (L::A_OFF / 2 + lane_b_nmajor<LDC>(lane));  // (T·diag(β))ᵀ
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
+    float* const partials = reinterpret_cast<float*>(role_smem + L::STATES_PARTIAL_OFF) + cw * 2 * 16 * C;
 
     const size_t qk_stride = (size_t)H * K;
     const int v_vecs = (min(BV, V - col0) + 7) / 8;
@@ -181,25 +235,25 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
         const int start = info.x, len = info.y;
         const size_t ch = (size_t)chunk * HV + hv;
         copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride,
-                                              len, K / 8);
+                                              len, K / 8, tid);
         copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, v + ((size_t)start * HV + hv) * V + col0,
-                                              (size_t)HV * V, len, v_vecs);
-        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8);
-        if (threadIdx.x < 2 * C / 4) {
-            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x, ws_f + ch * 4 * C + 4 * threadIdx.x, true);
+                                              (size_t)HV * V, len, v_vecs, tid);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8, tid);
+        if (tid < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
         }
     };
 
-    // sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows 8j + 2t, 8j + 2t + 1.
+    // sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows 16·kr.lo + 8j + 2t (+ 1).
     const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
-    float sacc[MAX_K / 8][4];
+    float sacc[2 * NB][4];
 #pragma unroll
-    for (int j = 0; j < MAX_K / 8; ++j) {
+    for (int j = 0; j < 2 * NB; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            const int r = 16 * kr.lo + 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
             float x = 0.0f;
-            if (active && j < 2 * nk && h0 != nullptr) {
+            if (active && j < 2 * kr.n && h0 != nullptr) {
                 x = h0[user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c)];
             }
             sacc[j][e] = x;
@@ -215,14 +269,14 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
     for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
         const int2 info2 = info_of(chunk + 2);
         cp_async_wait_group<0>();
-        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        named_barrier(barrier, L::THREADS);  // this chunk's tiles are in stage s; every warp is done with s ^ 1
         if (chunk + 1 < end) {
             prefetch(chunk + 1, s ^ 1, info1);
             cp_async_commit();
         }
         if (active) {
             const unsigned base = smem0 + s * L::STATES_STAGE;
-            const unsigned char* stage = smem + s * L::STATES_STAGE;
+            const unsigned char* stage = role_smem + s * L::STATES_STAGE;
             const T* vs = reinterpret_cast<const T*>(stage + L::V_OFF);
             const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
             const float* dec = gam + C;                                            // γ_C/γ_i
@@ -230,19 +284,21 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
 
             // The chunk's start state, rounded as the MMAs take it, as Sᵀ (V × K).
 #pragma unroll
-            for (int j = 0; j < MAX_K / 8; ++j) {
-                if (j < 2 * nk) {
-                    const int r = 8 * j + 2 * t;
+            for (int j = 0; j < 2 * NB; ++j) {
+                if (j < 2 * kr.n) {
+                    const int r = 16 * kr.lo + 8 * j + 2 * t;
                     T* dst = ws_h + (ch * V + c0 + g) * K + r;
                     *reinterpret_cast<unsigned*>(dst) = pack2<T>(sacc[j][0], sacc[j][1]);
                     *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(sacc[j][2], sacc[j][3]);
                 }
             }
 
-            // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded (the forward's operand), stored as V × C.
+            // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded (the forward's operand), stored as V × C. A
+            // pair sums its halves of K·S first; both warps then go on with the whole X.
             float xacc[C / 8][4];
             zero_acc(xacc);
-            state_times<T>(xacc, sacc, base + lane_kt, nk);
+            state_times<T, NB>(xacc, sacc, base + lane_kt, kr);
+            if (KS == 2) pair_sum(xacc, partials, half, pair_bar);
 #pragma unroll
             for (int j = 0; j < C / 8; ++j) {
                 const int i = 8 * j + 2 * t;
@@ -254,7 +310,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
             }
             unsigned xa[C / 16][4];
             pack_tokens<T>(xa, xacc, nullptr, 1.0f);
-            store_transposed<T>(ws_x + (ch * V + c0) * C, C, xacc);
+            if (half == 0) store_transposed<T>(ws_x + (ch * V + c0) * C, C, xacc);
 
             // v'ᵀ = Xᵀ·(T·diag(β))ᵀ; T is lower triangular: token block ip reads blocks kb ≤ ip.
             float vacc[C / 8][4];
@@ -270,18 +326,18 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
                     MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fa[kb][2], fa[kb][3]);
                 }
             }
-            store_transposed<T>(ws_vp + (ch * V + c0) * C, C, vacc);
+            if (half == 0) store_transposed<T>(ws_vp + (ch * V + c0) * C, C, vacc);
 
-            // Sᵀ ← γ_C·Sᵀ + (diag(γ_C/γ)·v')ᵀ·K.
+            // Sᵀ ← γ_C·Sᵀ + (diag(γ_C/γ)·v')ᵀ·K, this warp's K rows.
             unsigned vd[C / 16][4];
             pack_tokens<T>(vd, vacc, dec, 1.0f);
             const float gamma_c = gam[C - 1];
 #pragma unroll
-            for (int j = 0; j < MAX_K / 8; ++j) {
+            for (int j = 0; j < 2 * NB; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
             }
-            add_tokens_times<T>(sacc, vd, base + lane_k, nk);
+            add_tokens_times<T, NB>(sacc, vd, base + lane_k, kr);
         }
         info1 = info2;
     }
@@ -290,28 +346,36 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
 // ---------------------------------------------------------------------------------------------
 // The state-gradient (dh) pass.
 
-template <typename T, int BV>
+template <typename T, int BV, int KS = 1>
 __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
                        const int* __restrict__ units, const T* __restrict__ q,
                        const T* __restrict__ k, const T* __restrict__ d_o,
                        const float* __restrict__ ws_f, const T* __restrict__ ws_a,
                        const T* __restrict__ ws_p, const float* __restrict__ dht,
                        T* __restrict__ dv, float* __restrict__ dh0, T* __restrict__ ws_dh,
-                       T* __restrict__ ws_dvp) {
-    using L = ChainLayout<BV>;
+                       T* __restrict__ ws_dvp, const int first_thread = 0,
+                           const int smem_offset = 0, const int barrier = 0) {
+    using L = ChainLayout<BV, KS>;
+    constexpr int NB = MAX_K / 16 / KS;  // 16-row blocks of the state a warp holds at most
     extern __shared__ __align__(128) unsigned char smem[];
+    unsigned char* const role_smem = smem + smem_offset;
+    const int tid = threadIdx.x - first_thread;
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
     const int hv = blockIdx.y, seq = blockIdx.z, h = hv / p.group;
     const int first = units[4 * seq], end = units[4 * seq + 1];
     const int flags = p.flags;
     const int col0 = blockIdx.x * BV;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int wc = warp * 16, c0 = col0 + wc;
+    const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+    const int cw = warp / KS, half = warp % KS;  // column group, its half of the K rows
+    const int wc = cw * 16, c0 = col0 + wc;
     const bool active = c0 < V;
     const int nk = K / 16;
+    const KRows kr = k_rows<KS>(nk, half);
+    const int pair_bar = barrier + 1 + cw;
 
-    const unsigned smem0 = smem_addr(smem);
-    T* const dv_stage = reinterpret_cast<T*>(smem + 2 * L::DH_STAGE) + warp * C * LDO;
+    const unsigned smem0 = smem_addr(role_smem);
+    T* const dv_stage = reinterpret_cast<T*>(role_smem + 2 * L::DH_STAGE) + cw * C * LDO;
+    float* const partials = reinterpret_cast<float*>(role_smem + L::DH_PARTIAL_OFF) + cw * 2 * 16 * C;
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
     const unsigned lane_q = 2 * (L::Q_OFF / 2 + lane_b_kmajor<LDK>(lane));   // Q
@@ -329,30 +393,30 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
         const int start = info.x, len = info.y;
         const size_t ch = (size_t)chunk * HV + hv;
         copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride,
-                                              len, K / 8);
+                                              len, K / 8, tid);
         copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, d_o + ((size_t)start * HV + hv) * V + col0,
-                                              (size_t)HV * V, len, v_vecs);
-        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8);
-        if (threadIdx.x < 2 * C / 4) {
-            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x, ws_f + ch * 4 * C + 4 * threadIdx.x, true);
+                                              (size_t)HV * V, len, v_vecs, tid);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8, tid);
+        if (tid < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
         }
         copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride,
-                                              len, K / 8);
-        copy_tile<L::THREADS, C / 8, LDC>(base + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C / 8);
+                                              len, K / 8, tid);
+        copy_tile<L::THREADS, C / 8, LDC>(base + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C / 8, tid);
     };
 
-    // dsacc[j] holds dSᵀ rows (columns c0 + g, c0 + g + 8) × K rows 8j + 2t, 8j + 2t + 1.
+    // dsacc[j] holds dSᵀ rows (columns c0 + g, c0 + g + 8) × K rows 16·kr.lo + 8j + 2t (+ 1).
     const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
     auto user_state_at = [&](int r, int c) -> size_t {
         return user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c);
     };
-    float dsacc[MAX_K / 8][4];
+    float dsacc[2 * NB][4];
 #pragma unroll
-    for (int j = 0; j < MAX_K / 8; ++j) {
+    for (int j = 0; j < 2 * NB; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
-            dsacc[j][e] = active && j < 2 * nk && dht != nullptr ? dht[user_state_at(r, c)] : 0.0f;
+            const int r = 16 * kr.lo + 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            dsacc[j][e] = active && j < 2 * kr.n && dht != nullptr ? dht[user_state_at(r, c)] : 0.0f;
         }
     }
 
@@ -365,33 +429,35 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
     for (int chunk = end - 1, s = 0; chunk >= first; --chunk, s ^= 1) {
         const int2 info2 = info_of(chunk - 2);
         cp_async_wait_group<0>();
-        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        named_barrier(barrier, L::THREADS);  // this chunk's tiles are in stage s; every warp is done with s ^ 1
         if (chunk - 1 >= first) {
             prefetch(chunk - 1, s ^ 1, info1);
             cp_async_commit();
         }
         if (active) {
             const unsigned base = smem0 + s * L::DH_STAGE;
-            const unsigned char* stage = smem + s * L::DH_STAGE;
+            const unsigned char* stage = role_smem + s * L::DH_STAGE;
             const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
             const float* dec = gam + C;                                            // γ_C/γ_i
             const size_t ch = (size_t)chunk * HV + hv;
 
             // dS' (the gradient of the chunk's end state), rounded, as dS'ᵀ (V × K).
 #pragma unroll
-            for (int j = 0; j < MAX_K / 8; ++j) {
-                if (j < 2 * nk) {
-                    const int r = 8 * j + 2 * t;
+            for (int j = 0; j < 2 * NB; ++j) {
+                if (j < 2 * kr.n) {
+                    const int r = 16 * kr.lo + 8 * j + 2 * t;
                     T* dst = ws_dh + (ch * V + c0 + g) * K + r;
                     *reinterpret_cast<unsigned*>(dst) = pack2<T>(dsacc[j][0], dsacc[j][1]);
                     *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(dsacc[j][2], dsacc[j][3]);
                 }
             }
 
-            // dv'ᵀ = dS'ᵀ·Kᵀ·diag(γ_C/γ) + dOᵀ·P.
+            // dv'ᵀ = dS'ᵀ·Kᵀ·diag(γ_C/γ) + dOᵀ·P (a pair sums its halves of dS'ᵀ·Kᵀ first; both
+            // warps then go on with the whole dv').
             float dvacc[C / 8][4];
             zero_acc(dvacc);
-            state_times<T>(dvacc, dsacc, base + lane_kt, nk);
+            state_times<T, NB>(dvacc, dsacc, base + lane_kt, kr);
+            if (KS == 2) pair_sum(dvacc, partials, half, pair_bar);
 #pragma unroll
             for (int j = 0; j < C / 8; ++j) {
                 const int i = 8 * j + 2 * t;
@@ -404,7 +470,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
             for (int kb = 0; kb < C / 16; ++kb) ldsm4_t(fo[kb], base + lane_dot + 2 * (16 * kb * L::LDV));
             times_lower<T>(dvacc, fo, base + lane_p);
-            store_transposed<T>(ws_dvp + (ch * V + c0) * C, C, dvacc);
+            if (half == 0) store_transposed<T>(ws_dvp + (ch * V + c0) * C, C, dvacc);
 
             // dXᵀ = dv'ᵀ·(T·diag(β)) (= dv), stored through the warp's staging tile.
             unsigned dva[C / 16][4];
@@ -412,7 +478,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             float dxacc[C / 8][4];
             zero_acc(dxacc);
             times_lower<T>(dxacc, dva, base + lane_a);
-            {
+            if (half == 0) {
                 const int2 ci = chunk_info(chunk);
                 const int start = ci.x, len = ci.y;
 #pragma unroll
@@ -453,49 +519,91 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             pack_tokens<T>(a2, dxacc, gam, -1.0f);
             const float gamma_c = gam[C - 1];
 #pragma unroll
-            for (int j = 0; j < MAX_K / 8; ++j) {
+            for (int j = 0; j < 2 * NB; ++j) {
 #pragma unroll
                 for (int e = 0; e < 4; ++e) dsacc[j][e] *= gamma_c;
             }
-            add_tokens_times<T>(dsacc, a1, base + lane_q, nk);
-            add_tokens_times<T>(dsacc, a2, base + lane_k, nk);
+            add_tokens_times<T, NB>(dsacc, a1, base + lane_q, kr);
+            add_tokens_times<T, NB>(dsacc, a2, base + lane_k, kr);
         }
         info1 = info2;
     }
 
     if (!active || dh0 == nullptr) return;
 #pragma unroll
-    for (int j = 0; j < MAX_K / 8; ++j) {
+    for (int j = 0; j < 2 * NB; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
-            if (j < 2 * nk) dh0[user_state_at(r, c)] = dsacc[j][e];
+            const int r = 16 * kr.lo + 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            if (j < 2 * kr.n) dh0[user_state_at(r, c)] = dsacc[j][e];
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Both chains in one block (V-blocks 32 and 64, and 32 with warp pairs): the first L::THREADS
+// threads run the states pass, the next L::THREADS the dh pass of the same (V-block, v-head,
+// sequence), each in its own shared memory (the states layout, then the dh layout) behind its
+// own named barriers (states: 1 and its pairs' 2 …, dh: 2 + GROUPS and its pairs'). The chains
+// are latency-bound at a few warps per SM: run one after the other, each leaves the SMs mostly
+// idle; side by side, the slower one's time is the pair's.
+template <typename T, int BV, int KS = 1>
+__device__ void bwd_chains(const ChunkParams p, const int* __restrict__ chunks,
+                           const int* __restrict__ units, const T* __restrict__ q,
+                           const T* __restrict__ k, const T* __restrict__ v,
+                           const T* __restrict__ d_o, const float* __restrict__ ws_f,
+                           const T* __restrict__ ws_a, const T* __restrict__ ws_p,
+                           const float* __restrict__ h0, const float* __restrict__ dht,
+                           T* __restrict__ dv, float* __restrict__ dh0, T* __restrict__ ws_h,
+                           T* __restrict__ ws_x, T* __restrict__ ws_vp, T* __restrict__ ws_dh,
+                           T* __restrict__ ws_dvp) {
+    using L = ChainLayout<BV, KS>;
+    if (threadIdx.x < L::THREADS) {
+        bwd_states<T, BV, KS>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp, 0, 0, 1);
+    } else {
+        bwd_dh<T, BV, KS>(p, chunks, units, q, k, d_o, ws_f, ws_a, ws_p, dht, dv, dh0, ws_dh, ws_dvp,
+                          L::THREADS, L::STATES_BYTES, 2 + L::GROUPS);
     }
 }
 
 }  // namespace chunked
 }  // namespace gdn
 
-#define GDN_CHUNK_BWD_CHAIN(SUFFIX, T, BV)                                                        \
-    extern "C" __global__ void __launch_bounds__(BV * 2, 1) gdn_chunk_bwd_states##BV##_##SUFFIX(  \
+// NAME: the kernels' V-block suffix (BV, or BV##p with warp pairs); THREADS per role.
+#define GDN_CHUNK_BWD_CHAIN(SUFFIX, T, BV, KS, NAME)                                              \
+    extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_bwd_states##NAME##_##SUFFIX( \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* k,       \
         const T* v, const float* ws_f, const T* ws_a, const float* h0, T* ws_h, T* ws_x,          \
         T* ws_vp) {                                                                               \
-        gdn::chunked::bwd_states<T, BV>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp); \
+        gdn::chunked::bwd_states<T, BV, KS>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp); \
     }                                                                                             \
-    extern "C" __global__ void __launch_bounds__(BV * 2, 1) gdn_chunk_bwd_dh##BV##_##SUFFIX(      \
+    extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_bwd_dh##NAME##_##SUFFIX(  \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,       \
         const T* k, const T* d_o, const float* ws_f, const T* ws_a, const T* ws_p,                \
         const float* dht, T* dv, float* dh0, T* ws_dh, T* ws_dvp) {                               \
-        gdn::chunked::bwd_dh<T, BV>(p, chunks, units, q, k, d_o, ws_f, ws_a, ws_p, dht, dv, dh0,  \
-                                    ws_dh, ws_dvp);                                               \
+        gdn::chunked::bwd_dh<T, BV, KS>(p, chunks, units, q, k, d_o, ws_f, ws_a, ws_p, dht, dv, dh0, \
+                                        ws_dh, ws_dvp);                                           \
     }
 
-#define GDN_CHUNK_BWD_CHAINS(SUFFIX, T)  \
-    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 32)   \
-    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 64)   \
-    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 128)
+#define GDN_CHUNK_BWD_BOTH(SUFFIX, T, BV, KS, NAME)                                                 \
+    extern "C" __global__ void __launch_bounds__(BV * 4 * KS, 1) gdn_chunk_bwd_chains##NAME##_##SUFFIX( \
+        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,         \
+        const T* k, const T* v, const T* d_o, const float* ws_f, const T* ws_a, const T* ws_p,      \
+        const float* h0, const float* dht, T* dv, float* dh0, T* ws_h, T* ws_x, T* ws_vp, T* ws_dh, \
+        T* ws_dvp) {                                                                                \
+        gdn::chunked::bwd_chains<T, BV, KS>(p, chunks, units, q, k, v, d_o, ws_f, ws_a, ws_p, h0,   \
+                                            dht, dv, dh0, ws_h, ws_x, ws_vp, ws_dh, ws_dvp);        \
+    }
+
+#define GDN_CHUNK_BWD_CHAINS(SUFFIX, T)           \
+    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 32, 1, 32)     \
+    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 64, 1, 64)     \
+    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 128, 1, 128)   \
+    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 32, 2, 32p)    \
+    GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 64, 2, 64p)    \
+    GDN_CHUNK_BWD_BOTH(SUFFIX, T, 32, 1, 32)      \
+    GDN_CHUNK_BWD_BOTH(SUFFIX, T, 64, 1, 64)      \
+    GDN_CHUNK_BWD_BOTH(SUFFIX, T, 32, 2, 32p)
 
 GDN_CHUNK_BWD_CHAINS(f16, __half)
 GDN_CHUNK_BWD_CHAINS(bf16, __nv_bfloat16)

@@ -115,11 +115,6 @@ constexpr int UNIT_LAST = 2;   // the unit ends its sequence: its end state is t
 constexpr int LOCAL_PASS = 1 << 9;
 
 
-// A barrier of the `count` threads (whole warps) that use barrier `id` (0 is __syncthreads').
-__device__ __forceinline__ void named_barrier(int id, int count) {
-    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
-}
-
 // Pass 2's stage layout (byte offsets; mirrored by fwd_smem in chunked.rs): k, V's block,
 // T·diag(β), the decays (γ, then γ_C/γ), then q and P (not in the local pass). After the two
 // stages (of either pass): with KS = 1 one C × 16 staging tile of o per warp; with KS = 2 (the

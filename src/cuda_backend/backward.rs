@@ -16,7 +16,7 @@
 use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::chunk_bwd::ChunkedScratch;
-pub use super::chunk_bwd::ChunkedStage;
+pub use super::chunk_bwd::{AUTO_WARP_PAIRS, BackwardOptions, ChainSchedule, ChunkedStage};
 use super::context::{Context, driver_error};
 use super::kernels::{BACKWARD, option_flags};
 use super::recurrent::{self, STORAGE_DTYPES, SeqBounds, to_i32};
@@ -221,13 +221,25 @@ impl BackwardWorkspace {
         dtype: DType,
         path: BackwardPath,
     ) -> Result<Self> {
+        Self::with_options(ctx, problem, dtype, path, BackwardOptions::default())
+    }
+
+    /// [`Self::with_path`] with the chunked path's choices overridden (the exact path has
+    /// none and ignores them); a schedule or V-block that cannot run is `Error::Value`.
+    pub fn with_options(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        path: BackwardPath,
+        options: BackwardOptions,
+    ) -> Result<Self> {
         let scratch = match path {
             BackwardPath::Exact => Scratch::Exact(Box::new(ExactScratch::new(ctx, problem)?)),
             BackwardPath::Chunked => {
                 if !super::chunk_bwd::chunked_backward_runs(ctx, problem, dtype)? {
                     return Err(chunked_unsupported(problem, dtype));
                 }
-                Scratch::Chunked(Box::new(ChunkedScratch::new(ctx, problem, dtype)?))
+                Scratch::Chunked(Box::new(ChunkedScratch::new(ctx, problem, dtype, options)?))
             }
         };
         Ok(BackwardWorkspace {
@@ -250,6 +262,23 @@ impl BackwardWorkspace {
         match &self.scratch {
             Scratch::Exact(_) => None,
             Scratch::Chunked(c) => Some(c.value_block()),
+        }
+    }
+
+    /// How the chunked path launches its two sequential passes (`None` on the exact path).
+    pub fn chain_schedule(&self) -> Option<ChainSchedule> {
+        match &self.scratch {
+            Scratch::Exact(_) => None,
+            Scratch::Chunked(c) => Some(c.chains()),
+        }
+    }
+
+    /// Whether the chunked path's sequential passes run with warp pairs (`None` on the exact
+    /// path).
+    pub fn warp_pairs(&self) -> Option<bool> {
+        match &self.scratch {
+            Scratch::Exact(_) => None,
+            Scratch::Chunked(c) => Some(c.warp_pairs()),
         }
     }
 

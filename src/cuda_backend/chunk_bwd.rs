@@ -17,8 +17,9 @@
 use cudarc::driver::CudaSlice;
 
 use super::backward::{alloc_f32, dtype_suffix, launch_finish};
+pub use super::chunk_bwd_chain::ChainSchedule;
 use super::chunk_bwd_chain::{
-    ChainBuffers, chain_smem, chain_value_block, launch_dh, launch_states,
+    ChainBuffers, ChainInputs, chain_plan, chain_smem, launch_dh, launch_states, launch_together,
 };
 use super::chunk_bwd_grad::{
     GradParts, MAX_CHUNKED_BWD_VALUE_DIM, intra_smem, launch_intra, launch_prep, launch_state_grad,
@@ -50,6 +51,25 @@ pub enum ChunkedStage {
     All,
 }
 
+/// The chunked backward's choices, for overriding them
+/// ([`crate::cuda_backend::backward::BackwardWorkspace::with_options`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct BackwardOptions {
+    /// How the two sequential passes are launched.
+    pub chains: ChainSchedule,
+    /// Their V-block, one of [`crate::cuda_backend::CHAIN_VALUE_BLOCKS`]; `None`: chosen from
+    /// the grid.
+    pub value_block: Option<usize>,
+    /// A pair of warps per 16 columns, each holding half the state's (or state gradient's) K
+    /// rows (V-blocks 32 and 64; together only 32): half of each warp's products, the partial
+    /// K·S (K·dS') summed through shared memory. `None`: [`AUTO_WARP_PAIRS`].
+    pub warp_pairs: Option<bool>,
+}
+
+/// Whether the chains take warp pairs unless told: not yet (not measured faster on the
+/// H200).
+pub const AUTO_WARP_PAIRS: bool = false;
+
 /// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
 /// device: f16/bf16, K and V ≤ 128, and every pass within the shared memory a block may use.
 pub(crate) fn chunked_backward_runs(
@@ -66,7 +86,7 @@ pub(crate) fn chunked_backward_runs(
     let limit = super::chunked::max_shared_optin(ctx)?;
     Ok([
         prep_smem(),
-        chain_smem(32, true),
+        chain_smem(32, true, false),
         intra_smem(),
         state_grad_smem(),
     ]
@@ -87,6 +107,8 @@ pub(crate) struct ChunkedScratch {
     dtype: DType,
     num_chunks: usize,
     value_block: usize,
+    chains: ChainSchedule,
+    pairs: bool,
     /// (first token, length) per chunk; chunks never cross a sequence boundary.
     chunks: CudaSlice<i32>,
     /// (first chunk, end chunk, sequence, flags) per sequence.
@@ -116,7 +138,12 @@ impl ChunkedScratch {
     /// Upload the tables and allocate the workspace (enqueued on the context's stream). Its
     /// size per (chunk, v-head) is `16·C + s·(3·C² + 2·V·K + 3·V·C)` bytes (s: the dtype's
     /// size), plus `4·B·T·HV·(2K + 2)` for the f32 per-v-head gradients.
-    pub(crate) fn new(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Self> {
+    pub(crate) fn new(
+        ctx: &Context,
+        problem: &Problem,
+        dtype: DType,
+        options: BackwardOptions,
+    ) -> Result<Self> {
         let p = problem;
         to_i32("tokens (B·T)", p.total_tokens())?;
         let mut table = Vec::new();
@@ -143,7 +170,10 @@ impl ChunkedScratch {
             units.push(0);
         }
         let limits = DeviceLimits::of(ctx)?;
-        let value_block = chain_value_block(&limits, p).unwrap_or(32);
+        let pairs = options.warp_pairs.unwrap_or(AUTO_WARP_PAIRS);
+        let (chains, value_block) =
+            chain_plan(&limits, p, options.chains, options.value_block, pairs)?
+                .unwrap_or((ChainSchedule::Serial, 32));
         let stream = ctx.stream();
         let upload = |what: &str, data: &[i32]| {
             stream
@@ -164,6 +194,8 @@ impl ChunkedScratch {
             dtype,
             num_chunks,
             value_block,
+            chains,
+            pairs,
             chunks: upload("chunk table", &table)?,
             units: upload("sequence table", &units)?,
             normalized,
@@ -186,6 +218,16 @@ impl ChunkedScratch {
     /// The V-block of the sequential passes.
     pub(crate) fn value_block(&self) -> usize {
         self.value_block
+    }
+
+    /// How the sequential passes are launched (`Auto` resolved).
+    pub(crate) fn chains(&self) -> ChainSchedule {
+        self.chains
+    }
+
+    /// Whether the sequential passes run with warp pairs.
+    pub(crate) fn warp_pairs(&self) -> bool {
+        self.pairs
     }
 
     /// Bytes of device memory held.
@@ -274,13 +316,16 @@ impl ChunkedScratch {
                 inputs.dt_bias.map(|t| t.buffer()),
             )?;
         }
-        // The dh pass runs for every sequence, empty ones too (dh0 = dht there).
-        if n > 0 && until >= ChunkedStage::States {
+        // The dh pass runs for every sequence, empty ones too (dh0 = dht there). Together,
+        // the States stage (for timing) runs the states pass alone.
+        let together = self.chains == ChainSchedule::Together;
+        if n > 0 && until >= ChunkedStage::States && !(together && until >= ChunkedStage::Chains) {
             launch_states(
                 ctx,
                 p,
                 &params,
                 bv,
+                self.pairs,
                 suffix,
                 &ws,
                 k,
@@ -289,20 +334,35 @@ impl ChunkedScratch {
             )?;
         }
         if p.num_sequences() > 0 && until >= ChunkedStage::Chains {
-            launch_dh(
-                ctx,
-                p,
-                &params,
-                bv,
-                suffix,
-                &ws,
-                q,
-                k,
-                d_o.buffer(),
-                dht.map(|t| t.buffer()),
-                grads.dv.buffer(),
-                grads.dh0.map(|t| t.buffer()),
-            )?;
+            if together {
+                let io = ChainInputs {
+                    q,
+                    k,
+                    v: inputs.v.buffer(),
+                    d_o: d_o.buffer(),
+                    h0: inputs.initial_state.map(|t| t.buffer()),
+                    dht: dht.map(|t| t.buffer()),
+                    dv: grads.dv.buffer(),
+                    dh0: grads.dh0.map(|t| t.buffer()),
+                };
+                launch_together(ctx, p, &params, bv, self.pairs, suffix, &ws, &io)?;
+            } else {
+                launch_dh(
+                    ctx,
+                    p,
+                    &params,
+                    bv,
+                    self.pairs,
+                    suffix,
+                    &ws,
+                    q,
+                    k,
+                    d_o.buffer(),
+                    dht.map(|t| t.buffer()),
+                    grads.dv.buffer(),
+                    grads.dh0.map(|t| t.buffer()),
+                )?;
+            }
         }
         if n > 0 && until >= ChunkedStage::Intra {
             launch_intra(

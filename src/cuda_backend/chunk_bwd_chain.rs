@@ -8,7 +8,7 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use super::chunked::{ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM};
 use super::context::{Context, driver_error};
 use super::kernels::CHUNK_BWD_CHAIN;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::problem::{CHUNK, Problem};
 
 /// The V-blocks of both passes (a warp per 16 columns), smallest first.
@@ -16,34 +16,139 @@ pub const CHAIN_VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 
 /// chunk_bwd_chain.cu's ChainLayout: per stage k, the V-block of v or dO, T·diag(β), the
 /// decays, then (dh pass) q and P; two stages, then (dh pass) a C × 16 staging tile of dv per
-/// warp.
-pub(crate) fn chain_smem(bv: usize, dh: bool) -> usize {
+/// 16 columns; with warp pairs, a 16 × C f32 partial sum per warp.
+pub(crate) fn chain_smem(bv: usize, dh: bool, pairs: bool) -> usize {
     let c = CHUNK;
     let ldk = MAX_CHUNKED_KEY_DIM + 8;
     let ldc = c + 8;
     let states_stage = 2 * c * ldk + 2 * c * (bv + 8) + 2 * c * ldc + 4 * 2 * c;
-    if dh {
-        2 * (states_stage + 2 * c * ldk + 2 * c * ldc) + (bv / 16) * c * (16 + 8) * 2
+    let partials = if pairs { 2 * (bv / 16) * 4 * 16 * c } else { 0 };
+    partials
+        + if dh {
+            2 * (states_stage + 2 * c * ldk + 2 * c * ldc) + (bv / 16) * c * (16 + 8) * 2
+        } else {
+            2 * states_stage
+        }
+}
+
+/// The V-blocks with warp-pair kernels: one after the other, and together.
+pub(crate) const PAIR_VALUE_BLOCKS: [usize; 2] = [32, 64];
+pub(crate) const PAIR_TOGETHER_VALUE_BLOCKS: [usize; 1] = [32];
+
+/// The kernels' V-block suffix: `32`, or `32p` with warp pairs.
+fn kernel_block(bv: usize, pairs: bool) -> String {
+    if pairs {
+        format!("{bv}p")
     } else {
-        2 * states_stage
+        bv.to_string()
     }
 }
 
-/// The smallest V-block whose grid of either pass is resident at once (a latency-bound chain
-/// wants more, shorter blocks), else the largest that fits; `None` when none fits.
-pub(crate) fn chain_value_block(limits: &DeviceLimits, problem: &Problem) -> Option<usize> {
+/// Warps per 16 columns.
+fn warps_per_group(pairs: bool) -> usize {
+    if pairs { 2 } else { 1 }
+}
+
+/// How the two chains are launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ChainSchedule {
+    /// [`ChainSchedule::Together`] where a V-block of it fits and its grid is resident at
+    /// once, else [`ChainSchedule::Serial`].
+    #[default]
+    Auto,
+    /// The states pass, then the dh pass: two launches.
+    Serial,
+    /// One launch, each block running both chains of its (V-block, v-head, sequence) side by
+    /// side in two groups of warps (V-blocks 32 and 64: both layouts must fit one block's
+    /// shared memory).
+    Together,
+}
+
+impl ChainSchedule {
+    /// The name `GDN_BWD_CHAINS` and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            ChainSchedule::Auto => "auto",
+            ChainSchedule::Serial => "serial",
+            ChainSchedule::Together => "together",
+        }
+    }
+}
+
+/// The V-blocks [`ChainSchedule::Together`] has kernels for.
+pub(crate) const TOGETHER_VALUE_BLOCKS: [usize; 2] = [32, 64];
+
+/// Shared memory of one block running both chains: the states layout, then the dh layout.
+pub(crate) fn together_smem(bv: usize, pairs: bool) -> usize {
+    chain_smem(bv, false, pairs) + chain_smem(bv, true, pairs)
+}
+
+/// The schedule and V-block of the chains: with `Auto`, both chains together at the smallest
+/// V-block whose grid is resident at once (a latency-bound chain wants more, shorter blocks,
+/// and the two chains then overlap), else one after the other at the smallest V-block whose
+/// grid of either pass is resident, else at the largest that fits. A forced schedule or
+/// V-block that cannot run is `Error::Value` naming it; `None` when nothing fits.
+pub(crate) fn chain_plan(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    schedule: ChainSchedule,
+    value_block: Option<usize>,
+    pairs: bool,
+) -> Result<Option<(ChainSchedule, usize)>> {
     let p = problem;
-    let fits: Vec<usize> = CHAIN_VALUE_BLOCKS
-        .into_iter()
-        .filter(|&bv| chain_smem(bv, true) <= limits.smem_per_block)
-        .collect();
-    fits.iter()
+    let blocks = |bv: usize| p.value_dim.div_ceil(bv) * p.heads_v * p.num_sequences();
+    let (together_blocks, serial_blocks): (&[usize], &[usize]) = if pairs {
+        (&PAIR_TOGETHER_VALUE_BLOCKS, &PAIR_VALUE_BLOCKS)
+    } else {
+        (&TOGETHER_VALUE_BLOCKS, &CHAIN_VALUE_BLOCKS)
+    };
+    let together: Vec<usize> = together_blocks
+        .iter()
         .copied()
-        .find(|&bv| {
-            let blocks = p.value_dim.div_ceil(bv) * p.heads_v * p.num_sequences();
-            blocks <= limits.resident(chain_smem(bv, true))
-        })
-        .or(fits.last().copied())
+        .filter(|&bv| together_smem(bv, pairs) <= limits.smem_per_block)
+        .filter(|&bv| value_block.is_none_or(|b| b == bv))
+        .collect();
+    let serial: Vec<usize> = serial_blocks
+        .iter()
+        .copied()
+        .filter(|&bv| chain_smem(bv, true, pairs) <= limits.smem_per_block)
+        .filter(|&bv| value_block.is_none_or(|b| b == bv))
+        .collect();
+    let resident_together = together
+        .iter()
+        .copied()
+        .find(|&bv| blocks(bv) <= limits.resident(together_smem(bv, pairs)));
+    let serial_plan = serial
+        .iter()
+        .copied()
+        .find(|&bv| blocks(bv) <= limits.resident(chain_smem(bv, true, pairs)))
+        .or(serial.last().copied())
+        .map(|bv| (ChainSchedule::Serial, bv));
+    let plan = match schedule {
+        ChainSchedule::Auto => resident_together
+            .map(|bv| (ChainSchedule::Together, bv))
+            .or(serial_plan),
+        ChainSchedule::Serial => serial_plan,
+        ChainSchedule::Together => resident_together
+            .or(together.first().copied())
+            .map(|bv| (ChainSchedule::Together, bv)),
+    };
+    if plan.is_none() && (schedule != ChainSchedule::Auto || value_block.is_some()) {
+        return Err(Error::value(
+            "backward chains",
+            format!(
+                "a schedule and V-block (of {CHAIN_VALUE_BLOCKS:?}; together: of \
+                 {TOGETHER_VALUE_BLOCKS:?}; with warp pairs {PAIR_VALUE_BLOCKS:?} and together \
+                 {PAIR_TOGETHER_VALUE_BLOCKS:?}) whose shared memory fits the device"
+            ),
+            format!(
+                "{} at V-block {value_block:?}{}",
+                schedule.name(),
+                if pairs { " with warp pairs" } else { "" }
+            ),
+        ));
+    }
+    Ok(plan)
 }
 
 fn grid(problem: &Problem, bv: usize) -> (u32, u32, u32) {
@@ -80,14 +185,15 @@ pub(crate) fn launch_states(
     problem: &Problem,
     params: &ChunkParams,
     bv: usize,
+    pairs: bool,
     suffix: &str,
     ws: &ChainBuffers<'_>,
     k: &CudaSlice<u8>,
     v: &CudaSlice<u8>,
     h0: Option<&CudaSlice<u8>>,
 ) -> Result<()> {
-    let name = format!("gdn_chunk_bwd_states{bv}_{suffix}");
-    let smem = chain_smem(bv, false);
+    let name = format!("gdn_chunk_bwd_states{}_{suffix}", kernel_block(bv, pairs));
+    let smem = chain_smem(bv, false, pairs);
     let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
     let null: u64 = 0;
     let mut l = ctx.stream().launch_builder(&func);
@@ -105,7 +211,7 @@ pub(crate) fn launch_states(
     l.arg(ws.states).arg(ws.x).arg(ws.v_new);
     let cfg = LaunchConfig {
         grid_dim: grid(problem, bv),
-        block_dim: ((bv / 16 * 32) as u32, 1, 1),
+        block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     // SAFETY: matches gdn_chunk_bwd_states* in chunk_bwd_chain.cu; the workspace was sized for
@@ -122,6 +228,7 @@ pub(crate) fn launch_dh(
     problem: &Problem,
     params: &ChunkParams,
     bv: usize,
+    pairs: bool,
     suffix: &str,
     ws: &ChainBuffers<'_>,
     q: &CudaSlice<u8>,
@@ -131,8 +238,8 @@ pub(crate) fn launch_dh(
     dv: &CudaSlice<u8>,
     dh0: Option<&CudaSlice<u8>>,
 ) -> Result<()> {
-    let name = format!("gdn_chunk_bwd_dh{bv}_{suffix}");
-    let smem = chain_smem(bv, true);
+    let name = format!("gdn_chunk_bwd_dh{}_{suffix}", kernel_block(bv, pairs));
+    let smem = chain_smem(bv, true, pairs);
     let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
     let null: u64 = 0;
     let mut l = ctx.stream().launch_builder(&func);
@@ -157,11 +264,78 @@ pub(crate) fn launch_dh(
     l.arg(ws.state_grads).arg(ws.dv_new);
     let cfg = LaunchConfig {
         grid_dim: grid(problem, bv),
-        block_dim: ((bv / 16 * 32) as u32, 1, 1),
+        block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     // SAFETY: matches gdn_chunk_bwd_dh* in chunk_bwd_chain.cu; dv, dht, dh0 were checked
     // against the problem by the caller, the workspace sized for its chunks.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
+}
+
+/// Enqueue both chains in one launch ([`ChainSchedule::Together`], V-block `bv` of
+/// [`TOGETHER_VALUE_BLOCKS`]): what [`launch_states`] and [`launch_dh`] write.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn launch_together(
+    ctx: &Context,
+    problem: &Problem,
+    params: &ChunkParams,
+    bv: usize,
+    pairs: bool,
+    suffix: &str,
+    ws: &ChainBuffers<'_>,
+    io: &ChainInputs<'_>,
+) -> Result<()> {
+    let name = format!("gdn_chunk_bwd_chains{}_{suffix}", kernel_block(bv, pairs));
+    let smem = together_smem(bv, pairs);
+    let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
+    let null: u64 = 0;
+    let mut l = ctx.stream().launch_builder(&func);
+    l.arg(params)
+        .arg(ws.chunks)
+        .arg(ws.units)
+        .arg(io.q)
+        .arg(io.k)
+        .arg(io.v)
+        .arg(io.d_o)
+        .arg(ws.gates)
+        .arg(ws.t_beta)
+        .arg(ws.p);
+    for t in [io.h0, io.dht] {
+        match t {
+            Some(t) => l.arg(t),
+            None => l.arg(&null),
+        };
+    }
+    l.arg(io.dv);
+    match io.dh0 {
+        Some(t) => l.arg(t),
+        None => l.arg(&null),
+    };
+    l.arg(ws.states)
+        .arg(ws.x)
+        .arg(ws.v_new)
+        .arg(ws.state_grads)
+        .arg(ws.dv_new);
+    let cfg = LaunchConfig {
+        grid_dim: grid(problem, bv),
+        block_dim: ((2 * bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
+        shared_mem_bytes: smem as u32,
+    };
+    // SAFETY: matches gdn_chunk_bwd_chains* in chunk_bwd_chain.cu; the tensors were checked
+    // against the problem by the caller, the workspace sized for its chunks.
+    unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
+    Ok(())
+}
+
+/// The chains' inputs and outputs besides the workspace.
+pub(crate) struct ChainInputs<'a> {
+    pub q: &'a CudaSlice<u8>,
+    pub k: &'a CudaSlice<u8>,
+    pub v: &'a CudaSlice<u8>,
+    pub d_o: &'a CudaSlice<u8>,
+    pub h0: Option<&'a CudaSlice<u8>>,
+    pub dht: Option<&'a CudaSlice<u8>>,
+    pub dv: &'a CudaSlice<u8>,
+    pub dh0: Option<&'a CudaSlice<u8>>,
 }

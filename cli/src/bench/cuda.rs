@@ -14,7 +14,7 @@ use gdn_wgpu::ForwardOutputs;
 use gdn_wgpu::cuda_backend::{
     self, ChunkPlan, ChunkedPasses, Context, CudaTensor, ForwardPath, PlanOptions, Segments,
     SeqBounds,
-    backward::{BackwardPath, BackwardWorkspace, ChunkedStage},
+    backward::{BackwardOptions, BackwardPath, BackwardWorkspace, ChainSchedule, ChunkedStage},
 };
 use gdn_wgpu::error::{Error, Result};
 use gdn_wgpu::tensor::DType;
@@ -49,6 +49,46 @@ fn plan_options() -> Result<PlanOptions> {
     Ok(PlanOptions {
         segments: read("GDN_SEGMENT_CHUNKS")?.map_or(Segments::Auto, Segments::Chunks),
         value_block: read("GDN_V_BLOCK")?,
+    })
+}
+
+/// The timed chunked backward's overrides: `GDN_BWD_CHAINS` (auto, serial, together),
+/// `GDN_BWD_PAIRS` (0/off, 1/on: warp pairs in the chains) and `GDN_V_BLOCK`.
+fn backward_options() -> Result<BackwardOptions> {
+    let chains = match std::env::var("GDN_BWD_CHAINS") {
+        Err(_) => ChainSchedule::Auto,
+        Ok(s) => match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => ChainSchedule::Auto,
+            "serial" => ChainSchedule::Serial,
+            "together" => ChainSchedule::Together,
+            _ => {
+                return Err(Error::Value {
+                    name: "GDN_BWD_CHAINS".into(),
+                    expected: "auto, serial or together".into(),
+                    got: s,
+                });
+            }
+        },
+    };
+    let warp_pairs = match std::env::var("GDN_BWD_PAIRS") {
+        Err(_) => None,
+        Ok(s) => match s.trim() {
+            "auto" => None,
+            "0" | "off" => Some(false),
+            "1" | "on" => Some(true),
+            _ => {
+                return Err(Error::Value {
+                    name: "GDN_BWD_PAIRS".into(),
+                    expected: "auto, 0, off, 1 or on".into(),
+                    got: s,
+                });
+            }
+        },
+    };
+    Ok(BackwardOptions {
+        chains,
+        value_block: plan_options()?.value_block,
+        warp_pairs,
     })
 }
 
@@ -167,14 +207,25 @@ fn time_on(
             Box::new(move || cuda_backend::decode_into(ctx, p, &seq, &inputs, &o, &pool, 1))
         }
         Op::Backward => {
-            let workspace = BackwardWorkspace::new(ctx, p, host.dtype)?;
+            let path = cuda_backend::backward_path(ctx, p, host.dtype)?;
+            let workspace =
+                BackwardWorkspace::with_options(ctx, p, host.dtype, path, backward_options()?)?;
             variant = match workspace.path() {
                 BackwardPath::Exact => {
                     "cuda exact backward (BPTT, checkpoints every 64 tokens)".into()
                 }
                 BackwardPath::Chunked => format!(
-                    "cuda chunked tensor-core backward, V-block {}",
-                    workspace.value_block().unwrap_or(0)
+                    "cuda chunked tensor-core backward, V-block {}, chains {}{}",
+                    workspace.value_block().unwrap_or(0),
+                    workspace
+                        .chain_schedule()
+                        .unwrap_or(ChainSchedule::Auto)
+                        .name(),
+                    if workspace.warp_pairs() == Some(true) {
+                        " with warp pairs"
+                    } else {
+                        ""
+                    }
                 ),
             };
             let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0).with_dtype(host.dtype);
