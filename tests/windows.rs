@@ -345,60 +345,19 @@ fn limits_too_small_and_bad_values_are_typed_errors() {
 /// were.
 #[test]
 fn decode_over_a_pool_larger_than_a_binding() {
-    use StateSlot::{Fresh, Padding, Resume};
-    use gdn_wgpu::wgpu_backend::decode::{StatePool, StateSlot};
-    use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
     let Some(mut ctx) = context() else { return };
-    // 64 KiB per slot (HV = 4, K = V = 64): a 64 KiB binding holds one slot, 192 KiB three.
-    let p = common::problem(
-        1,
-        9,
-        2,
-        4,
-        64,
-        64,
-        Some(vec![0, 1, 3, 4, 6, 9]),
-        Default::default(),
-    );
-    let pool_slots = 10;
-    let pool_host = common::decode::random_pool(&p, pool_slots, 3);
-    let inputs = common::decode::spec(5).generate(&p);
-    let slots = [Resume(9), Fresh(0), Padding, Resume(4), Resume(5)];
-    let other = [Resume(1), Padding, Fresh(8), Resume(7), Resume(2)];
-    let run = |ctx: &Context, slots: &[StateSlot], reuse: Option<&[StateSlot]>| {
-        let mut up = common::upload_inputs(ctx, &inputs);
-        up.initial_state = None;
-        let pool = StatePool::from_tensor(
-            GpuTensor::upload(ctx, "pool", &pool_host).unwrap(),
-            wgpu_backend::StateLayout::of(&p),
-        )
-        .unwrap();
-        let o = GpuTensor::filled(ctx, "o", &p.v_shape(), DType::F32, f32::NAN).unwrap();
-        let outputs = DecodeOutputs {
-            o: &o,
-            per_token_states: None,
-        };
-        // With `reuse`, the plan is made for other slots first and switched (set_slots).
-        let mut plan = DecodePlan::new(
-            ctx,
-            &p,
-            &up.as_ref(),
-            &pool,
-            reuse.unwrap_or(slots),
-            &outputs,
-        )
-        .unwrap();
-        if reuse.is_some() {
-            plan.set_slots(ctx, slots).unwrap();
-        }
-        let mut encoder = ctx.create_encoder("decode windows");
-        plan.record(&mut encoder);
-        ctx.submit_and_wait(encoder).unwrap();
-        (
-            plan.pool_windows(),
-            o.download_blocking(ctx).unwrap(),
-            pool.tensor().download_blocking(ctx).unwrap(),
-        )
+    let PoolCase {
+        p,
+        pool_slots,
+        pool_host,
+        inputs,
+        slots,
+        other,
+    } = pool_case(3, 5);
+    type Slots<'a> = &'a [wgpu_backend::StateSlot];
+    let run = |ctx: &Context, slots: Slots, reuse: Option<Slots>| {
+        let r = decode_run(ctx, &p, &inputs, &pool_host, slots, reuse, false);
+        (r.pool_windows, r.o, r.pool)
     };
     for slots in [&slots[..], &other[..]] {
         ctx.set_max_binding_bytes(None).unwrap();
@@ -702,6 +661,41 @@ fn pool_of(ctx: &Context, p: &Problem, host: &HostTensor) -> wgpu_backend::State
     pool
 }
 
+/// The two pool tests' problem: 64 KiB per slot (HV = 4, K = V = 64, so a 64 KiB binding
+/// holds one slot and 192 KiB three), 5 sequences over a pool of 10 slots, and two slot lists
+/// of resumed, fresh and padding slots.
+struct PoolCase {
+    p: Problem,
+    pool_slots: usize,
+    pool_host: HostTensor,
+    inputs: gdn_wgpu::ForwardInputs<HostTensor>,
+    slots: [wgpu_backend::StateSlot; 5],
+    other: [wgpu_backend::StateSlot; 5],
+}
+
+fn pool_case(pool_seed: u64, input_seed: u64) -> PoolCase {
+    use wgpu_backend::StateSlot::{Fresh, Padding, Resume};
+    let p = common::problem(
+        1,
+        9,
+        2,
+        4,
+        64,
+        64,
+        Some(vec![0, 1, 3, 4, 6, 9]),
+        Default::default(),
+    );
+    let pool_slots = 10;
+    PoolCase {
+        pool_host: common::decode::random_pool(&p, pool_slots, pool_seed),
+        inputs: common::decode::spec(input_seed).generate(&p),
+        p,
+        pool_slots,
+        slots: [Resume(9), Fresh(0), Padding, Resume(4), Resume(5)],
+        other: [Resume(1), Padding, Fresh(8), Resume(7), Resume(2)],
+    }
+}
+
 /// What a decode step left: o, the per-token states (when asked) and the pool.
 struct DecodeRun {
     o: HostTensor,
@@ -804,26 +798,16 @@ fn assert_same_run(got: &DecodeRun, want: &DecodeRun, what: &str) {
 /// round-trip; a step that fails leaves every buffer of the pool as it was.
 #[test]
 fn decode_over_a_pool_in_several_buffers() {
-    use StateSlot::{Fresh, Padding, Resume};
-    use gdn_wgpu::wgpu_backend::decode::StateSlot;
     use gdn_wgpu::wgpu_backend::{DecodeOutputs, DecodePlan};
     let Some(mut ctx) = context() else { return };
-    // 64 KiB per slot (HV = 4, K = V = 64).
-    let p = common::problem(
-        1,
-        9,
-        2,
-        4,
-        64,
-        64,
-        Some(vec![0, 1, 3, 4, 6, 9]),
-        Default::default(),
-    );
-    let pool_slots = 10;
-    let pool_host = common::decode::random_pool(&p, pool_slots, 7);
-    let inputs = common::decode::spec(8).generate(&p);
-    let slots = [Resume(9), Fresh(0), Padding, Resume(4), Resume(5)];
-    let other = [Resume(1), Padding, Fresh(8), Resume(7), Resume(2)];
+    let PoolCase {
+        p,
+        pool_slots,
+        pool_host,
+        inputs,
+        slots,
+        other,
+    } = pool_case(7, 8);
     for slots in [&slots[..], &other[..]] {
         ctx.set_max_buffer_bytes(None).unwrap();
         ctx.set_max_binding_bytes(None).unwrap();
