@@ -437,14 +437,7 @@ fn repeated_runs_are_bitwise_identical() {
 #[test]
 fn gate_sums_whose_terms_cancel() {
     let Some(ctx) = common::gpu() else { return };
-    let all = Options {
-        scale: Some(0.3),
-        l2norm_qk: true,
-        beta_sigmoid: true,
-        allow_neg_eigval: true,
-        gate_in_kernel: true,
-        state_v_first: true,
-    };
+    let all = common::every_option();
     // (cu_seqlens, seed, v-heads that never decay)
     let cases = [
         (vec![0, 1, 520, 1041], 87, 1),

@@ -1037,14 +1037,7 @@ fn prefill_then_decode_equals_one_forward() {
 
 #[test]
 fn prefill_then_decode_with_every_flag_and_v_first() {
-    let o = Options {
-        scale: Some(0.3),
-        l2norm_qk: true,
-        beta_sigmoid: true,
-        allow_neg_eigval: true,
-        gate_in_kernel: true,
-        state_v_first: true,
-    };
+    let o = common::every_option();
     check_prefill_then_decode(o, &[69, 8], &[64, 5], &[1, 3, 1], 101);
 }
 

@@ -551,23 +551,7 @@ fn coop_matrix_path() {
         ),
         (
             "every option, varlen, GVA 2",
-            problem(
-                1,
-                132,
-                1,
-                2,
-                128,
-                32,
-                Some(cu),
-                Options {
-                    scale: Some(0.3),
-                    l2norm_qk: true,
-                    beta_sigmoid: true,
-                    allow_neg_eigval: true,
-                    gate_in_kernel: true,
-                    state_v_first: true,
-                },
-            ),
+            problem(1, 132, 1, 2, 128, 32, Some(cu), common::every_option()),
         ),
         (
             "state V-first",
@@ -707,14 +691,7 @@ fn f16_math_path() {
     }
 
     let d = Options::default();
-    let full = Options {
-        scale: Some(0.3),
-        l2norm_qk: true,
-        beta_sigmoid: true,
-        allow_neg_eigval: true,
-        gate_in_kernel: true,
-        state_v_first: true,
-    };
+    let full = common::every_option();
     let cu = vec![0, 1, 2, 67, 68, 131, 132];
     let cases = [
         ("T=1", dense(1, 1, 1, 2, 32, 32)),

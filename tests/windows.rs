@@ -222,14 +222,7 @@ fn hard_cases_in_windows_match_the_unwindowed_forward_and_the_oracle() {
 #[test]
 fn a_sequence_longer_than_a_binding() {
     let Some(mut ctx) = context() else { return };
-    let options = gdn_wgpu::Options {
-        scale: Some(0.3),
-        l2norm_qk: true,
-        beta_sigmoid: true,
-        allow_neg_eigval: true,
-        gate_in_kernel: true,
-        state_v_first: true,
-    };
+    let options = common::every_option();
     let p = common::problem(1, 3000, 1, 2, 32, 32, None, options);
     let case = common::cases::HardCase {
         name: "T3000 every option".into(),
@@ -599,14 +592,7 @@ fn tensors_larger_than_a_buffer() {
         assert!(w.write_range(&ctx, len - 3, &[1.0; 4]).is_err());
     }
 
-    let options = gdn_wgpu::Options {
-        scale: Some(0.3),
-        l2norm_qk: true,
-        beta_sigmoid: true,
-        allow_neg_eigval: true,
-        gate_in_kernel: true,
-        state_v_first: true,
-    };
+    let options = common::every_option();
     let case = common::cases::HardCase {
         name: "T2048 + 952 every option GVA2, several buffers".into(),
         problem: common::problem(1, 3000, 1, 2, 32, 32, Some(vec![0, 2048, 3000]), options),
@@ -897,14 +883,7 @@ fn decode_calls_larger_than_a_binding() {
     use StateSlot::{Fresh, Padding, Resume};
     use gdn_wgpu::wgpu_backend::decode::StateSlot;
     let Some(mut ctx) = context() else { return };
-    let every = gdn_wgpu::Options {
-        scale: Some(0.3),
-        l2norm_qk: true,
-        beta_sigmoid: true,
-        allow_neg_eigval: true,
-        gate_in_kernel: true,
-        state_v_first: true,
-    };
+    let every = common::every_option();
     let cu = vec![0, 1, 150, 151, 400, 400, 600];
     let slots = [Resume(0), Fresh(1), Padding, Padding, Fresh(4), Resume(5)];
     let other = [Padding, Resume(3), Fresh(2), Resume(1), Padding, Fresh(0)];
@@ -1255,12 +1234,8 @@ fn varlen_chunks_across_buffer_boundaries() {
         // its o is 3.3e-3 from the oracle in one buffer too, over the policy's 3e-3.
         let l2norm_qk = dtype == DType::F32;
         let options = gdn_wgpu::Options {
-            scale: Some(0.3),
             l2norm_qk,
-            beta_sigmoid: true,
-            allow_neg_eigval: true,
-            gate_in_kernel: true,
-            state_v_first: true,
+            ..common::every_option()
         };
         let b = BUFFER / (vrow * dtype.size());
         // The length-2 sequence b-1..b+1 is cut into two length-1 pieces; b+1..b+2 is a

@@ -182,14 +182,7 @@ pub fn hard_cases() -> Vec<HardCase> {
 /// the case of the windowed and budgeted backward tests, where windows of one chunk number in
 /// the dozens.
 pub fn long_every_option() -> HardCase {
-    let options = Options {
-        scale: Some(0.3),
-        l2norm_qk: true,
-        beta_sigmoid: true,
-        allow_neg_eigval: true,
-        gate_in_kernel: true,
-        state_v_first: true,
-    };
+    let options = super::every_option();
     HardCase {
         name: "T2000 + 700 every option GVA2".into(),
         problem: problem(1, 2700, 1, 2, 32, 32, Some(vec![0, 2000, 2700]), options),

@@ -15,6 +15,19 @@ use gdn_wgpu::{
     relative_l2,
 };
 
+/// Every option on at once (scale 0.3, l2norm, β-sigmoid, negative eigenvalues, the gate
+/// activation, V-first states): the tests' "every option" case.
+pub fn every_option() -> Options {
+    Options {
+        scale: Some(0.3),
+        l2norm_qk: true,
+        beta_sigmoid: true,
+        allow_neg_eigval: true,
+        gate_in_kernel: true,
+        state_v_first: true,
+    }
+}
+
 /// `Problem::new(..).unwrap()`: the test files' one shorthand for a valid problem.
 #[allow(clippy::too_many_arguments)]
 pub fn problem(
