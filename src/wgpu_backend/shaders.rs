@@ -34,6 +34,9 @@ pub enum Pass {
     SegmentWindow,
     /// `backward/state_recompute.wgsl`: the forward scan replayed for the backward.
     StateRecompute,
+    /// `backward/state_recompute_coop.wgsl`: the replay with its chunk GEMMs on cooperative
+    /// matrices (the coop path's backward).
+    StateRecomputeCoop,
     /// `backward/dh_scan.wgsl`: the reverse scan of the state gradient.
     DhScan,
     /// `backward/value_grams.wgsl`: dP and dAb per chunk.
@@ -67,7 +70,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 23] = [
+    pub const ALL: [Pass; 24] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -78,6 +81,7 @@ impl Pass {
         Pass::SegmentCombine,
         Pass::SegmentWindow,
         Pass::StateRecompute,
+        Pass::StateRecomputeCoop,
         Pass::DhScan,
         Pass::ValueGrams,
         Pass::WyGrad,
@@ -106,6 +110,7 @@ impl Pass {
             Pass::SegmentCombine => "forward/segment_combine.wgsl",
             Pass::SegmentWindow => "forward/segment_window.wgsl",
             Pass::StateRecompute => "backward/state_recompute.wgsl",
+            Pass::StateRecomputeCoop => "backward/state_recompute_coop.wgsl",
             Pass::DhScan => "backward/dh_scan.wgsl",
             Pass::ValueGrams => "backward/value_grams.wgsl",
             Pass::WyGrad => "backward/wy_grad.wgsl",
@@ -133,6 +138,9 @@ impl Pass {
             Pass::SegmentCombine => include_str!("../../shaders/forward/segment_combine.wgsl"),
             Pass::SegmentWindow => include_str!("../../shaders/forward/segment_window.wgsl"),
             Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
+            Pass::StateRecomputeCoop => {
+                include_str!("../../shaders/backward/state_recompute_coop.wgsl")
+            }
             Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
             Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),
             Pass::WyGrad => include_str!("../../shaders/backward/wy_grad.wgsl"),
@@ -178,6 +186,7 @@ impl Pass {
             | Pass::StateScanCoop => &FORWARD_STORAGE_DTYPES,
             // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
             Pass::StateRecompute
+            | Pass::StateRecomputeCoop
             | Pass::DhScan
             | Pass::ValueGrams
             | Pass::WyGrad
@@ -248,7 +257,7 @@ impl Pass {
         match self {
             Pass::StateScanF16 => &["f16"],
             Pass::WyInverseCoop => &["f16"],
-            Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
+            Pass::StateScanCoop | Pass::StateRecomputeCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }
     }
