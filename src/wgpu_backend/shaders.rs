@@ -39,6 +39,9 @@ pub enum Pass {
     StateRecomputeCoop,
     /// `backward/dh_scan.wgsl`: the reverse scan of the state gradient.
     DhScan,
+    /// `backward/dh_scan_coop.wgsl`: the reverse scan with its chunk GEMMs on cooperative
+    /// matrices (the coop path's backward).
+    DhScanCoop,
     /// `backward/value_grams.wgsl`: dP and dAb per chunk.
     ValueGrams,
     /// `backward/wy_grad.wgsl`: gradients through A·diag(β) and the WY inverse.
@@ -70,7 +73,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 24] = [
+    pub const ALL: [Pass; 25] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -83,6 +86,7 @@ impl Pass {
         Pass::StateRecompute,
         Pass::StateRecomputeCoop,
         Pass::DhScan,
+        Pass::DhScanCoop,
         Pass::ValueGrams,
         Pass::WyGrad,
         Pass::StateGrad,
@@ -112,6 +116,7 @@ impl Pass {
             Pass::StateRecompute => "backward/state_recompute.wgsl",
             Pass::StateRecomputeCoop => "backward/state_recompute_coop.wgsl",
             Pass::DhScan => "backward/dh_scan.wgsl",
+            Pass::DhScanCoop => "backward/dh_scan_coop.wgsl",
             Pass::ValueGrams => "backward/value_grams.wgsl",
             Pass::WyGrad => "backward/wy_grad.wgsl",
             Pass::StateGrad => "backward/state_grad.wgsl",
@@ -142,6 +147,7 @@ impl Pass {
                 include_str!("../../shaders/backward/state_recompute_coop.wgsl")
             }
             Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
+            Pass::DhScanCoop => include_str!("../../shaders/backward/dh_scan_coop.wgsl"),
             Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),
             Pass::WyGrad => include_str!("../../shaders/backward/wy_grad.wgsl"),
             Pass::StateGrad => include_str!("../../shaders/backward/state_grad.wgsl"),
@@ -188,6 +194,7 @@ impl Pass {
             Pass::StateRecompute
             | Pass::StateRecomputeCoop
             | Pass::DhScan
+            | Pass::DhScanCoop
             | Pass::ValueGrams
             | Pass::WyGrad
             | Pass::StateGrad
@@ -257,7 +264,9 @@ impl Pass {
         match self {
             Pass::StateScanF16 => &["f16"],
             Pass::WyInverseCoop => &["f16"],
-            Pass::StateScanCoop | Pass::StateRecomputeCoop => &["f16", "wgpu_cooperative_matrix"],
+            Pass::StateScanCoop | Pass::StateRecomputeCoop | Pass::DhScanCoop => {
+                &["f16", "wgpu_cooperative_matrix"]
+            }
             _ => &[],
         }
     }

@@ -16,6 +16,7 @@
 //! others are parallel over chunks or tokens. Nothing here submits or reads back.
 
 mod dh_scan;
+mod dh_scan_coop;
 mod gate_finish;
 mod qk_finish;
 mod qk_grad;
@@ -27,6 +28,7 @@ mod workspace;
 mod wy_grad;
 
 pub use dh_scan::{DhScanBuffers, dh_scan};
+pub use dh_scan_coop::{DhScanCoopBuffers, dh_scan_coop};
 pub use gate_finish::{GateFinishBuffers, gate_finish};
 pub use qk_finish::{QkFinishBuffers, dv_finish, qk_finish};
 pub use qk_grad::{QkGradBuffers, qk_grad};
@@ -895,8 +897,9 @@ fn record_window(
     let dqk_parts = sc.union.reinterpret(&[w.rows, hv, 3 * kd + 1], DType::F32);
     let gated = sc.union.reinterpret(&[w.rows, hv, 2 * CHUNK], DType::F32);
 
-    // The coop replay's f16 operands (k, the gated matrices; γ ⊙ q is written too): the coop
-    // forward's wy_inverse again, its padding rows zeroed first (it writes chunk rows only).
+    // Γ⊙A⊙β and Γ⊙QKᵀ per chunk, parallel over chunks: the forward's wy_inverse again. The
+    // coop path's (f16 gated matrices, k and γ ⊙ q, the coop scans' operands) has its padding
+    // rows zeroed first (it writes chunk rows only).
     if let Some(c) = &sc.coop {
         for (t, row) in [
             (&c.gated16, hv * 2 * CHUNK),
@@ -921,18 +924,17 @@ fn record_window(
             qg16: &c.qg16,
         };
         wy_inverse_coop(ctx, encoder, w.params, &coop_buffers, w.num_chunks, hv)?;
+    } else {
+        let wy_buffers = WyInverseBuffers {
+            k: w.k,
+            q: w.q,
+            gate_beta: w.gate_beta,
+            chunks: w.chunks,
+            a: w.a_out,
+            gated: &gated,
+        };
+        wy_inverse(ctx, encoder, w.params, &wy_buffers, w.num_chunks, hv)?;
     }
-    // Γ⊙A⊙β and Γ⊙QKᵀ per chunk, parallel over chunks: the forward's wy_inverse again (f32,
-    // for dh_scan; A last from it on either path).
-    let wy_buffers = WyInverseBuffers {
-        k: w.k,
-        q: w.q,
-        gate_beta: w.gate_beta,
-        chunks: w.chunks,
-        a: w.a_out,
-        gated: &gated,
-    };
-    wy_inverse(ctx, encoder, w.params, &wy_buffers, w.num_chunks, hv)?;
     mark(encoder, "gated_matrices");
 
     let dims = ScanDims {
@@ -969,17 +971,34 @@ fn record_window(
         }
     }
     mark(encoder, "state_recompute");
-    let scan = DhScanBuffers {
-        q: w.q,
-        k: w.k,
-        gate_beta: w.gate_beta,
-        gated: &gated,
-        d_o: w.d_o,
-        segments: w.segments,
-        dstates: &sc.dstates,
-        dvnew_dv: &sc.dvnew_dv,
-    };
-    dh_scan(ctx, encoder, w.params, &scan, dims)?;
+    match &sc.coop {
+        Some(c) => {
+            let scan = DhScanCoopBuffers {
+                k16: &c.k16,
+                qg16: &c.qg16,
+                gate_beta: w.gate_beta,
+                gated16: &c.gated16,
+                d_o: w.d_o,
+                segments: w.segments,
+                dstates: &sc.dstates,
+                dvnew_dv: &sc.dvnew_dv,
+            };
+            dh_scan_coop(ctx, encoder, w.params, &scan, w.num_segments, hv)?;
+        }
+        None => {
+            let scan = DhScanBuffers {
+                q: w.q,
+                k: w.k,
+                gate_beta: w.gate_beta,
+                gated: &gated,
+                d_o: w.d_o,
+                segments: w.segments,
+                dstates: &sc.dstates,
+                dvnew_dv: &sc.dvnew_dv,
+            };
+            dh_scan(ctx, encoder, w.params, &scan, dims)?;
+        }
+    }
     dh_done(encoder);
     mark(encoder, "dh_scan");
     let grams = ValueGramsBuffers {
