@@ -714,11 +714,13 @@ fn coop_matrix_path() {
                 backward_path(&ctx, problem, dtype).unwrap().path,
                 ComputePath::CoopMatrix
             );
-            // Every other case also in windows of a budget below the whole problem's plan.
-            for windowed in [false, true] {
+            // Every other case also in windows of a budget below the whole problem's plan;
+            // each also with the scalar state_grad (the coop one's switch).
+            for (windowed, coop_state_grad) in [(false, true), (false, false), (true, true)] {
                 if windowed && i % 2 == 1 {
                     continue;
                 }
+                ctx.tuning_mut().coop_state_grad = coop_state_grad;
                 ctx.set_backward_budget(Some(if windowed {
                     MemoryBudget::TimesInputs(1)
                 } else {
@@ -763,7 +765,7 @@ fn coop_matrix_path() {
                 let line: Vec<String> =
                     errors.iter().map(|(n, e)| format!("{n} {e:.2e}")).collect();
                 eprintln!(
-                    "coop {dtype} {name} (windowed {windowed}): rel-L2 {}",
+                    "coop {dtype} {name} (windowed {windowed}, coop state_grad {coop_state_grad}): rel-L2 {}",
                     line.join(", ")
                 );
                 for (n, e) in errors {
@@ -771,7 +773,7 @@ fn coop_matrix_path() {
                         grad_tol_on(ComputePath::CoopMatrix, dtype, problem.options.l2norm_qk, n);
                     assert!(
                         e <= tol,
-                        "coop {dtype} {name} (windowed {windowed}): {n} rel-L2 {e:e} > {tol:e}"
+                        "coop {dtype} {name} (windowed {windowed}, coop state_grad {coop_state_grad}): {n} rel-L2 {e:e} > {tol:e}"
                     );
                 }
             }

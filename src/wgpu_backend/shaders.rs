@@ -48,6 +48,8 @@ pub enum Pass {
     WyGrad,
     /// `backward/state_grad.wgsl`: the dq, dk and gate terms through the states.
     StateGrad,
+    /// `backward/state_grad_coop.wgsl`: the same on cooperative matrices (the coop path's).
+    StateGradCoop,
     /// `backward/qk_grad.wgsl`: dq and dk per v-head, and dg.
     QkGrad,
     /// `backward/qk_finish.wgsl`: GVA group sums and the l2norm backward of dq, dk; dv to storage.
@@ -73,7 +75,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 25] = [
+    pub const ALL: [Pass; 26] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -90,6 +92,7 @@ impl Pass {
         Pass::ValueGrams,
         Pass::WyGrad,
         Pass::StateGrad,
+        Pass::StateGradCoop,
         Pass::QkGrad,
         Pass::QkFinish,
         Pass::GateFinish,
@@ -120,6 +123,7 @@ impl Pass {
             Pass::ValueGrams => "backward/value_grams.wgsl",
             Pass::WyGrad => "backward/wy_grad.wgsl",
             Pass::StateGrad => "backward/state_grad.wgsl",
+            Pass::StateGradCoop => "backward/state_grad_coop.wgsl",
             Pass::QkGrad => "backward/qk_grad.wgsl",
             Pass::QkFinish => "backward/qk_finish.wgsl",
             Pass::GateFinish => "backward/gate_finish.wgsl",
@@ -151,6 +155,7 @@ impl Pass {
             Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),
             Pass::WyGrad => include_str!("../../shaders/backward/wy_grad.wgsl"),
             Pass::StateGrad => include_str!("../../shaders/backward/state_grad.wgsl"),
+            Pass::StateGradCoop => include_str!("../../shaders/backward/state_grad_coop.wgsl"),
             Pass::QkGrad => include_str!("../../shaders/backward/qk_grad.wgsl"),
             Pass::QkFinish => include_str!("../../shaders/backward/qk_finish.wgsl"),
             Pass::GateFinish => include_str!("../../shaders/backward/gate_finish.wgsl"),
@@ -198,6 +203,7 @@ impl Pass {
             | Pass::ValueGrams
             | Pass::WyGrad
             | Pass::StateGrad
+            | Pass::StateGradCoop
             | Pass::QkGrad
             | Pass::QkFinish => &FORWARD_STORAGE_DTYPES,
             Pass::RecurrentStep
@@ -264,9 +270,10 @@ impl Pass {
         match self {
             Pass::StateScanF16 => &["f16"],
             Pass::WyInverseCoop => &["f16"],
-            Pass::StateScanCoop | Pass::StateRecomputeCoop | Pass::DhScanCoop => {
-                &["f16", "wgpu_cooperative_matrix"]
-            }
+            Pass::StateScanCoop
+            | Pass::StateRecomputeCoop
+            | Pass::DhScanCoop
+            | Pass::StateGradCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }
     }

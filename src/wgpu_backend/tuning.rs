@@ -34,6 +34,9 @@ pub struct Tuning {
     pub v_blocks: Vec<u32>,
     /// A forced width (`GDN_V_BLOCK`, via the context's `Config`), used by each scan it fits.
     pub forced_v_block: Option<u32>,
+    /// Whether the coop backward runs `state_grad` on cooperative matrices
+    /// (`state_grad_coop`; true) or the scalar pass (false: to compare or isolate it).
+    pub coop_state_grad: bool,
 }
 
 /// f32 words of workgroup memory `state_scan` needs at V-block width `bv` (mirrors the
@@ -188,6 +191,7 @@ impl Tuning {
             workgroup_bytes: bytes,
             v_blocks,
             forced_v_block: None,
+            coop_state_grad: true,
         })
     }
 

@@ -111,6 +111,7 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             &[],
         ));
         out.push(variant(Pass::DhScanCoop, "dh_scan_coop", &[]));
+        out.push(variant(Pass::StateGradCoop, "state_grad_coop", &[]));
     }
     // The backward scans' widths: those `backward::scan_v_block` picks from.
     for bv in [64, 32, 16] {

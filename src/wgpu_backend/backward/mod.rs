@@ -21,6 +21,7 @@ mod gate_finish;
 mod qk_finish;
 mod qk_grad;
 mod state_grad;
+mod state_grad_coop;
 mod state_recompute;
 mod state_recompute_coop;
 mod value_grams;
@@ -33,6 +34,7 @@ pub use gate_finish::{GateFinishBuffers, gate_finish};
 pub use qk_finish::{QkFinishBuffers, dv_finish, qk_finish};
 pub use qk_grad::{QkGradBuffers, qk_grad};
 pub use state_grad::{StateGradBuffers, state_grad};
+pub use state_grad_coop::state_grad_coop;
 pub use state_recompute::{RecomputeBuffers, state_recompute};
 pub use state_recompute_coop::{RecomputeCoopBuffers, state_recompute_coop};
 pub use value_grams::{ValueGramsBuffers, value_grams};
@@ -1032,7 +1034,11 @@ fn record_window(
         chunks: w.chunks,
         dqk_parts: &dqk_parts,
     };
-    state_grad(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
+    if sc.coop.is_some() && ctx.tuning().coop_state_grad {
+        state_grad_coop(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
+    } else {
+        state_grad(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
+    }
     mark(encoder, "state_grad");
     let qk = QkGradBuffers {
         q: w.q,
