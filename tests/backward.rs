@@ -704,6 +704,8 @@ fn coop_matrix_path() {
         Err(gdn_wgpu::Error::Unsupported { .. })
     ));
     let available = wgpu_backend::backward::storage_dtypes(&ctx);
+    // Every case runs before the verdict, so one report shows every failure.
+    let mut failures = Vec::new();
     for dtype in [DType::BF16, DType::F16, DType::F32] {
         if !available.contains(&dtype) {
             eprintln!("{dtype} storage not available on this device: not run");
@@ -716,7 +718,7 @@ fn coop_matrix_path() {
             );
             // Every other case also in windows of a budget below the whole problem's plan;
             // each also with the scalar state_grad (the coop one's switch).
-            for (windowed, coop_state_grad) in [(false, true), (false, false), (true, true)] {
+            for (windowed, coop_state_grad) in [(false, false), (false, true), (true, true)] {
                 if windowed && i % 2 == 1 {
                     continue;
                 }
@@ -771,13 +773,15 @@ fn coop_matrix_path() {
                 for (n, e) in errors {
                     let tol =
                         grad_tol_on(ComputePath::CoopMatrix, dtype, problem.options.l2norm_qk, n);
-                    assert!(
-                        e <= tol,
-                        "coop {dtype} {name} (windowed {windowed}, coop state_grad {coop_state_grad}): {n} rel-L2 {e:e} > {tol:e}"
-                    );
+                    if e.is_nan() || e > tol {
+                        failures.push(format!(
+                            "coop {dtype} {name} (windowed {windowed}, coop state_grad {coop_state_grad}): {n} rel-L2 {e:e} > {tol:e}"
+                        ));
+                    }
                 }
             }
         }
     }
     ctx.check().unwrap();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
