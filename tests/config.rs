@@ -83,6 +83,17 @@ fn every_variable_parses() {
             "{s:?}"
         );
     }
+    for (s, path) in [
+        ("auto", None),
+        ("scalar", Some(ComputePath::Scalar)),
+        ("COOP", Some(ComputePath::CoopMatrix)),
+    ] {
+        assert_eq!(
+            parse(&[("GDN_BACKWARD_PATH", s)]).unwrap().backward_path,
+            path,
+            "{s:?}"
+        );
+    }
     for (s, algorithm) in [
         ("auto", None),
         ("", None),
@@ -171,6 +182,14 @@ fn bad_segment_chunks_is_an_error() {
 fn bad_compute_path_is_an_error() {
     for bad in ["gpu", "coop2", "scalar,f16"] {
         expect_bad(&[("GDN_COMPUTE_PATH", bad)], "GDN_COMPUTE_PATH");
+    }
+}
+
+#[test]
+fn bad_backward_path_is_an_error() {
+    // The backward has no f16-math passes.
+    for bad in ["f16", "gpu", "scalar,coop"] {
+        expect_bad(&[("GDN_BACKWARD_PATH", bad)], "GDN_BACKWARD_PATH");
     }
 }
 

@@ -603,6 +603,18 @@ fn info() -> Result<(), Failure> {
                                 d.name()
                             ),
                         }
+                        match gdn_wgpu::wgpu_backend::backward::backward_path(&ctx, &p, d) {
+                            Ok(c) => println!(
+                                "  backward compute path, {} storage, K = V = 128: {} ({})",
+                                d.name(),
+                                c.path,
+                                c.reason
+                            ),
+                            Err(e) => println!(
+                                "  backward compute path, {} storage, K = V = 128: {e}",
+                                d.name()
+                            ),
+                        }
                     }
                 }
                 Err(e) => println!("  {e}"),

@@ -45,7 +45,7 @@ mod host {
         }
 
         fn arithmetic(&self, op: Op, problem: &Problem, dtype: DType) -> Arithmetic {
-            // Only the chunked forward has compute paths; the recurrent kernel, the backward
+            // The chunked forward and the backward have compute paths; the recurrent kernel
             // and decode multiply in f32.
             match op {
                 Op::Forward => match forward_algorithm(self, problem, dtype) {
@@ -54,7 +54,9 @@ mod host {
                         .forward_path(problem, dtype)
                         .map_or(Arithmetic::F32, |choice| choice.path.arithmetic()),
                 },
-                Op::Backward | Op::Decode => Arithmetic::F32,
+                Op::Backward => crate::wgpu_backend::backward::backward_path(self, problem, dtype)
+                    .map_or(Arithmetic::F32, |choice| choice.path.arithmetic()),
+                Op::Decode => Arithmetic::F32,
             }
         }
 

@@ -9,7 +9,7 @@ use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 11] = [
+pub const VARIABLES: [&str; 12] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
@@ -21,6 +21,7 @@ pub const VARIABLES: [&str; 11] = [
     "GDN_MAX_BINDING_BYTES",
     "GDN_MAX_BUFFER_BYTES",
     "GDN_BACKWARD_BUDGET",
+    "GDN_BACKWARD_PATH",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -165,6 +166,10 @@ pub struct Config {
     /// times the backward's inputs, or `unbounded`): the memory the backward plans with when
     /// no budget is given in the call (`None`: [`MemoryBudget::DEFAULT`]; docs/backward.md).
     pub backward_budget: Option<MemoryBudget>,
+    /// `GDN_BACKWARD_PATH` (`scalar`, `coop`; `auto` or unset: `None`): force the backward's
+    /// compute path; unset, the backward follows the forward's (coop where the forward takes
+    /// it, else scalar; `wgpu_backend::backward::backward_path`).
+    pub backward_path: Option<ComputePath>,
 }
 
 /// The least `GDN_MAX_BINDING_BYTES`: one 64-token chunk of the forward's largest per-token
@@ -188,6 +193,19 @@ impl Config {
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self> {
         let compute_path = match lookup("GDN_COMPUTE_PATH") {
             Some(s) => ComputePath::parse_override("GDN_COMPUTE_PATH", &s)?,
+            None => None,
+        };
+        let backward_path = match lookup("GDN_BACKWARD_PATH") {
+            Some(s) => match ComputePath::parse_override("GDN_BACKWARD_PATH", &s)? {
+                Some(ComputePath::F16Math) => {
+                    return Err(Error::value(
+                        "GDN_BACKWARD_PATH",
+                        "one of auto, scalar, coop (the backward has no f16-math passes)",
+                        format!("{s:?}"),
+                    ));
+                }
+                path => path,
+            },
             None => None,
         };
         let forward_algorithm = match lookup("GDN_FORWARD_ALGORITHM") {
@@ -222,6 +240,7 @@ impl Config {
             backward_budget: lookup("GDN_BACKWARD_BUDGET")
                 .map(|s| MemoryBudget::parse("GDN_BACKWARD_BUDGET", &s))
                 .transpose()?,
+            backward_path,
         })
     }
 

@@ -389,6 +389,30 @@ impl Context {
         self.config.backward_budget = budget;
     }
 
+    /// Force the backward's compute path (`None`: the forward's, see
+    /// [`backward_path`](crate::wgpu_backend::backward::backward_path)), as `GDN_BACKWARD_PATH`
+    /// does. The backward has scalar and coop passes only; f16 math, or coop where the adapter
+    /// has no cooperative matrices, is `Error::Unsupported`.
+    pub fn set_backward_path(&mut self, path: Option<ComputePath>) -> Result<()> {
+        match path {
+            Some(ComputePath::F16Math) => {
+                return Err(Error::unsupported(
+                    "backward compute path",
+                    "forcing f16 (the backward has scalar and coop passes only)",
+                ));
+            }
+            Some(ComputePath::CoopMatrix) if !self.path_support.coop_f16 => {
+                return Err(Error::unsupported(
+                    "backward compute path",
+                    format!("forcing coop when {}", self.path_support.coop_missing),
+                ));
+            }
+            _ => {}
+        }
+        self.config.backward_path = path;
+        Ok(())
+    }
+
     /// Set the gate-driven window of sequence parallelism that forwards and workspaces made
     /// afterwards take (`None`: exact only, the default), as `GDN_SEGMENT_WINDOW` and
     /// `GDN_SEGMENT_WARMUP` do (docs/sequence-parallelism.md).

@@ -34,14 +34,22 @@ pub enum Pass {
     SegmentWindow,
     /// `backward/state_recompute.wgsl`: the forward scan replayed for the backward.
     StateRecompute,
+    /// `backward/state_recompute_coop.wgsl`: the replay with its chunk GEMMs on cooperative
+    /// matrices (the coop path's backward).
+    StateRecomputeCoop,
     /// `backward/dh_scan.wgsl`: the reverse scan of the state gradient.
     DhScan,
+    /// `backward/dh_scan_coop.wgsl`: the reverse scan with its chunk GEMMs on cooperative
+    /// matrices (the coop path's backward).
+    DhScanCoop,
     /// `backward/value_grams.wgsl`: dP and dAb per chunk.
     ValueGrams,
     /// `backward/wy_grad.wgsl`: gradients through A·diag(β) and the WY inverse.
     WyGrad,
     /// `backward/state_grad.wgsl`: the dq, dk and gate terms through the states.
     StateGrad,
+    /// `backward/state_grad_coop.wgsl`: the same on cooperative matrices (the coop path's).
+    StateGradCoop,
     /// `backward/qk_grad.wgsl`: dq and dk per v-head, and dg.
     QkGrad,
     /// `backward/qk_finish.wgsl`: GVA group sums and the l2norm backward of dq, dk; dv to storage.
@@ -67,7 +75,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 23] = [
+    pub const ALL: [Pass; 26] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -78,10 +86,13 @@ impl Pass {
         Pass::SegmentCombine,
         Pass::SegmentWindow,
         Pass::StateRecompute,
+        Pass::StateRecomputeCoop,
         Pass::DhScan,
+        Pass::DhScanCoop,
         Pass::ValueGrams,
         Pass::WyGrad,
         Pass::StateGrad,
+        Pass::StateGradCoop,
         Pass::QkGrad,
         Pass::QkFinish,
         Pass::GateFinish,
@@ -106,10 +117,13 @@ impl Pass {
             Pass::SegmentCombine => "forward/segment_combine.wgsl",
             Pass::SegmentWindow => "forward/segment_window.wgsl",
             Pass::StateRecompute => "backward/state_recompute.wgsl",
+            Pass::StateRecomputeCoop => "backward/state_recompute_coop.wgsl",
             Pass::DhScan => "backward/dh_scan.wgsl",
+            Pass::DhScanCoop => "backward/dh_scan_coop.wgsl",
             Pass::ValueGrams => "backward/value_grams.wgsl",
             Pass::WyGrad => "backward/wy_grad.wgsl",
             Pass::StateGrad => "backward/state_grad.wgsl",
+            Pass::StateGradCoop => "backward/state_grad_coop.wgsl",
             Pass::QkGrad => "backward/qk_grad.wgsl",
             Pass::QkFinish => "backward/qk_finish.wgsl",
             Pass::GateFinish => "backward/gate_finish.wgsl",
@@ -133,10 +147,15 @@ impl Pass {
             Pass::SegmentCombine => include_str!("../../shaders/forward/segment_combine.wgsl"),
             Pass::SegmentWindow => include_str!("../../shaders/forward/segment_window.wgsl"),
             Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
+            Pass::StateRecomputeCoop => {
+                include_str!("../../shaders/backward/state_recompute_coop.wgsl")
+            }
             Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
+            Pass::DhScanCoop => include_str!("../../shaders/backward/dh_scan_coop.wgsl"),
             Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),
             Pass::WyGrad => include_str!("../../shaders/backward/wy_grad.wgsl"),
             Pass::StateGrad => include_str!("../../shaders/backward/state_grad.wgsl"),
+            Pass::StateGradCoop => include_str!("../../shaders/backward/state_grad_coop.wgsl"),
             Pass::QkGrad => include_str!("../../shaders/backward/qk_grad.wgsl"),
             Pass::QkFinish => include_str!("../../shaders/backward/qk_finish.wgsl"),
             Pass::GateFinish => include_str!("../../shaders/backward/gate_finish.wgsl"),
@@ -178,10 +197,13 @@ impl Pass {
             | Pass::StateScanCoop => &FORWARD_STORAGE_DTYPES,
             // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
             Pass::StateRecompute
+            | Pass::StateRecomputeCoop
             | Pass::DhScan
+            | Pass::DhScanCoop
             | Pass::ValueGrams
             | Pass::WyGrad
             | Pass::StateGrad
+            | Pass::StateGradCoop
             | Pass::QkGrad
             | Pass::QkFinish => &FORWARD_STORAGE_DTYPES,
             Pass::RecurrentStep
@@ -248,7 +270,10 @@ impl Pass {
         match self {
             Pass::StateScanF16 => &["f16"],
             Pass::WyInverseCoop => &["f16"],
-            Pass::StateScanCoop => &["f16", "wgpu_cooperative_matrix"],
+            Pass::StateScanCoop
+            | Pass::StateRecomputeCoop
+            | Pass::DhScanCoop
+            | Pass::StateGradCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }
     }

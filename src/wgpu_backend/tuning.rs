@@ -34,6 +34,11 @@ pub struct Tuning {
     pub v_blocks: Vec<u32>,
     /// A forced width (`GDN_V_BLOCK`, via the context's `Config`), used by each scan it fits.
     pub forced_v_block: Option<u32>,
+    /// Whether the coop backward runs `state_grad` on cooperative matrices (`state_grad_coop`,
+    /// opt-in) or the scalar pass (false, the default). Opt-in until verified on a device: its
+    /// first version failed the oracle on one hard case (dg 6.9e-2, H200), and the fix is not
+    /// yet measured there (docs/backward.md).
+    pub coop_state_grad: bool,
 }
 
 /// f32 words of workgroup memory `state_scan` needs at V-block width `bv` (mirrors the
@@ -188,6 +193,7 @@ impl Tuning {
             workgroup_bytes: bytes,
             v_blocks,
             forced_v_block: None,
+            coop_state_grad: false,
         })
     }
 

@@ -105,6 +105,13 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             "state_scan_coop",
             &[("SEGMENTS_PER_HEAD", 1.0)],
         ));
+        out.push(variant(
+            Pass::StateRecomputeCoop,
+            "state_recompute_coop",
+            &[],
+        ));
+        out.push(variant(Pass::DhScanCoop, "dh_scan_coop", &[]));
+        out.push(variant(Pass::StateGradCoop, "state_grad_coop", &[]));
     }
     // The backward scans' widths: those `backward::scan_v_block` picks from.
     for bv in [64, 32, 16] {

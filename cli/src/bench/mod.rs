@@ -990,9 +990,10 @@ fn variant(
         }
         Op::Backward => {
             let vb = gdn_wgpu::wgpu_backend::backward::scan_v_block(ctx, p)?;
+            let path = gdn_wgpu::wgpu_backend::backward::backward_path(ctx, p, dtype)?.path;
             (
                 Variant::VBlock(vb),
-                format!("backward scans V-block {vb}"),
+                format!("backward {path}, scans V-block {vb}"),
                 None,
             )
         }

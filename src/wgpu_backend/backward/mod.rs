@@ -16,21 +16,27 @@
 //! others are parallel over chunks or tokens. Nothing here submits or reads back.
 
 mod dh_scan;
+mod dh_scan_coop;
 mod gate_finish;
 mod qk_finish;
 mod qk_grad;
 mod state_grad;
+mod state_grad_coop;
 mod state_recompute;
+mod state_recompute_coop;
 mod value_grams;
 mod workspace;
 mod wy_grad;
 
 pub use dh_scan::{DhScanBuffers, dh_scan};
+pub use dh_scan_coop::{DhScanCoopBuffers, dh_scan_coop};
 pub use gate_finish::{GateFinishBuffers, gate_finish};
 pub use qk_finish::{QkFinishBuffers, dv_finish, qk_finish};
 pub use qk_grad::{QkGradBuffers, qk_grad};
 pub use state_grad::{StateGradBuffers, state_grad};
+pub use state_grad_coop::state_grad_coop;
 pub use state_recompute::{RecomputeBuffers, state_recompute};
+pub use state_recompute_coop::{RecomputeCoopBuffers, state_recompute_coop};
 pub use value_grams::{ValueGramsBuffers, value_grams};
 pub use workspace::{
     BackwardMemory, BackwardPlan, BackwardWorkspace, MemoryBudget, PlanBytes, backward_memory,
@@ -43,8 +49,10 @@ use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Gradients, Problem};
 use crate::tensor::{DType, HostTensor, TensorMeta};
 use crate::wgpu_backend::forward::{
     Forward, ForwardWorkspace, Intermediates, PrepareGateBuffers, ScanDims, WyInverseBuffers,
-    forward_with_checkpoints, prepare_gate, prepare_qk, wy_inverse,
+    WyInverseCoopBuffers, forward_with_checkpoints, prepare_gate, prepare_qk, wy_inverse,
+    wy_inverse_coop,
 };
+use crate::wgpu_backend::path::{ComputePath, PathChoice};
 use crate::wgpu_backend::shaders::Pass;
 use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
 use crate::wgpu_backend::tuning::{BACKWARD_SCANS, V_BLOCK_WIDTHS, choose_v_block, token_slice};
@@ -144,6 +152,47 @@ pub fn scan_v_block(ctx: &Context, problem: &Problem) -> Result<u32> {
             ),
         )
     })
+}
+
+/// The backward's compute path for `problem` with q, k, v stored as `dtype`, and why:
+/// `CoopMatrix` (the state replay's chunk GEMMs on f16 cooperative matrices, f32
+/// accumulators; the other passes scalar) or `Scalar`. Forced by `GDN_BACKWARD_PATH` /
+/// [`Context::set_backward_path`]; else the forward's choice ([`Context::forward_path`]: coop
+/// for f16/bf16 storage where the adapter and shape allow it, `GDN_COMPUTE_PATH` forcing both),
+/// with the forward's f16 math mapped to scalar (the backward has no f16-math passes). Forcing
+/// coop where the adapter or shape cannot run it is `Error::Unsupported`.
+pub fn backward_path(ctx: &Context, problem: &Problem, dtype: DType) -> Result<PathChoice> {
+    const FORCED: &str = "forced (GDN_BACKWARD_PATH or Context::set_backward_path)";
+    match ctx.config().backward_path {
+        Some(ComputePath::CoopMatrix) => match ctx.path_support().coop_rejects(problem, dtype) {
+            None => Ok(PathChoice {
+                path: ComputePath::CoopMatrix,
+                reason: FORCED.into(),
+            }),
+            Some(why) => Err(Error::unsupported(
+                "backward compute path",
+                format!("forcing coop when {why}"),
+            )),
+        },
+        Some(_) => Ok(PathChoice {
+            path: ComputePath::Scalar,
+            reason: FORCED.into(),
+        }),
+        None => {
+            let fwd = ctx.forward_path(problem, dtype)?;
+            Ok(match fwd.path {
+                ComputePath::F16Math => PathChoice {
+                    path: ComputePath::Scalar,
+                    reason: "the forward's path is f16 math, which the backward has no passes for"
+                        .into(),
+                },
+                path => PathChoice {
+                    path,
+                    reason: format!("the forward's: {}", fwd.reason),
+                },
+            })
+        }
+    }
 }
 
 /// What the backward consumes: the problem, the forward's raw inputs (GPU buffers are shared
@@ -850,16 +899,44 @@ fn record_window(
     let dqk_parts = sc.union.reinterpret(&[w.rows, hv, 3 * kd + 1], DType::F32);
     let gated = sc.union.reinterpret(&[w.rows, hv, 2 * CHUNK], DType::F32);
 
-    // Γ⊙A⊙β and Γ⊙QKᵀ per chunk, parallel over chunks: the forward's wy_inverse again.
-    let wy_buffers = WyInverseBuffers {
-        k: w.k,
-        q: w.q,
-        gate_beta: w.gate_beta,
-        chunks: w.chunks,
-        a: w.a_out,
-        gated: &gated,
-    };
-    wy_inverse(ctx, encoder, w.params, &wy_buffers, w.num_chunks, hv)?;
+    // Γ⊙A⊙β and Γ⊙QKᵀ per chunk, parallel over chunks: the forward's wy_inverse again. The
+    // coop path's (f16 gated matrices, k and γ ⊙ q, the coop scans' operands) has its padding
+    // rows zeroed first (it writes chunk rows only).
+    if let Some(c) = &sc.coop {
+        for (t, row) in [
+            (&c.gated16, hv * 2 * CHUNK),
+            (&c.k16, p.heads_qk * kd),
+            (&c.qg16, hv * kd),
+        ] {
+            let row_bytes = (row * 2) as u64;
+            encoder.clear_buffer(
+                &t.buffer,
+                t.offset() + w.rows as u64 * row_bytes,
+                Some(CHUNK as u64 * row_bytes),
+            );
+        }
+        let coop_buffers = WyInverseCoopBuffers {
+            k: w.k,
+            q: w.q,
+            gate_beta: w.gate_beta,
+            chunks: w.chunks,
+            a: w.a_out,
+            gated16: &c.gated16,
+            k16: &c.k16,
+            qg16: &c.qg16,
+        };
+        wy_inverse_coop(ctx, encoder, w.params, &coop_buffers, w.num_chunks, hv)?;
+    } else {
+        let wy_buffers = WyInverseBuffers {
+            k: w.k,
+            q: w.q,
+            gate_beta: w.gate_beta,
+            chunks: w.chunks,
+            a: w.a_out,
+            gated: &gated,
+        };
+        wy_inverse(ctx, encoder, w.params, &wy_buffers, w.num_chunks, hv)?;
+    }
     mark(encoder, "gated_matrices");
 
     let dims = ScanDims {
@@ -869,28 +946,61 @@ fn record_window(
         value_dim: vd,
         v_block: scan_v_block(ctx, p)?,
     };
-    let recompute = RecomputeBuffers {
-        k: w.k,
-        v: w.v,
-        gate_beta: w.gate_beta,
-        gated: &gated,
-        segments: w.segments,
-        states: &sc.states,
-        w_vnew: &sc.w_vnew,
-    };
-    state_recompute(ctx, encoder, w.params, &recompute, dims)?;
+    match &sc.coop {
+        Some(c) => {
+            let recompute = RecomputeCoopBuffers {
+                k16: &c.k16,
+                v: w.v,
+                gate_beta: w.gate_beta,
+                gated16: &c.gated16,
+                segments: w.segments,
+                states: &sc.states,
+                w_vnew: &sc.w_vnew,
+            };
+            state_recompute_coop(ctx, encoder, w.params, &recompute, w.num_segments, hv)?;
+        }
+        None => {
+            let recompute = RecomputeBuffers {
+                k: w.k,
+                v: w.v,
+                gate_beta: w.gate_beta,
+                gated: &gated,
+                segments: w.segments,
+                states: &sc.states,
+                w_vnew: &sc.w_vnew,
+            };
+            state_recompute(ctx, encoder, w.params, &recompute, dims)?;
+        }
+    }
     mark(encoder, "state_recompute");
-    let scan = DhScanBuffers {
-        q: w.q,
-        k: w.k,
-        gate_beta: w.gate_beta,
-        gated: &gated,
-        d_o: w.d_o,
-        segments: w.segments,
-        dstates: &sc.dstates,
-        dvnew_dv: &sc.dvnew_dv,
-    };
-    dh_scan(ctx, encoder, w.params, &scan, dims)?;
+    match &sc.coop {
+        Some(c) => {
+            let scan = DhScanCoopBuffers {
+                k16: &c.k16,
+                qg16: &c.qg16,
+                gate_beta: w.gate_beta,
+                gated16: &c.gated16,
+                d_o: w.d_o,
+                segments: w.segments,
+                dstates: &sc.dstates,
+                dvnew_dv: &sc.dvnew_dv,
+            };
+            dh_scan_coop(ctx, encoder, w.params, &scan, w.num_segments, hv)?;
+        }
+        None => {
+            let scan = DhScanBuffers {
+                q: w.q,
+                k: w.k,
+                gate_beta: w.gate_beta,
+                gated: &gated,
+                d_o: w.d_o,
+                segments: w.segments,
+                dstates: &sc.dstates,
+                dvnew_dv: &sc.dvnew_dv,
+            };
+            dh_scan(ctx, encoder, w.params, &scan, dims)?;
+        }
+    }
     dh_done(encoder);
     mark(encoder, "dh_scan");
     let grams = ValueGramsBuffers {
@@ -924,7 +1034,11 @@ fn record_window(
         chunks: w.chunks,
         dqk_parts: &dqk_parts,
     };
-    state_grad(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
+    if sc.coop.is_some() && ctx.tuning().coop_state_grad {
+        state_grad_coop(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
+    } else {
+        state_grad(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
+    }
     mark(encoder, "state_grad");
     let qk = QkGradBuffers {
         q: w.q,

@@ -59,6 +59,9 @@ pub struct BackwardPlan {
     pub(crate) dtype: DType,
     /// The forward's compute path (its scratch bounds the windows too).
     pub(crate) path: ComputePath,
+    /// The backward's compute path (scalar or coop; [`backward_path`](super::backward_path)):
+    /// the coop path holds f16 operands too.
+    pub(crate) backward_path: ComputePath,
     pub(crate) windows: Vec<TokenWindow>,
     /// The chunks per window the budget allows (`usize::MAX`: only the bindings bound them).
     pub(crate) max_chunks: usize,
@@ -94,10 +97,11 @@ impl BackwardPlan {
         // window (measured on the H200, 2/8 heads, 131 tokens in windows of one chunk: dg
         // 1.17e-4 against the oracle, over the policy's 1e-4).
         let path = ctx.forward_path(problem, dtype)?.path;
-        match Self::on_path(ctx, problem, dtype, budget, path) {
+        let backward = super::backward_path(ctx, problem, dtype)?.path;
+        match Self::on_path(ctx, problem, dtype, budget, path, backward) {
             Ok(plan) if plan.windows.len() == 1 || path == ComputePath::Scalar => Ok(plan),
             Err(e) if path == ComputePath::Scalar => Err(e),
-            _ => Self::on_path(ctx, problem, dtype, budget, ComputePath::Scalar),
+            _ => Self::on_path(ctx, problem, dtype, budget, ComputePath::Scalar, backward),
         }
     }
 
@@ -108,7 +112,9 @@ impl BackwardPlan {
         dtype: DType,
         budget: MemoryBudget,
         path: ComputePath,
+        backward_path: ComputePath,
     ) -> Result<Self> {
+        let coop = backward_path == ComputePath::CoopMatrix;
         let costs = backward_costs(problem, dtype);
         let at = |max_chunks: usize| -> Result<(Vec<TokenWindow>, PlanBytes)> {
             let capped = WindowCosts {
@@ -116,13 +122,14 @@ impl BackwardPlan {
                 ..costs.clone()
             };
             let windows = planned_windows(ctx, problem, dtype, path, &capped)?;
-            let bytes = plan_bytes(problem, dtype, &windows);
+            let bytes = plan_bytes(problem, dtype, &windows, coop);
             Ok((windows, bytes))
         };
         let plan = |windows, max_chunks, budget, bytes| BackwardPlan {
             problem: problem.clone(),
             dtype,
             path,
+            backward_path,
             windows,
             max_chunks,
             budget,
@@ -219,6 +226,11 @@ impl BackwardPlan {
         self.path
     }
 
+    /// The backward's compute path: scalar, or coop (f16 cooperative-matrix replay).
+    pub fn backward_path(&self) -> ComputePath {
+        self.backward_path
+    }
+
     /// The budget in bytes it was planned for (`None`: unbounded).
     pub fn budget(&self) -> Option<u64> {
         self.budget
@@ -249,13 +261,15 @@ impl BackwardPlan {
 }
 
 /// The buffers of a workspace for windows of `rows` tokens and `slots` state slots, as
-/// (name, shape, dtype); `windowed`: the recomputed intermediates and the carry too.
+/// (name, shape, dtype); `windowed`: the recomputed intermediates and the carry too; `coop`:
+/// the coop path's f16 operands (one chunk of padding rows each).
 fn scratch_shapes(
     p: &Problem,
     dtype: DType,
     rows: usize,
     slots: usize,
     windowed: bool,
+    coop: bool,
 ) -> Vec<(&'static str, Vec<usize>, DType)> {
     let (h, hv, kd, vd) = (p.heads_qk, p.heads_v, p.key_dim, p.value_dim);
     let f = DType::F32;
@@ -282,6 +296,12 @@ fn scratch_shapes(
         let s = p.state_shape();
         shapes.push(("state gradient carry", vec![1, hv, s[2], s[3]], f));
     }
+    if coop {
+        let padded = rows + CHUNK;
+        shapes.push(("k16", vec![padded, h, kd], DType::F16));
+        shapes.push(("gated16", vec![padded, hv, 2 * CHUNK], DType::F16));
+        shapes.push(("qg16", vec![padded, hv, kd], DType::F16));
+    }
     shapes
 }
 
@@ -307,10 +327,10 @@ fn window_extent(windows: &[TokenWindow]) -> (usize, usize) {
 }
 
 /// What a plan over `windows` holds (the sizes [`BackwardWorkspace::from_plan`] allocates).
-fn plan_bytes(p: &Problem, dtype: DType, windows: &[TokenWindow]) -> PlanBytes {
+fn plan_bytes(p: &Problem, dtype: DType, windows: &[TokenWindow], coop: bool) -> PlanBytes {
     let windowed = windows.len() > 1;
     let (rows, slots) = window_extent(windows);
-    let scratch: u64 = scratch_shapes(p, dtype, rows, slots, windowed)
+    let scratch: u64 = scratch_shapes(p, dtype, rows, slots, windowed, coop)
         .iter()
         .map(|(_, shape, dt)| tensor_bytes(shape.iter().product(), *dt))
         .sum();
@@ -342,6 +362,18 @@ pub(crate) struct Scratch {
     /// scans' gated matrices (read up to dh_scan).
     pub union: GpuTensor,
     pub dg_dbeta: GpuTensor,
+    /// The coop path's f16 operands.
+    pub coop: Option<CoopOperands>,
+}
+
+/// The coop backward's f16 operands, written by `wy_inverse_coop`: `[rows + 64, H, K]` k,
+/// `[rows + 64, HV, 128]` gated matrices, `[rows + 64, HV, K]` γ ⊙ q; the padding rows are
+/// zeroed before each window.
+#[derive(Debug)]
+pub(crate) struct CoopOperands {
+    pub k16: GpuTensor,
+    pub gated16: GpuTensor,
+    pub qg16: GpuTensor,
 }
 
 impl Scratch {
@@ -358,6 +390,17 @@ impl Scratch {
             mats: fit(&self.mats, &[2, rows, hv, CHUNK])?,
             union: fit(&self.union, &[rows, hv, u])?,
             dg_dbeta: fit(&self.dg_dbeta, &[rows, hv, 2])?,
+            coop: match &self.coop {
+                Some(c) => {
+                    let padded = rows + CHUNK;
+                    Some(CoopOperands {
+                        k16: fit(&c.k16, &[padded, p.heads_qk, kd])?,
+                        gated16: fit(&c.gated16, &[padded, hv, 2 * CHUNK])?,
+                        qg16: fit(&c.qg16, &[padded, hv, kd])?,
+                    })
+                }
+                None => None,
+            },
         })
     }
 }
@@ -443,7 +486,8 @@ impl BackwardWorkspace {
         let windowed = plan.windows.len() > 1;
         let (rows, slots) = window_extent(&plan.windows);
         let mut tensors = Vec::new();
-        for (name, shape, dtype) in scratch_shapes(p, plan.dtype, rows, slots, windowed) {
+        let coop = plan.backward_path == ComputePath::CoopMatrix;
+        for (name, shape, dtype) in scratch_shapes(p, plan.dtype, rows, slots, windowed, coop) {
             tensors.push(GpuTensor::scratch(ctx, name, &shape, dtype)?);
         }
         let mut tensors = tensors.into_iter();
@@ -460,6 +504,7 @@ impl BackwardWorkspace {
             mats: next()?,
             union: next()?,
             dg_dbeta: next()?,
+            coop: None,
         };
         let recomputed = if windowed {
             let (gate_beta, a) = (next()?, next()?);
@@ -477,6 +522,18 @@ impl BackwardWorkspace {
             })
         } else {
             None
+        };
+        let scratch = Scratch {
+            coop: if coop {
+                Some(CoopOperands {
+                    k16: next()?,
+                    gated16: next()?,
+                    qg16: next()?,
+                })
+            } else {
+                None
+            },
+            ..scratch
         };
         let sequences = p.sequences();
         let mut checkpoints = 0;
@@ -552,11 +609,13 @@ impl BackwardWorkspace {
         } else {
             ctx.forward_path(p, dtype)?.path
         };
+        let backward_path = super::backward_path(ctx, p, dtype)?.path;
         let plan = BackwardPlan {
             problem: p.clone(),
             dtype,
             path,
-            bytes: plan_bytes(p, dtype, &windows),
+            backward_path,
+            bytes: plan_bytes(p, dtype, &windows, backward_path == ComputePath::CoopMatrix),
             windows,
             max_chunks,
             budget: None,
@@ -584,6 +643,9 @@ impl BackwardWorkspace {
         if let Some(r) = &self.recomputed {
             tensors.extend([&r.gate_beta, &r.a, &r.carry]);
             tensors.extend(r.q_normed.iter().chain(r.k_normed.iter()));
+        }
+        if let Some(c) = &s.coop {
+            tensors.extend([&c.k16, &c.gated16, &c.qg16]);
         }
         let tables: u64 = self
             .windows
