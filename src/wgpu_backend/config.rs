@@ -9,7 +9,7 @@ use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 11] = [
+pub const VARIABLES: [&str; 12] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
@@ -21,6 +21,7 @@ pub const VARIABLES: [&str; 11] = [
     "GDN_MAX_BINDING_BYTES",
     "GDN_MAX_BUFFER_BYTES",
     "GDN_BACKWARD_BUDGET",
+    "GDN_SCAN_SPLIT",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -165,6 +166,10 @@ pub struct Config {
     /// times the backward's inputs, or `unbounded`): the memory the backward plans with when
     /// no budget is given in the call (`None`: [`MemoryBudget::DEFAULT`]; docs/backward.md).
     pub backward_budget: Option<MemoryBudget>,
+    /// `GDN_SCAN_SPLIT` (`on` or `off`, unset: off): the coop forward's split scan — the
+    /// sequential chain computes only V' and the chunk-start states, and a parallel pass
+    /// (`chunk_output_coop`) computes o from them (docs/passes.md).
+    pub scan_split: bool,
 }
 
 /// The least `GDN_MAX_BINDING_BYTES`: one 64-token chunk of the forward's largest per-token
@@ -222,6 +227,13 @@ impl Config {
             backward_budget: lookup("GDN_BACKWARD_BUDGET")
                 .map(|s| MemoryBudget::parse("GDN_BACKWARD_BUDGET", &s))
                 .transpose()?,
+            scan_split: match lookup("GDN_SCAN_SPLIT").as_deref().map(str::trim) {
+                None | Some("off") => false,
+                Some("on") => true,
+                Some(other) => {
+                    return Err(Error::value("GDN_SCAN_SPLIT", "on or off", format!("{other:?}")));
+                }
+            },
         })
     }
 

@@ -105,6 +105,16 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             "state_scan_coop",
             &[("SEGMENTS_PER_HEAD", 1.0)],
         ));
+        for per_head in [0.0, 1.0] {
+            for store in [0.0, 1.0] {
+                out.push(variant(
+                    Pass::StateChainCoop,
+                    "state_chain_coop",
+                    &[("SEGMENTS_PER_HEAD", per_head), ("STORE_CHUNKS", store)],
+                ));
+            }
+        }
+        out.push(variant(Pass::ChunkOutputCoop, "chunk_output_coop", &[]));
     }
     // The backward scans' widths: those `backward::scan_v_block` picks from.
     for bv in [64, 32, 16] {
