@@ -32,7 +32,7 @@ const WG: u32 = 128u;       // invocations
 
 var<workgroup> s16: array<f16, 128u * BV>;   // S rounded to f16, [K][BV]
 var<workgroup> x16: array<f16, 64u * BV>;    // W, then V', then (γ_C/γ) ⊙ V', [64][BV]
-var<workgroup> stage: array<f32, 64u * BV>;  // f32 staging, [64][BV]: U, V'; or half of S
+var<workgroup> stage: array<f32, 128u * BV>; // f32 staging: U, V' ([64][BV]); or S ([K][BV])
 var<workgroup> zero: array<f32, 256>;
 var<workgroup> gam: array<f32, 64>;          // γ_i = exp(G_i)
 var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
@@ -82,24 +82,30 @@ fn w_elem(t: u32, n: u32, v: f32, lim: u32) {
     x16[e] = f16(select(0.0, v - gam[e / BV] * stage[e], n * (WG / BV) < lim));
 }
 
-// Half of S (state rows 32 g + 16 upper .. + 15 of every subgroup g) → stage → s16, and with
-// `store` to states16 from `dst` (the chunk's state at this workgroup's v-head and V-block).
-// Call from uniform control flow (it holds barriers).
-fn publish_half(t: u32, sg: u32, upper: u32, s0: coop_mat16x16<f32, C>, s1: coop_mat16x16<f32, C>,
-                store: bool, dst: u32, vd: u32) {
-    let base = 16u * BV * sg;
-    store_tile(s0, base);
-    store_tile(s1, base + 16u);
+// Elements n0 .. n0 + 3 of this invocation's V column (see v_or_zero).
+fn v_four(row0: u32, n0: u32, lim: u32, step: u32) -> vec4<f32> {
+    return vec4<f32>(v_or_zero(row0, n0, lim, step), v_or_zero(row0, n0 + 1u, lim, step),
+                     v_or_zero(row0, n0 + 2u, lim, step), v_or_zero(row0, n0 + 3u, lim, step));
+}
+
+// S (subgroup g's tiles s{a}{b}: state rows 32 g + 16 a, columns 16 b) → stage → s16, and
+// with `store` to states16 from `dst` (the chunk's state at this workgroup's v-head and
+// V-block). Call from uniform control flow (it holds barriers).
+fn publish(t: u32, sg: u32, s00: coop_mat16x16<f32, C>, s01: coop_mat16x16<f32, C>,
+           s10: coop_mat16x16<f32, C>, s11: coop_mat16x16<f32, C>, store: bool, dst: u32,
+           vd: u32) {
+    let base = 32u * BV * sg;
+    store_tile(s00, base);
+    store_tile(s01, base + 16u);
+    store_tile(s10, base + 16u * BV);
+    store_tile(s11, base + 16u * BV + 16u);
     workgroupBarrier();
-    for (var n = 0u; n < BV / 2u; n++) {
+    for (var n = 0u; n < BV; n++) {
         let e = t + WG * n;
-        // stage[16·BV·g + BV·r + c] is state row 32 g + 16 upper + r, column c.
-        let g = e / (16u * BV);
-        let si = e + 16u * BV * (g + upper);
         let x = f16(stage[e]);
-        s16[si] = x;
+        s16[e] = x;
         if (store) {
-            states16[dst + (si / BV) * vd + si % BV] = x;
+            states16[dst + (e / BV) * vd + e % BV] = x;
         }
     }
     workgroupBarrier();
@@ -166,8 +172,7 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         s11 = coopLoadT<coop_mat16x16<f32, C>>(&state[i11], vd);
     }
     let dst0 = first_chunk * chunk_stride + cbase;
-    publish_half(t, sg, 0u, s00, s01, store0, dst0, vd);
-    publish_half(t, sg, 1u, s10, s11, store0, dst0, vd);
+    publish(t, sg, s00, s01, s10, s11, store0, dst0, vd);
 
     // This invocation's elements of V: column t % BV, rows t / BV + n·(128/BV).
     let vstep = (WG / BV) * hv_count * vd;
@@ -183,25 +188,29 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     var ka5 = k_rows(seg_start * hk + k_off + 80u, hk);
     var ka6 = k_rows(seg_start * hk + k_off + 96u, hk);
     var ka7 = k_rows(seg_start * hk + k_off + 112u, hk);
+    // This chunk's gates and V elements, loaded one chunk ahead like the K rows.
+    let seg_end = seg_start + seg_len;
+    let len0 = min(CHUNK, seg_len);
+    // (A row of length 0 reads a clamped token's gates and never uses them.)
+    let last_token = max(params.total_tokens, 1u) - 1u;
+    let tok_last = min(seg_start + max(len0, 1u) - 1u, last_token);
+    let tok_row = min(seg_start + min(t % CHUNK, max(len0, 1u) - 1u), last_token);
+    var g_last = gate_beta[tok_last * hv_count + hv].x;
+    var g_row = gate_beta[tok_row * hv_count + hv].x;
+    let vrow0 = ((seg_start + t / BV) * hv_count + hv) * vd + v0 + t % BV;
+    let lim0 = select(0u, len0 - t / BV, len0 > t / BV);
+    var va = v_four(vrow0, 0u, lim0, vstep);
+    var vb = v_four(vrow0, 4u, lim0, vstep);
+    var vc = v_four(vrow0, 8u, lim0, vstep);
+    var vdd = v_four(vrow0, 12u, lim0, vstep);
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
-        let len = min(CHUNK, seg_start + seg_len - start);
-        let g_last = gate_beta[(start + len - 1u) * hv_count + hv].x;
+        let len = min(CHUNK, seg_end - start);
         if (t < CHUNK) {
-            let g = gate_beta[(start + min(t, len - 1u)) * hv_count + hv].x;
-            gam[t] = exp(g);
-            dec[t] = select(0.0, exp(g_last - g), t < len);
+            gam[t] = exp(g_row);
+            dec[t] = select(0.0, exp(g_last - g_row), t < len);
         }
-        let vrow = ((start + t / BV) * hv_count + hv) * vd + v0 + t % BV;
         let lim = select(0u, len - t / BV, len > t / BV);
-        let va = vec4<f32>(v_or_zero(vrow, 0u, lim, vstep), v_or_zero(vrow, 1u, lim, vstep),
-                           v_or_zero(vrow, 2u, lim, vstep), v_or_zero(vrow, 3u, lim, vstep));
-        let vb = vec4<f32>(v_or_zero(vrow, 4u, lim, vstep), v_or_zero(vrow, 5u, lim, vstep),
-                           v_or_zero(vrow, 6u, lim, vstep), v_or_zero(vrow, 7u, lim, vstep));
-        let vc = vec4<f32>(v_or_zero(vrow, 8u, lim, vstep), v_or_zero(vrow, 9u, lim, vstep),
-                           v_or_zero(vrow, 10u, lim, vstep), v_or_zero(vrow, 11u, lim, vstep));
-        let vdd = vec4<f32>(v_or_zero(vrow, 12u, lim, vstep), v_or_zero(vrow, 13u, lim, vstep),
-                            v_or_zero(vrow, 14u, lim, vstep), v_or_zero(vrow, 15u, lim, vstep));
 
         // U = K S, row tile sg, both column tiles (written out: every operand is a named
         // register, loaded before its products).
@@ -315,6 +324,16 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         ka5 = k_rows(next * hk + k_off + 80u, hk);
         ka6 = k_rows(next * hk + k_off + 96u, hk);
         ka7 = k_rows(next * hk + k_off + 112u, hk);
+        let gamma_c = exp(g_last);
+        let next_len = min(CHUNK, seg_end - next);
+        g_last = gate_beta[(next + next_len - 1u) * hv_count + hv].x;
+        g_row = gate_beta[(next + min(t % CHUNK, next_len - 1u)) * hv_count + hv].x;
+        let vrow = ((next + t / BV) * hv_count + hv) * vd + v0 + t % BV;
+        let next_lim = select(0u, next_len - t / BV, next_len > t / BV);
+        va = v_four(vrow, 0u, next_lim, vstep);
+        vb = v_four(vrow, 4u, next_lim, vstep);
+        vc = v_four(vrow, 8u, next_lim, vstep);
+        vdd = v_four(vrow, 12u, next_lim, vstep);
         for (var n = 0u; n < BV / 2u; n++) {
             let e = t + WG * n;
             let row = e / BV;
@@ -327,7 +346,6 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         workgroupBarrier();
 
         // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V').
-        let gamma_c = exp(g_last);
         s00 = gamma_c * s00;
         s01 = gamma_c * s01;
         s10 = gamma_c * s10;
@@ -358,8 +376,7 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         s11 = coopMultiplyAdd(kc31, y31, s11);
         if (c + 1u < n_chunks) {
             let dst = (first_chunk + c + 1u) * chunk_stride + cbase;
-            publish_half(t, sg, 0u, s00, s01, STORE_CHUNKS, dst, vd);
-            publish_half(t, sg, 1u, s10, s11, STORE_CHUNKS, dst, vd);
+            publish(t, sg, s00, s01, s10, s11, STORE_CHUNKS, dst, vd);
         }
     }
 

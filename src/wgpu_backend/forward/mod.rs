@@ -23,7 +23,7 @@ pub use prepare_qk::prepare_qk;
 pub use recurrent::{RecurrentForward, forward_algorithm, recurrent_rejects, recurrent_tiles};
 pub use state_scan::{ScanBuffers, ScanDims, ScanMath, state_scan, state_scan_with_math};
 pub use chunk_output_coop::{ChunkOutputBuffers, chunk_output_coop};
-pub use state_chain_coop::{ChunkStores, CoopChainBuffers, state_chain_coop};
+pub use state_chain_coop::{CoopChainBuffers, state_chain_coop};
 pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
 pub(crate) use workspace::planned_windows;
 pub use workspace::{
@@ -887,11 +887,6 @@ fn record_scan(
             qg16,
             split: Some(split),
         } => {
-            let store = run.output.map(|(chunk_base, _, _)| ChunkStores {
-                chunk_base,
-                states16: &split.states16,
-                vprime16: &split.vprime16,
-            });
             let bufs = CoopChainBuffers {
                 k16,
                 v: run.v,
@@ -900,8 +895,9 @@ fn record_scan(
                 segments: run.segments,
                 segments_per_head: run.segments_per_head,
                 state: run.state,
-                store,
-                unused: &split.vprime16,
+                chunk_base: run.output.map(|(chunk_base, _, _)| chunk_base),
+                states16: &split.states16,
+                vprime16: &split.vprime16,
             };
             state_chain_coop(ctx, encoder, run.params, &bufs, run.num_segments, hv)?;
             let Some((_, chunks, num_chunks)) = run.output else {

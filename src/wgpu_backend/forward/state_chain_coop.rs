@@ -27,17 +27,10 @@ pub struct CoopChainBuffers<'a> {
     pub segments_per_head: bool,
     /// Start states on entry, end states on exit.
     pub state: &'a GpuTensor,
-    /// Where the chunk-start states and V' go; `None`: end states only (a scan whose o is
-    /// not wanted).
-    pub store: Option<ChunkStores<'a>>,
-    /// Bound in place of the stores' buffers when `store` is `None` (never written then).
-    pub unused: &'a GpuTensor,
-}
-
-/// The chain's per-chunk outputs.
-pub struct ChunkStores<'a> {
-    /// Per segment: the ordinal (row of the chunk table) of its first chunk.
-    pub chunk_base: &'a wgpu::Buffer,
+    /// Per segment: the ordinal (row of the chunk table) of its first chunk; `None`: a scan
+    /// whose o is not wanted, which stores only the end states (`states16` and `vprime16`
+    /// are bound but not written).
+    pub chunk_base: Option<&'a wgpu::Buffer>,
     /// `[chunks, HV, K, V]` f16: each chunk's start state.
     pub states16: &'a GpuTensor,
     /// `[B·T + 64, HV, V]` f16: V'.
@@ -55,13 +48,8 @@ pub fn state_chain_coop(
 ) -> Result<()> {
     let value_dim = bufs.v.shape[bufs.v.shape.len() - 1];
     check_coop_shapes(bufs.k16, value_dim, &[("k16", bufs.k16), ("gated16", bufs.gated16)])?;
-    let (chunk_base, states16, vprime16): (&wgpu::Buffer, &GpuTensor, &GpuTensor) =
-        match &bufs.store {
-            Some(s) => (s.chunk_base, s.states16, s.vprime16),
-            None => (bufs.segments, bufs.unused, bufs.unused),
-        };
     let per_head = if bufs.segments_per_head { 1.0 } else { 0.0 };
-    let store = if bufs.store.is_some() { 1.0 } else { 0.0 };
+    let store = if bufs.chunk_base.is_some() { 1.0 } else { 0.0 };
     Launch {
         name: "state_chain_coop",
         source: source(Pass::StateChainCoop, bufs.v.dtype)?,
@@ -75,9 +63,9 @@ pub fn state_chain_coop(
             bufs.gated16,
             bufs.segments,
             bufs.state,
-            chunk_base,
-            states16,
-            vprime16,
+            bufs.chunk_base.unwrap_or(bufs.segments),
+            bufs.states16,
+            bufs.vprime16,
         ]),
         grid: Grid([
             (num_segments, "segments"),
