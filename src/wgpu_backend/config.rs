@@ -231,7 +231,11 @@ impl Config {
                 None | Some("off") => false,
                 Some("on") => true,
                 Some(other) => {
-                    return Err(Error::value("GDN_SCAN_SPLIT", "on or off", format!("{other:?}")));
+                    return Err(Error::value(
+                        "GDN_SCAN_SPLIT",
+                        "on or off",
+                        format!("{other:?}"),
+                    ));
                 }
             },
         })

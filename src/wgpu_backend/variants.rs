@@ -105,7 +105,8 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             "state_scan_coop",
             &[("SEGMENTS_PER_HEAD", 1.0)],
         ));
-        for per_head in [0.0, 1.0] {
+        let chain_fits = crate::wgpu_backend::forward::STATE_CHAIN_COOP_BYTES <= bytes;
+        for per_head in [0.0, 1.0].into_iter().filter(|_| chain_fits) {
             for store in [0.0, 1.0] {
                 out.push(variant(
                     Pass::StateChainCoop,
@@ -114,7 +115,9 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
                 ));
             }
         }
-        out.push(variant(Pass::ChunkOutputCoop, "chunk_output_coop", &[]));
+        if chain_fits {
+            out.push(variant(Pass::ChunkOutputCoop, "chunk_output_coop", &[]));
+        }
     }
     // The backward scans' widths: those `backward::scan_v_block` picks from.
     for bv in [64, 32, 16] {

@@ -4,26 +4,26 @@
 //! ([`RecurrentForward`]). Everything is recorded into the caller's encoder; nothing is
 //! submitted or read back here.
 
+mod chunk_output_coop;
 mod prepare_gate;
 mod prepare_qk;
 mod recurrent;
 mod segment_combine;
 mod segment_window;
-mod state_scan;
 mod state_chain_coop;
+mod state_scan;
 mod state_scan_coop;
-mod chunk_output_coop;
 mod workspace;
 mod wy_inverse;
 mod wy_inverse_coop;
 
 pub use crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES;
+pub use chunk_output_coop::{ChunkOutputBuffers, chunk_output_coop};
 pub use prepare_gate::{PrepareGateBuffers, prepare_gate};
 pub use prepare_qk::prepare_qk;
 pub use recurrent::{RecurrentForward, forward_algorithm, recurrent_rejects, recurrent_tiles};
+pub use state_chain_coop::{CoopChainBuffers, STATE_CHAIN_COOP_BYTES, state_chain_coop};
 pub use state_scan::{ScanBuffers, ScanDims, ScanMath, state_scan, state_scan_with_math};
-pub use chunk_output_coop::{ChunkOutputBuffers, chunk_output_coop};
-pub use state_chain_coop::{CoopChainBuffers, state_chain_coop};
 pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
 pub(crate) use workspace::planned_windows;
 pub use workspace::{
@@ -619,7 +619,17 @@ fn record_window(
     };
 
     let scan = |encoder: &mut wgpu::CommandEncoder, run: ScanRun<'_>| {
-        record_scan(ctx, encoder, ws.path, &scan_scratch, gate_beta, q, k, timer, run)
+        record_scan(
+            ctx,
+            encoder,
+            ws.path,
+            &scan_scratch,
+            gate_beta,
+            q,
+            k,
+            timer,
+            run,
+        )
     };
     let windowed_segments = ws.segmented.is_some() && ws.segment_window.is_some();
     ws.last_windowed

@@ -10,6 +10,10 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 use super::state_scan_coop::check_coop_shapes;
 
+/// Workgroup bytes the chain declares (s16, x16 in f16; the whole-state staging tile, the zero
+/// tile, γ and the decays in f32): a device with less runs the one-pass coop scan.
+pub const STATE_CHAIN_COOP_BYTES: u32 = 2 * (4096 + 2048) + 4 * (4096 + 256 + 64 + 64);
+
 /// The tensors the chain reads and writes.
 pub struct CoopChainBuffers<'a> {
     /// `[B·T + 64, H, K]` f16 (see `to_half`).
@@ -47,7 +51,11 @@ pub fn state_chain_coop(
     heads_v: usize,
 ) -> Result<()> {
     let value_dim = bufs.v.shape[bufs.v.shape.len() - 1];
-    check_coop_shapes(bufs.k16, value_dim, &[("k16", bufs.k16), ("gated16", bufs.gated16)])?;
+    check_coop_shapes(
+        bufs.k16,
+        value_dim,
+        &[("k16", bufs.k16), ("gated16", bufs.gated16)],
+    )?;
     let per_head = if bufs.segments_per_head { 1.0 } else { 0.0 };
     let store = if bufs.chunk_base.is_some() { 1.0 } else { 0.0 };
     Launch {

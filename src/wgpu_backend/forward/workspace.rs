@@ -80,7 +80,7 @@ pub(crate) enum ScanScratch {
         k16: GpuTensor,
         qg16: GpuTensor,
         /// The split forward's (`GDN_SCAN_SPLIT=on`): what the chain leaves for the output pass.
-        split: Option<SplitScratch>,
+        split: Option<Box<SplitScratch>>,
     },
 }
 
@@ -93,9 +93,12 @@ pub(crate) struct SplitScratch {
     pub vprime16: GpuTensor,
 }
 
-/// Whether a forward on `path` runs the split coop scan (`GDN_SCAN_SPLIT`).
+/// Whether a forward on `path` runs the split coop scan (`GDN_SCAN_SPLIT`; devices whose
+/// workgroup memory fits its chain).
 pub(crate) fn split_scan(ctx: &Context, path: ComputePath) -> bool {
-    path == ComputePath::CoopMatrix && ctx.config().scan_split
+    path == ComputePath::CoopMatrix
+        && ctx.config().scan_split
+        && ctx.tuning.workgroup_bytes >= super::STATE_CHAIN_COOP_BYTES
 }
 
 /// Per row of a segment table (start, length, slot): the chunk ordinal of its first chunk,
@@ -385,7 +388,7 @@ impl ForwardWorkspace {
                 split: if split_scan(ctx, path) {
                     let chunks = tables.iter().map(|w| w.num_chunks).max().unwrap_or(0);
                     let v = problem.value_dim;
-                    Some(SplitScratch {
+                    Some(Box::new(SplitScratch {
                         states16: GpuTensor::scratch(
                             ctx,
                             "chunk states16",
@@ -398,7 +401,7 @@ impl ForwardWorkspace {
                             &[tokens + CHUNK, hv, v],
                             DType::F16,
                         )?,
-                    })
+                    }))
                 } else {
                     None
                 },
@@ -793,5 +796,18 @@ impl Segmented {
             scan_problem,
             trans_problem,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_bases;
+
+    /// Chunk ordinals count whole and partial chunks in table order; a row of length 0 takes
+    /// none.
+    #[test]
+    fn chunk_bases_count_each_rows_chunks() {
+        let table = [0, 1, 0, 1, 1, 1, 2, 65, 2, 67, 0, 3, 67, 128, 4, 195, 64, 5];
+        assert_eq!(chunk_bases(&table), vec![0, 1, 2, 4, 4, 6]);
     }
 }
