@@ -24,7 +24,9 @@ const BV: u32 = 32u;        // V-block width
 const KD: u32 = 128u;       // key dimension
 const WG: u32 = 128u;       // invocations
 
-var<workgroup> stage: array<f32, 64u * BV>;  // O in f32, [64][BV]
+const FP: u32 = 40u;        // row pitch of stage: rows 160 B apart spread the tile stores over the banks
+
+var<workgroup> stage: array<f32, 64u * FP>;  // O in f32, [64][BV]
 var<workgroup> zero: array<f32, 256>;
 
 fn q_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
@@ -86,9 +88,10 @@ fn chunk_output_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup
         o0 = coopMultiplyAdd(pa, b0, o0);
         o1 = coopMultiplyAdd(pa, b1, o1);
     }
-    let ui = 16u * sg * BV;
-    coopStoreT(o0, &stage[ui], BV);
-    coopStoreT(o1, &stage[ui + 16u], BV);
+    let ui = 16u * sg * FP;
+    let ui1 = ui + 16u;
+    coopStoreT(o0, &stage[ui], FP);
+    coopStoreT(o1, &stage[ui1], FP);
     workgroupBarrier();
 
     // O's valid rows, element pairs (packed storage writes whole words).
@@ -98,8 +101,8 @@ fn chunk_output_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup
         let col = 2u * (pr % (BV / 2u));
         if (i < len) {
             let oi = ((start + i) * hv_count + hv) * vd + v0 + col;
-            let a = params.scale * stage[i * BV + col];
-            let b = params.scale * stage[i * BV + col + 1u];
+            let a = params.scale * stage[i * FP + col];
+            let b = params.scale * stage[i * FP + col + 1u];
             if (ELEMS_PER_WORD == 2u) {
                 o_buf[elem_word(oi)] = pack_pair(a, b);
             } else {

@@ -30,9 +30,15 @@ const BV: u32 = 32u;        // V-block width
 const KD: u32 = 128u;       // key dimension (the state tiles below are named registers)
 const WG: u32 = 128u;       // invocations
 
-var<workgroup> s16: array<f16, 128u * BV>;   // S rounded to f16, [K][BV]
-var<workgroup> x16: array<f16, 64u * BV>;    // W, then V', then (γ_C/γ) ⊙ V', [64][BV]
-var<workgroup> stage: array<f32, 128u * BV>; // f32 staging: U, V' ([64][BV]); or S ([K][BV])
+// Rows of the workgroup tiles are padded (BV = 32 → 40 elements: 80 B for f16, 160 B for f32)
+// so that the 16-row cooperative loads and stores spread over the banks instead of hitting
+// the same few (rows 64 B or 128 B apart alias).
+const SP: u32 = 40u;        // row pitch of s16 and x16 (f16)
+const FP: u32 = 40u;        // row pitch of stage (f32)
+
+var<workgroup> s16: array<f16, 128u * SP>;   // S rounded to f16, [K][BV]
+var<workgroup> x16: array<f16, 64u * SP>;    // W, then (γ_C/γ) ⊙ V', [64][BV]
+var<workgroup> stage: array<f32, 128u * FP>; // f32 staging: U, V' ([64][BV]); or S ([K][BV])
 var<workgroup> zero: array<f32, 256>;
 var<workgroup> gam: array<f32, 64>;          // γ_i = exp(G_i)
 var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
@@ -52,13 +58,13 @@ fn k_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
 
 // Tile (r, c) of s16 or x16.
 fn s_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], BV);
+    let i = 16u * (r * SP + c);
+    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], SP);
 }
 
 fn x_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], BV);
+    let i = 16u * (r * SP + c);
+    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], SP);
 }
 
 fn zero_acc() -> coop_mat16x16<f32, C> {
@@ -66,7 +72,7 @@ fn zero_acc() -> coop_mat16x16<f32, C> {
 }
 
 fn store_tile(m: coop_mat16x16<f32, C>, i: u32) {
-    coopStoreT(m, &stage[i], BV);
+    coopStoreT(m, &stage[i], FP);
 }
 
 // Element n of this invocation's V column (chunk row t / BV + n·128/BV), 0 past the chunk.
@@ -79,7 +85,9 @@ fn v_or_zero(row0: u32, n: u32, lim: u32, step: u32) -> f32 {
 // Element (t / BV + n·128/BV, t % BV) of W = V − γ ⊙ U (U in stage).
 fn w_elem(t: u32, n: u32, v: f32, lim: u32) {
     let e = t + WG * n;
-    x16[e] = f16(select(0.0, v - gam[e / BV] * stage[e], n * (WG / BV) < lim));
+    let row = e / BV;
+    let col = e % BV;
+    x16[row * SP + col] = f16(select(0.0, v - gam[row] * stage[row * FP + col], n * (WG / BV) < lim));
 }
 
 // Elements n0 .. n0 + 3 of this invocation's V column (see v_or_zero).
@@ -94,18 +102,20 @@ fn v_four(row0: u32, n0: u32, lim: u32, step: u32) -> vec4<f32> {
 fn publish(t: u32, sg: u32, s00: coop_mat16x16<f32, C>, s01: coop_mat16x16<f32, C>,
            s10: coop_mat16x16<f32, C>, s11: coop_mat16x16<f32, C>, store: bool, dst: u32,
            vd: u32) {
-    let base = 32u * BV * sg;
+    let base = 32u * FP * sg;
     store_tile(s00, base);
     store_tile(s01, base + 16u);
-    store_tile(s10, base + 16u * BV);
-    store_tile(s11, base + 16u * BV + 16u);
+    store_tile(s10, base + 16u * FP);
+    store_tile(s11, base + 16u * FP + 16u);
     workgroupBarrier();
     for (var n = 0u; n < BV; n++) {
         let e = t + WG * n;
-        let x = f16(stage[e]);
-        s16[e] = x;
+        let row = e / BV;
+        let col = e % BV;
+        let x = f16(stage[row * FP + col]);
+        s16[row * SP + col] = x;
         if (store) {
-            states16[dst + (e / BV) * vd + e % BV] = x;
+            states16[dst + row * vd + col] = x;
         }
     }
     workgroupBarrier();
@@ -176,7 +186,7 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
 
     // This invocation's elements of V: column t % BV, rows t / BV + n·(128/BV).
     let vstep = (WG / BV) * hv_count * vd;
-    let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
+    let ui = 16u * sg * FP;                 // this subgroup's row tile in `stage`
     let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
     // This chunk's rows of K, the A operands of K S: loaded one chunk ahead (the loads of
     // chunk c + 1 are issued during chunk c's state update).
@@ -337,11 +347,12 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         for (var n = 0u; n < BV / 2u; n++) {
             let e = t + WG * n;
             let row = e / BV;
-            let x = stage[e];
+            let col = e % BV;
+            let x = stage[row * FP + col];
             if (STORE_CHUNKS && row < len) {
-                vprime16[((start + row) * hv_count + hv) * vd + v0 + e % BV] = f16(x);
+                vprime16[((start + row) * hv_count + hv) * vd + v0 + col] = f16(x);
             }
-            x16[e] = f16(x * dec[row]);
+            x16[row * SP + col] = f16(x * dec[row]);
         }
         workgroupBarrier();
 

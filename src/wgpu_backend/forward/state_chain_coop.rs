@@ -10,9 +10,10 @@ use crate::wgpu_backend::{Context, GpuTensor};
 
 use super::state_scan_coop::check_coop_shapes;
 
-/// Workgroup bytes the chain declares (s16, x16 in f16; the whole-state staging tile, the zero
-/// tile, γ and the decays in f32): a device with less runs the one-pass coop scan.
-pub const STATE_CHAIN_COOP_BYTES: u32 = 2 * (4096 + 2048) + 4 * (4096 + 256 + 64 + 64);
+/// Workgroup bytes the chain declares (s16, x16 in f16 and the whole-state staging tile in f32,
+/// rows padded to 40 elements; the zero tile, γ and the decays in f32): a device with less
+/// runs the one-pass coop scan.
+pub const STATE_CHAIN_COOP_BYTES: u32 = 2 * (128 + 64) * 40 + 4 * (128 * 40 + 256 + 64 + 64);
 
 /// The tensors the chain reads and writes.
 pub struct CoopChainBuffers<'a> {
