@@ -9,7 +9,7 @@ use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 12] = [
+pub const VARIABLES: [&str; 13] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
@@ -22,6 +22,7 @@ pub const VARIABLES: [&str; 12] = [
     "GDN_MAX_BUFFER_BYTES",
     "GDN_BACKWARD_BUDGET",
     "GDN_BACKWARD_PATH",
+    "GDN_SCAN_SPLIT",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -170,6 +171,10 @@ pub struct Config {
     /// compute path; unset, the backward follows the forward's (coop where the forward takes
     /// it, else scalar; `wgpu_backend::backward::backward_path`).
     pub backward_path: Option<ComputePath>,
+    /// `GDN_SCAN_SPLIT` (`on` or `off`, unset: off): the coop forward's split scan — the
+    /// sequential chain computes only V' and the chunk-start states, and a parallel pass
+    /// (`chunk_output_coop`) computes o from them (docs/passes.md).
+    pub scan_split: bool,
 }
 
 /// The least `GDN_MAX_BINDING_BYTES`: one 64-token chunk of the forward's largest per-token
@@ -241,6 +246,17 @@ impl Config {
                 .map(|s| MemoryBudget::parse("GDN_BACKWARD_BUDGET", &s))
                 .transpose()?,
             backward_path,
+            scan_split: match lookup("GDN_SCAN_SPLIT").as_deref().map(str::trim) {
+                None | Some("off") => false,
+                Some("on") => true,
+                Some(other) => {
+                    return Err(Error::value(
+                        "GDN_SCAN_SPLIT",
+                        "on or off",
+                        format!("{other:?}"),
+                    ));
+                }
+            },
         })
     }
 

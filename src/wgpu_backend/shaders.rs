@@ -28,6 +28,10 @@ pub enum Pass {
     WyInverseCoop,
     /// The sequential scan on cooperative matrices.
     StateScanCoop,
+    /// `forward/state_chain_coop.wgsl`: the split coop forward's chain (states and V' only).
+    StateChainCoop,
+    /// `forward/chunk_output_coop.wgsl`: the split coop forward's o, every chunk at once.
+    ChunkOutputCoop,
     /// Intra-device sequence parallelism: segment start states from transitions and ends.
     SegmentCombine,
     /// `forward/segment_window.wgsl`: the gate-driven warm-up length per (segment, v-head).
@@ -75,7 +79,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 26] = [
+    pub const ALL: [Pass; 28] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -83,6 +87,8 @@ impl Pass {
         Pass::StateScanF16,
         Pass::WyInverseCoop,
         Pass::StateScanCoop,
+        Pass::StateChainCoop,
+        Pass::ChunkOutputCoop,
         Pass::SegmentCombine,
         Pass::SegmentWindow,
         Pass::StateRecompute,
@@ -114,6 +120,8 @@ impl Pass {
             Pass::StateScanF16 => "forward/state_scan.wgsl",
             Pass::WyInverseCoop => "forward/wy_inverse_coop.wgsl",
             Pass::StateScanCoop => "forward/state_scan_coop.wgsl",
+            Pass::StateChainCoop => "forward/state_chain_coop.wgsl",
+            Pass::ChunkOutputCoop => "forward/chunk_output_coop.wgsl",
             Pass::SegmentCombine => "forward/segment_combine.wgsl",
             Pass::SegmentWindow => "forward/segment_window.wgsl",
             Pass::StateRecompute => "backward/state_recompute.wgsl",
@@ -144,6 +152,8 @@ impl Pass {
                 include_str!("../../shaders/forward/state_scan.wgsl")
             }
             Pass::StateScanCoop => include_str!("../../shaders/forward/state_scan_coop.wgsl"),
+            Pass::StateChainCoop => include_str!("../../shaders/forward/state_chain_coop.wgsl"),
+            Pass::ChunkOutputCoop => include_str!("../../shaders/forward/chunk_output_coop.wgsl"),
             Pass::SegmentCombine => include_str!("../../shaders/forward/segment_combine.wgsl"),
             Pass::SegmentWindow => include_str!("../../shaders/forward/segment_window.wgsl"),
             Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
@@ -194,7 +204,9 @@ impl Pass {
             | Pass::StateScan
             | Pass::StateScanF16
             | Pass::WyInverseCoop
-            | Pass::StateScanCoop => &FORWARD_STORAGE_DTYPES,
+            | Pass::StateScanCoop
+            | Pass::StateChainCoop
+            | Pass::ChunkOutputCoop => &FORWARD_STORAGE_DTYPES,
             // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
             Pass::StateRecompute
             | Pass::StateRecomputeCoop
@@ -271,6 +283,8 @@ impl Pass {
             Pass::StateScanF16 => &["f16"],
             Pass::WyInverseCoop => &["f16"],
             Pass::StateScanCoop
+            | Pass::StateChainCoop
+            | Pass::ChunkOutputCoop
             | Pass::StateRecomputeCoop
             | Pass::DhScanCoop
             | Pass::StateGradCoop => &["f16", "wgpu_cooperative_matrix"],

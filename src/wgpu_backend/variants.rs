@@ -112,6 +112,19 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
         ));
         out.push(variant(Pass::DhScanCoop, "dh_scan_coop", &[]));
         out.push(variant(Pass::StateGradCoop, "state_grad_coop", &[]));
+        let chain_fits = crate::wgpu_backend::forward::STATE_CHAIN_COOP_BYTES <= bytes;
+        for per_head in [0.0, 1.0].into_iter().filter(|_| chain_fits) {
+            for store in [0.0, 1.0] {
+                out.push(variant(
+                    Pass::StateChainCoop,
+                    "state_chain_coop",
+                    &[("SEGMENTS_PER_HEAD", per_head), ("STORE_CHUNKS", store)],
+                ));
+            }
+        }
+        if chain_fits {
+            out.push(variant(Pass::ChunkOutputCoop, "chunk_output_coop", &[]));
+        }
     }
     // The backward scans' widths: those `backward::scan_v_block` picks from.
     for bv in [64, 32, 16] {

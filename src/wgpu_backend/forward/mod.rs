@@ -4,11 +4,13 @@
 //! ([`RecurrentForward`]). Everything is recorded into the caller's encoder; nothing is
 //! submitted or read back here.
 
+mod chunk_output_coop;
 mod prepare_gate;
 mod prepare_qk;
 mod recurrent;
 mod segment_combine;
 mod segment_window;
+mod state_chain_coop;
 mod state_scan;
 mod state_scan_coop;
 mod workspace;
@@ -16,9 +18,11 @@ mod wy_inverse;
 mod wy_inverse_coop;
 
 pub use crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES;
+pub use chunk_output_coop::{ChunkOutputBuffers, chunk_output_coop};
 pub use prepare_gate::{PrepareGateBuffers, prepare_gate};
 pub use prepare_qk::prepare_qk;
 pub use recurrent::{RecurrentForward, forward_algorithm, recurrent_rejects, recurrent_tiles};
+pub use state_chain_coop::{CoopChainBuffers, STATE_CHAIN_COOP_BYTES, state_chain_coop};
 pub use state_scan::{ScanBuffers, ScanDims, ScanMath, state_scan, state_scan_with_math};
 pub use state_scan_coop::{CoopScanBuffers, state_scan_coop};
 pub(crate) use workspace::planned_windows;
@@ -560,7 +564,12 @@ fn record_window(
             mark(encoder, "wy_inverse");
             ScanScratch::Scalar { gated }
         }
-        ScanScratch::Coop { gated16, k16, qg16 } => {
+        ScanScratch::Coop {
+            gated16,
+            k16,
+            qg16,
+            split,
+        } => {
             let padded = rows + CHUNK;
             let (gated16, k16, qg16) = (
                 scratch_rows(gated16, padded)?,
@@ -600,12 +609,27 @@ fn record_window(
                 hv,
             )?;
             mark(encoder, "wy_inverse");
-            ScanScratch::Coop { gated16, k16, qg16 }
+            ScanScratch::Coop {
+                gated16,
+                k16,
+                qg16,
+                split: split.clone(),
+            }
         }
     };
 
     let scan = |encoder: &mut wgpu::CommandEncoder, run: ScanRun<'_>| {
-        record_scan(ctx, encoder, ws.path, &scan_scratch, gate_beta, q, k, run)
+        record_scan(
+            ctx,
+            encoder,
+            ws.path,
+            &scan_scratch,
+            gate_beta,
+            q,
+            k,
+            timer,
+            run,
+        )
     };
     let windowed_segments = ws.segmented.is_some() && ws.segment_window.is_some();
     ws.last_windowed
@@ -660,6 +684,7 @@ fn record_window(
                     v: &v,
                     state: &ends,
                     o: &o,
+                    output: None,
                 },
             )?;
             segment_combine::fill_identity(ctx, encoder, &st.identity_params, &trans)?;
@@ -674,6 +699,7 @@ fn record_window(
                     v: &zero_v,
                     state: &trans,
                     o: &trans_o,
+                    output: None,
                 },
             )?;
             mark(encoder, "segment_scans");
@@ -722,6 +748,7 @@ fn record_window(
                     v: &v,
                     state: &starts,
                     o: &o,
+                    output: Some((&st.chunk_base, chunks, num_chunks)),
                 },
             )?;
             if ws.segment_window.is_some() {
@@ -752,6 +779,7 @@ fn record_window(
                     v: &v,
                     state: &state,
                     o: &o,
+                    output: Some((&wt.chunk_base, chunks, num_chunks)),
                 },
             )?;
             mark(encoder, "state_scan");
@@ -817,6 +845,9 @@ struct ScanRun<'a> {
     v: &'a GpuTensor,
     state: &'a GpuTensor,
     o: &'a GpuTensor,
+    /// Where o is wanted: the segment table's chunk bases, the window's chunk table and its
+    /// rows (the split coop scan's output pass). `None`: a scan whose o is discarded.
+    output: Option<(&'a wgpu::Buffer, &'a wgpu::Buffer, usize)>,
 }
 
 /// Record the scan of `path` for `run` over the window's scratch.
@@ -829,6 +860,7 @@ fn record_scan(
     gate_beta: &GpuTensor,
     q: &GpuTensor,
     k: &GpuTensor,
+    timer: Option<&GpuTimer>,
     run: ScanRun<'_>,
 ) -> Result<()> {
     let hv = run.problem.heads_v;
@@ -859,7 +891,47 @@ fn record_scan(
             };
             state_scan_with_math(ctx, encoder, run.params, &bufs, dims, math)
         }
-        ScanScratch::Coop { gated16, k16, qg16 } => {
+        ScanScratch::Coop {
+            gated16,
+            k16,
+            qg16,
+            split: Some(split),
+        } => {
+            let bufs = CoopChainBuffers {
+                k16,
+                v: run.v,
+                gate_beta,
+                gated16,
+                segments: run.segments,
+                segments_per_head: run.segments_per_head,
+                state: run.state,
+                chunk_base: run.output.map(|(chunk_base, _, _)| chunk_base),
+                states16: &split.states16,
+                vprime16: &split.vprime16,
+            };
+            state_chain_coop(ctx, encoder, run.params, &bufs, run.num_segments, hv)?;
+            let Some((_, chunks, num_chunks)) = run.output else {
+                return Ok(());
+            };
+            if let Some(t) = timer {
+                t.mark(encoder, "state_chain");
+            }
+            let bufs = ChunkOutputBuffers {
+                qg16,
+                gated16,
+                chunks,
+                states16: &split.states16,
+                vprime16: &split.vprime16,
+                o: run.o,
+            };
+            chunk_output_coop(ctx, encoder, run.params, &bufs, num_chunks, hv)
+        }
+        ScanScratch::Coop {
+            gated16,
+            k16,
+            qg16,
+            split: None,
+        } => {
             let bufs = CoopScanBuffers {
                 qg16,
                 k16,

@@ -41,29 +41,16 @@ pub fn state_scan_coop(
     num_segments: usize,
     heads_v: usize,
 ) -> Result<()> {
-    let key_dim = bufs.k16.shape[bufs.k16.shape.len() - 1];
     let value_dim = bufs.v.shape[bufs.v.shape.len() - 1];
-    if key_dim != COOP_KEY_DIM || !value_dim.is_multiple_of(COOP_V_BLOCK) {
-        return Err(Error::unsupported(
-            "compute path",
-            format!(
-                "the coop scan at K = {key_dim}, V = {value_dim} (needs K = {COOP_KEY_DIM}, V a multiple of {COOP_V_BLOCK})"
-            ),
-        ));
-    }
-    for (name, t) in [
-        ("qg16", bufs.qg16),
-        ("k16", bufs.k16),
-        ("gated16", bufs.gated16),
-    ] {
-        if t.dtype != DType::F16 {
-            return Err(Error::DType {
-                name: name.into(),
-                expected: "F16".into(),
-                got: t.dtype.to_string(),
-            });
-        }
-    }
+    check_coop_shapes(
+        bufs.k16,
+        value_dim,
+        &[
+            ("qg16", bufs.qg16),
+            ("k16", bufs.k16),
+            ("gated16", bufs.gated16),
+        ],
+    )?;
     Launch {
         name: "state_scan_coop",
         source: source(Pass::StateScanCoop, bufs.v.dtype)?,
@@ -91,4 +78,32 @@ pub fn state_scan_coop(
         ]),
     }
     .record(ctx, encoder)
+}
+
+/// The coop passes' shapes: K = 128 (the last dimension of `keyed`), V a multiple of the
+/// V-block, and the f16 operands in f16.
+pub(super) fn check_coop_shapes(
+    keyed: &GpuTensor,
+    value_dim: usize,
+    halves: &[(&str, &GpuTensor)],
+) -> Result<()> {
+    let key_dim = keyed.shape[keyed.shape.len() - 1];
+    if key_dim != COOP_KEY_DIM || !value_dim.is_multiple_of(COOP_V_BLOCK) {
+        return Err(Error::unsupported(
+            "compute path",
+            format!(
+                "the coop scan at K = {key_dim}, V = {value_dim} (needs K = {COOP_KEY_DIM}, V a multiple of {COOP_V_BLOCK})"
+            ),
+        ));
+    }
+    for &(name, t) in halves {
+        if t.dtype != DType::F16 {
+            return Err(Error::DType {
+                name: name.into(),
+                expected: "F16".into(),
+                got: t.dtype.to_string(),
+            });
+        }
+    }
+    Ok(())
 }

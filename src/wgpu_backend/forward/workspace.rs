@@ -53,7 +53,7 @@ fn plan_windows(
     segment_chunks: Option<usize>,
     extra: Option<&WindowCosts>,
 ) -> Result<Vec<TokenWindow>> {
-    let mut costs = window_costs(problem, dtype, path, segment_chunks);
+    let mut costs = window_costs(problem, dtype, path, segment_chunks, split_scan(ctx, path));
     if let Some(extra) = extra {
         costs = costs.union(extra);
     }
@@ -79,7 +79,41 @@ pub(crate) enum ScanScratch {
         gated16: GpuTensor,
         k16: GpuTensor,
         qg16: GpuTensor,
+        /// The split forward's (`GDN_SCAN_SPLIT=on`): what the chain leaves for the output pass.
+        split: Option<Box<SplitScratch>>,
     },
+}
+
+/// The split coop forward's chain outputs (f16), sized for the largest window.
+#[derive(Debug, Clone)]
+pub(crate) struct SplitScratch {
+    /// `[chunks, HV, K, V]`: each chunk's start state.
+    pub states16: GpuTensor,
+    /// `[tokens + 64, HV, V]`: V' (one chunk of padding rows, as the other f16 operands).
+    pub vprime16: GpuTensor,
+}
+
+/// Whether a forward on `path` runs the split coop scan (`GDN_SCAN_SPLIT`; devices whose
+/// workgroup memory fits its chain).
+pub(crate) fn split_scan(ctx: &Context, path: ComputePath) -> bool {
+    path == ComputePath::CoopMatrix
+        && ctx.config().scan_split
+        && ctx.tuning.workgroup_bytes >= super::STATE_CHAIN_COOP_BYTES
+}
+
+/// Per row of a segment table (start, length, slot): the chunk ordinal of its first chunk,
+/// chunks counted in table order (the chunk table's order: segments cut sequences at chunk
+/// boundaries).
+fn chunk_bases(segment_table: &[u32]) -> Vec<u32> {
+    let mut next = 0u32;
+    segment_table
+        .chunks(3)
+        .map(|row| {
+            let base = next;
+            next += row[1].div_ceil(CHUNK as u32);
+            base
+        })
+        .collect()
 }
 
 /// Intra-device sequence parallelism: every sequence longer than `chunks` chunks is cut into
@@ -112,6 +146,8 @@ pub(crate) struct Segmented {
 #[derive(Debug)]
 pub(crate) struct SegmentTables {
     pub segments: wgpu::Buffer,
+    /// Per segment: the ordinal of its first chunk (the split scan's chunk-state rows).
+    pub chunk_base: wgpu::Buffer,
     pub num_segments: usize,
     pub seq_segments: wgpu::Buffer,
     pub scan_params: wgpu::Buffer,
@@ -152,6 +188,8 @@ pub(crate) struct WindowTables {
     pub params: wgpu::Buffer,
     pub chunks: wgpu::Buffer,
     pub segments: wgpu::Buffer,
+    /// Per segment: the ordinal of its first chunk (the split scan's chunk-state rows).
+    pub chunk_base: wgpu::Buffer,
     pub num_chunks: usize,
     pub num_segments: usize,
     pub segmented: Option<SegmentTables>,
@@ -347,6 +385,26 @@ impl ForwardWorkspace {
                 )?,
                 k16: GpuTensor::scratch(ctx, "k16", &[tokens + CHUNK, h, k], DType::F16)?,
                 qg16: GpuTensor::scratch(ctx, "qg16", &[tokens + CHUNK, hv, k], DType::F16)?,
+                split: if split_scan(ctx, path) {
+                    let chunks = tables.iter().map(|w| w.num_chunks).max().unwrap_or(0);
+                    let v = problem.value_dim;
+                    Some(Box::new(SplitScratch {
+                        states16: GpuTensor::scratch(
+                            ctx,
+                            "chunk states16",
+                            &[chunks.max(1), hv, k, v],
+                            DType::F16,
+                        )?,
+                        vprime16: GpuTensor::scratch(
+                            ctx,
+                            "vprime16",
+                            &[tokens + CHUNK, hv, v],
+                            DType::F16,
+                        )?,
+                    }))
+                } else {
+                    None
+                },
             },
         };
         let segmented = match segment_chunks {
@@ -439,13 +497,24 @@ impl ForwardWorkspace {
         tensors.extend(self.q_normed.iter().chain(self.k_normed.iter()));
         match &self.scan {
             ScanScratch::Scalar { gated } => tensors.push(gated),
-            ScanScratch::Coop { gated16, k16, qg16 } => tensors.extend([gated16, k16, qg16]),
+            ScanScratch::Coop {
+                gated16,
+                k16,
+                qg16,
+                split,
+            } => {
+                tensors.extend([gated16, k16, qg16]);
+                if let Some(sp) = split {
+                    tensors.extend([&sp.states16, &sp.vprime16]);
+                }
+            }
         }
         let mut small = self.gate_params.size();
         for w in &self.windows {
-            small += w.params.size() + w.chunks.size() + w.segments.size();
+            small += w.params.size() + w.chunks.size() + w.segments.size() + w.chunk_base.size();
             if let Some(st) = &w.segmented {
                 small += st.segments.size()
+                    + st.chunk_base.size()
                     + st.seq_segments.size()
                     + st.scan_params.size()
                     + st.trans_params.size()
@@ -538,6 +607,7 @@ fn window_costs(
     dtype: DType,
     path: ComputePath,
     segment_chunks: Option<usize>,
+    split: bool,
 ) -> WindowCosts {
     let (h, hv) = (problem.heads_qk as u64, problem.heads_v as u64);
     let (k, v) = (problem.key_dim as u64, problem.value_dim as u64);
@@ -555,6 +625,9 @@ fn window_costs(
         }
         ComputePath::CoopMatrix => {
             scratch.extend([hv * 2 * CHUNK as u64 * 2, h * k * 2, hv * k * 2]);
+            if split {
+                scratch.push(hv * v * 2);
+            }
             CHUNK
         }
     };
@@ -567,7 +640,8 @@ fn window_costs(
         offset_token_bytes: caller,
         pad_tokens,
         slot_bytes,
-        chunk_bytes: 0,
+        // The split scan's chunk-start states (their own binding; bounded with the slots).
+        chunk_bytes: if split { hv * k * v * 2 } else { 0 },
         segments: segment_chunks.map(|c| (c * CHUNK, hv * k * k.max(v) * 4)),
         max_rows: usize::MAX,
         part_tokens: None,
@@ -592,6 +666,7 @@ impl WindowTables {
             params: params.upload(ctx),
             chunks: upload_u32(ctx, "chunks", &chunk_table),
             segments: upload_u32(ctx, "segments", &segment_table),
+            chunk_base: upload_u32(ctx, "chunk bases", &chunk_bases(&segment_table)),
             num_chunks,
             num_segments,
             segmented,
@@ -664,6 +739,7 @@ impl SegmentTables {
             trans_rows: scratch("cp window transition rows", 3 * pairs),
             warmup: scratch("cp window warm-up", pairs),
             segments: upload_u32(ctx, "cp segments", &table),
+            chunk_base: upload_u32(ctx, "cp chunk bases", &chunk_bases(&table)),
             num_segments,
             seq_segments: upload_u32(ctx, "cp sequence segments", &seq_table),
             scan_params: params(&scan_problem).upload(ctx),
@@ -720,5 +796,18 @@ impl Segmented {
             scan_problem,
             trans_problem,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_bases;
+
+    /// Chunk ordinals count whole and partial chunks in table order; a row of length 0 takes
+    /// none.
+    #[test]
+    fn chunk_bases_count_each_rows_chunks() {
+        let table = [0, 1, 0, 1, 1, 1, 2, 65, 2, 67, 0, 3, 67, 128, 4, 195, 64, 5];
+        assert_eq!(chunk_bases(&table), vec![0, 1, 2, 4, 4, 6]);
     }
 }
