@@ -115,7 +115,7 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg) {
         const unsigned cols = (V + BV - 1) / BV + (local ? (K + BV - 1) / BV : 0);
 #define SEQ(BVV, KSS) emu::launch({cols, (unsigned)HV, (unsigned)NU}, 32 * KSS * BVV / 16, smem, [&] { \
         FWD_T(BVV, KSS)(pp, chunks.data(), units.data(), Q.data(), Kt.data(), Vt.data(), ws_f.data(), ws_a.data(), \
-                         ws_p.data(), H0, seg_start.data(), o.data(), ht.data(), seg_end.data()); });
+                         ws_p.data(), H0, seg_start.data(), o.data(), ht.data(), seg_end.data(), nullptr); });
 #ifdef OLD
 #define FWD_T(BVV, KSS) fwd<T, BVV>
 #else
@@ -131,8 +131,8 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg) {
         if (segmented) {
             seq_pass(true);
             gdn::combine::CombineParams cp{HV, K, V, flags};
-            emu::launch({(unsigned)((V + 31) / 32), (unsigned)HV, (unsigned)N}, 256, 4 * (2 * K * (K + 4) + K * 32), [&] {
-                gdn::combine::combine(cp, seq_units.data(), H0, seg_end.data(), seg_start.data()); });
+            emu::launch({(unsigned)((V + 7) / 8), (unsigned)HV, (unsigned)N}, 256, 4 * (2 * K * (K + 4) + 2 * K * 8 + 8 * (K + 4)), [&] {
+                gdn::combine::combine(cp, seq_units.data(), nullptr, H0, seg_end.data(), seg_start.data()); });
         }
         seq_pass(false);
     }

@@ -50,6 +50,7 @@ inline float2 __bfloat1622float2(__nv_bfloat162 v) { return {__bfloat162float(v.
 
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 
+inline float __uint_as_float(unsigned u) { float x; memcpy(&x, &u, 4); return x; }
 namespace emu {
 struct Warp {
     std::barrier<>* bar;
@@ -131,6 +132,36 @@ inline void mma(float* d, const unsigned* a, unsigned b0, unsigned b1) {
     for (int e = 0; e < 4; ++e) {
         double s = 0;
         for (int k = 0; k < 16; ++k) s += (double)A[rows[e]][k] * B[k][cols[e]];
+        d[e] += (float)s;
+    }
+}
+
+// cvt.rna.tf32.f32: round to 10 mantissa bits, ties away from zero (finite values).
+inline unsigned to_tf32(float x) {
+    uint32_t u; memcpy(&u, &x, 4);
+    return (u + 0x1000u) & 0xffffe000u;
+}
+// mma.sync m16n8k8 .tf32 (f32 bit patterns; the low 13 bits are ignored).
+inline void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    Warp& w = warp();
+    const int l = lane();
+    w.slot[l][0] = a[0]; w.slot[l][1] = a[1]; w.slot[l][2] = a[2]; w.slot[l][3] = a[3];
+    w.slot[l][4] = b0; w.slot[l][5] = b1;
+    warp_sync();
+    float A[16][8], B[8][8];
+    auto f = [](uint64_t r) { uint32_t u = (uint32_t)r & 0xffffe000u; float x; memcpy(&x, &u, 4); return x; };
+    for (int ln = 0; ln < 32; ++ln) {
+        const int g = ln >> 2, t = ln & 3;
+        A[g][t] = f(w.slot[ln][0]); A[g + 8][t] = f(w.slot[ln][1]);
+        A[g][t + 4] = f(w.slot[ln][2]); A[g + 8][t + 4] = f(w.slot[ln][3]);
+        B[t][g] = f(w.slot[ln][4]); B[t + 4][g] = f(w.slot[ln][5]);
+    }
+    warp_sync();
+    const int g = l >> 2, t = l & 3;
+    const int rows[4] = {g, g, g + 8, g + 8}, cols[4] = {2 * t, 2 * t + 1, 2 * t, 2 * t + 1};
+    for (int e = 0; e < 4; ++e) {
+        double s = 0;
+        for (int k = 0; k < 8; ++k) s += (double)A[rows[e]][k] * B[k][cols[e]];
         d[e] += (float)s;
     }
 }

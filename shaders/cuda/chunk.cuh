@@ -94,6 +94,46 @@ template <> struct MmaOp<__nv_bfloat16> {
     }
 };
 
+// TF32 tensor-core products for the prep's f32 inverse: an f32 value rounded to TF32 (the
+// f32 bits with 10 mantissa bits), and d += a·b for one m16n8k8 TF32 product (fragments:
+// PTX ISA, "mma.m16n8k8 with .tf32": a = (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4);
+// b = (t, g), (t + 4, g); d as m16n8k16's first half).
+__device__ __forceinline__ unsigned to_tf32(float x) {
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+}
+__device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// d += A·B for a 16 × 8 f32 A (row-major at a, stride lda) and an 8 × 8 f32 B (row-major at b,
+// stride ldb) from shared memory, as three TF32 products (3xTF32: each operand split into a
+// TF32 value and the TF32 rest; only the rest × rest term is dropped, ~2⁻²² relative).
+__device__ __forceinline__ void mma_f32x3(float* d, const float* a, int lda, const float* b, int ldb) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float av[4] = {a[g * lda + t], a[(g + 8) * lda + t], a[g * lda + t + 4], a[(g + 8) * lda + t + 4]};
+    const float bv[2] = {b[t * ldb + g], b[(t + 4) * ldb + g]};
+    unsigned ab[4], as[4], bb[2], bs[2];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        ab[e] = to_tf32(av[e]);
+        as[e] = to_tf32(av[e] - __uint_as_float(ab[e]));
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        bb[e] = to_tf32(bv[e]);
+        bs[e] = to_tf32(bv[e] - __uint_as_float(bb[e]));
+    }
+    mma_tf32(d, as, bb[0], bb[1]);
+    mma_tf32(d, ab, bs[0], bs[1]);
+    mma_tf32(d, ab, bb[0], bb[1]);
+}
+
 // d += a·b for one 16×16×16 tile.
 template <typename T>
 __device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
@@ -127,6 +167,11 @@ template <typename T> __device__ __forceinline__ unsigned pack2_rest(float lo, f
 constexpr int C = 64;          // chunk length
 constexpr int PREP_THREADS = 256;  // pass 1: 8 warps (4 blocks of 8 warps per SM)
 constexpr int MAX_K = 128;
+
+// Option bit of the prep (src/cuda_backend/chunked.rs PREP_FFMA): the inverse's block
+// products on the CUDA cores (f32 FMAs, two block barriers per block row) instead of 3xTF32
+// MMAs, for an A/B.
+constexpr int PREP_FFMA = 1 << 10;
 
 // Mirrors ChunkParams in src/cuda_backend/chunked.rs (repr(C), all 4-byte fields).
 struct ChunkParams {
@@ -237,6 +282,10 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     float* sg = reinterpret_cast<float*>(smem + 3 * PREP_TILE);
     float* sb = sg + C;
 
+    // q and k first, so that their copies are in flight while the gates load.
+    const size_t qk_stride = (size_t)H * K;
+    copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(ks), k + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
+    copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(qs), q + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
     // Gates and β of the chunk's tokens; padding: g = 0 (so G keeps its last value), β = 0.
     if (threadIdx.x < C) {
         const int i = threadIdx.x;
@@ -258,9 +307,6 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         sg[i] = gi;
         sb[i] = bi;
     }
-    const size_t qk_stride = (size_t)H * K;
-    copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(ks), k + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
-    copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(qs), q + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
     cp_async_wait();
     __syncthreads();
     if (threadIdx.x >= 32 && threadIdx.x < C) sg[threadIdx.x] += sg[31];
@@ -277,10 +323,11 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         }
     }
 
-    // KKᵀ (to shared) and P = scale·Γ⊙QKᵀ (i ≥ j, straight from the accumulators to the
-    // workspace), lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w % 4 and
-    // every other of its tiles. The sequential pass never reads P's tiles above the
-    // diagonal. Only i ≥ j is exponentiated, so G_i − G_j ≤ 0.
+    // L = strict_lower(diag(β)·(Γ⊙KKᵀ)) (to shared) and P = scale·Γ⊙QKᵀ (i ≥ j, to the
+    // workspace), both straight from the accumulators with one decay e^{G_i − G_j} each,
+    // lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w % 4 and every other
+    // of its tiles. The sequential pass never reads P's tiles above the diagonal. Only
+    // i ≥ j is exponentiated, so G_i − G_j ≤ 0.
     T* p_out = ws_p + ch * C * C;
     {
         const int ti = warp & 3;
@@ -297,37 +344,33 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
                 mma<T>(ckk, fk, fkt);
                 mma<T>(cqk, fq, fkt);
             }
-            store_c(a + ti * 16 * LDF + tj * 16, ckk, LDF);
 #pragma unroll
             for (int half = 0; half < 2; ++half) {
 #pragma unroll
                 for (int rh = 0; rh < 2; ++rh) {
                     const int i = ti * 16 + g4 + 8 * rh, j = tj * 16 + 8 * half + 2 * t4;
-                    float x[2];
+                    float x[2], l[2];
 #pragma unroll
                     for (int e = 0; e < 2; ++e) {
                         const float qk = cqk.x[4 * half + 2 * rh + e];
-                        x[e] = j + e <= i ? p.scale * qk * __expf(sg[i] - sg[j + e]) : 0.0f;
+                        const float kk = ckk.x[4 * half + 2 * rh + e];
+                        const float decay = j + e <= i ? __expf(sg[i] - sg[j + e]) : 0.0f;
+                        x[e] = j + e <= i ? p.scale * qk * decay : 0.0f;
+                        l[e] = j + e < i ? sb[i] * kk * decay : 0.0f;
                     }
                     *reinterpret_cast<unsigned*>(p_out + i * C + j) = pack2<T>(x[0], x[1]);
+                    *reinterpret_cast<float2*>(a + i * LDF + j) = make_float2(l[0], l[1]);
                 }
             }
         }
     }
     __syncthreads();
 
-    // L (strictly lower, gated, β rows) in place.
-    for (int idx = threadIdx.x; idx < C * C; idx += PREP_THREADS) {
-        const int i = idx / C, j = idx % C;
-        a[i * LDF + j] = j < i ? sb[i] * a[i * LDF + j] * __expf(sg[i] - sg[j]) : 0.0f;
-    }
-    __syncthreads();
-
     // T = (I + L)⁻¹ in 16×16 blocks (§2.3). Diagonal blocks by forward substitution, one
     // column per thread in registers: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within
-    // the block (the column's entries above c are zero, so the sum may start at 0).
-    for (int idx = threadIdx.x; idx < C * C; idx += PREP_THREADS) t[(idx / C) * LDF + idx % C] = 0.0f;
-    __syncthreads();
+    // the block (the column's entries above c are zero, so the sum may start at 0). Only the
+    // blocks on and below the diagonal are written (and read); the output masks the others.
+    // L's tiles above the diagonal are never written nor read.
     if (threadIdx.x < C) {
         const int b = (threadIdx.x / 16) * 16, c = threadIdx.x % 16;
         float col[16];
@@ -342,10 +385,38 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
         for (int i = 0; i < 16; ++i) t[(b + i) * LDF + b + c] = col[i];
     }
     __syncthreads();
+    // Below the diagonal, column block by column block: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc
+    // for r = c + 1 .. 3 in order. Warp 2c + h owns the 8 columns 16c + 8h.. of column block
+    // c (c < 3), so each product reads only the diagonal blocks and the warp's own earlier
+    // blocks: no block barrier between them. Products by 3xTF32 MMAs (near-f32; 16 × 8 tiles,
+    // the sums staged through the warp's 16 × 8 slot of xs).
+    if (!(p.flags & PREP_FFMA) && warp < 6) {
+        const int c = warp >> 1, n0 = 16 * c + 8 * (warp & 1);
+        float* xw = xs + warp * 128;
+#pragma unroll 1
+        for (int r = c + 1; r < C / 16; ++r) {
+            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 1
+            for (int kk = 16 * c; kk < 16 * r; kk += 8) {
+                mma_f32x3(acc, a + 16 * r * LDF + kk, LDF, t + kk * LDF + n0, LDF);
+            }
+            *reinterpret_cast<float2*>(xw + g4 * 8 + 2 * t4) = make_float2(acc[0], acc[1]);
+            *reinterpret_cast<float2*>(xw + (g4 + 8) * 8 + 2 * t4) = make_float2(acc[2], acc[3]);
+            __syncwarp();
+            float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            mma_f32x3(y, t + 16 * r * LDF + 16 * r, LDF, xw, 8);
+            mma_f32x3(y, t + 16 * r * LDF + 16 * r + 8, LDF, xw + 8 * 8, 8);
+            float* out = t + (16 * r + g4) * LDF + n0 + 2 * t4;
+            *reinterpret_cast<float2*>(out) = make_float2(-y[0], -y[1]);
+            *reinterpret_cast<float2*>(out + 8 * LDF) = make_float2(-y[2], -y[3]);
+            __syncwarp();  // T_rc is the next product's B operand; xw is rewritten
+        }
+    }
+    __syncthreads();
     // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
     // sums staged in xs (c·256 + row·16 + column). Each thread computes four consecutive
     // columns of one row (a broadcast of L or T_rr and a 16-byte load per four FMAs).
-    for (int r = 1; r < C / 16; ++r) {
+    if (p.flags & PREP_FFMA) for (int r = 1; r < C / 16; ++r) {
         const int e = threadIdx.x, c = e / 64, i = (e % 64) / 4, j4 = (e % 4) * 4;
         if (c < r) {
             float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -381,18 +452,24 @@ __device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const 
     // T·diag(β) to the workspace (the sequential pass's operand of v' = T·diag(β)·X), eight
     // elements per 16-byte store.
     T* a_out = ws_a + ch * C * C;
+    // Blocks above the diagonal are zeros (t holds q's old bits there).
     for (int idx = threadIdx.x; idx < C * C / 8; idx += PREP_THREADS) {
         const int i = idx / (C / 8), j = (idx % (C / 8)) * 8;
-        uint4 out;
+        const bool upper = (j >> 4) > (i >> 4);
+        uint4 out = make_uint4(0u, 0u, 0u, 0u);
         unsigned* w = reinterpret_cast<unsigned*>(&out);
+        if (!upper) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            w[e] = pack2<T>(t[i * LDF + j + 2 * e] * sb[j + 2 * e], t[i * LDF + j + 2 * e + 1] * sb[j + 2 * e + 1]);
+            for (int e = 0; e < 4; ++e) {
+                w[e] = pack2<T>(t[i * LDF + j + 2 * e] * sb[j + 2 * e], t[i * LDF + j + 2 * e + 1] * sb[j + 2 * e + 1]);
+            }
         }
         *reinterpret_cast<uint4*>(a_out + i * C + j) = out;
         if (BWD) {
+            if (!upper) {
 #pragma unroll
-            for (int e = 0; e < 4; ++e) w[e] = pack2<T>(t[i * LDF + j + 2 * e], t[i * LDF + j + 2 * e + 1]);
+                for (int e = 0; e < 4; ++e) w[e] = pack2<T>(t[i * LDF + j + 2 * e], t[i * LDF + j + 2 * e + 1]);
+            }
             *reinterpret_cast<uint4*>(ws_t + ch * C * C + i * C + j) = out;
         }
     }

@@ -36,6 +36,9 @@ const PREP_THREADS: u32 = 256;
 const SPLIT_STATE: i32 = 1 << 8;
 /// chunked.cu's LOCAL_PASS bit: the segments' local pass (end states from zero, transitions).
 const LOCAL_PASS: i32 = 1 << 9;
+/// chunk.cuh's PREP_FFMA bit: the prep's inverse block products on the CUDA cores instead of
+/// 3xTF32 MMAs (an A/B switch while both exist: `GDN_CUDA_PREP_FFMA=1`).
+const PREP_FFMA: i32 = 1 << 10;
 /// chunked.cu's unit flags: the unit starts / ends its sequence.
 const UNIT_FIRST: i32 = 1;
 const UNIT_LAST: i32 = 2;
@@ -321,6 +324,8 @@ pub struct ChunkPlan {
     /// l2-normalized q and k (only with `Options::l2norm_qk`).
     normalized: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
     split_state: bool,
+    /// The prep's inverse on the CUDA cores (PREP_FFMA, `GDN_CUDA_PREP_FFMA=1`).
+    prep_ffma: bool,
 }
 
 impl ChunkPlan {
@@ -510,6 +515,7 @@ impl ChunkPlan {
             last_windowed: std::sync::atomic::AtomicBool::new(false),
             normalized,
             split_state: false,
+            prep_ffma: std::env::var("GDN_CUDA_PREP_FFMA").is_ok_and(|v| v.trim() == "1"),
         })
     }
 
@@ -654,7 +660,9 @@ pub fn launch_chunked_passes(
     }
     let params = ChunkParams::of(p, plan.num_chunks);
     let params = ChunkParams {
-        flags: params.flags | if plan.split_state { SPLIT_STATE } else { 0 },
+        flags: params.flags
+            | if plan.split_state { SPLIT_STATE } else { 0 }
+            | if plan.prep_ffma { PREP_FFMA } else { 0 },
         ..params
     };
     let suffix = match dtype {
