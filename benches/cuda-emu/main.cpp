@@ -80,7 +80,7 @@ int run(int argc, char** argv) {
     emu::launch(cg, BV*2*KS_EMU, dh_smem, dhk);
 #endif
     if (NC > 0) {
-        emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, GradLayout::BYTES, [&] {
+        emu::launch({(unsigned)NC, (unsigned)HV, 1}, GRAD_THREADS, GradLayout::BYTES, [&] {
             bwd_grad<T>(p, chunks.data(), Q, Kp, DO, (T*)dv.data(), ws_f.data(), (T*)ws_p.data(), (T*)ws_t.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dvp.data(), (T*)ws_h.data(), (T*)ws_dh.data(), dq.data(), dk.data(), dg.data(), dbeta.data()); });
     }
     FILE* f = fopen(getenv("EMU_DUMP") ? getenv("EMU_DUMP") : "dump.bin", "wb");

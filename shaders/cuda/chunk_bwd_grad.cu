@@ -1,22 +1,22 @@
 // The chunked backward's parallel passes (C = 64, f16/bf16 storage, K ≤ 128, V ≤ 128), one
-// block of 8 warps per (chunk, v-head), all chunks at once:
+// block per (chunk, v-head), all chunks at once:
 //
-//   gdn_chunk_bwd_prep_*   the forward's prep (chunk.cuh) with the backward's extras: per chunk
-//       the decays γ, γ_C/γ, the cumsum G and the activated β (f32), T·diag(β), P and T.
-//   gdn_chunk_bwd_intra_*  the gradients inside a chunk, from dO, v', X, dv' (chunk_bwd_chain.cu)
-//       and T, P:
+//   gdn_chunk_bwd_prep_*   (8 warps) the forward's prep (chunk.cuh) with the backward's extras:
+//       per chunk the decays γ, γ_C/γ, the cumsum G and the activated β (f32), T·diag(β), P, T.
+//   gdn_chunk_bwd_grad_*   (16 warps) every per-chunk gradient. Inside the chunk, from dO, v',
+//       X, dv' (chunk_bwd_chain.cu) and T, P:
 //         dP  = dO·v'ᵀ,  dPs = scale·Γ⊙dP (i ≥ j)           dq = dPs·K,  dk = dPsᵀ·Q
 //         dA  = dv'·Xᵀ  (A = T·diag(β)):  dβ_j += Σ_i dA_ij T_ij,  dT = dA·diag(β)
 //         dL  = −Tᵀ·dT·Tᵀ  (T = (I + L)⁻¹, L = strict_lower(diag(β)·(Γ⊙KKᵀ)))
 //         M   = diag(β)·(Γ⊙dL) (i > j):  dβ_i += Σ_j Γ_ij dL_ij (k_i·k_j),  dk += (M + Mᵀ)·K
-//         dG  = rowsum(E) − colsum(E) for E = P⊙dP and E = L⊙dL (the Γ masks' gate terms)
-//       writing dq, dk (f32, per v-head), dβ (final, w.r.t. the activated β) and dG so far.
-//   gdn_chunk_bwd_state_grad_*  the gradients through the chunk's start state S and end-state
+//         dG  = rowsum(E) − colsum(E) for E = P⊙dP and E = L⊙dL (the Γ masks' gate terms),
+//       dβ final (w.r.t. the activated β); then through the chunk's start state S and end-state
 //       gradient dS' (both from the chains):
 //         dq += scale·diag(γ)·dO·Sᵀ,  dk += −diag(γ)·dX·Sᵀ + diag(γ_C/γ)·v'·dS'ᵀ   (dX = dv)
 //         dG_i += q_i·dq_S,i + k_i·dk_X,i − k_i·dk_S,i,
 //         dG_last += γ_C·Σ S⊙dS' + Σ_i k_i·dk_S,i,
-//       then dg = the reverse cumsum of dG within the chunk (G is a chunk-local cumsum), f32.
+//       and dg = the reverse cumsum of dG within the chunk (G is a chunk-local cumsum), f32;
+//       dq, dk (f32, per v-head) are written once.
 // backward.cu's finishing kernels then sum dq, dk over the GVA group (with the l2norm chain
 // rule) and take dβ, dg through the sigmoid and the gate activation (dA_log, ddt_bias).
 //
@@ -29,8 +29,11 @@
 namespace gdn {
 namespace chunked {
 
-constexpr int GRAD_THREADS = 256;
+constexpr int GRAD_THREADS = 512;
 constexpr int GRAD_WARPS = GRAD_THREADS / 32;
+// The gradient pass's last step: warp w takes row block w % 4 and every GRAD_COLS-th column
+// block of C × K from w / 4 on.
+constexpr int GRAD_COLS = GRAD_WARPS / 4;
 constexpr int MAX_V = 128;
 
 // Operand tiles of a product: the 16×16 block (mb, kb) of A and (kb, nb) of B, row-major
@@ -113,8 +116,8 @@ struct GradLayout {
     static constexpr int DA_OFF = DP_OFF + 4 * C * LDF;
     static constexpr int KK_OFF = DA_OFF + 4 * C * LDF;
     static constexpr int G_OFF = KK_OFF + 4 * C * LDF;  // γ, γ_C/γ, G, β (activated): ws_f's order
-    static constexpr int SUM_OFF = G_OFF + 4 * 4 * C;   // 5 × C sums, dG (C), 2 × 2 × C row partials, 8 warp sums
-    static constexpr int BYTES = SUM_OFF + 4 * (10 * C + GRAD_WARPS);
+    static constexpr int SUM_OFF = G_OFF + 4 * 4 * C;   // 5 × C sums, dG, 2 × GRAD_COLS × C row partials, warp sums
+    static constexpr int BYTES = SUM_OFF + 4 * ((6 + 2 * GRAD_COLS) * C + GRAD_WARPS);
     // Reused after the first products.
     static constexpr int DT_OFF = X_OFF;
     static constexpr int Y_OFF = X_OFF + 2 * C * LDC;
@@ -168,9 +171,9 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
     float* row_dl = sums + 3 * C;  // Σ_j Γ_ij dL_ij KK_ij
     float* col_e2 = sums + 4 * C;  // Σ_i β_i Γ_ij dL_ij KK_ij
     float* dg_s = sums + 5 * C;    // dG
-    float* row_g = sums + 6 * C;   // [2][C]: q·dq_S + k·dk_X − k·dk_S by column half
-    float* row_s = sums + 8 * C;   // [2][C]: k·dk_S
-    float* warp_s = sums + 10 * C; // [8]: Σ S⊙dS' per warp
+    float* row_g = sums + 6 * C;   // [GRAD_COLS][C]: q·dq_S + k·dk_X − k·dk_S by column group
+    float* row_s = row_g + GRAD_COLS * C;      // [GRAD_COLS][C]: k·dk_S
+    float* warp_s = row_s + GRAD_COLS * C;     // [GRAD_WARPS]: Σ S⊙dS' per warp
     T* dts = reinterpret_cast<T*>(smem + L::DT_OFF);
     T* ys = reinterpret_cast<T*>(smem + L::Y_OFF);
     T* dxs = reinterpret_cast<T*>(smem + L::DX_OFF);
@@ -305,14 +308,14 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         dg_s[i] = dgi;
     }
 
-    // Warp w: row block mb = w % 4, column blocks nb = w / 4 + 2n of C × K. First the
+    // Warp w: row block mb = w % 4, column blocks nb = w / 4 + GRAD_COLS·n of C × K. First the
     // intra-chunk terms, kept in registers: dq = dPs·K, dk = dPsᵀ·Q + (M + Mᵀ)·K.
-    const int mb = warp & 3, half = warp >> 2;
-    constexpr int NB = MAX_K / 32;
+    const int mb = warp & 3, col = warp >> 2;
+    constexpr int NB = MAX_K / 16 / GRAD_COLS;
     FragC aq[NB], ak[NB];
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
-        const int nb = half + 2 * n;
+        const int nb = col + GRAD_COLS * n;
         fill_zero(aq[n]);
         fill_zero(ak[n]);
         if (nb >= nk) continue;
@@ -329,7 +332,7 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
     float rg[2] = {0.0f, 0.0f}, rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
-        const int nb = half + 2 * n;
+        const int nb = col + GRAD_COLS * n;
         if (nb >= nk) break;
         FragC u1, u2, u3;  // dO·Sᵀ, dX·Sᵀ, v'·dS'ᵀ
         fill_zero(u1);
@@ -361,7 +364,7 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
             }
         }
     }
-    // Row partials over the four lanes of a row, then per column half.
+    // Row partials over the four lanes of a row, then per column group.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
 #pragma unroll
@@ -372,10 +375,10 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
     }
     if ((lane & 3) == 0) {
         const int i = 16 * mb + (lane >> 2);
-        row_g[half * C + i] = rg[0];
-        row_g[half * C + i + 8] = rg[1];
-        row_s[half * C + i] = rs[0];
-        row_s[half * C + i + 8] = rs[1];
+        row_g[col * C + i] = rg[0];
+        row_g[col * C + i + 8] = rg[1];
+        row_s[col * C + i] = rs[0];
+        row_s[col * C + i + 8] = rs[1];
     }
     // Σ S⊙dS' over the V × K state.
     float sd = 0.0f;
@@ -396,10 +399,16 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         float total = 0.0f;
         for (int w = 0; w < GRAD_WARPS; ++w) total += warp_s[w];
         float last = gam[C - 1] * total;
-        for (int i = 0; i < C; ++i) last += row_s[i] + row_s[C + i];
+        for (int i = 0; i < C; ++i) {
+#pragma unroll
+            for (int c = 0; c < GRAD_COLS; ++c) last += row_s[c * C + i];
+        }
         float acc = last;
         for (int i = len - 1; i >= 0; --i) {
-            acc += dg_s[i] + row_g[i] + row_g[C + i];
+            float x = dg_s[i];
+#pragma unroll
+            for (int c = 0; c < GRAD_COLS; ++c) x += row_g[c * C + i];
+            acc += x;
             dg_s[i] = acc;
         }
     }

@@ -1,5 +1,5 @@
-//! The chunked backward's parallel passes (`shaders/cuda/chunk_bwd_grad.cu`), one block of 8
-//! warps per (chunk, v-head): the prep (the forward's, with T, G and β kept), and the
+//! The chunked backward's parallel passes (`shaders/cuda/chunk_bwd_grad.cu`), one block per
+//! (chunk, v-head): the prep (the forward's, with T, G and β kept), and the
 //! gradients inside each chunk together with those through its start state and end-state
 //! gradient.
 
@@ -12,8 +12,12 @@ use super::kernels::CHUNK_BWD_GRAD;
 use crate::error::Result;
 use crate::problem::{CHUNK, Problem};
 
-/// Threads per block of the two passes (`GRAD_THREADS`, `PREP_THREADS`).
-const THREADS: u32 = 256;
+/// Threads per block of the prep (`PREP_THREADS`).
+const PREP_THREADS: u32 = 256;
+/// Threads per block of the gradient pass (`GRAD_THREADS`): 16 warps.
+const GRAD_THREADS: u32 = 512;
+/// Its last step's column groups (`GRAD_COLS`): a quarter of the warps.
+const GRAD_COLS: usize = GRAD_THREADS as usize / 32 / 4;
 /// The largest V the per-chunk passes hold (`MAX_V`).
 pub const MAX_CHUNKED_BWD_VALUE_DIM: usize = 128;
 
@@ -31,7 +35,7 @@ pub(crate) fn grad_smem() -> usize {
         + 2 * 2 * c * LDC
         + 3 * 4 * c * LDF
         + 4 * 4 * c
-        + 4 * (10 * c + 8)
+        + 4 * ((6 + 2 * GRAD_COLS) * c + 4 * GRAD_COLS)
 }
 
 fn grid(problem: &Problem, num_chunks: usize) -> (u32, u32, u32) {
@@ -81,7 +85,7 @@ pub(crate) fn launch_prep(
     l.arg(ws.gates).arg(ws.t_beta).arg(ws.p).arg(t);
     let cfg = LaunchConfig {
         grid_dim: grid(problem, num_chunks),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (PREP_THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     // SAFETY: matches gdn_chunk_bwd_prep_* in chunk_bwd_grad.cu; inputs checked against the
@@ -132,7 +136,7 @@ pub(crate) fn launch_grad(
         .arg(parts.dbeta);
     let cfg = LaunchConfig {
         grid_dim: grid(problem, num_chunks),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (GRAD_THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     // SAFETY: matches gdn_chunk_bwd_grad_* in chunk_bwd_grad.cu; the workspace and the parts
