@@ -143,7 +143,10 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
     using L = GradLayout;
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
+    // Blocks numbered v-head fastest, as the prep's: a GVA group's blocks run together and
+    // share their q and k tiles in L2.
+    const size_t lin = blockIdx.x + (size_t)blockIdx.y * gridDim.x;
+    const int chunk = (int)(lin / HV), hv = (int)(lin % HV), h = hv / p.group;
     const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
     const size_t ch = (size_t)chunk * HV + hv;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
@@ -184,16 +187,20 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
 
     const unsigned s0 = smem_addr(smem);
     const size_t qk_stride = (size_t)H * K;
-    copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
+    // Two groups of copies: the first products' operands, then q, T and P (read from the
+    // step after), which arrive while the first products run.
     copy_rows(s0 + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
     copy_rows(s0 + L::DO_OFF, d_o + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
     copy_rows(s0 + L::VP_OFF, ws_vp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
     copy_rows(s0 + L::X_OFF, ws_x + ch * V * C, (size_t)C, V, V, C / 8, LDC);
     copy_rows(s0 + L::DVP_OFF, ws_dvp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
+    if (tid < 4 * C / 4) cp_async16_zfill(s0 + L::G_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
+    cp_async_commit();
+    copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
     copy_rows(s0 + L::T_OFF, ws_t + ch * C * C, (size_t)C, C, C, C / 8, LDC);
     copy_rows(s0 + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C, C / 8, LDC);
-    if (tid < 4 * C / 4) cp_async16_zfill(s0 + L::G_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
-    cp_async_wait();
+    cp_async_commit();
+    cp_async_wait_group<1>();
     __syncthreads();
 
     // dP = dO·v'ᵀ, dA = dv'·Xᵀ, KKᵀ: their lower 16×16 blocks (i ≥ j), f32.
@@ -214,6 +221,7 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         }
         store_c(out + 16 * b.x * LDF + 16 * b.y, acc, LDF);
     }
+    cp_async_wait();
     __syncthreads();
 
     // dPs = scale·Γ⊙dP and dT = dA·diag(β) (lower, with the diagonal; zero above); the sums of
@@ -225,21 +233,20 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         dps[i * LDC + j] = from_f32<T>(lower ? p.scale * gm * dp[i * LDF + j] : 0.0f);
         dts[i * LDC + j] = from_f32<T>(lower ? da[i * LDF + j] * sb[j] : 0.0f);
     }
-    if (tid < C) {
-        const int i = tid;
+    // Two lanes per sum (every other term each, then added by a shuffle).
+    static_assert(GRAD_THREADS >= 2 * 3 * C, "two lanes for each of the 3·C sums");
+    if (tid < 2 * 3 * C) {
+        const int which = tid / (2 * C), o = (tid % (2 * C)) >> 1, part = tid & 1;
         float acc = 0.0f;
-        for (int j = 0; j <= i; ++j) acc = fmaf(to_f32(ps[i * LDC + j]), dp[i * LDF + j], acc);
-        row_e1[i] = acc;
-    } else if (tid < 2 * C) {
-        const int j = tid - C;
-        float acc = 0.0f;
-        for (int i = j; i < C; ++i) acc = fmaf(to_f32(ps[i * LDC + j]), dp[i * LDF + j], acc);
-        col_e1[j] = acc;
-    } else if (tid < 3 * C) {
-        const int j = tid - 2 * C;
-        float acc = 0.0f;
-        for (int i = j; i < C; ++i) acc = fmaf(da[i * LDF + j], to_f32(ts[i * LDC + j]), acc);
-        col_da[j] = acc;
+        if (which == 0) {
+            for (int j = part; j <= o; j += 2) acc = fmaf(to_f32(ps[o * LDC + j]), dp[o * LDF + j], acc);
+        } else if (which == 1) {
+            for (int i = o + part; i < C; i += 2) acc = fmaf(to_f32(ps[i * LDC + o]), dp[i * LDF + o], acc);
+        } else {
+            for (int i = o + part; i < C; i += 2) acc = fmaf(da[i * LDF + o], to_f32(ts[i * LDC + o]), acc);
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (part == 0) sums[which * C + o] = acc;  // row_e1, col_e1, col_da
     }
     __syncthreads();
 
@@ -279,16 +286,19 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         if (i < j) m = sb[j] * da[j * LDF + i] * __expf(sg[j] - sg[i]);
         ms[i * LDC + j] = from_f32<T>(m);
     }
-    if (tid < C) {
-        const int i = tid;
+    // Four lanes per sum (every fourth term each, then added by shuffles).
+    static_assert(GRAD_THREADS >= 4 * 2 * C, "four lanes for each of the 2·C sums");
+    if (tid < 4 * 2 * C) {
+        const int which = tid / (4 * C), o = (tid % (4 * C)) >> 2, part = tid & 3;
         float acc = 0.0f;
-        for (int j = 0; j < i; ++j) acc = fmaf(da[i * LDF + j] * __expf(sg[i] - sg[j]), kk[i * LDF + j], acc);
-        row_dl[i] = acc;
-    } else if (tid < 2 * C) {
-        const int j = tid - C;
-        float acc = 0.0f;
-        for (int i = j + 1; i < C; ++i) acc = fmaf(sb[i] * da[i * LDF + j] * __expf(sg[i] - sg[j]), kk[i * LDF + j], acc);
-        col_e2[j] = acc;
+        if (which == 0) {
+            for (int j = part; j < o; j += 4) acc = fmaf(da[o * LDF + j] * __expf(sg[o] - sg[j]), kk[o * LDF + j], acc);
+        } else {
+            for (int i = o + 1 + part; i < C; i += 4) acc = fmaf(sb[i] * da[i * LDF + o] * __expf(sg[i] - sg[o]), kk[i * LDF + o], acc);
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        if (part == 0) (which == 0 ? row_dl : col_e2)[o] = acc;
     }
     __syncthreads();
 
@@ -329,18 +339,37 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
     // Then the terms through the states, added to them; dq, dk written once (f32, this
     // v-head's rows of the chunk):
     //   dq += scale·diag(γ)·dO·Sᵀ,  dk += −diag(γ)·dX·Sᵀ + diag(γ_C/γ)·v'·dS'ᵀ.
+    // The A operands (rows mb of dO, dX, v') are loaded once per kb for the warp's column
+    // blocks, Sᵀ's B operand once for dO·Sᵀ and dX·Sᵀ.
+    FragC u1[NB], u2[NB], u3[NB];  // dO·Sᵀ, dX·Sᵀ, v'·dS'ᵀ
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        fill_zero(u1[n]);
+        fill_zero(u2[n]);
+        fill_zero(u3[n]);
+    }
+    for (int kb = 0; kb < nv; ++kb) {
+        FragA fo, fx, fv;
+        load_a<T, false>(fo, a_block<false>(dos, LDK, mb, kb), LDK);
+        load_a<T, false>(fx, a_block<false>(dxs, LDK, mb, kb), LDK);
+        load_a<T, true>(fv, a_block<true>(vps, LDC, mb, kb), LDC);
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+            const int nb = col + GRAD_COLS * n;
+            if (nb >= nk) break;
+            FragB fs, fd;
+            load_b<T, false>(fs, b_block<false>(hs, LDK, kb, nb), LDK);
+            load_b<T, false>(fd, b_block<false>(dhs, LDK, kb, nb), LDK);
+            mma<T>(u1[n], fo, fs);
+            mma<T>(u2[n], fx, fs);
+            mma<T>(u3[n], fv, fd);
+        }
+    }
     float rg[2] = {0.0f, 0.0f}, rs[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int n = 0; n < NB; ++n) {
         const int nb = col + GRAD_COLS * n;
         if (nb >= nk) break;
-        FragC u1, u2, u3;  // dO·Sᵀ, dX·Sᵀ, v'·dS'ᵀ
-        fill_zero(u1);
-        fill_zero(u2);
-        fill_zero(u3);
-        tile_product<T, false, false>(u1, dos, LDK, hs, LDK, mb, nb, 0, nv);
-        tile_product<T, false, false>(u2, dxs, LDK, hs, LDK, mb, nb, 0, nv);
-        tile_product<T, true, false>(u3, vps, LDC, dhs, LDK, mb, nb, 0, nv);
 #pragma unroll
         for (int e = 0; e < 8; e += 2) {
             const int i = 16 * mb + frag_row(e), c = 16 * nb + frag_col(e);
@@ -348,9 +377,9 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
             float dq2[2], dk2[2];
 #pragma unroll
             for (int x = 0; x < 2; ++x) {
-                const float dqs = p.scale * gi * u1.x[e + x];  // dq through S
-                const float dkx = -gi * u2.x[e + x];           // dk through X
-                const float dks = di * u3.x[e + x];            // dk through the state update
+                const float dqs = p.scale * gi * u1[n].x[e + x];  // dq through S
+                const float dkx = -gi * u2[n].x[e + x];           // dk through X
+                const float dks = di * u3[n].x[e + x];            // dk through the state update
                 const float qv = to_f32(qs[i * LDK + c + x]), kv = to_f32(ks[i * LDK + c + x]);
                 rg[(e & 3) >> 1] += qv * dqs + kv * dkx - kv * dks;
                 rs[(e & 3) >> 1] += kv * dks;

@@ -82,13 +82,9 @@ pub(crate) fn chunked_backward_runs(
         return Ok(false);
     }
     let limit = super::chunked::max_shared_optin(ctx)?;
-    Ok([
-        prep_smem(),
-        chain_smem(32, true, false),
-        grad_smem(),
-    ]
-    .iter()
-    .all(|&s| s <= limit))
+    Ok([prep_smem(), chain_smem(32, true, false), grad_smem()]
+        .iter()
+        .all(|&s| s <= limit))
 }
 
 fn alloc(ctx: &Context, name: &str, bytes: usize) -> Result<CudaSlice<u8>> {
