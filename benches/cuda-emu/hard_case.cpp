@@ -71,10 +71,8 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV) {
     emu::launch(cg, BVV * 2, dh_smem, [&] { bwd_dh<T, BVV>(p, chunks.data(), units.data(), Q.data(), Kt.data(), DO.data(), ws_f.data(), ws_a.data(), ws_p.data(), DHT, dv.data(), DH0, ws_dh.data(), ws_dvp.data()); });
     if (BV == 32) { CHAINS(32) } else if (BV == 64) { CHAINS(64) } else { CHAINS(128) }
     if (NC > 0) {
-        emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, IntraLayout::BYTES, [&] {
-            bwd_intra<T>(p, chunks.data(), Q.data(), Kt.data(), DO.data(), ws_f.data(), ws_p.data(), ws_t.data(), ws_x.data(), ws_vp.data(), ws_dvp.data(), dq.data(), dk.data(), dgp.data(), dbp.data()); });
-        emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, StateGradLayout::BYTES, [&] {
-            bwd_state_grad<T>(p, chunks.data(), Q.data(), Kt.data(), DO.data(), dv.data(), ws_f.data(), ws_h.data(), ws_dh.data(), ws_vp.data(), dq.data(), dk.data(), dgp.data()); });
+        emu::launch({(unsigned)NC, (unsigned)HV, 1}, GRAD_THREADS, GradLayout::BYTES, [&] {
+            bwd_grad<T>(p, chunks.data(), Q.data(), Kt.data(), DO.data(), dv.data(), ws_f.data(), ws_p.data(), ws_t.data(), ws_x.data(), ws_vp.data(), ws_dvp.data(), ws_h.data(), ws_dh.data(), dq.data(), dk.data(), dgp.data(), dbp.data()); });
     }
     // Finishing (backward.cu qk_finish, gate_finish with one V-block).
     int G = HV / H;

@@ -1,4 +1,4 @@
-// Runs the chunked backward's kernels (prep, states, dh, intra, state_grad) on the host through
+// Runs the chunked backward's kernels (prep, states, dh, grad) on the host through
 // shim.h and dumps inputs and per-v-head gradients for check.py. Usage: see README.md.
 #include "kernels.inc"
 #include <cstdio>
@@ -80,10 +80,8 @@ int run(int argc, char** argv) {
     emu::launch(cg, BV*2*KS_EMU, dh_smem, dhk);
 #endif
     if (NC > 0) {
-        emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, IntraLayout::BYTES, [&] {
-            bwd_intra<T>(p, chunks.data(), Q, Kp, DO, ws_f.data(), (T*)ws_p.data(), (T*)ws_t.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dvp.data(), dq.data(), dk.data(), dg.data(), dbeta.data()); });
-        emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, StateGradLayout::BYTES, [&] {
-            bwd_state_grad<T>(p, chunks.data(), Q, Kp, DO, (T*)dv.data(), ws_f.data(), (T*)ws_h.data(), (T*)ws_dh.data(), (T*)ws_vp.data(), dq.data(), dk.data(), dg.data()); });
+        emu::launch({(unsigned)NC, (unsigned)HV, 1}, GRAD_THREADS, GradLayout::BYTES, [&] {
+            bwd_grad<T>(p, chunks.data(), Q, Kp, DO, (T*)dv.data(), ws_f.data(), (T*)ws_p.data(), (T*)ws_t.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dvp.data(), (T*)ws_h.data(), (T*)ws_dh.data(), dq.data(), dk.data(), dg.data(), dbeta.data()); });
     }
     FILE* f = fopen(getenv("EMU_DUMP") ? getenv("EMU_DUMP") : "dump.bin", "wb");
     int hdr[8] = {H, HV, K, V, N, TT, flags, (int)(has_h0 | (has_dht << 1))};

@@ -1,22 +1,22 @@
 // The chunked backward's parallel passes (C = 64, f16/bf16 storage, K ≤ 128, V ≤ 128), one
-// block of 8 warps per (chunk, v-head), all chunks at once:
+// block per (chunk, v-head), all chunks at once:
 //
-//   gdn_chunk_bwd_prep_*   the forward's prep (chunk.cuh) with the backward's extras: per chunk
-//       the decays γ, γ_C/γ, the cumsum G and the activated β (f32), T·diag(β), P and T.
-//   gdn_chunk_bwd_intra_*  the gradients inside a chunk, from dO, v', X, dv' (chunk_bwd_chain.cu)
-//       and T, P:
+//   gdn_chunk_bwd_prep_*   (8 warps) the forward's prep (chunk.cuh) with the backward's extras:
+//       per chunk the decays γ, γ_C/γ, the cumsum G and the activated β (f32), T·diag(β), P, T.
+//   gdn_chunk_bwd_grad_*   (16 warps) every per-chunk gradient. Inside the chunk, from dO, v',
+//       X, dv' (chunk_bwd_chain.cu) and T, P:
 //         dP  = dO·v'ᵀ,  dPs = scale·Γ⊙dP (i ≥ j)           dq = dPs·K,  dk = dPsᵀ·Q
 //         dA  = dv'·Xᵀ  (A = T·diag(β)):  dβ_j += Σ_i dA_ij T_ij,  dT = dA·diag(β)
 //         dL  = −Tᵀ·dT·Tᵀ  (T = (I + L)⁻¹, L = strict_lower(diag(β)·(Γ⊙KKᵀ)))
 //         M   = diag(β)·(Γ⊙dL) (i > j):  dβ_i += Σ_j Γ_ij dL_ij (k_i·k_j),  dk += (M + Mᵀ)·K
-//         dG  = rowsum(E) − colsum(E) for E = P⊙dP and E = L⊙dL (the Γ masks' gate terms)
-//       writing dq, dk (f32, per v-head), dβ (final, w.r.t. the activated β) and dG so far.
-//   gdn_chunk_bwd_state_grad_*  the gradients through the chunk's start state S and end-state
+//         dG  = rowsum(E) − colsum(E) for E = P⊙dP and E = L⊙dL (the Γ masks' gate terms),
+//       dβ final (w.r.t. the activated β); then through the chunk's start state S and end-state
 //       gradient dS' (both from the chains):
 //         dq += scale·diag(γ)·dO·Sᵀ,  dk += −diag(γ)·dX·Sᵀ + diag(γ_C/γ)·v'·dS'ᵀ   (dX = dv)
 //         dG_i += q_i·dq_S,i + k_i·dk_X,i − k_i·dk_S,i,
 //         dG_last += γ_C·Σ S⊙dS' + Σ_i k_i·dk_S,i,
-//       then dg = the reverse cumsum of dG within the chunk (G is a chunk-local cumsum), f32.
+//       and dg = the reverse cumsum of dG within the chunk (G is a chunk-local cumsum), f32;
+//       dq, dk (f32, per v-head) are written once.
 // backward.cu's finishing kernels then sum dq, dk over the GVA group (with the l2norm chain
 // rule) and take dβ, dg through the sigmoid and the gate activation (dA_log, ddt_bias).
 //
@@ -29,8 +29,11 @@
 namespace gdn {
 namespace chunked {
 
-constexpr int GRAD_THREADS = 256;
+constexpr int GRAD_THREADS = 512;
 constexpr int GRAD_WARPS = GRAD_THREADS / 32;
+// The gradient pass's last step: warp w takes row block w % 4 and every GRAD_COLS-th column
+// block of C × K from w / 4 on.
+constexpr int GRAD_COLS = GRAD_WARPS / 4;
 constexpr int MAX_V = 128;
 
 // Operand tiles of a product: the 16×16 block (mb, kb) of A and (kb, nb) of B, row-major
@@ -92,11 +95,15 @@ __device__ __forceinline__ int2 lower_block(int idx) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The intra-chunk pass. Shared memory (bytes; mirrored by intra_smem in chunk_bwd_grad.rs):
-// q, k, dO (C × K / V, token rows), v'ᵀ, Xᵀ, dv'ᵀ (V × C), T, P (C × C, 16-bit), then three
-// f32 C × C tiles (dP, dA then dL, KKᵀ), the gates and the row / column sums. After the
-// first products, v'ᵀ's and Xᵀ's room holds dPs, dT, Y = dT·Tᵀ and M + Mᵀ (16-bit).
-struct IntraLayout {
+// The per-chunk gradient pass: inside the chunk, then through its states, in one block so that
+// dq, dk and dG are written once (no f32 read-modify-write between two launches) and q, k, dO
+// and v' are read once. Shared memory (bytes; mirrored by grad_smem in chunk_bwd_grad.rs):
+// q, k, dO (C × K / V, token rows), v'ᵀ, Xᵀ, dv'ᵀ (V × C), T, P (C × C, 16-bit), three f32
+// C × C tiles (dP, dA then dL, KKᵀ), the gates, the sums. Reused as the products free them:
+// Xᵀ's room holds dT and Y = dT·Tᵀ, then dX (C × V, token rows); dv'ᵀ's holds dPs and M + Mᵀ
+// (16-bit); T, P and the f32 tiles hold Sᵀ and dS'ᵀ (V × K), whose copies overlap the
+// intra-chunk products of dq and dk.
+struct GradLayout {
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + 2 * C * LDK;
     static constexpr int DO_OFF = K_OFF + 2 * C * LDK;
@@ -108,32 +115,41 @@ struct IntraLayout {
     static constexpr int DP_OFF = P_OFF + 2 * C * LDC;
     static constexpr int DA_OFF = DP_OFF + 4 * C * LDF;
     static constexpr int KK_OFF = DA_OFF + 4 * C * LDF;
-    static constexpr int G_OFF = KK_OFF + 4 * C * LDF;  // G, then β (activated)
-    static constexpr int SUM_OFF = G_OFF + 4 * 2 * C;   // 6 × C sums
-    static constexpr int BYTES = SUM_OFF + 4 * 6 * C;
+    static constexpr int G_OFF = KK_OFF + 4 * C * LDF;  // γ, γ_C/γ, G, β (activated): ws_f's order
+    static constexpr int SUM_OFF = G_OFF + 4 * 4 * C;   // 5 × C sums, dG, 2 × GRAD_COLS × C row partials, warp sums
+    static constexpr int BYTES = SUM_OFF + 4 * ((6 + 2 * GRAD_COLS) * C + GRAD_WARPS);
     // Reused after the first products.
-    static constexpr int DPS_OFF = VP_OFF;
-    static constexpr int DT_OFF = VP_OFF + 2 * C * LDC;
-    static constexpr int Y_OFF = X_OFF;
-    static constexpr int MS_OFF = X_OFF + 2 * C * LDC;
+    static constexpr int DT_OFF = X_OFF;
+    static constexpr int Y_OFF = X_OFF + 2 * C * LDC;
+    static constexpr int DX_OFF = X_OFF;
+    static constexpr int DPS_OFF = DVP_OFF;
+    static constexpr int MS_OFF = DVP_OFF + 2 * C * LDC;
+    static constexpr int H_OFF = T_OFF;
+    static constexpr int DH_OFF = H_OFF + 2 * MAX_V * LDK;
     static_assert(2 * 2 * C * LDC <= 2 * MAX_V * LDC, "two C × C tiles fit a V × C tile");
+    static_assert(2 * C * LDK <= 2 * MAX_V * LDC, "dX fits Xᵀ's room");
+    static_assert(DH_OFF + 2 * MAX_V * LDK <= G_OFF, "Sᵀ and dS'ᵀ fit T, P and the f32 tiles");
 };
 
 template <typename T>
-__device__ void bwd_intra(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
-                          const T* __restrict__ k, const T* __restrict__ d_o,
-                          const float* __restrict__ ws_f, const T* __restrict__ ws_p,
-                          const T* __restrict__ ws_t, const T* __restrict__ ws_x,
-                          const T* __restrict__ ws_vp, const T* __restrict__ ws_dvp,
-                          float* __restrict__ dq_part, float* __restrict__ dk_part,
-                          float* __restrict__ dg_part, float* __restrict__ dbeta_part) {
-    using L = IntraLayout;
+__device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
+                         const T* __restrict__ k, const T* __restrict__ d_o, const T* __restrict__ dv,
+                         const float* __restrict__ ws_f, const T* __restrict__ ws_p,
+                         const T* __restrict__ ws_t, const T* __restrict__ ws_x,
+                         const T* __restrict__ ws_vp, const T* __restrict__ ws_dvp,
+                         const T* __restrict__ ws_h, const T* __restrict__ ws_dh,
+                         float* __restrict__ dq_part, float* __restrict__ dk_part,
+                         float* __restrict__ dg_part, float* __restrict__ dbeta_part) {
+    using L = GradLayout;
     extern __shared__ __align__(128) unsigned char smem[];
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
+    // Blocks numbered v-head fastest, as the prep's: a GVA group's blocks run together and
+    // share their q and k tiles in L2.
+    const size_t lin = blockIdx.x + (size_t)blockIdx.y * gridDim.x;
+    const int chunk = (int)(lin / HV), hv = (int)(lin % HV), h = hv / p.group;
     const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
     const size_t ch = (size_t)chunk * HV + hv;
-    const int warp = threadIdx.x >> 5, tid = threadIdx.x;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
     const int nk = K / 16, nv = V / 16;
 
     T* qs = reinterpret_cast<T*>(smem + L::Q_OFF);
@@ -147,31 +163,44 @@ __device__ void bwd_intra(const ChunkParams p, const int* __restrict__ chunks, c
     float* dp = reinterpret_cast<float*>(smem + L::DP_OFF);
     float* da = reinterpret_cast<float*>(smem + L::DA_OFF);  // later dL
     float* kk = reinterpret_cast<float*>(smem + L::KK_OFF);
-    float* sg = reinterpret_cast<float*>(smem + L::G_OFF);
-    float* sb = sg + C;
+    float* gam = reinterpret_cast<float*>(smem + L::G_OFF);
+    float* dec = gam + C;
+    float* sg = gam + 2 * C;
+    float* sb = gam + 3 * C;
     float* sums = reinterpret_cast<float*>(smem + L::SUM_OFF);
     float* row_e1 = sums;          // Σ_j P_ij dP_ij
     float* col_e1 = sums + C;      // Σ_i P_ij dP_ij
     float* col_da = sums + 2 * C;  // Σ_i dA_ij T_ij
     float* row_dl = sums + 3 * C;  // Σ_j Γ_ij dL_ij KK_ij
     float* col_e2 = sums + 4 * C;  // Σ_i β_i Γ_ij dL_ij KK_ij
-    T* dps = reinterpret_cast<T*>(smem + L::DPS_OFF);
+    float* dg_s = sums + 5 * C;    // dG
+    float* row_g = sums + 6 * C;   // [GRAD_COLS][C]: q·dq_S + k·dk_X − k·dk_S by column group
+    float* row_s = row_g + GRAD_COLS * C;      // [GRAD_COLS][C]: k·dk_S
+    float* warp_s = row_s + GRAD_COLS * C;     // [GRAD_WARPS]: Σ S⊙dS' per warp
     T* dts = reinterpret_cast<T*>(smem + L::DT_OFF);
     T* ys = reinterpret_cast<T*>(smem + L::Y_OFF);
+    T* dxs = reinterpret_cast<T*>(smem + L::DX_OFF);
+    T* dps = reinterpret_cast<T*>(smem + L::DPS_OFF);
     T* ms = reinterpret_cast<T*>(smem + L::MS_OFF);
+    T* hs = reinterpret_cast<T*>(smem + L::H_OFF);
+    T* dhs = reinterpret_cast<T*>(smem + L::DH_OFF);
 
     const unsigned s0 = smem_addr(smem);
     const size_t qk_stride = (size_t)H * K;
-    copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
+    // Two groups of copies: the first products' operands, then q, T and P (read from the
+    // step after), which arrive while the first products run.
     copy_rows(s0 + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
     copy_rows(s0 + L::DO_OFF, d_o + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
     copy_rows(s0 + L::VP_OFF, ws_vp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
     copy_rows(s0 + L::X_OFF, ws_x + ch * V * C, (size_t)C, V, V, C / 8, LDC);
     copy_rows(s0 + L::DVP_OFF, ws_dvp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
+    if (tid < 4 * C / 4) cp_async16_zfill(s0 + L::G_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
+    cp_async_commit();
+    copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
     copy_rows(s0 + L::T_OFF, ws_t + ch * C * C, (size_t)C, C, C, C / 8, LDC);
     copy_rows(s0 + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C, C / 8, LDC);
-    if (tid < 2 * C / 4) cp_async16_zfill(s0 + L::G_OFF + 16 * tid, ws_f + ch * 4 * C + 2 * C + 4 * tid, true);
-    cp_async_wait();
+    cp_async_commit();
+    cp_async_wait_group<1>();
     __syncthreads();
 
     // dP = dO·v'ᵀ, dA = dv'·Xᵀ, KKᵀ: their lower 16×16 blocks (i ≥ j), f32.
@@ -192,6 +221,7 @@ __device__ void bwd_intra(const ChunkParams p, const int* __restrict__ chunks, c
         }
         store_c(out + 16 * b.x * LDF + 16 * b.y, acc, LDF);
     }
+    cp_async_wait();
     __syncthreads();
 
     // dPs = scale·Γ⊙dP and dT = dA·diag(β) (lower, with the diagonal; zero above); the sums of
@@ -203,21 +233,20 @@ __device__ void bwd_intra(const ChunkParams p, const int* __restrict__ chunks, c
         dps[i * LDC + j] = from_f32<T>(lower ? p.scale * gm * dp[i * LDF + j] : 0.0f);
         dts[i * LDC + j] = from_f32<T>(lower ? da[i * LDF + j] * sb[j] : 0.0f);
     }
-    if (tid < C) {
-        const int i = tid;
+    // Two lanes per sum (every other term each, then added by a shuffle).
+    static_assert(GRAD_THREADS >= 2 * 3 * C, "two lanes for each of the 3·C sums");
+    if (tid < 2 * 3 * C) {
+        const int which = tid / (2 * C), o = (tid % (2 * C)) >> 1, part = tid & 1;
         float acc = 0.0f;
-        for (int j = 0; j <= i; ++j) acc = fmaf(to_f32(ps[i * LDC + j]), dp[i * LDF + j], acc);
-        row_e1[i] = acc;
-    } else if (tid < 2 * C) {
-        const int j = tid - C;
-        float acc = 0.0f;
-        for (int i = j; i < C; ++i) acc = fmaf(to_f32(ps[i * LDC + j]), dp[i * LDF + j], acc);
-        col_e1[j] = acc;
-    } else if (tid < 3 * C) {
-        const int j = tid - 2 * C;
-        float acc = 0.0f;
-        for (int i = j; i < C; ++i) acc = fmaf(da[i * LDF + j], to_f32(ts[i * LDC + j]), acc);
-        col_da[j] = acc;
+        if (which == 0) {
+            for (int j = part; j <= o; j += 2) acc = fmaf(to_f32(ps[o * LDC + j]), dp[o * LDF + j], acc);
+        } else if (which == 1) {
+            for (int i = o + part; i < C; i += 2) acc = fmaf(to_f32(ps[i * LDC + o]), dp[i * LDF + o], acc);
+        } else {
+            for (int i = o + part; i < C; i += 2) acc = fmaf(da[i * LDF + o], to_f32(ts[i * LDC + o]), acc);
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        if (part == 0) sums[which * C + o] = acc;  // row_e1, col_e1, col_da
     }
     __syncthreads();
 
@@ -244,6 +273,10 @@ __device__ void bwd_intra(const ChunkParams p, const int* __restrict__ chunks, c
     }
     __syncthreads();
 
+    // dX (dv as the dh pass wrote it) to Xᵀ's room, free now that Y is read: its copy runs
+    // under the next step.
+    copy_rows(s0 + L::DX_OFF, dv + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
+
     // M = diag(β)·(Γ⊙dL) strictly below the diagonal, as M + Mᵀ (16-bit); the row sums of
     // Γ⊙dL⊙KKᵀ (dβ) and the column sums of L⊙dL = M⊙KKᵀ (dG).
     for (int idx = tid; idx < C * C; idx += GRAD_THREADS) {
@@ -253,127 +286,90 @@ __device__ void bwd_intra(const ChunkParams p, const int* __restrict__ chunks, c
         if (i < j) m = sb[j] * da[j * LDF + i] * __expf(sg[j] - sg[i]);
         ms[i * LDC + j] = from_f32<T>(m);
     }
-    if (tid < C) {
-        const int i = tid;
+    // Four lanes per sum (every fourth term each, then added by shuffles).
+    static_assert(GRAD_THREADS >= 4 * 2 * C, "four lanes for each of the 2·C sums");
+    if (tid < 4 * 2 * C) {
+        const int which = tid / (4 * C), o = (tid % (4 * C)) >> 2, part = tid & 3;
         float acc = 0.0f;
-        for (int j = 0; j < i; ++j) acc = fmaf(da[i * LDF + j] * __expf(sg[i] - sg[j]), kk[i * LDF + j], acc);
-        row_dl[i] = acc;
-    } else if (tid < 2 * C) {
-        const int j = tid - C;
-        float acc = 0.0f;
-        for (int i = j + 1; i < C; ++i) acc = fmaf(sb[i] * da[i * LDF + j] * __expf(sg[i] - sg[j]), kk[i * LDF + j], acc);
-        col_e2[j] = acc;
+        if (which == 0) {
+            for (int j = part; j < o; j += 4) acc = fmaf(da[o * LDF + j] * __expf(sg[o] - sg[j]), kk[o * LDF + j], acc);
+        } else {
+            for (int i = o + 1 + part; i < C; i += 4) acc = fmaf(sb[i] * da[i * LDF + o] * __expf(sg[i] - sg[o]), kk[i * LDF + o], acc);
+        }
+        acc += __shfl_xor_sync(0xffffffffu, acc, 1);
+        acc += __shfl_xor_sync(0xffffffffu, acc, 2);
+        if (part == 0) (which == 0 ? row_dl : col_e2)[o] = acc;
     }
     __syncthreads();
 
-    // dβ (final for the activated β: T·diag(β) and L are its only uses) and dG so far.
-    if (tid < len) {
-        const int i = tid;
-        const size_t gi = (size_t)(start + i) * HV + hv;
-        dbeta_part[gi] = col_da[i] + row_dl[i];
-        dg_part[gi] = row_e1[i] - col_e1[i] + sb[i] * row_dl[i] - col_e2[i];
-    }
-
-    // dq = dPs·K; dk = dPsᵀ·Q + (M + Mᵀ)·K (f32, this v-head's rows of the chunk).
-    for (int job = warp; job < 2 * 4 * nk; job += GRAD_WARPS) {
-        const bool is_dk = job >= 4 * nk;
-        const int tile = is_dk ? job - 4 * nk : job, mb = tile & 3, nb = tile >> 2;
-        FragC acc;
-        fill_zero(acc);
-        if (!is_dk) {
-            tile_product<T, false, false>(acc, dps, LDC, ks, LDK, mb, nb, 0, mb + 1);
-        } else {
-            tile_product<T, true, false>(acc, dps, LDC, qs, LDK, mb, nb, mb, C / 16);
-            tile_product<T, false, false>(acc, ms, LDC, ks, LDK, mb, nb, 0, C / 16);
-        }
-        float* out = is_dk ? dk_part : dq_part;
-#pragma unroll
-        for (int e = 0; e < 8; e += 2) {
-            const int i = 16 * mb + frag_row(e), c = 16 * nb + frag_col(e);
-            if (i < len) {
-                *reinterpret_cast<float2*>(out + ((size_t)(start + i) * HV + hv) * K + c) =
-                    make_float2(acc.x[e], acc.x[e + 1]);
-            }
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The state-gradient pass. Shared memory (bytes; mirrored by state_grad_smem in
-// chunk_bwd_grad.rs): dO, dX, q, k (C × V / K, token rows), v'ᵀ (V × C), Sᵀ, dS'ᵀ (V × K), the
-// decays, the row partials.
-struct StateGradLayout {
-    static constexpr int DO_OFF = 0;
-    static constexpr int DX_OFF = DO_OFF + 2 * C * LDK;
-    static constexpr int Q_OFF = DX_OFF + 2 * C * LDK;
-    static constexpr int K_OFF = Q_OFF + 2 * C * LDK;
-    static constexpr int VP_OFF = K_OFF + 2 * C * LDK;
-    static constexpr int H_OFF = VP_OFF + 2 * MAX_V * LDC;
-    static constexpr int DH_OFF = H_OFF + 2 * MAX_V * LDK;
-    static constexpr int F_OFF = DH_OFF + 2 * MAX_V * LDK;  // γ, then γ_C/γ
-    static constexpr int RED_OFF = F_OFF + 4 * 2 * C;       // 2 × 2 × C row partials, 8 warp sums, C
-    static constexpr int BYTES = RED_OFF + 4 * (4 * C + GRAD_WARPS + C);
-};
-
-template <typename T>
-__device__ void bwd_state_grad(const ChunkParams p, const int* __restrict__ chunks,
-                               const T* __restrict__ q, const T* __restrict__ k,
-                               const T* __restrict__ d_o, const T* __restrict__ dv,
-                               const float* __restrict__ ws_f, const T* __restrict__ ws_h,
-                               const T* __restrict__ ws_dh, const T* __restrict__ ws_vp,
-                               float* __restrict__ dq_part, float* __restrict__ dk_part,
-                               float* __restrict__ dg_part) {
-    using L = StateGradLayout;
-    extern __shared__ __align__(128) unsigned char smem[];
-    const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int chunk = blockIdx.x, hv = blockIdx.y, h = hv / p.group;
-    const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
-    const size_t ch = (size_t)chunk * HV + hv;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, tid = threadIdx.x;
-    const int nk = K / 16, nv = V / 16;
-
-    T* dos = reinterpret_cast<T*>(smem + L::DO_OFF);
-    T* dxs = reinterpret_cast<T*>(smem + L::DX_OFF);
-    T* qs = reinterpret_cast<T*>(smem + L::Q_OFF);
-    T* ks = reinterpret_cast<T*>(smem + L::K_OFF);
-    T* vps = reinterpret_cast<T*>(smem + L::VP_OFF);
-    T* hs = reinterpret_cast<T*>(smem + L::H_OFF);
-    T* dhs = reinterpret_cast<T*>(smem + L::DH_OFF);
-    float* gam = reinterpret_cast<float*>(smem + L::F_OFF);
-    float* dec = gam + C;
-    float* red = reinterpret_cast<float*>(smem + L::RED_OFF);
-    float* row_g = red;               // [2][C]: q·dq_S + k·dk_X − k·dk_S by column half
-    float* row_s = red + 2 * C;       // [2][C]: k·dk_S
-    float* warp_s = red + 4 * C;      // [8]: Σ S⊙dS' per warp
-    float* dg_s = warp_s + GRAD_WARPS;  // [C]
-
-    const unsigned s0 = smem_addr(smem);
-    const size_t qk_stride = (size_t)H * K;
-    copy_rows(s0 + L::DO_OFF, d_o + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
-    copy_rows(s0 + L::DX_OFF, dv + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
-    copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
-    copy_rows(s0 + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
-    copy_rows(s0 + L::VP_OFF, ws_vp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
+    // Sᵀ and dS'ᵀ to the room of T, P and the f32 tiles (all read now); their copies run under
+    // the intra-chunk products below.
     copy_rows(s0 + L::H_OFF, ws_h + ch * V * K, (size_t)K, V, V, K / 8, LDK);
     copy_rows(s0 + L::DH_OFF, ws_dh + ch * V * K, (size_t)K, V, V, K / 8, LDK);
-    if (tid < 2 * C / 4) cp_async16_zfill(s0 + L::F_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
+
+    // dβ (final for the activated β: T·diag(β) and L are its only uses) and dG so far.
+    if (tid < C) {
+        const int i = tid;
+        float dgi = 0.0f;
+        if (i < len) {
+            dbeta_part[(size_t)(start + i) * HV + hv] = col_da[i] + row_dl[i];
+            dgi = row_e1[i] - col_e1[i] + sb[i] * row_dl[i] - col_e2[i];
+        }
+        dg_s[i] = dgi;
+    }
+
+    // Warp w: row block mb = w % 4, column blocks nb = w / 4 + GRAD_COLS·n of C × K. First the
+    // intra-chunk terms, kept in registers: dq = dPs·K, dk = dPsᵀ·Q + (M + Mᵀ)·K.
+    const int mb = warp & 3, col = warp >> 2;
+    constexpr int NB = MAX_K / 16 / GRAD_COLS;
+    FragC aq[NB], ak[NB];
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        const int nb = col + GRAD_COLS * n;
+        fill_zero(aq[n]);
+        fill_zero(ak[n]);
+        if (nb >= nk) continue;
+        tile_product<T, false, false>(aq[n], dps, LDC, ks, LDK, mb, nb, 0, mb + 1);
+        tile_product<T, true, false>(ak[n], dps, LDC, qs, LDK, mb, nb, mb, C / 16);
+        tile_product<T, false, false>(ak[n], ms, LDC, ks, LDK, mb, nb, 0, C / 16);
+    }
     cp_async_wait();
     __syncthreads();
 
-    // Warp w: row block mb = w % 4, column blocks nb = w / 4 + 2n of C × K.
-    const int mb = warp & 3, half = warp >> 2;
+    // Then the terms through the states, added to them; dq, dk written once (f32, this
+    // v-head's rows of the chunk):
+    //   dq += scale·diag(γ)·dO·Sᵀ,  dk += −diag(γ)·dX·Sᵀ + diag(γ_C/γ)·v'·dS'ᵀ.
+    // The A operands (rows mb of dO, dX, v') are loaded once per kb for the warp's column
+    // blocks, Sᵀ's B operand once for dO·Sᵀ and dX·Sᵀ.
+    FragC u1[NB], u2[NB], u3[NB];  // dO·Sᵀ, dX·Sᵀ, v'·dS'ᵀ
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+        fill_zero(u1[n]);
+        fill_zero(u2[n]);
+        fill_zero(u3[n]);
+    }
+    for (int kb = 0; kb < nv; ++kb) {
+        FragA fo, fx, fv;
+        load_a<T, false>(fo, a_block<false>(dos, LDK, mb, kb), LDK);
+        load_a<T, false>(fx, a_block<false>(dxs, LDK, mb, kb), LDK);
+        load_a<T, true>(fv, a_block<true>(vps, LDC, mb, kb), LDC);
+#pragma unroll
+        for (int n = 0; n < NB; ++n) {
+            const int nb = col + GRAD_COLS * n;
+            if (nb >= nk) break;
+            FragB fs, fd;
+            load_b<T, false>(fs, b_block<false>(hs, LDK, kb, nb), LDK);
+            load_b<T, false>(fd, b_block<false>(dhs, LDK, kb, nb), LDK);
+            mma<T>(u1[n], fo, fs);
+            mma<T>(u2[n], fx, fs);
+            mma<T>(u3[n], fv, fd);
+        }
+    }
     float rg[2] = {0.0f, 0.0f}, rs[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int n = 0; n < MAX_K / 32; ++n) {
-        const int nb = half + 2 * n;
+    for (int n = 0; n < NB; ++n) {
+        const int nb = col + GRAD_COLS * n;
         if (nb >= nk) break;
-        FragC u1, u2, u3;  // dO·Sᵀ, dX·Sᵀ, v'·dS'ᵀ
-        fill_zero(u1);
-        fill_zero(u2);
-        fill_zero(u3);
-        tile_product<T, false, false>(u1, dos, LDK, hs, LDK, mb, nb, 0, nv);
-        tile_product<T, false, false>(u2, dxs, LDK, hs, LDK, mb, nb, 0, nv);
-        tile_product<T, true, false>(u3, vps, LDC, dhs, LDK, mb, nb, 0, nv);
 #pragma unroll
         for (int e = 0; e < 8; e += 2) {
             const int i = 16 * mb + frag_row(e), c = 16 * nb + frag_col(e);
@@ -381,25 +377,23 @@ __device__ void bwd_state_grad(const ChunkParams p, const int* __restrict__ chun
             float dq2[2], dk2[2];
 #pragma unroll
             for (int x = 0; x < 2; ++x) {
-                const float dqs = p.scale * gi * u1.x[e + x];  // dq through S
-                const float dkx = -gi * u2.x[e + x];           // dk through X
-                const float dks = di * u3.x[e + x];            // dk through the state update
+                const float dqs = p.scale * gi * u1[n].x[e + x];  // dq through S
+                const float dkx = -gi * u2[n].x[e + x];           // dk through X
+                const float dks = di * u3[n].x[e + x];            // dk through the state update
                 const float qv = to_f32(qs[i * LDK + c + x]), kv = to_f32(ks[i * LDK + c + x]);
                 rg[(e & 3) >> 1] += qv * dqs + kv * dkx - kv * dks;
                 rs[(e & 3) >> 1] += kv * dks;
-                dq2[x] = dqs;
-                dk2[x] = dkx + dks;
+                dq2[x] = aq[n].x[e + x] + dqs;
+                dk2[x] = ak[n].x[e + x] + (dkx + dks);
             }
             if (i < len) {
                 const size_t at = ((size_t)(start + i) * HV + hv) * K + c;
-                float2 a = *reinterpret_cast<float2*>(dq_part + at);
-                *reinterpret_cast<float2*>(dq_part + at) = make_float2(a.x + dq2[0], a.y + dq2[1]);
-                a = *reinterpret_cast<float2*>(dk_part + at);
-                *reinterpret_cast<float2*>(dk_part + at) = make_float2(a.x + dk2[0], a.y + dk2[1]);
+                *reinterpret_cast<float2*>(dq_part + at) = make_float2(dq2[0], dq2[1]);
+                *reinterpret_cast<float2*>(dk_part + at) = make_float2(dk2[0], dk2[1]);
             }
         }
     }
-    // Row partials over the four lanes of a row, then per column half.
+    // Row partials over the four lanes of a row, then per column group.
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
 #pragma unroll
@@ -410,10 +404,10 @@ __device__ void bwd_state_grad(const ChunkParams p, const int* __restrict__ chun
     }
     if ((lane & 3) == 0) {
         const int i = 16 * mb + (lane >> 2);
-        row_g[half * C + i] = rg[0];
-        row_g[half * C + i + 8] = rg[1];
-        row_s[half * C + i] = rs[0];
-        row_s[half * C + i + 8] = rs[1];
+        row_g[col * C + i] = rg[0];
+        row_g[col * C + i + 8] = rg[1];
+        row_s[col * C + i] = rs[0];
+        row_s[col * C + i + 8] = rs[1];
     }
     // Σ S⊙dS' over the V × K state.
     float sd = 0.0f;
@@ -425,21 +419,25 @@ __device__ void bwd_state_grad(const ChunkParams p, const int* __restrict__ chun
     }
     sd = warp_sum(sd);
     if (lane == 0) warp_s[warp] = sd;
-    if (tid < C) {
-        const int i = tid;
-        dg_s[i] = i < len ? dg_part[(size_t)(start + i) * HV + hv] : 0.0f;
-    }
     __syncthreads();
 
-    // dG, its last-token terms, and the reverse cumsum within the chunk (one thread, in order).
+    // dG, its last-token terms, and the reverse cumsum within the chunk (one thread, in order):
+    //   dG_i += q_i·dq_S,i + k_i·dk_X,i − k_i·dk_S,i,  dG_last += γ_C·Σ S⊙dS' + Σ_i k_i·dk_S,i;
+    // dg = the reverse cumsum of dG (G is a chunk-local cumsum), f32.
     if (tid == 0 && len > 0) {
         float total = 0.0f;
         for (int w = 0; w < GRAD_WARPS; ++w) total += warp_s[w];
         float last = gam[C - 1] * total;
-        for (int i = 0; i < C; ++i) last += row_s[i] + row_s[C + i];
+        for (int i = 0; i < C; ++i) {
+#pragma unroll
+            for (int c = 0; c < GRAD_COLS; ++c) last += row_s[c * C + i];
+        }
         float acc = last;
         for (int i = len - 1; i >= 0; --i) {
-            acc += dg_s[i] + row_g[i] + row_g[C + i];
+            float x = dg_s[i];
+#pragma unroll
+            for (int c = 0; c < GRAD_COLS; ++c) x += row_g[c * C + i];
+            acc += x;
             dg_s[i] = acc;
         }
     }
@@ -458,22 +456,13 @@ __device__ void bwd_state_grad(const ChunkParams p, const int* __restrict__ chun
         gdn::chunked::prep<T, true>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p, ws_t); \
     }                                                                                              \
     extern "C" __global__ void __launch_bounds__(gdn::chunked::GRAD_THREADS, 1)                    \
-        gdn_chunk_bwd_intra_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks,         \
-                                     const T* q, const T* k, const T* d_o, const float* ws_f,      \
-                                     const T* ws_p, const T* ws_t, const T* ws_x, const T* ws_vp,  \
-                                     const T* ws_dvp, float* dq_part, float* dk_part,              \
-                                     float* dg_part, float* dbeta_part) {                          \
-        gdn::chunked::bwd_intra<T>(p, chunks, q, k, d_o, ws_f, ws_p, ws_t, ws_x, ws_vp, ws_dvp,    \
-                                   dq_part, dk_part, dg_part, dbeta_part);                         \
-    }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(gdn::chunked::GRAD_THREADS, 1)                    \
-        gdn_chunk_bwd_state_grad_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks,    \
-                                          const T* q, const T* k, const T* d_o, const T* dv,       \
-                                          const float* ws_f, const T* ws_h, const T* ws_dh,        \
-                                          const T* ws_vp, float* dq_part, float* dk_part,          \
-                                          float* dg_part) {                                        \
-        gdn::chunked::bwd_state_grad<T>(p, chunks, q, k, d_o, dv, ws_f, ws_h, ws_dh, ws_vp,        \
-                                        dq_part, dk_part, dg_part);                                \
+        gdn_chunk_bwd_grad_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks, const T* q, \
+                                    const T* k, const T* d_o, const T* dv, const float* ws_f,      \
+                                    const T* ws_p, const T* ws_t, const T* ws_x, const T* ws_vp,   \
+                                    const T* ws_dvp, const T* ws_h, const T* ws_dh, float* dq_part, \
+                                    float* dk_part, float* dg_part, float* dbeta_part) {           \
+        gdn::chunked::bwd_grad<T>(p, chunks, q, k, d_o, dv, ws_f, ws_p, ws_t, ws_x, ws_vp, ws_dvp,  \
+                                  ws_h, ws_dh, dq_part, dk_part, dg_part, dbeta_part);             \
     }
 
 GDN_CHUNK_BWD_GRAD(f16, __half)

@@ -7,9 +7,10 @@
 //! 3. the states pass and 4. the dh pass per (V-block, v-head, sequence), sequential over the
 //!    chunks (`chunk_bwd_chain.cu`): each chunk's start state S, X, v' and end-state gradient
 //!    dS', dv'; dv and dh0.
-//! 5. the intra-chunk pass and 6. the state-gradient pass per (chunk, v-head)
-//!    (`chunk_bwd_grad.cu`): dq, dk per v-head in f32, dβ, dg.
-//! 7. backward.cu's finishing kernels: GVA sums and the l2norm chain rule for dq, dk; the
+//! 5. the gradient pass per (chunk, v-head) (`chunk_bwd_grad.cu`): the terms inside the chunk,
+//!    then those through its start state and end-state gradient, in one block; dq, dk per
+//!    v-head in f32, dβ, dg.
+//! 6. backward.cu's finishing kernels: GVA sums and the l2norm chain rule for dq, dk; the
 //!    sigmoid and gate-activation chain rules, dA_log and ddt_bias.
 //!
 //! Deterministic: no atomics, every sum in a fixed order.
@@ -22,8 +23,7 @@ use super::chunk_bwd_chain::{
     ChainBuffers, ChainInputs, chain_plan, chain_smem, launch_dh, launch_states, launch_together,
 };
 use super::chunk_bwd_grad::{
-    GradParts, MAX_CHUNKED_BWD_VALUE_DIM, intra_smem, launch_intra, launch_prep, launch_state_grad,
-    state_grad_smem,
+    GradParts, MAX_CHUNKED_BWD_VALUE_DIM, grad_smem, launch_grad, launch_prep,
 };
 use super::chunked::{ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM, launch_l2norm, prep_smem};
 use super::context::{Context, driver_error};
@@ -43,10 +43,8 @@ pub enum ChunkedStage {
     States,
     /// The dh pass.
     Chains,
-    /// The intra-chunk pass.
-    Intra,
-    /// The state-gradient pass.
-    StateGrad,
+    /// The per-chunk gradient pass (inside the chunk and through its states, one launch).
+    Grad,
     /// Everything: the finishing kernels too.
     All,
 }
@@ -84,14 +82,9 @@ pub(crate) fn chunked_backward_runs(
         return Ok(false);
     }
     let limit = super::chunked::max_shared_optin(ctx)?;
-    Ok([
-        prep_smem(),
-        chain_smem(32, true, false),
-        intra_smem(),
-        state_grad_smem(),
-    ]
-    .iter()
-    .all(|&s| s <= limit))
+    Ok([prep_smem(), chain_smem(32, true, false), grad_smem()]
+        .iter()
+        .all(|&s| s <= limit))
 }
 
 fn alloc(ctx: &Context, name: &str, bytes: usize) -> Result<CudaSlice<u8>> {
@@ -364,8 +357,8 @@ impl ChunkedScratch {
                 )?;
             }
         }
-        if n > 0 && until >= ChunkedStage::Intra {
-            launch_intra(
+        if n > 0 && until >= ChunkedStage::Grad {
+            launch_grad(
                 ctx,
                 p,
                 &params,
@@ -373,20 +366,6 @@ impl ChunkedScratch {
                 suffix,
                 &ws,
                 &self.t,
-                q,
-                k,
-                d_o.buffer(),
-                &parts,
-            )?;
-        }
-        if n > 0 && until >= ChunkedStage::StateGrad {
-            launch_state_grad(
-                ctx,
-                p,
-                &params,
-                n,
-                suffix,
-                &ws,
                 q,
                 k,
                 d_o.buffer(),

@@ -1,6 +1,7 @@
-//! The chunked backward's parallel passes (`shaders/cuda/chunk_bwd_grad.cu`), one block of 8
-//! warps per (chunk, v-head): the prep (the forward's, with T, G and β kept), the gradients
-//! inside each chunk, and those through its start state and end-state gradient.
+//! The chunked backward's parallel passes (`shaders/cuda/chunk_bwd_grad.cu`), one block per
+//! (chunk, v-head): the prep (the forward's, with T, G and β kept), and the
+//! gradients inside each chunk together with those through its start state and end-state
+//! gradient.
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -11,8 +12,12 @@ use super::kernels::CHUNK_BWD_GRAD;
 use crate::error::Result;
 use crate::problem::{CHUNK, Problem};
 
-/// Threads per block of the three passes (`GRAD_THREADS`, `PREP_THREADS`).
-const THREADS: u32 = 256;
+/// Threads per block of the prep (`PREP_THREADS`).
+const PREP_THREADS: u32 = 256;
+/// Threads per block of the gradient pass (`GRAD_THREADS`): 16 warps.
+const GRAD_THREADS: u32 = 512;
+/// Its last step's column groups (`GRAD_COLS`): a quarter of the warps.
+const GRAD_COLS: usize = GRAD_THREADS as usize / 32 / 4;
 /// The largest V the per-chunk passes hold (`MAX_V`).
 pub const MAX_CHUNKED_BWD_VALUE_DIM: usize = 128;
 
@@ -20,27 +25,17 @@ const LDK: usize = MAX_CHUNKED_KEY_DIM + 8;
 const LDC: usize = CHUNK + 8;
 const LDF: usize = CHUNK + 4;
 
-/// chunk_bwd_grad.cu's IntraLayout: q, k, dO; v'ᵀ, Xᵀ, dv'ᵀ; T, P; three f32 C × C tiles; the
-/// gates; six C-vectors of sums.
-pub(crate) fn intra_smem() -> usize {
+/// chunk_bwd_grad.cu's GradLayout: q, k, dO; v'ᵀ, Xᵀ, dv'ᵀ; T, P; three f32 C × C tiles (their
+/// room later holds Sᵀ and dS'ᵀ); the gates; five C-vectors of sums, dG, the row partials and
+/// the warp sums.
+pub(crate) fn grad_smem() -> usize {
     let c = CHUNK;
     3 * 2 * c * LDK
         + 3 * 2 * MAX_CHUNKED_BWD_VALUE_DIM * LDC
         + 2 * 2 * c * LDC
         + 3 * 4 * c * LDF
-        + 4 * 2 * c
-        + 4 * 6 * c
-}
-
-/// chunk_bwd_grad.cu's StateGradLayout: dO, dX, q, k; v'ᵀ; Sᵀ, dS'ᵀ; the decays; row partials,
-/// warp sums and dG.
-pub(crate) fn state_grad_smem() -> usize {
-    let c = CHUNK;
-    4 * 2 * c * LDK
-        + 2 * MAX_CHUNKED_BWD_VALUE_DIM * LDC
-        + 2 * 2 * MAX_CHUNKED_BWD_VALUE_DIM * LDK
-        + 4 * 2 * c
-        + 4 * (4 * c + 8 + c)
+        + 4 * 4 * c
+        + 4 * ((6 + 2 * GRAD_COLS) * c + 4 * GRAD_COLS)
 }
 
 fn grid(problem: &Problem, num_chunks: usize) -> (u32, u32, u32) {
@@ -90,7 +85,7 @@ pub(crate) fn launch_prep(
     l.arg(ws.gates).arg(ws.t_beta).arg(ws.p).arg(t);
     let cfg = LaunchConfig {
         grid_dim: grid(problem, num_chunks),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (PREP_THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
     // SAFETY: matches gdn_chunk_bwd_prep_* in chunk_bwd_grad.cu; inputs checked against the
@@ -99,9 +94,11 @@ pub(crate) fn launch_prep(
     Ok(())
 }
 
-/// Enqueue the intra-chunk pass: dq, dk (through P and the inverse), dβ and dG so far.
+/// Enqueue the per-chunk gradient pass: dq, dk (inside the chunk, through P and the inverse,
+/// and through its start state and end-state gradient), dβ, and dg (the reverse chunk-local
+/// cumsum of dG). Reads dv as the dh pass wrote it.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_intra(
+pub(crate) fn launch_grad(
     ctx: &Context,
     problem: &Problem,
     params: &ChunkParams,
@@ -112,56 +109,11 @@ pub(crate) fn launch_intra(
     q: &CudaSlice<u8>,
     k: &CudaSlice<u8>,
     d_o: &CudaSlice<u8>,
-    parts: &GradParts<'_>,
-) -> Result<()> {
-    let name = format!("gdn_chunk_bwd_intra_{suffix}");
-    let smem = intra_smem();
-    let func = ctx.function_with_smem(&CHUNK_BWD_GRAD, &name, smem)?;
-    let mut l = ctx.stream().launch_builder(&func);
-    l.arg(params)
-        .arg(ws.chunks)
-        .arg(q)
-        .arg(k)
-        .arg(d_o)
-        .arg(ws.gates)
-        .arg(ws.p)
-        .arg(t)
-        .arg(ws.x)
-        .arg(ws.v_new)
-        .arg(ws.dv_new)
-        .arg(parts.dq)
-        .arg(parts.dk)
-        .arg(parts.dg)
-        .arg(parts.dbeta);
-    let cfg = LaunchConfig {
-        grid_dim: grid(problem, num_chunks),
-        block_dim: (THREADS, 1, 1),
-        shared_mem_bytes: smem as u32,
-    };
-    // SAFETY: matches gdn_chunk_bwd_intra_* in chunk_bwd_grad.cu; the workspace and the parts
-    // were sized for this problem's chunks and tokens.
-    unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
-    Ok(())
-}
-
-/// Enqueue the state-gradient pass: the state terms of dq, dk and dG, then dg (the reverse
-/// chunk-local cumsum of dG). Reads dv as the dh pass wrote it.
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn launch_state_grad(
-    ctx: &Context,
-    problem: &Problem,
-    params: &ChunkParams,
-    num_chunks: usize,
-    suffix: &str,
-    ws: &ChainBuffers<'_>,
-    q: &CudaSlice<u8>,
-    k: &CudaSlice<u8>,
-    d_o: &CudaSlice<u8>,
     dv: &CudaSlice<u8>,
     parts: &GradParts<'_>,
 ) -> Result<()> {
-    let name = format!("gdn_chunk_bwd_state_grad_{suffix}");
-    let smem = state_grad_smem();
+    let name = format!("gdn_chunk_bwd_grad_{suffix}");
+    let smem = grad_smem();
     let func = ctx.function_with_smem(&CHUNK_BWD_GRAD, &name, smem)?;
     let mut l = ctx.stream().launch_builder(&func);
     l.arg(params)
@@ -171,18 +123,24 @@ pub(crate) fn launch_state_grad(
         .arg(d_o)
         .arg(dv)
         .arg(ws.gates)
+        .arg(ws.p)
+        .arg(t)
+        .arg(ws.x)
+        .arg(ws.v_new)
+        .arg(ws.dv_new)
         .arg(ws.states)
         .arg(ws.state_grads)
-        .arg(ws.v_new)
         .arg(parts.dq)
         .arg(parts.dk)
-        .arg(parts.dg);
+        .arg(parts.dg)
+        .arg(parts.dbeta);
     let cfg = LaunchConfig {
         grid_dim: grid(problem, num_chunks),
-        block_dim: (THREADS, 1, 1),
+        block_dim: (GRAD_THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: matches gdn_chunk_bwd_state_grad_* in chunk_bwd_grad.cu; as launch_intra.
+    // SAFETY: matches gdn_chunk_bwd_grad_* in chunk_bwd_grad.cu; the workspace and the parts
+    // were sized for this problem's chunks and tokens.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
 }

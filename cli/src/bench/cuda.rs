@@ -240,8 +240,7 @@ fn time_on(
                     ChunkedStage::Prep,
                     ChunkedStage::States,
                     ChunkedStage::Chains,
-                    ChunkedStage::Intra,
-                    ChunkedStage::StateGrad,
+                    ChunkedStage::Grad,
                     ChunkedStage::All,
                 ] {
                     let run = || {
@@ -259,7 +258,7 @@ fn time_on(
                     run()?;
                     prefix.push(event_median(ctx, reps.min(5), &run)?);
                 }
-                let names = ["prep", "states", "dh", "intra", "state_grad", "finish"];
+                let names = ["prep", "states", "dh", "grad", "finish"];
                 let mut parts = Vec::new();
                 for (i, name) in names.iter().enumerate() {
                     let before = if i == 0 { 0.0 } else { prefix[i - 1] };
