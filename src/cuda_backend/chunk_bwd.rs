@@ -16,7 +16,7 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::backward::{alloc_f32, dtype_suffix, launch_finish};
+use super::backward::{alloc_f32, dtype_suffix, gate_sums_len, launch_finish};
 pub use super::chunk_bwd_chain::ChainSchedule;
 use super::chunk_bwd_chain::{
     ChainBuffers, ChainInputs, chain_plan, chain_smem, launch_dh, launch_states, launch_together,
@@ -132,6 +132,8 @@ pub(crate) struct ChunkedScratch {
     dk_part: CudaSlice<f32>,
     dbeta_part: CudaSlice<f32>,
     dg_part: CudaSlice<f32>,
+    /// The finishing kernels' dA_log / ddt_bias partial sums.
+    gate_sums: CudaSlice<f32>,
 }
 
 impl ChunkedScratch {
@@ -212,6 +214,7 @@ impl ChunkedScratch {
             dk_part: alloc_f32(ctx, "dk per v-head", per_token * k)?,
             dbeta_part: alloc_f32(ctx, "dbeta per v-head", per_token)?,
             dg_part: alloc_f32(ctx, "dg per v-head", per_token)?,
+            gate_sums: alloc_f32(ctx, "gate sums", gate_sums_len(p))?,
         })
     }
 
@@ -253,7 +256,8 @@ impl ChunkedScratch {
             + 4 * (self.dq_part.len()
                 + self.dk_part.len()
                 + self.dbeta_part.len()
-                + self.dg_part.len())
+                + self.dg_part.len()
+                + self.gate_sums.len())
     }
 
     /// Enqueue every launch; `backward_into` checked the tensors against the problem and
@@ -408,6 +412,7 @@ impl ChunkedScratch {
                 &self.dbeta_part,
                 &self.dg_part,
             ],
+            &self.gate_sums,
             grads,
         )
     }
