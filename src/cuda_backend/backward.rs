@@ -145,7 +145,7 @@ struct ExactScratch {
 }
 
 impl ExactScratch {
-    /// `4·HV·K·V·(Σ⌈len/64⌉ + 64·N) + 8·⌈V/32⌉·B·T·HV·(K + 1)` bytes.
+    /// `4·HV·K·V·(Σ⌈len/64⌉ + 64·N) + 8·⌈V/32⌉·B·T·HV·(K + 1) + 8·HV·⌈B·T/256⌉` bytes.
     fn new(ctx: &Context, problem: &Problem) -> Result<Self> {
         let p = problem;
         let seqs = p.sequences();

@@ -139,7 +139,8 @@ pub(crate) struct ChunkedScratch {
 impl ChunkedScratch {
     /// Upload the tables and allocate the workspace (enqueued on the context's stream). Its
     /// size per (chunk, v-head) is `16·C + s·(3·C² + 2·V·K + 3·V·C)` bytes (s: the dtype's
-    /// size), plus `4·B·T·HV·(2K + 2)` for the f32 per-v-head gradients.
+    /// size), plus `4·B·T·HV·(2K + 2)` for the f32 per-v-head gradients and
+    /// `8·HV·⌈B·T/256⌉` for the finishing kernels' gate sums.
     pub(crate) fn new(
         ctx: &Context,
         problem: &Problem,
