@@ -26,20 +26,6 @@
 namespace gdn {
 namespace chunked {
 
-// Experiment switches (GDN_CUDA_DEFINES): EXP_UNROLL1 keeps the chunk loops rolled;
-// EXP_NO_WS_STORES drops the workspace stores and EXP_NO_PREFETCH the tile copies (both
-// diagnostic only: wrong results, for timing what they cost).
-#ifdef EXP_UNROLL1
-#define CHAIN_LOOP _Pragma("unroll 1")
-#else
-#define CHAIN_LOOP
-#endif
-#ifdef EXP_NO_WS_STORES
-#define WS_STORES 0
-#else
-#define WS_STORES 1
-#endif
-
 constexpr int LDO = 16 + 8;  // a column group's C × 16 staging tile of dv
 
 // Pass-wide layout of one stage (byte offsets), as the forward's FwdLayout: k, the V-block of v
@@ -245,9 +231,6 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
     const int v_vecs = (min(BV, V - col0) + 7) / 8;
     auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
     auto prefetch = [&](int chunk, int s, int2 info) {
-#ifdef EXP_NO_PREFETCH
-        if (chunk != first) return;
-#endif
         const unsigned base = smem0 + s * L::STATES_STAGE;
         const int start = info.x, len = info.y;
         const size_t ch = (size_t)chunk * HV + hv;
@@ -283,7 +266,6 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
         prefetch(first, 0, info_of(first));
         cp_async_commit();
     }
-    CHAIN_LOOP
     for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
         const int2 info2 = info_of(chunk + 2);
         cp_async_wait_group<0>();
@@ -303,7 +285,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
             // The chunk's start state, rounded as the MMAs take it, as Sᵀ (V × K).
 #pragma unroll
             for (int j = 0; j < 2 * NB; ++j) {
-                if (WS_STORES && j < 2 * kr.n) {
+                if (j < 2 * kr.n) {
                     const int r = 16 * kr.lo + 8 * j + 2 * t;
                     T* dst = ws_h + (ch * V + c0 + g) * K + r;
                     *reinterpret_cast<unsigned*>(dst) = pack2<T>(sacc[j][0], sacc[j][1]);
@@ -328,7 +310,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
             }
             unsigned xa[C / 16][4];
             pack_tokens<T>(xa, xacc, nullptr, 1.0f);
-            if (WS_STORES && half == 0) store_transposed<T>(ws_x + (ch * V + c0) * C, C, xacc);
+            if (half == 0) store_transposed<T>(ws_x + (ch * V + c0) * C, C, xacc);
 
             // v'ᵀ = Xᵀ·(T·diag(β))ᵀ; T is lower triangular: token block ip reads blocks kb ≤ ip.
             float vacc[C / 8][4];
@@ -344,7 +326,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
                     MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fa[kb][2], fa[kb][3]);
                 }
             }
-            if (WS_STORES && half == 0) store_transposed<T>(ws_vp + (ch * V + c0) * C, C, vacc);
+            if (half == 0) store_transposed<T>(ws_vp + (ch * V + c0) * C, C, vacc);
 
             // Sᵀ ← γ_C·Sᵀ + (diag(γ_C/γ)·v')ᵀ·K, this warp's K rows.
             unsigned vd[C / 16][4];
@@ -407,9 +389,6 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
     const int v_vecs = (min(BV, V - col0) + 7) / 8;
     auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
     auto prefetch = [&](int chunk, int s, int2 info) {
-#ifdef EXP_NO_PREFETCH
-        if (chunk != end - 1 && chunk != end - 2) return;
-#endif
         const unsigned base = smem0 + s * L::DH_STAGE;
         const int start = info.x, len = info.y;
         const size_t ch = (size_t)chunk * HV + hv;
@@ -447,7 +426,6 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
         prefetch(end - 1, 0, info);
         cp_async_commit();
     }
-    CHAIN_LOOP
     for (int chunk = end - 1, s = 0; chunk >= first; --chunk, s ^= 1) {
         const int2 info2 = info_of(chunk - 2);
         cp_async_wait_group<0>();
@@ -466,7 +444,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             // dS' (the gradient of the chunk's end state), rounded, as dS'ᵀ (V × K).
 #pragma unroll
             for (int j = 0; j < 2 * NB; ++j) {
-                if (WS_STORES && j < 2 * kr.n) {
+                if (j < 2 * kr.n) {
                     const int r = 16 * kr.lo + 8 * j + 2 * t;
                     T* dst = ws_dh + (ch * V + c0 + g) * K + r;
                     *reinterpret_cast<unsigned*>(dst) = pack2<T>(dsacc[j][0], dsacc[j][1]);
@@ -492,7 +470,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
             for (int kb = 0; kb < C / 16; ++kb) ldsm4_t(fo[kb], base + lane_dot + 2 * (16 * kb * L::LDV));
             times_lower<T>(dvacc, fo, base + lane_p);
-            if (WS_STORES && half == 0) store_transposed<T>(ws_dvp + (ch * V + c0) * C, C, dvacc);
+            if (half == 0) store_transposed<T>(ws_dvp + (ch * V + c0) * C, C, dvacc);
 
             // dXᵀ = dv'ᵀ·(T·diag(β)) (= dv), stored through the warp's staging tile.
             unsigned dva[C / 16][4];

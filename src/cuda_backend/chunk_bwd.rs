@@ -62,13 +62,15 @@ pub struct BackwardOptions {
     pub value_block: Option<usize>,
     /// A pair of warps per 16 columns, each holding half the state's (or state gradient's) K
     /// rows (V-blocks 32 and 64; together only 32): half of each warp's products, the partial
-    /// K·S (K·dS') summed through shared memory. `None`: [`AUTO_WARP_PAIRS`].
+    /// K·S (K·dS') summed through shared memory. `None`: [`AUTO_WARP_PAIRS`] where the chains
+    /// then run together, else single warps.
     pub warp_pairs: Option<bool>,
 }
 
-/// Whether the chains take warp pairs unless told: not yet (not measured faster on the
-/// H200).
-pub const AUTO_WARP_PAIRS: bool = false;
+/// Whether the chains take warp pairs unless told, where both chains then run together
+/// (their grid resident at once; else single warps): yes (on the H200, 16/32 and 2/8 heads ×
+/// 32768 tokens, the states chain 1.73 → 1.60 ms; BENCHMARKS.md).
+pub const AUTO_WARP_PAIRS: bool = true;
 
 /// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
 /// device: f16/bf16, K and V ≤ 128, and every pass within the shared memory a block may use.
@@ -173,10 +175,17 @@ impl ChunkedScratch {
             units.push(0);
         }
         let limits = DeviceLimits::of(ctx)?;
-        let pairs = options.warp_pairs.unwrap_or(AUTO_WARP_PAIRS);
-        let (chains, value_block) =
-            chain_plan(&limits, p, options.chains, options.value_block, pairs)?
-                .unwrap_or((ChainSchedule::Serial, 32));
+        let plan_with = |pairs| chain_plan(&limits, p, options.chains, options.value_block, pairs);
+        let (pairs, plan) = match options.warp_pairs {
+            Some(pairs) => (pairs, plan_with(pairs)?),
+            None => match plan_with(AUTO_WARP_PAIRS) {
+                Ok(Some(plan @ (ChainSchedule::Together, _))) if AUTO_WARP_PAIRS => {
+                    (true, Some(plan))
+                }
+                _ => (false, plan_with(false)?),
+            },
+        };
+        let (chains, value_block) = plan.unwrap_or((ChainSchedule::Serial, 32));
         let stream = ctx.stream();
         let upload = |what: &str, data: &[i32]| {
             stream

@@ -130,21 +130,6 @@ pub fn options(target: Target) -> Vec<String> {
     opts
 }
 
-/// Experiments: `GDN_CUDA_DEFINES="A B=1"` compiles with -DA -DB=1 the sources named by
-/// `GDN_CUDA_DEFINES_FILE` (all without it).
-fn extra_defines(name: &str) -> Vec<String> {
-    let Ok(defines) = std::env::var("GDN_CUDA_DEFINES") else {
-        return Vec::new();
-    };
-    if std::env::var("GDN_CUDA_DEFINES_FILE").is_ok_and(|f| f != name) {
-        return Vec::new();
-    }
-    defines
-        .split_whitespace()
-        .map(|d| format!("-D{d}"))
-        .collect()
-}
-
 /// Compile `source` (named `name` in diagnostics) for `target`, without the cache.
 pub fn compile(name: &str, source: &str, target: Target) -> Result<Image> {
     if !nvrtc_available() {
@@ -158,8 +143,7 @@ pub fn compile(name: &str, source: &str, target: Target) -> Result<Image> {
     };
     let src = CString::new(source).map_err(|_| fail("compile", "source holds a NUL".into()))?;
     let cname = CString::new(name).map_err(|_| fail("compile", "name holds a NUL".into()))?;
-    let mut opts = options(target);
-    opts.extend(extra_defines(name));
+    let opts = options(target);
     let prog = result::create_program(&src, Some(&cname))
         .map_err(|e| fail("program creation", e.to_string()))?;
     // Destroy the program on every path out.
@@ -242,9 +226,7 @@ fn fnv1a128(parts: &[&[u8]]) -> u128 {
 /// The cache file of `source` compiled for `target`: keyed by the hash of the source, the
 /// target and every NVRTC option (which names the include folders).
 pub fn cache_path(dir: &Path, name: &str, source: &str, target: Target) -> PathBuf {
-    let mut opts = options(target);
-    opts.extend(extra_defines(name));
-    let opts = opts.join("\n");
+    let opts = options(target).join("\n");
     let key = fnv1a128(&[source.as_bytes(), target.arch().as_bytes(), opts.as_bytes()]);
     let ext = if target.is_cubin() { "cubin" } else { "ptx" };
     let stem = name.trim_end_matches(".cu");
