@@ -72,6 +72,24 @@ pub struct BackwardOptions {
 /// 32768 tokens, the states chain 1.73 → 1.60 ms; BENCHMARKS.md).
 pub const AUTO_WARP_PAIRS: bool = true;
 
+/// Warp pairs or not, and the chains' schedule and V-block ([`chain_plan`]): `options`'
+/// choices, with `warp_pairs: None` pairs ([`AUTO_WARP_PAIRS`]) where they give
+/// [`ChainSchedule::Together`], else single warps.
+fn chain_choice(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    options: BackwardOptions,
+) -> Result<(bool, Option<(ChainSchedule, usize)>)> {
+    let plan_with = |pairs| chain_plan(limits, problem, options.chains, options.value_block, pairs);
+    if let Some(pairs) = options.warp_pairs {
+        return Ok((pairs, plan_with(pairs)?));
+    }
+    if AUTO_WARP_PAIRS && let Ok(Some(plan @ (ChainSchedule::Together, _))) = plan_with(true) {
+        return Ok((true, Some(plan)));
+    }
+    Ok((false, plan_with(false)?))
+}
+
 /// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
 /// device: f16/bf16, K and V ≤ 128, and every pass within the shared memory a block may use.
 pub(crate) fn chunked_backward_runs(
@@ -175,16 +193,7 @@ impl ChunkedScratch {
             units.push(0);
         }
         let limits = DeviceLimits::of(ctx)?;
-        let plan_with = |pairs| chain_plan(&limits, p, options.chains, options.value_block, pairs);
-        let (pairs, plan) = match options.warp_pairs {
-            Some(pairs) => (pairs, plan_with(pairs)?),
-            None => match plan_with(AUTO_WARP_PAIRS) {
-                Ok(Some(plan @ (ChainSchedule::Together, _))) if AUTO_WARP_PAIRS => {
-                    (true, Some(plan))
-                }
-                _ => (false, plan_with(false)?),
-            },
-        };
+        let (pairs, plan) = chain_choice(&limits, p, options)?;
         let (chains, value_block) = plan.unwrap_or((ChainSchedule::Serial, 32));
         let stream = ctx.stream();
         let upload = |what: &str, data: &[i32]| {
@@ -425,5 +434,67 @@ impl ChunkedScratch {
             &self.gate_sums,
             grads,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::Options;
+
+    /// The H200's numbers (132 SMs, 228 KiB of shared memory per SM, 227 KiB per block).
+    fn h200() -> DeviceLimits {
+        DeviceLimits {
+            smem_per_block: 232_448,
+            smem_per_sm: 233_472,
+            sms: 132,
+        }
+    }
+
+    #[test]
+    fn warp_pairs_by_default_only_where_the_chains_run_together() {
+        let shape = |qk: usize, v: usize| {
+            Problem::new(1, 32768, qk, v, 128, 128, None, Options::default()).unwrap()
+        };
+        let auto = BackwardOptions::default();
+        let together = |bv| Some((ChainSchedule::Together, bv));
+        // 16/32 and 2/8: both chains together at V-block 32 with pairs (128 and 32 blocks).
+        for p in [shape(16, 32), shape(2, 8)] {
+            assert_eq!(
+                chain_choice(&h200(), &p, auto).unwrap(),
+                (true, together(32))
+            );
+        }
+        // 16/64: 256 blocks at V-block 32 are not resident; single warps together at 64.
+        let wide = shape(16, 64);
+        assert_eq!(
+            chain_choice(&h200(), &wide, auto).unwrap(),
+            (false, together(64))
+        );
+        // Forced choices are kept, and a schedule pairs cannot run stays an error.
+        let single = BackwardOptions {
+            warp_pairs: Some(false),
+            ..auto
+        };
+        assert_eq!(
+            chain_choice(&h200(), &shape(16, 32), single).unwrap(),
+            (false, together(32))
+        );
+        let pairs_at_64 = BackwardOptions {
+            chains: ChainSchedule::Together,
+            value_block: Some(64),
+            warp_pairs: Some(true),
+        };
+        assert!(chain_choice(&h200(), &wide, pairs_at_64).is_err());
+        // Forced single-warp V-block 64 together, auto pairs: no pairs kernel there.
+        let at_64 = BackwardOptions {
+            chains: ChainSchedule::Together,
+            value_block: Some(64),
+            warp_pairs: None,
+        };
+        assert_eq!(
+            chain_choice(&h200(), &shape(16, 32), at_64).unwrap(),
+            (false, together(64))
+        );
     }
 }
