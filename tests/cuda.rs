@@ -1024,8 +1024,8 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
             );
             // The exact path also runs where the chunked one is chosen (forced, as
             // GDN_CUDA_BACKWARD=exact does), and the chunked one with its chains one after
-            // the other (the automatic choice runs them together on these small grids) and
-            // with warp pairs both ways.
+            // the other (the automatic choice runs them together, with warp pairs, on these
+            // small grids) and with and without warp pairs both ways.
             let auto = BackwardOptions::default();
             let mut runs = vec![(path, auto)];
             if path == BackwardPath::Chunked {
@@ -1036,6 +1036,7 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                 for (chains, pairs) in [
                     (ChainSchedule::Serial, false),
                     (ChainSchedule::Serial, true),
+                    (ChainSchedule::Together, false),
                     (ChainSchedule::Together, true),
                 ] {
                     let options = BackwardOptions {

@@ -1,7 +1,8 @@
 # Builds kernels.inc: common.cuh, chunk.cuh and the chunked backward's passes with every
 # inline-PTX helper (ldmatrix, mma.sync, cp.async, cvta, named barriers) replaced by shim.h's
 # emulation. `gen.py fwd [chunked.cu]` builds fwd_kernels.inc from the chunked forward and the
-# combine step instead (chunked.cu from another path: an older version, for an A/B).
+# combine step instead (chunked.cu from another path: an older version, for an A/B);
+# `gen.py finish` builds finish_kernels.inc from backward.cu's finishing kernels.
 import os, re, sys
 here = os.path.dirname(os.path.abspath(__file__))
 root = os.path.join(here, '..', '..', 'shaders', 'cuda') + '/'
@@ -53,6 +54,14 @@ for h, b in [
     ('__device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {', '{ emu::mma_tf32(d, a, b0, b1); }'),
 ]:
     chunk = replace_body(chunk, h, b)
+if len(sys.argv) > 1 and sys.argv[1] == 'finish':
+    # backward.cu's finishing kernels (BackwardParams and the kernels after the exact pass)
+    b = open(root + 'backward.cu').read()
+    head = b[b.index('namespace gdn {'):b.index('__device__ __forceinline__ size_t bwd_state_offset')]
+    body = b[b.index('// Per (token, q/k head) row, a warp each'):b.index('}  // namespace gdn')]
+    out = '#include "shim.h"\n#define __shared__ static\n' + common + '\n' + head + '\n' + body + '\n}  // namespace gdn\n'
+    open(os.path.join(here, 'finish_kernels.inc'), 'w').write(out)
+    sys.exit(0)
 out = '#include "shim.h"\n' + common + '\n' + chunk + '\n'
 fwd = len(sys.argv) > 1 and sys.argv[1] == 'fwd'
 files = [root + 'chunk_bwd_chain.cu', root + 'chunk_bwd_grad.cu']

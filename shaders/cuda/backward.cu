@@ -8,7 +8,7 @@
 //   S_t = S_a + k u^T               dk += S_a dp;  dS += k dp^T
 //   o   = scale S_t^T q             dg = a sum(dS * S_{t-1});  dS <- a dS
 //
-// Design (three kernels, all deterministic: no atomics):
+// Design (four kernels, all deterministic: no atomics):
 // 1. gdn_bwd_recurrent_*: one block per (V-block of 32 columns, v-head, sequence), the thread
 //    mapping of recurrent.cu (lane = v column, warp = a quarter of the K rows), so the K x 32
 //    slices of S and dS live in registers. A forward pass over the sequence stores the state
@@ -19,12 +19,13 @@
 //    per-row sums over the block's columns (dq, dk) through a K x 33 shared tile. Everything
 //    owned by one v column (dv) is final; what sums over V (dq, dk, db, dg) is written as one
 //    partial per V-block, because the V-blocks run in different thread blocks.
-// 2. gdn_bwd_qk_finish_*: per (token, q/k head), sums the partials over V-blocks and over the
-//    GVA group's v-heads, then the l2norm chain rule (linear in dy, so summing first is exact),
-//    stored in the storage dtype.
-// 3. gdn_bwd_gate_finish: per v-head, sums db / dg partials over V-blocks, applies the sigmoid
-//    (x2) and gate-activation chain rules, and reduces dA_log and ddt_bias over all tokens of
-//    the head in a fixed order (one block per head).
+// 2. gdn_bwd_qk_finish_*: per (token, q/k head) a warp, sums the partials over V-blocks and
+//    over the GVA group's v-heads, then the l2norm chain rule (linear in dy, so summing first is
+//    exact), stored in the storage dtype.
+// 3. gdn_bwd_gate_finish: per (block of tokens, 32 v-heads), sums db / dg partials over
+//    V-blocks, applies the sigmoid (x2) and gate-activation chain rules, and sums dA_log and
+//    ddt_bias over the block's tokens; 4. gdn_bwd_gate_sums adds those per v-head (both sums in
+//    a fixed order). The finishing kernels (2-4) are shared with the chunked backward.
 
 namespace gdn {
 
@@ -311,72 +312,133 @@ __device__ __forceinline__ void recurrent_bwd(
     }
 }
 
-__device__ __forceinline__ float block_sum_128(float x, float* red4) {
-    // Sum over a block of 128 threads; red4 holds 4 floats; ends with every thread holding it.
-    x = warp_sum(x);
-    __syncthreads();
-    if ((threadIdx.x & 31) == 0) red4[threadIdx.x >> 5] = x;
-    __syncthreads();
-    return red4[0] + red4[1] + red4[2] + red4[3];
-}
+// Per (token, q/k head) row, a warp each: sum dq / dk partials over V-blocks and the GVA
+// group, then the l2norm chain rule dx = (dy - (dy.y) y) r with y = x r, r = 1/sqrt(sum x^2 +
+// eps). Pure bandwidth: with K a multiple of 4 each lane moves 4 consecutive elements per
+// access (16-byte f32 loads), else one.
+constexpr int QK_ROWS = 8;  // rows (warps) per block (backward.rs QK_FINISH_ROWS)
+constexpr int QK_PER_LANE = MAX_K / 32;
 
-// Per (token, q/k head): sum dq / dk partials over V-blocks and the GVA group, then the l2norm
-// chain rule dx = (dy - (dy.y) y) r with y = x r, r = 1/sqrt(sum x^2 + eps).
+template <typename T> struct alignas(4 * sizeof(T)) Vec4 {
+    T x[4];
+};
+
 template <typename T>
 __device__ __forceinline__ void qk_finish(const BackwardParams p, const T* __restrict__ q,
                                           const T* __restrict__ k,
                                           const float* __restrict__ dq_part,
                                           const float* __restrict__ dk_part, T* __restrict__ dq,
                                           T* __restrict__ dk) {
-    __shared__ float dqs[MAX_K];
-    __shared__ float dks[MAX_K];
-    __shared__ float red4[4];
-    const int t = blockIdx.x, h = blockIdx.y;
+    const int lane = threadIdx.x & 31;
+    const size_t rows = (size_t)p.total_tokens * p.heads_qk;
+    const size_t row_id = (size_t)blockIdx.x * QK_ROWS + (threadIdx.x >> 5);
+    if (row_id >= rows) return;  // uniform across the warp
+    const int t = (int)(row_id / p.heads_qk), h = (int)(row_id % p.heads_qk);
     const int K = p.key_dim, HV = p.heads_v, BT = p.total_tokens;
-    const size_t row = ((size_t)t * p.heads_qk + h) * K;
-    float sqq = 0.0f, skk = 0.0f, dqq = 0.0f, dkk = 0.0f;
-    for (int i = threadIdx.x; i < K; i += blockDim.x) {
-        float aq = 0.0f, ak = 0.0f;
-        for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
-            for (int vb = 0; vb < p.v_blocks; ++vb) {
-                const size_t at = (((size_t)vb * BT + t) * HV + hv) * K + i;
-                aq += dq_part[at];
-                ak += dk_part[at];
+    const size_t row = row_id * K;
+    const bool vec = K % 4 == 0;
+    // Element j of this lane: 4 consecutive per 128 (vec), else one per 32.
+    auto index = [&](int j) { return vec ? 128 * (j >> 2) + 4 * lane + (j & 3) : 32 * j + lane; };
+    float aq[QK_PER_LANE], ak[QK_PER_LANE], xq[QK_PER_LANE], xk[QK_PER_LANE];
+#pragma unroll
+    for (int j = 0; j < QK_PER_LANE; ++j) aq[j] = ak[j] = xq[j] = xk[j] = 0.0f;
+    for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
+        for (int vb = 0; vb < p.v_blocks; ++vb) {
+            const size_t base = (((size_t)vb * BT + t) * HV + hv) * K;
+            if (vec) {
+#pragma unroll
+                for (int j = 0; j < QK_PER_LANE; j += 4) {
+                    const int i = index(j);
+                    if (i < K) {
+                        const float4 fq = *reinterpret_cast<const float4*>(dq_part + base + i);
+                        const float4 fk = *reinterpret_cast<const float4*>(dk_part + base + i);
+                        aq[j] += fq.x, aq[j + 1] += fq.y, aq[j + 2] += fq.z, aq[j + 3] += fq.w;
+                        ak[j] += fk.x, ak[j + 1] += fk.y, ak[j + 2] += fk.z, ak[j + 3] += fk.w;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < QK_PER_LANE; ++j) {
+                    const int i = index(j);
+                    if (i < K) {
+                        aq[j] += dq_part[base + i];
+                        ak[j] += dk_part[base + i];
+                    }
+                }
             }
         }
-        dqs[i] = aq;
-        dks[i] = ak;
-        const float xq = to_f32(q[row + i]), xk = to_f32(k[row + i]);
-        sqq += xq * xq;
-        skk += xk * xk;
-        dqq += aq * xq;
-        dkk += ak * xk;
     }
-    float rq = 1.0f, rk = 1.0f, cq = 0.0f, ck = 0.0f;
     if (p.flags & L2NORM_QK) {
-        sqq = block_sum_128(sqq, red4);
-        skk = block_sum_128(skk, red4);
-        dqq = block_sum_128(dqq, red4);
-        dkk = block_sum_128(dkk, red4);
-        rq = 1.0f / sqrtf(sqq + L2NORM_EPS);
-        rk = 1.0f / sqrtf(skk + L2NORM_EPS);
-        // (dy.y) y r = (dy.x) r^3 x
-        cq = dqq * rq * rq * rq;
-        ck = dkk * rk * rk * rk;
-    }
-    for (int i = threadIdx.x; i < K; i += blockDim.x) {
-        float yq = dqs[i], yk = dks[i];
-        if (p.flags & L2NORM_QK) {
-            yq = yq * rq - cq * to_f32(q[row + i]);
-            yk = yk * rk - ck * to_f32(k[row + i]);
+        if (vec) {
+#pragma unroll
+            for (int j = 0; j < QK_PER_LANE; j += 4) {
+                const int i = index(j);
+                if (i < K) {
+                    const Vec4<T> vq = *reinterpret_cast<const Vec4<T>*>(q + row + i);
+                    const Vec4<T> vk = *reinterpret_cast<const Vec4<T>*>(k + row + i);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) xq[j + e] = to_f32(vq.x[e]), xk[j + e] = to_f32(vk.x[e]);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int j = 0; j < QK_PER_LANE; ++j) {
+                const int i = index(j);
+                if (i < K) xq[j] = to_f32(q[row + i]), xk[j] = to_f32(k[row + i]);
+            }
         }
-        dq[row + i] = from_f32<T>(yq);
-        dk[row + i] = from_f32<T>(yk);
+        float sqq = 0.0f, skk = 0.0f, dqq = 0.0f, dkk = 0.0f;
+#pragma unroll
+        for (int j = 0; j < QK_PER_LANE; ++j) {  // elements past K are 0
+            sqq += xq[j] * xq[j];
+            skk += xk[j] * xk[j];
+            dqq += aq[j] * xq[j];
+            dkk += ak[j] * xk[j];
+        }
+        sqq = warp_sum(sqq);
+        skk = warp_sum(skk);
+        dqq = warp_sum(dqq);
+        dkk = warp_sum(dkk);
+        const float rq = 1.0f / sqrtf(sqq + L2NORM_EPS), rk = 1.0f / sqrtf(skk + L2NORM_EPS);
+        // (dy.y) y r = (dy.x) r^3 x
+        const float cq = dqq * rq * rq * rq, ck = dkk * rk * rk * rk;
+#pragma unroll
+        for (int j = 0; j < QK_PER_LANE; ++j) {
+            aq[j] = aq[j] * rq - cq * xq[j];
+            ak[j] = ak[j] * rk - ck * xk[j];
+        }
+    }
+    if (vec) {
+#pragma unroll
+        for (int j = 0; j < QK_PER_LANE; j += 4) {
+            const int i = index(j);
+            if (i < K) {
+                Vec4<T> oq, ok;
+#pragma unroll
+                for (int e = 0; e < 4; ++e) oq.x[e] = from_f32<T>(aq[j + e]), ok.x[e] = from_f32<T>(ak[j + e]);
+                *reinterpret_cast<Vec4<T>*>(dq + row + i) = oq;
+                *reinterpret_cast<Vec4<T>*>(dk + row + i) = ok;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < QK_PER_LANE; ++j) {
+            const int i = index(j);
+            if (i < K) {
+                dq[row + i] = from_f32<T>(aq[j]);
+                dk[row + i] = from_f32<T>(ak[j]);
+            }
+        }
     }
 }
 
-// Per v-head (256 threads): db, dg over the head's tokens through the activations, and the
-// dA_log / ddt_bias sums (fixed order: per-thread strided sums, then a tree).
+// db, dg per token through the activations, and per (token block, v-head) the partial sums of
+// dA_log and ddt_bias: a block per GATE_TOKENS tokens and 32 v-heads, lane = v-head (so each
+// access reads 32 consecutive floats), warp w over tokens w, w + 8, …; fixed-order sums (per
+// lane over its tokens, then over the warps) into gate_sums[2·(block·HV) + …].
+constexpr int GATE_TOKENS = 256;  // tokens per block (backward.rs GATE_FINISH_TOKENS)
+constexpr int GATE_WARPS = 8;
+
 __device__ __forceinline__ void gate_finish(const BackwardParams p, const float* __restrict__ g,
                                             const float* __restrict__ beta,
                                             const float* __restrict__ a_log,
@@ -384,55 +446,78 @@ __device__ __forceinline__ void gate_finish(const BackwardParams p, const float*
                                             const float* __restrict__ dbeta_part,
                                             const float* __restrict__ dg_part,
                                             float* __restrict__ dg, float* __restrict__ dbeta,
-                                            float* __restrict__ da_log,
-                                            float* __restrict__ ddt_bias) {
-    __shared__ float red[2][8];
-    const int hv = blockIdx.x;
+                                            float* __restrict__ gate_sums) {
+    __shared__ float red[2][GATE_WARPS][32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int hv = blockIdx.y * 32 + lane, tb = blockIdx.x;
     const int HV = p.heads_v, BT = p.total_tokens;
     const bool gate = p.flags & GATE_IN_KERNEL;
-    const float neg_a = gate ? -expf(a_log[hv]) : 0.0f;
-    const float bias = gate ? dt_bias[hv] : 0.0f;
+    const bool active = hv < HV;
+    const float neg_a = gate && active ? -expf(a_log[hv]) : 0.0f;
+    const float bias = gate && active ? dt_bias[hv] : 0.0f;
+    const size_t part_stride = (size_t)BT * HV;
+    const int t_end = min(BT, (tb + 1) * GATE_TOKENS);
     float sum_a = 0.0f, sum_b = 0.0f;
-    for (int t = threadIdx.x; t < BT; t += blockDim.x) {
-        const size_t gi = (size_t)t * HV + hv;
-        float db = 0.0f, dga = 0.0f;
-        for (int vb = 0; vb < p.v_blocks; ++vb) {
-            db += dbeta_part[(size_t)vb * BT * HV + gi];
-            dga += dg_part[(size_t)vb * BT * HV + gi];
-        }
-        float d = 1.0f;
-        if (p.flags & BETA_SIGMOID) {
-            // σ' = σ(x)·σ(−x): 1 − σ(x) cancels for large logits (as in gate_finish.wgsl).
-            d = sigmoid(beta[gi]) * sigmoid(-beta[gi]);
-        }
-        if (p.flags & NEG_EIGVAL) d *= 2.0f;
-        dbeta[gi] = db * d;
-        if (gate) {
-            const float x = g[gi] + bias;
-            const float gv = neg_a * softplus(x);
-            const float dgr = dga * neg_a * (x > 20.0f ? 1.0f : sigmoid(x));
-            dg[gi] = dgr;
-            sum_a = fmaf(dga, gv, sum_a);  // dg/dA_log = g
-            sum_b += dgr;                  // dg/ddt_bias = dg/dg_raw
-        } else {
-            dg[gi] = dga;
+    if (active) {
+#pragma unroll 4
+        for (int t = tb * GATE_TOKENS + warp; t < t_end; t += GATE_WARPS) {
+            const size_t gi = (size_t)t * HV + hv;
+            float db = 0.0f, dga = 0.0f;
+            for (int vb = 0; vb < p.v_blocks; ++vb) {
+                db += dbeta_part[vb * part_stride + gi];
+                dga += dg_part[vb * part_stride + gi];
+            }
+            float d = 1.0f;
+            if (p.flags & BETA_SIGMOID) {
+                // σ' = σ(x)·σ(−x): 1 − σ(x) cancels for large logits (as in gate_finish.wgsl).
+                const float b = beta[gi];
+                d = sigmoid(b) * sigmoid(-b);
+            }
+            if (p.flags & NEG_EIGVAL) d *= 2.0f;
+            dbeta[gi] = db * d;
+            if (gate) {
+                const float x = g[gi] + bias;
+                const float gv = neg_a * softplus(x);
+                const float dgr = dga * neg_a * (x > 20.0f ? 1.0f : sigmoid(x));
+                dg[gi] = dgr;
+                sum_a = fmaf(dga, gv, sum_a);  // dg/dA_log = g
+                sum_b += dgr;                  // dg/ddt_bias = dg/dg_raw
+            } else {
+                dg[gi] = dga;
+            }
         }
     }
-    if (!gate) return;  // uniform across the block
-    sum_a = warp_sum(sum_a);
-    sum_b = warp_sum(sum_b);
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    if (lane == 0) {
-        red[0][warp] = sum_a;
-        red[1][warp] = sum_b;
-    }
+    if (!gate) return;  // uniform across the grid
+    red[0][warp][lane] = sum_a;
+    red[1][warp][lane] = sum_b;
     __syncthreads();
-    if (threadIdx.x == 0) {
+    if (warp == 0 && active) {
         float a = 0.0f, b = 0.0f;
-        for (int w = 0; w < (int)(blockDim.x >> 5); ++w) {
-            a += red[0][w];
-            b += red[1][w];
+#pragma unroll
+        for (int w = 0; w < GATE_WARPS; ++w) {
+            a += red[0][w][lane];
+            b += red[1][w][lane];
         }
+        gate_sums[(2 * (size_t)tb) * HV + hv] = a;
+        gate_sums[(2 * (size_t)tb + 1) * HV + hv] = b;
+    }
+}
+
+// dA_log, ddt_bias per v-head (a warp each): the token blocks' partial sums, lanes strided
+// over the blocks, then the warp's tree (a fixed order).
+__device__ __forceinline__ void gate_sums_finish(const BackwardParams p, int blocks,
+                                                 const float* __restrict__ gate_sums,
+                                                 float* __restrict__ da_log,
+                                                 float* __restrict__ ddt_bias) {
+    const int hv = blockIdx.x, HV = p.heads_v;
+    float a = 0.0f, b = 0.0f;
+    for (int tb = threadIdx.x; tb < blocks; tb += 32) {
+        a += gate_sums[(2 * (size_t)tb) * HV + hv];
+        b += gate_sums[(2 * (size_t)tb + 1) * HV + hv];
+    }
+    a = warp_sum(a);
+    b = warp_sum(b);
+    if (threadIdx.x == 0) {
         da_log[hv] = a;
         ddt_bias[hv] = b;
     }
@@ -452,7 +537,7 @@ __device__ __forceinline__ void gate_finish(const BackwardParams p, const float*
         gdn::recurrent_bwd<T>(p, seq_bounds, ckpt_base, q, k, v, g, beta, a_log, dt_bias, h0, d_o,  \
                               dht, dv, dh0, ckpt, seg, dq_part, dk_part, dbeta_part, dg_part);      \
     }                                                                                               \
-    extern "C" __global__ void __launch_bounds__(128) gdn_bwd_qk_finish_##SUFFIX(                   \
+    extern "C" __global__ void __launch_bounds__(32 * gdn::QK_ROWS) gdn_bwd_qk_finish_##SUFFIX(                   \
         const gdn::BackwardParams p, const T* q, const T* k, const float* dq_part,                  \
         const float* dk_part, T* dq, T* dk) {                                                       \
         gdn::qk_finish<T>(p, q, k, dq_part, dk_part, dq, dk);                                       \
@@ -462,9 +547,15 @@ GDN_BWD(f32, float)
 GDN_BWD(f16, __half)
 GDN_BWD(bf16, __nv_bfloat16)
 
-extern "C" __global__ void __launch_bounds__(256) gdn_bwd_gate_finish(
+extern "C" __global__ void __launch_bounds__(32 * gdn::GATE_WARPS) gdn_bwd_gate_finish(
     const gdn::BackwardParams p, const float* g, const float* beta, const float* a_log,
     const float* dt_bias, const float* dbeta_part, const float* dg_part, float* dg, float* dbeta,
-    float* da_log, float* ddt_bias) {
-    gdn::gate_finish(p, g, beta, a_log, dt_bias, dbeta_part, dg_part, dg, dbeta, da_log, ddt_bias);
+    float* gate_sums) {
+    gdn::gate_finish(p, g, beta, a_log, dt_bias, dbeta_part, dg_part, dg, dbeta, gate_sums);
+}
+
+extern "C" __global__ void __launch_bounds__(32) gdn_bwd_gate_sums(const gdn::BackwardParams p, int blocks,
+                                                                   const float* gate_sums, float* da_log,
+                                                                   float* ddt_bias) {
+    gdn::gate_sums_finish(p, blocks, gate_sums, da_log, ddt_bias);
 }

@@ -141,10 +141,11 @@ struct ExactScratch {
     dk_part: CudaSlice<f32>,
     dbeta_part: CudaSlice<f32>,
     dg_part: CudaSlice<f32>,
+    gate_sums: CudaSlice<f32>,
 }
 
 impl ExactScratch {
-    /// `4·HV·K·V·(Σ⌈len/64⌉ + 64·N) + 8·⌈V/32⌉·B·T·HV·(K + 1)` bytes.
+    /// `4·HV·K·V·(Σ⌈len/64⌉ + 64·N) + 8·⌈V/32⌉·B·T·HV·(K + 1) + 8·HV·⌈B·T/256⌉` bytes.
     fn new(ctx: &Context, problem: &Problem) -> Result<Self> {
         let p = problem;
         let seqs = p.sequences();
@@ -177,11 +178,13 @@ impl ExactScratch {
             dk_part: alloc_f32(ctx, "dk partials", per_token * p.key_dim)?,
             dbeta_part: alloc_f32(ctx, "dbeta partials", per_token)?,
             dg_part: alloc_f32(ctx, "dg partials", per_token)?,
+            gate_sums: alloc_f32(ctx, "gate sums", gate_sums_len(p))?,
         })
     }
 
     fn bytes(&self) -> usize {
         4 * (self.ckpt.len()
+            + self.gate_sums.len()
             + self.seg.len()
             + self.dq_part.len()
             + self.dk_part.len()
@@ -492,8 +495,20 @@ fn record_exact(
         v_blocks,
         inputs,
         [&ws.dq_part, &ws.dk_part, &ws.dbeta_part, &ws.dg_part],
+        &ws.gate_sums,
         grads,
     )
+}
+
+/// Rows (warps) per block of `gdn_bwd_qk_finish_*` (`QK_ROWS` in backward.cu).
+const QK_FINISH_ROWS: usize = 8;
+/// Tokens per block of `gdn_bwd_gate_finish` (`GATE_TOKENS` in backward.cu; 8 warps).
+const GATE_FINISH_TOKENS: usize = 256;
+
+/// Floats of the finishing kernels' dA_log / ddt_bias partial sums: two per (block of
+/// [`GATE_FINISH_TOKENS`] tokens, v-head).
+pub(crate) fn gate_sums_len(problem: &Problem) -> usize {
+    2 * problem.total_tokens().div_ceil(GATE_FINISH_TOKENS) * problem.heads_v
 }
 
 /// The finishing kernels of either path: dq, dk from their f32 partials (`v_blocks` per
@@ -505,6 +520,7 @@ pub(crate) fn launch_finish(
     v_blocks: usize,
     inputs: &ForwardInputs<&CudaTensor>,
     parts: [&CudaSlice<f32>; 4],
+    gate_sums: &CudaSlice<f32>,
     grads: &Gradients<&CudaTensor>,
 ) -> Result<()> {
     let p = problem;
@@ -529,8 +545,8 @@ pub(crate) fn launch_finish(
         .arg(grads.dq.buffer())
         .arg(grads.dk.buffer());
     let cfg = LaunchConfig {
-        grid_dim: (tokens as u32, p.heads_qk as u32, 1),
-        block_dim: (128, 1, 1),
+        grid_dim: ((tokens * p.heads_qk).div_ceil(QK_FINISH_ROWS) as u32, 1, 1),
+        block_dim: (32 * QK_FINISH_ROWS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     if tokens > 0 {
@@ -539,7 +555,8 @@ pub(crate) fn launch_finish(
         unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     }
 
-    // dβ, dg, dA_log, ddt_bias.
+    // dβ, dg and per block of tokens the partial dA_log, ddt_bias sums; then those summed.
+    let token_blocks = tokens.div_ceil(GATE_FINISH_TOKENS);
     let name = "gdn_bwd_gate_finish";
     let func = ctx.function(&BACKWARD, name)?;
     let mut launch = stream.launch_builder(&func);
@@ -557,20 +574,38 @@ pub(crate) fn launch_finish(
         .arg(dbeta_part)
         .arg(dg_part)
         .arg(grads.dg.buffer())
-        .arg(grads.dbeta.buffer());
-    for t in [grads.da_log, grads.ddt_bias] {
-        match t {
-            Some(t) => launch.arg(t.buffer()),
-            None => launch.arg(&null),
-        };
-    }
+        .arg(grads.dbeta.buffer())
+        .arg(gate_sums);
     let cfg = LaunchConfig {
-        grid_dim: (p.heads_v as u32, 1, 1),
+        grid_dim: (token_blocks as u32, p.heads_v.div_ceil(32) as u32, 1),
         block_dim: (256, 1, 1),
         shared_mem_bytes: 0,
     };
-    // SAFETY: gdn_bwd_gate_finish in backward.cu; the partials hold v_blocks·B·T·HV floats.
-    unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
+    if tokens > 0 {
+        // SAFETY: gdn_bwd_gate_finish in backward.cu; the partials hold v_blocks·B·T·HV
+        // floats, gate_sums gate_sums_len(problem).
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
+    }
+    if let (Some(da_log), Some(ddt_bias)) = (grads.da_log, grads.ddt_bias) {
+        let name = "gdn_bwd_gate_sums";
+        let func = ctx.function(&BACKWARD, name)?;
+        let blocks = token_blocks as i32;
+        let mut launch = stream.launch_builder(&func);
+        launch
+            .arg(&params)
+            .arg(&blocks)
+            .arg(gate_sums)
+            .arg(da_log.buffer())
+            .arg(ddt_bias.buffer());
+        let cfg = LaunchConfig {
+            grid_dim: (p.heads_v as u32, 1, 1),
+            block_dim: (32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: gdn_bwd_gate_sums in backward.cu; gate_sums holds 2·blocks·HV floats
+        // written by gdn_bwd_gate_finish (none read when there are no tokens).
+        unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
+    }
     Ok(())
 }
 

@@ -17,7 +17,7 @@
 
 use cudarc::driver::CudaSlice;
 
-use super::backward::{alloc_f32, dtype_suffix, launch_finish};
+use super::backward::{alloc_f32, dtype_suffix, gate_sums_len, launch_finish};
 pub use super::chunk_bwd_chain::ChainSchedule;
 use super::chunk_bwd_chain::{
     ChainBuffers, ChainInputs, chain_plan, chain_smem, launch_dh, launch_states, launch_together,
@@ -60,13 +60,33 @@ pub struct BackwardOptions {
     pub value_block: Option<usize>,
     /// A pair of warps per 16 columns, each holding half the state's (or state gradient's) K
     /// rows (V-blocks 32 and 64; together only 32): half of each warp's products, the partial
-    /// K·S (K·dS') summed through shared memory. `None`: [`AUTO_WARP_PAIRS`].
+    /// K·S (K·dS') summed through shared memory. `None`: [`AUTO_WARP_PAIRS`] where the chains
+    /// then run together, else single warps.
     pub warp_pairs: Option<bool>,
 }
 
-/// Whether the chains take warp pairs unless told: not yet (not measured faster on the
-/// H200).
-pub const AUTO_WARP_PAIRS: bool = false;
+/// Whether the chains take warp pairs unless told, where both chains then run together
+/// (their grid resident at once; else single warps): yes (on the H200, 16/32 and 2/8 heads ×
+/// 32768 tokens, the states chain 1.73 → 1.60 ms; BENCHMARKS.md).
+pub const AUTO_WARP_PAIRS: bool = true;
+
+/// Warp pairs or not, and the chains' schedule and V-block ([`chain_plan`]): `options`'
+/// choices, with `warp_pairs: None` pairs ([`AUTO_WARP_PAIRS`]) where they give
+/// [`ChainSchedule::Together`], else single warps.
+fn chain_choice(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    options: BackwardOptions,
+) -> Result<(bool, Option<(ChainSchedule, usize)>)> {
+    let plan_with = |pairs| chain_plan(limits, problem, options.chains, options.value_block, pairs);
+    if let Some(pairs) = options.warp_pairs {
+        return Ok((pairs, plan_with(pairs)?));
+    }
+    if AUTO_WARP_PAIRS && let Ok(Some(plan @ (ChainSchedule::Together, _))) = plan_with(true) {
+        return Ok((true, Some(plan)));
+    }
+    Ok((false, plan_with(false)?))
+}
 
 /// Whether the chunked backward takes `problem` with q, k, v stored as `dtype` on this
 /// device: f16/bf16, K and V ≤ 128, and every pass within the shared memory a block may use.
@@ -125,12 +145,15 @@ pub(crate) struct ChunkedScratch {
     dk_part: CudaSlice<f32>,
     dbeta_part: CudaSlice<f32>,
     dg_part: CudaSlice<f32>,
+    /// The finishing kernels' dA_log / ddt_bias partial sums.
+    gate_sums: CudaSlice<f32>,
 }
 
 impl ChunkedScratch {
     /// Upload the tables and allocate the workspace (enqueued on the context's stream). Its
     /// size per (chunk, v-head) is `16·C + s·(3·C² + 2·V·K + 3·V·C)` bytes (s: the dtype's
-    /// size), plus `4·B·T·HV·(2K + 2)` for the f32 per-v-head gradients.
+    /// size), plus `4·B·T·HV·(2K + 2)` for the f32 per-v-head gradients and
+    /// `8·HV·⌈B·T/256⌉` for the finishing kernels' gate sums.
     pub(crate) fn new(
         ctx: &Context,
         problem: &Problem,
@@ -163,10 +186,8 @@ impl ChunkedScratch {
             units.push(0);
         }
         let limits = DeviceLimits::of(ctx)?;
-        let pairs = options.warp_pairs.unwrap_or(AUTO_WARP_PAIRS);
-        let (chains, value_block) =
-            chain_plan(&limits, p, options.chains, options.value_block, pairs)?
-                .unwrap_or((ChainSchedule::Serial, 32));
+        let (pairs, plan) = chain_choice(&limits, p, options)?;
+        let (chains, value_block) = plan.unwrap_or((ChainSchedule::Serial, 32));
         let stream = ctx.stream();
         let upload = |what: &str, data: &[i32]| {
             stream
@@ -205,6 +226,7 @@ impl ChunkedScratch {
             dk_part: alloc_f32(ctx, "dk per v-head", per_token * k)?,
             dbeta_part: alloc_f32(ctx, "dbeta per v-head", per_token)?,
             dg_part: alloc_f32(ctx, "dg per v-head", per_token)?,
+            gate_sums: alloc_f32(ctx, "gate sums", gate_sums_len(p))?,
         })
     }
 
@@ -246,7 +268,8 @@ impl ChunkedScratch {
             + 4 * (self.dq_part.len()
                 + self.dk_part.len()
                 + self.dbeta_part.len()
-                + self.dg_part.len())
+                + self.dg_part.len()
+                + self.gate_sums.len())
     }
 
     /// Enqueue every launch; `backward_into` checked the tensors against the problem and
@@ -387,7 +410,70 @@ impl ChunkedScratch {
                 &self.dbeta_part,
                 &self.dg_part,
             ],
+            &self.gate_sums,
             grads,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::problem::Options;
+
+    /// The H200's numbers (132 SMs, 228 KiB of shared memory per SM, 227 KiB per block).
+    fn h200() -> DeviceLimits {
+        DeviceLimits {
+            smem_per_block: 232_448,
+            smem_per_sm: 233_472,
+            sms: 132,
+        }
+    }
+
+    #[test]
+    fn warp_pairs_by_default_only_where_the_chains_run_together() {
+        let shape = |qk: usize, v: usize| {
+            Problem::new(1, 32768, qk, v, 128, 128, None, Options::default()).unwrap()
+        };
+        let auto = BackwardOptions::default();
+        let together = |bv| Some((ChainSchedule::Together, bv));
+        // 16/32 and 2/8: both chains together at V-block 32 with pairs (128 and 32 blocks).
+        for p in [shape(16, 32), shape(2, 8)] {
+            assert_eq!(
+                chain_choice(&h200(), &p, auto).unwrap(),
+                (true, together(32))
+            );
+        }
+        // 16/64: 256 blocks at V-block 32 are not resident; single warps together at 64.
+        let wide = shape(16, 64);
+        assert_eq!(
+            chain_choice(&h200(), &wide, auto).unwrap(),
+            (false, together(64))
+        );
+        // Forced choices are kept, and a schedule pairs cannot run stays an error.
+        let single = BackwardOptions {
+            warp_pairs: Some(false),
+            ..auto
+        };
+        assert_eq!(
+            chain_choice(&h200(), &shape(16, 32), single).unwrap(),
+            (false, together(32))
+        );
+        let pairs_at_64 = BackwardOptions {
+            chains: ChainSchedule::Together,
+            value_block: Some(64),
+            warp_pairs: Some(true),
+        };
+        assert!(chain_choice(&h200(), &wide, pairs_at_64).is_err());
+        // Forced single-warp V-block 64 together, auto pairs: no pairs kernel there.
+        let at_64 = BackwardOptions {
+            chains: ChainSchedule::Together,
+            value_block: Some(64),
+            warp_pairs: None,
+        };
+        assert_eq!(
+            chain_choice(&h200(), &shape(16, 32), at_64).unwrap(),
+            (false, together(64))
+        );
     }
 }
