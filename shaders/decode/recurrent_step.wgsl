@@ -69,17 +69,6 @@ override SEQS: u32;
 override K2_VEC4S: u32;
 override K_VEC4S: u32;
 override PB_VEC4S: u32;
-// EXPERIMENT (not for merge): naga's loop-bounding counter written by hand in the loops whose
-// bit is set: 1 the token loop, 2 the sequence loop, 4 sum_partials, 8 stage_word.
-override LOOP_GUARDS: u32 = 0u;
-
-fn guard_done(g: vec2<u32>) -> bool {
-    return all(g == vec2<u32>(0u));
-}
-
-fn guard_next(g: vec2<u32>) -> vec2<u32> {
-    return g - vec2<u32>(select(0u, 1u, g.y == 0u), 1u);
-}
 
 // k of two consecutive tokens (by parity): the state update of one token reads its k while
 // invocations that ran ahead already stage the next one. q is read before the second barrier
@@ -203,14 +192,7 @@ fn q_elem(i: u32) -> f32 {
 fn stage_word(is_k: bool, kb: u32, t: u32, j: u32, word: Elem) {
     let w = t + WG * j;
     if (j < STAGE && w < K_DIM / ELEMS_PER_WORD) {
-        var guard = vec2<u32>(4294967295u);
         for (var e = 0u; e < ELEMS_PER_WORD; e++) {
-            if ((LOOP_GUARDS & 8u) != 0u) {
-                if (guard_done(guard)) {
-                    break;
-                }
-                guard = guard_next(guard);
-            }
             let i = w * ELEMS_PER_WORD + e;
             let x = load_elem(word, i);
             if (is_k) {
@@ -305,14 +287,7 @@ fn sum_partials(which: u32, first: u32, stride: u32, count: u32) -> vec4<f32> {
     var s1 = vec4<f32>(0.0);
     var s2 = vec4<f32>(0.0);
     var s3 = vec4<f32>(0.0);
-    var guard = vec2<u32>(4294967295u);
     for (var l = 0u; l < count; l += 4u) {
-        if ((LOOP_GUARDS & 4u) != 0u) {
-            if (guard_done(guard)) {
-                break;
-            }
-            guard = guard_next(guard);
-        }
         s0 += partial_at(which, first + stride * l);
         if (l + 1u < count) {
             s1 += partial_at(which, first + stride * (l + 1u));
@@ -384,14 +359,7 @@ fn walk(sq: Sequence, hv: u32, t: u32, p: Place, s0: Slice, steps: u32) -> Slice
     let v_dim = params.value_dim;
     let slice_words = K_DIM * v_dim / 4u;
     var s = s0;
-    var guard = vec2<u32>(4294967295u);
     for (var tok = sq.start; tok < sq.end; tok++) {
-        if ((LOOP_GUARDS & 1u) != 0u) {
-            if (guard_done(guard)) {
-                break;
-            }
-            guard = guard_next(guard);
-        }
         let kb = ((steps + tok - sq.start) % 2u) * K_VEC4S;
         // The token's loads, all issued before any is used: this invocation's words of the k
         // and q rows, its v, g and β.
@@ -542,14 +510,7 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
     var sq = sequence_of(n, hv);
     var s = read_state(sq, hv, p);
     var steps = 0u;
-    var guard = vec2<u32>(4294967295u);
     for (var i = 0u; i < SEQS; i++) {
-        if ((LOOP_GUARDS & 2u) != 0u) {
-            if (guard_done(guard)) {
-                break;
-            }
-            guard = guard_next(guard);
-        }
         // The next sequence's slice is loaded while this one's tokens are walked.
         let next = n + nwg.z;
         let has_next = SEQS > 1u && i + 1u < SEQS && next < sequences;

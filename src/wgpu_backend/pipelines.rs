@@ -33,11 +33,6 @@ impl ShaderChecks {
             ShaderChecks::NoLoopBounding => c.force_loop_bounding = false,
             ShaderChecks::None => c = wgpu::ShaderRuntimeChecks::unchecked(),
         }
-        // EXPERIMENT (not for merge): loop bounding alone.
-        if std::env::var_os("GDN_EXP_LOOP_BOUNDING_ONLY").is_some() {
-            c = wgpu::ShaderRuntimeChecks::unchecked();
-            c.force_loop_bounding = true;
-        }
         c
     }
 }

@@ -498,15 +498,6 @@ impl RecurrentStepTiles {
             ("K_VEC4S", (self.key_dim / 4) as f64),
             ("PB_VEC4S", self.pb_vec4s() as f64),
         ]
-        .into_iter()
-        // EXPERIMENT (not for merge).
-        .chain(
-            std::env::var("GDN_EXP_LOOP_GUARDS")
-                .ok()
-                .and_then(|v| v.parse::<u32>().ok())
-                .map(|m| ("LOOP_GUARDS", m as f64)),
-        )
-        .collect()
     }
 }
 
