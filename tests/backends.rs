@@ -12,23 +12,14 @@ use common::cases::{
 use gdn_wgpu::tolerance::Op;
 use gdn_wgpu::{Backend, DType};
 
-/// Which ops of the hard cases a test runs (the cases are split across tests by dtype and
-/// op so that the test runner's threads share them: on lavapipe one test alone leaves a
-/// core idle while it waits on the device).
-#[derive(Clone, Copy, PartialEq)]
-enum Ops {
-    ForwardAndDecode,
-    Backward,
-}
-
-/// Forward and decode (two tokens per step: a window boundary inside every sequence longer
-/// than one token), or the backward, of every hard case in `dtype` when the backend takes it.
-fn run_the_hard_cases(backend: &dyn Backend, dtype: DType, ops: Ops) {
+/// Forward, decode (two tokens per step: a window boundary inside every sequence longer than
+/// one token) and the backward of every hard case, every dtype the backend takes.
+fn run_the_hard_cases(backend: &dyn Backend) {
     let mut failures = Vec::new();
     let name = backend.name();
     for case in hard_cases() {
         let p = &case.problem;
-        if ops == Ops::ForwardAndDecode {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
             let (inputs, expected) = inputs_and_oracle(&case, dtype);
             if backend.storage_dtypes(Op::Forward).contains(&dtype) {
                 let out = backend.forward(p, &inputs.as_ref()).unwrap();
@@ -55,38 +46,24 @@ fn run_the_hard_cases(backend: &dyn Backend, dtype: DType, ops: Ops) {
                     check(&what, &case, Op::Decode, dtype, arithmetic, &out, &expected).err(),
                 );
             }
-        }
-        if ops == Ops::Backward && backend.storage_dtypes(Op::Backward).contains(&dtype) {
-            let (inputs, d_o, dht, want) = backward_case(&case, dtype, true);
-            let (_, grads) = backend
-                .forward_backward(p, &inputs.as_ref(), &d_o, dht.as_ref())
-                .unwrap();
-            let what = format!("{name} backward");
-            let arithmetic = backend.arithmetic(Op::Backward, p, dtype);
-            failures.extend(check_gradients_with(
-                &what, &case, dtype, arithmetic, &grads, &want,
-            ));
+            if backend.storage_dtypes(Op::Backward).contains(&dtype) {
+                let (inputs, d_o, dht, want) = backward_case(&case, dtype, true);
+                let (_, grads) = backend
+                    .forward_backward(p, &inputs.as_ref(), &d_o, dht.as_ref())
+                    .unwrap();
+                let what = format!("{name} backward");
+                let arithmetic = backend.arithmetic(Op::Backward, p, dtype);
+                failures.extend(check_gradients_with(
+                    &what, &case, dtype, arithmetic, &grads, &want,
+                ));
+            }
         }
     }
     fail_on(failures);
 }
 
-/// One test per (dtype, ops) of the wgpu backend.
-macro_rules! wgpu_backend_tests {
-    ($($test:ident: $dtype:expr, $ops:expr;)*) => {$(
-        #[test]
-        fn $test() {
-            let Some(ctx) = common::gpu() else { return };
-            run_the_hard_cases(ctx, $dtype, $ops);
-        }
-    )*};
-}
-
-wgpu_backend_tests! {
-    the_wgpu_backend_on_the_hard_cases_f32_forward_and_decode: DType::F32, Ops::ForwardAndDecode;
-    the_wgpu_backend_on_the_hard_cases_f16_forward_and_decode: DType::F16, Ops::ForwardAndDecode;
-    the_wgpu_backend_on_the_hard_cases_bf16_forward_and_decode: DType::BF16, Ops::ForwardAndDecode;
-    the_wgpu_backend_on_the_hard_cases_f32_backward: DType::F32, Ops::Backward;
-    the_wgpu_backend_on_the_hard_cases_f16_backward: DType::F16, Ops::Backward;
-    the_wgpu_backend_on_the_hard_cases_bf16_backward: DType::BF16, Ops::Backward;
+#[test]
+fn the_wgpu_backend_on_the_hard_cases() {
+    let Some(ctx) = common::gpu() else { return };
+    run_the_hard_cases(ctx);
 }

@@ -26,14 +26,12 @@ pub fn trace(
             stamp()
         );
     }
-    if let Some((buffer, bytes)) = pool {
-        if let Some(c) = timing::CopyCeiling::new(ctx, buffer, bytes) {
-            for (per, g) in c.time_back_to_back(ctx, 50)? {
-                eprintln!(
-                    "[{:.3}] ceiling back-to-back pool per={per} {g:.0} GB/s",
-                    stamp()
-                );
-            }
+    if let Some(c) = pool.and_then(|(buffer, bytes)| timing::CopyCeiling::new(ctx, buffer, bytes)) {
+        for (per, g) in c.time_back_to_back(ctx, 50)? {
+            eprintln!(
+                "[{:.3}] ceiling back-to-back pool per={per} {g:.0} GB/s",
+                stamp()
+            );
         }
     }
     let floats = (pool_bytes / 4).max(4) as usize;
