@@ -90,47 +90,83 @@ fn every_cuda_source_is_registered() {
     }
 }
 
+const TARGETS: [Target; 3] = [Target::Sm90a, Target::Sm80, Target::Compute80Ptx];
+
+/// NVRTC's image of `source` for `target`, compiled once per test process (a compile takes
+/// seconds; the compile checks below share their images, and a test asking for an image
+/// another is compiling waits for it instead of compiling it again).
+fn compiled(source: &kernels::Source, target: Target) -> std::sync::Arc<nvrtc::Image> {
+    type Slot = std::sync::Arc<OnceLock<std::sync::Arc<nvrtc::Image>>>;
+    static IMAGES: OnceLock<std::sync::Mutex<std::collections::HashMap<(&str, Target), Slot>>> =
+        OnceLock::new();
+    let slot = IMAGES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap()
+        .entry((source.file, target))
+        .or_default()
+        .clone();
+    slot.get_or_init(|| {
+        let image = nvrtc::compile(source.file, &source.full_text(), target)
+            .unwrap_or_else(|e| panic!("{}", e));
+        std::sync::Arc::new(image)
+    })
+    .clone()
+}
+
 #[test]
 fn every_cuda_source_compiles_for_sm90a_sm80_and_compute80() {
     require_nvrtc();
     eprintln!("CUDA include folders: {:?}", nvrtc::include_dirs());
-    for source in kernels::SOURCES {
-        for target in [Target::Sm90a, Target::Sm80, Target::Compute80Ptx] {
-            let image = nvrtc::compile(source.file, &source.full_text(), target)
-                .unwrap_or_else(|e| panic!("{}", e));
-            if target == Target::Compute80Ptx {
-                let ptx = String::from_utf8_lossy(&image.bytes);
-                assert!(
-                    ptx.contains(".target sm_80"),
-                    "{}: not sm_80 PTX",
-                    source.file
-                );
-            } else {
-                assert!(
-                    image.bytes.starts_with(b"\x7fELF"),
-                    "{}: not a cubin",
-                    source.file
-                );
-            }
-            eprintln!(
-                "{} for {}: {} bytes",
-                source.file,
-                target.arch(),
-                image.bytes.len()
+    // Every (source, target) on as many threads as the machine has cores (CI has 2): the
+    // compiles are independent and each is single-threaded.
+    let jobs: Vec<(&kernels::Source, Target)> = kernels::SOURCES
+        .iter()
+        .flat_map(|s| TARGETS.map(|t| (s, t)))
+        .collect();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    std::thread::scope(|scope| {
+        for _ in 0..threads.min(jobs.len()) {
+            scope.spawn(|| {
+                while let Some(&(source, target)) =
+                    jobs.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+                {
+                    compiled(source, target);
+                }
+            });
+        }
+    });
+    for (source, target) in jobs {
+        let image = compiled(source, target);
+        if target == Target::Compute80Ptx {
+            let ptx = String::from_utf8_lossy(&image.bytes);
+            assert!(
+                ptx.contains(".target sm_80"),
+                "{}: not sm_80 PTX",
+                source.file
+            );
+        } else {
+            assert!(
+                image.bytes.starts_with(b"\x7fELF"),
+                "{}: not a cubin",
+                source.file
             );
         }
+        assert_eq!(image.target, target, "{}", source.file);
+        eprintln!(
+            "{} for {}: {} bytes",
+            source.file,
+            target.arch(),
+            image.bytes.len()
+        );
     }
 }
 
 #[test]
 fn the_recurrent_kernel_exports_every_dtype() {
     require_nvrtc();
-    let image = nvrtc::compile(
-        kernels::RECURRENT.file,
-        &kernels::RECURRENT.full_text(),
-        Target::Compute80Ptx,
-    )
-    .unwrap();
+    let image = compiled(&kernels::RECURRENT, Target::Compute80Ptx);
     let ptx = String::from_utf8_lossy(&image.bytes);
     for name in [
         "gdn_recurrent_f32",
@@ -144,12 +180,7 @@ fn the_recurrent_kernel_exports_every_dtype() {
 #[test]
 fn the_chunked_kernels_export_every_16_bit_dtype() {
     require_nvrtc();
-    let image = nvrtc::compile(
-        kernels::CHUNKED.file,
-        &kernels::CHUNKED.full_text(),
-        Target::Compute80Ptx,
-    )
-    .unwrap();
+    let image = compiled(&kernels::CHUNKED, Target::Compute80Ptx);
     let ptx = String::from_utf8_lossy(&image.bytes);
     for dtype in ["f16", "bf16"] {
         for pass in [
@@ -163,12 +194,7 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
         }
     }
-    let image = nvrtc::compile(
-        kernels::CHUNK_COMBINE.file,
-        &kernels::CHUNK_COMBINE.full_text(),
-        Target::Compute80Ptx,
-    )
-    .unwrap();
+    let image = compiled(&kernels::CHUNK_COMBINE, Target::Compute80Ptx);
     let ptx = String::from_utf8_lossy(&image.bytes);
     assert!(
         ptx.contains(".entry gdn_chunk_combine("),
@@ -199,7 +225,7 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
             &["chunk_bwd_prep", "chunk_bwd_grad"][..],
         ),
     ] {
-        let image = nvrtc::compile(source.file, &source.full_text(), Target::Compute80Ptx).unwrap();
+        let image = compiled(source, Target::Compute80Ptx);
         let ptx = String::from_utf8_lossy(&image.bytes);
         for dtype in ["f16", "bf16"] {
             for pass in passes {

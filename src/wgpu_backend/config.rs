@@ -33,8 +33,11 @@ pub const VARIABLES: [&str; 13] = [
 /// guarded integer division) cost time on the sequential scans — measured on the H200
 /// (quickstart, T = 32768, K = V = 128): f32 scalar 2/8 heads 19.7 → 11.1 ms, 16/64
 /// 29.7 → 24.7 ms; bf16 coop 2/8 7.1 → 6.1 ms, 16/64 19.9 → 17.2 ms. The platform's own
-/// robustness (Vulkan's robustBufferAccess) still applies. `GDN_SHADER_CHECKS=all` restores
-/// wgpu's checks, `no-loop-bounding` keeps all but the loop counters.
+/// robustness (Vulkan's robustBufferAccess) still applies. The decode kernel
+/// (`decode/recurrent_step.wgsl`) keeps wgpu's loop counters at this setting: NVIDIA's
+/// driver compiles it into faster code with them (6–7 % on the H200, BENCHMARKS.md).
+/// `GDN_SHADER_CHECKS=all` restores wgpu's checks, `no-loop-bounding` keeps all but the loop
+/// counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ShaderChecks {
     /// wgpu's defaults: bounds checks, loop bounding, integer-division checks.

@@ -24,14 +24,24 @@ pub(crate) struct PipelineCache {
     pipelines: Mutex<HashMap<Key, wgpu::ComputePipeline>>,
 }
 
-/// What wgpu injects at each setting (`ShaderChecks` says why the default is none).
+/// Passes compiled with wgpu's loop-bounding counters at the default setting
+/// (`ShaderChecks::None`), because NVIDIA's Vulkan driver compiled them into faster code:
+/// the decode kernel ran 6–7 % faster on the H200 at B = 64 and 256 with them, while the
+/// same counters written into the WGSL by hand did nothing (BENCHMARKS.md, 2026-12-02).
+const LOOP_BOUNDED_PASSES: &[&str] = &["decode/recurrent_step.wgsl"];
+
+/// What wgpu injects at each setting (`ShaderChecks` says why the default is none) into the
+/// pass `name`.
 impl ShaderChecks {
-    fn runtime_checks(self) -> wgpu::ShaderRuntimeChecks {
+    fn runtime_checks(self, name: &str) -> wgpu::ShaderRuntimeChecks {
         let mut c = wgpu::ShaderRuntimeChecks::checked();
         match self {
             ShaderChecks::All => {}
             ShaderChecks::NoLoopBounding => c.force_loop_bounding = false,
-            ShaderChecks::None => c = wgpu::ShaderRuntimeChecks::unchecked(),
+            ShaderChecks::None => {
+                c = wgpu::ShaderRuntimeChecks::unchecked();
+                c.force_loop_bounding = LOOP_BOUNDED_PASSES.contains(&name);
+            }
         }
         c
     }
@@ -95,7 +105,7 @@ impl PipelineCache {
             // and the oracle tests run every kernel with them off.
             other => unsafe {
                 self.device
-                    .create_shader_module_trusted(desc, other.runtime_checks())
+                    .create_shader_module_trusted(desc, other.runtime_checks(source.name))
             },
         };
         self.device

@@ -161,10 +161,201 @@ fn copy(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec
 }
 ";
 
+/// The streaming copy of [`copy_gbps`], built once over a source buffer so that its copies
+/// can be timed between other work (the bench interleaves one copy of each shape with every
+/// decode repetition: a ceiling measured apart, once, read 1.7 instead of 4.1 TB/s in some
+/// processes on the H200).
+#[cfg(not(target_arch = "wasm32"))]
+pub struct CopyCeiling {
+    /// (vec4s per invocation, pipeline, bind group, grid) of each copy shape.
+    shapes: Vec<(u32, wgpu::ComputePipeline, wgpu::BindGroup, (u32, u32))>,
+    timer: GpuTimer,
+    bytes: u64,
+    /// Milliseconds of every timed copy, per shape.
+    times: Vec<Vec<f64>>,
+    /// Keeps the scratch destination alive for the bind groups.
+    _dst: wgpu::Buffer,
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+impl CopyCeiling {
+    /// Copies of `src`'s first `bytes` (rounded down to a multiple of 16) into a scratch
+    /// buffer of the same size, at 1, 4 and 8 vec4s per invocation; `None` without timestamp
+    /// queries inside encoders.
+    pub fn new(ctx: &Context, src: &wgpu::Buffer, bytes: u64) -> Option<Self> {
+        let timer = GpuTimer::new(ctx, 2)?;
+        let bytes = (bytes / 16 * 16).max(16);
+        let dst = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("copy destination"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        let module = ctx
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("pool copy"),
+                source: wgpu::ShaderSource::Wgsl(COPY_WGSL.into()),
+            });
+        let vec4s = (bytes / 16) as u32;
+        let shapes = [1u32, 4, 8]
+            .into_iter()
+            .map(|per| {
+                let pipeline =
+                    ctx.device
+                        .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some("pool copy"),
+                            layout: None,
+                            module: &module,
+                            entry_point: Some("copy"),
+                            compilation_options: wgpu::PipelineCompilationOptions {
+                                constants: &[("PER", per as f64)],
+                                zero_initialize_workgroup_memory: false,
+                            },
+                            cache: None,
+                        });
+                let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some("pool copy"),
+                    layout: &pipeline.get_bind_group_layout(0),
+                    entries: &[
+                        wgpu::BindGroupEntry {
+                            binding: 0,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: src,
+                                offset: 0,
+                                size: std::num::NonZeroU64::new(bytes),
+                            }),
+                        },
+                        wgpu::BindGroupEntry {
+                            binding: 1,
+                            resource: dst.as_entire_binding(),
+                        },
+                    ],
+                });
+                // A 2-D grid: one dimension would pass the 65535-workgroup limit on large
+                // pools.
+                let groups = vec4s.div_ceil(256 * per);
+                let x = groups.clamp(1, 32768);
+                (per, pipeline, bind_group, (x, groups.div_ceil(x)))
+            })
+            .collect();
+        Some(CopyCeiling {
+            shapes,
+            timer,
+            bytes,
+            times: vec![Vec::new(); 3],
+            _dst: dst,
+        })
+    }
+
+    /// Time one copy of each shape, each in its own submission (waits for each); `keep`:
+    /// whether the times count (false for warm-up copies).
+    pub fn time_once(&mut self, ctx: &Context, keep: bool) -> Result<()> {
+        for (i, (_, pipeline, bind_group, grid)) in self.shapes.iter().enumerate() {
+            let mut encoder = ctx.create_encoder("copy ceiling");
+            self.timer.reset();
+            self.timer.mark(&mut encoder, "start");
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("pool copy"),
+                    timestamp_writes: None,
+                });
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, bind_group, &[]);
+                pass.dispatch_workgroups(grid.0, grid.1, 1);
+            }
+            self.timer.mark(&mut encoder, "copy");
+            self.timer.resolve(&mut encoder);
+            ctx.submit_and_wait(encoder)?;
+            let ms = self.timer.read_total_ms(ctx)?;
+            if keep {
+                self.times[i].push(ms);
+            }
+        }
+        Ok(())
+    }
+
+    /// The former measurement, for comparison: per shape, GB/s of the median of `reps`
+    /// copies recorded back to back in one submission (after two warm-up copies), as
+    /// `(vec4s per invocation, GB/s)`; nothing is kept.
+    pub fn time_back_to_back(&self, ctx: &Context, reps: usize) -> Result<Vec<(u32, f64)>> {
+        let timer = GpuTimer::new(ctx, reps as u32 + 1)
+            .ok_or_else(|| Error::Gpu("timestamp queries went away".into()))?;
+        let mut out = Vec::new();
+        for (per, pipeline, bind_group, grid) in &self.shapes {
+            let run = |reps: usize| -> Result<Vec<f64>> {
+                let mut encoder = ctx.create_encoder("copy ceiling");
+                timer.reset();
+                timer.mark(&mut encoder, "start");
+                for _ in 0..reps {
+                    {
+                        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some("pool copy"),
+                            timestamp_writes: None,
+                        });
+                        pass.set_pipeline(pipeline);
+                        pass.set_bind_group(0, bind_group, &[]);
+                        pass.dispatch_workgroups(grid.0, grid.1, 1);
+                    }
+                    timer.mark(&mut encoder, "copy");
+                }
+                timer.resolve(&mut encoder);
+                ctx.submit_and_wait(encoder)?;
+                Ok(timer
+                    .read_spans(ctx)?
+                    .into_iter()
+                    .map(|(_, ms)| ms)
+                    .collect())
+            };
+            run(2)?;
+            let mut ms = run(reps.max(3))?;
+            ms.sort_by(f64::total_cmp);
+            out.push((
+                *per,
+                2.0 * self.bytes as f64 / (ms[ms.len() / 2] * 1e-3) / 1e9,
+            ));
+        }
+        Ok(out)
+    }
+
+    /// `(vec4s per invocation, GB/s of the median copy, GB/s of the fastest, GB/s of the
+    /// slowest, copies)` per shape, over the kept copies.
+    pub fn shapes_gbps(&self) -> Vec<(u32, f64, f64, f64, usize)> {
+        let gbps = |ms: f64| 2.0 * self.bytes as f64 / (ms * 1e-3) / 1e9;
+        self.shapes
+            .iter()
+            .zip(&self.times)
+            .filter(|(_, t)| !t.is_empty())
+            .map(|((per, ..), t)| {
+                let mut t = t.clone();
+                t.sort_by(f64::total_cmp);
+                (
+                    *per,
+                    gbps(t[t.len() / 2]),
+                    gbps(t[0]),
+                    gbps(t[t.len() - 1]),
+                    t.len(),
+                )
+            })
+            .collect()
+    }
+
+    /// GB/s (read + write, 10⁹ B/s) of the fastest shape's median copy; `None` before any
+    /// kept copy.
+    pub fn gbps(&self) -> Option<f64> {
+        self.shapes_gbps()
+            .into_iter()
+            .map(|(_, median, ..)| median)
+            .filter(|g| g.is_finite())
+            .reduce(f64::max)
+    }
+}
+
 /// GB/s (read + write, 10⁹ B/s) of the fastest of 1, 4 and 8 vec4s per invocation copying
 /// `src` (its first `bytes`, a multiple of 16) into a scratch buffer of the same size, each the
-/// median of `reps` copies timed by timestamps: the bandwidth ceiling of a kernel that reads
-/// and writes those bytes once (the decode measures its pool against it). `None` without
+/// median of `reps` copies timed by timestamps (one submission per copy, shapes
+/// interleaved, after one warm-up round): the bandwidth ceiling of a kernel that reads and
+/// writes those bytes once (the decode measures its pool against it). `None` without
 /// timestamp queries inside encoders.
 #[cfg(not(target_arch = "wasm32"))]
 pub fn copy_gbps(
@@ -173,93 +364,12 @@ pub fn copy_gbps(
     bytes: u64,
     reps: usize,
 ) -> Result<Option<f64>> {
-    let reps = reps.max(3);
-    let Some(timer) = GpuTimer::new(ctx, reps as u32 + 1) else {
+    let Some(mut ceiling) = CopyCeiling::new(ctx, src, bytes) else {
         return Ok(None);
     };
-    let bytes = (bytes / 16 * 16).max(16);
-    let dst = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("copy destination"),
-        size: bytes,
-        usage: wgpu::BufferUsages::STORAGE,
-        mapped_at_creation: false,
-    });
-    let module = ctx
-        .device
-        .create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("pool copy"),
-            source: wgpu::ShaderSource::Wgsl(COPY_WGSL.into()),
-        });
-    let vec4s = (bytes / 16) as u32;
-    let mut best: Option<f64> = None;
-    for per in [1u32, 4, 8] {
-        let pipeline = ctx
-            .device
-            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some("pool copy"),
-                layout: None,
-                module: &module,
-                entry_point: Some("copy"),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &[("PER", per as f64)],
-                    zero_initialize_workgroup_memory: false,
-                },
-                cache: None,
-            });
-        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some("pool copy"),
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &[
-                wgpu::BindGroupEntry {
-                    binding: 0,
-                    resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                        buffer: src,
-                        offset: 0,
-                        size: std::num::NonZeroU64::new(bytes),
-                    }),
-                },
-                wgpu::BindGroupEntry {
-                    binding: 1,
-                    resource: dst.as_entire_binding(),
-                },
-            ],
-        });
-        // A 2-D grid: one dimension would pass the 65535-workgroup limit on large pools.
-        let groups = vec4s.div_ceil(256 * per);
-        let x = groups.clamp(1, 32768);
-        let grid = (x, groups.div_ceil(x));
-        let run = |reps: usize| -> Result<Vec<f64>> {
-            let mut encoder = ctx.create_encoder("copy ceiling");
-            timer.reset();
-            timer.mark(&mut encoder, "start");
-            for _ in 0..reps {
-                {
-                    let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                        label: Some("pool copy"),
-                        timestamp_writes: None,
-                    });
-                    pass.set_pipeline(&pipeline);
-                    pass.set_bind_group(0, &bind_group, &[]);
-                    pass.dispatch_workgroups(grid.0, grid.1, 1);
-                }
-                timer.mark(&mut encoder, "copy");
-            }
-            timer.resolve(&mut encoder);
-            ctx.submit_and_wait(encoder)?;
-            Ok(timer
-                .read_spans(ctx)?
-                .into_iter()
-                .map(|(_, ms)| ms)
-                .collect())
-        };
-        run(2)?; // compiles the pipeline and warms the caches
-        let mut ms = run(reps)?;
-        ms.sort_by(f64::total_cmp);
-        let median = ms[ms.len() / 2];
-        if median > 0.0 {
-            let gbps = 2.0 * bytes as f64 / (median * 1e-3) / 1e9;
-            best = Some(best.map_or(gbps, |b: f64| b.max(gbps)));
-        }
+    ceiling.time_once(ctx, false)?;
+    for _ in 0..reps.max(3) {
+        ceiling.time_once(ctx, true)?;
     }
-    Ok(best)
+    Ok(ceiling.gbps())
 }

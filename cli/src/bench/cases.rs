@@ -43,6 +43,12 @@ pub trait GpuCase {
     fn segment_paths(&self) -> gdn_wgpu::Result<Option<wgpu_backend::SegmentPaths>> {
         Ok(None)
     }
+
+    /// Decode: the first input set's state pool (buffer, bytes), which the bench's copy
+    /// ceiling copies.
+    fn pool(&self) -> Option<(&wgpu::Buffer, u64)> {
+        None
+    }
 }
 
 /// Host inputs of one (heads, sequences) shape, generated once and shared by forward and
@@ -270,6 +276,8 @@ pub fn prepare_backward<'a>(
 struct DecodeCase {
     /// Each plan binds its own inputs, pool and o (the bind groups keep the buffers alive).
     plans: Vec<DecodePlan>,
+    /// The first plan's pool.
+    pool: StatePool,
 }
 
 impl GpuCase for DecodeCase {
@@ -290,6 +298,11 @@ impl GpuCase for DecodeCase {
 
     fn closing_label(&self) -> &'static str {
         self.plans[0].tiles().entry()
+    }
+
+    fn pool(&self) -> Option<(&wgpu::Buffer, u64)> {
+        let t = self.pool.tensor();
+        Some((&t.buffer, t.bytes()))
     }
 }
 
@@ -317,6 +330,7 @@ pub fn prepare_decode(
         .map(StateSlot::Resume)
         .collect();
     let mut plans = Vec::with_capacity(sets);
+    let mut first_pool = None;
     for _ in 0..sets {
         let inputs = gpu_inputs(ctx, &step)?;
         let pool = StatePool::from_tensor(
@@ -337,8 +351,10 @@ pub fn prepare_decode(
             &outputs,
             tiles,
         )?);
+        first_pool.get_or_insert(pool);
     }
-    Ok(Box::new(DecodeCase { plans }))
+    let pool = first_pool.expect("a decode case has at least one input set");
+    Ok(Box::new(DecodeCase { plans, pool }))
 }
 
 /// The case of `op` with `sets` input copies; decode runs at `tiles` (the device's choice when

@@ -44,7 +44,9 @@ use gdn_wgpu::error::Error;
 use gdn_wgpu::tensor::DType;
 use gdn_wgpu::wgpu_backend::backward::MemoryBudget;
 use gdn_wgpu::wgpu_backend::decode::RecurrentStepTiles;
-use gdn_wgpu::wgpu_backend::{ComputePath, Context, ForwardAlgorithm, GpuTimer, forward_algorithm};
+use gdn_wgpu::wgpu_backend::{
+    ComputePath, Context, ForwardAlgorithm, GpuTimer, forward_algorithm, timing,
+};
 use gdn_wgpu::{Options, Problem};
 use report::{AdapterRecord, CheckRecord, PassTime, ShapeRecord};
 
@@ -825,7 +827,12 @@ struct Timing {
 const TIMER_MARKS: u32 = 64;
 
 /// Warm up, then time `reps` repetitions (fewer when they would exceed `max_seconds`).
-fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> gdn_wgpu::Result<Timing> {
+fn time_gpu(
+    ctx: &Context,
+    case: &dyn GpuCase,
+    c: &Config,
+    mut ceiling: Option<&mut timing::CopyCeiling>,
+) -> gdn_wgpu::Result<Timing> {
     let timer = GpuTimer::new(ctx, TIMER_MARKS);
     let mut t = Timing::default();
     let mut last_wall = 0.0;
@@ -881,8 +888,15 @@ fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> gdn_wgpu::Result<T
         }
         Ok(wall)
     };
+    // The copy ceiling (decode) times one copy of each shape after every repetition, so that
+    // both see the same clocks and submission pattern.
+    let mut copy = |keep: bool| match ceiling.as_deref_mut() {
+        Some(ceiling) => ceiling.time_once(ctx, keep),
+        None => Ok(()),
+    };
     for _ in 0..c.warmup.max(1) {
         last_wall = run(i, false, &mut t)?;
+        copy(false)?;
         i += 1;
     }
     if last_wall > 0.0 {
@@ -891,6 +905,7 @@ fn time_gpu(ctx: &Context, case: &dyn GpuCase, c: &Config) -> gdn_wgpu::Result<T
     }
     for _ in 0..reps {
         run(i, true, &mut t)?;
+        copy(true)?;
         i += 1;
     }
     t.reps = reps;
@@ -1326,7 +1341,14 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                             allocator_bytes: allocator,
                         });
                     }
-                    let timing = time_gpu(ctx, case.as_ref(), c).map_err(|e| err(e.into()))?;
+                    let mut copy_ceiling = match (pc.op, case.pool()) {
+                        (Op::Decode, Some((buffer, bytes))) => {
+                            timing::CopyCeiling::new(ctx, buffer, bytes)
+                        }
+                        _ => None,
+                    };
+                    let timing = time_gpu(ctx, case.as_ref(), c, copy_ceiling.as_mut())
+                        .map_err(|e| err(e.into()))?;
                     if let Some(sp) = case.segment_paths().map_err(|e| err(e.into()))? {
                         record.segment_paths = Some(report::SegmentPathsRecord {
                             windowed: sp.windowed,
@@ -1334,11 +1356,13 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                             longest_warmup_chunks: sp.longest_warmup_chunks,
                         });
                     }
-                    if pc.op == Op::Decode {
-                        // Measured after the case, on the same device, for the pool's bytes.
-                        let pool = metrics::pool_bytes(&p, c.decode_pool);
-                        record.copy_ceiling_gbps = ceiling::copy_gbps(ctx, pool, c.reps.min(50))
-                            .map_err(|e| err(e.into()))?;
+                    if let Some(copy_ceiling) = &copy_ceiling {
+                        record.copy_ceiling_gbps = copy_ceiling.gbps();
+                        if std::env::var_os("GDN_BENCH_CEILING_TRACE").is_some() {
+                            let pool = metrics::pool_bytes(&p, c.decode_pool);
+                            ceiling::trace(ctx, copy_ceiling, case.pool(), pool)
+                                .map_err(|e| err(e.into()))?;
+                        }
                     }
                     timing
                 }
