@@ -37,8 +37,20 @@ override PER_TOKEN_STATES: bool;
 override K_VEC4S: u32;
 
 // The token's k and q, staged by the workgroup, read by every invocation at constant indices.
-var<workgroup> k_s: array<vec4<f32>, K_VEC4S>;
-var<workgroup> q_s: array<vec4<f32>, K_VEC4S>;
+var<workgroup> k_s: array<vec4<f32>, K_VEC4S_MAX>;
+var<workgroup> q_s: array<vec4<f32>, K_VEC4S_MAX>;
+// The token's k and q copied to every invocation's private memory, once per token: on
+// SwiftShader a workgroup-memory read is a scalar load and a broadcast per component, a
+// private one a vector load, and a forward read k and q from workgroup memory 3 times per
+// state register (the reads were 5/6 of its time).
+const K_VEC4S_MAX: u32 = 32u;
+var<private> k_p: array<vec4<f32>, K_VEC4S_MAX>;
+var<private> q_p: array<vec4<f32>, K_VEC4S_MAX>;
+// (Σk², Σq², k·q, 0) of the token over k vec4s p, p + NORM_PARTS, …: staged with k and q, then
+// summed by every invocation at constant indices, so no invocation recomputes the norms over
+// all of K (that was half of the kernel's arithmetic).
+const NORM_PARTS: u32 = 8u;
+var<workgroup> norm_s: array<vec4<f32>, NORM_PARTS>;
 
 // Element `row` of column `col` of the slice starting at vec4 `base`: (vec4 index, lane).
 fn state_place(base: u32, col: u32, row: u32) -> vec2<u32> {
@@ -127,26 +139,47 @@ fn k_at(j: u32) -> vec4<f32> {
     if (j >= K_VEC4S) {
         return vec4<f32>(0.0);
     }
-    return k_s[j];
+    return k_p[j];
 }
 
 fn q_at(j: u32) -> vec4<f32> {
     if (j >= K_VEC4S) {
         return vec4<f32>(0.0);
     }
-    return q_s[j];
+    return q_p[j];
 }
 
-// (a, b, Σk², Σq²) and k·q.
-struct Sums {
-    abkk: vec4<f32>,
-    kq: f32,
+// Stage k and q vec4s p, p + NORM_PARTS, … of the token's rows (element offset `row`) and
+// their part of the norms.
+fn stage_part(row: u32, p: u32) {
+    var part = vec4<f32>(0.0);
+    for (var j = p; j < K_VEC4S; j += NORM_PARTS) {
+        var k = vec4<f32>(0.0);
+        var q = vec4<f32>(0.0);
+        for (var e = 0u; e < 4u; e++) {
+            let i = row + 4u * j + e;
+            let w = elem_word(i);
+            k[e] = load_elem(k_buf[w], i);
+            q[e] = load_elem(q_buf[w], i);
+        }
+        k_s[j] = k;
+        q_s[j] = q;
+        part += vec4<f32>(dot(k, k), dot(q, q), dot(k, q), 0.0);
+    }
+    norm_s[p] = part;
 }
+
+// (Σk², Σq², k·q, 0) of the staged token.
+fn norms() -> vec4<f32> {
+    return ((norm_s[0] + norm_s[1]) + (norm_s[2] + norm_s[3]))
+        + ((norm_s[4] + norm_s[5]) + (norm_s[6] + norm_s[7]));
+}
+
+// (a, b) = the column's S_oldᵀk, S_oldᵀq.
+alias Sums = vec2<f32>;
 
 fn reg_sums(acc: Sums, s: vec4<f32>, j: u32) -> Sums {
-    let k = k_at(j);
-    let q = q_at(j);
-    return Sums(acc.abkk + vec4<f32>(dot(s, k), dot(s, q), dot(k, k), dot(q, q)), acc.kq + dot(k, q));
+    return acc + vec2<f32>(dot(s, k_at(j)), dot(s, q_at(j)));
 }
 
 fn oct_sums(acc: Sums, s: Oct, g: u32) -> Sums {
@@ -192,19 +225,22 @@ fn column_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
 
     let l2norm = has_flag(params.flags, FLAG_L2NORM);
     for (var tok = sq.start; tok < sq.end; tok++) {
-        // Stage k and q: invocation t moves elements t, t + WG, ... of each row.
+        // Stage k, q and the parts of their norms: invocation t the parts t, t + WG, …
         let row = (tok * params.heads_qk + h) * K_DIM;
-        for (var i = t; i < K_DIM; i += WG) {
-            let w = elem_word(row + i);
-            k_s[i / 4u][i % 4u] = load_elem(k_buf[w], row + i);
-            q_s[i / 4u][i % 4u] = load_elem(q_buf[w], row + i);
+        for (var p = t; p < NORM_PARTS; p += WG) {
+            stage_part(row, p);
         }
         let vi = (tok * hv_count + hv) * v_dim + col;
         let v = load_elem(v_buf[elem_word(vi)], vi);
         let gate = gate_of(tok, hv, sq.a_log, sq.dt_bias);
         workgroupBarrier();
+        k_p = k_s;
+        q_p = q_s;
+        let n = norms();
+        // The next token's staging may overwrite k, q and the norms now.
+        workgroupBarrier();
 
-        var acc = Sums(vec4<f32>(0.0), 0.0);
+        var acc = Sums(0.0);
         acc = oct_sums(acc, s0, 0u);
         acc = oct_sums(acc, s1, 1u);
         acc = oct_sums(acc, s2, 2u);
@@ -212,13 +248,13 @@ fn column_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
         var rk = 1.0;
         var rq = 1.0;
         if (l2norm) {
-            rk = 1.0 / sqrt(acc.abkk.z + 1e-6);
-            rq = 1.0 / sqrt(acc.abkk.w + 1e-6);
+            rk = 1.0 / sqrt(n.x + 1e-6);
+            rq = 1.0 / sqrt(n.y + 1e-6);
         }
         let alpha = gate.x;
         let beta = gate.y;
-        let u = beta * (v - alpha * rk * acc.abkk.x);
-        o_buf[elem_word(vi)] = pack_elem(params.scale * (alpha * rq * acc.abkk.y + u * (acc.kq * rk * rq)));
+        let u = beta * (v - alpha * rk * acc.x);
+        o_buf[elem_word(vi)] = pack_elem(params.scale * (alpha * rq * acc.y + u * (n.z * rk * rq)));
 
         let ku = rk * u;
         s0 = oct_update(s0, 0u, alpha, ku);
@@ -232,8 +268,6 @@ fn column_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
             set_oct(&state, 3u, s3);
             store_column(false, (tok * hv_count + hv) * slice_vec4s, col, state);
         }
-        // The next token's staging overwrites k and q.
-        workgroupBarrier();
     }
 
     if (sq.write_slot >= 0) {
