@@ -2,9 +2,10 @@
 // (one device): every variant's pipeline is created first, then single dispatches alternate
 // A B C, C B A, … so drifts of the machine's load hit every variant alike (on a shared
 // machine, the only comparison that holds; pipeline-bench.mjs times creation in fresh pages).
-//     node kernel-ab.mjs variants.json [--reps 8] [--chromium /usr/bin/chromium]
-// variants.json: [{"name": "col32", "kernel": "decode/column_step.wgsl", "entry": "column_step",
-//   "constants": {"WG": 32, ...}, "run": {"T": 512, "H": 2, "HV": 4, "K": 128, "V": 128,
+//     node kernel-ab.mjs kernel-ab.json [--reps 8] [--chromium /usr/bin/chromium]
+// kernel-ab.json (the workgroup kernel at 32 × 32 against the column kernel col32, issue 13's
+// heads at T = 512) shows the format: [{"name": "col32", "kernel": "decode/column_step.wgsl",
+//   "entry": "column_step", "constants": {"WG": 16, ...}, "run": {"T": 512, "H": 2, "HV": 4, "K": 128, "V": 128,
 //   "grid": [4, 4, 1]}}, ...]. `kernel` (under shaders/) is assembled as the library does for
 // the decode family at f32 storage (dtype, params, state, step_common, the kernel); `wgsl`
 // (a path) takes an assembled file as it is, e.g. a diagnostic copy. Inputs are random, one
