@@ -96,7 +96,9 @@ pub fn recurrent_rejects(ctx: &Context, problem: &Problem, dtype: DType) -> Opti
             problem.key_dim
         ));
     }
-    recurrent_tiles(ctx, problem, dtype).err().map(|e| e.to_string())
+    recurrent_tiles(ctx, problem, dtype)
+        .err()
+        .map(|e| e.to_string())
 }
 
 /// Mesa's `LP_MAX_TGSI_LOOP_ITERATIONS`: llvmpipe's cap on one invocation's loop iterations.
@@ -130,7 +132,8 @@ pub fn recurrent_tiles(
         return RecurrentStepTiles::choose(&limits, problem);
     }
     let browser = info.is_some_and(|i| i.backend == wgpu::Backend::BrowserWebGpu);
-    if browser && Pass::ColumnStep.storage_dtypes().contains(&dtype)
+    if browser
+        && Pass::ColumnStep.storage_dtypes().contains(&dtype)
         && let Some(t) = RecurrentStepTiles::column_candidates(&limits, problem)
             .into_iter()
             .min_by_key(|t| t.v_block.abs_diff(32))
