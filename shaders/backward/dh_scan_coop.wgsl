@@ -29,12 +29,14 @@
 @group(0) @binding(4) var<storage, read> gated16: array<f16>;             // [rows + 64, HV, 128]: Ag | Pg
 @group(0) @binding(5) var<storage, read> do_buf: array<Elem>;             // [rows, HV, V]
 @group(0) @binding(6) var<storage, read> segments: array<u32>;            // start, length, first chunk, sequence
-@group(0) @binding(7) var<storage, read_write> dstates: array<f32>;       // [chunks + N, HV, K, V] (or V-first)
+@group(0) @binding(7) var<storage, read_write> state_slots: array<f32>;     // [chunks + N, HV, K, V] (or V-first)
 @group(0) @binding(8) var<storage, read_write> dvnew_dv: array<f32>;      // [2, rows, HV, V]: dV', then dv
 
 const BV: u32 = 32u;        // V-block width
 const KD: u32 = 128u;       // key dimension
 const WG: u32 = 128u;       // invocations
+const SP: u32 = BV;         // row pitch of s16 and x16 (unpadded)
+const FP: u32 = BV;         // row pitch of stage (unpadded)
 
 var<workgroup> s16: array<f16, 128u * BV>;   // dS rounded to f16, [K][BV]
 var<workgroup> x16: array<f16, 64u * BV>;    // scale·dO, then dV', then −γ ⊙ dv, [64][BV]
@@ -43,59 +45,9 @@ var<workgroup> zero: array<f32, 256>;
 var<workgroup> gam: array<f32, 64>;          // γ_i = exp(G_i), 0 past the chunk
 var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
 
-fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-// Kᵀ and (γ ⊙ Q)ᵀ tiles: column-major reads.
-fn k_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoad<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
+// (γ ⊙ Q)ᵀ tile: a column-major read.
 fn q_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
     return coopLoad<coop_mat16x16<f16, A>>(&qg16[i], stride);
-}
-
-// A tile of a gated matrix's transpose: a column-major read.
-fn gated_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoad<coop_mat16x16<f16, A>>(&gated16[i], stride);
-}
-
-fn s_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], BV);
-}
-
-fn x_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], BV);
-}
-
-fn zero_acc() -> coop_mat16x16<f32, C> {
-    return coopLoad<coop_mat16x16<f32, C>>(&zero[0], 16u);
-}
-
-fn store_tile(m: coop_mat16x16<f32, C>, i: u32) {
-    coopStoreT(m, &stage[i], BV);
-}
-
-fn stage_tile(i: u32) -> coop_mat16x16<f32, C> {
-    return coopLoadT<coop_mat16x16<f32, C>>(&stage[i], BV);
-}
-
-// Half of dS (rows 32 g + 16 upper .. + 15 of every subgroup g) → stage → s16.
-// Call from uniform control flow (it holds barriers).
-fn publish_half(t: u32, sg: u32, upper: u32, s0: coop_mat16x16<f32, C>, s1: coop_mat16x16<f32, C>) {
-    let base = 16u * BV * sg;
-    store_tile(s0, base);
-    store_tile(s1, base + 16u);
-    workgroupBarrier();
-    for (var n = 0u; n < BV / 2u; n++) {
-        let e = t + WG * n;
-        let g = e / (16u * BV);
-        s16[e + 16u * BV * (g + upper)] = f16(stage[e]);
-    }
-    workgroupBarrier();
 }
 
 @compute @workgroup_size(128)
@@ -114,7 +66,6 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     let seg_len = segments[4u * seg + 1u];
     let first_chunk = segments[4u * seg + 2u];
     let sequence = segments[4u * seg + 3u];
-    let v_first = (params.flags & FLAG_STATE_V_FIRST) != 0u;
     let scale = params.scale;
     let kv = KD * vd;
     let sbase = ((params.num_chunks + sequence) * hv_count + hv) * kv;
@@ -125,29 +76,10 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
 
     // This subgroup's dS tiles s{a}{b}: key rows r0 + 16a, value columns v0 + 16b.
     let r0 = 32u * sg;
-    var s00 = zero_acc();
-    var s01 = zero_acc();
-    var s10 = zero_acc();
-    var s11 = zero_acc();
-    if (v_first) {
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        s00 = coopLoad<coop_mat16x16<f32, C>>(&dstates[i00], KD);
-        s01 = coopLoad<coop_mat16x16<f32, C>>(&dstates[i01], KD);
-        s10 = coopLoad<coop_mat16x16<f32, C>>(&dstates[i10], KD);
-        s11 = coopLoad<coop_mat16x16<f32, C>>(&dstates[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        s00 = coopLoadT<coop_mat16x16<f32, C>>(&dstates[i00], vd);
-        s01 = coopLoadT<coop_mat16x16<f32, C>>(&dstates[i01], vd);
-        s10 = coopLoadT<coop_mat16x16<f32, C>>(&dstates[i10], vd);
-        s11 = coopLoadT<coop_mat16x16<f32, C>>(&dstates[i11], vd);
-    }
+    var s00 = state_load(sbase, r0, v0);
+    var s01 = state_load(sbase, r0, v0 + 16u);
+    var s10 = state_load(sbase, r0 + 16u, v0);
+    var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
     publish_half(t, sg, 0u, s00, s01);
     publish_half(t, sg, 1u, s10, s11);
 
@@ -174,25 +106,10 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
 
         // dS w.r.t. this chunk's end state, f32, where the later passes read it.
         let cb = ((first_chunk + c) * hv_count + hv) * kv;
-        if (v_first) {
-            let i00 = cb + v0 * KD + r0;
-            let i10 = i00 + 16u;
-            let i01 = i00 + 16u * KD;
-            let i11 = i01 + 16u;
-            coopStore(s00, &dstates[i00], KD);
-            coopStore(s01, &dstates[i01], KD);
-            coopStore(s10, &dstates[i10], KD);
-            coopStore(s11, &dstates[i11], KD);
-        } else {
-            let i00 = cb + r0 * vd + v0;
-            let i01 = i00 + 16u;
-            let i10 = i00 + 16u * vd;
-            let i11 = i10 + 16u;
-            coopStoreT(s00, &dstates[i00], vd);
-            coopStoreT(s01, &dstates[i01], vd);
-            coopStoreT(s10, &dstates[i10], vd);
-            coopStoreT(s11, &dstates[i11], vd);
-        }
+        state_store(s00, cb, r0, v0);
+        state_store(s01, cb, r0, v0 + 16u);
+        state_store(s10, cb, r0 + 16u, v0);
+        state_store(s11, cb, r0 + 16u, v0 + 16u);
 
         let g_last = gate_beta[(start + len - 1u) * hv_count + hv].x;
         if (t < CHUNK) {
@@ -423,23 +340,8 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     }
 
     // dh0 (or the carry of a cut sequence) in the tail slot.
-    if (v_first) {
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        coopStore(s00, &dstates[i00], KD);
-        coopStore(s01, &dstates[i01], KD);
-        coopStore(s10, &dstates[i10], KD);
-        coopStore(s11, &dstates[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        coopStoreT(s00, &dstates[i00], vd);
-        coopStoreT(s01, &dstates[i01], vd);
-        coopStoreT(s10, &dstates[i10], vd);
-        coopStoreT(s11, &dstates[i11], vd);
-    }
+    state_store(s00, sbase, r0, v0);
+    state_store(s01, sbase, r0, v0 + 16u);
+    state_store(s10, sbase, r0 + 16u, v0);
+    state_store(s11, sbase, r0 + 16u, v0 + 16u);
 }

@@ -21,7 +21,7 @@
 @group(0) @binding(5) var<storage, read> segments: array<u32>;            // start, length, state slot (per segment, or per (segment, v-head))
 override SEGMENTS_PER_HEAD: bool = false;
 override STORE_CHUNKS: bool = true;
-@group(0) @binding(6) var<storage, read_write> state: array<f32>;         // [slots, HV, K, V] or V-first
+@group(0) @binding(6) var<storage, read_write> state_slots: array<f32>;     // [slots, HV, K, V] or V-first
 @group(0) @binding(7) var<storage, read> chunk_base: array<u32>;          // per segment: the ordinal of its first chunk
 @group(0) @binding(8) var<storage, read_write> states16: array<f16>;      // [chunks, HV, K, V]: chunk-start states
 @group(0) @binding(9) var<storage, read_write> vprime16: array<f16>;      // [B·T + 64, HV, V]: V'
@@ -42,38 +42,6 @@ var<workgroup> stage: array<f32, 128u * FP>; // f32 staging: U, V' ([64][BV]); o
 var<workgroup> zero: array<f32, 256>;
 var<workgroup> gam: array<f32, 64>;          // γ_i = exp(G_i)
 var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
-
-fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-fn gated_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&gated16[i], stride);
-}
-
-// Kᵀ tile: a column-major read of k16.
-fn k_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoad<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-// Tile (r, c) of s16 or x16.
-fn s_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * SP + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], SP);
-}
-
-fn x_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * SP + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], SP);
-}
-
-fn zero_acc() -> coop_mat16x16<f32, C> {
-    return coopLoad<coop_mat16x16<f32, C>>(&zero[0], 16u);
-}
-
-fn store_tile(m: coop_mat16x16<f32, C>, i: u32) {
-    coopStoreT(m, &stage[i], FP);
-}
 
 // Element n of this invocation's V column (chunk row t / BV + n·128/BV), 0 past the chunk.
 fn v_or_zero(row0: u32, n: u32, lim: u32, step: u32) -> f32 {
@@ -139,7 +107,6 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     let seg_start = segments[3u * seg_row];
     let seg_len = segments[3u * seg_row + 1u];
     let slot = segments[3u * seg_row + 2u];
-    let v_first = (params.flags & FLAG_STATE_V_FIRST) != 0u;
     let sbase = (slot * hv_count + hv) * KD * vd;
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     // Chunk ordinal `o`'s state at this v-head and V-block starts at o·chunk_stride + cbase.
@@ -157,30 +124,10 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
 
     // This subgroup's state tiles s{a}{b}: key rows r0 + 16a, value columns v0 + 16b.
     let r0 = 32u * sg;
-    var s00 = zero_acc();
-    var s01 = zero_acc();
-    var s10 = zero_acc();
-    var s11 = zero_acc();
-    if (v_first) {
-        // S[k][v] at sbase + v·K + k: column-major tiles with stride K.
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        s00 = coopLoad<coop_mat16x16<f32, C>>(&state[i00], KD);
-        s01 = coopLoad<coop_mat16x16<f32, C>>(&state[i01], KD);
-        s10 = coopLoad<coop_mat16x16<f32, C>>(&state[i10], KD);
-        s11 = coopLoad<coop_mat16x16<f32, C>>(&state[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        s00 = coopLoadT<coop_mat16x16<f32, C>>(&state[i00], vd);
-        s01 = coopLoadT<coop_mat16x16<f32, C>>(&state[i01], vd);
-        s10 = coopLoadT<coop_mat16x16<f32, C>>(&state[i10], vd);
-        s11 = coopLoadT<coop_mat16x16<f32, C>>(&state[i11], vd);
-    }
+    var s00 = state_load(sbase, r0, v0);
+    var s01 = state_load(sbase, r0, v0 + 16u);
+    var s10 = state_load(sbase, r0 + 16u, v0);
+    var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
     let dst0 = first_chunk * chunk_stride + cbase;
     publish(t, sg, s00, s01, s10, s11, store0, dst0, vd);
 
@@ -391,23 +338,8 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         }
     }
 
-    if (v_first) {
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        coopStore(s00, &state[i00], KD);
-        coopStore(s01, &state[i01], KD);
-        coopStore(s10, &state[i10], KD);
-        coopStore(s11, &state[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        coopStoreT(s00, &state[i00], vd);
-        coopStoreT(s01, &state[i01], vd);
-        coopStoreT(s10, &state[i10], vd);
-        coopStoreT(s11, &state[i11], vd);
-    }
+    state_store(s00, sbase, r0, v0);
+    state_store(s01, sbase, r0, v0 + 16u);
+    state_store(s10, sbase, r0 + 16u, v0);
+    state_store(s11, sbase, r0 + 16u, v0 + 16u);
 }

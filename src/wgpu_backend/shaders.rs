@@ -237,6 +237,10 @@ impl Pass {
             "backward/scan_tiles.wgsl",
             include_str!("../../shaders/backward/scan_tiles.wgsl"),
         );
+        const COOP_SCAN_TILES: (&str, &str) = (
+            "forward/coop_scan_tiles.wgsl",
+            include_str!("../../shaders/forward/coop_scan_tiles.wgsl"),
+        );
         const WY_SOLVE: (&str, &str) = (
             "forward/wy_solve.wgsl",
             include_str!("../../shaders/forward/wy_solve.wgsl"),
@@ -269,6 +273,10 @@ impl Pass {
                 &[STATE_BF16, STEP_COMMON]
             }
             Pass::StateRecompute | Pass::DhScan => &[BACKWARD_SCAN_TILES],
+            Pass::StateScanCoop
+            | Pass::StateChainCoop
+            | Pass::StateRecomputeCoop
+            | Pass::DhScanCoop => &[COOP_SCAN_TILES],
             Pass::StateScan => &[SCAN_OPERAND_F32],
             Pass::StateScanF16 => &[SCAN_OPERAND_F16],
             Pass::WyInverse | Pass::WyInverseCoop => &[WY_SOLVE],

@@ -1,0 +1,49 @@
+//! What the launchers of the cooperative-matrix scans share (`state_scan_coop`,
+//! `state_chain_coop`, `state_recompute_coop`, `dh_scan_coop`; their tiles are in
+//! `shaders/forward/coop_scan_tiles.wgsl`): the shape and dtype checks, and the grid of one
+//! workgroup per (segment, v-head, V-block).
+
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+use crate::wgpu_backend::GpuTensor;
+use crate::wgpu_backend::launch::Grid;
+use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
+
+/// The coop passes' shapes: K = 128 (the last dimension of `keyed`), V a multiple of the
+/// V-block, and the f16 operands in f16. `what` names the caller in the error ("the coop
+/// scan", "the coop backward").
+pub(crate) fn check_coop_shapes(
+    what: &str,
+    keyed: &GpuTensor,
+    value_dim: usize,
+    halves: &[(&str, &GpuTensor)],
+) -> Result<()> {
+    let key_dim = keyed.shape[keyed.shape.len() - 1];
+    if key_dim != COOP_KEY_DIM || !value_dim.is_multiple_of(COOP_V_BLOCK) {
+        return Err(Error::unsupported(
+            "compute path",
+            format!(
+                "{what} at K = {key_dim}, V = {value_dim} (needs K = {COOP_KEY_DIM}, V a multiple of {COOP_V_BLOCK})"
+            ),
+        ));
+    }
+    for &(name, t) in halves {
+        if t.dtype != DType::F16 {
+            return Err(Error::DType {
+                name: name.into(),
+                expected: "F16".into(),
+                got: t.dtype.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The scans' grid: a workgroup per (segment, v-head, V-block of 32 columns).
+pub(crate) fn coop_scan_grid(num_segments: usize, heads_v: usize, value_dim: usize) -> Grid {
+    Grid([
+        (num_segments, "segments"),
+        (heads_v, "v-heads"),
+        (value_dim / COOP_V_BLOCK, "V-blocks"),
+    ])
+}
