@@ -23,7 +23,7 @@
 // index is bound with `let` first; cooperative ops need uniform control flow (no early return).
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> k16: array<f16>;                 // [rows + 64, H, K]
+@group(0) @binding(1) var<storage, read> k16: array<K16>;                 // [rows + 64, H, K]
 @group(0) @binding(2) var<storage, read> qg16: array<f16>;                // [rows + 64, HV, K]: γ ⊙ q
 @group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;     // [rows, HV]: (G, β)
 @group(0) @binding(4) var<storage, read> gated16: array<f16>;             // [rows + 64, HV, 128]: Ag | Pg
@@ -59,7 +59,7 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     let hv_count = params.heads_v;
     let vd = params.value_dim;
     let hqk = hv / (hv_count / params.heads_qk);
-    let hk = params.heads_qk * KD;          // token stride of k16
+    k_begin(hqk);
     let hq = hv_count * KD;                 // token stride of qg16
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     let seg_start = segments[4u * seg];
@@ -87,22 +87,28 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     let step = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
-    let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
     let dv_half = params.total_tokens * hv_count * vd;
     // The newest chunk's rows of K, the A operand of K dS: loaded one chunk ahead.
     let last_start = seg_start + CHUNK * select(0u, n_chunks - 1u, n_chunks > 0u);
-    var ka0 = k_rows(last_start * hk + k_off, hk);
-    var ka1 = k_rows(last_start * hk + k_off + 16u, hk);
-    var ka2 = k_rows(last_start * hk + k_off + 32u, hk);
-    var ka3 = k_rows(last_start * hk + k_off + 48u, hk);
-    var ka4 = k_rows(last_start * hk + k_off + 64u, hk);
-    var ka5 = k_rows(last_start * hk + k_off + 80u, hk);
-    var ka6 = k_rows(last_start * hk + k_off + 96u, hk);
-    var ka7 = k_rows(last_start * hk + k_off + 112u, hk);
+    // Staged variant: that chunk's K to workgroup memory, before its first tile read.
+    k_store(t, k_fetch(t, last_start));
+    if (K_STAGED) {
+        workgroupBarrier();
+    }
+    var ka0 = k_rows(last_start, 16u * sg, 0u);
+    var ka1 = k_rows(last_start, 16u * sg, 16u);
+    var ka2 = k_rows(last_start, 16u * sg, 32u);
+    var ka3 = k_rows(last_start, 16u * sg, 48u);
+    var ka4 = k_rows(last_start, 16u * sg, 64u);
+    var ka5 = k_rows(last_start, 16u * sg, 80u);
+    var ka6 = k_rows(last_start, 16u * sg, 96u);
+    var ka7 = k_rows(last_start, 16u * sg, 112u);
     for (var cr = 0u; cr < n_chunks; cr++) {
         let c = n_chunks - 1u - cr;
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_start + seg_len - start);
+        // The previous chunk (this one again after the oldest: a tile must stay inside its buffer).
+        let next = select(start, start - CHUNK, c > 0u);
 
         // dS w.r.t. this chunk's end state, f32, where the later passes read it.
         let cb = ((first_chunk + c) * hv_count + hv) * kv;
@@ -162,6 +168,8 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
         u1 = coopMultiplyAdd(ka6, b61, u1);
         u0 = coopMultiplyAdd(ka7, b70, u0);
         u1 = coopMultiplyAdd(ka7, b71, u1);
+        // Staged variant: the previous chunk's K words, in flight until k_store below.
+        let k_next = k_fetch(t, next);
 
         // The Pgᵀ and Agᵀ tiles of row block sg, issued now (the state update's tiles come
         // after dv: fewer tiles live at once).
@@ -244,17 +252,15 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
         store_tile(e0, ui);
         store_tile(e1, ui + 16u);
 
-        // The Kᵀ and (γ ⊙ Q)ᵀ tiles of the state update and the previous chunk's K rows (this
-        // chunk's again after the oldest), in flight through the dv step.
-        let kt = start * hk + hqk * KD + r0;
-        let kc00 = k_cols(kt, hk);
-        let kc01 = k_cols(kt + 16u, hk);
-        let kc10 = k_cols(kt + 16u * hk, hk);
-        let kc11 = k_cols(kt + 16u * hk + 16u, hk);
-        let kc20 = k_cols(kt + 32u * hk, hk);
-        let kc21 = k_cols(kt + 32u * hk + 16u, hk);
-        let kc30 = k_cols(kt + 48u * hk, hk);
-        let kc31 = k_cols(kt + 48u * hk + 16u, hk);
+        // The Kᵀ and (γ ⊙ Q)ᵀ tiles of the state update, in flight through the dv step.
+        let kc00 = k_cols(start, 0u, r0);
+        let kc01 = k_cols(start, 0u, r0 + 16u);
+        let kc10 = k_cols(start, 16u, r0);
+        let kc11 = k_cols(start, 16u, r0 + 16u);
+        let kc20 = k_cols(start, 32u, r0);
+        let kc21 = k_cols(start, 32u, r0 + 16u);
+        let kc30 = k_cols(start, 48u, r0);
+        let kc31 = k_cols(start, 48u, r0 + 16u);
         let qt = start * hq + hv * KD + r0;
         let qc00 = q_cols(qt, hq);
         let qc01 = q_cols(qt + 16u, hq);
@@ -264,16 +270,21 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
         let qc21 = q_cols(qt + 32u * hq + 16u, hq);
         let qc30 = q_cols(qt + 48u * hq, hq);
         let qc31 = q_cols(qt + 48u * hq + 16u, hq);
-        let next = select(start, start - CHUNK, c > 0u);
-        ka0 = k_rows(next * hk + k_off, hk);
-        ka1 = k_rows(next * hk + k_off + 16u, hk);
-        ka2 = k_rows(next * hk + k_off + 32u, hk);
-        ka3 = k_rows(next * hk + k_off + 48u, hk);
-        ka4 = k_rows(next * hk + k_off + 64u, hk);
-        ka5 = k_rows(next * hk + k_off + 80u, hk);
-        ka6 = k_rows(next * hk + k_off + 96u, hk);
-        ka7 = k_rows(next * hk + k_off + 112u, hk);
+        // Direct reads: the previous chunk's K rows, in flight through the dv step.
+        if (!K_STAGED) {
+            ka0 = k_rows(next, 16u * sg, 0u);
+            ka1 = k_rows(next, 16u * sg, 16u);
+            ka2 = k_rows(next, 16u * sg, 32u);
+            ka3 = k_rows(next, 16u * sg, 48u);
+            ka4 = k_rows(next, 16u * sg, 64u);
+            ka5 = k_rows(next, 16u * sg, 80u);
+            ka6 = k_rows(next, 16u * sg, 96u);
+            ka7 = k_rows(next, 16u * sg, 112u);
+        }
         workgroupBarrier();
+        // Every K tile of this chunk is read (before the barrier above); the one below orders
+        // the previous chunk's K before its first tile read.
+        k_store(t, k_next);
 
         // dv (f32) to its rows in the chunk; −γ ⊙ dv in f16 over dV' (0 past the chunk).
         for (var n = 0u; n < BV / 2u; n++) {
@@ -286,6 +297,16 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
             }
         }
         workgroupBarrier();
+        if (K_STAGED) {
+            ka0 = k_rows(next, 16u * sg, 0u);
+            ka1 = k_rows(next, 16u * sg, 16u);
+            ka2 = k_rows(next, 16u * sg, 32u);
+            ka3 = k_rows(next, 16u * sg, 48u);
+            ka4 = k_rows(next, 16u * sg, 64u);
+            ka5 = k_rows(next, 16u * sg, 80u);
+            ka6 = k_rows(next, 16u * sg, 96u);
+            ka7 = k_rows(next, 16u * sg, 112u);
+        }
 
         // dS ← γ_C dS − Kᵀ (γ ⊙ dv) + (γ ⊙ Q)ᵀ (scale·dO).
         let gamma_c = exp(g_last);

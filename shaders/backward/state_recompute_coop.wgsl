@@ -23,7 +23,7 @@
 // index is bound with `let` first; cooperative ops need uniform control flow (no early return).
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> k16: array<f16>;                 // [rows + 64, H, K]
+@group(0) @binding(1) var<storage, read> k16: array<K16>;                 // [rows + 64, H, K]
 @group(0) @binding(2) var<storage, read> v_buf: array<Elem>;              // [rows, HV, V]
 @group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;     // [rows, HV]: (G, β)
 @group(0) @binding(4) var<storage, read> gated16: array<f16>;             // [rows + 64, HV, 128]
@@ -72,7 +72,7 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
     let hv_count = params.heads_v;
     let vd = params.value_dim;
     let hqk = hv / (hv_count / params.heads_qk);
-    let hk = params.heads_qk * KD;          // token stride of k16
+    k_begin(hqk);
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     let seg_start = segments[4u * seg];
     let seg_len = segments[4u * seg + 1u];
@@ -91,6 +91,8 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
     var s01 = state_load(sbase, r0, v0 + 16u);
     var s10 = state_load(sbase, r0 + 16u, v0);
     var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
+    // The first chunk's K (staged variant: to workgroup memory; the publish's barriers order it).
+    k_store(t, k_fetch(t, seg_start));
     publish_half(t, sg, 0u, s00, s01);
     publish_half(t, sg, 1u, s10, s11);
 
@@ -98,20 +100,21 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
     let vstep = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
-    let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
     let vnew_half = params.total_tokens * hv_count * vd;
     // This chunk's rows of K, the A operand of K S: loaded one chunk ahead.
-    var ka0 = k_rows(seg_start * hk + k_off, hk);
-    var ka1 = k_rows(seg_start * hk + k_off + 16u, hk);
-    var ka2 = k_rows(seg_start * hk + k_off + 32u, hk);
-    var ka3 = k_rows(seg_start * hk + k_off + 48u, hk);
-    var ka4 = k_rows(seg_start * hk + k_off + 64u, hk);
-    var ka5 = k_rows(seg_start * hk + k_off + 80u, hk);
-    var ka6 = k_rows(seg_start * hk + k_off + 96u, hk);
-    var ka7 = k_rows(seg_start * hk + k_off + 112u, hk);
+    var ka0 = k_rows(seg_start, 16u * sg, 0u);
+    var ka1 = k_rows(seg_start, 16u * sg, 16u);
+    var ka2 = k_rows(seg_start, 16u * sg, 32u);
+    var ka3 = k_rows(seg_start, 16u * sg, 48u);
+    var ka4 = k_rows(seg_start, 16u * sg, 64u);
+    var ka5 = k_rows(seg_start, 16u * sg, 80u);
+    var ka6 = k_rows(seg_start, 16u * sg, 96u);
+    var ka7 = k_rows(seg_start, 16u * sg, 112u);
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_start + seg_len - start);
+        // The next chunk (this one again after the last: a tile must stay inside its buffer).
+        let next = select(start, start + CHUNK, c + 1u < n_chunks);
 
         // The chunk-start state, f32, where the later passes read it.
         let cb = ((first_chunk + c) * hv_count + hv) * kv;
@@ -172,6 +175,8 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
         u1 = coopMultiplyAdd(ka6, b61, u1);
         u0 = coopMultiplyAdd(ka7, b70, u0);
         u1 = coopMultiplyAdd(ka7, b71, u1);
+        // Staged variant: the next chunk's K words, in flight until k_store below.
+        let k_next = k_fetch(t, next);
 
         // The rest of this chunk's global operands, issued now so that they arrive during
         // the W step: the Γ⊙A⊙β row tiles and the Kᵀ tiles of the state update.
@@ -180,15 +185,14 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
         let ga1 = gated_rows(grow + 16u, gstride);
         let ga2 = gated_rows(grow + 32u, gstride);
         let ga3 = gated_rows(grow + 48u, gstride);
-        let kt = start * hk + hqk * KD + r0;
-        let kc00 = k_cols(kt, hk);
-        let kc01 = k_cols(kt + 16u, hk);
-        let kc10 = k_cols(kt + 16u * hk, hk);
-        let kc11 = k_cols(kt + 16u * hk + 16u, hk);
-        let kc20 = k_cols(kt + 32u * hk, hk);
-        let kc21 = k_cols(kt + 32u * hk + 16u, hk);
-        let kc30 = k_cols(kt + 48u * hk, hk);
-        let kc31 = k_cols(kt + 48u * hk + 16u, hk);
+        let kc00 = k_cols(start, 0u, r0);
+        let kc01 = k_cols(start, 0u, r0 + 16u);
+        let kc10 = k_cols(start, 16u, r0);
+        let kc11 = k_cols(start, 16u, r0 + 16u);
+        let kc20 = k_cols(start, 32u, r0);
+        let kc21 = k_cols(start, 32u, r0 + 16u);
+        let kc30 = k_cols(start, 48u, r0);
+        let kc31 = k_cols(start, 48u, r0 + 16u);
         store_tile(u0, ui);
         store_tile(u1, ui + 16u);
         workgroupBarrier();
@@ -210,6 +214,9 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
         w_elem(t, 13u, vdd.y, lim, vrow, vstep);
         w_elem(t, 14u, vdd.z, lim, vrow, vstep);
         w_elem(t, 15u, vdd.w, lim, vrow, vstep);
+        // Every Kᵀ tile of this chunk is read (before the barrier above); the barrier below
+        // orders the next chunk's K before its first K tile read.
+        k_store(t, k_next);
         workgroupBarrier();
 
         // V' = (Γ ⊙ A ⊙ β_col) W. All four column blocks: cooperative ops need uniform
@@ -235,17 +242,15 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
         store_tile(d0, ui);
         store_tile(d1, ui + 16u);
 
-        // The next chunk's K rows (this chunk's again after the last: a tile must stay
-        // inside its buffer), in flight through the state update.
-        let next = select(start, start + CHUNK, c + 1u < n_chunks);
-        ka0 = k_rows(next * hk + k_off, hk);
-        ka1 = k_rows(next * hk + k_off + 16u, hk);
-        ka2 = k_rows(next * hk + k_off + 32u, hk);
-        ka3 = k_rows(next * hk + k_off + 48u, hk);
-        ka4 = k_rows(next * hk + k_off + 64u, hk);
-        ka5 = k_rows(next * hk + k_off + 80u, hk);
-        ka6 = k_rows(next * hk + k_off + 96u, hk);
-        ka7 = k_rows(next * hk + k_off + 112u, hk);
+        // The next chunk's K rows, in flight through the state update.
+        ka0 = k_rows(next, 16u * sg, 0u);
+        ka1 = k_rows(next, 16u * sg, 16u);
+        ka2 = k_rows(next, 16u * sg, 32u);
+        ka3 = k_rows(next, 16u * sg, 48u);
+        ka4 = k_rows(next, 16u * sg, 64u);
+        ka5 = k_rows(next, 16u * sg, 80u);
+        ka6 = k_rows(next, 16u * sg, 96u);
+        ka7 = k_rows(next, 16u * sg, 112u);
         workgroupBarrier();
 
         // V' (f32) to its rows in the chunk; (γ_C/γ) ⊙ V' in f16 over W for the state update.

@@ -1,26 +1,17 @@
 // Tile helpers shared by the four cooperative-matrix scans: forward/state_scan_coop,
 // forward/state_chain_coop, backward/state_recompute_coop and backward/dh_scan_coop. The Rust
-// side inserts this file before each of them (`Pass::family_snippets`); it uses their
-// declarations of `k16`, `gated16` (f16 operands in storage), `state_slots` (the f32 state
-// tiles: S, or dS in dh_scan), `s16`, `x16` (f16 tiles, row pitch `SP`), `stage` (f32, row
-// pitch `FP`), `zero`, `BV`, `KD` and `WG`.
+// side inserts this file before each of them (`Pass::family_snippets`), then the K operand's
+// (coop_k_direct.wgsl or coop_k_staged.wgsl); it uses their declarations of `gated16` (f16
+// in storage), `state_slots` (the f32 state tiles: S, or dS in dh_scan), `s16`, `x16` (f16
+// tiles, row pitch `SP`), `stage` (f32, row pitch `FP`), `zero`, `BV`, `KD` and `WG`.
 //
 // naga: coopLoad/coopStore are column-major, coopLoadT/coopStoreT row-major; every pointer
 // index is bound with `let` first (naga 30's SPIR-V backend panics on a computed index in a
 // cooperative store); cooperative ops need uniform control flow, so flags are tested inline.
 
-// Row tiles of k16 and of the gated matrices: the A operands of K S, (Γ ⊙ ...) X.
-fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
+// Row tiles of the gated matrices: the A operands of (Γ ⊙ ...) X.
 fn gated_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
     return coopLoadT<coop_mat16x16<f16, A>>(&gated16[i], stride);
-}
-
-// Kᵀ tile: a column-major read of k16.
-fn k_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoad<coop_mat16x16<f16, A>>(&k16[i], stride);
 }
 
 // A tile of a gated matrix's transpose: a column-major read.
@@ -55,22 +46,23 @@ fn stage_tile(i: u32) -> coop_mat16x16<f32, C> {
 // The f32 state tile at key row `row`, value column `col` of the state at `base` in
 // `state_slots` ([K][V], or V-first: [V][K]), and its store.
 fn state_load(base: u32, row: u32, col: u32) -> coop_mat16x16<f32, C> {
+    let vd = params.value_dim;
+    let i_vfirst = base + col * KD + row;
+    let i_kfirst = base + row * vd + col;
     if ((params.flags & FLAG_STATE_V_FIRST) != 0u) {
-        let i = base + col * KD + row;
-        return coopLoad<coop_mat16x16<f32, C>>(&state_slots[i], KD);
-    } else {
-        let i = base + row * params.value_dim + col;
-        return coopLoadT<coop_mat16x16<f32, C>>(&state_slots[i], params.value_dim);
+        return coopLoad<coop_mat16x16<f32, C>>(&state_slots[i_vfirst], KD);
     }
+    return coopLoadT<coop_mat16x16<f32, C>>(&state_slots[i_kfirst], vd);
 }
 
 fn state_store(m: coop_mat16x16<f32, C>, base: u32, row: u32, col: u32) {
+    let vd = params.value_dim;
+    let i_vfirst = base + col * KD + row;
+    let i_kfirst = base + row * vd + col;
     if ((params.flags & FLAG_STATE_V_FIRST) != 0u) {
-        let i = base + col * KD + row;
-        coopStore(m, &state_slots[i], KD);
+        coopStore(m, &state_slots[i_vfirst], KD);
     } else {
-        let i = base + row * params.value_dim + col;
-        coopStoreT(m, &state_slots[i], params.value_dim);
+        coopStoreT(m, &state_slots[i_kfirst], vd);
     }
 }
 

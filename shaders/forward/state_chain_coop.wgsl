@@ -14,7 +14,7 @@
 // the chunk's valid rows only (the rows after them belong to the next chunk or sequence).
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> k16: array<f16>;                 // [B·T + 64, H, K]
+@group(0) @binding(1) var<storage, read> k16: array<K16>;                 // [B·T + 64, H, K]
 @group(0) @binding(2) var<storage, read> v_buf: array<Elem>;              // [B·T, HV, V]
 @group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
 @group(0) @binding(4) var<storage, read> gated16: array<f16>;             // [B·T + 64, HV, 128]
@@ -98,7 +98,7 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     let hv_count = params.heads_v;
     let vd = params.value_dim;
     let hqk = hv / (hv_count / params.heads_qk);
-    let hk = params.heads_qk * KD;          // token stride of k16
+    k_begin(hqk);
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     // A table with a row per (segment, v-head) (segment_window's) may give a pair length 0:
     // no chunks, the state stored back as loaded (naga rejects an early return before
@@ -129,22 +129,23 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     var s10 = state_load(sbase, r0 + 16u, v0);
     var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
     let dst0 = first_chunk * chunk_stride + cbase;
+    // The first chunk's K (staged variant: to workgroup memory; the publish's barriers order it).
+    k_store(t, k_fetch(t, seg_start));
     publish(t, sg, s00, s01, s10, s11, store0, dst0, vd);
 
     // This invocation's elements of V: column t % BV, rows t / BV + n·(128/BV).
     let vstep = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * FP;                 // this subgroup's row tile in `stage`
-    let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
     // This chunk's rows of K, the A operands of K S: loaded one chunk ahead (the loads of
     // chunk c + 1 are issued during chunk c's state update).
-    var ka0 = k_rows(seg_start * hk + k_off, hk);
-    var ka1 = k_rows(seg_start * hk + k_off + 16u, hk);
-    var ka2 = k_rows(seg_start * hk + k_off + 32u, hk);
-    var ka3 = k_rows(seg_start * hk + k_off + 48u, hk);
-    var ka4 = k_rows(seg_start * hk + k_off + 64u, hk);
-    var ka5 = k_rows(seg_start * hk + k_off + 80u, hk);
-    var ka6 = k_rows(seg_start * hk + k_off + 96u, hk);
-    var ka7 = k_rows(seg_start * hk + k_off + 112u, hk);
+    var ka0 = k_rows(seg_start, 16u * sg, 0u);
+    var ka1 = k_rows(seg_start, 16u * sg, 16u);
+    var ka2 = k_rows(seg_start, 16u * sg, 32u);
+    var ka3 = k_rows(seg_start, 16u * sg, 48u);
+    var ka4 = k_rows(seg_start, 16u * sg, 64u);
+    var ka5 = k_rows(seg_start, 16u * sg, 80u);
+    var ka6 = k_rows(seg_start, 16u * sg, 96u);
+    var ka7 = k_rows(seg_start, 16u * sg, 112u);
     // This chunk's gates and V elements, loaded one chunk ahead like the K rows.
     let seg_end = seg_start + seg_len;
     let len0 = min(CHUNK, seg_len);
@@ -163,6 +164,8 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_end - start);
+        // The next chunk (this one again after the last: a tile must stay inside its buffer).
+        let next = select(start, start + CHUNK, c + 1u < n_chunks);
         if (t < CHUNK) {
             gam[t] = exp(g_row);
             dec[t] = select(0.0, exp(g_last - g_row), t < len);
@@ -205,6 +208,8 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         u1 = coopMultiplyAdd(ka6, b61, u1);
         u0 = coopMultiplyAdd(ka7, b70, u0);
         u1 = coopMultiplyAdd(ka7, b71, u1);
+        // Staged variant: the next chunk's K words, in flight until k_store below.
+        let k_next = k_fetch(t, next);
 
         // The rest of this chunk's global operands, issued now so that they arrive during
         // the W step: the gated A rows and the Kᵀ tiles of the state update.
@@ -213,15 +218,14 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         let ga1 = gated_rows(grow + 16u, gstride);
         let ga2 = gated_rows(grow + 32u, gstride);
         let ga3 = gated_rows(grow + 48u, gstride);
-        let kt = start * hk + hqk * KD + r0;
-        let kc00 = k_cols(kt, hk);
-        let kc01 = k_cols(kt + 16u, hk);
-        let kc10 = k_cols(kt + 16u * hk, hk);
-        let kc11 = k_cols(kt + 16u * hk + 16u, hk);
-        let kc20 = k_cols(kt + 32u * hk, hk);
-        let kc21 = k_cols(kt + 32u * hk + 16u, hk);
-        let kc30 = k_cols(kt + 48u * hk, hk);
-        let kc31 = k_cols(kt + 48u * hk + 16u, hk);
+        let kc00 = k_cols(start, 0u, r0);
+        let kc01 = k_cols(start, 0u, r0 + 16u);
+        let kc10 = k_cols(start, 16u, r0);
+        let kc11 = k_cols(start, 16u, r0 + 16u);
+        let kc20 = k_cols(start, 32u, r0);
+        let kc21 = k_cols(start, 32u, r0 + 16u);
+        let kc30 = k_cols(start, 48u, r0);
+        let kc31 = k_cols(start, 48u, r0 + 16u);
         store_tile(u0, ui);
         store_tile(u1, ui + 16u);
         workgroupBarrier();
@@ -265,22 +269,23 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         d1 = coopMultiplyAdd(ga2, w21, d1);
         d0 = coopMultiplyAdd(ga3, w30, d0);
         d1 = coopMultiplyAdd(ga3, w31, d1);
+        // Every Kᵀ tile of this chunk is read (before the barriers above); the barrier below
+        // orders the next chunk's K before its first K tile read.
+        k_store(t, k_next);
         store_tile(d0, ui);
         store_tile(d1, ui + 16u);
         workgroupBarrier();
 
         // V' to global (the chunk's rows) and (γ_C/γ) ⊙ V' in f16 over W for the state update
-        // (dec is 0 past the chunk). The next chunk's K rows are in flight meanwhile (this
-        // chunk's again after the last: a tile must stay inside its buffer).
-        let next = select(start, start + CHUNK, c + 1u < n_chunks);
-        ka0 = k_rows(next * hk + k_off, hk);
-        ka1 = k_rows(next * hk + k_off + 16u, hk);
-        ka2 = k_rows(next * hk + k_off + 32u, hk);
-        ka3 = k_rows(next * hk + k_off + 48u, hk);
-        ka4 = k_rows(next * hk + k_off + 64u, hk);
-        ka5 = k_rows(next * hk + k_off + 80u, hk);
-        ka6 = k_rows(next * hk + k_off + 96u, hk);
-        ka7 = k_rows(next * hk + k_off + 112u, hk);
+        // (dec is 0 past the chunk). The next chunk's K rows are in flight meanwhile.
+        ka0 = k_rows(next, 16u * sg, 0u);
+        ka1 = k_rows(next, 16u * sg, 16u);
+        ka2 = k_rows(next, 16u * sg, 32u);
+        ka3 = k_rows(next, 16u * sg, 48u);
+        ka4 = k_rows(next, 16u * sg, 64u);
+        ka5 = k_rows(next, 16u * sg, 80u);
+        ka6 = k_rows(next, 16u * sg, 96u);
+        ka7 = k_rows(next, 16u * sg, 112u);
         let gamma_c = exp(g_last);
         let next_len = min(CHUNK, seg_end - next);
         g_last = gate_beta[(next + next_len - 1u) * hv_count + hv].x;

@@ -34,7 +34,7 @@
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> qg16: array<f16>;                // [B·T + 64, HV, K]: γ ⊙ q
-@group(0) @binding(2) var<storage, read> k16: array<f16>;                 // [B·T + 64, H, K]
+@group(0) @binding(2) var<storage, read> k16: array<K16>;                 // [B·T + 64, H, K]
 @group(0) @binding(3) var<storage, read> v_buf: array<Elem>;              // [B·T, HV, V]
 @group(0) @binding(4) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
 @group(0) @binding(5) var<storage, read> gated16: array<f16>;             // [B·T + 64, HV, 128]
@@ -82,7 +82,7 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let hv_count = params.heads_v;
     let vd = params.value_dim;
     let hqk = hv / (hv_count / params.heads_qk);
-    let hk = params.heads_qk * KD;          // token stride of k16
+    k_begin(hqk);
     let hq = hv_count * KD;                 // token stride of qg16
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     // A table with a row per (segment, v-head) (segment_window's) may give a pair length 0:
@@ -104,6 +104,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     var s01 = state_load(sbase, r0, v0 + 16u);
     var s10 = state_load(sbase, r0 + 16u, v0);
     var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
+    // The first chunk's K (staged variant: to workgroup memory; the publish's barriers order it).
+    k_store(t, k_fetch(t, seg_start));
     publish_half(t, sg, 0u, s00, s01);
     publish_half(t, sg, 1u, s10, s11);
 
@@ -111,18 +113,17 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let vstep = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
-    let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
     let q_off = 16u * sg * hq + hv * KD;
     // This chunk's rows of K and γ ⊙ Q, the A operands of K S and (γ ⊙ Q) S: loaded one
     // chunk ahead (the loads of chunk c + 1 are issued halfway through chunk c).
-    var ka0 = k_rows(seg_start * hk + k_off, hk);
-    var ka1 = k_rows(seg_start * hk + k_off + 16u, hk);
-    var ka2 = k_rows(seg_start * hk + k_off + 32u, hk);
-    var ka3 = k_rows(seg_start * hk + k_off + 48u, hk);
-    var ka4 = k_rows(seg_start * hk + k_off + 64u, hk);
-    var ka5 = k_rows(seg_start * hk + k_off + 80u, hk);
-    var ka6 = k_rows(seg_start * hk + k_off + 96u, hk);
-    var ka7 = k_rows(seg_start * hk + k_off + 112u, hk);
+    var ka0 = k_rows(seg_start, 16u * sg, 0u);
+    var ka1 = k_rows(seg_start, 16u * sg, 16u);
+    var ka2 = k_rows(seg_start, 16u * sg, 32u);
+    var ka3 = k_rows(seg_start, 16u * sg, 48u);
+    var ka4 = k_rows(seg_start, 16u * sg, 64u);
+    var ka5 = k_rows(seg_start, 16u * sg, 80u);
+    var ka6 = k_rows(seg_start, 16u * sg, 96u);
+    var ka7 = k_rows(seg_start, 16u * sg, 112u);
     var qa0 = q_rows(seg_start * hq + q_off, hq);
     var qa1 = q_rows(seg_start * hq + q_off + 16u, hq);
     var qa2 = q_rows(seg_start * hq + q_off + 32u, hq);
@@ -134,6 +135,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_start + seg_len - start);
+        // The next chunk (this one again after the last: a tile must stay inside its buffer).
+        let next = select(start, start + CHUNK, c + 1u < n_chunks);
         let g_last = gate_beta[(start + len - 1u) * hv_count + hv].x;
         if (t < CHUNK) {
             let g = gate_beta[(start + min(t, len - 1u)) * hv_count + hv].x;
@@ -205,6 +208,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         u1 = coopMultiplyAdd(ka7, b71, u1);
         o0 = coopMultiplyAdd(qa7, b70, o0);
         o1 = coopMultiplyAdd(qa7, b71, o1);
+        // Staged variant: the next chunk's K words, in flight until k_store below.
+        let k_next = k_fetch(t, next);
 
         // The rest of this chunk's global operands, issued now so that they arrive during
         // the W step: the gated matrices' row tiles and the Kᵀ tiles of the state update.
@@ -217,15 +222,14 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         let pa1 = gated_rows(grow + CHUNK + 16u, gstride);
         let pa2 = gated_rows(grow + CHUNK + 32u, gstride);
         let pa3 = gated_rows(grow + CHUNK + 48u, gstride);
-        let kt = start * hk + hqk * KD + r0;
-        let kc00 = k_cols(kt, hk);
-        let kc01 = k_cols(kt + 16u, hk);
-        let kc10 = k_cols(kt + 16u * hk, hk);
-        let kc11 = k_cols(kt + 16u * hk + 16u, hk);
-        let kc20 = k_cols(kt + 32u * hk, hk);
-        let kc21 = k_cols(kt + 32u * hk + 16u, hk);
-        let kc30 = k_cols(kt + 48u * hk, hk);
-        let kc31 = k_cols(kt + 48u * hk + 16u, hk);
+        let kc00 = k_cols(start, 0u, r0);
+        let kc01 = k_cols(start, 0u, r0 + 16u);
+        let kc10 = k_cols(start, 16u, r0);
+        let kc11 = k_cols(start, 16u, r0 + 16u);
+        let kc20 = k_cols(start, 32u, r0);
+        let kc21 = k_cols(start, 32u, r0 + 16u);
+        let kc30 = k_cols(start, 48u, r0);
+        let kc31 = k_cols(start, 48u, r0 + 16u);
         store_tile(u0, ui);
         store_tile(u1, ui + 16u);
         workgroupBarrier();
@@ -272,6 +276,9 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         store_tile(d0, ui);
         store_tile(d1, ui + 16u);
         workgroupBarrier();
+        // Every Kᵀ tile of this chunk is read (before the barriers above); the barrier below
+        // orders the next chunk's K before its first K tile read.
+        k_store(t, k_next);
 
         // V' in f16 over W (0 past the chunk); its f32 copy stays in stage.
         for (var n = 0u; n < BV / 2u; n++) {
@@ -298,17 +305,15 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         o0 = coopMultiplyAdd(pa3, v30, o0);
         o1 = coopMultiplyAdd(pa3, v31, o1);
 
-        // The next chunk's K and γ ⊙ Q rows (this chunk's again after the last: a tile must
-        // stay inside its buffer), in flight through the state update.
-        let next = select(start, start + CHUNK, c + 1u < n_chunks);
-        ka0 = k_rows(next * hk + k_off, hk);
-        ka1 = k_rows(next * hk + k_off + 16u, hk);
-        ka2 = k_rows(next * hk + k_off + 32u, hk);
-        ka3 = k_rows(next * hk + k_off + 48u, hk);
-        ka4 = k_rows(next * hk + k_off + 64u, hk);
-        ka5 = k_rows(next * hk + k_off + 80u, hk);
-        ka6 = k_rows(next * hk + k_off + 96u, hk);
-        ka7 = k_rows(next * hk + k_off + 112u, hk);
+        // The next chunk's K and γ ⊙ Q rows, in flight through the state update.
+        ka0 = k_rows(next, 16u * sg, 0u);
+        ka1 = k_rows(next, 16u * sg, 16u);
+        ka2 = k_rows(next, 16u * sg, 32u);
+        ka3 = k_rows(next, 16u * sg, 48u);
+        ka4 = k_rows(next, 16u * sg, 64u);
+        ka5 = k_rows(next, 16u * sg, 80u);
+        ka6 = k_rows(next, 16u * sg, 96u);
+        ka7 = k_rows(next, 16u * sg, 112u);
         qa0 = q_rows(next * hq + q_off, hq);
         qa1 = q_rows(next * hq + q_off + 16u, hq);
         qa2 = q_rows(next * hq + q_off + 32u, hq);

@@ -5,9 +5,11 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::DType;
-use crate::wgpu_backend::GpuTensor;
 use crate::wgpu_backend::launch::Grid;
+use crate::wgpu_backend::shaders::Pass;
+use crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES;
 use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
+use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The coop passes' shapes: K = 128 (the last dimension of `keyed`), V a multiple of the
 /// V-block, and the f16 operands in f16. `what` names the caller in the error ("the coop
@@ -46,4 +48,17 @@ pub(crate) fn coop_scan_grid(num_segments: usize, heads_v: usize, value_dim: usi
         (heads_v, "v-heads"),
         (value_dim / COOP_V_BLOCK, "V-blocks"),
     ])
+}
+
+/// `direct`, or its variant with each chunk's K staged through workgroup memory where
+/// `GDN_COOP_STAGE=on` and the device has the workgroup memory for it.
+pub(crate) fn k_variant(ctx: &Context, direct: Pass) -> Pass {
+    let staged =
+        ctx.config().coop_stage && STATE_SCAN_COOP_STAGED_BYTES <= ctx.tuning().workgroup_bytes;
+    match direct {
+        Pass::StateScanCoop if staged => Pass::StateScanCoopStaged,
+        Pass::StateRecomputeCoop if staged => Pass::StateRecomputeCoopStaged,
+        Pass::DhScanCoop if staged => Pass::DhScanCoopStaged,
+        pass => pass,
+    }
 }

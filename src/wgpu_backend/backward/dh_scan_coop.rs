@@ -3,7 +3,7 @@
 //! dh0, and dV', dv per token as `dh_scan` does.
 
 use crate::error::Result;
-use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid};
+use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, k_variant};
 use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
@@ -51,7 +51,7 @@ pub fn dh_scan_coop(
     )?;
     Launch {
         name: "dh_scan_coop",
-        source: source(Pass::DhScanCoop, bufs.d_o.dtype)?,
+        source: source(k_variant(ctx, Pass::DhScanCoop), bufs.d_o.dtype)?,
         entry: "dh_scan_coop",
         constants: &[],
         bindings: Bindings::Ordered(&[

@@ -3,7 +3,7 @@
 //! and W, V' per token as `state_recompute` does.
 
 use crate::error::Result;
-use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid};
+use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, k_variant};
 use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
@@ -45,7 +45,7 @@ pub fn state_recompute_coop(
     )?;
     Launch {
         name: "state_recompute_coop",
-        source: source(Pass::StateRecomputeCoop, bufs.v.dtype)?,
+        source: source(k_variant(ctx, Pass::StateRecomputeCoop), bufs.v.dtype)?,
         entry: "state_recompute_coop",
         constants: &[],
         bindings: Bindings::Ordered(&[

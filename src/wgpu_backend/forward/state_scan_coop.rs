@@ -2,7 +2,7 @@
 //! on f16 cooperative matrices (f32 accumulators), writing o and each segment's end state.
 
 use crate::error::Result;
-use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid};
+use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, k_variant};
 use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
@@ -53,7 +53,7 @@ pub fn state_scan_coop(
     )?;
     Launch {
         name: "state_scan_coop",
-        source: source(Pass::StateScanCoop, bufs.v.dtype)?,
+        source: source(k_variant(ctx, Pass::StateScanCoop), bufs.v.dtype)?,
         entry: "state_scan_coop",
         constants: if bufs.segments_per_head {
             &[("SEGMENTS_PER_HEAD", 1.0)]
