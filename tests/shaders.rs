@@ -62,6 +62,9 @@ fn capabilities(pass: Pass, dtype: DType) -> naga::valid::Capabilities {
     }
     if pass.needs_coop() {
         caps |= C::COOPERATIVE_MATRIX;
+        // unpack2x16float (the staged K of the coop scans): wgpu grants it with
+        // DownlevelFlags::SHADER_F16_IN_F32, which every backend with cooperative matrices has.
+        caps |= C::SHADER_FLOAT16_IN_FLOAT32;
     }
     if pass.needs_subgroups() {
         caps |= C::SUBGROUP;

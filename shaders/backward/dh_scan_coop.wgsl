@@ -23,18 +23,20 @@
 // index is bound with `let` first; cooperative ops need uniform control flow (no early return).
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> k16: array<f16>;                 // [rows + 64, H, K]
+@group(0) @binding(1) var<storage, read> k16: array<K16>;                 // [rows + 64, H, K]
 @group(0) @binding(2) var<storage, read> qg16: array<f16>;                // [rows + 64, HV, K]: γ ⊙ q
 @group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;     // [rows, HV]: (G, β)
 @group(0) @binding(4) var<storage, read> gated16: array<f16>;             // [rows + 64, HV, 128]: Ag | Pg
 @group(0) @binding(5) var<storage, read> do_buf: array<Elem>;             // [rows, HV, V]
 @group(0) @binding(6) var<storage, read> segments: array<u32>;            // start, length, first chunk, sequence
-@group(0) @binding(7) var<storage, read_write> dstates: array<f32>;       // [chunks + N, HV, K, V] (or V-first)
+@group(0) @binding(7) var<storage, read_write> state_slots: array<f32>;     // [chunks + N, HV, K, V] (or V-first)
 @group(0) @binding(8) var<storage, read_write> dvnew_dv: array<f32>;      // [2, rows, HV, V]: dV', then dv
 
 const BV: u32 = 32u;        // V-block width
 const KD: u32 = 128u;       // key dimension
 const WG: u32 = 128u;       // invocations
+const SP: u32 = BV;         // row pitch of s16 and x16 (unpadded)
+const FP: u32 = BV;         // row pitch of stage (unpadded)
 
 var<workgroup> s16: array<f16, 128u * BV>;   // dS rounded to f16, [K][BV]
 var<workgroup> x16: array<f16, 64u * BV>;    // scale·dO, then dV', then −γ ⊙ dv, [64][BV]
@@ -43,59 +45,9 @@ var<workgroup> zero: array<f32, 256>;
 var<workgroup> gam: array<f32, 64>;          // γ_i = exp(G_i), 0 past the chunk
 var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
 
-fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-// Kᵀ and (γ ⊙ Q)ᵀ tiles: column-major reads.
-fn k_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoad<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
+// (γ ⊙ Q)ᵀ tile: a column-major read.
 fn q_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
     return coopLoad<coop_mat16x16<f16, A>>(&qg16[i], stride);
-}
-
-// A tile of a gated matrix's transpose: a column-major read.
-fn gated_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoad<coop_mat16x16<f16, A>>(&gated16[i], stride);
-}
-
-fn s_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], BV);
-}
-
-fn x_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], BV);
-}
-
-fn zero_acc() -> coop_mat16x16<f32, C> {
-    return coopLoad<coop_mat16x16<f32, C>>(&zero[0], 16u);
-}
-
-fn store_tile(m: coop_mat16x16<f32, C>, i: u32) {
-    coopStoreT(m, &stage[i], BV);
-}
-
-fn stage_tile(i: u32) -> coop_mat16x16<f32, C> {
-    return coopLoadT<coop_mat16x16<f32, C>>(&stage[i], BV);
-}
-
-// Half of dS (rows 32 g + 16 upper .. + 15 of every subgroup g) → stage → s16.
-// Call from uniform control flow (it holds barriers).
-fn publish_half(t: u32, sg: u32, upper: u32, s0: coop_mat16x16<f32, C>, s1: coop_mat16x16<f32, C>) {
-    let base = 16u * BV * sg;
-    store_tile(s0, base);
-    store_tile(s1, base + 16u);
-    workgroupBarrier();
-    for (var n = 0u; n < BV / 2u; n++) {
-        let e = t + WG * n;
-        let g = e / (16u * BV);
-        s16[e + 16u * BV * (g + upper)] = f16(stage[e]);
-    }
-    workgroupBarrier();
 }
 
 @compute @workgroup_size(128)
@@ -107,14 +59,13 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     let hv_count = params.heads_v;
     let vd = params.value_dim;
     let hqk = hv / (hv_count / params.heads_qk);
-    let hk = params.heads_qk * KD;          // token stride of k16
+    k_begin(hqk);
     let hq = hv_count * KD;                 // token stride of qg16
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     let seg_start = segments[4u * seg];
     let seg_len = segments[4u * seg + 1u];
     let first_chunk = segments[4u * seg + 2u];
     let sequence = segments[4u * seg + 3u];
-    let v_first = (params.flags & FLAG_STATE_V_FIRST) != 0u;
     let scale = params.scale;
     let kv = KD * vd;
     let sbase = ((params.num_chunks + sequence) * hv_count + hv) * kv;
@@ -125,29 +76,10 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
 
     // This subgroup's dS tiles s{a}{b}: key rows r0 + 16a, value columns v0 + 16b.
     let r0 = 32u * sg;
-    var s00 = zero_acc();
-    var s01 = zero_acc();
-    var s10 = zero_acc();
-    var s11 = zero_acc();
-    if (v_first) {
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        s00 = coopLoad<coop_mat16x16<f32, C>>(&dstates[i00], KD);
-        s01 = coopLoad<coop_mat16x16<f32, C>>(&dstates[i01], KD);
-        s10 = coopLoad<coop_mat16x16<f32, C>>(&dstates[i10], KD);
-        s11 = coopLoad<coop_mat16x16<f32, C>>(&dstates[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        s00 = coopLoadT<coop_mat16x16<f32, C>>(&dstates[i00], vd);
-        s01 = coopLoadT<coop_mat16x16<f32, C>>(&dstates[i01], vd);
-        s10 = coopLoadT<coop_mat16x16<f32, C>>(&dstates[i10], vd);
-        s11 = coopLoadT<coop_mat16x16<f32, C>>(&dstates[i11], vd);
-    }
+    var s00 = state_load(sbase, r0, v0);
+    var s01 = state_load(sbase, r0, v0 + 16u);
+    var s10 = state_load(sbase, r0 + 16u, v0);
+    var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
     publish_half(t, sg, 0u, s00, s01);
     publish_half(t, sg, 1u, s10, s11);
 
@@ -155,44 +87,35 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     let step = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
-    let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
     let dv_half = params.total_tokens * hv_count * vd;
     // The newest chunk's rows of K, the A operand of K dS: loaded one chunk ahead.
     let last_start = seg_start + CHUNK * select(0u, n_chunks - 1u, n_chunks > 0u);
-    var ka0 = k_rows(last_start * hk + k_off, hk);
-    var ka1 = k_rows(last_start * hk + k_off + 16u, hk);
-    var ka2 = k_rows(last_start * hk + k_off + 32u, hk);
-    var ka3 = k_rows(last_start * hk + k_off + 48u, hk);
-    var ka4 = k_rows(last_start * hk + k_off + 64u, hk);
-    var ka5 = k_rows(last_start * hk + k_off + 80u, hk);
-    var ka6 = k_rows(last_start * hk + k_off + 96u, hk);
-    var ka7 = k_rows(last_start * hk + k_off + 112u, hk);
+    // Staged variant: that chunk's K to workgroup memory, before its first tile read.
+    k_store(t, k_fetch(t, last_start));
+    if (K_STAGED) {
+        workgroupBarrier();
+    }
+    var ka0 = k_rows(last_start, 16u * sg, 0u);
+    var ka1 = k_rows(last_start, 16u * sg, 16u);
+    var ka2 = k_rows(last_start, 16u * sg, 32u);
+    var ka3 = k_rows(last_start, 16u * sg, 48u);
+    var ka4 = k_rows(last_start, 16u * sg, 64u);
+    var ka5 = k_rows(last_start, 16u * sg, 80u);
+    var ka6 = k_rows(last_start, 16u * sg, 96u);
+    var ka7 = k_rows(last_start, 16u * sg, 112u);
     for (var cr = 0u; cr < n_chunks; cr++) {
         let c = n_chunks - 1u - cr;
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_start + seg_len - start);
+        // The previous chunk (this one again after the oldest: a tile must stay inside its buffer).
+        let next = select(start, start - CHUNK, c > 0u);
 
         // dS w.r.t. this chunk's end state, f32, where the later passes read it.
         let cb = ((first_chunk + c) * hv_count + hv) * kv;
-        if (v_first) {
-            let i00 = cb + v0 * KD + r0;
-            let i10 = i00 + 16u;
-            let i01 = i00 + 16u * KD;
-            let i11 = i01 + 16u;
-            coopStore(s00, &dstates[i00], KD);
-            coopStore(s01, &dstates[i01], KD);
-            coopStore(s10, &dstates[i10], KD);
-            coopStore(s11, &dstates[i11], KD);
-        } else {
-            let i00 = cb + r0 * vd + v0;
-            let i01 = i00 + 16u;
-            let i10 = i00 + 16u * vd;
-            let i11 = i10 + 16u;
-            coopStoreT(s00, &dstates[i00], vd);
-            coopStoreT(s01, &dstates[i01], vd);
-            coopStoreT(s10, &dstates[i10], vd);
-            coopStoreT(s11, &dstates[i11], vd);
-        }
+        state_store(s00, cb, r0, v0);
+        state_store(s01, cb, r0, v0 + 16u);
+        state_store(s10, cb, r0 + 16u, v0);
+        state_store(s11, cb, r0 + 16u, v0 + 16u);
 
         let g_last = gate_beta[(start + len - 1u) * hv_count + hv].x;
         if (t < CHUNK) {
@@ -245,6 +168,8 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
         u1 = coopMultiplyAdd(ka6, b61, u1);
         u0 = coopMultiplyAdd(ka7, b70, u0);
         u1 = coopMultiplyAdd(ka7, b71, u1);
+        // Staged variant: the previous chunk's K words, in flight until k_store below.
+        let k_next = k_fetch(t, next);
 
         // The Pgᵀ and Agᵀ tiles of row block sg, issued now (the state update's tiles come
         // after dv: fewer tiles live at once).
@@ -327,17 +252,15 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
         store_tile(e0, ui);
         store_tile(e1, ui + 16u);
 
-        // The Kᵀ and (γ ⊙ Q)ᵀ tiles of the state update and the previous chunk's K rows (this
-        // chunk's again after the oldest), in flight through the dv step.
-        let kt = start * hk + hqk * KD + r0;
-        let kc00 = k_cols(kt, hk);
-        let kc01 = k_cols(kt + 16u, hk);
-        let kc10 = k_cols(kt + 16u * hk, hk);
-        let kc11 = k_cols(kt + 16u * hk + 16u, hk);
-        let kc20 = k_cols(kt + 32u * hk, hk);
-        let kc21 = k_cols(kt + 32u * hk + 16u, hk);
-        let kc30 = k_cols(kt + 48u * hk, hk);
-        let kc31 = k_cols(kt + 48u * hk + 16u, hk);
+        // The Kᵀ and (γ ⊙ Q)ᵀ tiles of the state update, in flight through the dv step.
+        let kc00 = k_cols(start, 0u, r0);
+        let kc01 = k_cols(start, 0u, r0 + 16u);
+        let kc10 = k_cols(start, 16u, r0);
+        let kc11 = k_cols(start, 16u, r0 + 16u);
+        let kc20 = k_cols(start, 32u, r0);
+        let kc21 = k_cols(start, 32u, r0 + 16u);
+        let kc30 = k_cols(start, 48u, r0);
+        let kc31 = k_cols(start, 48u, r0 + 16u);
         let qt = start * hq + hv * KD + r0;
         let qc00 = q_cols(qt, hq);
         let qc01 = q_cols(qt + 16u, hq);
@@ -347,16 +270,21 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
         let qc21 = q_cols(qt + 32u * hq + 16u, hq);
         let qc30 = q_cols(qt + 48u * hq, hq);
         let qc31 = q_cols(qt + 48u * hq + 16u, hq);
-        let next = select(start, start - CHUNK, c > 0u);
-        ka0 = k_rows(next * hk + k_off, hk);
-        ka1 = k_rows(next * hk + k_off + 16u, hk);
-        ka2 = k_rows(next * hk + k_off + 32u, hk);
-        ka3 = k_rows(next * hk + k_off + 48u, hk);
-        ka4 = k_rows(next * hk + k_off + 64u, hk);
-        ka5 = k_rows(next * hk + k_off + 80u, hk);
-        ka6 = k_rows(next * hk + k_off + 96u, hk);
-        ka7 = k_rows(next * hk + k_off + 112u, hk);
+        // Direct reads: the previous chunk's K rows, in flight through the dv step.
+        if (!K_STAGED) {
+            ka0 = k_rows(next, 16u * sg, 0u);
+            ka1 = k_rows(next, 16u * sg, 16u);
+            ka2 = k_rows(next, 16u * sg, 32u);
+            ka3 = k_rows(next, 16u * sg, 48u);
+            ka4 = k_rows(next, 16u * sg, 64u);
+            ka5 = k_rows(next, 16u * sg, 80u);
+            ka6 = k_rows(next, 16u * sg, 96u);
+            ka7 = k_rows(next, 16u * sg, 112u);
+        }
         workgroupBarrier();
+        // Every K tile of this chunk is read (before the barrier above); the one below orders
+        // the previous chunk's K before its first tile read.
+        k_store(t, k_next);
 
         // dv (f32) to its rows in the chunk; −γ ⊙ dv in f16 over dV' (0 past the chunk).
         for (var n = 0u; n < BV / 2u; n++) {
@@ -369,6 +297,16 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
             }
         }
         workgroupBarrier();
+        if (K_STAGED) {
+            ka0 = k_rows(next, 16u * sg, 0u);
+            ka1 = k_rows(next, 16u * sg, 16u);
+            ka2 = k_rows(next, 16u * sg, 32u);
+            ka3 = k_rows(next, 16u * sg, 48u);
+            ka4 = k_rows(next, 16u * sg, 64u);
+            ka5 = k_rows(next, 16u * sg, 80u);
+            ka6 = k_rows(next, 16u * sg, 96u);
+            ka7 = k_rows(next, 16u * sg, 112u);
+        }
 
         // dS ← γ_C dS − Kᵀ (γ ⊙ dv) + (γ ⊙ Q)ᵀ (scale·dO).
         let gamma_c = exp(g_last);
@@ -423,23 +361,8 @@ fn dh_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     }
 
     // dh0 (or the carry of a cut sequence) in the tail slot.
-    if (v_first) {
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        coopStore(s00, &dstates[i00], KD);
-        coopStore(s01, &dstates[i01], KD);
-        coopStore(s10, &dstates[i10], KD);
-        coopStore(s11, &dstates[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        coopStoreT(s00, &dstates[i00], vd);
-        coopStoreT(s01, &dstates[i01], vd);
-        coopStoreT(s10, &dstates[i10], vd);
-        coopStoreT(s11, &dstates[i11], vd);
-    }
+    state_store(s00, sbase, r0, v0);
+    state_store(s01, sbase, r0, v0 + 16u);
+    state_store(s10, sbase, r0 + 16u, v0);
+    state_store(s11, sbase, r0 + 16u, v0 + 16u);
 }

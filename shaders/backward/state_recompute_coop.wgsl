@@ -23,17 +23,19 @@
 // index is bound with `let` first; cooperative ops need uniform control flow (no early return).
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> k16: array<f16>;                 // [rows + 64, H, K]
+@group(0) @binding(1) var<storage, read> k16: array<K16>;                 // [rows + 64, H, K]
 @group(0) @binding(2) var<storage, read> v_buf: array<Elem>;              // [rows, HV, V]
 @group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;     // [rows, HV]: (G, β)
 @group(0) @binding(4) var<storage, read> gated16: array<f16>;             // [rows + 64, HV, 128]
 @group(0) @binding(5) var<storage, read> segments: array<u32>;            // start, length, first chunk, sequence
-@group(0) @binding(6) var<storage, read_write> states: array<f32>;        // [chunks + N, HV, K, V] (or V-first)
+@group(0) @binding(6) var<storage, read_write> state_slots: array<f32>;     // [chunks + N, HV, K, V] (or V-first)
 @group(0) @binding(7) var<storage, read_write> w_vnew: array<f32>;        // [2, rows, HV, V]: W, then V'
 
 const BV: u32 = 32u;        // V-block width
 const KD: u32 = 128u;       // key dimension
 const WG: u32 = 128u;       // invocations
+const SP: u32 = BV;         // row pitch of s16 and x16 (unpadded)
+const FP: u32 = BV;         // row pitch of stage (unpadded)
 
 var<workgroup> s16: array<f16, 128u * BV>;   // S rounded to f16, [K][BV]
 var<workgroup> x16: array<f16, 64u * BV>;    // W, then (γ_C/γ) ⊙ V', [64][BV]
@@ -41,37 +43,6 @@ var<workgroup> stage: array<f32, 64u * BV>;  // f32 staging, [64][BV]: U, V'; or
 var<workgroup> zero: array<f32, 256>;
 var<workgroup> gam: array<f32, 64>;          // γ_i = exp(G_i)
 var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
-
-fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-fn gated_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&gated16[i], stride);
-}
-
-// Kᵀ tile: a column-major read of k16.
-fn k_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoad<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-fn s_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], BV);
-}
-
-fn x_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], BV);
-}
-
-fn zero_acc() -> coop_mat16x16<f32, C> {
-    return coopLoad<coop_mat16x16<f32, C>>(&zero[0], 16u);
-}
-
-fn store_tile(m: coop_mat16x16<f32, C>, i: u32) {
-    coopStoreT(m, &stage[i], BV);
-}
 
 // Element n of this invocation's V column (chunk row t / BV + n·128/BV), 0 past the chunk.
 fn v_or_zero(row0: u32, n: u32, lim: u32, step: u32) -> f32 {
@@ -92,21 +63,6 @@ fn w_elem(t: u32, n: u32, v: f32, lim: u32, wrow: u32, wstep: u32) {
     }
 }
 
-// Half of S (state rows 32 g + 16 upper .. + 15 of every subgroup g) → stage → s16.
-// Call from uniform control flow (it holds barriers).
-fn publish_half(t: u32, sg: u32, upper: u32, s0: coop_mat16x16<f32, C>, s1: coop_mat16x16<f32, C>) {
-    let base = 16u * BV * sg;
-    store_tile(s0, base);
-    store_tile(s1, base + 16u);
-    workgroupBarrier();
-    for (var n = 0u; n < BV / 2u; n++) {
-        let e = t + WG * n;
-        let g = e / (16u * BV);
-        s16[e + 16u * BV * (g + upper)] = f16(stage[e]);
-    }
-    workgroupBarrier();
-}
-
 @compute @workgroup_size(128)
 fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let seg = wid.x;
@@ -116,13 +72,12 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
     let hv_count = params.heads_v;
     let vd = params.value_dim;
     let hqk = hv / (hv_count / params.heads_qk);
-    let hk = params.heads_qk * KD;          // token stride of k16
+    k_begin(hqk);
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     let seg_start = segments[4u * seg];
     let seg_len = segments[4u * seg + 1u];
     let first_chunk = segments[4u * seg + 2u];
     let sequence = segments[4u * seg + 3u];
-    let v_first = (params.flags & FLAG_STATE_V_FIRST) != 0u;
     let kv = KD * vd;
     let sbase = ((params.num_chunks + sequence) * hv_count + hv) * kv;
 
@@ -132,30 +87,12 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
 
     // This subgroup's state tiles s{a}{b}: key rows r0 + 16a, value columns v0 + 16b.
     let r0 = 32u * sg;
-    var s00 = zero_acc();
-    var s01 = zero_acc();
-    var s10 = zero_acc();
-    var s11 = zero_acc();
-    if (v_first) {
-        // S[k][v] at base + v·K + k: column-major tiles with stride K.
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        s00 = coopLoad<coop_mat16x16<f32, C>>(&states[i00], KD);
-        s01 = coopLoad<coop_mat16x16<f32, C>>(&states[i01], KD);
-        s10 = coopLoad<coop_mat16x16<f32, C>>(&states[i10], KD);
-        s11 = coopLoad<coop_mat16x16<f32, C>>(&states[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        s00 = coopLoadT<coop_mat16x16<f32, C>>(&states[i00], vd);
-        s01 = coopLoadT<coop_mat16x16<f32, C>>(&states[i01], vd);
-        s10 = coopLoadT<coop_mat16x16<f32, C>>(&states[i10], vd);
-        s11 = coopLoadT<coop_mat16x16<f32, C>>(&states[i11], vd);
-    }
+    var s00 = state_load(sbase, r0, v0);
+    var s01 = state_load(sbase, r0, v0 + 16u);
+    var s10 = state_load(sbase, r0 + 16u, v0);
+    var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
+    // The first chunk's K (staged variant: to workgroup memory; the publish's barriers order it).
+    k_store(t, k_fetch(t, seg_start));
     publish_half(t, sg, 0u, s00, s01);
     publish_half(t, sg, 1u, s10, s11);
 
@@ -163,42 +100,28 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
     let vstep = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
-    let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
     let vnew_half = params.total_tokens * hv_count * vd;
     // This chunk's rows of K, the A operand of K S: loaded one chunk ahead.
-    var ka0 = k_rows(seg_start * hk + k_off, hk);
-    var ka1 = k_rows(seg_start * hk + k_off + 16u, hk);
-    var ka2 = k_rows(seg_start * hk + k_off + 32u, hk);
-    var ka3 = k_rows(seg_start * hk + k_off + 48u, hk);
-    var ka4 = k_rows(seg_start * hk + k_off + 64u, hk);
-    var ka5 = k_rows(seg_start * hk + k_off + 80u, hk);
-    var ka6 = k_rows(seg_start * hk + k_off + 96u, hk);
-    var ka7 = k_rows(seg_start * hk + k_off + 112u, hk);
+    var ka0 = k_rows(seg_start, 16u * sg, 0u);
+    var ka1 = k_rows(seg_start, 16u * sg, 16u);
+    var ka2 = k_rows(seg_start, 16u * sg, 32u);
+    var ka3 = k_rows(seg_start, 16u * sg, 48u);
+    var ka4 = k_rows(seg_start, 16u * sg, 64u);
+    var ka5 = k_rows(seg_start, 16u * sg, 80u);
+    var ka6 = k_rows(seg_start, 16u * sg, 96u);
+    var ka7 = k_rows(seg_start, 16u * sg, 112u);
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_start + seg_len - start);
+        // The next chunk (this one again after the last: a tile must stay inside its buffer).
+        let next = select(start, start + CHUNK, c + 1u < n_chunks);
 
         // The chunk-start state, f32, where the later passes read it.
         let cb = ((first_chunk + c) * hv_count + hv) * kv;
-        if (v_first) {
-            let i00 = cb + v0 * KD + r0;
-            let i10 = i00 + 16u;
-            let i01 = i00 + 16u * KD;
-            let i11 = i01 + 16u;
-            coopStore(s00, &states[i00], KD);
-            coopStore(s01, &states[i01], KD);
-            coopStore(s10, &states[i10], KD);
-            coopStore(s11, &states[i11], KD);
-        } else {
-            let i00 = cb + r0 * vd + v0;
-            let i01 = i00 + 16u;
-            let i10 = i00 + 16u * vd;
-            let i11 = i10 + 16u;
-            coopStoreT(s00, &states[i00], vd);
-            coopStoreT(s01, &states[i01], vd);
-            coopStoreT(s10, &states[i10], vd);
-            coopStoreT(s11, &states[i11], vd);
-        }
+        state_store(s00, cb, r0, v0);
+        state_store(s01, cb, r0, v0 + 16u);
+        state_store(s10, cb, r0 + 16u, v0);
+        state_store(s11, cb, r0 + 16u, v0 + 16u);
 
         let g_last = gate_beta[(start + len - 1u) * hv_count + hv].x;
         if (t < CHUNK) {
@@ -252,6 +175,8 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
         u1 = coopMultiplyAdd(ka6, b61, u1);
         u0 = coopMultiplyAdd(ka7, b70, u0);
         u1 = coopMultiplyAdd(ka7, b71, u1);
+        // Staged variant: the next chunk's K words, in flight until k_store below.
+        let k_next = k_fetch(t, next);
 
         // The rest of this chunk's global operands, issued now so that they arrive during
         // the W step: the Γ⊙A⊙β row tiles and the Kᵀ tiles of the state update.
@@ -260,15 +185,14 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
         let ga1 = gated_rows(grow + 16u, gstride);
         let ga2 = gated_rows(grow + 32u, gstride);
         let ga3 = gated_rows(grow + 48u, gstride);
-        let kt = start * hk + hqk * KD + r0;
-        let kc00 = k_cols(kt, hk);
-        let kc01 = k_cols(kt + 16u, hk);
-        let kc10 = k_cols(kt + 16u * hk, hk);
-        let kc11 = k_cols(kt + 16u * hk + 16u, hk);
-        let kc20 = k_cols(kt + 32u * hk, hk);
-        let kc21 = k_cols(kt + 32u * hk + 16u, hk);
-        let kc30 = k_cols(kt + 48u * hk, hk);
-        let kc31 = k_cols(kt + 48u * hk + 16u, hk);
+        let kc00 = k_cols(start, 0u, r0);
+        let kc01 = k_cols(start, 0u, r0 + 16u);
+        let kc10 = k_cols(start, 16u, r0);
+        let kc11 = k_cols(start, 16u, r0 + 16u);
+        let kc20 = k_cols(start, 32u, r0);
+        let kc21 = k_cols(start, 32u, r0 + 16u);
+        let kc30 = k_cols(start, 48u, r0);
+        let kc31 = k_cols(start, 48u, r0 + 16u);
         store_tile(u0, ui);
         store_tile(u1, ui + 16u);
         workgroupBarrier();
@@ -290,6 +214,9 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
         w_elem(t, 13u, vdd.y, lim, vrow, vstep);
         w_elem(t, 14u, vdd.z, lim, vrow, vstep);
         w_elem(t, 15u, vdd.w, lim, vrow, vstep);
+        // Every Kᵀ tile of this chunk is read (before the barrier above); the barrier below
+        // orders the next chunk's K before its first K tile read.
+        k_store(t, k_next);
         workgroupBarrier();
 
         // V' = (Γ ⊙ A ⊙ β_col) W. All four column blocks: cooperative ops need uniform
@@ -315,17 +242,15 @@ fn state_recompute_coop(@builtin(local_invocation_index) t: u32, @builtin(workgr
         store_tile(d0, ui);
         store_tile(d1, ui + 16u);
 
-        // The next chunk's K rows (this chunk's again after the last: a tile must stay
-        // inside its buffer), in flight through the state update.
-        let next = select(start, start + CHUNK, c + 1u < n_chunks);
-        ka0 = k_rows(next * hk + k_off, hk);
-        ka1 = k_rows(next * hk + k_off + 16u, hk);
-        ka2 = k_rows(next * hk + k_off + 32u, hk);
-        ka3 = k_rows(next * hk + k_off + 48u, hk);
-        ka4 = k_rows(next * hk + k_off + 64u, hk);
-        ka5 = k_rows(next * hk + k_off + 80u, hk);
-        ka6 = k_rows(next * hk + k_off + 96u, hk);
-        ka7 = k_rows(next * hk + k_off + 112u, hk);
+        // The next chunk's K rows, in flight through the state update.
+        ka0 = k_rows(next, 16u * sg, 0u);
+        ka1 = k_rows(next, 16u * sg, 16u);
+        ka2 = k_rows(next, 16u * sg, 32u);
+        ka3 = k_rows(next, 16u * sg, 48u);
+        ka4 = k_rows(next, 16u * sg, 64u);
+        ka5 = k_rows(next, 16u * sg, 80u);
+        ka6 = k_rows(next, 16u * sg, 96u);
+        ka7 = k_rows(next, 16u * sg, 112u);
         workgroupBarrier();
 
         // V' (f32) to its rows in the chunk; (γ_C/γ) ⊙ V' in f16 over W for the state update.

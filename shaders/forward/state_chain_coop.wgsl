@@ -14,14 +14,14 @@
 // the chunk's valid rows only (the rows after them belong to the next chunk or sequence).
 
 @group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> k16: array<f16>;                 // [B·T + 64, H, K]
+@group(0) @binding(1) var<storage, read> k16: array<K16>;                 // [B·T + 64, H, K]
 @group(0) @binding(2) var<storage, read> v_buf: array<Elem>;              // [B·T, HV, V]
 @group(0) @binding(3) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
 @group(0) @binding(4) var<storage, read> gated16: array<f16>;             // [B·T + 64, HV, 128]
 @group(0) @binding(5) var<storage, read> segments: array<u32>;            // start, length, state slot (per segment, or per (segment, v-head))
 override SEGMENTS_PER_HEAD: bool = false;
 override STORE_CHUNKS: bool = true;
-@group(0) @binding(6) var<storage, read_write> state: array<f32>;         // [slots, HV, K, V] or V-first
+@group(0) @binding(6) var<storage, read_write> state_slots: array<f32>;     // [slots, HV, K, V] or V-first
 @group(0) @binding(7) var<storage, read> chunk_base: array<u32>;          // per segment: the ordinal of its first chunk
 @group(0) @binding(8) var<storage, read_write> states16: array<f16>;      // [chunks, HV, K, V]: chunk-start states
 @group(0) @binding(9) var<storage, read_write> vprime16: array<f16>;      // [B·T + 64, HV, V]: V'
@@ -42,38 +42,6 @@ var<workgroup> stage: array<f32, 128u * FP>; // f32 staging: U, V' ([64][BV]); o
 var<workgroup> zero: array<f32, 256>;
 var<workgroup> gam: array<f32, 64>;          // γ_i = exp(G_i)
 var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
-
-fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-fn gated_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&gated16[i], stride);
-}
-
-// Kᵀ tile: a column-major read of k16.
-fn k_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoad<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-// Tile (r, c) of s16 or x16.
-fn s_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * SP + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], SP);
-}
-
-fn x_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * SP + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], SP);
-}
-
-fn zero_acc() -> coop_mat16x16<f32, C> {
-    return coopLoad<coop_mat16x16<f32, C>>(&zero[0], 16u);
-}
-
-fn store_tile(m: coop_mat16x16<f32, C>, i: u32) {
-    coopStoreT(m, &stage[i], FP);
-}
 
 // Element n of this invocation's V column (chunk row t / BV + n·128/BV), 0 past the chunk.
 fn v_or_zero(row0: u32, n: u32, lim: u32, step: u32) -> f32 {
@@ -130,7 +98,7 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     let hv_count = params.heads_v;
     let vd = params.value_dim;
     let hqk = hv / (hv_count / params.heads_qk);
-    let hk = params.heads_qk * KD;          // token stride of k16
+    k_begin(hqk);
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     // A table with a row per (segment, v-head) (segment_window's) may give a pair length 0:
     // no chunks, the state stored back as loaded (naga rejects an early return before
@@ -139,7 +107,6 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     let seg_start = segments[3u * seg_row];
     let seg_len = segments[3u * seg_row + 1u];
     let slot = segments[3u * seg_row + 2u];
-    let v_first = (params.flags & FLAG_STATE_V_FIRST) != 0u;
     let sbase = (slot * hv_count + hv) * KD * vd;
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     // Chunk ordinal `o`'s state at this v-head and V-block starts at o·chunk_stride + cbase.
@@ -157,47 +124,28 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
 
     // This subgroup's state tiles s{a}{b}: key rows r0 + 16a, value columns v0 + 16b.
     let r0 = 32u * sg;
-    var s00 = zero_acc();
-    var s01 = zero_acc();
-    var s10 = zero_acc();
-    var s11 = zero_acc();
-    if (v_first) {
-        // S[k][v] at sbase + v·K + k: column-major tiles with stride K.
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        s00 = coopLoad<coop_mat16x16<f32, C>>(&state[i00], KD);
-        s01 = coopLoad<coop_mat16x16<f32, C>>(&state[i01], KD);
-        s10 = coopLoad<coop_mat16x16<f32, C>>(&state[i10], KD);
-        s11 = coopLoad<coop_mat16x16<f32, C>>(&state[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        s00 = coopLoadT<coop_mat16x16<f32, C>>(&state[i00], vd);
-        s01 = coopLoadT<coop_mat16x16<f32, C>>(&state[i01], vd);
-        s10 = coopLoadT<coop_mat16x16<f32, C>>(&state[i10], vd);
-        s11 = coopLoadT<coop_mat16x16<f32, C>>(&state[i11], vd);
-    }
+    var s00 = state_load(sbase, r0, v0);
+    var s01 = state_load(sbase, r0, v0 + 16u);
+    var s10 = state_load(sbase, r0 + 16u, v0);
+    var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
     let dst0 = first_chunk * chunk_stride + cbase;
+    // The first chunk's K (staged variant: to workgroup memory; the publish's barriers order it).
+    k_store(t, k_fetch(t, seg_start));
     publish(t, sg, s00, s01, s10, s11, store0, dst0, vd);
 
     // This invocation's elements of V: column t % BV, rows t / BV + n·(128/BV).
     let vstep = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * FP;                 // this subgroup's row tile in `stage`
-    let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
     // This chunk's rows of K, the A operands of K S: loaded one chunk ahead (the loads of
     // chunk c + 1 are issued during chunk c's state update).
-    var ka0 = k_rows(seg_start * hk + k_off, hk);
-    var ka1 = k_rows(seg_start * hk + k_off + 16u, hk);
-    var ka2 = k_rows(seg_start * hk + k_off + 32u, hk);
-    var ka3 = k_rows(seg_start * hk + k_off + 48u, hk);
-    var ka4 = k_rows(seg_start * hk + k_off + 64u, hk);
-    var ka5 = k_rows(seg_start * hk + k_off + 80u, hk);
-    var ka6 = k_rows(seg_start * hk + k_off + 96u, hk);
-    var ka7 = k_rows(seg_start * hk + k_off + 112u, hk);
+    var ka0 = k_rows(seg_start, 16u * sg, 0u);
+    var ka1 = k_rows(seg_start, 16u * sg, 16u);
+    var ka2 = k_rows(seg_start, 16u * sg, 32u);
+    var ka3 = k_rows(seg_start, 16u * sg, 48u);
+    var ka4 = k_rows(seg_start, 16u * sg, 64u);
+    var ka5 = k_rows(seg_start, 16u * sg, 80u);
+    var ka6 = k_rows(seg_start, 16u * sg, 96u);
+    var ka7 = k_rows(seg_start, 16u * sg, 112u);
     // This chunk's gates and V elements, loaded one chunk ahead like the K rows.
     let seg_end = seg_start + seg_len;
     let len0 = min(CHUNK, seg_len);
@@ -216,6 +164,8 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_end - start);
+        // The next chunk (this one again after the last: a tile must stay inside its buffer).
+        let next = select(start, start + CHUNK, c + 1u < n_chunks);
         if (t < CHUNK) {
             gam[t] = exp(g_row);
             dec[t] = select(0.0, exp(g_last - g_row), t < len);
@@ -258,6 +208,8 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         u1 = coopMultiplyAdd(ka6, b61, u1);
         u0 = coopMultiplyAdd(ka7, b70, u0);
         u1 = coopMultiplyAdd(ka7, b71, u1);
+        // Staged variant: the next chunk's K words, in flight until k_store below.
+        let k_next = k_fetch(t, next);
 
         // The rest of this chunk's global operands, issued now so that they arrive during
         // the W step: the gated A rows and the Kᵀ tiles of the state update.
@@ -266,15 +218,14 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         let ga1 = gated_rows(grow + 16u, gstride);
         let ga2 = gated_rows(grow + 32u, gstride);
         let ga3 = gated_rows(grow + 48u, gstride);
-        let kt = start * hk + hqk * KD + r0;
-        let kc00 = k_cols(kt, hk);
-        let kc01 = k_cols(kt + 16u, hk);
-        let kc10 = k_cols(kt + 16u * hk, hk);
-        let kc11 = k_cols(kt + 16u * hk + 16u, hk);
-        let kc20 = k_cols(kt + 32u * hk, hk);
-        let kc21 = k_cols(kt + 32u * hk + 16u, hk);
-        let kc30 = k_cols(kt + 48u * hk, hk);
-        let kc31 = k_cols(kt + 48u * hk + 16u, hk);
+        let kc00 = k_cols(start, 0u, r0);
+        let kc01 = k_cols(start, 0u, r0 + 16u);
+        let kc10 = k_cols(start, 16u, r0);
+        let kc11 = k_cols(start, 16u, r0 + 16u);
+        let kc20 = k_cols(start, 32u, r0);
+        let kc21 = k_cols(start, 32u, r0 + 16u);
+        let kc30 = k_cols(start, 48u, r0);
+        let kc31 = k_cols(start, 48u, r0 + 16u);
         store_tile(u0, ui);
         store_tile(u1, ui + 16u);
         workgroupBarrier();
@@ -318,22 +269,23 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         d1 = coopMultiplyAdd(ga2, w21, d1);
         d0 = coopMultiplyAdd(ga3, w30, d0);
         d1 = coopMultiplyAdd(ga3, w31, d1);
+        // Every Kᵀ tile of this chunk is read (before the barriers above); the barrier below
+        // orders the next chunk's K before its first K tile read.
+        k_store(t, k_next);
         store_tile(d0, ui);
         store_tile(d1, ui + 16u);
         workgroupBarrier();
 
         // V' to global (the chunk's rows) and (γ_C/γ) ⊙ V' in f16 over W for the state update
-        // (dec is 0 past the chunk). The next chunk's K rows are in flight meanwhile (this
-        // chunk's again after the last: a tile must stay inside its buffer).
-        let next = select(start, start + CHUNK, c + 1u < n_chunks);
-        ka0 = k_rows(next * hk + k_off, hk);
-        ka1 = k_rows(next * hk + k_off + 16u, hk);
-        ka2 = k_rows(next * hk + k_off + 32u, hk);
-        ka3 = k_rows(next * hk + k_off + 48u, hk);
-        ka4 = k_rows(next * hk + k_off + 64u, hk);
-        ka5 = k_rows(next * hk + k_off + 80u, hk);
-        ka6 = k_rows(next * hk + k_off + 96u, hk);
-        ka7 = k_rows(next * hk + k_off + 112u, hk);
+        // (dec is 0 past the chunk). The next chunk's K rows are in flight meanwhile.
+        ka0 = k_rows(next, 16u * sg, 0u);
+        ka1 = k_rows(next, 16u * sg, 16u);
+        ka2 = k_rows(next, 16u * sg, 32u);
+        ka3 = k_rows(next, 16u * sg, 48u);
+        ka4 = k_rows(next, 16u * sg, 64u);
+        ka5 = k_rows(next, 16u * sg, 80u);
+        ka6 = k_rows(next, 16u * sg, 96u);
+        ka7 = k_rows(next, 16u * sg, 112u);
         let gamma_c = exp(g_last);
         let next_len = min(CHUNK, seg_end - next);
         g_last = gate_beta[(next + next_len - 1u) * hv_count + hv].x;
@@ -391,23 +343,8 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
         }
     }
 
-    if (v_first) {
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        coopStore(s00, &state[i00], KD);
-        coopStore(s01, &state[i01], KD);
-        coopStore(s10, &state[i10], KD);
-        coopStore(s11, &state[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        coopStoreT(s00, &state[i00], vd);
-        coopStoreT(s01, &state[i01], vd);
-        coopStoreT(s10, &state[i10], vd);
-        coopStoreT(s11, &state[i11], vd);
-    }
+    state_store(s00, sbase, r0, v0);
+    state_store(s01, sbase, r0, v0 + 16u);
+    state_store(s10, sbase, r0 + 16u, v0);
+    state_store(s11, sbase, r0 + 16u, v0 + 16u);
 }

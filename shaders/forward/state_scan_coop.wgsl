@@ -34,18 +34,20 @@
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> qg16: array<f16>;                // [B·T + 64, HV, K]: γ ⊙ q
-@group(0) @binding(2) var<storage, read> k16: array<f16>;                 // [B·T + 64, H, K]
+@group(0) @binding(2) var<storage, read> k16: array<K16>;                 // [B·T + 64, H, K]
 @group(0) @binding(3) var<storage, read> v_buf: array<Elem>;              // [B·T, HV, V]
 @group(0) @binding(4) var<storage, read> gate_beta: array<vec2<f32>>;     // [B·T, HV]: (G, β)
 @group(0) @binding(5) var<storage, read> gated16: array<f16>;             // [B·T + 64, HV, 128]
 @group(0) @binding(6) var<storage, read> segments: array<u32>;            // start, length, state slot (per segment, or per (segment, v-head))
 override SEGMENTS_PER_HEAD: bool = false;
-@group(0) @binding(7) var<storage, read_write> state: array<f32>;         // [slots, HV, K, V] or V-first
+@group(0) @binding(7) var<storage, read_write> state_slots: array<f32>;     // [slots, HV, K, V] or V-first
 @group(0) @binding(8) var<storage, read_write> o_buf: array<Elem>;        // [B·T, HV, V]
 
 const BV: u32 = 32u;        // V-block width
 const KD: u32 = 128u;       // key dimension (the state tiles below are named registers)
 const WG: u32 = 128u;       // invocations
+const SP: u32 = BV;         // row pitch of s16 and x16 (unpadded)
+const FP: u32 = BV;         // row pitch of stage (unpadded)
 
 var<workgroup> s16: array<f16, 128u * BV>;   // S rounded to f16, [K][BV]
 var<workgroup> x16: array<f16, 64u * BV>;    // W, then V', then (γ_C/γ) ⊙ V', [64][BV]
@@ -56,38 +58,6 @@ var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
 
 fn q_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
     return coopLoadT<coop_mat16x16<f16, A>>(&qg16[i], stride);
-}
-
-fn k_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-fn gated_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoadT<coop_mat16x16<f16, A>>(&gated16[i], stride);
-}
-
-// Kᵀ tile: a column-major read of k16.
-fn k_cols(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
-    return coopLoad<coop_mat16x16<f16, A>>(&k16[i], stride);
-}
-
-// Tile (r, c) of s16 or x16.
-fn s_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], BV);
-}
-
-fn x_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * BV + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], BV);
-}
-
-fn zero_acc() -> coop_mat16x16<f32, C> {
-    return coopLoad<coop_mat16x16<f32, C>>(&zero[0], 16u);
-}
-
-fn store_tile(m: coop_mat16x16<f32, C>, i: u32) {
-    coopStoreT(m, &stage[i], BV);
 }
 
 // Element n of this invocation's V column (chunk row t / BV + n·128/BV), 0 past the chunk.
@@ -103,22 +73,6 @@ fn w_elem(t: u32, n: u32, v: f32, lim: u32) {
     x16[e] = f16(select(0.0, v - gam[e / BV] * stage[e], n * (WG / BV) < lim));
 }
 
-// Half of S (state rows 32 g + 16 upper .. + 15 of every subgroup g) → stage → s16.
-// Call from uniform control flow (it holds barriers).
-fn publish_half(t: u32, sg: u32, upper: u32, s0: coop_mat16x16<f32, C>, s1: coop_mat16x16<f32, C>) {
-    let base = 16u * BV * sg;
-    store_tile(s0, base);
-    store_tile(s1, base + 16u);
-    workgroupBarrier();
-    for (var n = 0u; n < BV / 2u; n++) {
-        let e = t + WG * n;
-        // stage[16·BV·g + BV·r + c] is state row 32 g + 16 upper + r, column c.
-        let g = e / (16u * BV);
-        s16[e + 16u * BV * (g + upper)] = f16(stage[e]);
-    }
-    workgroupBarrier();
-}
-
 @compute @workgroup_size(128)
 fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let seg = wid.x;
@@ -128,7 +82,7 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let hv_count = params.heads_v;
     let vd = params.value_dim;
     let hqk = hv / (hv_count / params.heads_qk);
-    let hk = params.heads_qk * KD;          // token stride of k16
+    k_begin(hqk);
     let hq = hv_count * KD;                 // token stride of qg16
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     // A table with a row per (segment, v-head) (segment_window's) may give a pair length 0:
@@ -138,7 +92,6 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let seg_start = segments[3u * seg_row];
     let seg_len = segments[3u * seg_row + 1u];
     let slot = segments[3u * seg_row + 2u];
-    let v_first = (params.flags & FLAG_STATE_V_FIRST) != 0u;
     let sbase = (slot * hv_count + hv) * KD * vd;
 
     zero[t] = 0.0;
@@ -147,30 +100,12 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
 
     // This subgroup's state tiles s{a}{b}: key rows r0 + 16a, value columns v0 + 16b.
     let r0 = 32u * sg;
-    var s00 = zero_acc();
-    var s01 = zero_acc();
-    var s10 = zero_acc();
-    var s11 = zero_acc();
-    if (v_first) {
-        // S[k][v] at sbase + v·K + k: column-major tiles with stride K.
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        s00 = coopLoad<coop_mat16x16<f32, C>>(&state[i00], KD);
-        s01 = coopLoad<coop_mat16x16<f32, C>>(&state[i01], KD);
-        s10 = coopLoad<coop_mat16x16<f32, C>>(&state[i10], KD);
-        s11 = coopLoad<coop_mat16x16<f32, C>>(&state[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        s00 = coopLoadT<coop_mat16x16<f32, C>>(&state[i00], vd);
-        s01 = coopLoadT<coop_mat16x16<f32, C>>(&state[i01], vd);
-        s10 = coopLoadT<coop_mat16x16<f32, C>>(&state[i10], vd);
-        s11 = coopLoadT<coop_mat16x16<f32, C>>(&state[i11], vd);
-    }
+    var s00 = state_load(sbase, r0, v0);
+    var s01 = state_load(sbase, r0, v0 + 16u);
+    var s10 = state_load(sbase, r0 + 16u, v0);
+    var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
+    // The first chunk's K (staged variant: to workgroup memory; the publish's barriers order it).
+    k_store(t, k_fetch(t, seg_start));
     publish_half(t, sg, 0u, s00, s01);
     publish_half(t, sg, 1u, s10, s11);
 
@@ -178,18 +113,17 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let vstep = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
-    let k_off = 16u * sg * hk + hqk * KD;   // this subgroup's K rows, from a chunk's start
     let q_off = 16u * sg * hq + hv * KD;
     // This chunk's rows of K and γ ⊙ Q, the A operands of K S and (γ ⊙ Q) S: loaded one
     // chunk ahead (the loads of chunk c + 1 are issued halfway through chunk c).
-    var ka0 = k_rows(seg_start * hk + k_off, hk);
-    var ka1 = k_rows(seg_start * hk + k_off + 16u, hk);
-    var ka2 = k_rows(seg_start * hk + k_off + 32u, hk);
-    var ka3 = k_rows(seg_start * hk + k_off + 48u, hk);
-    var ka4 = k_rows(seg_start * hk + k_off + 64u, hk);
-    var ka5 = k_rows(seg_start * hk + k_off + 80u, hk);
-    var ka6 = k_rows(seg_start * hk + k_off + 96u, hk);
-    var ka7 = k_rows(seg_start * hk + k_off + 112u, hk);
+    var ka0 = k_rows(seg_start, 16u * sg, 0u);
+    var ka1 = k_rows(seg_start, 16u * sg, 16u);
+    var ka2 = k_rows(seg_start, 16u * sg, 32u);
+    var ka3 = k_rows(seg_start, 16u * sg, 48u);
+    var ka4 = k_rows(seg_start, 16u * sg, 64u);
+    var ka5 = k_rows(seg_start, 16u * sg, 80u);
+    var ka6 = k_rows(seg_start, 16u * sg, 96u);
+    var ka7 = k_rows(seg_start, 16u * sg, 112u);
     var qa0 = q_rows(seg_start * hq + q_off, hq);
     var qa1 = q_rows(seg_start * hq + q_off + 16u, hq);
     var qa2 = q_rows(seg_start * hq + q_off + 32u, hq);
@@ -201,6 +135,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_start + seg_len - start);
+        // The next chunk (this one again after the last: a tile must stay inside its buffer).
+        let next = select(start, start + CHUNK, c + 1u < n_chunks);
         let g_last = gate_beta[(start + len - 1u) * hv_count + hv].x;
         if (t < CHUNK) {
             let g = gate_beta[(start + min(t, len - 1u)) * hv_count + hv].x;
@@ -272,6 +208,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         u1 = coopMultiplyAdd(ka7, b71, u1);
         o0 = coopMultiplyAdd(qa7, b70, o0);
         o1 = coopMultiplyAdd(qa7, b71, o1);
+        // Staged variant: the next chunk's K words, in flight until k_store below.
+        let k_next = k_fetch(t, next);
 
         // The rest of this chunk's global operands, issued now so that they arrive during
         // the W step: the gated matrices' row tiles and the Kᵀ tiles of the state update.
@@ -284,15 +222,14 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         let pa1 = gated_rows(grow + CHUNK + 16u, gstride);
         let pa2 = gated_rows(grow + CHUNK + 32u, gstride);
         let pa3 = gated_rows(grow + CHUNK + 48u, gstride);
-        let kt = start * hk + hqk * KD + r0;
-        let kc00 = k_cols(kt, hk);
-        let kc01 = k_cols(kt + 16u, hk);
-        let kc10 = k_cols(kt + 16u * hk, hk);
-        let kc11 = k_cols(kt + 16u * hk + 16u, hk);
-        let kc20 = k_cols(kt + 32u * hk, hk);
-        let kc21 = k_cols(kt + 32u * hk + 16u, hk);
-        let kc30 = k_cols(kt + 48u * hk, hk);
-        let kc31 = k_cols(kt + 48u * hk + 16u, hk);
+        let kc00 = k_cols(start, 0u, r0);
+        let kc01 = k_cols(start, 0u, r0 + 16u);
+        let kc10 = k_cols(start, 16u, r0);
+        let kc11 = k_cols(start, 16u, r0 + 16u);
+        let kc20 = k_cols(start, 32u, r0);
+        let kc21 = k_cols(start, 32u, r0 + 16u);
+        let kc30 = k_cols(start, 48u, r0);
+        let kc31 = k_cols(start, 48u, r0 + 16u);
         store_tile(u0, ui);
         store_tile(u1, ui + 16u);
         workgroupBarrier();
@@ -339,6 +276,9 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         store_tile(d0, ui);
         store_tile(d1, ui + 16u);
         workgroupBarrier();
+        // Every Kᵀ tile of this chunk is read (before the barriers above); the barrier below
+        // orders the next chunk's K before its first K tile read.
+        k_store(t, k_next);
 
         // V' in f16 over W (0 past the chunk); its f32 copy stays in stage.
         for (var n = 0u; n < BV / 2u; n++) {
@@ -365,17 +305,15 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         o0 = coopMultiplyAdd(pa3, v30, o0);
         o1 = coopMultiplyAdd(pa3, v31, o1);
 
-        // The next chunk's K and γ ⊙ Q rows (this chunk's again after the last: a tile must
-        // stay inside its buffer), in flight through the state update.
-        let next = select(start, start + CHUNK, c + 1u < n_chunks);
-        ka0 = k_rows(next * hk + k_off, hk);
-        ka1 = k_rows(next * hk + k_off + 16u, hk);
-        ka2 = k_rows(next * hk + k_off + 32u, hk);
-        ka3 = k_rows(next * hk + k_off + 48u, hk);
-        ka4 = k_rows(next * hk + k_off + 64u, hk);
-        ka5 = k_rows(next * hk + k_off + 80u, hk);
-        ka6 = k_rows(next * hk + k_off + 96u, hk);
-        ka7 = k_rows(next * hk + k_off + 112u, hk);
+        // The next chunk's K and γ ⊙ Q rows, in flight through the state update.
+        ka0 = k_rows(next, 16u * sg, 0u);
+        ka1 = k_rows(next, 16u * sg, 16u);
+        ka2 = k_rows(next, 16u * sg, 32u);
+        ka3 = k_rows(next, 16u * sg, 48u);
+        ka4 = k_rows(next, 16u * sg, 64u);
+        ka5 = k_rows(next, 16u * sg, 80u);
+        ka6 = k_rows(next, 16u * sg, 96u);
+        ka7 = k_rows(next, 16u * sg, 112u);
         qa0 = q_rows(next * hq + q_off, hq);
         qa1 = q_rows(next * hq + q_off + 16u, hq);
         qa2 = q_rows(next * hq + q_off + 32u, hq);
@@ -451,23 +389,8 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         }
     }
 
-    if (v_first) {
-        let i00 = sbase + v0 * KD + r0;
-        let i10 = i00 + 16u;
-        let i01 = i00 + 16u * KD;
-        let i11 = i01 + 16u;
-        coopStore(s00, &state[i00], KD);
-        coopStore(s01, &state[i01], KD);
-        coopStore(s10, &state[i10], KD);
-        coopStore(s11, &state[i11], KD);
-    } else {
-        let i00 = sbase + r0 * vd + v0;
-        let i01 = i00 + 16u;
-        let i10 = i00 + 16u * vd;
-        let i11 = i10 + 16u;
-        coopStoreT(s00, &state[i00], vd);
-        coopStoreT(s01, &state[i01], vd);
-        coopStoreT(s10, &state[i10], vd);
-        coopStoreT(s11, &state[i11], vd);
-    }
+    state_store(s00, sbase, r0, v0);
+    state_store(s01, sbase, r0, v0 + 16u);
+    state_store(s10, sbase, r0 + 16u, v0);
+    state_store(s11, sbase, r0 + 16u, v0 + 16u);
 }

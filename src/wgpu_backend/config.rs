@@ -9,7 +9,7 @@ use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 13] = [
+pub const VARIABLES: [&str; 14] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
@@ -23,6 +23,7 @@ pub const VARIABLES: [&str; 13] = [
     "GDN_BACKWARD_BUDGET",
     "GDN_BACKWARD_PATH",
     "GDN_SCAN_SPLIT",
+    "GDN_COOP_STAGE",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -178,6 +179,12 @@ pub struct Config {
     /// sequential chain computes only V' and the chunk-start states, and a parallel pass
     /// (`chunk_output_coop`) computes o from them (docs/passes.md).
     pub scan_split: bool,
+    /// `GDN_COOP_STAGE` (`on` or `off`, unset: off): the coop scans (`state_scan_coop`,
+    /// `state_recompute_coop`, `dh_scan_coop`) stage each chunk's K through workgroup memory
+    /// with 16-byte loads instead of cooperative loads from storage, on devices with
+    /// [`STATE_SCAN_COOP_STAGED_BYTES`](crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES)
+    /// of workgroup memory (docs/configuration.md).
+    pub coop_stage: bool,
 }
 
 /// The least `GDN_MAX_BINDING_BYTES`: one 64-token chunk of the forward's largest per-token
@@ -249,17 +256,8 @@ impl Config {
                 .map(|s| MemoryBudget::parse("GDN_BACKWARD_BUDGET", &s))
                 .transpose()?,
             backward_path,
-            scan_split: match lookup("GDN_SCAN_SPLIT").as_deref().map(str::trim) {
-                None | Some("off") => false,
-                Some("on") => true,
-                Some(other) => {
-                    return Err(Error::value(
-                        "GDN_SCAN_SPLIT",
-                        "on or off",
-                        format!("{other:?}"),
-                    ));
-                }
-            },
+            scan_split: parse_on_off("GDN_SCAN_SPLIT", lookup("GDN_SCAN_SPLIT").as_deref())?,
+            coop_stage: parse_on_off("GDN_COOP_STAGE", lookup("GDN_COOP_STAGE").as_deref())?,
         })
     }
 
@@ -268,6 +266,15 @@ impl Config {
         self.adapter
             .as_ref()
             .is_none_or(|f| name.to_lowercase().contains(&f.to_lowercase()))
+    }
+}
+
+/// An `on`/`off` switch (unset: off).
+fn parse_on_off(name: &str, value: Option<&str>) -> Result<bool> {
+    match value.map(str::trim) {
+        None | Some("off") => Ok(false),
+        Some("on") => Ok(true),
+        Some(other) => Err(Error::value(name, "on or off", format!("{other:?}"))),
     }
 }
 

@@ -6,6 +6,7 @@ mod backend;
 pub mod backward;
 pub mod config;
 mod context;
+pub(crate) mod coop_scan;
 pub mod decode;
 pub mod forward;
 pub(crate) mod launch;

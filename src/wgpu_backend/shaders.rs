@@ -28,6 +28,9 @@ pub enum Pass {
     WyInverseCoop,
     /// The sequential scan on cooperative matrices.
     StateScanCoop,
+    /// The same scan with each chunk's K staged through workgroup memory
+    /// (`shaders/forward/coop_k_staged.wgsl`, `GDN_COOP_STAGE=on`).
+    StateScanCoopStaged,
     /// `forward/state_chain_coop.wgsl`: the split coop forward's chain (states and V' only).
     StateChainCoop,
     /// `forward/chunk_output_coop.wgsl`: the split coop forward's o, every chunk at once.
@@ -41,11 +44,16 @@ pub enum Pass {
     /// `backward/state_recompute_coop.wgsl`: the replay with its chunk GEMMs on cooperative
     /// matrices (the coop path's backward).
     StateRecomputeCoop,
+    /// The coop replay with each chunk's K staged through workgroup memory (`GDN_COOP_STAGE`).
+    StateRecomputeCoopStaged,
     /// `backward/dh_scan.wgsl`: the reverse scan of the state gradient.
     DhScan,
     /// `backward/dh_scan_coop.wgsl`: the reverse scan with its chunk GEMMs on cooperative
     /// matrices (the coop path's backward).
     DhScanCoop,
+    /// The coop reverse scan with each chunk's K staged through workgroup memory
+    /// (`GDN_COOP_STAGE`).
+    DhScanCoopStaged,
     /// `backward/value_grams.wgsl`: dP and dAb per chunk.
     ValueGrams,
     /// `backward/wy_grad.wgsl`: gradients through A·diag(β) and the WY inverse.
@@ -80,7 +88,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 28] = [
+    pub const ALL: [Pass; 31] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -88,14 +96,17 @@ impl Pass {
         Pass::StateScanF16,
         Pass::WyInverseCoop,
         Pass::StateScanCoop,
+        Pass::StateScanCoopStaged,
         Pass::StateChainCoop,
         Pass::ChunkOutputCoop,
         Pass::SegmentCombine,
         Pass::SegmentWindow,
         Pass::StateRecompute,
         Pass::StateRecomputeCoop,
+        Pass::StateRecomputeCoopStaged,
         Pass::DhScan,
         Pass::DhScanCoop,
+        Pass::DhScanCoopStaged,
         Pass::ValueGrams,
         Pass::WyGrad,
         Pass::StateGrad,
@@ -120,15 +131,17 @@ impl Pass {
             Pass::StateScan => "forward/state_scan.wgsl",
             Pass::StateScanF16 => "forward/state_scan.wgsl",
             Pass::WyInverseCoop => "forward/wy_inverse_coop.wgsl",
-            Pass::StateScanCoop => "forward/state_scan_coop.wgsl",
+            Pass::StateScanCoop | Pass::StateScanCoopStaged => "forward/state_scan_coop.wgsl",
             Pass::StateChainCoop => "forward/state_chain_coop.wgsl",
             Pass::ChunkOutputCoop => "forward/chunk_output_coop.wgsl",
             Pass::SegmentCombine => "forward/segment_combine.wgsl",
             Pass::SegmentWindow => "forward/segment_window.wgsl",
             Pass::StateRecompute => "backward/state_recompute.wgsl",
-            Pass::StateRecomputeCoop => "backward/state_recompute_coop.wgsl",
+            Pass::StateRecomputeCoop | Pass::StateRecomputeCoopStaged => {
+                "backward/state_recompute_coop.wgsl"
+            }
             Pass::DhScan => "backward/dh_scan.wgsl",
-            Pass::DhScanCoop => "backward/dh_scan_coop.wgsl",
+            Pass::DhScanCoop | Pass::DhScanCoopStaged => "backward/dh_scan_coop.wgsl",
             Pass::ValueGrams => "backward/value_grams.wgsl",
             Pass::WyGrad => "backward/wy_grad.wgsl",
             Pass::StateGrad => "backward/state_grad.wgsl",
@@ -152,17 +165,21 @@ impl Pass {
             Pass::StateScan | Pass::StateScanF16 => {
                 include_str!("../../shaders/forward/state_scan.wgsl")
             }
-            Pass::StateScanCoop => include_str!("../../shaders/forward/state_scan_coop.wgsl"),
+            Pass::StateScanCoop | Pass::StateScanCoopStaged => {
+                include_str!("../../shaders/forward/state_scan_coop.wgsl")
+            }
             Pass::StateChainCoop => include_str!("../../shaders/forward/state_chain_coop.wgsl"),
             Pass::ChunkOutputCoop => include_str!("../../shaders/forward/chunk_output_coop.wgsl"),
             Pass::SegmentCombine => include_str!("../../shaders/forward/segment_combine.wgsl"),
             Pass::SegmentWindow => include_str!("../../shaders/forward/segment_window.wgsl"),
             Pass::StateRecompute => include_str!("../../shaders/backward/state_recompute.wgsl"),
-            Pass::StateRecomputeCoop => {
+            Pass::StateRecomputeCoop | Pass::StateRecomputeCoopStaged => {
                 include_str!("../../shaders/backward/state_recompute_coop.wgsl")
             }
             Pass::DhScan => include_str!("../../shaders/backward/dh_scan.wgsl"),
-            Pass::DhScanCoop => include_str!("../../shaders/backward/dh_scan_coop.wgsl"),
+            Pass::DhScanCoop | Pass::DhScanCoopStaged => {
+                include_str!("../../shaders/backward/dh_scan_coop.wgsl")
+            }
             Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),
             Pass::WyGrad => include_str!("../../shaders/backward/wy_grad.wgsl"),
             Pass::StateGrad => include_str!("../../shaders/backward/state_grad.wgsl"),
@@ -206,13 +223,16 @@ impl Pass {
             | Pass::StateScanF16
             | Pass::WyInverseCoop
             | Pass::StateScanCoop
+            | Pass::StateScanCoopStaged
             | Pass::StateChainCoop
             | Pass::ChunkOutputCoop => &FORWARD_STORAGE_DTYPES,
             // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
             Pass::StateRecompute
             | Pass::StateRecomputeCoop
+            | Pass::StateRecomputeCoopStaged
             | Pass::DhScan
             | Pass::DhScanCoop
+            | Pass::DhScanCoopStaged
             | Pass::ValueGrams
             | Pass::WyGrad
             | Pass::StateGrad
@@ -237,6 +257,18 @@ impl Pass {
         const BACKWARD_SCAN_TILES: (&str, &str) = (
             "backward/scan_tiles.wgsl",
             include_str!("../../shaders/backward/scan_tiles.wgsl"),
+        );
+        const COOP_SCAN_TILES: (&str, &str) = (
+            "forward/coop_scan_tiles.wgsl",
+            include_str!("../../shaders/forward/coop_scan_tiles.wgsl"),
+        );
+        const COOP_K_DIRECT: (&str, &str) = (
+            "forward/coop_k_direct.wgsl",
+            include_str!("../../shaders/forward/coop_k_direct.wgsl"),
+        );
+        const COOP_K_STAGED: (&str, &str) = (
+            "forward/coop_k_staged.wgsl",
+            include_str!("../../shaders/forward/coop_k_staged.wgsl"),
         );
         const WY_SOLVE: (&str, &str) = (
             "forward/wy_solve.wgsl",
@@ -270,6 +302,13 @@ impl Pass {
                 &[STATE_BF16, STEP_COMMON]
             }
             Pass::StateRecompute | Pass::DhScan => &[BACKWARD_SCAN_TILES],
+            Pass::StateScanCoop
+            | Pass::StateChainCoop
+            | Pass::StateRecomputeCoop
+            | Pass::DhScanCoop => &[COOP_SCAN_TILES, COOP_K_DIRECT],
+            Pass::StateScanCoopStaged | Pass::StateRecomputeCoopStaged | Pass::DhScanCoopStaged => {
+                &[COOP_SCAN_TILES, COOP_K_STAGED]
+            }
             Pass::StateScan => &[SCAN_OPERAND_F32],
             Pass::StateScanF16 => &[SCAN_OPERAND_F16],
             Pass::WyInverse | Pass::WyInverseCoop => &[WY_SOLVE],
@@ -284,10 +323,13 @@ impl Pass {
             Pass::StateScanF16 => &["f16"],
             Pass::WyInverseCoop => &["f16"],
             Pass::StateScanCoop
+            | Pass::StateScanCoopStaged
             | Pass::StateChainCoop
             | Pass::ChunkOutputCoop
             | Pass::StateRecomputeCoop
+            | Pass::StateRecomputeCoopStaged
             | Pass::DhScanCoop
+            | Pass::DhScanCoopStaged
             | Pass::StateGradCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }

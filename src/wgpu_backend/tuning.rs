@@ -25,6 +25,11 @@ pub const COOP_V_BLOCK: usize = 32;
 /// stage, zero tile, γ and decay).
 pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048) + 4 * (2048 + 256 + 64 + 64);
 
+/// Workgroup memory of the coop scans with each chunk's K staged (`GDN_COOP_STAGE=on`,
+/// `shaders/forward/coop_k_staged.wgsl`): the scan's, plus 64 rows of 136 f16 (38.5 KiB; the
+/// backward's two coop scans declare the same layout). A device with less runs the direct reads.
+pub const STATE_SCAN_COOP_STAGED_BYTES: u32 = STATE_SCAN_COOP_BYTES + 2 * 64 * 136;
+
 /// Per-device tile choices.
 #[derive(Debug, Clone)]
 pub struct Tuning {

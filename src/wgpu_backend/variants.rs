@@ -111,6 +111,20 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             &[],
         ));
         out.push(variant(Pass::DhScanCoop, "dh_scan_coop", &[]));
+        if crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES <= bytes {
+            out.push(variant(Pass::StateScanCoopStaged, "state_scan_coop", &[]));
+            out.push(variant(
+                Pass::StateScanCoopStaged,
+                "state_scan_coop",
+                &[("SEGMENTS_PER_HEAD", 1.0)],
+            ));
+            out.push(variant(
+                Pass::StateRecomputeCoopStaged,
+                "state_recompute_coop",
+                &[],
+            ));
+            out.push(variant(Pass::DhScanCoopStaged, "dh_scan_coop", &[]));
+        }
         out.push(variant(Pass::StateGradCoop, "state_grad_coop", &[]));
         let chain_fits = crate::wgpu_backend::forward::STATE_CHAIN_COOP_BYTES <= bytes;
         for per_head in [0.0, 1.0].into_iter().filter(|_| chain_fits) {

@@ -2,11 +2,10 @@
 //! with its chunk GEMMs on f16 cooperative matrices (f32 accumulators), writing dh per chunk,
 //! dh0, and dV', dv per token as `dh_scan` does.
 
-use crate::error::{Error, Result};
-use crate::tensor::DType;
-use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
+use crate::error::Result;
+use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, k_variant};
+use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
-use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the coop reverse scan reads and writes.
@@ -39,32 +38,20 @@ pub fn dh_scan_coop(
     num_segments: usize,
     heads_v: usize,
 ) -> Result<()> {
-    let key_dim = bufs.k16.shape[bufs.k16.shape.len() - 1];
     let value_dim = bufs.d_o.shape[bufs.d_o.shape.len() - 1];
-    if key_dim != COOP_KEY_DIM || !value_dim.is_multiple_of(COOP_V_BLOCK) {
-        return Err(Error::unsupported(
-            "compute path",
-            format!(
-                "the coop backward at K = {key_dim}, V = {value_dim} (needs K = {COOP_KEY_DIM}, V a multiple of {COOP_V_BLOCK})"
-            ),
-        ));
-    }
-    for (name, t) in [
-        ("k16", bufs.k16),
-        ("qg16", bufs.qg16),
-        ("gated16", bufs.gated16),
-    ] {
-        if t.dtype != DType::F16 {
-            return Err(Error::DType {
-                name: name.into(),
-                expected: "F16".into(),
-                got: t.dtype.to_string(),
-            });
-        }
-    }
+    check_coop_shapes(
+        "the coop backward",
+        bufs.k16,
+        value_dim,
+        &[
+            ("k16", bufs.k16),
+            ("qg16", bufs.qg16),
+            ("gated16", bufs.gated16),
+        ],
+    )?;
     Launch {
         name: "dh_scan_coop",
-        source: source(Pass::DhScanCoop, bufs.d_o.dtype)?,
+        source: source(k_variant(ctx, Pass::DhScanCoop), bufs.d_o.dtype)?,
         entry: "dh_scan_coop",
         constants: &[],
         bindings: Bindings::Ordered(&[
@@ -78,11 +65,7 @@ pub fn dh_scan_coop(
             bufs.dstates,
             bufs.dvnew_dv,
         ]),
-        grid: Grid([
-            (num_segments, "segments"),
-            (heads_v, "v-heads"),
-            (value_dim / COOP_V_BLOCK, "V-blocks"),
-        ]),
+        grid: coop_scan_grid(num_segments, heads_v, value_dim),
     }
     .record(ctx, encoder)
 }

@@ -2,11 +2,10 @@
 //! chunk GEMMs on f16 cooperative matrices (f32 accumulators), writing the chunk-start states
 //! and W, V' per token as `state_recompute` does.
 
-use crate::error::{Error, Result};
-use crate::tensor::DType;
-use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
+use crate::error::Result;
+use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, k_variant};
+use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
-use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the coop replay reads and writes.
@@ -37,28 +36,16 @@ pub fn state_recompute_coop(
     num_segments: usize,
     heads_v: usize,
 ) -> Result<()> {
-    let key_dim = bufs.k16.shape[bufs.k16.shape.len() - 1];
     let value_dim = bufs.v.shape[bufs.v.shape.len() - 1];
-    if key_dim != COOP_KEY_DIM || !value_dim.is_multiple_of(COOP_V_BLOCK) {
-        return Err(Error::unsupported(
-            "compute path",
-            format!(
-                "the coop backward at K = {key_dim}, V = {value_dim} (needs K = {COOP_KEY_DIM}, V a multiple of {COOP_V_BLOCK})"
-            ),
-        ));
-    }
-    for (name, t) in [("k16", bufs.k16), ("gated16", bufs.gated16)] {
-        if t.dtype != DType::F16 {
-            return Err(Error::DType {
-                name: name.into(),
-                expected: "F16".into(),
-                got: t.dtype.to_string(),
-            });
-        }
-    }
+    check_coop_shapes(
+        "the coop backward",
+        bufs.k16,
+        value_dim,
+        &[("k16", bufs.k16), ("gated16", bufs.gated16)],
+    )?;
     Launch {
         name: "state_recompute_coop",
-        source: source(Pass::StateRecomputeCoop, bufs.v.dtype)?,
+        source: source(k_variant(ctx, Pass::StateRecomputeCoop), bufs.v.dtype)?,
         entry: "state_recompute_coop",
         constants: &[],
         bindings: Bindings::Ordered(&[
@@ -71,11 +58,7 @@ pub fn state_recompute_coop(
             bufs.states,
             bufs.w_vnew,
         ]),
-        grid: Grid([
-            (num_segments, "segments"),
-            (heads_v, "v-heads"),
-            (value_dim / COOP_V_BLOCK, "V-blocks"),
-        ]),
+        grid: coop_scan_grid(num_segments, heads_v, value_dim),
     }
     .record(ctx, encoder)
 }

@@ -7,7 +7,7 @@ use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::tuning::COOP_V_BLOCK;
 use crate::wgpu_backend::{Context, GpuTensor};
 
-use super::state_scan_coop::check_coop_shapes;
+use crate::wgpu_backend::coop_scan::check_coop_shapes;
 
 /// The tensors the output pass reads and writes.
 pub struct ChunkOutputBuffers<'a> {
@@ -36,6 +36,7 @@ pub fn chunk_output_coop(
 ) -> Result<()> {
     let value_dim = bufs.o.shape[bufs.o.shape.len() - 1];
     check_coop_shapes(
+        "the coop scan",
         bufs.qg16,
         value_dim,
         &[

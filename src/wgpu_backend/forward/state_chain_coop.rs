@@ -3,12 +3,10 @@
 //! end state; no o.
 
 use crate::error::Result;
-use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
+use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid};
+use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
-use crate::wgpu_backend::tuning::COOP_V_BLOCK;
 use crate::wgpu_backend::{Context, GpuTensor};
-
-use super::state_scan_coop::check_coop_shapes;
 
 /// Workgroup bytes the chain declares (s16, x16 in f16 and the whole-state staging tile in f32,
 /// rows padded to 40 elements; the zero tile, γ and the decays in f32): a device with less
@@ -53,6 +51,7 @@ pub fn state_chain_coop(
 ) -> Result<()> {
     let value_dim = bufs.v.shape[bufs.v.shape.len() - 1];
     check_coop_shapes(
+        "the coop scan",
         bufs.k16,
         value_dim,
         &[("k16", bufs.k16), ("gated16", bufs.gated16)],
@@ -76,11 +75,7 @@ pub fn state_chain_coop(
             bufs.states16,
             bufs.vprime16,
         ]),
-        grid: Grid([
-            (num_segments, "segments"),
-            (heads_v, "v-heads"),
-            (value_dim / COOP_V_BLOCK, "V-blocks"),
-        ]),
+        grid: coop_scan_grid(num_segments, heads_v, value_dim),
     }
     .record(ctx, encoder)
 }

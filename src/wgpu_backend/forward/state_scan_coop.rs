@@ -1,11 +1,10 @@
 //! Launcher of `shaders/forward/state_scan_coop.wgsl`: the sequential scan with its chunk GEMMs
 //! on f16 cooperative matrices (f32 accumulators), writing o and each segment's end state.
 
-use crate::error::{Error, Result};
-use crate::tensor::DType;
-use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
+use crate::error::Result;
+use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, k_variant};
+use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
-use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the coop scan reads and writes.
@@ -43,6 +42,7 @@ pub fn state_scan_coop(
 ) -> Result<()> {
     let value_dim = bufs.v.shape[bufs.v.shape.len() - 1];
     check_coop_shapes(
+        "the coop scan",
         bufs.k16,
         value_dim,
         &[
@@ -53,7 +53,7 @@ pub fn state_scan_coop(
     )?;
     Launch {
         name: "state_scan_coop",
-        source: source(Pass::StateScanCoop, bufs.v.dtype)?,
+        source: source(k_variant(ctx, Pass::StateScanCoop), bufs.v.dtype)?,
         entry: "state_scan_coop",
         constants: if bufs.segments_per_head {
             &[("SEGMENTS_PER_HEAD", 1.0)]
@@ -71,39 +71,7 @@ pub fn state_scan_coop(
             bufs.state,
             bufs.o,
         ]),
-        grid: Grid([
-            (num_segments, "segments"),
-            (heads_v, "v-heads"),
-            (value_dim / COOP_V_BLOCK, "V-blocks"),
-        ]),
+        grid: coop_scan_grid(num_segments, heads_v, value_dim),
     }
     .record(ctx, encoder)
-}
-
-/// The coop passes' shapes: K = 128 (the last dimension of `keyed`), V a multiple of the
-/// V-block, and the f16 operands in f16.
-pub(super) fn check_coop_shapes(
-    keyed: &GpuTensor,
-    value_dim: usize,
-    halves: &[(&str, &GpuTensor)],
-) -> Result<()> {
-    let key_dim = keyed.shape[keyed.shape.len() - 1];
-    if key_dim != COOP_KEY_DIM || !value_dim.is_multiple_of(COOP_V_BLOCK) {
-        return Err(Error::unsupported(
-            "compute path",
-            format!(
-                "the coop scan at K = {key_dim}, V = {value_dim} (needs K = {COOP_KEY_DIM}, V a multiple of {COOP_V_BLOCK})"
-            ),
-        ));
-    }
-    for &(name, t) in halves {
-        if t.dtype != DType::F16 {
-            return Err(Error::DType {
-                name: name.into(),
-                expected: "F16".into(),
-                got: t.dtype.to_string(),
-            });
-        }
-    }
-    Ok(())
 }

@@ -1,0 +1,64 @@
+//! What the launchers of the cooperative-matrix scans share (`state_scan_coop`,
+//! `state_chain_coop`, `state_recompute_coop`, `dh_scan_coop`; their tiles are in
+//! `shaders/forward/coop_scan_tiles.wgsl`): the shape and dtype checks, and the grid of one
+//! workgroup per (segment, v-head, V-block).
+
+use crate::error::{Error, Result};
+use crate::tensor::DType;
+use crate::wgpu_backend::launch::Grid;
+use crate::wgpu_backend::shaders::Pass;
+use crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES;
+use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
+use crate::wgpu_backend::{Context, GpuTensor};
+
+/// The coop passes' shapes: K = 128 (the last dimension of `keyed`), V a multiple of the
+/// V-block, and the f16 operands in f16. `what` names the caller in the error ("the coop
+/// scan", "the coop backward").
+pub(crate) fn check_coop_shapes(
+    what: &str,
+    keyed: &GpuTensor,
+    value_dim: usize,
+    halves: &[(&str, &GpuTensor)],
+) -> Result<()> {
+    let key_dim = keyed.shape[keyed.shape.len() - 1];
+    if key_dim != COOP_KEY_DIM || !value_dim.is_multiple_of(COOP_V_BLOCK) {
+        return Err(Error::unsupported(
+            "compute path",
+            format!(
+                "{what} at K = {key_dim}, V = {value_dim} (needs K = {COOP_KEY_DIM}, V a multiple of {COOP_V_BLOCK})"
+            ),
+        ));
+    }
+    for &(name, t) in halves {
+        if t.dtype != DType::F16 {
+            return Err(Error::DType {
+                name: name.into(),
+                expected: "F16".into(),
+                got: t.dtype.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The scans' grid: a workgroup per (segment, v-head, V-block of 32 columns).
+pub(crate) fn coop_scan_grid(num_segments: usize, heads_v: usize, value_dim: usize) -> Grid {
+    Grid([
+        (num_segments, "segments"),
+        (heads_v, "v-heads"),
+        (value_dim / COOP_V_BLOCK, "V-blocks"),
+    ])
+}
+
+/// `direct`, or its variant with each chunk's K staged through workgroup memory where
+/// `GDN_COOP_STAGE=on` and the device has the workgroup memory for it.
+pub(crate) fn k_variant(ctx: &Context, direct: Pass) -> Pass {
+    let staged =
+        ctx.config().coop_stage && STATE_SCAN_COOP_STAGED_BYTES <= ctx.tuning().workgroup_bytes;
+    match direct {
+        Pass::StateScanCoop if staged => Pass::StateScanCoopStaged,
+        Pass::StateRecomputeCoop if staged => Pass::StateRecomputeCoopStaged,
+        Pass::DhScanCoop if staged => Pass::DhScanCoopStaged,
+        pass => pass,
+    }
+}
