@@ -353,9 +353,17 @@ fn precompile_caches_and_loads_every_source() {
     assert_eq!(done, every);
     for source in kernels::SOURCES {
         let path = nvrtc::cache_path(&dir, source.file, &source.full_text(), ctx.target());
-        assert!(path.is_file(), "{} is not cached at {}", source.file, path.display());
+        assert!(
+            path.is_file(),
+            "{} is not cached at {}",
+            source.file,
+            path.display()
+        );
     }
-    assert!(ctx.precompile().unwrap().is_empty(), "every module is loaded");
+    assert!(
+        ctx.precompile().unwrap().is_empty(),
+        "every module is loaded"
+    );
 }
 
 fn upload(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> ForwardInputs<CudaTensor> {
