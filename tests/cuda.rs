@@ -338,6 +338,27 @@ fn cuda() -> Option<&'static Context> {
     }
 }
 
+/// `precompile` compiles every source into the cache (the default folder, so a cold cache
+/// warms for the other tests) and loads them all; a second call has nothing left to do.
+#[test]
+fn precompile_caches_and_loads_every_source() {
+    let Some(_) = cuda() else { return };
+    let Some(dir) = nvrtc::default_cache_dir() else {
+        panic!("no default cache folder: set GDN_CUDA_CACHE or HOME");
+    };
+    let ctx = Context::new().unwrap().with_cache_dir(Some(dir.clone()));
+    let mut done: Vec<&str> = ctx.precompile().unwrap().iter().map(|p| p.0).collect();
+    done.sort_unstable();
+    let mut every: Vec<&str> = kernels::SOURCES.iter().map(|s| s.file).collect();
+    every.sort_unstable();
+    assert_eq!(done, every);
+    for source in kernels::SOURCES {
+        let path = nvrtc::cache_path(&dir, source.file, &source.full_text(), ctx.target());
+        assert!(path.is_file(), "{} is not cached at {}", source.file, path.display());
+    }
+    assert!(ctx.precompile().unwrap().is_empty(), "every module is loaded");
+}
+
 fn upload(ctx: &Context, inputs: &ForwardInputs<HostTensor>) -> ForwardInputs<CudaTensor> {
     let up = |name: &str, t: &HostTensor| CudaTensor::upload(ctx, name, t).unwrap();
     ForwardInputs {

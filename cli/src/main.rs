@@ -28,6 +28,11 @@ struct Cli {
 enum Command {
     /// List GPU adapters (features, limits) and the kernel variants the best one would use.
     Info,
+    /// Compile every CUDA kernel for the first CUDA device into the on-disk cache, on parallel
+    /// threads (on an empty cache the first CUDA call otherwise compiles them one by one, for
+    /// over a minute).
+    #[cfg(feature = "cuda")]
+    Precompile,
     /// Run a kernel on tensors read from a safetensors file.
     #[command(subcommand)]
     Run(Kernel),
@@ -158,6 +163,8 @@ fn main() -> ExitCode {
     };
     let result = match &cli.command {
         Command::Info => info(),
+        #[cfg(feature = "cuda")]
+        Command::Precompile => precompile(),
         Command::Run(Kernel::Forward(args)) => run_forward(args, GpuPath::Chunked),
         Command::Run(Kernel::Backward(args)) => run_backward(args),
         Command::Run(Kernel::Decode(args)) => {
@@ -518,6 +525,28 @@ const FEATURES_OF_INTEREST: [(&str, wgpu::Features); 4] = [
         wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
     ),
 ];
+
+#[cfg(feature = "cuda")]
+fn precompile() -> Result<(), Failure> {
+    let start = std::time::Instant::now();
+    let ctx = gdn_wgpu::cuda_backend::Context::new()?;
+    let cache = gdn_wgpu::cuda_backend::nvrtc::default_cache_dir()
+        .map(|d| d.display().to_string())
+        .unwrap_or_else(|| "none (GDN_CUDA_CACHE, XDG_CACHE_HOME and HOME unset)".into());
+    println!(
+        "{} ({}), cache {cache}",
+        ctx.device_name(),
+        ctx.target().arch()
+    );
+    for (file, secs) in ctx.precompile()? {
+        println!("  {file}: {secs:.1} s");
+    }
+    println!(
+        "all CUDA kernels ready in {:.1} s",
+        start.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
 
 fn info() -> Result<(), Failure> {
     #[cfg(feature = "cuda")]

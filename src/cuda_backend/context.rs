@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DriverError, sys};
 
 use super::backward::BackwardPath;
-use super::kernels::Source;
+use super::kernels::{SOURCES, Source};
 use super::nvrtc::{self, Target};
 use crate::error::{Error, Result};
 use crate::wgpu_backend::SegmentWindow;
@@ -337,30 +337,89 @@ impl Context {
         Ok(func)
     }
 
-    fn module(&self, source: &Source) -> Result<Arc<CudaModule>> {
-        let mut modules = self
-            .modules
+    /// Compile every CUDA source for this device (through the cache) on parallel threads and
+    /// load the modules, so later calls make no NVRTC call. Without it each source compiles on
+    /// its first use, one after another: over a minute on an empty cache on an H200 host.
+    /// Returns each source's file name and its compile (or cache read) time in seconds.
+    pub fn precompile(&self) -> Result<Vec<(&'static str, f64)>> {
+        let pending: Vec<&'static Source> = {
+            let modules = self.lock_modules()?;
+            SOURCES
+                .iter()
+                .filter(|s| !modules.contains_key(s.file))
+                .collect()
+        };
+        let (target, dir) = (self.target, self.cache_dir.as_deref());
+        let compiled: Vec<Result<(&'static Source, String, nvrtc::Image, f64)>> =
+            std::thread::scope(|scope| {
+                let workers: Vec<_> = pending
+                    .iter()
+                    .map(|&source| {
+                        scope.spawn(move || {
+                            let start = std::time::Instant::now();
+                            let text = source.full_text();
+                            let image = nvrtc::compile_cached(source.file, &text, target, dir)?;
+                            Ok((source, text, image, start.elapsed().as_secs_f64()))
+                        })
+                    })
+                    .collect();
+                workers
+                    .into_iter()
+                    .map(|w| {
+                        w.join().unwrap_or_else(|_| {
+                            Err(Error::Gpu("an NVRTC compile thread panicked".into()))
+                        })
+                    })
+                    .collect()
+            });
+        let mut times = Vec::with_capacity(compiled.len());
+        for result in compiled {
+            let (source, text, image, secs) = result?;
+            let module = self.load_or_recompile(source, &text, image)?;
+            self.lock_modules()?.entry(source.file).or_insert(module);
+            times.push((source.file, secs));
+        }
+        Ok(times)
+    }
+
+    fn lock_modules(
+        &self,
+    ) -> Result<std::sync::MutexGuard<'_, HashMap<&'static str, Arc<CudaModule>>>> {
+        self.modules
             .lock()
-            .map_err(|_| Error::Gpu("CUDA module table poisoned by a panic".into()))?;
+            .map_err(|_| Error::Gpu("CUDA module table poisoned by a panic".into()))
+    }
+
+    fn module(&self, source: &Source) -> Result<Arc<CudaModule>> {
+        let mut modules = self.lock_modules()?;
         if let Some(m) = modules.get(source.file) {
             return Ok(m.clone());
         }
         let text = source.full_text();
-        let dir = self.cache_dir.as_deref();
-        let image = nvrtc::compile_cached(source.file, &text, self.target, dir)?;
-        let module = match self.load(image) {
-            Ok(m) => m,
-            // A cached image the driver refuses (say, from a newer NVRTC than the driver):
-            // drop it and compile afresh.
-            Err(_) if dir.is_some() => {
-                nvrtc::evict(source.file, &text, self.target, dir.unwrap_or(".".as_ref()));
-                self.load(nvrtc::compile(source.file, &text, self.target)?)
-                    .map_err(|e| driver_error(&format!("loading {}", source.file), e))?
-            }
-            Err(e) => return Err(driver_error(&format!("loading {}", source.file), e)),
-        };
+        let image =
+            nvrtc::compile_cached(source.file, &text, self.target, self.cache_dir.as_deref())?;
+        let module = self.load_or_recompile(source, &text, image)?;
         modules.insert(source.file, module.clone());
         Ok(module)
+    }
+
+    /// Load `image`; a cached image the driver refuses (say, from a newer NVRTC than the
+    /// driver) is dropped from the cache and compiled afresh.
+    fn load_or_recompile(
+        &self,
+        source: &Source,
+        text: &str,
+        image: nvrtc::Image,
+    ) -> Result<Arc<CudaModule>> {
+        match (self.load(image), self.cache_dir.as_deref()) {
+            (Ok(m), _) => Ok(m),
+            (Err(_), Some(dir)) => {
+                nvrtc::evict(source.file, text, self.target, dir);
+                self.load(nvrtc::compile(source.file, text, self.target)?)
+                    .map_err(|e| driver_error(&format!("loading {}", source.file), e))
+            }
+            (Err(e), None) => Err(driver_error(&format!("loading {}", source.file), e)),
+        }
     }
 
     fn load(&self, image: nvrtc::Image) -> std::result::Result<Arc<CudaModule>, DriverError> {
