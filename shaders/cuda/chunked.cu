@@ -343,8 +343,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             state_times(xacc, lane_kt);
             if (KS == 2) put_part(part_mine, xacc);
             if (KS == 4) put_part(const_cast<float*>(quad_part(kh, false)), xacc);
-            // The quad at V-blocks past 32 forms (Q·S)ᵀ after X (fewer live registers).
-            if (!local && !L::QS_REUSE) {
+            if (!local) {
                 state_times(oacc, lane_qt);
                 if (KS == 2 && !writes_o) put_part(part_q, oacc);
                 if (KS == 4 && !L::QS_REUSE) put_part(const_cast<float*>(quad_part(kh, true)), oacc);
@@ -359,35 +358,6 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             // KS = 4, the quad's sums: every warp the four (K·S)ᵀ partials in one fixed order
             // (the same X bits in all four), and the (Q·S)ᵀ of its own 16 tokens (ob).
             float ob[2][4];
-            // The quad's (Q·S)ᵀ of this warp's 16 tokens from the four partials (fixed order),
-            // scaled by scale·γ.
-            auto quad_o_sums = [&]() {
-#pragma unroll
-                for (int jj = 0; jj < 2; ++jj) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) ob[jj][e] = 0.0f;
-                }
-#pragma unroll
-                for (int r = 0; r < KS; ++r) {
-#pragma unroll
-                    for (int jj = 0; jj < 2; ++jj) {
-                        const float4 x = *reinterpret_cast<const float4*>(quad_part(r, true) + 4 * (32 * (2 * kh + jj) + lane));
-                        ob[jj][0] += x.x;
-                        ob[jj][1] += x.y;
-                        ob[jj][2] += x.z;
-                        ob[jj][3] += x.w;
-                    }
-                }
-#pragma unroll
-                for (int jj = 0; jj < 2; ++jj) {
-                    const int i = 16 * kh + 8 * jj + 2 * t;
-                    const float o0 = p.scale * gam[i], o1 = p.scale * gam[i + 1];
-                    ob[jj][0] *= o0;
-                    ob[jj][1] *= o1;
-                    ob[jj][2] *= o0;
-                    ob[jj][3] *= o1;
-                }
-            };
             if (KS == 4) {
                 named_barrier(1 + cw, 32 * KS);
 #pragma unroll
@@ -397,7 +367,38 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 }
 #pragma unroll
                 for (int r = 0; r < KS; ++r) add_part(xacc, quad_part(r, false));
-                if (!local && !L::QS_REUSE) quad_o_sums();
+                if (!local && L::QS_REUSE) {
+                    named_barrier(1 + cw, 32 * KS);  // every warp of the quad has read the slots
+                    put_part(const_cast<float*>(quad_part(kh, true)), oacc);
+                    named_barrier(1 + cw, 32 * KS);
+                }
+                if (!local) {
+#pragma unroll
+                    for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) ob[jj][e] = 0.0f;
+                    }
+#pragma unroll
+                    for (int r = 0; r < KS; ++r) {
+#pragma unroll
+                        for (int jj = 0; jj < 2; ++jj) {
+                            const float4 x = *reinterpret_cast<const float4*>(quad_part(r, true) + 4 * (32 * (2 * kh + jj) + lane));
+                            ob[jj][0] += x.x;
+                            ob[jj][1] += x.y;
+                            ob[jj][2] += x.z;
+                            ob[jj][3] += x.w;
+                        }
+                    }
+#pragma unroll
+                    for (int jj = 0; jj < 2; ++jj) {
+                        const int i = 16 * kh + 8 * jj + 2 * t;
+                        const float o0 = p.scale * gam[i], o1 = p.scale * gam[i + 1];
+                        ob[jj][0] *= o0;
+                        ob[jj][1] *= o1;
+                        ob[jj][2] *= o0;
+                        ob[jj][3] *= o1;
+                    }
+                }
             }
 
             // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ
@@ -416,13 +417,6 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 }
                 xa[kb][half] = pack2<T>(x[0], x[1]);
                 xa[kb][half + 1] = pack2<T>(x[2], x[3]);
-            }
-            if (L::QS_REUSE && !local) {
-                state_times(oacc, lane_qt);
-                named_barrier(1 + cw, 32 * KS);  // every warp of the quad has read the slots
-                put_part(const_cast<float*>(quad_part(kh, true)), oacc);
-                named_barrier(1 + cw, 32 * KS);
-                quad_o_sums();
             }
 
             // Oᵀ = scale·(Q·S)ᵀ·diag(γ) so far (the warp that writes o).
