@@ -135,12 +135,9 @@ template <int BV, int KS> struct FwdLayout {
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int PART = 4 * C * 16;  // bytes of one warp's f32 C × 16 partial sum
     static constexpr int OT = 2 * 16 * LDO;  // KS = 4: a warp's 16-token o staging tile
-    // KS = 4 at V-blocks past 32: the (Q·S)ᵀ partials reuse the (K·S)ᵀ slots once every warp
-    // has read those (two more barriers of the quad), so that the layout fits.
-    static constexpr bool QS_REUSE = KS == 4 && BV > 32;
-    // Per column group: KS = 2 two (K·S)ᵀ partials and one (Q·S)ᵀ; KS = 4 four of each (or
-    // four shared) and the four warps' o tiles.
-    static constexpr int PAIR = KS == 4 ? (QS_REUSE ? 1 : 2) * KS * PART + KS * OT : 3 * PART;
+    // Per column group: KS = 2 two (K·S)ᵀ partials and one (Q·S)ᵀ; KS = 4 four of each and
+    // the four warps' o tiles.
+    static constexpr int PAIR = KS == 4 ? 2 * KS * PART + KS * OT : 3 * PART;
     static_assert(KS == 1 || KS == 2 || KS == 4, "one warp, a pair or a quad per 16 state columns");
     static_assert(PART >= 2 * C * LDO, "the o staging tile fits a partial's slot");
     static_assert(KS != 4 || C / 16 == KS, "a quad's warps write o for one 16-token block each");
@@ -195,9 +192,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     T* const o_stage = KS == 1 ? reinterpret_cast<T*>(after) + warp * C * LDO : reinterpret_cast<T*>(part_q);
     // KS = 4: warp r's (K·S)ᵀ and (Q·S)ᵀ partials of the group, and this warp's o tile.
     auto quad_part = [&](int r, bool qs) -> const float* {
-        return reinterpret_cast<const float*>(after + cw * L::PAIR + ((qs && !L::QS_REUSE ? KS : 0) + r) * L::PART);
+        return reinterpret_cast<const float*>(after + cw * L::PAIR + ((qs ? KS : 0) + r) * L::PART);
     };
-    T* const o_tile = reinterpret_cast<T*>(after + cw * L::PAIR + (L::QS_REUSE ? 1 : 2) * KS * L::PART + kh * L::OT);
+    T* const o_tile = reinterpret_cast<T*>(after + cw * L::PAIR + 2 * KS * L::PART + kh * L::OT);
     // Which warp of a pair finishes and writes o (the other sends its (Q·S)ᵀ partial): the
     // first for column groups 0, 1, 4, 5, …, the second for 2, 3, 6, 7, … — so that the two
     // warps of each scheduler (warps w and w + 4) carry the same work.
@@ -346,7 +343,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             if (!local) {
                 state_times(oacc, lane_qt);
                 if (KS == 2 && !writes_o) put_part(part_q, oacc);
-                if (KS == 4 && !L::QS_REUSE) put_part(const_cast<float*>(quad_part(kh, true)), oacc);
+                if (KS == 4) put_part(const_cast<float*>(quad_part(kh, true)), oacc);
             }
             if (KS == 2) {
                 // The pair's partial sums: both warps add the other's (K·S)ᵀ (the same sum in
@@ -367,11 +364,6 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 }
 #pragma unroll
                 for (int r = 0; r < KS; ++r) add_part(xacc, quad_part(r, false));
-                if (!local && L::QS_REUSE) {
-                    named_barrier(1 + cw, 32 * KS);  // every warp of the quad has read the slots
-                    put_part(const_cast<float*>(quad_part(kh, true)), oacc);
-                    named_barrier(1 + cw, 32 * KS);
-                }
                 if (!local) {
 #pragma unroll
                     for (int jj = 0; jj < 2; ++jj) {
@@ -607,7 +599,6 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     GDN_CHUNK_FWD(32, SUFFIX, T, 32, 2)                                                            \
     GDN_CHUNK_FWD(32x4, SUFFIX, T, 32, 4)                                                          \
     GDN_CHUNK_FWD(64, SUFFIX, T, 64, 2)                                                            \
-    GDN_CHUNK_FWD(64x4, SUFFIX, T, 64, 4)                                                          \
     GDN_CHUNK_FWD(128, SUFFIX, T, 128, 1)
 
 GDN_CHUNKED(f16, __half)

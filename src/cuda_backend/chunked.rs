@@ -144,7 +144,8 @@ fn warps_per_columns(bv: usize) -> usize {
 /// The warps per 16 state columns chunked.cu has kernels for at V-block `bv`.
 fn key_splits(bv: usize) -> &'static [usize] {
     match bv {
-        32 | 64 => &[2, 4],
+        32 => &[2, 4],
+        64 => &[2],
         _ => &[1],
     }
 }
@@ -180,9 +181,7 @@ fn fwd_smem_ks(bv: usize, ks: usize, local: bool) -> usize {
         local_stage + 2 * c * LDK + 2 * c * LDC
     };
     let after = if ks == 4 {
-        // Past V-block 32 the (Q·S)ᵀ partials reuse the (K·S)ᵀ slots.
-        let parts = if bv > 32 { 4 } else { 8 };
-        (bv / 16) * (parts * 4 * c * 16 + 4 * 2 * 16 * LDO)
+        (bv / 16) * (8 * 4 * c * 16 + 4 * 2 * 16 * LDO)
     } else if ks == 2 {
         (bv / 16) * 3 * 4 * c * 16
     } else if local {
@@ -320,15 +319,14 @@ fn auto_value_block(limits: &DeviceLimits, problem: &Problem, units: usize) -> O
         .or(fits.last().copied())
 }
 
-/// The automatic warps per 16 state columns at V-block `bv`: a quad at 32 and 64 where the
-/// grid is one wave of one block per SM (a pair would leave one or two warps per scheduler,
-/// the chain's latency exposed), else [`warps_per_columns`].
+/// The automatic warps per 16 state columns at V-block `bv`: a quad at 32 where the grid
+/// is one wave of one block per SM (a pair would leave one warp per scheduler, the chain's
+/// latency exposed), else [`warps_per_columns`].
 fn auto_key_split(limits: &DeviceLimits, problem: &Problem, units: usize, bv: usize) -> usize {
     let p = problem;
     let blocks = p.value_dim.div_ceil(bv) * p.heads_v * units;
-    let quad = key_splits(bv).contains(&4)
-        && blocks <= limits.sms
-        && fwd_smem_ks(bv, 4, false) <= limits.smem_per_block;
+    let quad =
+        bv == 32 && blocks <= limits.sms && fwd_smem_ks(bv, 4, false) <= limits.smem_per_block;
     if quad { 4 } else { warps_per_columns(bv) }
 }
 
@@ -960,27 +958,5 @@ mod tests {
         assert_eq!(auto(&shape((2, 8), 8, 4096), false), None);
         // Sequences no longer than a segment are never cut.
         assert_eq!(auto(&shape((2, 8), 1, 1024), false), None);
-    }
-
-    #[test]
-    fn quads_where_the_grid_is_one_wave_of_one_block_per_sm() {
-        let d = Options::default();
-        let choice = |heads: (usize, usize), b: usize, t: usize| {
-            let p = Problem::new(b, t, heads.0, heads.1, 128, 128, None, d).unwrap();
-            let units = auto_segment_chunks(&h200(), &p, &chunks_of(&p), false)
-                .map_or(b, |n| chunks_of(&p).iter().map(|c| c.div_ceil(n)).sum());
-            let bv = auto_value_block(&h200(), &p, units).unwrap();
-            (bv, auto_key_split(&h200(), &p, units, bv))
-        };
-        // Single sequences of 16/32 and 16/64 heads: 128 blocks, a quad per 16 columns.
-        assert_eq!(choice((16, 32), 1, 32768), (32, 4));
-        assert_eq!(choice((16, 64), 1, 8192), (64, 4));
-        // Batches fill the device at V-block 128 (one warp per 16 columns), and 2/8 in
-        // segments of 32 chunks too.
-        assert_eq!(choice((16, 64), 8, 4096), (128, 1));
-        assert_eq!(choice((2, 8), 1, 32768), (128, 1));
-        // Both quad layouts fit the H200's shared memory.
-        assert!(fwd_smem_ks(32, 4, false) <= h200().smem_per_block);
-        assert!(fwd_smem_ks(64, 4, false) <= h200().smem_per_block);
     }
 }
