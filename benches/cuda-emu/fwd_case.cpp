@@ -11,7 +11,6 @@ using namespace gdn::chunked;
 
 static std::vector<unsigned char> bytes;
 static size_t pos = 0;
-static int KSQ = getenv("KSQ") ? atoi(getenv("KSQ")) : 2;  // KSQ=4: the quad at V-block 32
 template <typename X> std::vector<X> take(size_t n) {
     std::vector<X> v(n); memcpy(v.data(), bytes.data() + pos, n * sizeof(X)); pos += n * sizeof(X); return v;
 }
@@ -109,7 +108,7 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg) {
             prep<T>(p, chunks.data(), Q.data(), Kt.data(), g.data(), beta.data(), gate ? a_log.data() : nullptr,
                     gate ? dt_bias.data() : nullptr, ws_f.data(), ws_a.data(), ws_p.data()); });
     // Shared memory: the largest layout (2 main stages + three partials per pair or o tiles).
-    const size_t smem = 2 * (2 * 64 * 136 + 2 * 64 * (BV + 8) + 2 * 64 * 72 + 512 + 2 * 64 * 136 + 2 * 64 * 72) + (BV / 16) * (KSQ == 4 ? 8 * 4096 + 4 * 768 : 3 * 4096);
+    const size_t smem = 2 * (2 * 64 * 136 + 2 * 64 * (BV + 8) + 2 * 64 * 72 + 512 + 2 * 64 * 136 + 2 * 64 * 72) + (BV / 16) * 3 * 4096;
     auto seq_pass = [&](bool local) {
         ChunkParams pp = p;
         if (local) pp.flags |= LOCAL_PASS;
@@ -125,7 +124,7 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg) {
 #ifdef OLD
         if (BV == 32) { SEQ(32, 1) } else if (BV == 64) { SEQ(64, 1) } else { SEQ(128, 1) }
 #else
-        if (BV == 32 && KSQ == 4) { SEQ(32, 4) } else if (BV == 32) { SEQ(32, 2) } else if (BV == 64) { SEQ(64, 2) } else { SEQ(128, 1) }
+        if (BV == 32) { SEQ(32, 2) } else if (BV == 64) { SEQ(64, 2) } else { SEQ(128, 1) }
 #endif
     };
     if (NU > 0) {
