@@ -187,7 +187,6 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
             "l2norm",
             "chunk_prep",
             "chunk_fwd32",
-            "chunk_fwd32x4",
             "chunk_fwd64",
             "chunk_fwd128",
         ] {
@@ -522,12 +521,6 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
     let variant = |segments, value_block| PlanOptions {
         segments,
         value_block,
-        key_split: None,
-    };
-    // V-block 32 with a quad of warps per 16 columns, whole and in segments of one chunk.
-    let quad = |segments| PlanOptions {
-        key_split: Some(4),
-        ..variant(segments, Some(32))
     };
     let variants = [
         variant(Segments::Off, Some(32)),
@@ -537,8 +530,6 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
         variant(Segments::Chunks(2), Some(64)),
         variant(Segments::Chunks(1), Some(128)),
         variant(Segments::Chunks(3), None),
-        quad(Segments::Off),
-        quad(Segments::Chunks(1)),
     ];
     let mut failures = Vec::new();
     let mut segmented_runs = 0;
@@ -554,9 +545,6 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 let plan = ChunkPlan::with_options(ctx, p, dtype, options).unwrap();
                 if let Some(bv) = options.value_block {
                     assert_eq!(plan.value_block(), bv);
-                }
-                if let Some(ks) = options.key_split {
-                    assert_eq!(plan.key_split(), ks);
                 }
                 let longest = p
                     .sequences()
@@ -584,10 +572,9 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 };
                 let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
                 let what = format!(
-                    "forward (Chunked, {:?}, V-block {}, {} warps per 16 columns)",
+                    "forward (Chunked, {:?}, V-block {})",
                     options.segments,
-                    plan.value_block(),
-                    plan.key_split()
+                    plan.value_block()
                 );
                 if let Err(e) = check(
                     &what,
@@ -661,7 +648,6 @@ fn the_gate_window_matches_the_oracle_on_the_hard_cases() {
                 let options = PlanOptions {
                     segments,
                     value_block,
-                    key_split: None,
                 };
                 let (got, paths) = run_windowed(ctx, p, &dev, dtype, options, window);
                 if let Some(paths) = paths {
@@ -716,7 +702,7 @@ fn the_gate_window_reports_each_path_and_keeps_g0_heads_exact() {
     let dev = upload(ctx, &inputs);
     let options = PlanOptions {
         segments: Segments::Chunks(4),
-        ..PlanOptions::default()
+        value_block: None,
     };
     let window = |t, m| Some(SegmentWindow::new(t, m).unwrap());
     let case = HardCase {
@@ -780,7 +766,7 @@ fn the_gate_window_reports_each_path_and_keeps_g0_heads_exact() {
     // Without segments there is no report.
     let whole = PlanOptions {
         segments: Segments::Off,
-        ..PlanOptions::default()
+        value_block: None,
     };
     assert_eq!(
         run_windowed(ctx, &p, &dev, dtype, whole, window(-10.0, None)).1,
@@ -802,7 +788,6 @@ fn plan_overrides_are_checked() {
             PlanOptions {
                 segments,
                 value_block,
-                key_split: None,
             },
         )
     };
@@ -811,19 +796,6 @@ fn plan_overrides_are_checked() {
         bad.push(with(Segments::Auto, Some(value_block)));
     }
     bad.push(with(Segments::Chunks(0), None));
-    // Warps per 16 columns the V-block has no kernel for.
-    for (value_block, key_split) in [(32, 1), (64, 4), (128, 2), (32, 3)] {
-        bad.push(ChunkPlan::with_options(
-            ctx,
-            &p,
-            DType::BF16,
-            PlanOptions {
-                segments: Segments::Auto,
-                value_block: Some(value_block),
-                key_split: Some(key_split),
-            },
-        ));
-    }
     for err in bad {
         let err = err.unwrap_err();
         assert!(matches!(err, Error::Value { .. }), "{err:?}");

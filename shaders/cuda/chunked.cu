@@ -134,13 +134,9 @@ template <int BV, int KS> struct FwdLayout {
     static constexpr int WARPS = KS * COL_WARPS;
     static constexpr int THREADS = 32 * WARPS;
     static constexpr int PART = 4 * C * 16;  // bytes of one warp's f32 C × 16 partial sum
-    static constexpr int OT = 2 * 16 * LDO;  // KS = 4: a warp's 16-token o staging tile
-    // Per column group: KS = 2 two (K·S)ᵀ partials and one (Q·S)ᵀ; KS = 4 four of each and
-    // the four warps' o tiles.
-    static constexpr int PAIR = KS == 4 ? 2 * KS * PART + KS * OT : 3 * PART;
-    static_assert(KS == 1 || KS == 2 || KS == 4, "one warp, a pair or a quad per 16 state columns");
+    static constexpr int PAIR = 3 * PART;    // KS = 2: two (K·S)ᵀ partials, one (Q·S)ᵀ
+    static_assert(KS == 1 || KS == 2, "one warp or a pair per 16 state columns");
     static_assert(PART >= 2 * C * LDO, "the o staging tile fits a partial's slot");
-    static_assert(KS != 4 || C / 16 == KS, "a quad's warps write o for one 16-token block each");
 };
 
 // KD > 0: the key dimension as a compile-time constant (the common K = 128: no guards on the
@@ -190,16 +186,10 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const float* const part_other = reinterpret_cast<const float*>(after + cw * L::PAIR + (1 - kh) * L::PART);
     float* const part_q = reinterpret_cast<float*>(after + cw * L::PAIR + 2 * L::PART);
     T* const o_stage = KS == 1 ? reinterpret_cast<T*>(after) + warp * C * LDO : reinterpret_cast<T*>(part_q);
-    // KS = 4: warp r's (K·S)ᵀ and (Q·S)ᵀ partials of the group, and this warp's o tile.
-    auto quad_part = [&](int r, bool qs) -> const float* {
-        return reinterpret_cast<const float*>(after + cw * L::PAIR + ((qs ? KS : 0) + r) * L::PART);
-    };
-    T* const o_tile = reinterpret_cast<T*>(after + cw * L::PAIR + 2 * KS * L::PART + kh * L::OT);
     // Which warp of a pair finishes and writes o (the other sends its (Q·S)ᵀ partial): the
     // first for column groups 0, 1, 4, 5, …, the second for 2, 3, 6, 7, … — so that the two
     // warps of each scheduler (warps w and w + 4) carry the same work.
-    // A quad (KS = 4) splits o instead: warp kh writes the 16-token block kh.
-    const bool writes_o = !local && KS != 4 && kh == (KS == 2 ? (cw >> 1) & 1 : 0);
+    const bool writes_o = !local && kh == (KS == 2 ? (cw >> 1) & 1 : 0);
     // This lane's ldmatrix addresses within a stage.
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ (B[k][n] = K[n][k])
     const unsigned lane_qt = 2 * (L::Q_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Qᵀ
@@ -339,11 +329,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             }
             state_times(xacc, lane_kt);
             if (KS == 2) put_part(part_mine, xacc);
-            if (KS == 4) put_part(const_cast<float*>(quad_part(kh, false)), xacc);
             if (!local) {
                 state_times(oacc, lane_qt);
                 if (KS == 2 && !writes_o) put_part(part_q, oacc);
-                if (KS == 4) put_part(const_cast<float*>(quad_part(kh, true)), oacc);
             }
             if (KS == 2) {
                 // The pair's partial sums: both warps add the other's (K·S)ᵀ (the same sum in
@@ -351,46 +339,6 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 named_barrier(1 + cw, 64);
                 add_part(xacc, part_other);
                 if (writes_o) add_part(oacc, part_q);
-            }
-            // KS = 4, the quad's sums: every warp the four (K·S)ᵀ partials in one fixed order
-            // (the same X bits in all four), and the (Q·S)ᵀ of its own 16 tokens (ob).
-            float ob[2][4];
-            if (KS == 4) {
-                named_barrier(1 + cw, 32 * KS);
-#pragma unroll
-                for (int j = 0; j < C / 8; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) xacc[j][e] = 0.0f;
-                }
-#pragma unroll
-                for (int r = 0; r < KS; ++r) add_part(xacc, quad_part(r, false));
-                if (!local) {
-#pragma unroll
-                    for (int jj = 0; jj < 2; ++jj) {
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) ob[jj][e] = 0.0f;
-                    }
-#pragma unroll
-                    for (int r = 0; r < KS; ++r) {
-#pragma unroll
-                        for (int jj = 0; jj < 2; ++jj) {
-                            const float4 x = *reinterpret_cast<const float4*>(quad_part(r, true) + 4 * (32 * (2 * kh + jj) + lane));
-                            ob[jj][0] += x.x;
-                            ob[jj][1] += x.y;
-                            ob[jj][2] += x.z;
-                            ob[jj][3] += x.w;
-                        }
-                    }
-#pragma unroll
-                    for (int jj = 0; jj < 2; ++jj) {
-                        const int i = 16 * kh + 8 * jj + 2 * t;
-                        const float o0 = p.scale * gam[i], o1 = p.scale * gam[i + 1];
-                        ob[jj][0] *= o0;
-                        ob[jj][1] *= o1;
-                        ob[jj][2] *= o0;
-                        ob[jj][3] *= o1;
-                    }
-                }
             }
 
             // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ
@@ -492,36 +440,6 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 __syncwarp();
             }
 
-            if (KS == 4 && !local) {
-                // Oᵀ += v'ᵀ·Pᵀ for this warp's token block kh (blocks kb ≤ kh of P's row kh),
-                // then its 16 rows of o through the warp's tile.
-#pragma unroll
-                for (int kb = 0; kb < C / 16; ++kb) {
-                    if (kb <= kh) {
-                        unsigned fp[4];
-                        ldsm4(fp, base + lane_pt + 2 * (16 * kh * LDC + 16 * kb));
-                        MmaOp<T>::run(ob[0], va[kb], fp[0], fp[1]);
-                        MmaOp<T>::run(ob[1], va[kb], fp[2], fp[3]);
-                    }
-                }
-                const int start = info.x, len = info.y;
-#pragma unroll
-                for (int jj = 0; jj < 2; ++jj) {
-                    const int i = 8 * jj + 2 * t;
-                    o_tile[i * LDO + g] = from_f32<T>(ob[jj][0]);
-                    o_tile[(i + 1) * LDO + g] = from_f32<T>(ob[jj][1]);
-                    o_tile[i * LDO + g + 8] = from_f32<T>(ob[jj][2]);
-                    o_tile[(i + 1) * LDO + g + 8] = from_f32<T>(ob[jj][3]);
-                }
-                __syncwarp();
-                const int i = lane >> 1, half = lane & 1, tok = 16 * kh + i;
-                if (tok < len) {
-                    *reinterpret_cast<uint4*>(o + ((size_t)(start + tok) * HV + hv) * V + c0 + 8 * half) =
-                        *reinterpret_cast<const uint4*>(o_tile + i * LDO + 8 * half);
-                }
-                __syncwarp();
-            }
-
             // Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks (the warp's K rows).
             const float gamma_c = gam[C - 1];
 #pragma unroll
@@ -536,11 +454,11 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     unsigned fk[4][4];
 #pragma unroll
                     for (int jj = 0; jj < 4; ++jj) {
-                        if (jb + jj < KBW && jb + jj < nkw) ldsm4_t(fk[jj], base + lane_k + 2 * (16 * kb * LDK + 16 * (kb0 + jb + jj)));
+                        if (jb + jj < nkw) ldsm4_t(fk[jj], base + lane_k + 2 * (16 * kb * LDK + 16 * (kb0 + jb + jj)));
                     }
 #pragma unroll
                     for (int jj = 0; jj < 4; ++jj) {
-                        if (jb + jj < KBW && jb + jj < nkw) {
+                        if (jb + jj < nkw) {
                             MmaOp<T>::run(sacc[2 * (jb + jj)], vd[kb], fk[jj][0], fk[jj][1]);
                             MmaOp<T>::run(sacc[2 * (jb + jj) + 1], vd[kb], fk[jj][2], fk[jj][3]);
                         }
@@ -569,8 +487,8 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
 }  // namespace chunked
 }  // namespace gdn
 
-#define GDN_CHUNK_FWD(NAME, SUFFIX, T, BV, KS)                                                     \
-    extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_fwd##NAME##_##SUFFIX(   \
+#define GDN_CHUNK_FWD(SUFFIX, T, BV, KS)                                                           \
+    extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_fwd##BV##_##SUFFIX(     \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
         const T* k, const T* v, const float* ws_f, const T* ws_a, const T* ws_p,                   \
         const float* h_in, const float* seg_start, T* o, float* h_out, float* seg_end,             \
@@ -596,10 +514,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                                 const float* dt_bias, float* ws_f, T* ws_a, T* ws_p) {             \
         gdn::chunked::prep<T>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p);         \
     }                                                                                              \
-    GDN_CHUNK_FWD(32, SUFFIX, T, 32, 2)                                                            \
-    GDN_CHUNK_FWD(32x4, SUFFIX, T, 32, 4)                                                          \
-    GDN_CHUNK_FWD(64, SUFFIX, T, 64, 2)                                                            \
-    GDN_CHUNK_FWD(128, SUFFIX, T, 128, 1)
+    GDN_CHUNK_FWD(SUFFIX, T, 32, 2)                                                                \
+    GDN_CHUNK_FWD(SUFFIX, T, 64, 2)                                                                \
+    GDN_CHUNK_FWD(SUFFIX, T, 128, 1)
 
 GDN_CHUNKED(f16, __half)
 GDN_CHUNKED(bf16, __nv_bfloat16)

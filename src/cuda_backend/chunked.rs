@@ -73,9 +73,6 @@ pub struct PlanOptions {
     pub segments: Segments,
     /// The sequential pass's V-block, one of [`VALUE_BLOCKS`]; `None`: chosen from the grid.
     pub value_block: Option<usize>,
-    /// Warps per 16 state columns in the sequential pass (each holding 1/n of the state's K
-    /// rows): 1 at V-block 128, 2 at 64, 2 or 4 at 32; `None`: chosen from the grid.
-    pub key_split: Option<usize>,
 }
 
 /// Which kernel a forward call runs.
@@ -133,46 +130,22 @@ pub(crate) fn prep_smem() -> usize {
     3 * 2 * CHUNK * LDK + 2 * CHUNK * 4
 }
 
-/// Warps per 16 state columns in the sequential pass at V-block `bv` (chunked.cu's KS) unless
-/// chosen otherwise: a pair splits the state's K rows (half the chain's MMAs each, the partial
-/// K·S and Q·S summed through shared memory) at 32 and 64; one warp at 128 (whose pairs would
-/// not fit). A quad (four warps, a quarter of the rows each) runs at 32 ([`key_splits`]).
+/// Warps per 16 state columns in the sequential pass at V-block `bv` (chunked.cu's KS): a
+/// pair splits the state's K rows (half the chain's MMAs each, the partial K·S and Q·S summed
+/// through shared memory) at 32 and 64; one warp at 128 (whose pairs would not fit).
 fn warps_per_columns(bv: usize) -> usize {
     if bv <= 64 { 2 } else { 1 }
 }
 
-/// The warps per 16 state columns chunked.cu has kernels for at V-block `bv`.
-fn key_splits(bv: usize) -> &'static [usize] {
-    match bv {
-        32 => &[2, 4],
-        64 => &[2],
-        _ => &[1],
-    }
-}
-
-/// Threads per block of the sequential pass at V-block `bv` with `ks` warps per 16 columns.
-fn fwd_threads(bv: usize, ks: usize) -> u32 {
-    (ks * bv / 16 * 32) as u32
-}
-
-/// The sequential kernel's name at V-block `bv` with `ks` warps per 16 columns.
-fn fwd_kernel(bv: usize, ks: usize, suffix: &str) -> String {
-    if ks == 4 {
-        format!("gdn_chunk_fwd{bv}x4_{suffix}")
-    } else {
-        format!("gdn_chunk_fwd{bv}_{suffix}")
-    }
-}
-
-/// chunked.cu's FwdLayout at V-block `bv` with the default warps per 16 columns.
-fn fwd_smem(bv: usize, local: bool) -> usize {
-    fwd_smem_ks(bv, warps_per_columns(bv), local)
+/// Threads per block of the sequential pass at V-block `bv`.
+fn fwd_threads(bv: usize) -> u32 {
+    (warps_per_columns(bv) * bv / 16 * 32) as u32
 }
 
 /// chunked.cu's FwdLayout: per stage k, V's block, T·diag(β), the decays, then q and P (main
-/// pass only); two stages, then per warp pair three f32 C × 16 partial sums (KS = 2), per quad
-/// eight and four 16-token o tiles (KS = 4), or per warp the main pass's o staging tile (KS = 1).
-fn fwd_smem_ks(bv: usize, ks: usize, local: bool) -> usize {
+/// pass only); two stages, then per warp pair three f32 C × 16 partial sums (KS = 2) or per
+/// warp the main pass's o staging tile (KS = 1).
+fn fwd_smem(bv: usize, local: bool) -> usize {
     let c = CHUNK;
     let local_stage = 2 * c * LDK + 2 * c * (bv + 8) + 2 * c * LDC + 4 * 2 * c;
     let stage = if local {
@@ -180,9 +153,7 @@ fn fwd_smem_ks(bv: usize, ks: usize, local: bool) -> usize {
     } else {
         local_stage + 2 * c * LDK + 2 * c * LDC
     };
-    let after = if ks == 4 {
-        (bv / 16) * (8 * 4 * c * 16 + 4 * 2 * 16 * LDO)
-    } else if ks == 2 {
+    let after = if warps_per_columns(bv) == 2 {
         (bv / 16) * 3 * 4 * c * 16
     } else if local {
         0
@@ -319,17 +290,6 @@ fn auto_value_block(limits: &DeviceLimits, problem: &Problem, units: usize) -> O
         .or(fits.last().copied())
 }
 
-/// The automatic warps per 16 state columns at V-block `bv`: a quad at 32 where the grid
-/// is one wave of one block per SM (a pair would leave one warp per scheduler, the chain's
-/// latency exposed), else [`warps_per_columns`].
-fn auto_key_split(limits: &DeviceLimits, problem: &Problem, units: usize, bv: usize) -> usize {
-    let p = problem;
-    let blocks = p.value_dim.div_ceil(bv) * p.heads_v * units;
-    let quad =
-        bv == 32 && blocks <= limits.sms && fwd_smem_ks(bv, 4, false) <= limits.smem_per_block;
-    if quad { 4 } else { warps_per_columns(bv) }
-}
-
 /// The chunk and unit tables and the workspace of one problem shape and dtype: reusable
 /// across calls.
 #[derive(Debug)]
@@ -337,8 +297,6 @@ pub struct ChunkPlan {
     problem: Problem,
     dtype: DType,
     value_block: usize,
-    /// Warps per 16 state columns of the sequential pass (chunked.cu's KS).
-    key_split: usize,
     num_chunks: usize,
     /// (first token, length) per chunk; chunks never cross a sequence boundary.
     chunks: CudaSlice<i32>,
@@ -499,25 +457,6 @@ impl ChunkPlan {
                 bv
             }
         };
-        let key_split = match options.key_split {
-            None => auto_key_split(&limits, p, num_units, value_block),
-            Some(ks) => {
-                if !key_splits(value_block).contains(&ks)
-                    || fwd_smem_ks(value_block, ks, false) > limits.smem_per_block
-                {
-                    return Err(Error::value(
-                        "key_split",
-                        format!(
-                            "one of {:?} at V-block {value_block} that this device's shared \
-                             memory fits",
-                            key_splits(value_block)
-                        ),
-                        ks,
-                    ));
-                }
-                ks
-            }
-        };
 
         if table.is_empty() {
             table.push(0);
@@ -561,7 +500,6 @@ impl ChunkPlan {
             problem: p.clone(),
             dtype,
             value_block,
-            key_split,
             num_chunks,
             chunks,
             units: units_dev,
@@ -648,11 +586,6 @@ impl ChunkPlan {
     /// The V-block width of the sequential pass.
     pub fn value_block(&self) -> usize {
         self.value_block
-    }
-
-    /// Warps per 16 state columns of the sequential pass.
-    pub fn key_split(&self) -> usize {
-        self.key_split
     }
 
     /// The segment length (in chunks of 64 tokens) where sequence parallelism cut some
@@ -803,11 +736,11 @@ pub fn launch_chunked_passes(
     };
     plan.last_windowed
         .store(window_table.is_some(), std::sync::atomic::Ordering::Relaxed);
-    let (bv, ks) = (plan.value_block, plan.key_split);
-    let name = fwd_kernel(bv, ks, suffix);
+    let bv = plan.value_block;
+    let name = format!("gdn_chunk_fwd{bv}_{suffix}");
     // The sequential kernel, in the local pass (`local`) or the main pass.
     let sequential = |local: bool| -> Result<()> {
-        let smem = fwd_smem_ks(bv, ks, local);
+        let smem = fwd_smem(bv, local);
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let column_blocks =
             p.value_dim.div_ceil(bv) + if local { p.key_dim.div_ceil(bv) } else { 0 };
@@ -817,7 +750,7 @@ pub fn launch_chunked_passes(
                 p.heads_v as u32,
                 plan.num_units as u32,
             ),
-            block_dim: (fwd_threads(bv, ks), 1, 1),
+            block_dim: (fwd_threads(bv), 1, 1),
             shared_mem_bytes: smem as u32,
         };
         let params = ChunkParams {

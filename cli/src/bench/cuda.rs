@@ -29,9 +29,8 @@ fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
 }
 
 /// The chunked plan's overrides for experiments: `GDN_SEGMENT_CHUNKS` (n ≥ 1: cut every
-/// sequence longer than n chunks), `GDN_V_BLOCK` (32, 64 or 128) and `GDN_KEY_SPLIT` (warps
-/// per 16 state columns: 1, 2 or 4), as docs/configuration.md says; unset: the plan's own
-/// choices. The correctness gate runs the plan's own choices.
+/// sequence longer than n chunks) and `GDN_V_BLOCK` (32, 64 or 128), as docs/configuration.md
+/// says; unset: the plan's own choices. The correctness gate runs the plan's own choices.
 fn plan_options() -> Result<PlanOptions> {
     let read = |name: &str| -> Result<Option<usize>> {
         match std::env::var(name) {
@@ -50,7 +49,6 @@ fn plan_options() -> Result<PlanOptions> {
     Ok(PlanOptions {
         segments: read("GDN_SEGMENT_CHUNKS")?.map_or(Segments::Auto, Segments::Chunks),
         value_block: read("GDN_V_BLOCK")?,
-        key_split: read("GDN_KEY_SPLIT")?,
     })
 }
 
