@@ -957,7 +957,7 @@ fn the_reported_algorithm_is_the_one_that_runs() {
                 "{dtype}: o {eo:e}, state {es:e}"
             );
         }
-        let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p).unwrap();
+        let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, &p, DType::F32).unwrap();
         if cpu {
             assert_eq!(tiles.kernel, StepKernel::Workgroup, "{tiles:?}");
             assert_eq!(tiles.vec4s_per_thread, 32, "{tiles:?}");

@@ -70,8 +70,9 @@ pub enum Pass {
     SubgroupStep,
     /// The subgroup kernel on a bf16 state pool.
     SubgroupStepBf16State,
-    /// `decode/column_step.wgsl`: decode tokens on pooled f32 states, one value column per
-    /// invocation, no cross-invocation sums (opt-in; made for SwiftShader's compiler).
+    /// `decode/column_step.wgsl`: decode tokens on pooled f32 states, two value columns per
+    /// invocation, no cross-invocation sums (made for SwiftShader: the forward's kernel in
+    /// the browser on CPU adapters; opt-in elsewhere).
     ColumnStep,
     /// `validate/find_nonfinite.wgsl`: the first NaN/±Inf (or positive log-decay) of a tensor.
     FindNonfinite,

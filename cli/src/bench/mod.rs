@@ -982,7 +982,7 @@ fn variant(
         Op::Forward
             if forward_algorithm(ctx, p, dtype)?.algorithm == ForwardAlgorithm::Recurrent =>
         {
-            let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, p)?;
+            let tiles = gdn_wgpu::wgpu_backend::forward::recurrent_tiles(ctx, p, dtype)?;
             let name = format!("recurrent kernel, {}", inputs::tiles_name(&tiles));
             (Variant::RecurrentForward(name.clone()), name, None)
         }

@@ -55,11 +55,12 @@ pub enum StepKernel {
     /// and no workgroup memory. Needs `Features::SUBGROUP` with subgroups of at least 8
     /// invocations ([`subgroup_kernel_available`]).
     Subgroup,
-    /// `column_step.wgsl`: one value column (all K rows) per invocation, k and q staged in
-    /// workgroup memory, no cross-invocation sums; f32 state pools and one element per
-    /// storage word (f32, f16) only. Made for CPU adapters: SwiftShader
-    /// compiles it 2.2–2.6× as fast as `recurrent_step`, but it ran the warm forward slower,
-    /// so it is opt-in (docs/compute-paths.md, "Tiling on CPU adapters").
+    /// `column_step.wgsl`: two value columns (all K rows) per invocation, k and q staged in
+    /// workgroup memory and copied to private memory, no cross-invocation sums; f32 state
+    /// pools and one element per storage word (f32, f16) only. Made for SwiftShader, which
+    /// compiles it faster than `recurrent_step` and ran the forward with it faster: the
+    /// forward's kernel in the browser on CPU adapters, opt-in elsewhere
+    /// (docs/compute-paths.md, "Tiling on CPU adapters").
     Column,
 }
 
@@ -139,8 +140,8 @@ impl RecurrentStepTiles {
         (tiles.workgroup() <= MAX_WORKGROUP && tiles.stage() <= MAX_STAGE).then_some(tiles)
     }
 
-    /// The column kernel's tiling with `v_block` columns (invocations) per workgroup, if it
-    /// fits the kernel: K a multiple of 4 and at most 4·MAX_VEC4S_PER_THREAD.
+    /// The column kernel's tiling with `v_block` columns per workgroup (two per invocation),
+    /// if it fits the kernel: K a multiple of 4 and at most 4·MAX_VEC4S_PER_THREAD.
     fn column(key_dim: u32, v_block: u32, v_first: bool) -> Option<Self> {
         let fits = key_dim.is_multiple_of(4)
             && key_dim / 4 <= MAX_VEC4S_PER_THREAD
@@ -149,8 +150,8 @@ impl RecurrentStepTiles {
             kernel: StepKernel::Column,
             v_block,
             row_lanes: 1,
-            row_vecs: v_block,
-            vec4s_per_thread: key_dim / 4,
+            row_vecs: v_block / 2,
+            vec4s_per_thread: 2 * (key_dim / 4),
             v_first,
             key_dim,
             seqs_per_workgroup: 1,
@@ -226,8 +227,8 @@ impl RecurrentStepTiles {
                 16 * (3 * self.key_dim / 4 + self.workgroup() + self.pb_vec4s() + self.lanes())
             }
             StepKernel::Subgroup => 0,
-            // k and q of one token.
-            StepKernel::Column => 16 * 2 * (self.key_dim / 4),
+            // k and q of one token (arrays of K ≤ 128) and 8 parts of their norms.
+            StepKernel::Column => 16 * (2 * MAX_VEC4S_PER_THREAD + 8),
         }
     }
 

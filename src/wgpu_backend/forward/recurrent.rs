@@ -12,6 +12,7 @@ use crate::wgpu_backend::decode::{
     decode_storage_dtypes, max_sequences,
 };
 use crate::wgpu_backend::path::{AlgorithmChoice, choose_algorithm};
+use crate::wgpu_backend::shaders::Pass;
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The algorithm the forward runs for `problem` with q, k, v stored as `dtype` on this
@@ -95,30 +96,49 @@ pub fn recurrent_rejects(ctx: &Context, problem: &Problem, dtype: DType) -> Opti
             problem.key_dim
         ));
     }
-    recurrent_tiles(ctx, problem).err().map(|e| e.to_string())
+    recurrent_tiles(ctx, problem, dtype)
+        .err()
+        .map(|e| e.to_string())
 }
 
 /// Mesa's `LP_MAX_TGSI_LOOP_ITERATIONS`: llvmpipe's cap on one invocation's loop iterations.
 const LLVMPIPE_LOOP_ITERATIONS: usize = 65_535;
 
-/// The recurrent kernel's tiling for a forward on this context: the decode default
-/// ([`RecurrentStepTiles::choose`], tuned for GPUs) except on CPU-type adapters, where the most state per invocation (32 vec4s) in workgroups of about
-/// 32 invocations ran fastest: a CPU runs a workgroup's invocations one after another, so
-/// fewer, fuller invocations spend less on the two barriers per token and the per-invocation
-/// staging. Measured on lavapipe (2 cores shared with other jobs, 5 runs each, median;
-/// docs/compute-paths.md): T = 512, H/HV = 2/4, K = V = 128: the GPU default (V-block 32, 8
-/// vec4s, 128 invocations) 388 / 965 ms in two sweeps, V-block 32 with 32 vec4s (32
-/// invocations) 154 / 328 ms. The column kernel (`colV` tilings) compiles 2.2–2.6× as fast
-/// in Chromium on SwiftShader but ran the warm forward slower there, so it is not the
-/// default (docs/compute-paths.md, "Tiling on CPU adapters").
-pub fn recurrent_tiles(ctx: &Context, problem: &Problem) -> Result<RecurrentStepTiles> {
+/// The recurrent kernel's tiling for a forward on this context with `dtype` storage: the
+/// decode default ([`RecurrentStepTiles::choose`], tuned for GPUs) except on CPU-type
+/// adapters:
+/// - In a browser (Chromium's SwiftShader): the column kernel (`column_step.wgsl`, two
+///   columns per invocation, V-block nearest 32) where it takes the problem (f32 or f16
+///   storage, K ≤ 128). Measured in Chromium 156 on SwiftShader (2026-12-02, `kernel-ab.mjs`,
+///   T = 512, H/HV = 2/4, K = V = 128, dispatches alternated in one page, load 100–600): it
+///   created its pipeline faster and ran 1.6–2.7× faster than the workgroup kernel at 32 × 32
+///   (docs/compute-paths.md, "Tiling on CPU adapters").
+/// - Elsewhere (lavapipe): the workgroup kernel with the most state per invocation (32 vec4s)
+///   in workgroups of about 32 invocations: a CPU runs a workgroup's invocations one after
+///   another, so fewer, fuller invocations spend less on the two barriers per token and the
+///   per-invocation staging. Measured on lavapipe (2 cores shared with other jobs, 5 runs
+///   each, median; docs/compute-paths.md): T = 512, H/HV = 2/4, K = V = 128: the GPU default
+///   (V-block 32, 8 vec4s, 128 invocations) 388 / 965 ms in two sweeps, V-block 32 with 32
+///   vec4s (32 invocations) 154 / 328 ms.
+pub fn recurrent_tiles(
+    ctx: &Context,
+    problem: &Problem,
+    dtype: DType,
+) -> Result<RecurrentStepTiles> {
     let limits = ctx.limits();
-    let cpu = ctx
-        .adapter_info
-        .as_ref()
-        .is_some_and(|i| i.device_type == wgpu::DeviceType::Cpu);
+    let info = ctx.adapter_info.as_ref();
+    let cpu = info.is_some_and(|i| i.device_type == wgpu::DeviceType::Cpu);
     if !cpu {
         return RecurrentStepTiles::choose(&limits, problem);
+    }
+    let browser = info.is_some_and(|i| i.backend == wgpu::Backend::BrowserWebGpu);
+    if browser
+        && Pass::ColumnStep.storage_dtypes().contains(&dtype)
+        && let Some(t) = RecurrentStepTiles::column_candidates(&limits, problem)
+            .into_iter()
+            .min_by_key(|t| t.v_block.abs_diff(32))
+    {
+        return Ok(t);
     }
     let score = |t: &RecurrentStepTiles| {
         (
@@ -200,7 +220,7 @@ impl RecurrentForward {
         };
         let tiles = match tiles {
             Some(t) => t,
-            None => recurrent_tiles(ctx, problem)?,
+            None => recurrent_tiles(ctx, problem, inputs.q.dtype)?,
         };
         let plan = DecodePlan::with_tiles(
             ctx,
