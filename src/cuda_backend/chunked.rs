@@ -243,8 +243,9 @@ impl DeviceLimits {
     }
 }
 
-/// The automatic segment length. Exact transitions: only when even 32-wide V-blocks leave
-/// more than half the SMs idle; with the gate-driven window (whose local pass is a warm-up
+/// The automatic segment length. Exact transitions: only when 32-wide V-blocks give at most
+/// one block per SM (one warp per scheduler: 16/32 heads × 1×32768 bf16 on the H200, exact,
+/// 2.283 ms whole, 1.901 ms in 4 segments at V-block 128; × 1×8192 0.589 → 0.555); with the gate-driven window (whose local pass is a warm-up
 /// per pair): whenever 128-wide V-blocks leave some SM idle (16/64 heads × 1×32768 bf16 on
 /// the H200: 3.14 ms whole, 2.44 ms in 2 windowed segments at V-block 128). Then about one
 /// wave of the main pass at V-block 128 (2/8 × 32768: segments of 32 chunks, 0.604 ms exact
@@ -260,7 +261,7 @@ fn auto_segment_chunks(
     let idle = if windowed {
         p.heads_v * n_seq * p.value_dim.div_ceil(128) < limits.sms
     } else {
-        2 * p.heads_v * n_seq * p.value_dim.div_ceil(32) < limits.sms
+        p.heads_v * n_seq * p.value_dim.div_ceil(32) <= limits.sms
     };
     if !idle {
         return None;
@@ -882,6 +883,10 @@ mod tests {
             auto(&shape((2, 8), 1, 8192), false),
             Some(MIN_SEGMENT_CHUNKS)
         );
+        // 16/32 × one sequence (128 blocks at V-block 32: one warp per scheduler): four
+        // segments, V-block 128.
+        assert_eq!(auto(&shape((16, 32), 1, 32768), false), Some(128));
+        assert_eq!(auto(&shape((16, 32), 1, 8192), false), Some(32));
         // 16/64 × 32768: whole when exact, two windowed segments.
         let many = shape((16, 64), 1, 32768);
         assert_eq!(auto(&many, false), None);
