@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
-use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
+use crate::wgpu_backend::tuning::{CoopGrads, V_BLOCK_WIDTHS};
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 13] = [
+pub const VARIABLES: [&str; 14] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
@@ -23,6 +23,7 @@ pub const VARIABLES: [&str; 13] = [
     "GDN_BACKWARD_BUDGET",
     "GDN_BACKWARD_PATH",
     "GDN_SCAN_SPLIT",
+    "GDN_COOP_GRADS",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -178,6 +179,10 @@ pub struct Config {
     /// sequential chain computes only V' and the chunk-start states, and a parallel pass
     /// (`chunk_output_coop`) computes o from them (docs/passes.md).
     pub scan_split: bool,
+    /// `GDN_COOP_GRADS` (`all`, `none`, `default`, or a comma-separated list of
+    /// `value_grams`, `wy_grad`, `state_grad`, `qk_grad`; unset: `None`, the default): the coop backward's per-chunk
+    /// passes that run on cooperative matrices ([`CoopGrads`]).
+    pub coop_grads: Option<CoopGrads>,
 }
 
 /// The least `GDN_MAX_BINDING_BYTES`: one 64-token chunk of the forward's largest per-token
@@ -260,6 +265,9 @@ impl Config {
                     ));
                 }
             },
+            coop_grads: lookup("GDN_COOP_GRADS")
+                .map(|s| CoopGrads::parse("GDN_COOP_GRADS", &s))
+                .transpose()?,
         })
     }
 
