@@ -405,6 +405,9 @@ fn coop_grads_parse_and_bad_values_are_errors() {
         let c = parse(&[("GDN_COOP_GRADS", text)]).unwrap();
         assert_eq!(c.coop_grads, Some(want), "{text:?}");
     }
-    expect_bad(&[("GDN_COOP_GRADS", "value_grams,dh_scan")], "GDN_COOP_GRADS");
+    expect_bad(
+        &[("GDN_COOP_GRADS", "value_grams,dh_scan")],
+        "GDN_COOP_GRADS",
+    );
     expect_bad(&[("GDN_COOP_GRADS", "on")], "GDN_COOP_GRADS");
 }

@@ -22,7 +22,9 @@ pub fn value_grams_coop(
     if !value_dim.is_multiple_of(COOP_V_BLOCK) {
         return Err(Error::unsupported(
             "compute path",
-            format!("the coop value_grams at V = {value_dim} (needs V a multiple of {COOP_V_BLOCK})"),
+            format!(
+                "the coop value_grams at V = {value_dim} (needs V a multiple of {COOP_V_BLOCK})"
+            ),
         ));
     }
     Launch {
