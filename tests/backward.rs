@@ -648,11 +648,16 @@ fn coop_matrix_path() {
     check_coop_path(CoopGrads::DEFAULT);
 }
 
-/// [`coop_matrix_path`] with every per-chunk pass forced onto cooperative matrices
-/// (`value_grams_coop`, `state_grad_coop`: `Tuning::coop_grads`, `GDN_COOP_GRADS=all`).
+/// [`coop_matrix_path`] (by default every per-chunk pass on cooperative matrices) with two
+/// coop passes feeding two scalar ones (`Tuning::coop_grads`, `GDN_COOP_GRADS=value_grams,
+/// state_grad`): each kernel's outputs are read by the other kind.
 #[test]
-fn coop_grads_all_forced() {
-    check_coop_path(CoopGrads::ALL);
+fn coop_grads_mixed() {
+    check_coop_path(CoopGrads {
+        value_grams: true,
+        state_grad: true,
+        ..CoopGrads::NONE
+    });
 }
 
 /// [`coop_matrix_path`] with the coop scans and every per-chunk pass scalar

@@ -5,14 +5,15 @@
 //     dG_i = dG_wy,i + q_i·dQs_i − k_i·dKs_i + k_i·X_i + c_i,  dG_last += Σ_i k_i·dKs_i
 //     (the last row's k·dKs cancels exactly and is left out of both)
 //     dg_i = Σ_{s ≥ i in the chunk} dG_s      (reverse chunk-local cumsum)
-// Per (chunk, v-head). The gate terms need only state_grad's parts and q, k, so they are
-// summed first, in f32 and a fixed order, before any part is overwritten. Then per 64-wide K
-// half the token axis j is streamed in 16-token slices: dP and dAt at columns j (64 × 16, the
-// A operands), at rows j (16 × 64, read column-major as the transposed A operands), and K, Q
-// at rows j (16 × 64, the B operands), staged in f16. dAt and dAtᵀ are two products so that
-// their sum stays in f32. Subgroup g owns row tile g / 2 and K column tiles 2 (g % 2), +1 of
-// the half (2 dq + 2 dk accumulators). Results leave through a per-subgroup 16 × 16 f32 tile
-// where the parts are added, so rows past the chunk are never written. 20.3 KiB of workgroup
+// Per (chunk, v-head), per 64-wide K half: the token axis j is streamed in 16-token slices —
+// dP and dAt at columns j (64 × 16, the A operands), at rows j (16 × 64, read column-major as
+// the transposed A operands), and K, Q at rows j (16 × 64, the B operands), staged in f16.
+// dAt and dAtᵀ are two products so that their sum stays in f32. Subgroup g owns row tile
+// g / 2 and K column tiles 2 (g % 2), +1 of the half (2 dq + 2 dk accumulators). Results
+// leave through a per-subgroup 16 × 16 f32 tile, where each invocation adds the parts it
+// overwrites (rows past the chunk are never written) and, from the same reads, sums its
+// share of the gate terms in f32 (8 rows × one column slot each, in registers); the slots
+// are summed per row in a fixed order at the end (deterministic). 20.3 KiB of workgroup
 // memory.
 //
 // naga: coopLoad/coopStore are column-major, coopLoadT/coopStoreT row-major; every pointer
@@ -89,9 +90,13 @@ fn q_tile(ct: u32) -> coop_mat16x16<f16, B> {
 }
 
 // Tile m (rows 16 rt.., K columns k0 + 16 ct..) of dq (`is_dk` false: + dQs) or dk (+ dKs + X)
-// into part 0 or 1 of `dqk_parts`, rows in the chunk only. Call from uniform control flow
-// (it holds barriers).
-fn store_out(m: coop_mat16x16<f32, C>, t: u32, sg: u32, rt: u32, ct: u32, k0: u32, is_dk: bool, len: u32, out_base: u32) {
+// into part 0 or 1 of `dqk_parts`, rows in the chunk only; the gate terms of the parts read
+// go to `gate` (q·dQs + k·X − k·dKs) and `gate_last` (k·dKs), entry n for row
+// 16 rt + lane / 16 + 2n (both without k·dKs on the chunk's last row). Call from uniform
+// control flow (it holds barriers).
+fn store_out(m: coop_mat16x16<f32, C>, t: u32, sg: u32, rt: u32, ct: u32, k0: u32, is_dk: bool,
+             start: u32, len: u32, h: u32, out_base: u32,
+             gate: ptr<function, array<f32, 8>>, gate_last: ptr<function, array<f32, 8>>) {
     let o = 256u * sg;
     coopStoreT(m, &out_tile[o], 16u);
     workgroupBarrier();
@@ -100,11 +105,21 @@ fn store_out(m: coop_mat16x16<f32, C>, t: u32, sg: u32, rt: u32, ct: u32, k0: u3
         let e = lane + 32u * n;
         let i = 16u * rt + e / 16u;
         if (i < len) {
-            let at = out_base + i * params.heads_v * (3u * KD + 1u) + k0 + 16u * ct + e % 16u;
+            let col = k0 + 16u * ct + e % 16u;
+            let at = out_base + i * params.heads_v * (3u * KD + 1u) + col;
+            let qk_at = ((start + i) * params.heads_qk + h) * KD + col;
             if (is_dk) {
-                dqk_parts[at + KD] = dqk_parts[at + KD] + dqk_parts[at + 2u * KD] + out_tile[o + e];
+                let dks = dqk_parts[at + KD];
+                let x = dqk_parts[at + 2u * KD];
+                let kv = k_at(qk_at);
+                let kd = select(kv * dks, 0.0, i == len - 1u);
+                (*gate)[n] += kv * x - kd;
+                (*gate_last)[n] += kd;
+                dqk_parts[at + KD] = dks + x + out_tile[o + e];
             } else {
-                dqk_parts[at] = dqk_parts[at] + out_tile[o + e];
+                let dqs = dqk_parts[at];
+                (*gate)[n] += q_at(qk_at) * dqs;
+                dqk_parts[at] = dqs + out_tile[o + e];
             }
         }
     }
@@ -124,65 +139,12 @@ fn qk_grad_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     let half = params.total_tokens * hv_count * CHUNK;
     let out_base = (start * hv_count + hv) * (3u * KD + 1u);
 
-    // Gate terms: row i = t / 4, K columns t % 4 + 4 m (coalesced over the invocations).
-    {
-        let i = t / 4u;
-        var gate_row = 0.0;
-        var gate_last = 0.0;
-        if (i < len) {
-            let out = out_base + i * hv_count * (3u * KD + 1u);
-            let qk_base = ((start + i) * params.heads_qk + h) * KD;
-            var qd = 0.0;
-            var kx = 0.0;
-            var kd = 0.0;
-            for (var m = 0u; m < KD / 4u; m++) {
-                let col = t % 4u + 4u * m;
-                let qv = q_at(qk_base + col);
-                let kv = k_at(qk_base + col);
-                qd += qv * dqk_parts[out + col];
-                kd += kv * dqk_parts[out + KD + col];
-                kx += kv * dqk_parts[out + 2u * KD + col];
-            }
-            // The last row's −k·dKs and its share of Σ k·dKs cancel exactly: both left out.
-            let kd_kept = select(kd, 0.0, i == last);
-            gate_row = qd + kx - kd_kept;
-            gate_last = kd_kept;
-        }
-        out_tile[t] = gate_row;
-        out_tile[WG + t] = gate_last;
-        for (var width = 128u; width > 0u; width /= 2u) {
-            workgroupBarrier();
-            if (t < width) {
-                out_tile[WG + t] += out_tile[WG + t + width];
-            }
-        }
-        workgroupBarrier();
-        if (t < len) {
-            let at = (start + t) * hv_count + hv;
-            var dg = dg_dbeta[at].x;
-            dg += (out_tile[4u * t] + out_tile[4u * t + 1u]) + (out_tile[4u * t + 2u] + out_tile[4u * t + 3u]);
-            dg += dqk_parts[out_base + t * hv_count * (3u * KD + 1u) + 3u * KD];
-            if (t == last) {
-                dg += out_tile[WG];
-            }
-            dg_s[t] = dg;
-        }
-        workgroupBarrier();
-        if (t < len) {
-            var acc = 0.0;
-            for (var s = t; s < len; s++) {
-                acc += dg_s[s];
-            }
-            let at = (start + t) * hv_count + hv;
-            dg_dbeta[at] = vec2<f32>(acc, dg_dbeta[at].y);
-        }
-    }
-    // Every read of the parts above happens before any is overwritten below.
-    storageBarrier();
     out_tile[t] = 0.0;
     workgroupBarrier();
     let zero = zero_acc();
     workgroupBarrier();
+    var gate = array<f32, 8>();
+    var gate_last = array<f32, 8>();
 
     let rt = sg / 2u;
     let ct0 = 2u * (sg % 2u);
@@ -230,9 +192,57 @@ fn qk_grad_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
             d1 = coopMultiplyAdd(a_datt, bk1, d1);
             workgroupBarrier();
         }
-        store_out(q0, t, sg, rt, ct0, k0, false, len, out_base);
-        store_out(q1, t, sg, rt, ct0 + 1u, k0, false, len, out_base);
-        store_out(d0, t, sg, rt, ct0, k0, true, len, out_base);
-        store_out(d1, t, sg, rt, ct0 + 1u, k0, true, len, out_base);
+        store_out(q0, t, sg, rt, ct0, k0, false, start, len, h, out_base, &gate, &gate_last);
+        store_out(q1, t, sg, rt, ct0 + 1u, k0, false, start, len, h, out_base, &gate, &gate_last);
+        store_out(d0, t, sg, rt, ct0, k0, true, start, len, h, out_base, &gate, &gate_last);
+        store_out(d1, t, sg, rt, ct0 + 1u, k0, true, start, len, h, out_base, &gate, &gate_last);
+    }
+
+    // The gate terms per row: slot (g % 2) · 16 + lane % 16 of rows 16 (g / 2) + lane / 16 + 2n,
+    // each (row, slot) owned by one invocation, summed per row in slot order.
+    let lane = t % 32u;
+    let slot = 16u * (sg % 2u) + lane % 16u;
+    for (var n = 0u; n < 8u; n++) {
+        out_tile[(16u * rt + lane / 16u + 2u * n) * 32u + slot] = gate[n];
+    }
+    workgroupBarrier();
+    var dg = 0.0;
+    if (t < len) {
+        let at = (start + t) * hv_count + hv;
+        dg = dg_dbeta[at].x + dqk_parts[out_base + t * hv_count * (3u * KD + 1u) + 3u * KD];
+        for (var k = 0u; k < 32u; k++) {
+            dg += out_tile[t * 32u + k];
+        }
+    }
+    workgroupBarrier();
+    for (var n = 0u; n < 8u; n++) {
+        out_tile[(16u * rt + lane / 16u + 2u * n) * 32u + slot] = gate_last[n];
+    }
+    workgroupBarrier();
+    if (t < CHUNK) {
+        var kd_row = 0.0;
+        for (var k = 0u; k < 32u; k++) {
+            kd_row += out_tile[t * 32u + k];
+        }
+        dg_s[t] = kd_row;
+    }
+    workgroupBarrier();
+    if (t == last) {
+        for (var s = 0u; s < CHUNK; s++) {
+            dg += dg_s[s];
+        }
+    }
+    workgroupBarrier();
+    if (t < len) {
+        dg_s[t] = dg;
+    }
+    workgroupBarrier();
+    if (t < len) {
+        var acc = 0.0;
+        for (var s = t; s < len; s++) {
+            acc += dg_s[s];
+        }
+        let at = (start + t) * hv_count + hv;
+        dg_dbeta[at] = vec2<f32>(acc, dg_dbeta[at].y);
     }
 }
