@@ -648,7 +648,14 @@ fn coop_matrix_path() {
     check_coop_path(CoopGrads::DEFAULT);
 }
 
-/// [`coop_matrix_path`] (by default every per-chunk pass on cooperative matrices) with two
+/// [`coop_matrix_path`] with every per-chunk pass forced onto cooperative matrices
+/// (`GDN_COOP_GRADS=all`: also `qk_grad_coop`, off by default).
+#[test]
+fn coop_grads_all_forced() {
+    check_coop_path(CoopGrads::ALL);
+}
+
+/// [`coop_matrix_path`] (by default value_grams, wy_grad, state_grad coop) with two
 /// coop passes feeding two scalar ones (`Tuning::coop_grads`, `GDN_COOP_GRADS=value_grams,
 /// state_grad`): each kernel's outputs are read by the other kind.
 #[test]

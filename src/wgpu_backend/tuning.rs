@@ -71,10 +71,16 @@ impl CoopGrads {
     /// The names `GDN_COOP_GRADS` takes, in pass order.
     pub const NAMES: [&'static str; 4] = ["value_grams", "wy_grad", "state_grad", "qk_grad"];
 
-    /// The default: every pass on cooperative matrices. Measured on the H200 (16/32 × 32768
-    /// bf16, BENCHMARKS.md): value_grams 1.87 → 1.22 ms, wy_grad 2.46 → 1.31, state_grad
-    /// 5.74 → 3.65 against the scalar kernels, every hard case within the policy's bounds.
-    pub const DEFAULT: CoopGrads = CoopGrads::ALL;
+    /// The default: every pass on cooperative matrices except `qk_grad`. Measured on the H200
+    /// (16/32 × 32768 bf16, BENCHMARKS.md), coop against scalar: value_grams 1.22 / 1.87 ms,
+    /// wy_grad 1.31 / 2.46, state_grad 3.65 / 5.74, but qk_grad 4.00 / 3.41 (whole backward
+    /// 23.97 ms with the scalar qk_grad, 24.71 with the coop one).
+    pub const DEFAULT: CoopGrads = CoopGrads {
+        value_grams: true,
+        wy_grad: true,
+        state_grad: true,
+        qk_grad: false,
+    };
 
     /// `GDN_COOP_GRADS`: `all`, `none`, `default`, or a comma-separated list of
     /// [`NAMES`](Self::NAMES) (those on cooperative matrices, the rest scalar).
