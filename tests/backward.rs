@@ -8,6 +8,7 @@ use common::backward::{normal, upstream};
 use common::{dense, problem};
 use gdn_wgpu::reference::{self, forward_f64};
 use gdn_wgpu::tolerance::{Case, Op, Quantity};
+use gdn_wgpu::wgpu_backend::tuning::CoopGrads;
 use gdn_wgpu::wgpu_backend::{self, ComputePath, Context};
 use gdn_wgpu::{
     DType, ForwardInputs, HostTensor, Options, Problem, RandomSpec, relative_l2, relative_l2_scaled,
@@ -644,19 +645,36 @@ fn finite_differences_of_the_f64_forward_match_the_gpu_gradients() {
 /// failure. Elsewhere forcing it must be a typed error, which this test checks instead.
 #[test]
 fn coop_matrix_path() {
-    check_coop_path(false);
+    check_coop_path(CoopGrads::DEFAULT);
 }
 
-/// [`coop_matrix_path`] with the opt-in `state_grad_coop` (`Tuning::coop_state_grad`): its
-/// first version failed the every-option case on the H200 (dg 6.9e-2); the fix (the row
-/// scalings in f32 on store) awaits a device run: `--ignored coop_state_grad_opt_in`.
+/// [`coop_matrix_path`] with every per-chunk pass forced onto cooperative matrices
+/// (`GDN_COOP_GRADS=all`: also `qk_grad_coop`, off by default).
 #[test]
-#[ignore = "opt-in state_grad_coop, pending its verification on a device with cooperative matrices"]
-fn coop_state_grad_opt_in() {
-    check_coop_path(true);
+fn coop_grads_all_forced() {
+    check_coop_path(CoopGrads::ALL);
 }
 
-fn check_coop_path(coop_state_grad: bool) {
+/// [`coop_matrix_path`] (by default value_grams, wy_grad, state_grad coop) with two
+/// coop passes feeding two scalar ones (`Tuning::coop_grads`, `GDN_COOP_GRADS=value_grams,
+/// state_grad`): each kernel's outputs are read by the other kind.
+#[test]
+fn coop_grads_mixed() {
+    check_coop_path(CoopGrads {
+        value_grams: true,
+        state_grad: true,
+        ..CoopGrads::NONE
+    });
+}
+
+/// [`coop_matrix_path`] with the coop scans and every per-chunk pass scalar
+/// (`GDN_COOP_GRADS=none`, the override).
+#[test]
+fn coop_grads_none_forced() {
+    check_coop_path(CoopGrads::NONE);
+}
+
+fn check_coop_path(coop_grads: CoopGrads) {
     use wgpu_backend::backward::{MemoryBudget, backward_path};
     let Some(shared) = common::gpu() else { return };
     let d = Options::default();
@@ -730,7 +748,7 @@ fn check_coop_path(coop_state_grad: bool) {
                 ComputePath::CoopMatrix
             );
             // Every other case also in windows of a budget below the whole problem's plan.
-            ctx.tuning_mut().coop_state_grad = coop_state_grad;
+            ctx.tuning_mut().coop_grads = coop_grads;
             for windowed in [false, true] {
                 if windowed && i % 2 == 1 {
                     continue;
@@ -779,7 +797,7 @@ fn check_coop_path(coop_state_grad: bool) {
                 let line: Vec<String> =
                     errors.iter().map(|(n, e)| format!("{n} {e:.2e}")).collect();
                 eprintln!(
-                    "coop {dtype} {name} (windowed {windowed}, coop state_grad {coop_state_grad}): rel-L2 {}",
+                    "coop {dtype} {name} (windowed {windowed}, {coop_grads:?}): rel-L2 {}",
                     line.join(", ")
                 );
                 for (n, e) in errors {
@@ -787,7 +805,7 @@ fn check_coop_path(coop_state_grad: bool) {
                         grad_tol_on(ComputePath::CoopMatrix, dtype, problem.options.l2norm_qk, n);
                     if e.is_nan() || e > tol {
                         failures.push(format!(
-                            "coop {dtype} {name} (windowed {windowed}, coop state_grad {coop_state_grad}): {n} rel-L2 {e:e} > {tol:e}"
+                            "coop {dtype} {name} (windowed {windowed}, {coop_grads:?}): {n} rel-L2 {e:e} > {tol:e}"
                         ));
                     }
                 }

@@ -370,3 +370,44 @@ fn grid_past_the_device_limit_names_the_pass_and_dimension() {
     assert!(e.is_input_error(), "{e}");
     ctx.check().unwrap();
 }
+
+#[test]
+fn coop_grads_parse_and_bad_values_are_errors() {
+    use gdn_wgpu::wgpu_backend::tuning::CoopGrads;
+    assert_eq!(parse(&[]).unwrap().coop_grads, None);
+    for (text, want) in [
+        ("all", CoopGrads::ALL),
+        ("none", CoopGrads::NONE),
+        ("default", CoopGrads::DEFAULT),
+        (
+            " qk_grad, value_grams ",
+            CoopGrads {
+                qk_grad: true,
+                value_grams: true,
+                ..CoopGrads::NONE
+            },
+        ),
+        (
+            "state_grad",
+            CoopGrads {
+                state_grad: true,
+                ..CoopGrads::NONE
+            },
+        ),
+        (
+            "wy_grad",
+            CoopGrads {
+                wy_grad: true,
+                ..CoopGrads::NONE
+            },
+        ),
+    ] {
+        let c = parse(&[("GDN_COOP_GRADS", text)]).unwrap();
+        assert_eq!(c.coop_grads, Some(want), "{text:?}");
+    }
+    expect_bad(
+        &[("GDN_COOP_GRADS", "value_grams,dh_scan")],
+        "GDN_COOP_GRADS",
+    );
+    expect_bad(&[("GDN_COOP_GRADS", "on")], "GDN_COOP_GRADS");
+}

@@ -6,10 +6,10 @@ use std::collections::HashMap;
 
 use crate::error::{Error, Result};
 use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
-use crate::wgpu_backend::tuning::V_BLOCK_WIDTHS;
+use crate::wgpu_backend::tuning::{CoopGrads, V_BLOCK_WIDTHS};
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 14] = [
+pub const VARIABLES: [&str; 15] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
@@ -24,6 +24,7 @@ pub const VARIABLES: [&str; 14] = [
     "GDN_BACKWARD_PATH",
     "GDN_SCAN_SPLIT",
     "GDN_COOP_STAGE",
+    "GDN_COOP_GRADS",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -185,6 +186,10 @@ pub struct Config {
     /// [`STATE_SCAN_COOP_STAGED_BYTES`](crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES)
     /// of workgroup memory (docs/configuration.md).
     pub coop_stage: bool,
+    /// `GDN_COOP_GRADS` (`all`, `none`, `default`, or a comma-separated list of
+    /// `value_grams`, `wy_grad`, `state_grad`, `qk_grad`; unset: `None`, the default): the coop backward's per-chunk
+    /// passes that run on cooperative matrices ([`CoopGrads`]).
+    pub coop_grads: Option<CoopGrads>,
 }
 
 /// The least `GDN_MAX_BINDING_BYTES`: one 64-token chunk of the forward's largest per-token
@@ -258,6 +263,9 @@ impl Config {
             backward_path,
             scan_split: parse_on_off("GDN_SCAN_SPLIT", lookup("GDN_SCAN_SPLIT").as_deref())?,
             coop_stage: parse_on_off("GDN_COOP_STAGE", lookup("GDN_COOP_STAGE").as_deref())?,
+            coop_grads: lookup("GDN_COOP_GRADS")
+                .map(|s| CoopGrads::parse("GDN_COOP_GRADS", &s))
+                .transpose()?,
         })
     }
 

@@ -285,6 +285,9 @@ impl Context {
             }
             tuning.forced_v_block = Some(bv);
         }
+        if let Some(grads) = config.coop_grads {
+            tuning.coop_grads = grads;
+        }
         let pipelines = PipelineCache::new(device.clone(), config.shader_checks);
         let forced_path = config.compute_path;
         let binding_limit = config.max_binding_bytes;

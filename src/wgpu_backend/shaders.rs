@@ -56,14 +56,20 @@ pub enum Pass {
     DhScanCoopStaged,
     /// `backward/value_grams.wgsl`: dP and dAb per chunk.
     ValueGrams,
+    /// `backward/value_grams_coop.wgsl`: the same on cooperative matrices (the coop path's).
+    ValueGramsCoop,
     /// `backward/wy_grad.wgsl`: gradients through A·diag(β) and the WY inverse.
     WyGrad,
+    /// `backward/wy_grad_coop.wgsl`: the same on cooperative matrices (the coop path's).
+    WyGradCoop,
     /// `backward/state_grad.wgsl`: the dq, dk and gate terms through the states.
     StateGrad,
     /// `backward/state_grad_coop.wgsl`: the same on cooperative matrices (the coop path's).
     StateGradCoop,
     /// `backward/qk_grad.wgsl`: dq and dk per v-head, and dg.
     QkGrad,
+    /// `backward/qk_grad_coop.wgsl`: the same on cooperative matrices (the coop path's).
+    QkGradCoop,
     /// `backward/qk_finish.wgsl`: GVA group sums and the l2norm backward of dq, dk; dv to storage.
     QkFinish,
     /// `backward/gate_finish.wgsl`: β and gate activation chain rules, dA_log and ddt_bias.
@@ -88,7 +94,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 31] = [
+    pub const ALL: [Pass; 34] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -108,10 +114,13 @@ impl Pass {
         Pass::DhScanCoop,
         Pass::DhScanCoopStaged,
         Pass::ValueGrams,
+        Pass::ValueGramsCoop,
         Pass::WyGrad,
+        Pass::WyGradCoop,
         Pass::StateGrad,
         Pass::StateGradCoop,
         Pass::QkGrad,
+        Pass::QkGradCoop,
         Pass::QkFinish,
         Pass::GateFinish,
         Pass::RecurrentStep,
@@ -143,10 +152,13 @@ impl Pass {
             Pass::DhScan => "backward/dh_scan.wgsl",
             Pass::DhScanCoop | Pass::DhScanCoopStaged => "backward/dh_scan_coop.wgsl",
             Pass::ValueGrams => "backward/value_grams.wgsl",
+            Pass::ValueGramsCoop => "backward/value_grams_coop.wgsl",
             Pass::WyGrad => "backward/wy_grad.wgsl",
+            Pass::WyGradCoop => "backward/wy_grad_coop.wgsl",
             Pass::StateGrad => "backward/state_grad.wgsl",
             Pass::StateGradCoop => "backward/state_grad_coop.wgsl",
             Pass::QkGrad => "backward/qk_grad.wgsl",
+            Pass::QkGradCoop => "backward/qk_grad_coop.wgsl",
             Pass::QkFinish => "backward/qk_finish.wgsl",
             Pass::GateFinish => "backward/gate_finish.wgsl",
             Pass::RecurrentStep | Pass::RecurrentStepBf16State => "decode/recurrent_step.wgsl",
@@ -181,10 +193,13 @@ impl Pass {
                 include_str!("../../shaders/backward/dh_scan_coop.wgsl")
             }
             Pass::ValueGrams => include_str!("../../shaders/backward/value_grams.wgsl"),
+            Pass::ValueGramsCoop => include_str!("../../shaders/backward/value_grams_coop.wgsl"),
             Pass::WyGrad => include_str!("../../shaders/backward/wy_grad.wgsl"),
+            Pass::WyGradCoop => include_str!("../../shaders/backward/wy_grad_coop.wgsl"),
             Pass::StateGrad => include_str!("../../shaders/backward/state_grad.wgsl"),
             Pass::StateGradCoop => include_str!("../../shaders/backward/state_grad_coop.wgsl"),
             Pass::QkGrad => include_str!("../../shaders/backward/qk_grad.wgsl"),
+            Pass::QkGradCoop => include_str!("../../shaders/backward/qk_grad_coop.wgsl"),
             Pass::QkFinish => include_str!("../../shaders/backward/qk_finish.wgsl"),
             Pass::GateFinish => include_str!("../../shaders/backward/gate_finish.wgsl"),
             Pass::RecurrentStep | Pass::RecurrentStepBf16State => {
@@ -234,10 +249,13 @@ impl Pass {
             | Pass::DhScanCoop
             | Pass::DhScanCoopStaged
             | Pass::ValueGrams
+            | Pass::ValueGramsCoop
             | Pass::WyGrad
+            | Pass::WyGradCoop
             | Pass::StateGrad
             | Pass::StateGradCoop
             | Pass::QkGrad
+            | Pass::QkGradCoop
             | Pass::QkFinish => &FORWARD_STORAGE_DTYPES,
             Pass::RecurrentStep
             | Pass::RecurrentStepBf16State
@@ -330,7 +348,10 @@ impl Pass {
             | Pass::StateRecomputeCoopStaged
             | Pass::DhScanCoop
             | Pass::DhScanCoopStaged
-            | Pass::StateGradCoop => &["f16", "wgpu_cooperative_matrix"],
+            | Pass::ValueGramsCoop
+            | Pass::WyGradCoop
+            | Pass::StateGradCoop
+            | Pass::QkGradCoop => &["f16", "wgpu_cooperative_matrix"],
             _ => &[],
         }
     }

@@ -39,11 +39,90 @@ pub struct Tuning {
     pub v_blocks: Vec<u32>,
     /// A forced width (`GDN_V_BLOCK`, via the context's `Config`), used by each scan it fits.
     pub forced_v_block: Option<u32>,
-    /// Whether the coop backward runs `state_grad` on cooperative matrices (`state_grad_coop`,
-    /// opt-in) or the scalar pass (false, the default). Opt-in until verified on a device: its
-    /// first version failed the oracle on one hard case (dg 6.9e-2, H200), and the fix is not
-    /// yet measured there (docs/backward.md).
-    pub coop_state_grad: bool,
+    /// Which per-chunk passes the coop backward runs on cooperative matrices (the others run
+    /// their scalar kernels); `GDN_COOP_GRADS` sets it (docs/backward.md).
+    pub coop_grads: CoopGrads,
+}
+
+/// The coop backward's per-chunk passes that run on cooperative matrices (f16 operands, f32
+/// accumulators); each false runs the scalar pass instead (an A/B switch and an override).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CoopGrads {
+    /// `value_grams_coop` instead of `value_grams`.
+    pub value_grams: bool,
+    /// `wy_grad_coop` instead of `wy_grad`.
+    pub wy_grad: bool,
+    /// `state_grad_coop` instead of `state_grad`.
+    pub state_grad: bool,
+    /// `qk_grad_coop` instead of `qk_grad`.
+    pub qk_grad: bool,
+}
+
+impl CoopGrads {
+    /// Every pass on cooperative matrices.
+    pub const ALL: CoopGrads = CoopGrads {
+        value_grams: true,
+        wy_grad: true,
+        state_grad: true,
+        qk_grad: true,
+    };
+    /// Every pass scalar.
+    pub const NONE: CoopGrads = CoopGrads {
+        value_grams: false,
+        wy_grad: false,
+        state_grad: false,
+        qk_grad: false,
+    };
+    /// The names `GDN_COOP_GRADS` takes, in pass order.
+    pub const NAMES: [&'static str; 4] = ["value_grams", "wy_grad", "state_grad", "qk_grad"];
+
+    /// The default: every pass on cooperative matrices except `qk_grad`. Measured on the H200
+    /// (16/32 × 32768 bf16, BENCHMARKS.md), coop against scalar: value_grams 1.22 / 1.87 ms,
+    /// wy_grad 1.31 / 2.46, state_grad 3.65 / 5.74, but qk_grad 4.00 / 3.41 (whole backward
+    /// 23.97 ms with the scalar qk_grad, 24.71 with the coop one).
+    pub const DEFAULT: CoopGrads = CoopGrads {
+        value_grams: true,
+        wy_grad: true,
+        state_grad: true,
+        qk_grad: false,
+    };
+
+    /// `GDN_COOP_GRADS`: `all`, `none`, `default`, or a comma-separated list of
+    /// [`NAMES`](Self::NAMES) (those on cooperative matrices, the rest scalar).
+    pub fn parse(variable: &str, text: &str) -> Result<CoopGrads> {
+        match text.trim() {
+            "all" => return Ok(CoopGrads::ALL),
+            "none" => return Ok(CoopGrads::NONE),
+            "default" | "" => return Ok(CoopGrads::DEFAULT),
+            _ => {}
+        }
+        let mut grads = CoopGrads::NONE;
+        for name in text.split(',').map(str::trim) {
+            match name {
+                "value_grams" => grads.value_grams = true,
+                "wy_grad" => grads.wy_grad = true,
+                "state_grad" => grads.state_grad = true,
+                "qk_grad" => grads.qk_grad = true,
+                _ => {
+                    return Err(Error::value(
+                        variable,
+                        format!(
+                            "all, none, default or a comma-separated list of {}",
+                            CoopGrads::NAMES.join(", ")
+                        ),
+                        format!("{text:?}"),
+                    ));
+                }
+            }
+        }
+        Ok(grads)
+    }
+}
+
+impl Default for CoopGrads {
+    fn default() -> Self {
+        CoopGrads::DEFAULT
+    }
 }
 
 /// f32 words of workgroup memory `state_scan` needs at V-block width `bv` (mirrors the
@@ -198,7 +277,7 @@ impl Tuning {
             workgroup_bytes: bytes,
             v_blocks,
             forced_v_block: None,
-            coop_state_grad: false,
+            coop_grads: CoopGrads::DEFAULT,
         })
     }
 

@@ -20,29 +20,35 @@ mod dh_scan_coop;
 mod gate_finish;
 mod qk_finish;
 mod qk_grad;
+mod qk_grad_coop;
 mod state_grad;
 mod state_grad_coop;
 mod state_recompute;
 mod state_recompute_coop;
 mod value_grams;
+mod value_grams_coop;
 mod workspace;
 mod wy_grad;
+mod wy_grad_coop;
 
 pub use dh_scan::{DhScanBuffers, dh_scan};
 pub use dh_scan_coop::{DhScanCoopBuffers, dh_scan_coop};
 pub use gate_finish::{GateFinishBuffers, gate_finish};
 pub use qk_finish::{QkFinishBuffers, dv_finish, qk_finish};
 pub use qk_grad::{QkGradBuffers, qk_grad};
+pub use qk_grad_coop::qk_grad_coop;
 pub use state_grad::{StateGradBuffers, state_grad};
 pub use state_grad_coop::state_grad_coop;
 pub use state_recompute::{RecomputeBuffers, state_recompute};
 pub use state_recompute_coop::{RecomputeCoopBuffers, state_recompute_coop};
 pub use value_grams::{ValueGramsBuffers, value_grams};
+pub use value_grams_coop::value_grams_coop;
 pub use workspace::{
     BackwardMemory, BackwardPlan, BackwardWorkspace, MemoryBudget, PlanBytes, backward_memory,
     input_bytes,
 };
 pub use wy_grad::{WyGradBuffers, wy_grad};
+pub use wy_grad_coop::wy_grad_coop;
 
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, ForwardInputs, ForwardOutputs, Gradients, Problem};
@@ -1011,7 +1017,12 @@ fn record_window(
         chunks: w.chunks,
         mats: &sc.mats,
     };
-    value_grams(ctx, encoder, w.params, &grams, w.num_chunks, hv)?;
+    let coop_grads = ctx.tuning().coop_grads;
+    if sc.coop.is_some() && coop_grads.value_grams {
+        value_grams_coop(ctx, encoder, w.params, &grams, w.num_chunks, hv)?;
+    } else {
+        value_grams(ctx, encoder, w.params, &grams, w.num_chunks, hv)?;
+    }
     mark(encoder, "value_grams");
     let wy = WyGradBuffers {
         q: w.q,
@@ -1022,7 +1033,11 @@ fn record_window(
         mats: &sc.mats,
         dg_dbeta: &sc.dg_dbeta,
     };
-    wy_grad(ctx, encoder, w.params, &wy, w.num_chunks, hv)?;
+    if sc.coop.is_some() && coop_grads.wy_grad {
+        wy_grad_coop(ctx, encoder, w.params, &wy, w.num_chunks, hv)?;
+    } else {
+        wy_grad(ctx, encoder, w.params, &wy, w.num_chunks, hv)?;
+    }
     mark(encoder, "wy_grad");
     let state_bufs = StateGradBuffers {
         d_o: w.d_o,
@@ -1034,7 +1049,7 @@ fn record_window(
         chunks: w.chunks,
         dqk_parts: &dqk_parts,
     };
-    if sc.coop.is_some() && ctx.tuning().coop_state_grad {
+    if sc.coop.is_some() && coop_grads.state_grad {
         state_grad_coop(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
     } else {
         state_grad(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
@@ -1048,7 +1063,11 @@ fn record_window(
         dqk_parts: &dqk_parts,
         dg_dbeta: &sc.dg_dbeta,
     };
-    qk_grad(ctx, encoder, w.params, &qk, w.num_chunks, hv)?;
+    if sc.coop.is_some() && coop_grads.qk_grad {
+        qk_grad_coop(ctx, encoder, w.params, &qk, w.num_chunks, hv)?;
+    } else {
+        qk_grad(ctx, encoder, w.params, &qk, w.num_chunks, hv)?;
+    }
     mark(encoder, "qk_grad");
 
     let finish = QkFinishBuffers {

@@ -1,0 +1,46 @@
+//! Launcher of `shaders/backward/qk_grad_coop.wgsl`: `qk_grad`'s dq, dk products on f16
+//! cooperative matrices (f32 accumulators), its gate gradient in f32 as before.
+
+use crate::error::{Error, Result};
+use crate::wgpu_backend::Context;
+use crate::wgpu_backend::backward::QkGradBuffers;
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
+use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::tuning::COOP_KEY_DIM;
+
+/// Record the coop pass over `num_chunks` chunks × `heads_v` v-heads (K = 128); the
+/// tensors are `qk_grad`'s.
+pub fn qk_grad_coop(
+    ctx: &Context,
+    encoder: &mut wgpu::CommandEncoder,
+    params: &wgpu::Buffer,
+    bufs: &QkGradBuffers<'_>,
+    num_chunks: usize,
+    heads_v: usize,
+) -> Result<()> {
+    let k = bufs.k;
+    let key_dim = k.shape[k.shape.len() - 1];
+    if key_dim != COOP_KEY_DIM {
+        return Err(Error::unsupported(
+            "compute path",
+            format!("the coop qk_grad at K = {key_dim} (needs K = {COOP_KEY_DIM})"),
+        ));
+    }
+    Launch {
+        name: "qk_grad_coop",
+        source: source(Pass::QkGradCoop, k.dtype)?,
+        entry: "qk_grad_coop",
+        constants: &[],
+        bindings: Bindings::Ordered(&[
+            params,
+            bufs.q,
+            k,
+            bufs.mats,
+            bufs.chunks,
+            bufs.dqk_parts,
+            bufs.dg_dbeta,
+        ]),
+        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
+    }
+    .record(ctx, encoder)
+}
