@@ -687,7 +687,13 @@ fn record_window(
                     output: None,
                 },
             )?;
-            segment_combine::fill_identity(ctx, encoder, &st.identity_params, &trans)?;
+            segment_combine::fill_identity(
+                ctx,
+                encoder,
+                &st.identity_params,
+                &trans,
+                ws.segment_window.map(|_| &st.warmup),
+            )?;
             scan(
                 encoder,
                 ScanRun {
