@@ -692,7 +692,8 @@ fn record_window(
                 encoder,
                 &st.identity_params,
                 &trans,
-                ws.segment_window.map(|_| &st.warmup),
+                &st.warmup,
+                ws.segment_window.is_some(),
             )?;
             scan(
                 encoder,

@@ -4,36 +4,29 @@
 
 use crate::error::Result;
 use crate::tensor::DType;
-use crate::wgpu_backend::launch::{Bind, Bindings, Grid, Launch};
+use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// Record `trans[s, hv] = I` for every slot (`params.rows` = its element count), or with the
-/// gate-driven window (`warmup`: segment_window's table) for the exact pairs only: the
-/// transition scan skips the others and the combine never reads their slots.
+/// gate-driven window (`windowed`; `warmup`: segment_window's table, bound either way) for the
+/// exact pairs only: the transition scan skips the others and the combine never reads their
+/// slots.
 pub fn fill_identity(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
     params: &wgpu::Buffer,
     trans: &GpuTensor,
-    warmup: Option<&wgpu::Buffer>,
+    warmup: &wgpu::Buffer,
+    windowed: bool,
 ) -> Result<()> {
-    // `identity` uses bindings 0 and 7 (the writable view of the transitions), and 8 with the
-    // window.
-    let mut bindings: Vec<(u32, &dyn Bind)> = vec![(0, params), (7, trans)];
-    let constants: &[(&str, f64)] = match warmup {
-        Some(w) => {
-            bindings.push((8, w));
-            &[("WINDOWED", 1.0)]
-        }
-        None => &[],
-    };
     Launch {
         name: "segment identity",
         source: source(Pass::SegmentCombine, DType::F32)?,
         entry: "identity",
-        constants,
-        bindings: Bindings::At(&bindings),
+        constants: if windowed { &[("WINDOWED", 1.0)] } else { &[] },
+        // `identity` uses bindings 0, 7 (the writable view of the transitions) and 8.
+        bindings: Bindings::At(&[(0, params), (7, trans), (8, warmup)]),
         grid: Grid::items_64(trans.len(), "transition elements"),
     }
     .record(ctx, encoder)
