@@ -12,7 +12,11 @@
 //! does — one command buffer per step, submitted without waiting, at most 2 steps in flight —
 //! and prints one JSON line:
 //! - `gpu_us`: GPU time per step from timestamps written before and after each step's pass
-//!   (median, min), and `gpu_batched_us`: `steps` passes in one encoder / steps;
+//!   (median, min), `gpu_batched_us`: `steps` passes in one encoder / steps, and
+//!   `gpu_pipelined_us`: the pipelined loop below (one command buffer per step) timed from
+//!   one timestamp before its first step to one after its last, / steps (gaps between
+//!   submissions included, no timestamps between the steps); `empty_pipelined_us` the same
+//!   with the empty pass;
 //! - `state_gbps`: the pool read and written once per step / `gpu_us`;
 //! - `copy_gbps`: a vec4 compute-shader copy of the very pool buffer, timed in the same
 //!   process (`timing::copy_gbps`), and `of_copy = state_gbps / copy_gbps`;
@@ -354,15 +358,18 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
     let record_step = |encoder: &mut wgpu::CommandEncoder| plan.record(encoder);
     // The pipelined loop: step i waits for step i − 2 after submitting (≤ 2 in flight).
     // `host` gets per step (total, encoder creation, record, finish, submit) in µs.
+    // `span`: one timestamp before the first step and one after the last (the loop's GPU
+    // time, gaps between submissions included).
     let run_loop = |n: usize,
                     timer: Option<&GpuTimer>,
+                    span: Option<&GpuTimer>,
                     writes: bool,
                     record: &dyn Fn(&mut wgpu::CommandEncoder),
                     host: &mut Vec<[f64; 5]>|
      -> Res<f64> {
         let mut in_flight = std::collections::VecDeque::new();
         let start = Instant::now();
-        for _ in 0..n {
+        for i in 0..n {
             let t0 = Instant::now();
             if writes {
                 for (buffer, bytes) in &refills {
@@ -375,9 +382,15 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
             if let Some(t) = timer {
                 t.mark(&mut encoder, "gap");
             }
+            if let (Some(t), 0) = (span, i) {
+                t.mark(&mut encoder, "start");
+            }
             record(&mut encoder);
             if let Some(t) = timer {
                 t.mark(&mut encoder, "step");
+            }
+            if let Some(t) = span.filter(|_| i + 1 == n) {
+                t.mark(&mut encoder, "loop");
             }
             let t3 = Instant::now();
             let commands = encoder.finish();
@@ -395,8 +408,8 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         }
         Ok(start.elapsed().as_secs_f64() * 1e6 / n as f64)
     };
-    run_loop(30, None, false, &record_step, &mut Vec::new())?; // pipelines compiled, caches warm
-    run_loop(30, None, false, &record_empty, &mut Vec::new())?;
+    run_loop(30, None, None, false, &record_step, &mut Vec::new())?; // pipelines compiled, caches warm
+    run_loop(30, None, None, false, &record_empty, &mut Vec::new())?;
     // Keep the GPU busy for `--warm-ms` first (64 steps per submit), so every setting is timed
     // at the clocks of a loaded GPU rather than wherever an idle one left them.
     let warm = Instant::now();
@@ -415,7 +428,7 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
             return Ok(None);
         };
         timer.reset();
-        run_loop(steps, Some(&timer), false, record, &mut Vec::new())?;
+        run_loop(steps, Some(&timer), None, false, record, &mut Vec::new())?;
         let mut encoder = ctx.create_encoder("resolve");
         timer.resolve(&mut encoder);
         ctx.submit_and_wait(encoder)?;
@@ -439,6 +452,22 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         let batched = batch.read_total_ms(ctx)? * 1e3 / steps as f64;
         Ok(Some((median(per_step), min, batched)))
     };
+    // GPU time per step of the pipelined loop itself (one command buffer per step, ≤ 2 in
+    // flight): the span from before its first step to after its last, / steps, with no
+    // timestamps between the steps.
+    let pipelined = |record: &dyn Fn(&mut wgpu::CommandEncoder)| -> Res<Option<f64>> {
+        let Some(span) = GpuTimer::new(ctx, 2) else {
+            return Ok(None);
+        };
+        span.reset();
+        run_loop(steps, None, Some(&span), false, record, &mut Vec::new())?;
+        let mut encoder = ctx.create_encoder("resolve");
+        span.resolve(&mut encoder);
+        ctx.submit_and_wait(encoder)?;
+        Ok(Some(span.read_total_ms(ctx)? * 1e3 / steps as f64))
+    };
+    let gpu_pipelined = pipelined(&record_step)?;
+    let empty_pipelined = pipelined(&record_empty)?;
     let gpu = gpu_times(&record_step)?;
     let (gpu_med, gpu_min, gpu_batched) = match gpu {
         Some((m, n, b)) => (Some(m), Some(n), Some(b)),
@@ -449,7 +478,7 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
     let marks_us = match GpuTimer::new(ctx, 2 * steps as u32) {
         Some(timer) => {
             timer.reset();
-            run_loop(steps, Some(&timer), false, &|_| {}, &mut Vec::new())?;
+            run_loop(steps, Some(&timer), None, false, &|_| {}, &mut Vec::new())?;
             let mut encoder = ctx.create_encoder("resolve");
             timer.resolve(&mut encoder);
             ctx.submit_and_wait(encoder)?;
@@ -467,11 +496,11 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
     // Host time per step, without timestamps; then with the input refills; then an empty
     // pass in place of the plan's (the cost of any one-pass step).
     let mut host = Vec::new();
-    let period = run_loop(steps, None, false, &record_step, &mut host)?;
+    let period = run_loop(steps, None, None, false, &record_step, &mut host)?;
     let mut writes = Vec::new();
-    run_loop(steps, None, true, &record_step, &mut writes)?;
+    run_loop(steps, None, None, true, &record_step, &mut writes)?;
     let mut host_empty = Vec::new();
-    run_loop(steps, None, false, &record_empty, &mut host_empty)?;
+    run_loop(steps, None, None, false, &record_empty, &mut host_empty)?;
     let column = |x: &[[f64; 5]], i: usize| x.iter().map(|r| r[i]).collect::<Vec<f64>>();
     let host_us = column(&host, 0);
     let writes_us = column(&writes, 0);
@@ -492,7 +521,7 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
     println!(
         "{{\"adapter\":\"{adapter}\",\"batch\":{b},\"heads\":\"{h}/{hv}\",\"dim\":{dim},\"v_first\":{},\
          \"dtype\":\"{}\",\"pool\":\"{}\",\"tiles\":\"{}\",\"steps\":{steps},\"gpu_us\":{},\
-         \"gpu_min_us\":{},\"gpu_batched_us\":{},\"empty_us\":{},\"empty_batched_us\":{},\
+         \"gpu_min_us\":{},\"gpu_batched_us\":{},\"gpu_pipelined_us\":{},\"empty_pipelined_us\":{},\"empty_us\":{},\"empty_batched_us\":{},\
          \"marks_us\":{},\"copy_us\":{},\"state_gbps\":{},\"copy_gbps\":{},\"of_copy\":{},\
          \"host_us\":{:.2},\"host_p90_us\":{:.2},\"host_encoder_us\":{:.2},\"host_record_us\":{:.2},\
          \"host_finish_us\":{:.2},\"host_submit_us\":{:.2},\"host_empty_us\":{:.2},\
@@ -505,6 +534,8 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         num(gpu_med),
         num(gpu_min),
         num(gpu_batched),
+        num(gpu_pipelined),
+        num(empty_pipelined),
         num(empty.map(|e| e.0)),
         num(empty.map(|e| e.2)),
         num(marks_us),

@@ -146,8 +146,14 @@ pub fn tolerance(case: Case, quantity: Quantity) -> f64 {
                         5e-4
                     }
                 }
+                // With l2norm the chunked forward keeps q̂, k̂ in bf16 (as FLA does), so o
+                // carries that rounding besides its own. Measured on lavapipe, 2026-12-02
+                // (T = 4198 varlen and T = 2700, every option, K = V = 32): o 3.31e-3 from the
+                // oracle, 1.65e-3 from the oracle run on the bf16 q̂, k̂ the kernel stores (o's
+                // own rounding: 1.65e-3), and that oracle 2.87e-3 from the exact one; FLA's
+                // class is 3.3e-3. Without l2norm o is one rounding (≤ 1.7e-3).
                 (Arithmetic::F32, BF16) => {
-                    if state {
+                    if state || l2norm_qk {
                         5e-3
                     } else {
                         3e-3

@@ -403,3 +403,49 @@ fn window_accuracy_table() {
         }
     }
 }
+
+/// With the window, the identity fill and the transition scan skip the pairs that take a
+/// warm-up, and nothing reads their transition slots: a workspace whose slots hold the
+/// transitions of an earlier call (every pair exact: heads that never decay) gives bit for
+/// bit the result of a fresh one (whose skipped slots are zero) when the heads decay.
+#[test]
+fn skipped_transitions_are_never_read() {
+    let Some(ctx) = common::gpu() else { return };
+    let p = problem(1, 6 * 64 + 10, 1, 2, 32, 32, None, Options::default());
+    let spec = RandomSpec {
+        seed: 51,
+        initial_state: true,
+        ..RandomSpec::default()
+    };
+    let exact = inputs_with_gates(&p, &spec, DType::F32, &[Some(0.0), Some(0.0)]);
+    let decaying = inputs_with_gates(&p, &spec, DType::F32, &[Some(-20.0), None]);
+    for path in paths_available(ctx, &p, DType::F32) {
+        let mut ws = ForwardWorkspace::with_segments(ctx, &p, DType::F32, path, 2).unwrap();
+        ws.set_segment_window(on());
+        let call = |inputs: &ForwardInputs<HostTensor>| {
+            let up = common::upload_inputs(ctx, inputs);
+            let (o, st, _) = common::run_poisoned(ctx, &p, DType::F32, |encoder, outputs| {
+                forward_into_workspace(ctx, encoder, &p, &up.as_ref(), outputs, &ws, None)
+            });
+            (o, st, ws.segment_paths(ctx).unwrap().unwrap())
+        };
+        let (_, _, first) = call(&exact);
+        assert_eq!(first.windowed, 0, "{path}: {first:?}");
+        let (o, st, paths) = call(&decaying);
+        assert!(paths.windowed > 0, "{path}: {paths:?}");
+        let (fresh_o, fresh_st, fresh) = run(ctx, &p, &decaying, DType::F32, path, 2, on());
+        assert_eq!(paths, fresh, "{path}");
+        let bits = |t: &HostTensor| t.data.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits(&o), bits(&fresh_o), "{path} o");
+        assert_eq!(bits(&st), bits(&fresh_st), "{path} final state");
+        let expected = gdn_wgpu::reference::forward(&p, &decaying.as_ref()).unwrap();
+        let (tol_o, tol_s) =
+            tol_o_state(Case::new(Op::Forward, DType::F32).with_arithmetic(path.arithmetic()));
+        let (eo, es) = (
+            gdn_wgpu::relative_l2(&o.data, &expected.o),
+            gdn_wgpu::relative_l2(&st.data, &expected.final_state),
+        );
+        eprintln!("{path}: o {eo:.2e} state {es:.2e} {paths:?}");
+        assert!(eo <= tol_o && es <= tol_s, "{path}: o {eo:e} state {es:e}");
+    }
+}

@@ -13,7 +13,9 @@
 // its transition was never scanned), and `final_copy` then writes the final state from the
 // final scan's end state of each sequence's last segment (that segment's E is not scanned).
 //
-// `identity` fills every M slot with the identity before the transition scan.
+// `identity` fills the M slots with the identity before the transition scan: every slot, or
+// with the window only those of exact pairs (the scan skips the others, whose transitions
+// nothing reads).
 
 @group(0) @binding(0) var<uniform> params: Params;                        // the problem's
 @group(0) @binding(1) var<storage, read> seq_segments: array<u32>;        // per sequence: first segment, count
@@ -154,5 +156,9 @@ fn identity(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgrou
         return;
     }
     let kd = params.key_dim;
+    // Slot e / K² is (segment, v-head), warmup's index.
+    if (WINDOWED && warmup[e / (kd * kd)] != FALLBACK) {
+        return;
+    }
     trans_init[e] = select(0.0, 1.0, (e / kd) % kd == e % kd);
 }

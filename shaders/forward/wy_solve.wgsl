@@ -1,8 +1,9 @@
 // Family snippet of wy_inverse and wy_inverse_coop: the 64×64 unit-lower-triangular inverse
 // A = (I + L)⁻¹ in f32, in place over L's ten lower 16×16 blocks in `arena` (block (bi, bj)
-// at word blk(bi, bj), row-major). The includer declares `arena` (array<vec4<f32>>, at least
-// SOLVE_SCRATCH + 768 words: vec4 elements, so that row pieces are single 16-byte accesses)
-// and the constants SOLVE_WG (its invocations, ≥ 64) and SOLVE_SCRATCH (a multiple of 4).
+// at word blk(bi, bj), row-major). `arena` (array<vec4<f32>>, at least SOLVE_SCRATCH + 768
+// words: vec4 elements, so that row pieces are single 16-byte accesses) and the constants
+// SOLVE_WG (its invocations, ≥ 64) and SOLVE_SCRATCH (a multiple of 4) are declared by
+// forward/wy_gram.wgsl, the other snippet of the family.
 //
 // Two steps, eight barriers in all:
 //   1. the four diagonal blocks by forward substitution, one column per invocation;

@@ -292,6 +292,10 @@ impl Pass {
             "forward/wy_solve.wgsl",
             include_str!("../../shaders/forward/wy_solve.wgsl"),
         );
+        const WY_GRAM: (&str, &str) = (
+            "forward/wy_gram.wgsl",
+            include_str!("../../shaders/forward/wy_gram.wgsl"),
+        );
         const SCAN_OPERAND_F32: (&str, &str) = (
             "forward/scan_operand_f32.wgsl",
             include_str!("../../shaders/forward/scan_operand_f32.wgsl"),
@@ -329,7 +333,7 @@ impl Pass {
             }
             Pass::StateScan => &[SCAN_OPERAND_F32],
             Pass::StateScanF16 => &[SCAN_OPERAND_F16],
-            Pass::WyInverse | Pass::WyInverseCoop => &[WY_SOLVE],
+            Pass::WyInverse | Pass::WyInverseCoop => &[WY_GRAM, WY_SOLVE],
             _ => &[],
         }
     }

@@ -687,7 +687,14 @@ fn record_window(
                     output: None,
                 },
             )?;
-            segment_combine::fill_identity(ctx, encoder, &st.identity_params, &trans)?;
+            segment_combine::fill_identity(
+                ctx,
+                encoder,
+                &st.identity_params,
+                &trans,
+                &st.warmup,
+                ws.segment_window.is_some(),
+            )?;
             scan(
                 encoder,
                 ScanRun {
