@@ -428,28 +428,40 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         if (lane == 0) warp_s[warp] = sd;
         __syncthreads();
 
-        // dG, its last-token terms, and the reverse cumsum within the chunk (one thread, in order):
+        // dG, its last-token terms, and the reverse cumsum within the chunk, by warp 0 (lane l
+        // holds tokens 2l and 2l + 1; sums by fixed shuffle trees):
         //   dG_i += q_i·dq_S,i + k_i·dk_X,i − k_i·dk_S,i,  dG_last += γ_C·Σ S⊙dS' + Σ_i k_i·dk_S,i;
         // dg = the reverse cumsum of dG (G is a chunk-local cumsum), f32.
-        if (tid == 0 && len > 0) {
-            float total = 0.0f;
-            for (int w = 0; w < GRAD_WARPS; ++w) total += warp_s[w];
-            float last = gam[C - 1] * total;
-            for (int i = 0; i < C; ++i) {
+        static_assert(C == 64 && GRAD_WARPS <= 32, "two tokens per lane, a warp sum per lane");
+        if (warp == 0 && len > 0) {
+            const float total = warp_sum(lane < GRAD_WARPS ? warp_s[lane] : 0.0f);
+            float x[2], ls = 0.0f;
 #pragma unroll
-                for (int c = 0; c < GRAD_COLS; ++c) last += row_s[c * C + i];
-            }
-            float acc = last;
-            for (int i = len - 1; i >= 0; --i) {
-                float x = dg_s[i];
+            for (int r = 0; r < 2; ++r) {
+                const int i = 2 * lane + r;
+                float xi = dg_s[i];
 #pragma unroll
-                for (int c = 0; c < GRAD_COLS; ++c) x += row_g[c * C + i];
-                acc += x;
-                dg_s[i] = acc;
+                for (int c = 0; c < GRAD_COLS; ++c) {
+                    xi += row_g[c * C + i];
+                    ls += row_s[c * C + i];
+                }
+                x[r] = i < len ? xi : 0.0f;
             }
+            const float last = gam[C - 1] * total + warp_sum(ls);
+            // Suffix sums over the lanes of the pairs' sums: the lanes after this one.
+            float suffix = x[0] + x[1];
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const float o = __shfl_down_sync(0xffffffffu, suffix, off);
+                if (lane + off < 32) suffix += o;
+            }
+            float after = __shfl_down_sync(0xffffffffu, suffix, 1);
+            if (lane == 31) after = 0.0f;
+            const float d1 = last + (after + x[1]), d0 = last + ((after + x[1]) + x[0]);
+            const size_t at = (size_t)(start + 2 * lane) * HV + hv;
+            if (2 * lane < len) dg_part[at] = d0;
+            if (2 * lane + 1 < len) dg_part[at + HV] = d1;
         }
-        __syncthreads();
-        if (tid < len) dg_part[(size_t)(start + tid) * HV + hv] = dg_s[tid];
     }  // v-heads of the group
 
     // dq, dk of this q/k head's rows of the chunk: in the storage dtype (dq_out, dk_out: no

@@ -527,6 +527,7 @@ pub(crate) fn gate_sums_len(problem: &Problem) -> usize {
 /// `v_blocks` per token and v-head summed over them and the GVA group, or one per q/k head;
 /// then the l2norm chain rule), and dβ, dg, dA_log, ddt_bias from theirs (`parts` = dq, dk,
 /// dβ, dg partials).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_finish(
     ctx: &Context,
     problem: &Problem,
