@@ -1,5 +1,5 @@
-# Compares emu's dump with float64 BPTT on the same rounded inputs, per v-head (dq, dk before
-# the GVA sum; dg, dβ w.r.t. the activated gates), relative L2.
+# Compares emu's dump with float64 BPTT on the same rounded inputs (dq, dk per q/k head, summed
+# over the GVA group; dg, dβ per v-head w.r.t. the activated gates), relative L2.
 import os, numpy as np, sys
 d = np.fromfile(os.environ.get('EMU_DUMP', 'dump.bin'), dtype=np.uint8)
 hdr = d[:32].view(np.int32); H, HV, K, V, N, TT, flags, hd = [int(x) for x in hdr]
@@ -11,13 +11,13 @@ def take(n, shape):
 q = take(TT*H*K, (TT, H, K)); k = take(TT*H*K, (TT, H, K)); v = take(TT*HV*V, (TT, HV, V))
 g = take(TT*HV, (TT, HV)); b = take(TT*HV, (TT, HV)); h0 = take(N*HV*K*V, (N, HV, K*V))
 dO = take(TT*HV*V, (TT, HV, V)); dht = take(N*HV*K*V, (N, HV, K*V))
-dq = take(TT*HV*K, (TT, HV, K)); dk = take(TT*HV*K, (TT, HV, K)); dv = take(TT*HV*V, (TT, HV, V))
+dq = take(TT*H*K, (TT, H, K)); dk = take(TT*H*K, (TT, H, K)); dv = take(TT*HV*V, (TT, HV, V))
 dg = take(TT*HV, (TT, HV)); db = take(TT*HV, (TT, HV)); dh0 = take(N*HV*K*V, (N, HV, K*V))
 vf = flags & 16; has_h0 = hd & 1; has_dht = hd & 2
 sc = K ** -0.5
 def user(x):  # user layout -> K x V
     return x.reshape(V, K).T if vf else x.reshape(K, V)
-R = {n: np.zeros_like(x) for n, x in [('dq', dq), ('dk', dk), ('dv', dv), ('dg', dg), ('db', db), ('dh0', dh0)]}
+R = {n: np.zeros_like(x) for n, x in [('dq', np.zeros((TT, HV, K))), ('dk', np.zeros((TT, HV, K))), ('dv', dv), ('dg', dg), ('db', db), ('dh0', dh0)]}
 for n in range(N):
     s0, s1 = cu[n], cu[n + 1]
     for hv in range(HV):
@@ -33,6 +33,9 @@ for n in range(N):
             dkt += Sa @ dp; R['dk'][t, hv] = dkt; dS = dS + np.outer(k[t, h], dp)
             R['dg'][t, hv] = a * (dS * S[i]).sum(); dS = a * dS
         R['dh0'][n, hv] = (dS.T if vf else dS).reshape(-1)
+G = HV // H
+for n in ('dq', 'dk'):
+    R[n] = R[n].reshape(TT, H, G, K).sum(2)
 got = {'dq': dq, 'dk': dk, 'dv': dv, 'dg': dg, 'db': db, 'dh0': dh0}
 for name in ['dq', 'dk', 'dv', 'dg', 'db'] + (['dh0'] if has_h0 else []):
     a, r = got[name], R[name]

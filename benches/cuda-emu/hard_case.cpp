@@ -56,7 +56,11 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV) {
     std::vector<float> ws_f(heads * 4 * 64);
     std::vector<T> ws_a(heads * 4096), ws_p(heads * 4096), ws_t(heads * 4096), ws_h(heads * V * K), ws_dh(heads * V * K),
         ws_x(heads * V * 64), ws_vp(heads * V * 64), ws_dvp(heads * V * 64), dv((size_t)TT * HV * V, gdn::from_f32<T>(NAN));
-    std::vector<float> dq((size_t)TT * HV * K, NAN), dk((size_t)TT * HV * K, NAN), dbp(TT * HV, NAN), dgp(TT * HV, NAN), dh0((size_t)N * HV * K * V, NAN);
+    // dq, dk per q/k head: f32 partials with l2norm, else the storage dtype (as on the device).
+    const bool l2 = flags & 1;
+    std::vector<float> dq((size_t)TT * H * K, NAN), dk((size_t)TT * H * K, NAN);
+    std::vector<T> dq16((size_t)TT * H * K, gdn::from_f32<T>(NAN)), dk16((size_t)TT * H * K, gdn::from_f32<T>(NAN));
+    std::vector<float> dbp(TT * HV, NAN), dgp(TT * HV, NAN), dh0((size_t)N * HV * K * V, NAN);
     const float* H0 = has_h0 ? h0.data() : nullptr; const float* DHT = has_dht ? dht.data() : nullptr;
     float* DH0 = has_h0 ? dh0.data() : nullptr;
     if (NC > 0)
@@ -71,17 +75,18 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV) {
     emu::launch(cg, BVV * 2, dh_smem, [&] { bwd_dh<T, BVV>(p, chunks.data(), units.data(), Q.data(), Kt.data(), DO.data(), ws_f.data(), ws_a.data(), ws_p.data(), DHT, dv.data(), DH0, ws_dh.data(), ws_dvp.data()); });
     if (BV == 32) { CHAINS(32) } else if (BV == 64) { CHAINS(64) } else { CHAINS(128) }
     if (NC > 0) {
-        emu::launch({(unsigned)NC, (unsigned)HV, 1}, GRAD_THREADS, GradLayout::BYTES, [&] {
-            bwd_grad<T>(p, chunks.data(), Q.data(), Kt.data(), DO.data(), dv.data(), ws_f.data(), ws_p.data(), ws_t.data(), ws_x.data(), ws_vp.data(), ws_dvp.data(), ws_h.data(), ws_dh.data(), dq.data(), dk.data(), dgp.data(), dbp.data()); });
+        emu::launch({(unsigned)NC, (unsigned)H, 1}, GRAD_THREADS, GradLayout::BYTES, [&] {
+            bwd_grad<T>(p, chunks.data(), Q.data(), Kt.data(), DO.data(), dv.data(), ws_f.data(), ws_p.data(), ws_t.data(), ws_x.data(), ws_vp.data(), ws_dvp.data(), ws_h.data(), ws_dh.data(),
+                        l2 ? dq.data() : nullptr, l2 ? dk.data() : nullptr, l2 ? nullptr : dq16.data(), l2 ? nullptr : dk16.data(), dgp.data(), dbp.data()); });
     }
-    // Finishing (backward.cu qk_finish, gate_finish with one V-block).
-    int G = HV / H;
+    if (!l2) for (size_t i = 0; i < dq.size(); ++i) { dq[i] = gdn::to_f32(dq16[i]); dk[i] = gdn::to_f32(dk16[i]); }
+    // Finishing (backward.cu qk_finish on per-q/k-head partials, gate_finish with one V-block).
     std::vector<float> fdq((size_t)TT * H * K), fdk((size_t)TT * H * K);
     for (int t = 0; t < TT; ++t) for (int h = 0; h < H; ++h) {
         std::vector<float> aq(K), ak(K); float sqq = 0, skk = 0, dqq = 0, dkk = 0;
         size_t row = ((size_t)t * H + h) * K;
         for (int i = 0; i < K; ++i) {
-            for (int hv = h * G; hv < (h + 1) * G; ++hv) { aq[i] += dq[((size_t)t * HV + hv) * K + i]; ak[i] += dk[((size_t)t * HV + hv) * K + i]; }
+            aq[i] = dq[row + i]; ak[i] = dk[row + i];
             float xq = gdn::to_f32(gdn::from_f32<T>(q[row + i])), xk = gdn::to_f32(gdn::from_f32<T>(k[row + i]));
             sqq += xq * xq; skk += xk * xk; dqq += aq[i] * xq; dkk += ak[i] * xk;
         }

@@ -1,5 +1,5 @@
 // Runs the chunked backward's kernels (prep, states, dh, grad) on the host through
-// shim.h and dumps inputs and per-v-head gradients for check.py. Usage: see README.md.
+// shim.h and dumps inputs and gradients (dq, dk per q/k head, f32) for check.py. Usage: see README.md.
 #include "kernels.inc"
 #include <cstdio>
 #include <random>
@@ -41,7 +41,7 @@ int run(int argc, char** argv) {
     std::vector<float> ws_f(heads*4*64);
     std::vector<uint16_t> ws_a(heads*64*64), ws_p(heads*64*64), ws_t(heads*64*64), ws_h(heads*V*K), ws_dh(heads*V*K),
         ws_x(heads*V*64), ws_vp(heads*V*64), ws_dvp(heads*V*64), dv((size_t)TT*HV*V, 0xFFFF);
-    std::vector<float> dq((size_t)TT*HV*K, NAN), dk((size_t)TT*HV*K, NAN), dbeta(TT*HV, NAN), dg(TT*HV, NAN), dh0((size_t)N*HV*K*V, NAN);
+    std::vector<float> dq((size_t)TT*H*K, NAN), dk((size_t)TT*H*K, NAN), dbeta(TT*HV, NAN), dg(TT*HV, NAN), dh0((size_t)N*HV*K*V, NAN);
     const T* Q = (const T*)q.data(); const T* Kp = (const T*)k.data(); const T* Vp = (const T*)v.data(); const T* DO = (const T*)dO.data();
     const float* H0 = has_h0 ? h0.data() : nullptr; const float* DHT = has_dht ? dht.data() : nullptr;
     float* DH0 = has_h0 ? dh0.data() : nullptr;
@@ -80,8 +80,8 @@ int run(int argc, char** argv) {
     emu::launch(cg, BV*2*KS_EMU, dh_smem, dhk);
 #endif
     if (NC > 0) {
-        emu::launch({(unsigned)NC, (unsigned)HV, 1}, GRAD_THREADS, GradLayout::BYTES, [&] {
-            bwd_grad<T>(p, chunks.data(), Q, Kp, DO, (T*)dv.data(), ws_f.data(), (T*)ws_p.data(), (T*)ws_t.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dvp.data(), (T*)ws_h.data(), (T*)ws_dh.data(), dq.data(), dk.data(), dg.data(), dbeta.data()); });
+        emu::launch({(unsigned)NC, (unsigned)H, 1}, GRAD_THREADS, GradLayout::BYTES, [&] {
+            bwd_grad<T>(p, chunks.data(), Q, Kp, DO, (T*)dv.data(), ws_f.data(), (T*)ws_p.data(), (T*)ws_t.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dvp.data(), (T*)ws_h.data(), (T*)ws_dh.data(), dq.data(), dk.data(), nullptr, nullptr, dg.data(), dbeta.data()); });
     }
     FILE* f = fopen(getenv("EMU_DUMP") ? getenv("EMU_DUMP") : "dump.bin", "wb");
     int hdr[8] = {H, HV, K, V, N, TT, flags, (int)(has_h0 | (has_dht << 1))};

@@ -212,6 +212,10 @@ inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::functio
 inline void __syncthreads() { emu::blk->bar->arrive_and_wait(); }
 inline void __syncwarp() { emu::warp_sync(); }
 inline float __shfl_xor_sync(unsigned, float v, int off) { return emu::shfl(v, emu::lane() ^ off); }
+inline float __shfl_down_sync(unsigned, float v, int d) {
+    const int l = emu::lane();
+    return emu::shfl(v, l + d < 32 ? l + d : l);
+}
 inline float __shfl_up_sync(unsigned, float v, int d) {
     const int l = emu::lane();
     float r = emu::shfl(v, l >= d ? l - d : l);

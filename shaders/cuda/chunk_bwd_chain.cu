@@ -452,24 +452,50 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
                 }
             }
 
+            // The terms that do not depend on dS' are issued around the products that do, so
+            // that they fill those products' latency (and the pair's barrier): dOᵀ·P (of dv')
+            // first, then (after dS'ᵀ·Kᵀ) γ_C·dS'ᵀ + scale·dOᵀ·diag(γ)·Q (of dS).
+            unsigned fo[C / 16][4];  // dOᵀ (16 columns × C tokens)
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) ldsm4_t(fo[kb], base + lane_dot + 2 * (16 * kb * L::LDV));
+            float pacc[C / 8][4];
+            zero_acc(pacc);
+            times_lower<T>(pacc, fo, base + lane_p);
+            unsigned a1[C / 16][4];  // scale·dOᵀ·diag(γ)
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+                const int i0 = 16 * kb + 2 * t, i1 = i0 + 8;
+                const float s00 = p.scale * gam[i0], s01 = p.scale * gam[i0 + 1];
+                const float s10 = p.scale * gam[i1], s11 = p.scale * gam[i1 + 1];
+#pragma unroll
+                for (int r = 0; r < 4; ++r) {
+                    const float2 x = unpack2<T>(fo[kb][r]);
+                    const float f0 = r < 2 ? s00 : s10, f1 = r < 2 ? s01 : s11;
+                    a1[kb][r] = pack2<T>(x.x * f0, x.y * f1);
+                }
+            }
+
             // dv'ᵀ = dS'ᵀ·Kᵀ·diag(γ_C/γ) + dOᵀ·P (a pair sums its halves of dS'ᵀ·Kᵀ first; both
             // warps then go on with the whole dv').
             float dvacc[C / 8][4];
             zero_acc(dvacc);
             state_times<T, NB>(dvacc, dsacc, base + lane_kt, kr);
+            const float gamma_c = gam[C - 1];
+#pragma unroll
+            for (int j = 0; j < 2 * NB; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) dsacc[j][e] *= gamma_c;
+            }
+            add_tokens_times<T, NB>(dsacc, a1, base + lane_q, kr);
             if (KS == 2) pair_sum(dvacc, partials, half, pair_bar);
 #pragma unroll
             for (int j = 0; j < C / 8; ++j) {
                 const int i = 8 * j + 2 * t;
-                dvacc[j][0] *= dec[i];
-                dvacc[j][1] *= dec[i + 1];
-                dvacc[j][2] *= dec[i];
-                dvacc[j][3] *= dec[i + 1];
+                dvacc[j][0] = fmaf(dvacc[j][0], dec[i], pacc[j][0]);
+                dvacc[j][1] = fmaf(dvacc[j][1], dec[i + 1], pacc[j][1]);
+                dvacc[j][2] = fmaf(dvacc[j][2], dec[i], pacc[j][2]);
+                dvacc[j][3] = fmaf(dvacc[j][3], dec[i + 1], pacc[j][3]);
             }
-            unsigned fo[C / 16][4];  // dOᵀ (16 columns × C tokens)
-#pragma unroll
-            for (int kb = 0; kb < C / 16; ++kb) ldsm4_t(fo[kb], base + lane_dot + 2 * (16 * kb * L::LDV));
-            times_lower<T>(dvacc, fo, base + lane_p);
             if (half == 0) store_transposed<T>(ws_dvp + (ch * V + c0) * C, C, dvacc);
 
             // dXᵀ = dv'ᵀ·(T·diag(β)) (= dv), stored through the warp's staging tile.
@@ -501,29 +527,9 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
                 __syncwarp();
             }
 
-            // dSᵀ ← γ_C·dS'ᵀ + (scale·dOᵀ·diag(γ))·Q − (dXᵀ·diag(γ))·K.
-            unsigned a1[C / 16][4];
-#pragma unroll
-            for (int kb = 0; kb < C / 16; ++kb) {
-                const int i0 = 16 * kb + 2 * t, i1 = i0 + 8;
-                const float s00 = p.scale * gam[i0], s01 = p.scale * gam[i0 + 1];
-                const float s10 = p.scale * gam[i1], s11 = p.scale * gam[i1 + 1];
-#pragma unroll
-                for (int r = 0; r < 4; ++r) {
-                    const float2 x = unpack2<T>(fo[kb][r]);
-                    const float f0 = r < 2 ? s00 : s10, f1 = r < 2 ? s01 : s11;
-                    a1[kb][r] = pack2<T>(x.x * f0, x.y * f1);
-                }
-            }
+            // dSᵀ ← γ_C·dS'ᵀ + (scale·dOᵀ·diag(γ))·Q (above) − (dXᵀ·diag(γ))·K.
             unsigned a2[C / 16][4];
             pack_tokens<T>(a2, dxacc, gam, -1.0f);
-            const float gamma_c = gam[C - 1];
-#pragma unroll
-            for (int j = 0; j < 2 * NB; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dsacc[j][e] *= gamma_c;
-            }
-            add_tokens_times<T, NB>(dsacc, a1, base + lane_q, kr);
             add_tokens_times<T, NB>(dsacc, a2, base + lane_k, kr);
         }
         info1 = info2;

@@ -493,11 +493,23 @@ fn record_exact(
         ctx,
         p,
         v_blocks,
+        QkPartials::PerVHead,
         inputs,
         [&ws.dq_part, &ws.dk_part, &ws.dbeta_part, &ws.dg_part],
         &ws.gate_sums,
         grads,
     )
+}
+
+/// What the dq, dk partials handed to [`launch_finish`] hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QkPartials {
+    /// Per V-block, token and v-head: summed over the V-blocks and the GVA group.
+    PerVHead,
+    /// One per token and q/k head, already summed (only the l2norm chain rule is left).
+    PerQkHead,
+    /// None: dq, dk are written already (no qk finish).
+    Written,
 }
 
 /// Rows (warps) per block of `gdn_bwd_qk_finish_*` (`QK_ROWS` in backward.cu).
@@ -511,13 +523,16 @@ pub(crate) fn gate_sums_len(problem: &Problem) -> usize {
     2 * problem.total_tokens().div_ceil(GATE_FINISH_TOKENS) * problem.heads_v
 }
 
-/// The finishing kernels of either path: dq, dk from their f32 partials (`v_blocks` per
-/// token and v-head: summed over them and the GVA group, then the l2norm chain rule), and
-/// dβ, dg, dA_log, ddt_bias from theirs (`parts` = dq, dk, dβ, dg partials).
+/// The finishing kernels of either path: dq, dk from their f32 partials (as `qk` says:
+/// `v_blocks` per token and v-head summed over them and the GVA group, or one per q/k head;
+/// then the l2norm chain rule), and dβ, dg, dA_log, ddt_bias from theirs (`parts` = dq, dk,
+/// dβ, dg partials).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_finish(
     ctx: &Context,
     problem: &Problem,
     v_blocks: usize,
+    qk: QkPartials,
     inputs: &ForwardInputs<&CudaTensor>,
     parts: [&CudaSlice<f32>; 4],
     gate_sums: &CudaSlice<f32>,
@@ -532,12 +547,21 @@ pub(crate) fn launch_finish(
     let tokens = p.total_tokens();
 
     // dq, dk: V-block and GVA sums, l2norm chain rule (no tokens: nothing to write, and a grid
-    // of zero blocks is refused).
+    // of zero blocks is refused). Partials per q/k head read as a problem without GVA.
+    let qk_params = match qk {
+        QkPartials::PerVHead => params,
+        QkPartials::PerQkHead | QkPartials::Written => BackwardParams {
+            heads_v: params.heads_qk,
+            group: 1,
+            v_blocks: 1,
+            ..params
+        },
+    };
     let name = format!("gdn_bwd_qk_finish_{suffix}");
     let func = ctx.function(&BACKWARD, &name)?;
     let mut launch = stream.launch_builder(&func);
     launch
-        .arg(&params)
+        .arg(&qk_params)
         .arg(inputs.q.buffer())
         .arg(inputs.k.buffer())
         .arg(dq_part)
@@ -549,9 +573,9 @@ pub(crate) fn launch_finish(
         block_dim: (32 * QK_FINISH_ROWS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    if tokens > 0 {
+    if tokens > 0 && qk != QkPartials::Written {
         // SAFETY: gdn_bwd_qk_finish_* in backward.cu; the partials hold v_blocks·B·T·HV·K
-        // floats, q, k, dq, dk were checked against the problem.
+        // floats (PerQkHead: B·T·H·K), q, k, dq, dk were checked against the problem.
         unsafe { launch.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     }
 

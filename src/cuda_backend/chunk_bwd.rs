@@ -7,23 +7,24 @@
 //! 3. the states pass and 4. the dh pass per (V-block, v-head, sequence), sequential over the
 //!    chunks (`chunk_bwd_chain.cu`): each chunk's start state S, X, v' and end-state gradient
 //!    dS', dv'; dv and dh0.
-//! 5. the gradient pass per (chunk, v-head) (`chunk_bwd_grad.cu`): the terms inside the chunk,
-//!    then those through its start state and end-state gradient, in one block; dq, dk per
-//!    v-head in f32, dβ, dg.
-//! 6. backward.cu's finishing kernels: GVA sums and the l2norm chain rule for dq, dk; the
-//!    sigmoid and gate-activation chain rules, dA_log and ddt_bias.
+//! 5. the gradient pass per (chunk, q/k head) (`chunk_bwd_grad.cu`): the terms inside the
+//!    chunk, then those through its start state and end-state gradient, in one block, for
+//!    each v-head of the GVA group; dq, dk summed over the group (the gradients themselves,
+//!    or f32 with `l2norm_qk`), dβ, dg per v-head.
+//! 6. backward.cu's finishing kernels: the l2norm chain rule for dq, dk (with `l2norm_qk`);
+//!    the sigmoid and gate-activation chain rules, dA_log and ddt_bias.
 //!
 //! Deterministic: no atomics, every sum in a fixed order.
 
 use cudarc::driver::CudaSlice;
 
-use super::backward::{alloc_f32, dtype_suffix, gate_sums_len, launch_finish};
+use super::backward::{QkPartials, alloc_f32, dtype_suffix, gate_sums_len, launch_finish};
 pub use super::chunk_bwd_chain::ChainSchedule;
 use super::chunk_bwd_chain::{
     ChainBuffers, ChainInputs, chain_plan, chain_smem, launch_dh, launch_states, launch_together,
 };
 use super::chunk_bwd_grad::{
-    GradParts, MAX_CHUNKED_BWD_VALUE_DIM, grad_smem, launch_grad, launch_prep,
+    GradParts, MAX_CHUNKED_BWD_VALUE_DIM, QkOut, grad_smem, launch_grad, launch_prep,
 };
 use super::chunked::{ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM, launch_l2norm, prep_smem};
 use super::context::{Context, driver_error};
@@ -140,7 +141,8 @@ pub(crate) struct ChunkedScratch {
     x: CudaSlice<u8>,
     v_new: CudaSlice<u8>,
     dv_new: CudaSlice<u8>,
-    /// Per (token, v-head), f32: dq, dk (K each), dβ, dg.
+    /// f32 dq, dk per (token, q/k head) (K each; with `l2norm_qk` only, else one unused
+    /// float), dβ, dg per (token, v-head).
     dq_part: CudaSlice<f32>,
     dk_part: CudaSlice<f32>,
     dbeta_part: CudaSlice<f32>,
@@ -152,7 +154,8 @@ pub(crate) struct ChunkedScratch {
 impl ChunkedScratch {
     /// Upload the tables and allocate the workspace (enqueued on the context's stream). Its
     /// size per (chunk, v-head) is `16·C + s·(3·C² + 2·V·K + 3·V·C)` bytes (s: the dtype's
-    /// size), plus `4·B·T·HV·(2K + 2)` for the f32 per-v-head gradients and
+    /// size), plus `4·B·T·(2·H·K + 2·HV)` for the f32 gradients (`2·H·K` with `l2norm_qk`
+    /// only) and
     /// `8·HV·⌈B·T/256⌉` for the finishing kernels' gate sums.
     pub(crate) fn new(
         ctx: &Context,
@@ -204,6 +207,11 @@ impl ChunkedScratch {
             None
         };
         let per_token = p.total_tokens() * hv;
+        let qk_parts = if p.options.l2norm_qk {
+            p.total_tokens() * p.heads_qk * k
+        } else {
+            0
+        };
         Ok(ChunkedScratch {
             dtype,
             num_chunks,
@@ -222,8 +230,8 @@ impl ChunkedScratch {
             x: alloc(ctx, "X workspace", heads * v * c * s)?,
             v_new: alloc(ctx, "v' workspace", heads * v * c * s)?,
             dv_new: alloc(ctx, "dv' workspace", heads * v * c * s)?,
-            dq_part: alloc_f32(ctx, "dq per v-head", per_token * k)?,
-            dk_part: alloc_f32(ctx, "dk per v-head", per_token * k)?,
+            dq_part: alloc_f32(ctx, "dq before the l2norm", qk_parts)?,
+            dk_part: alloc_f32(ctx, "dk before the l2norm", qk_parts)?,
             dbeta_part: alloc_f32(ctx, "dbeta per v-head", per_token)?,
             dg_part: alloc_f32(ctx, "dg per v-head", per_token)?,
             gate_sums: alloc_f32(ctx, "gate sums", gate_sums_len(p))?,
@@ -307,9 +315,19 @@ impl ChunkedScratch {
             v_new: &self.v_new,
             dv_new: &self.dv_new,
         };
+        let l2norm = p.options.l2norm_qk;
         let parts = GradParts {
-            dq: &self.dq_part,
-            dk: &self.dk_part,
+            qk: if l2norm {
+                QkOut::Partials {
+                    dq: &self.dq_part,
+                    dk: &self.dk_part,
+                }
+            } else {
+                QkOut::Final {
+                    dq: grads.dq.buffer(),
+                    dk: grads.dk.buffer(),
+                }
+            },
             dbeta: &self.dbeta_part,
             dg: &self.dg_part,
         };
@@ -403,6 +421,11 @@ impl ChunkedScratch {
             ctx,
             p,
             1,
+            if l2norm {
+                QkPartials::PerQkHead
+            } else {
+                QkPartials::Written
+            },
             inputs,
             [
                 &self.dq_part,

@@ -1,7 +1,7 @@
-//! The chunked backward's parallel passes (`shaders/cuda/chunk_bwd_grad.cu`), one block per
-//! (chunk, v-head): the prep (the forward's, with T, G and β kept), and the
-//! gradients inside each chunk together with those through its start state and end-state
-//! gradient.
+//! The chunked backward's parallel passes (`shaders/cuda/chunk_bwd_grad.cu`): the prep (the
+//! forward's, with T, G and β kept; a block per (chunk, v-head)), and the gradients inside
+//! each chunk together with those through its start state and end-state gradient (a block
+//! per (chunk, q/k head), over the v-heads of its GVA group).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
@@ -38,16 +38,28 @@ pub(crate) fn grad_smem() -> usize {
         + 4 * ((6 + 2 * GRAD_COLS) * c + 4 * GRAD_COLS)
 }
 
-fn grid(problem: &Problem, num_chunks: usize) -> (u32, u32, u32) {
-    (num_chunks as u32, problem.heads_v as u32, 1)
+fn grid(num_chunks: usize, heads: usize) -> (u32, u32, u32) {
+    (num_chunks as u32, heads as u32, 1)
 }
 
-/// The f32 per-v-head gradients the passes write (dq, dk `[B·T, HV, K]`, dβ and dg `[B·T,
-/// HV]`), summed over GVA groups and taken through the activations by backward.cu's
-/// finishing kernels.
+/// Where the gradient pass writes dq and dk (`[B·T, H, K]`, summed over each GVA group).
+pub(crate) enum QkOut<'a> {
+    /// In the storage dtype: the gradients themselves (no l2norm chain rule follows).
+    Final {
+        dq: &'a CudaSlice<u8>,
+        dk: &'a CudaSlice<u8>,
+    },
+    /// In f32, for backward.cu's l2norm chain rule.
+    Partials {
+        dq: &'a CudaSlice<f32>,
+        dk: &'a CudaSlice<f32>,
+    },
+}
+
+/// What the gradient pass writes: dq, dk, and the f32 per-v-head dβ and dg (`[B·T, HV]`),
+/// taken through the activations by backward.cu's finishing kernels.
 pub(crate) struct GradParts<'a> {
-    pub dq: &'a CudaSlice<f32>,
-    pub dk: &'a CudaSlice<f32>,
+    pub qk: QkOut<'a>,
     pub dbeta: &'a CudaSlice<f32>,
     pub dg: &'a CudaSlice<f32>,
 }
@@ -84,7 +96,7 @@ pub(crate) fn launch_prep(
     }
     l.arg(ws.gates).arg(ws.t_beta).arg(ws.p).arg(t);
     let cfg = LaunchConfig {
-        grid_dim: grid(problem, num_chunks),
+        grid_dim: grid(num_chunks, problem.heads_v),
         block_dim: (PREP_THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
@@ -115,6 +127,7 @@ pub(crate) fn launch_grad(
     let name = format!("gdn_chunk_bwd_grad_{suffix}");
     let smem = grad_smem();
     let func = ctx.function_with_smem(&CHUNK_BWD_GRAD, &name, smem)?;
+    let null: u64 = 0;
     let mut l = ctx.stream().launch_builder(&func);
     l.arg(params)
         .arg(ws.chunks)
@@ -129,18 +142,20 @@ pub(crate) fn launch_grad(
         .arg(ws.v_new)
         .arg(ws.dv_new)
         .arg(ws.states)
-        .arg(ws.state_grads)
-        .arg(parts.dq)
-        .arg(parts.dk)
-        .arg(parts.dg)
-        .arg(parts.dbeta);
+        .arg(ws.state_grads);
+    match &parts.qk {
+        QkOut::Final { dq, dk } => l.arg(&null).arg(&null).arg(*dq).arg(*dk),
+        QkOut::Partials { dq, dk } => l.arg(*dq).arg(*dk).arg(&null).arg(&null),
+    };
+    l.arg(parts.dg).arg(parts.dbeta);
     let cfg = LaunchConfig {
-        grid_dim: grid(problem, num_chunks),
+        grid_dim: grid(num_chunks, problem.heads_qk),
         block_dim: (GRAD_THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: matches gdn_chunk_bwd_grad_* in chunk_bwd_grad.cu; the workspace and the parts
-    // were sized for this problem's chunks and tokens.
+    // SAFETY: matches gdn_chunk_bwd_grad_* in chunk_bwd_grad.cu (exactly one of the f32 and
+    // the storage-dtype dq, dk pointers is null); the workspace and the parts were sized for
+    // this problem's chunks and tokens, dq, dk checked against the problem.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
 }
