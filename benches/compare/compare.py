@@ -164,7 +164,10 @@ def cmd_fla(args):
     versions = dict(torch=torch.__version__, triton=triton.__version__, fla=getattr(fla, "__version__", "?"),
                     device=torch.cuda.get_device_name(), cuda=torch.version.cuda)
     print("FLA side:", versions, flush=True)
-    dtypes = [("bf16", torch.bfloat16), ("fp32", torch.float32)]
+    # FLA_DTYPES (e.g. "bf16") narrows the timed dtypes: each one's first calls autotune for
+    # minutes on an empty Triton cache.
+    wanted = os.environ.get("FLA_DTYPES", "bf16,fp32").split(",")
+    dtypes = [d for d in [("bf16", torch.bfloat16), ("fp32", torch.float32)] if d[0] in wanted]
     rows, seen = [], set()
     t_start = time.time()
     for rec in ours["records"]:
