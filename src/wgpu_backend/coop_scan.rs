@@ -11,6 +11,19 @@ use crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES;
 use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
 use crate::wgpu_backend::{Context, GpuTensor};
 
+/// The coop kernels' K = 128 (the last dimension of `keyed`); `what` names the caller in the
+/// error ("the coop wy_grad").
+pub(crate) fn check_coop_key_dim(what: &str, keyed: &GpuTensor) -> Result<()> {
+    let key_dim = keyed.shape[keyed.shape.len() - 1];
+    if key_dim != COOP_KEY_DIM {
+        return Err(Error::unsupported(
+            "compute path",
+            format!("{what} at K = {key_dim} (needs K = {COOP_KEY_DIM})"),
+        ));
+    }
+    Ok(())
+}
+
 /// The coop passes' shapes: K = 128 (the last dimension of `keyed`), V a multiple of the
 /// V-block, and the f16 operands in f16. `what` names the caller in the error ("the coop
 /// scan", "the coop backward").

@@ -2,7 +2,7 @@
 //! of each chunk after its reverse chunk-local cumsum.
 
 use crate::error::Result;
-use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
+use crate::wgpu_backend::launch::{Bind, Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -22,6 +22,21 @@ pub struct QkGradBuffers<'a> {
     pub dg_dbeta: &'a GpuTensor,
 }
 
+impl QkGradBuffers<'_> {
+    /// The pass's bindings in order, shared by the scalar and the coop kernel.
+    pub(crate) fn ordered<'s>(&'s self, params: &'s wgpu::Buffer) -> [&'s dyn Bind; 7] {
+        [
+            params,
+            self.q,
+            self.k,
+            self.mats,
+            self.chunks,
+            self.dqk_parts,
+            self.dg_dbeta,
+        ]
+    }
+}
+
 /// Record the pass over `num_chunks` chunks × `heads_v` v-heads.
 pub fn qk_grad(
     ctx: &Context,
@@ -38,15 +53,7 @@ pub fn qk_grad(
         source: source(Pass::QkGrad, k.dtype)?,
         entry: "qk_grad",
         constants: &[("K_DIM", key_dim as f64)],
-        bindings: Bindings::Ordered(&[
-            params,
-            bufs.q,
-            k,
-            bufs.mats,
-            bufs.chunks,
-            bufs.dqk_parts,
-            bufs.dg_dbeta,
-        ]),
+        bindings: Bindings::Ordered(&bufs.ordered(params)),
         grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }
     .record(ctx, encoder)

@@ -1,12 +1,12 @@
 //! Launcher of `shaders/backward/qk_grad_coop.wgsl`: `qk_grad`'s dq, dk products on f16
 //! cooperative matrices (f32 accumulators), its gate gradient in f32 as before.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::wgpu_backend::Context;
 use crate::wgpu_backend::backward::QkGradBuffers;
+use crate::wgpu_backend::coop_scan::check_coop_key_dim;
 use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
-use crate::wgpu_backend::tuning::COOP_KEY_DIM;
 
 /// Record the coop pass over `num_chunks` chunks × `heads_v` v-heads (K = 128); the
 /// tensors are `qk_grad`'s.
@@ -19,27 +19,13 @@ pub fn qk_grad_coop(
     heads_v: usize,
 ) -> Result<()> {
     let k = bufs.k;
-    let key_dim = k.shape[k.shape.len() - 1];
-    if key_dim != COOP_KEY_DIM {
-        return Err(Error::unsupported(
-            "compute path",
-            format!("the coop qk_grad at K = {key_dim} (needs K = {COOP_KEY_DIM})"),
-        ));
-    }
+    check_coop_key_dim("the coop qk_grad", k)?;
     Launch {
         name: "qk_grad_coop",
         source: source(Pass::QkGradCoop, k.dtype)?,
         entry: "qk_grad_coop",
         constants: &[],
-        bindings: Bindings::Ordered(&[
-            params,
-            bufs.q,
-            k,
-            bufs.mats,
-            bufs.chunks,
-            bufs.dqk_parts,
-            bufs.dg_dbeta,
-        ]),
+        bindings: Bindings::Ordered(&bufs.ordered(params)),
         grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }
     .record(ctx, encoder)

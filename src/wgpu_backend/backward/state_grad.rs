@@ -2,7 +2,7 @@
 //! the chunk-start state and the chunk-end state gradient.
 
 use crate::error::Result;
-use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
+use crate::wgpu_backend::launch::{Bind, Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -26,6 +26,23 @@ pub struct StateGradBuffers<'a> {
     pub dqk_parts: &'a GpuTensor,
 }
 
+impl StateGradBuffers<'_> {
+    /// The pass's bindings in order, shared by the scalar and the coop kernel.
+    pub(crate) fn ordered<'s>(&'s self, params: &'s wgpu::Buffer) -> [&'s dyn Bind; 9] {
+        [
+            params,
+            self.d_o,
+            self.w_vnew,
+            self.dvnew_dv,
+            self.states,
+            self.dstates,
+            self.gate_beta,
+            self.chunks,
+            self.dqk_parts,
+        ]
+    }
+}
+
 /// Record the pass over `num_chunks` chunks × `heads_v` v-heads.
 pub fn state_grad(
     ctx: &Context,
@@ -41,17 +58,7 @@ pub fn state_grad(
         source: source(Pass::StateGrad, bufs.d_o.dtype)?,
         entry: "state_grad",
         constants: &[("K_DIM", key_dim as f64)],
-        bindings: Bindings::Ordered(&[
-            params,
-            bufs.d_o,
-            bufs.w_vnew,
-            bufs.dvnew_dv,
-            bufs.states,
-            bufs.dstates,
-            bufs.gate_beta,
-            bufs.chunks,
-            bufs.dqk_parts,
-        ]),
+        bindings: Bindings::Ordered(&bufs.ordered(params)),
         grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }
     .record(ctx, encoder)

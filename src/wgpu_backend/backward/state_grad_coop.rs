@@ -33,17 +33,7 @@ pub fn state_grad_coop(
         source: source(Pass::StateGradCoop, bufs.d_o.dtype)?,
         entry: "state_grad_coop",
         constants: &[],
-        bindings: Bindings::Ordered(&[
-            params,
-            bufs.d_o,
-            bufs.w_vnew,
-            bufs.dvnew_dv,
-            bufs.states,
-            bufs.dstates,
-            bufs.gate_beta,
-            bufs.chunks,
-            bufs.dqk_parts,
-        ]),
+        bindings: Bindings::Ordered(&bufs.ordered(params)),
         grid: Grid([
             (num_chunks, "chunks"),
             (heads_v, "v-heads"),

@@ -2,7 +2,7 @@
 //! dAb = Γ⊙(dV' Wᵀ) per chunk and v-head.
 
 use crate::error::Result;
-use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
+use crate::wgpu_backend::launch::{Bind, Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -22,6 +22,21 @@ pub struct ValueGramsBuffers<'a> {
     pub mats: &'a GpuTensor,
 }
 
+impl ValueGramsBuffers<'_> {
+    /// The pass's bindings in order, shared by the scalar and the coop kernel.
+    pub(crate) fn ordered<'s>(&'s self, params: &'s wgpu::Buffer) -> [&'s dyn Bind; 7] {
+        [
+            params,
+            self.d_o,
+            self.w_vnew,
+            self.dvnew_dv,
+            self.gate_beta,
+            self.chunks,
+            self.mats,
+        ]
+    }
+}
+
 /// Record the pass over `num_chunks` chunks × `heads_v` v-heads.
 pub fn value_grams(
     ctx: &Context,
@@ -36,15 +51,7 @@ pub fn value_grams(
         source: source(Pass::ValueGrams, bufs.d_o.dtype)?,
         entry: "value_grams",
         constants: &[],
-        bindings: Bindings::Ordered(&[
-            params,
-            bufs.d_o,
-            bufs.w_vnew,
-            bufs.dvnew_dv,
-            bufs.gate_beta,
-            bufs.chunks,
-            bufs.mats,
-        ]),
+        bindings: Bindings::Ordered(&bufs.ordered(params)),
         grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }
     .record(ctx, encoder)

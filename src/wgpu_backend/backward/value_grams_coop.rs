@@ -32,15 +32,7 @@ pub fn value_grams_coop(
         source: source(Pass::ValueGramsCoop, bufs.d_o.dtype)?,
         entry: "value_grams_coop",
         constants: &[],
-        bindings: Bindings::Ordered(&[
-            params,
-            bufs.d_o,
-            bufs.w_vnew,
-            bufs.dvnew_dv,
-            bufs.gate_beta,
-            bufs.chunks,
-            bufs.mats,
-        ]),
+        bindings: Bindings::Ordered(&bufs.ordered(params)),
         grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }
     .record(ctx, encoder)

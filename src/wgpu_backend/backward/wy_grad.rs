@@ -2,7 +2,7 @@
 //! WY inverse — dβ, the Γ-mask part of dG, and dAt for dk.
 
 use crate::error::Result;
-use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
+use crate::wgpu_backend::launch::{Bind, Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
 
@@ -24,6 +24,22 @@ pub struct WyGradBuffers<'a> {
     pub dg_dbeta: &'a GpuTensor,
 }
 
+impl WyGradBuffers<'_> {
+    /// The pass's bindings in order, shared by the scalar and the coop kernel.
+    pub(crate) fn ordered<'s>(&'s self, params: &'s wgpu::Buffer) -> [&'s dyn Bind; 8] {
+        [
+            params,
+            self.q,
+            self.k,
+            self.a,
+            self.gate_beta,
+            self.chunks,
+            self.mats,
+            self.dg_dbeta,
+        ]
+    }
+}
+
 /// Record the pass over `num_chunks` chunks × `heads_v` v-heads.
 pub fn wy_grad(
     ctx: &Context,
@@ -40,16 +56,7 @@ pub fn wy_grad(
         source: source(Pass::WyGrad, k.dtype)?,
         entry: "wy_grad",
         constants: &[("K_DIM", key_dim as f64)],
-        bindings: Bindings::Ordered(&[
-            params,
-            bufs.q,
-            k,
-            bufs.a,
-            bufs.gate_beta,
-            bufs.chunks,
-            bufs.mats,
-            bufs.dg_dbeta,
-        ]),
+        bindings: Bindings::Ordered(&bufs.ordered(params)),
         grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }
     .record(ctx, encoder)

@@ -4,9 +4,9 @@
 
 use crate::error::{Error, Result};
 use crate::tensor::DType;
+use crate::wgpu_backend::coop_scan::check_coop_key_dim;
 use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
-use crate::wgpu_backend::tuning::COOP_KEY_DIM;
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the pass reads and writes.
@@ -40,13 +40,7 @@ pub fn wy_inverse_coop(
     num_chunks: usize,
     heads_v: usize,
 ) -> Result<()> {
-    let key_dim = bufs.k.shape[bufs.k.shape.len() - 1];
-    if key_dim != COOP_KEY_DIM {
-        return Err(Error::unsupported(
-            "compute path",
-            format!("the coop WY inverse at K = {key_dim} (needs K = {COOP_KEY_DIM})"),
-        ));
-    }
+    check_coop_key_dim("the coop WY inverse", bufs.k)?;
     for (name, t) in [
         ("gated16", bufs.gated16),
         ("k16", bufs.k16),
