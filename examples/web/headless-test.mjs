@@ -6,15 +6,12 @@
 // `runs=N` in the query times N forward calls (upload, run, readback each) and prints the first
 // (pipeline creation) and the warm ones, e.g. the issue-13 shape:
 //     node headless-test.mjs 'T=2048&H=2&HV=4&K=128&V=128&steps=0&runs=6&l2norm=0' 
-import { chromium } from "playwright-core";
+import { chromiumPath, launchChromium, takeOption } from "./harness.mjs";
 import { serve } from "./serve.mjs";
 
 const args = process.argv.slice(2);
-const opt = (name, fallback) => {
-  const i = args.indexOf(name);
-  return i >= 0 ? args.splice(i, 2)[1] : fallback;
-};
-const executablePath = opt("--chromium", process.env.CHROMIUM ?? "/usr/bin/chromium");
+const opt = (name, fallback) => takeOption(args, name, fallback);
+const executablePath = chromiumPath(args);
 const timeoutMs = 1000 * Number(opt("--timeout-s", 300));
 // The fixed problem: GVA (HV = 2H), K != V, a partial last chunk (200 = 3·64 + 8), in-kernel
 // l2norm, decode steps (the recurrent kernel) continuing from the forward's state, WebGPU's
@@ -30,22 +27,12 @@ const t0 = Date.now();
 const log = (msg) => console.log(`headless-test [${((Date.now() - t0) / 1000).toFixed(1)}s] ${msg}`);
 
 const server = await serve(0);
+const browser = await launchChromium(executablePath);
 const urlFor = (algorithm) => {
   query.set("algorithm", algorithm);
   return `http://127.0.0.1:${server.address().port}/?${query}`;
 };
 const url = urlFor(algorithms[0]);
-// Flags: headless without a GPU, no network chatter on a closed network, and WebGPU (which
-// then comes from SwiftShader). playwright adds --headless, --no-sandbox and a fresh profile dir.
-const browser = await chromium.launch({
-  executablePath,
-  headless: true,
-  args: [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--enable-unsafe-webgpu",
-  ],
-});
 // Open the page at `url`, wait for its result, print the report; 0 when it passed.
 async function runPage(url) {
   const page = await browser.newPage();

@@ -11,17 +11,14 @@
 // (a path) takes an assembled file as it is, e.g. a diagnostic copy. Inputs are random, one
 // sequence from h0, l2norm on; prints per variant the creation time, the dispatch times
 // (median, min, all) and Σ o / Σ |o| of the last dispatch (equal sums: the same results).
-import { chromium } from "playwright-core";
+import { chromiumPath, launchChromium, takeOption } from "./harness.mjs";
 import { readFileSync } from "node:fs";
 import { loadavg } from "node:os";
 import { serve } from "./serve.mjs";
 
 const args = process.argv.slice(2);
-const opt = (name, fallback) => {
-  const i = args.indexOf(name);
-  return i >= 0 ? args.splice(i, 2)[1] : fallback;
-};
-const executablePath = opt("--chromium", process.env.CHROMIUM ?? "/usr/bin/chromium");
+const opt = (name, fallback) => takeOption(args, name, fallback);
+const executablePath = chromiumPath(args);
 const reps = Number(opt("--reps", 8));
 const shaders = new URL("../../shaders/", import.meta.url);
 const read = (p) => readFileSync(new URL(p, shaders), "utf8");
@@ -34,13 +31,7 @@ for (const v of variants) {
 }
 
 const server = await serve(0);
-const browser = await chromium.launch({
-  executablePath,
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--enable-unsafe-webgpu"],
-});
+const browser = await launchChromium(executablePath);
 const page = await browser.newPage();
 await page.goto(`http://127.0.0.1:${server.address().port}/`).catch(() => {});
 const result = await page.evaluate(async ({ variants, reps }) => {

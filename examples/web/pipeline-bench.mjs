@@ -6,7 +6,7 @@
 // variants.json: [{"name": "...", "wgsl": "path", "entry": "main", "constants": {"WG": 32}}]
 // Every compile gets a unique `const PIPELINE_NONCE` appended and used, so no cache (Dawn's,
 // the driver's) can answer it.
-import { chromium } from "playwright-core";
+import { chromiumPath, launchChromium, takeOption } from "./harness.mjs";
 import { readFileSync, readdirSync } from "node:fs";
 import { loadavg } from "node:os";
 import { serve } from "./serve.mjs";
@@ -34,24 +34,15 @@ function treeCpuSeconds(root) {
 }
 
 const args = process.argv.slice(2);
-const opt = (name, fallback) => {
-  const i = args.indexOf(name);
-  return i >= 0 ? args.splice(i, 2)[1] : fallback;
-};
-const executablePath = opt("--chromium", process.env.CHROMIUM ?? "/usr/bin/chromium");
+const opt = (name, fallback) => takeOption(args, name, fallback);
+const executablePath = chromiumPath(args);
 const rounds = Number(opt("--rounds", 3));
 const nonce = opt("--nonce", "1") === "1";
 const variants = JSON.parse(readFileSync(args[0], "utf8"));
 for (const v of variants) v.code = readFileSync(v.wgsl, "utf8");
 
 const server = await serve(0);
-const browser = await chromium.launch({
-  executablePath,
-  headless: true,
-  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--enable-unsafe-webgpu"],
-});
+const browser = await launchChromium(executablePath);
 const url = `http://127.0.0.1:${server.address().port}/`;
 
 async function compile(v, tag) {

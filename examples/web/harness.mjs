@@ -1,0 +1,30 @@
+// What the headless scripts (headless-test, pipeline-bench, kernel-ab) share: their option
+// parsing and the Chromium they launch.
+import { chromium } from "playwright-core";
+
+// `--name VALUE` taken out of `args` (so the rest stay positional), or `fallback`.
+export function takeOption(args, name, fallback) {
+  const i = args.indexOf(name);
+  return i >= 0 ? args.splice(i, 2)[1] : fallback;
+}
+
+// The Chromium to drive: `--chromium PATH` (taken out of `args`), else $CHROMIUM, else Debian's.
+export function chromiumPath(args) {
+  return takeOption(args, "--chromium", process.env.CHROMIUM ?? "/usr/bin/chromium");
+}
+
+// Chromium at `executablePath` (playwright-core drives it; it never downloads a browser).
+// Flags: headless without a GPU, no network chatter on a closed network, and WebGPU (which
+// then comes from SwiftShader). playwright adds --headless, --no-sandbox and a fresh profile
+// dir.
+export function launchChromium(executablePath) {
+  return chromium.launch({
+    executablePath,
+    headless: true,
+    args: [
+      "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+      "--enable-unsafe-webgpu",
+    ],
+  });
+}
