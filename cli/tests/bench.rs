@@ -43,7 +43,7 @@ fn quick_sweep_writes_json_with_the_documented_fields() {
     let json = temp_path("quick.json");
     let svg = temp_path("quick.svg");
     let out = gdn()
-        .args(["bench", "--quick", "--json"])
+        .args(["bench", "--quick", "--warmup-ms", "20", "--json"])
         .arg(&json)
         .arg("--plot")
         .arg(&svg)
@@ -119,6 +119,26 @@ fn quick_sweep_writes_json_with_the_documented_fields() {
             assert!(!r["passes"].as_array().unwrap().is_empty(), "{r}");
         }
         assert!(num(r, "reps") >= 3.0 && num(r, "input_sets") >= 1.0);
+        assert!(num(r, "warmup") >= 1.0, "{r}");
+        // Each timed repetition's GPU time, in order: as many as the reps, spanning min..max.
+        let each: Vec<f64> = r["gpu_ms_reps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        if r["gpu_ms"].is_null() {
+            assert!(each.is_empty(), "{r}");
+        } else {
+            assert_eq!(each.len() as f64, num(r, "reps"), "{r}");
+            let lo = each.iter().copied().fold(f64::INFINITY, f64::min);
+            let hi = each.iter().copied().fold(0.0, f64::max);
+            assert_eq!(
+                (lo, hi),
+                (num(&r["gpu_ms"], "min"), num(&r["gpu_ms"], "max")),
+                "{r}"
+            );
+        }
         for key in [
             "flops",
             "bytes",
@@ -497,6 +517,8 @@ fn bad_flags_exit_2_with_one_error_line() {
         &["bench", "--key-dim", "0"],
         &["bench", "--value-dim", "100"],
         &["bench", "--reps", "0"],
+        &["bench", "--warmup-ms", "-1"],
+        &["bench", "--warmup-ms", "inf"],
         &["bench", "--max-seconds", "0"],
         &["bench", "--json", "/nonexistent-dir/gdn.json"],
         &["bench", "--plot", "/nonexistent-dir/gdn.svg"],

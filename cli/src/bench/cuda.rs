@@ -333,10 +333,8 @@ fn time_on(
         }
         Ok(wall)
     };
-    let mut last_wall = 0.0;
-    for _ in 0..warmup.max(1) {
-        last_wall = run(false, &mut t)?;
-    }
+    let (warmed, last_wall) = super::warm_up(warmup, c.warmup_ms, || run(false, &mut t))?;
+    t.warmup = warmed;
     let reps = if last_wall > 0.0 {
         reps.min(((max_seconds * 1e3 / last_wall).floor() as usize).max(3))
     } else {

@@ -255,6 +255,11 @@ pub struct BenchArgs {
     /// 3; --quick: 1].
     #[arg(long)]
     pub warmup: Option<usize>,
+    /// Keep warming up until the untimed runs have taken this many ms: an idle GPU's clock
+    /// falls (an H200's SM clock to 345 MHz in the seconds an oracle check takes) and needs
+    /// ~100–200 ms of work to ramp back [default: 200; --quick: 0].
+    #[arg(long)]
+    pub warmup_ms: Option<f64>,
     /// Timed repetitions per case [default: 20; --quick: 5].
     #[arg(long)]
     pub reps: Option<usize>,
@@ -343,6 +348,8 @@ pub struct Config {
     pub value_dim: usize,
     /// Untimed runs per case before timing (at least 1: it compiles the pipelines).
     pub warmup: usize,
+    /// More untimed runs until they have taken this many ms of wall clock (`--warmup-ms`).
+    pub warmup_ms: f64,
     /// Timed repetitions per case (fewer past `max_seconds`).
     pub reps: usize,
     /// Per-case time budget in seconds: fewer repetitions (at least 3) beyond it.
@@ -466,6 +473,9 @@ impl BenchArgs {
             ),
             None => None,
         };
+        if self.warmup_ms.is_some_and(|ms| !ms.is_finite() || ms < 0.0) {
+            return Err(usage("--warmup-ms must be a finite number ≥ 0".into()));
+        }
         if self.reps == Some(0) {
             return Err(usage("--reps must be at least 1".into()));
         }
@@ -491,6 +501,9 @@ impl BenchArgs {
             key_dim,
             value_dim,
             warmup: self.warmup.unwrap_or(if self.quick { 1 } else { 3 }),
+            warmup_ms: self
+                .warmup_ms
+                .unwrap_or(if self.quick { 0.0 } else { 200.0 }),
             reps: self.reps.unwrap_or(if self.quick { 5 } else { 20 }),
             max_seconds: if self.quick {
                 self.max_seconds.min(2.0)
@@ -819,7 +832,24 @@ struct Timing {
     wall: Vec<f64>,
     host: Vec<f64>,
     passes: Vec<(String, Vec<f64>)>,
+    warmup: usize,
     reps: usize,
+}
+
+/// Runs `warm` until it has run `runs` times (at least once) and `ms` of wall clock have
+/// passed; returns how many runs that took and the last run's wall ms.
+fn warm_up<E>(
+    runs: usize,
+    ms: f64,
+    mut warm: impl FnMut() -> Result<f64, E>,
+) -> Result<(usize, f64), E> {
+    let start = Instant::now();
+    let (mut n, mut last) = (0, 0.0);
+    while n < runs.max(1) || start.elapsed().as_secs_f64() * 1e3 < ms {
+        last = warm()?;
+        n += 1;
+    }
+    Ok((n, last))
 }
 
 /// Timestamps per repetition: a start mark, one per pass, and the closing mark ("tail", or
@@ -835,7 +865,6 @@ fn time_gpu(
 ) -> gdn_wgpu::Result<Timing> {
     let timer = GpuTimer::new(ctx, TIMER_MARKS);
     let mut t = Timing::default();
-    let mut last_wall = 0.0;
     let mut i = 0usize;
     let mut reps = c.reps;
     let run = |i: usize, record: bool, t: &mut Timing| -> gdn_wgpu::Result<f64> {
@@ -894,11 +923,13 @@ fn time_gpu(
         Some(ceiling) => ceiling.time_once(ctx, keep),
         None => Ok(()),
     };
-    for _ in 0..c.warmup.max(1) {
-        last_wall = run(i, false, &mut t)?;
+    let (warmed, last_wall) = warm_up(c.warmup, c.warmup_ms, || {
+        let wall = run(i, false, &mut t)?;
         copy(false)?;
         i += 1;
-    }
+        Ok(wall)
+    })?;
+    t.warmup = warmed;
     if last_wall > 0.0 {
         let fit = (c.max_seconds * 1e3 / last_wall).floor() as usize;
         reps = reps.min(fit.max(3));
@@ -924,6 +955,7 @@ fn time_host(
     let start = Instant::now();
     cases::run_host(backend, op, host, c.seed)?;
     let first = start.elapsed().as_secs_f64() * 1e3;
+    t.warmup = 1;
     let reps = c
         .reps
         .min(((c.max_seconds * 1e3 / first.max(1e-3)).floor() as usize).max(1));
@@ -1193,6 +1225,7 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
             reps: 0,
             input_sets: 1,
             gpu_ms: None,
+            gpu_ms_reps: Vec::new(),
             wall_ms: None,
             host_ms: None,
             passes: Vec::new(),
@@ -1367,8 +1400,10 @@ pub fn run(c: &Config, command: &str) -> Result<Report, BenchError> {
                     timing
                 }
             };
+            record.warmup = timing.warmup;
             record.reps = timing.reps;
             record.gpu_ms = Stats::of(&timing.gpu);
+            record.gpu_ms_reps = timing.gpu.clone();
             record.wall_ms = Stats::of(&timing.wall);
             record.host_ms = Stats::of(&timing.host);
             // The tail span (copies after the last pass, e.g. the backward's dv and dh0) is

@@ -175,6 +175,9 @@ pub struct Record {
     pub input_sets: usize,
     /// GPU time from timestamp queries (first to last pass), when the adapter has them.
     pub gpu_ms: Option<Stats>,
+    /// GPU ms of each timed repetition, in order (a slow stretch or a clock ramp shows here,
+    /// not in the median).
+    pub gpu_ms_reps: Vec<f64>,
     /// Wall clock of a repetition: encode (including per-call scratch allocation), submit, and
     /// wait for completion.
     pub wall_ms: Option<Stats>,
