@@ -37,144 +37,6 @@ pub struct Config {
     /// Run the forward through the recurrent kernel at this tiling, (V-block, vec4s per
     /// invocation), for tiling sweeps (one page load per tiling: a fresh device).
     pub tiles: Option<(u32, u32)>,
-    /// How a forward call reads its results back.
-    pub readback: Readback,
-}
-
-/// How a forward call reads o, the final state and its timestamps back.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Readback {
-    /// Copied in the call's encoder into one mappable buffer (made once, reused by every
-    /// call), mapped once: one submit and one wait per call.
-    OneStaging,
-    /// Each through `GpuTensor::download` (a staging buffer, a submit and a wait each) and
-    /// the timestamps through their own map: three waits per call, as before.
-    PerTensor,
-}
-
-impl Readback {
-    /// `one` (or empty) or `tensors`.
-    pub fn parse(s: &str) -> Result<Self> {
-        match s.trim() {
-            "" | "one" => Ok(Readback::OneStaging),
-            "tensors" => Ok(Readback::PerTensor),
-            other => Err(Error::Value {
-                name: "readback".into(),
-                expected: "one or tensors".into(),
-                got: format!("{other:?}"),
-            }),
-        }
-    }
-}
-
-/// The one-staging readback: [timestamps (16 bytes, when the timer runs)] [o] [final state],
-/// filled by copies at the end of the call's encoder.
-struct Staging {
-    buffer: wgpu::Buffer,
-    o_at: u64,
-    o_bytes: u64,
-    state_at: u64,
-    state_bytes: u64,
-}
-
-impl Staging {
-    fn new(ctx: &Context, o_bytes: u64, state_bytes: u64) -> Self {
-        let (o_at, state_at) = (16, 16 + o_bytes.next_multiple_of(8));
-        let buffer = ctx.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("demo readback"),
-            size: state_at + state_bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        Staging {
-            buffer,
-            o_at,
-            o_bytes,
-            state_at,
-            state_bytes,
-        }
-    }
-
-    /// Copy o, the final state and the resolved timestamps into the staging buffer.
-    fn record(
-        &self,
-        encoder: &mut wgpu::CommandEncoder,
-        fwd: &wgpu_backend::Forward,
-        timer: Option<&PassTimer>,
-    ) {
-        if let Some(t) = timer {
-            encoder.resolve_query_set(&t.set, 0..2, &t.resolve, 0);
-            encoder.copy_buffer_to_buffer(&t.resolve, 0, &self.buffer, 0, 16);
-        }
-        for (from, at, bytes) in [
-            (&fwd.o, self.o_at, self.o_bytes),
-            (&fwd.final_state, self.state_at, self.state_bytes),
-        ] {
-            encoder.copy_buffer_to_buffer(&from.buffer, from.offset(), &self.buffer, at, bytes);
-        }
-    }
-
-    /// Map once (after the submit), take o, the final state and the GPU ms (with a timer).
-    async fn read(
-        &self,
-        ctx: &Context,
-        fwd: &wgpu_backend::Forward,
-        timer: Option<&PassTimer>,
-    ) -> Result<(HostTensor, HostTensor, Option<f64>)> {
-        if fwd.o.dtype != DType::F32 {
-            return Err(Error::Value {
-                name: "readback".into(),
-                expected: "f32 outputs (the page's forward)".into(),
-                got: format!("{}", fwd.o.dtype),
-            });
-        }
-        map_read(ctx, &self.buffer).await?;
-        let (o, state, ticks) = {
-            let view = self
-                .buffer
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| Error::Gpu(e.to_string()))?;
-            let floats = |at: u64, bytes: u64| -> Vec<f32> {
-                view[at as usize..(at + bytes) as usize]
-                    .chunks_exact(4)
-                    .map(|w| f32::from_le_bytes(w.try_into().unwrap()))
-                    .collect()
-            };
-            (
-                floats(self.o_at, self.o_bytes),
-                floats(self.state_at, self.state_bytes),
-                read_ticks(&view[..16]),
-            )
-        };
-        self.buffer.unmap();
-        let host = |t: &GpuTensor, data| HostTensor {
-            shape: t.shape.clone(),
-            dtype: DType::F32,
-            data,
-        };
-        let gpu_ms = timer.map(|t| t.ms_between(ticks));
-        Ok((host(&fwd.o, o), host(&fwd.final_state, state), gpu_ms))
-    }
-}
-
-/// Map `buffer` for reading and wait (async: no blocking poll on the web).
-#[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
-async fn map_read(ctx: &Context, buffer: &wgpu::Buffer) -> Result<()> {
-    let (tx, rx) = futures_channel::oneshot::channel();
-    buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
-    #[cfg(not(target_arch = "wasm32"))]
-    ctx.device
-        .poll(wgpu::PollType::Wait {
-            submission_index: None,
-            timeout: None,
-        })
-        .map_err(|e| Error::Gpu(e.to_string()))?;
-    rx.await
-        .map_err(|_| Error::Gpu("readback cancelled".into()))?
-        .map_err(|e| Error::Gpu(e.to_string()))
 }
 
 /// One phase (the forward, or all decode steps) compared with the oracle.
@@ -195,6 +57,9 @@ pub struct Phase {
     /// The forward only: wall time of every call (upload, record, submit, readback), the
     /// first (pipeline creation) included. Empty for decode.
     pub runs_ms: Vec<f64>,
+    /// The forward only: GPU time of every call (timestamps; empty without them). Wall minus
+    /// GPU is what the call spends outside the kernels: upload, submit, readback.
+    pub runs_gpu_ms: Vec<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -404,8 +269,24 @@ impl PassTimer {
     }
 
     /// Milliseconds between the marks, once the submission is done (async: no blocking poll).
+    #[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
     async fn read_ms(&self, ctx: &Context) -> Result<f64> {
-        map_read(ctx, &self.readback).await?;
+        let (tx, rx) = futures_channel::oneshot::channel();
+        self.readback
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+        #[cfg(not(target_arch = "wasm32"))]
+        ctx.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            })
+            .map_err(|e| Error::Gpu(e.to_string()))?;
+        rx.await
+            .map_err(|_| Error::Gpu("timestamp readback cancelled".into()))?
+            .map_err(|e| Error::Gpu(e.to_string()))?;
         let ticks: [u64; 2] = {
             let view = self
                 .readback
@@ -415,11 +296,7 @@ impl PassTimer {
             read_ticks(&view)
         };
         self.readback.unmap();
-        Ok(self.ms_between(ticks))
-    }
-
-    fn ms_between(&self, ticks: [u64; 2]) -> f64 {
-        ticks[1].wrapping_sub(ticks[0]) as f64 * self.period_ns / 1e6
+        Ok(ticks[1].wrapping_sub(ticks[0]) as f64 * self.period_ns / 1e6)
     }
 }
 
@@ -566,8 +443,8 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         .as_ref()
         .expect("RandomSpec draws an initial state");
     let mut runs_ms = Vec::new();
+    let mut runs_gpu_ms = Vec::new();
     let mut last = None;
-    let mut staging = None;
     for _ in 0..c.runs.max(1) {
         let t0 = now();
         let h0 = GpuTensor::upload(ctx, "initial_state", h0_host)?;
@@ -583,31 +460,17 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         };
         if let Some(t) = &timer {
             t.mark(&mut encoder, 1);
+            t.resolve(&mut encoder);
         }
-        let (o_fwd, state_fwd, gpu_ms) = match c.readback {
-            Readback::OneStaging => {
-                let staging = staging.get_or_insert_with(|| {
-                    Staging::new(ctx, fwd.o.bytes(), fwd.final_state.bytes())
-                });
-                staging.record(&mut encoder, &fwd, timer.as_ref());
-                ctx.queue.submit([encoder.finish()]);
-                staging.read(ctx, &fwd, timer.as_ref()).await?
-            }
-            Readback::PerTensor => {
-                if let Some(t) = &timer {
-                    t.resolve(&mut encoder);
-                }
-                ctx.queue.submit([encoder.finish()]);
-                let o_fwd = fwd.o.download(ctx).await?;
-                let state_fwd = fwd.final_state.download(ctx).await?;
-                let gpu_ms = match &timer {
-                    Some(t) => Some(t.read_ms(ctx).await?),
-                    None => None,
-                };
-                (o_fwd, state_fwd, gpu_ms)
-            }
+        ctx.queue.submit([encoder.finish()]);
+        let o_fwd = fwd.o.download(ctx).await?;
+        let state_fwd = fwd.final_state.download(ctx).await?;
+        let gpu_ms = match &timer {
+            Some(t) => Some(t.read_ms(ctx).await?),
+            None => None,
         };
         runs_ms.push(now() - t0);
+        runs_gpu_ms.extend(gpu_ms);
         last = Some((fwd, o_fwd, state_fwd, gpu_ms));
     }
     let (fwd, o_fwd, state_fwd, fwd_gpu_ms) = last.expect("at least one run");
@@ -698,6 +561,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         gpu_ms: fwd_gpu_ms,
         wall_ms: fwd_wall,
         runs_ms,
+        runs_gpu_ms,
     };
     let decode = decode.map(|(o, state, gpu_ms, wall_ms)| {
         let (checksum, abs_sum) = sums(&o);
@@ -710,6 +574,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
             gpu_ms,
             wall_ms,
             runs_ms: Vec::new(),
+            runs_gpu_ms: Vec::new(),
         }
     });
     let mut errors = vec![forward.rel_o];
@@ -797,9 +662,9 @@ fn json_opt(x: Option<f64>) -> String {
 
 impl Phase {
     fn to_json(&self) -> String {
-        let runs: Vec<String> = self.runs_ms.iter().map(|&x| json_num(x)).collect();
+        let list = |v: &[f64]| v.iter().map(|&x| json_num(x)).collect::<Vec<_>>().join(",");
         format!(
-            r#"{{"tokens":{},"checksum":{},"abs_sum":{},"rel_o":{},"rel_state":{},"gpu_ms":{},"wall_ms":{},"runs_ms":[{}]}}"#,
+            r#"{{"tokens":{},"checksum":{},"abs_sum":{},"rel_o":{},"rel_state":{},"gpu_ms":{},"wall_ms":{},"runs_ms":[{}],"runs_gpu_ms":[{}]}}"#,
             self.tokens,
             json_num(self.checksum),
             json_num(self.abs_sum),
@@ -807,7 +672,8 @@ impl Phase {
             json_num(self.rel_state),
             json_opt(self.gpu_ms),
             json_num(self.wall_ms),
-            runs.join(",")
+            list(&self.runs_ms),
+            list(&self.runs_gpu_ms)
         )
     }
 }

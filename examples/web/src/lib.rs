@@ -26,8 +26,7 @@ mod web {
     /// Run the forward on `tokens` tokens (`runs` times: the first compiles the pipelines; on
     /// `algorithm` = auto, chunked or recurrent; `tiles` = `VxN` runs the recurrent kernel at
     /// V-block V with N vec4s per invocation, `colV` the column kernel, empty: the library's
-    /// choice; `readback` = one (or empty: o, the final state and the timestamps through one
-    /// staging buffer and one map) or tensors (a download each)) and
+    /// choice) and
     /// `decode_steps` decode steps on the browser's WebGPU adapter and check them against the
     /// f64 oracle. Resolves to the report as JSON; rejects with a one-line message (bad sizes,
     /// no adapter, device errors).
@@ -46,7 +45,6 @@ mod web {
         runs: u32,
         algorithm: String,
         tiles: String,
-        readback: String,
     ) -> Result<String, JsError> {
         let algorithm =
             gdn_wgpu::wgpu_backend::ForwardAlgorithm::parse_override("algorithm", &algorithm)?;
@@ -63,7 +61,6 @@ mod web {
             runs: runs as usize,
             algorithm,
             tiles: demo::parse_tiles(&tiles)?,
-            readback: demo::Readback::parse(&readback)?,
         };
         let t0 = now_ms();
         let ctx = demo::context(default_limits, algorithm).await?;

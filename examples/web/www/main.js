@@ -1,8 +1,7 @@
 // The page: checks for WebGPU, loads the wasm module built by build.sh, runs the demo with the
 // sizes from the form and shows the report. URL parameters fill the form (T, H, HV, K, V,
 // steps, runs, algorithm=auto|chunked|recurrent, seed, defaults=0|1, l2norm=0|1, tol; tiles=VxN (or colV, the column kernel)
-// runs the forward through the recurrent kernel at that tiling, for tiling sweeps; readback=one|tensors: o, the final
-// state and the timestamps through one staging buffer and one map (the default) or a download each) and `autorun=1` runs at once (the headless test
+// runs the forward through the recurrent kernel at that tiling, for tiling sweeps) and `autorun=1` runs at once (the headless test
 // uses it). The outcome is in #status: data-state = done | fail | error | no-webgpu, and
 // window.gdnResult.
 
@@ -99,7 +98,7 @@ async function run(wasm) {
   $("run").disabled = true;
   setStatus("running", "Running…");
   try {
-    const json = await wasm.run_demo(n("T"), n("H"), n("HV"), n("K"), n("V"), n("steps"), n("seed"), f.defaults.checked, f.l2norm.checked, Math.max(1, n("runs")), f.algorithm.value, params.get("tiles") ?? "", params.get("readback") ?? "");
+    const json = await wasm.run_demo(n("T"), n("H"), n("HV"), n("K"), n("V"), n("steps"), n("seed"), f.defaults.checked, f.l2norm.checked, Math.max(1, n("runs")), f.algorithm.value, params.get("tiles") ?? "");
     const r = JSON.parse(json);
     const ok = r.max_rel !== null && r.max_rel < tolerance;
     render(r, ok);
