@@ -606,7 +606,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         workgroup_bytes: limits.max_compute_workgroup_storage_size,
         invocations: limits.max_compute_invocations_per_workgroup,
         storage_buffers: limits.max_storage_buffers_per_shader_stage,
-        binding_bytes: limits.max_storage_buffer_binding_size as u64,
+        binding_bytes: limits.max_storage_buffer_binding_size,
         features: ctx
             .features()
             .iter_names()
