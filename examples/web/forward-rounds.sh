@@ -21,7 +21,7 @@ for ((r = 1; r <= rounds; r++)); do
     fi
     for q in "${queries[@]}"; do
         load=$(cut -d' ' -f1 /proc/loadavg)
-        line=$(node headless-test.mjs "$q" 2>&1 | grep -E "forward calls|page says: (FAIL|ERROR)|failed" | sed 's/^headless-test \[[^]]*\] //')
+        line=$(node headless-test.mjs "$q" 2>&1 | grep -E "forward calls|outside the kernels|page says: (FAIL|ERROR)|failed" | sed 's/^headless-test \[[^]]*\] //')
         echo "round $r, load $load, $q: $line"
     done
 done

@@ -16,15 +16,17 @@ export function chromiumPath(args) {
 // Chromium at `executablePath` (playwright-core drives it; it never downloads a browser).
 // Flags: headless without a GPU, no network chatter on a closed network, and WebGPU (which
 // then comes from SwiftShader). playwright adds --headless, --no-sandbox and a fresh profile
-// dir.
+// dir. $CHROMIUM_FLAGS (space-separated) adds flags, e.g. Dawn toggles for an experiment:
+// CHROMIUM_FLAGS=--enable-dawn-features=disable_robustness.
 export function launchChromium(executablePath) {
+  const extra = (process.env.CHROMIUM_FLAGS ?? "").split(" ").filter(Boolean);
   return chromium.launch({
     executablePath,
     headless: true,
     args: [
       "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
       "--disable-background-networking", "--disable-component-update", "--disable-sync",
-      "--enable-unsafe-webgpu",
+      "--enable-unsafe-webgpu", ...extra,
     ],
   });
 }

@@ -64,6 +64,14 @@ async function runPage(url) {
       log(`forward calls (upload + run + readback): context ${ms(r.context_ms)}, first ${ms(runs[0])}, ` +
         `warm median ${ms(median)}, min ${ms(warm[0])}, max ${ms(warm[warm.length - 1])} over ${warm.length}: ` +
         runs.map((x) => x.toFixed(0)).join(" "));
+      // Wall minus GPU time (timestamps) per warm call: upload, submit and readback, apart
+      // from the kernel's own time (which follows the machine's load).
+      const gpu = r.forward.runs_gpu_ms ?? [];
+      if (gpu.length === runs.length) {
+        const host = runs.slice(1).map((x, i) => x - gpu[i + 1]).sort((a, b) => a - b);
+        log(`warm calls outside the kernels (wall - GPU): median ${ms(host[Math.floor((host.length - 1) / 2)])}, ` +
+          `min ${ms(host[0])}: ${host.map((x) => x.toFixed(0)).join(" ")}`);
+      }
     }
   }
   log(`page says: ${result.text}`);

@@ -57,6 +57,9 @@ pub struct Phase {
     /// The forward only: wall time of every call (upload, record, submit, readback), the
     /// first (pipeline creation) included. Empty for decode.
     pub runs_ms: Vec<f64>,
+    /// The forward only: GPU time of every call (timestamps; empty without them). Wall minus
+    /// GPU is what the call spends outside the kernels: upload, submit, readback.
+    pub runs_gpu_ms: Vec<f64>,
 }
 
 #[derive(Debug, Clone)]
@@ -440,6 +443,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         .as_ref()
         .expect("RandomSpec draws an initial state");
     let mut runs_ms = Vec::new();
+    let mut runs_gpu_ms = Vec::new();
     let mut last = None;
     for _ in 0..c.runs.max(1) {
         let t0 = now();
@@ -466,6 +470,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
             None => None,
         };
         runs_ms.push(now() - t0);
+        runs_gpu_ms.extend(gpu_ms);
         last = Some((fwd, o_fwd, state_fwd, gpu_ms));
     }
     let (fwd, o_fwd, state_fwd, fwd_gpu_ms) = last.expect("at least one run");
@@ -556,6 +561,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         gpu_ms: fwd_gpu_ms,
         wall_ms: fwd_wall,
         runs_ms,
+        runs_gpu_ms,
     };
     let decode = decode.map(|(o, state, gpu_ms, wall_ms)| {
         let (checksum, abs_sum) = sums(&o);
@@ -568,6 +574,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
             gpu_ms,
             wall_ms,
             runs_ms: Vec::new(),
+            runs_gpu_ms: Vec::new(),
         }
     });
     let mut errors = vec![forward.rel_o];
@@ -599,7 +606,7 @@ pub async fn run(ctx: &Context, config: &Config, now: fn() -> f64) -> Result<Rep
         workgroup_bytes: limits.max_compute_workgroup_storage_size,
         invocations: limits.max_compute_invocations_per_workgroup,
         storage_buffers: limits.max_storage_buffers_per_shader_stage,
-        binding_bytes: limits.max_storage_buffer_binding_size as u64,
+        binding_bytes: limits.max_storage_buffer_binding_size,
         features: ctx
             .features()
             .iter_names()
@@ -655,9 +662,9 @@ fn json_opt(x: Option<f64>) -> String {
 
 impl Phase {
     fn to_json(&self) -> String {
-        let runs: Vec<String> = self.runs_ms.iter().map(|&x| json_num(x)).collect();
+        let list = |v: &[f64]| v.iter().map(|&x| json_num(x)).collect::<Vec<_>>().join(",");
         format!(
-            r#"{{"tokens":{},"checksum":{},"abs_sum":{},"rel_o":{},"rel_state":{},"gpu_ms":{},"wall_ms":{},"runs_ms":[{}]}}"#,
+            r#"{{"tokens":{},"checksum":{},"abs_sum":{},"rel_o":{},"rel_state":{},"gpu_ms":{},"wall_ms":{},"runs_ms":[{}],"runs_gpu_ms":[{}]}}"#,
             self.tokens,
             json_num(self.checksum),
             json_num(self.abs_sum),
@@ -665,7 +672,8 @@ impl Phase {
             json_num(self.rel_state),
             json_opt(self.gpu_ms),
             json_num(self.wall_ms),
-            runs.join(",")
+            list(&self.runs_ms),
+            list(&self.runs_gpu_ms)
         )
     }
 }

@@ -119,7 +119,9 @@ const LLVMPIPE_LOOP_ITERATIONS: usize = 65_535;
 ///   per-invocation staging. Measured on lavapipe (2 cores shared with other jobs, 5 runs
 ///   each, median; docs/compute-paths.md): T = 512, H/HV = 2/4, K = V = 128: the GPU default
 ///   (V-block 32, 8 vec4s, 128 invocations) 388 / 965 ms in two sweeps, V-block 32 with 32
-///   vec4s (32 invocations) 154 / 328 ms.
+///   vec4s (32 invocations) 154 / 328 ms. The column kernel there (2026-12-02, T = 512,
+///   alternated, load 400–600): 779–860 ms against 820–1018 ms warm, not clearly faster, and
+///   54 s for LLVM to compile on an empty Mesa shader cache.
 pub fn recurrent_tiles(
     ctx: &Context,
     problem: &Problem,
