@@ -255,9 +255,10 @@ pub struct BenchArgs {
     /// 3; --quick: 1].
     #[arg(long)]
     pub warmup: Option<usize>,
-    /// Keep warming up until the untimed runs have taken this many ms: an idle GPU's clock
-    /// falls (an H200's SM clock to 345 MHz in the seconds an oracle check takes) and needs
-    /// ~100–200 ms of work to ramp back [default: 200; --quick: 0].
+    /// Keep warming up until the untimed runs after the first (which compiles the pipelines)
+    /// have taken this many ms: an idle GPU's clock falls (an H200's SM clock to 345 MHz in the
+    /// seconds an oracle check takes) and needs ~100–200 ms of work to ramp back [default: 200;
+    /// --quick: 0].
     #[arg(long)]
     pub warmup_ms: Option<f64>,
     /// Timed repetitions per case [default: 20; --quick: 5].
@@ -836,16 +837,18 @@ struct Timing {
     reps: usize,
 }
 
-/// Runs `warm` until it has run `runs` times (at least once) and `ms` of wall clock have
-/// passed; returns how many runs that took and the last run's wall ms.
+/// Runs `warm` until it has run `runs` times (at least once) and the runs after the first
+/// (which compiles the pipelines: a GPU idle meanwhile) have taken `ms` of wall clock; returns
+/// how many runs that took and the last run's wall ms.
 fn warm_up<E>(
     runs: usize,
     ms: f64,
     mut warm: impl FnMut() -> Result<f64, E>,
 ) -> Result<(usize, f64), E> {
+    let mut last = warm()?;
+    let mut n = 1;
     let start = Instant::now();
-    let (mut n, mut last) = (0, 0.0);
-    while n < runs.max(1) || start.elapsed().as_secs_f64() * 1e3 < ms {
+    while n < runs || start.elapsed().as_secs_f64() * 1e3 < ms {
         last = warm()?;
         n += 1;
     }
