@@ -175,9 +175,12 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const int wc = cw * 16;    // the warp's first column in the block
     const int c0 = col0 + wc;  // ... in the state (cols and c0 are multiples of 16)
     const bool active = c0 < cols;
-    const int nk = K / 16, nk_half = (nk + KS - 1) / KS;
-    const int kb0 = kh * nk_half, nkw = min(nk_half, nk - kb0);
     constexpr int KBW = MAX_K / 16 / KS;  // the most 16-row blocks a warp holds
+    const int nk = K / 16, nk_half = (nk + KS - 1) / KS;
+    // At K = MAX_K every warp holds exactly KBW blocks: a constant, so that the block loops
+    // below unroll without a branch per block (which kept each block's ldmatrix from being
+    // issued ahead of the MMAs before it).
+    const int kb0 = kh * nk_half, nkw = KD == MAX_K ? KBW : min(nk_half, nk - kb0);
 
     const int stage_bytes = local ? L::LOCAL_STAGE : L::MAIN_STAGE;
     const unsigned smem0 = smem_addr(smem);
@@ -196,6 +199,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const unsigned lane_at = 2 * (L::A_OFF / 2 + lane_b_nmajor<LDC>(lane));  // (T·diag(β))ᵀ
     const unsigned lane_pt = 2 * (L::P_OFF / 2 + lane_b_nmajor<LDC>(lane));  // Pᵀ
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
+    const unsigned lane_vt = 2 * (L::V_OFF / 2 + lane_b_nmajor<L::LDV>(lane));  // Vᵀ (.trans)
 
     const size_t qk_stride = (size_t)H * K;
     const int v_vecs = (min(BV, V - col0) + 7) / 8;
@@ -281,7 +285,6 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         if (active) {
             const unsigned base = smem0 + s * stage_bytes;
             const unsigned char* stage = smem + s * stage_bytes;
-            const T* vs = reinterpret_cast<const T*>(stage + L::V_OFF);
             const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
             const float* dec = gam + C;                                            // γ_C/γ_i
 
@@ -292,8 +295,11 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 auto pk = [&](float lo, float hi) { return rest ? pack2_rest<T>(lo, hi) : pack2<T>(lo, hi); };
                 return make_uint4(pk(s0[0], s0[1]), pk(s0[2], s0[3]), pk(s1[0], s1[1]), pk(s1[2], s1[3]));
             };
-            // acc[0..7] += Sᵀ·Bᵀ over the warp's K blocks, B = k or q (C × K, token rows).
-            auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt) {
+            // acc[0..7] += Sᵀ·Bᵀ over the warp's K blocks, B = k or q (C × K, token rows);
+            // parts = 2: the state as S_hi + S_lo (SPLIT_STATE). The split is tested once per
+            // product (each call inlined with a constant), not per block, so that the common
+            // loop is straight-line code.
+            auto state_times_parts = [&](float (&acc)[C / 8][4], unsigned lane_bt, const int parts) {
 #pragma unroll
                 for (int kb = 0; kb < KBW; ++kb) {
                     if (kb < nkw) {
@@ -304,7 +310,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                         }
 #pragma unroll
                         for (int part = 0; part < 2; ++part) {
-                            if (part == 1 && !split) break;
+                            if (part == parts) break;
                             const uint4 a4 = state_frag(kb, part == 1);
                             const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
@@ -315,6 +321,10 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                         }
                     }
                 }
+            };
+            auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt) {
+                if (split) state_times_parts(acc, lane_bt, 2);
+                else state_times_parts(acc, lane_bt, 1);
             };
 
             // (K·S)ᵀ = Sᵀ·Kᵀ (this warp's K rows), and (Q·S)ᵀ likewise (main pass only).
@@ -329,6 +339,16 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             }
             state_times(xacc, lane_kt);
             if (KS == 2) put_part(part_mine, xacc);
+            // Vᵀ in the accumulators' layout, by ldmatrix.trans of the token-major tile:
+            // vf[jj][2q + h] holds (V[i][c], V[i + 1][c]) for i = 16jj + 8q + 2t, c = wc + 8h + g
+            // (issued here, well before X needs them).
+            unsigned vf[C / 16][4];
+            if (!transition) {
+#pragma unroll
+                for (int jj = 0; jj < C / 16; ++jj) {
+                    ldsm4_t(vf[jj], base + lane_vt + 2 * (16 * jj * L::LDV + wc));
+                }
+            }
             if (!local) {
                 state_times(oacc, lane_qt);
                 if (KS == 2 && !writes_o) put_part(part_q, oacc);
@@ -349,12 +369,12 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             for (int j = 0; j < C / 8; ++j) {
                 const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
                 const float e0 = gam[i], e1 = gam[i + 1];
+                const float2 v01 = transition ? make_float2(0.0f, 0.0f) : unpack2<T>(vf[kb][half]);
+                const float2 v23 = transition ? make_float2(0.0f, 0.0f) : unpack2<T>(vf[kb][half + 1]);
+                const float vi[4] = {v01.x, v01.y, v23.x, v23.y};
                 float x[4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float vi = transition ? 0.0f : to_f32(vs[(i + (e & 1)) * L::LDV + wc + g + 8 * (e >> 1)]);
-                    x[e] = vi - ((e & 1) ? e1 : e0) * xacc[j][e];
-                }
+                for (int e = 0; e < 4; ++e) x[e] = vi[e] - ((e & 1) ? e1 : e0) * xacc[j][e];
                 xa[kb][half] = pack2<T>(x[0], x[1]);
                 xa[kb][half + 1] = pack2<T>(x[2], x[3]);
             }
