@@ -60,6 +60,15 @@
 namespace gdn {
 namespace chunked {
 
+// stmatrix (sm_90) for the o staging tile; sm_80 stores the elements one by one.
+#if !defined(GDN_STMATRIX)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GDN_STMATRIX 1
+#else
+#define GDN_STMATRIX 0
+#endif
+#endif
+
 constexpr int THREADS = 128;  // l2norm: 4 warps, a row each
 constexpr int LDO = 16 + 8;   // a warp's o staging tile (pass 2)
 
@@ -189,6 +198,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const float* const part_other = reinterpret_cast<const float*>(after + cw * L::PAIR + (1 - kh) * L::PART);
     float* const part_q = reinterpret_cast<float*>(after + cw * L::PAIR + 2 * L::PART);
     T* const o_stage = KS == 1 ? reinterpret_cast<T*>(after) + warp * C * LDO : reinterpret_cast<T*>(part_q);
+#if GDN_STMATRIX
+    const unsigned o_stage_lane = smem_addr(o_stage) + 2 * lane_b_nmajor<LDO>(lane);
+#endif
     // Which warp of a pair finishes and writes o (the other sends its (Q·S)ᵀ partial): the
     // first for column groups 0, 1, 4, 5, …, the second for 2, 3, 6, 7, … — so that the two
     // warps of each scheduler (warps w and w + 4) carry the same work.
@@ -440,6 +452,17 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 // KS = 2 the tile is the (Q·S)ᵀ slot this warp has just read.
                 if (KS == 2) __syncwarp();
                 const int start = info.x, len = info.y;
+#if GDN_STMATRIX
+                // stmatrix.trans writes the transposed accumulators as token rows: four
+                // instructions for the tile (matrices (j, h), (j, h + 1), (j + 1, h), …).
+#pragma unroll
+                for (int j = 0; j < C / 8; j += 2) {
+                    const unsigned x[4] = {pack2<T>(oacc[j][0], oacc[j][1]), pack2<T>(oacc[j][2], oacc[j][3]),
+                                           pack2<T>(oacc[j + 1][0], oacc[j + 1][1]),
+                                           pack2<T>(oacc[j + 1][2], oacc[j + 1][3])};
+                    stsm4_t(o_stage_lane + 2 * (8 * j * LDO), x);
+                }
+#else
 #pragma unroll
                 for (int j = 0; j < C / 8; ++j) {
                     const int i = 8 * j + 2 * t;
@@ -448,13 +471,17 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     o_stage[i * LDO + g + 8] = from_f32<T>(oacc[j][2]);
                     o_stage[(i + 1) * LDO + g + 8] = from_f32<T>(oacc[j][3]);
                 }
+#endif
                 __syncwarp();
+                // Lane l stores half l % 2 of token row l / 2 + 16r.
+                T* const o_row = o + ((size_t)(start + (lane >> 1)) * HV + hv) * V + c0 + 8 * (lane & 1);
+                const size_t o_rows16 = (size_t)16 * HV * V;
 #pragma unroll
                 for (int r = 0; r < C * 2 / 32; ++r) {
-                    const int idx = lane + 32 * r, i = idx >> 1, half = idx & 1;
+                    const int i = (lane >> 1) + 16 * r;
                     if (i < len) {
-                        *reinterpret_cast<uint4*>(o + ((size_t)(start + i) * HV + hv) * V + c0 + 8 * half) =
-                            *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * half);
+                        *reinterpret_cast<uint4*>(o_row + r * o_rows16) =
+                            *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * (lane & 1));
                     }
                 }
                 __syncwarp();
