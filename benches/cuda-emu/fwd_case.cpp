@@ -141,6 +141,13 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg) {
     bool nan = false;
     const double ro = rel(fo, e_o, &nan), rh = rel(ht, e_h, &nan);
     printf("o %.2e state %.2e%s (units %d)\n", ro, rh, nan ? " NAN" : "", NU);
+    // EMU_DUMP=path: o (as f32) and the final state, raw, for a bitwise A/B of two kernel versions.
+    if (const char* dump = getenv("EMU_DUMP")) {
+        FILE* d = fopen(dump, "wb");
+        fwrite(fo.data(), sizeof(float), fo.size(), d);
+        fwrite(ht.data(), sizeof(float), ht.size(), d);
+        fclose(d);
+    }
     return nan ? 1 : 0;
 }
 int main(int argc, char** argv) {

@@ -49,6 +49,7 @@ for h, b in [
     ('__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {', '{ emu::cp_async(dst, src, valid ? 16 : 0); }'),
     ('__device__ __forceinline__ void ldsm4(unsigned (&x)[4], unsigned addr) {', '{ emu::ldsm(x, addr, false); }'),
     ('__device__ __forceinline__ void ldsm4_t(unsigned (&x)[4], unsigned addr) {', '{ emu::ldsm(x, addr, true); }'),
+    ('__device__ __forceinline__ void stsm4_t(unsigned addr, const unsigned (&x)[4]) {', '{ emu::stsm(addr, x, true); }'),
     ('__device__ __forceinline__ void named_barrier(int id, int count) {', '{ emu::named_barrier(id, count); }'),
     ('__device__ __forceinline__ unsigned to_tf32(float x) {', '{ return emu::to_tf32(x); }'),
     ('__device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {', '{ emu::mma_tf32(d, a, b0, b1); }'),

@@ -104,6 +104,23 @@ inline void ldsm(unsigned* x, unsigned addr, bool trans) {
     }
     warp_sync();
 }
+// stmatrix .x4 to the lanes' row addresses (x[m] laid out as ldsm's).
+inline void stsm(unsigned addr, const unsigned* x, bool trans) {
+    Warp& w = warp();
+    const int l = lane();
+    w.slot[l][0] = addr;
+    warp_sync();
+    for (int m = 0; m < 4; ++m) {
+        if (!trans) {
+            memcpy(blk->smem + (unsigned)w.slot[8 * m + (l >> 2)][0] + 4 * (l & 3), &x[m], 4);
+        } else {
+            const uint16_t lo = x[m] & 0xffff, hi = x[m] >> 16;
+            memcpy(blk->smem + (unsigned)w.slot[8 * m + 2 * (l & 3)][0] + 2 * (l >> 2), &lo, 2);
+            memcpy(blk->smem + (unsigned)w.slot[8 * m + 2 * (l & 3) + 1][0] + 2 * (l >> 2), &hi, 2);
+        }
+    }
+    warp_sync();
+}
 template <typename T> float h2f(uint16_t v);
 template <> inline float h2f<__half>(uint16_t v) { return __half2float(__half{v}); }
 template <> inline float h2f<__nv_bfloat16>(uint16_t v) { return __bfloat162float(__nv_bfloat16{v}); }

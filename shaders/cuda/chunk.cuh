@@ -237,6 +237,13 @@ __device__ __forceinline__ void ldsm4_t(unsigned (&x)[4], unsigned addr) {
                  : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
                  : "r"(addr));
 }
+// stmatrix .x4 .trans to a shared-memory byte address (sm_90): lane l gives the address of
+// row l % 8 of matrix l / 8 and hands in x[m] as ldsm4's x[m], the matrix stored transposed.
+__device__ __forceinline__ void stsm4_t(unsigned addr, const unsigned (&x)[4]) {
+    asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1,%2,%3,%4};\n" ::"r"(addr),
+                 "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3])
+                 : "memory");
+}
 // This lane's element offset for a B fragment (k × n) of a tile stored n-major (B[k][n] at
 // tile[n·LD + k]: ldsm4) or k-major (B[k][n] at tile[k·LD + n]: ldsm4_t), as load_b does.
 template <int LD> __device__ __forceinline__ int lane_b_nmajor(int lane) {

@@ -60,6 +60,15 @@
 namespace gdn {
 namespace chunked {
 
+// stmatrix (sm_90) for the o staging tile; sm_80 stores the elements one by one.
+#if !defined(GDN_STMATRIX)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define GDN_STMATRIX 1
+#else
+#define GDN_STMATRIX 0
+#endif
+#endif
+
 constexpr int THREADS = 128;  // l2norm: 4 warps, a row each
 constexpr int LDO = 16 + 8;   // a warp's o staging tile (pass 2)
 
@@ -139,6 +148,27 @@ template <int BV, int KS> struct FwdLayout {
     static_assert(PART >= 2 * C * LDO, "the o staging tile fits a partial's slot");
 };
 
+// One thread's fixed share of a C-row tile copy of 16-bit elements, as copy_tile splits it:
+// PER consecutive 16-byte vectors of one row; `dst` is their byte offset in the tile.
+template <int NTHREADS, int VECS, int LD> struct TileShare {
+    static constexpr int PER = C * VECS / NTHREADS;
+    static_assert(PER >= 1 && VECS % PER == 0 && C * VECS == PER * NTHREADS, "tile split");
+    int row, vec;
+    unsigned dst;
+    __device__ explicit TileShare(int tid)
+        : row(tid / (VECS / PER)), vec((tid % (VECS / PER)) * PER), dst(2 * (row * LD + 8 * vec)) {}
+    // Start copying this thread's vectors below `valid_vecs` from src (its row and first vector
+    // already added); zeros where !ok (then from `any`, a valid address that is not read).
+    template <typename E>
+    __device__ __forceinline__ void copy(unsigned tile, const E* src, const E* any, bool ok, int valid_vecs) const {
+        const E* from = ok ? src : any;
+#pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            if (vec + u < valid_vecs) cp_async16_zfill(tile + dst + 16 * u, from + 8 * u, ok);
+        }
+    }
+};
+
 // KD > 0: the key dimension as a compile-time constant (the common K = 128: no guards on the
 // K blocks, constant tile offsets); 0: p.key_dim.
 template <typename T, int BV, int KS, int KD = 0>
@@ -175,9 +205,12 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const int wc = cw * 16;    // the warp's first column in the block
     const int c0 = col0 + wc;  // ... in the state (cols and c0 are multiples of 16)
     const bool active = c0 < cols;
-    const int nk = K / 16, nk_half = (nk + KS - 1) / KS;
-    const int kb0 = kh * nk_half, nkw = min(nk_half, nk - kb0);
     constexpr int KBW = MAX_K / 16 / KS;  // the most 16-row blocks a warp holds
+    const int nk = K / 16, nk_half = (nk + KS - 1) / KS;
+    // At K = MAX_K every warp holds exactly KBW blocks: a constant, so that the block loops
+    // below unroll without a branch per block (which kept each block's ldmatrix from being
+    // issued ahead of the MMAs before it).
+    const int kb0 = kh * nk_half, nkw = KD == MAX_K ? KBW : min(nk_half, nk - kb0);
 
     const int stage_bytes = local ? L::LOCAL_STAGE : L::MAIN_STAGE;
     const unsigned smem0 = smem_addr(smem);
@@ -186,6 +219,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const float* const part_other = reinterpret_cast<const float*>(after + cw * L::PAIR + (1 - kh) * L::PART);
     float* const part_q = reinterpret_cast<float*>(after + cw * L::PAIR + 2 * L::PART);
     T* const o_stage = KS == 1 ? reinterpret_cast<T*>(after) + warp * C * LDO : reinterpret_cast<T*>(part_q);
+#if GDN_STMATRIX
+    const unsigned o_stage_lane = smem_addr(o_stage) + 2 * lane_b_nmajor<LDO>(lane);
+#endif
     // Which warp of a pair finishes and writes o (the other sends its (Q·S)ᵀ partial): the
     // first for column groups 0, 1, 4, 5, …, the second for 2, 3, 6, 7, … — so that the two
     // warps of each scheduler (warps w and w + 4) carry the same work.
@@ -196,28 +232,37 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     const unsigned lane_at = 2 * (L::A_OFF / 2 + lane_b_nmajor<LDC>(lane));  // (T·diag(β))ᵀ
     const unsigned lane_pt = 2 * (L::P_OFF / 2 + lane_b_nmajor<LDC>(lane));  // Pᵀ
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
+    const unsigned lane_vt = 2 * (L::V_OFF / 2 + lane_b_nmajor<L::LDV>(lane));  // Vᵀ (.trans)
 
     const size_t qk_stride = (size_t)H * K;
     const int v_vecs = (min(BV, V - col0) + 7) / 8;
     auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
+    // This thread's share of each tile copy, its source offsets formed once (a step adds the
+    // chunk's start): K and Q, V's block, the C × C tiles T·diag(β) and P, and the decays.
+    const TileShare<L::THREADS, MAX_K / 8, LDK> kq_share(threadIdx.x);
+    const TileShare<L::THREADS, BV / 8, L::LDV> v_share(threadIdx.x);
+    const TileShare<L::THREADS, C / 8, LDC> cc_share(threadIdx.x);
+    const size_t kq_off = (size_t)h * K + (size_t)kq_share.row * qk_stride + 8 * kq_share.vec;
+    const size_t v_stride = (size_t)HV * V;
+    const T* const v_thread = v + (size_t)hv * V + col0 + (size_t)v_share.row * v_stride + 8 * v_share.vec;
+    const size_t cc_off = (size_t)hv * C * C + cc_share.row * C + 8 * cc_share.vec;
+    const size_t cc_chunk = (size_t)HV * C * C;
     auto prefetch = [&](int chunk, int s, int2 info) {
         const unsigned base = smem0 + s * stage_bytes;
         const int start = info.x, len = info.y;
-        const size_t ch = (size_t)chunk * HV + hv;
-        copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K,
-                                              qk_stride, len, K / 8);
+        const size_t kq_at = (size_t)start * qk_stride + kq_off, cc_at = (size_t)chunk * cc_chunk + cc_off;
+        kq_share.copy(base + L::K_OFF, k + kq_at, k, kq_share.row < len, K / 8);
         if (!transition) {
-            copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, v + ((size_t)start * HV + hv) * V + col0,
-                                                  (size_t)HV * V, len, v_vecs);
+            v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_share.row < len, v_vecs);
         }
-        copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8);
+        cc_share.copy(base + L::A_OFF, ws_a + cc_at, ws_a, true, C / 8);
         if (threadIdx.x < 2 * C / 4) {
-            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x, ws_f + ch * 2 * C + 4 * threadIdx.x, true);
+            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x,
+                             ws_f + ((size_t)chunk * HV + hv) * 2 * C + 4 * threadIdx.x, true);
         }
         if (!local) {
-            copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::Q_OFF, q + ((size_t)start * H + h) * K,
-                                                  qk_stride, len, K / 8);
-            copy_tile<L::THREADS, C / 8, LDC>(base + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C / 8);
+            kq_share.copy(base + L::Q_OFF, q + kq_at, q, kq_share.row < len, K / 8);
+            cc_share.copy(base + L::P_OFF, ws_p + cc_at, ws_p, true, C / 8);
         }
     };
 
@@ -281,7 +326,6 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         if (active) {
             const unsigned base = smem0 + s * stage_bytes;
             const unsigned char* stage = smem + s * stage_bytes;
-            const T* vs = reinterpret_cast<const T*>(stage + L::V_OFF);
             const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
             const float* dec = gam + C;                                            // γ_C/γ_i
 
@@ -292,8 +336,11 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 auto pk = [&](float lo, float hi) { return rest ? pack2_rest<T>(lo, hi) : pack2<T>(lo, hi); };
                 return make_uint4(pk(s0[0], s0[1]), pk(s0[2], s0[3]), pk(s1[0], s1[1]), pk(s1[2], s1[3]));
             };
-            // acc[0..7] += Sᵀ·Bᵀ over the warp's K blocks, B = k or q (C × K, token rows).
-            auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt) {
+            // acc[0..7] += Sᵀ·Bᵀ over the warp's K blocks, B = k or q (C × K, token rows);
+            // parts = 2: the state as S_hi + S_lo (SPLIT_STATE). The split is tested once per
+            // product (each call inlined with a constant), not per block, so that the common
+            // loop is straight-line code.
+            auto state_times_parts = [&](float (&acc)[C / 8][4], unsigned lane_bt, const int parts) {
 #pragma unroll
                 for (int kb = 0; kb < KBW; ++kb) {
                     if (kb < nkw) {
@@ -304,7 +351,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                         }
 #pragma unroll
                         for (int part = 0; part < 2; ++part) {
-                            if (part == 1 && !split) break;
+                            if (part == parts) break;
                             const uint4 a4 = state_frag(kb, part == 1);
                             const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
 #pragma unroll
@@ -315,6 +362,10 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                         }
                     }
                 }
+            };
+            auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt) {
+                if (split) state_times_parts(acc, lane_bt, 2);
+                else state_times_parts(acc, lane_bt, 1);
             };
 
             // (K·S)ᵀ = Sᵀ·Kᵀ (this warp's K rows), and (Q·S)ᵀ likewise (main pass only).
@@ -329,6 +380,16 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             }
             state_times(xacc, lane_kt);
             if (KS == 2) put_part(part_mine, xacc);
+            // Vᵀ in the accumulators' layout, by ldmatrix.trans of the token-major tile:
+            // vf[jj][2q + h] holds (V[i][c], V[i + 1][c]) for i = 16jj + 8q + 2t, c = wc + 8h + g
+            // (issued here, well before X needs them).
+            unsigned vf[C / 16][4];
+            if (!transition) {
+#pragma unroll
+                for (int jj = 0; jj < C / 16; ++jj) {
+                    ldsm4_t(vf[jj], base + lane_vt + 2 * (16 * jj * L::LDV + wc));
+                }
+            }
             if (!local) {
                 state_times(oacc, lane_qt);
                 if (KS == 2 && !writes_o) put_part(part_q, oacc);
@@ -349,12 +410,12 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             for (int j = 0; j < C / 8; ++j) {
                 const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
                 const float e0 = gam[i], e1 = gam[i + 1];
+                const float2 v01 = transition ? make_float2(0.0f, 0.0f) : unpack2<T>(vf[kb][half]);
+                const float2 v23 = transition ? make_float2(0.0f, 0.0f) : unpack2<T>(vf[kb][half + 1]);
+                const float vi[4] = {v01.x, v01.y, v23.x, v23.y};
                 float x[4];
 #pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    const float vi = transition ? 0.0f : to_f32(vs[(i + (e & 1)) * L::LDV + wc + g + 8 * (e >> 1)]);
-                    x[e] = vi - ((e & 1) ? e1 : e0) * xacc[j][e];
-                }
+                for (int e = 0; e < 4; ++e) x[e] = vi[e] - ((e & 1) ? e1 : e0) * xacc[j][e];
                 xa[kb][half] = pack2<T>(x[0], x[1]);
                 xa[kb][half + 1] = pack2<T>(x[2], x[3]);
             }
@@ -420,6 +481,17 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 // KS = 2 the tile is the (Q·S)ᵀ slot this warp has just read.
                 if (KS == 2) __syncwarp();
                 const int start = info.x, len = info.y;
+#if GDN_STMATRIX
+                // stmatrix.trans writes the transposed accumulators as token rows: four
+                // instructions for the tile (matrices (j, h), (j, h + 1), (j + 1, h), …).
+#pragma unroll
+                for (int j = 0; j < C / 8; j += 2) {
+                    const unsigned x[4] = {pack2<T>(oacc[j][0], oacc[j][1]), pack2<T>(oacc[j][2], oacc[j][3]),
+                                           pack2<T>(oacc[j + 1][0], oacc[j + 1][1]),
+                                           pack2<T>(oacc[j + 1][2], oacc[j + 1][3])};
+                    stsm4_t(o_stage_lane + 2 * (8 * j * LDO), x);
+                }
+#else
 #pragma unroll
                 for (int j = 0; j < C / 8; ++j) {
                     const int i = 8 * j + 2 * t;
@@ -428,13 +500,17 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                     o_stage[i * LDO + g + 8] = from_f32<T>(oacc[j][2]);
                     o_stage[(i + 1) * LDO + g + 8] = from_f32<T>(oacc[j][3]);
                 }
+#endif
                 __syncwarp();
+                // Lane l stores half l % 2 of token row l / 2 + 16r.
+                T* const o_row = o + ((size_t)(start + (lane >> 1)) * HV + hv) * V + c0 + 8 * (lane & 1);
+                const size_t o_rows16 = (size_t)16 * HV * V;
 #pragma unroll
                 for (int r = 0; r < C * 2 / 32; ++r) {
-                    const int idx = lane + 32 * r, i = idx >> 1, half = idx & 1;
+                    const int i = (lane >> 1) + 16 * r;
                     if (i < len) {
-                        *reinterpret_cast<uint4*>(o + ((size_t)(start + i) * HV + hv) * V + c0 + 8 * half) =
-                            *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * half);
+                        *reinterpret_cast<uint4*>(o_row + r * o_rows16) =
+                            *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * (lane & 1));
                     }
                 }
                 __syncwarp();
