@@ -62,7 +62,8 @@ use crate::wgpu_backend::path::{ComputePath, PathChoice};
 use crate::wgpu_backend::shaders::Pass;
 use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
 use crate::wgpu_backend::tuning::{
-    BACKWARD_SCANS, QK_GRAD_COOP_BYTES, STATE_GRAD_COOP_BYTES, V_BLOCK_WIDTHS, choose_v_block, token_slice,
+    BACKWARD_SCANS, QK_GRAD_COOP_BYTES, STATE_GRAD_COOP_BYTES, V_BLOCK_WIDTHS, choose_v_block,
+    token_slice,
 };
 use crate::wgpu_backend::windows::{TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
