@@ -10,8 +10,7 @@
 // t % 16) takes rows 4r..4r+3, columns c + 16jj of every matrix, as wy_grad's register tiles
 // do; the row and column sums use the same tile afterwards, in a fixed order (deterministic).
 // Operands are staged in f16, 16-wide slices (64 × 16, or 16 × 64 for Aᵀ X); the slices of
-// Q and K are loaded into registers a slice ahead. 20.3 KiB of
-// workgroup memory.
+// Q and K are loaded into registers a slice ahead. 20.3 KiB of workgroup memory.
 //
 // naga: coopLoad/coopStore are column-major, coopLoadT/coopStoreT row-major; every pointer
 // index is bound with `let` first; cooperative ops need uniform control flow.
