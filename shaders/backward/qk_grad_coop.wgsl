@@ -5,15 +5,16 @@
 //     dG_i = dG_wy,i + q_i·dQs_i − k_i·dKs_i + k_i·X_i + c_i,  dG_last += Σ_i k_i·dKs_i
 //     (the last row's k·dKs cancels exactly and is left out of both)
 //     dg_i = Σ_{s ≥ i in the chunk} dG_s      (reverse chunk-local cumsum)
-// Per (chunk, v-head): the gate terms first, in f32 straight from the parts (invocation t sums
-// row t / 4 over 32 K columns; the four per row are added in a fixed order), then dP and dAt
-// staged whole in f16 (64 × 64 each, read once: both orientations are tile reads of the same
-// copy), then per 64-wide K half the token axis j in 16-token slices of K and Q (16 × 64, the
-// B operands; the next slice loaded into registers during the products). dAt and dAtᵀ are two
-// products so that their sum stays in f32. Subgroup g owns row tile g / 2 and K column tiles
-// 2 (g % 2), +1 of the half (2 dq + 2 dk accumulators). The parts each invocation adds to its
-// results are loaded at the start of the half; results leave through a per-subgroup 16 × 16
-// f32 tile (rows past the chunk are never written). 28.3 KiB of workgroup memory.
+// Per (chunk, v-head), per 64-wide K half: the token axis j is streamed in 16-token slices —
+// dP and dAt at columns j (64 × 16, the A operands), at rows j (16 × 64, read column-major as
+// the transposed A operands), and K, Q at rows j (16 × 64, the B operands), staged in f16.
+// dAt and dAtᵀ are two products so that their sum stays in f32. Subgroup g owns row tile
+// g / 2 and K column tiles 2 (g % 2), +1 of the half (2 dq + 2 dk accumulators). Results
+// leave through a per-subgroup 16 × 16 f32 tile, where each invocation adds the parts it
+// overwrites (rows past the chunk are never written) and, from the same reads, sums its
+// share of the gate terms in f32 (8 rows × one column slot each, in registers); the slots
+// are summed per row in a fixed order at the end (deterministic). 20.3 KiB of workgroup
+// memory.
 //
 // naga: coopLoad/coopStore are column-major, coopLoadT/coopStoreT row-major; every pointer
 // index is bound with `let` first; cooperative ops need uniform control flow.
@@ -30,11 +31,13 @@ const KD: u32 = 128u;       // key dimension
 const JS: u32 = 16u;        // token slice
 const WG: u32 = 256u;       // invocations
 
-var<workgroup> dp_s: array<f16, CHUNK * CHUNK>;   // dP[i, j], [64][64]
-var<workgroup> dat_s: array<f16, CHUNK * CHUNK>;  // dAt[i, j]
-var<workgroup> k_s: array<f16, JS * 64u>;         // K[j, k0 + k], [JS][64]
-var<workgroup> q_s: array<f16, JS * 64u>;         // Q[j, k0 + k]
-var<workgroup> out_tile: array<f32, 2048>;        // per subgroup 16 × 16; gate sums first
+var<workgroup> dp_c: array<f16, CHUNK * JS>;   // dP[i, j], [64][JS]
+var<workgroup> dp_r: array<f16, JS * CHUNK>;   // dP[j, i], [JS][64]
+var<workgroup> dat_c: array<f16, CHUNK * JS>;  // dAt[i, j]
+var<workgroup> dat_r: array<f16, JS * CHUNK>;  // dAt[j, i]
+var<workgroup> k_s: array<f16, JS * 64u>;      // K[j, k0 + k], [JS][64]
+var<workgroup> q_s: array<f16, JS * 64u>;      // Q[j, k0 + k]
+var<workgroup> out_tile: array<f32, 2048>;     // per subgroup 16 × 16; first the gate sums
 var<workgroup> dg_s: array<f32, 64>;
 
 fn q_at(i: u32) -> f32 {
@@ -45,34 +48,37 @@ fn k_at(i: u32) -> f32 {
     return load_elem(k_buf[elem_word(i)], i);
 }
 
+fn mats_row(start: u32, i: u32, hv: u32) -> u32 {
+    return ((start + i) * params.heads_v + hv) * CHUNK;
+}
+
 fn zero_acc() -> coop_mat16x16<f32, C> {
-    // out_tile[0..256) holds zeros whenever this is called.
+    // out_tile[0..256) holds zeros whenever this is called (set before the products).
     return coopLoad<coop_mat16x16<f32, C>>(&out_tile[0], 16u);
 }
 
-// A tiles (rows i = 16 rt.., columns j = j0..) of dP, dAt: row-major reads of [64][64]; their
-// transposes (rows i, columns j: dP[j, i]): column-major reads of the same copy.
-fn dp_tile(rt: u32, j0: u32) -> coop_mat16x16<f16, A> {
-    let i = 16u * CHUNK * rt + j0;
-    return coopLoadT<coop_mat16x16<f16, A>>(&dp_s[i], CHUNK);
+// Row-major A tiles of [64][JS] (rows 16 rt..), column-major (transposed) A tiles of
+// [JS][64] (rows: i = 16 rt.., columns: j), row-major B tiles of [JS][64] (columns 16 ct..).
+fn dp_tile(rt: u32) -> coop_mat16x16<f16, A> {
+    let i = 16u * JS * rt;
+    return coopLoadT<coop_mat16x16<f16, A>>(&dp_c[i], JS);
 }
 
-fn dat_tile(rt: u32, j0: u32) -> coop_mat16x16<f16, A> {
-    let i = 16u * CHUNK * rt + j0;
-    return coopLoadT<coop_mat16x16<f16, A>>(&dat_s[i], CHUNK);
+fn dat_tile(rt: u32) -> coop_mat16x16<f16, A> {
+    let i = 16u * JS * rt;
+    return coopLoadT<coop_mat16x16<f16, A>>(&dat_c[i], JS);
 }
 
-fn dp_t(rt: u32, j0: u32) -> coop_mat16x16<f16, A> {
-    let i = CHUNK * j0 + 16u * rt;
-    return coopLoad<coop_mat16x16<f16, A>>(&dp_s[i], CHUNK);
+fn dp_t(rt: u32) -> coop_mat16x16<f16, A> {
+    let i = 16u * rt;
+    return coopLoad<coop_mat16x16<f16, A>>(&dp_r[i], CHUNK);
 }
 
-fn dat_t(rt: u32, j0: u32) -> coop_mat16x16<f16, A> {
-    let i = CHUNK * j0 + 16u * rt;
-    return coopLoad<coop_mat16x16<f16, A>>(&dat_s[i], CHUNK);
+fn dat_t(rt: u32) -> coop_mat16x16<f16, A> {
+    let i = 16u * rt;
+    return coopLoad<coop_mat16x16<f16, A>>(&dat_r[i], CHUNK);
 }
 
-// Row-major B tiles of [JS][64] (columns 16 ct..).
 fn k_tile(ct: u32) -> coop_mat16x16<f16, B> {
     let i = 16u * ct;
     return coopLoadT<coop_mat16x16<f16, B>>(&k_s[i], 64u);
@@ -83,83 +89,38 @@ fn q_tile(ct: u32) -> coop_mat16x16<f16, B> {
     return coopLoadT<coop_mat16x16<f16, B>>(&q_s[i], 64u);
 }
 
-// Invocation t's share of a K, Q slice: element e = t + 256 n (n < 4) is row j0 + e / 64,
-// column k0 + e % 64 (0 past the chunk).
-struct KqSlice {
-    k: vec4<f32>,
-    q: vec4<f32>,
-}
-
-fn load_kq(t: u32, j0: u32, k0: u32, start: u32, len: u32, h: u32) -> KqSlice {
-    var k = vec4<f32>(0.0);
-    var q = vec4<f32>(0.0);
-    for (var n = 0u; n < 4u; n++) {
-        let e = t + WG * n;
-        let j = j0 + e / 64u;
-        let gi = ((start + min(j, len - 1u)) * params.heads_qk + h) * KD + k0 + e % 64u;
-        k[n] = select(0.0, k_at(gi), j < len);
-        q[n] = select(0.0, q_at(gi), j < len);
-    }
-    return KqSlice(k, q);
-}
-
-fn stage_kq(t: u32, s: KqSlice) {
-    for (var n = 0u; n < 4u; n++) {
-        let e = t + WG * n;
-        k_s[e] = f16(s.k[n]);
-        q_s[e] = f16(s.q[n]);
-    }
-}
-
-// The parts lane `lane` adds to its 8 entries (rows 16 rt + lane / 16 + 2 n, column
-// k0 + 16 ct + lane % 16) of a dq tile (dQs) or a dk tile (dKs + X); 0 past the chunk.
-struct Parts {
-    a: vec4<f32>,   // n = 0..3
-    b: vec4<f32>,   // n = 4..7
-}
-
-fn load_parts(lane: u32, rt: u32, ct: u32, k0: u32, is_dk: bool, len: u32, out_base: u32) -> Parts {
-    var a = vec4<f32>(0.0);
-    var b = vec4<f32>(0.0);
-    let rs = params.heads_v * (3u * KD + 1u);
-    let col = k0 + 16u * ct + lane % 16u;
-    for (var n = 0u; n < 4u; n++) {
-        let i0 = 16u * rt + lane / 16u + 2u * n;
-        let i1 = i0 + 8u;
-        let at0 = out_base + min(i0, len - 1u) * rs + col;
-        let at1 = out_base + min(i1, len - 1u) * rs + col;
-        var x0 = dqk_parts[at0];
-        var x1 = dqk_parts[at1];
-        if (is_dk) {
-            x0 = dqk_parts[at0 + KD] + dqk_parts[at0 + 2u * KD];
-            x1 = dqk_parts[at1 + KD] + dqk_parts[at1 + 2u * KD];
-        }
-        a[n] = x0;
-        b[n] = x1;
-    }
-    return Parts(a, b);
-}
-
-// Tile m plus the parts `p` into part 0 (dq) or 1 (dk) of `dqk_parts`, rows in the chunk
-// only. Call from uniform control flow (it holds barriers).
-fn store_out(m: coop_mat16x16<f32, C>, p: Parts, t: u32, sg: u32, rt: u32, ct: u32, k0: u32,
-             is_dk: bool, len: u32, out_base: u32) {
+// Tile m (rows 16 rt.., K columns k0 + 16 ct..) of dq (`is_dk` false: + dQs) or dk (+ dKs + X)
+// into part 0 or 1 of `dqk_parts`, rows in the chunk only; the gate terms of the parts read
+// go to `gate` (q·dQs + k·X − k·dKs) and `gate_last` (k·dKs), entry n for row
+// 16 rt + lane / 16 + 2n (both without k·dKs on the chunk's last row). Call from uniform
+// control flow (it holds barriers).
+fn store_out(m: coop_mat16x16<f32, C>, t: u32, sg: u32, rt: u32, ct: u32, k0: u32, is_dk: bool,
+             start: u32, len: u32, h: u32, out_base: u32,
+             gate: ptr<function, array<f32, 8>>, gate_last: ptr<function, array<f32, 8>>) {
     let o = 256u * sg;
     coopStoreT(m, &out_tile[o], 16u);
     workgroupBarrier();
     let lane = t % 32u;
-    let rs = params.heads_v * (3u * KD + 1u);
-    let col = k0 + 16u * ct + lane % 16u + select(0u, KD, is_dk);
-    for (var n = 0u; n < 4u; n++) {
-        let e0 = lane + 32u * n;
-        let e1 = e0 + 128u;
-        let i0 = 16u * rt + e0 / 16u;
-        let i1 = 16u * rt + e1 / 16u;
-        if (i0 < len) {
-            dqk_parts[out_base + i0 * rs + col] = p.a[n] + out_tile[o + e0];
-        }
-        if (i1 < len) {
-            dqk_parts[out_base + i1 * rs + col] = p.b[n] + out_tile[o + e1];
+    for (var n = 0u; n < 8u; n++) {
+        let e = lane + 32u * n;
+        let i = 16u * rt + e / 16u;
+        if (i < len) {
+            let col = k0 + 16u * ct + e % 16u;
+            let at = out_base + i * params.heads_v * (3u * KD + 1u) + col;
+            let qk_at = ((start + i) * params.heads_qk + h) * KD + col;
+            if (is_dk) {
+                let dks = dqk_parts[at + KD];
+                let x = dqk_parts[at + 2u * KD];
+                let kv = k_at(qk_at);
+                let kd = select(kv * dks, 0.0, i == len - 1u);
+                (*gate)[n] += kv * x - kd;
+                (*gate_last)[n] += kd;
+                dqk_parts[at + KD] = dks + x + out_tile[o + e];
+            } else {
+                let dqs = dqk_parts[at];
+                (*gate)[n] += q_at(qk_at) * dqs;
+                dqk_parts[at] = dqs + out_tile[o + e];
+            }
         }
     }
     workgroupBarrier();
@@ -170,106 +131,53 @@ fn qk_grad_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     let chunk = wid.x;
     let hv = wid.y;
     let sg = t / 32u;
-    let lane = t % 32u;
     let start = chunks[2u * chunk];
     let len = chunks[2u * chunk + 1u];
     let last = len - 1u;
     let hv_count = params.heads_v;
     let h = hv / (hv_count / params.heads_qk);
     let half = params.total_tokens * hv_count * CHUNK;
-    let rs = hv_count * (3u * KD + 1u);
     let out_base = (start * hv_count + hv) * (3u * KD + 1u);
 
-    // dP and dAt, whole: element e = t + 256 n (n < 16) is row e / 64, column e % 64 (0 past
-    // the chunk). Their loads go out first.
-    for (var n = 0u; n < 16u; n++) {
-        let e = t + WG * n;
-        let i = e / CHUNK;
-        let j = e % CHUNK;
-        let at = ((start + min(i, last)) * hv_count + hv) * CHUNK + j;
-        let inside = i < len && j < len;
-        dp_s[e] = f16(select(0.0, mats[at], inside));
-        dat_s[e] = f16(select(0.0, mats[half + at], inside));
-    }
-
-    // The gate terms of row t / 4 over K columns 32 (t % 4)..+31: q·dQs + k·X − k·dKs and
-    // k·dKs (both without k·dKs on the chunk's last row).
-    let gr = t / 4u;
-    var g_row = 0.0;
-    var g_last = 0.0;
-    {
-        let at = out_base + min(gr, last) * rs + 32u * (t % 4u);
-        let qk = ((start + min(gr, last)) * params.heads_qk + h) * KD + 32u * (t % 4u);
-        var g_qx = 0.0;
-        var g_kd = 0.0;
-        for (var c = 0u; c < 32u; c++) {
-            let kv = k_at(qk + c);
-            g_qx += q_at(qk + c) * dqk_parts[at + c] + kv * dqk_parts[at + 2u * KD + c];
-            g_kd += kv * dqk_parts[at + KD + c];
-        }
-        if (gr < len) {
-            let kd = select(g_kd, 0.0, gr == last);
-            g_row = g_qx - kd;
-            g_last = kd;
-        }
-    }
-    out_tile[t] = g_row;
-    out_tile[WG + t] = g_last;
-    workgroupBarrier();
-    var dg = 0.0;
-    if (t < len) {
-        let at = (start + t) * hv_count + hv;
-        dg = dg_dbeta[at].x + dqk_parts[out_base + t * rs + 3u * KD];
-        dg += (out_tile[4u * t] + out_tile[4u * t + 1u]) + (out_tile[4u * t + 2u] + out_tile[4u * t + 3u]);
-    }
-    if (t < CHUNK) {
-        let l = WG + 4u * t;
-        dg_s[t] = (out_tile[l] + out_tile[l + 1u]) + (out_tile[l + 2u] + out_tile[l + 3u]);
-    }
-    workgroupBarrier();
-    if (t == last) {
-        for (var s = 0u; s < CHUNK; s++) {
-            dg += dg_s[s];
-        }
-    }
-    workgroupBarrier();
-    if (t < len) {
-        dg_s[t] = dg;
-    }
     out_tile[t] = 0.0;
     workgroupBarrier();
-    if (t < len) {
-        var acc = 0.0;
-        for (var s = t; s < len; s++) {
-            acc += dg_s[s];
-        }
-        let at = (start + t) * hv_count + hv;
-        dg_dbeta[at] = vec2<f32>(acc, dg_dbeta[at].y);
-    }
+    let zero = zero_acc();
+    workgroupBarrier();
+    var gate = array<f32, 8>();
+    var gate_last = array<f32, 8>();
 
     let rt = sg / 2u;
     let ct0 = 2u * (sg % 2u);
-    var next = load_kq(t, 0u, 0u, start, len, h);
     for (var k0 = 0u; k0 < KD; k0 += 64u) {
-        let pq0 = load_parts(lane, rt, ct0, k0, false, len, out_base);
-        let pq1 = load_parts(lane, rt, ct0 + 1u, k0, false, len, out_base);
-        let pk0 = load_parts(lane, rt, ct0, k0, true, len, out_base);
-        let pk1 = load_parts(lane, rt, ct0 + 1u, k0, true, len, out_base);
-        var q0 = zero_acc(); var q1 = zero_acc();
-        var d0 = zero_acc(); var d1 = zero_acc();
+        var q0 = zero; var q1 = zero;
+        var d0 = zero; var d1 = zero;
         for (var j0 = 0u; j0 < CHUNK; j0 += JS) {
-            stage_kq(t, next);
-            workgroupBarrier();
-            // The next slice (of this half, or the next half's first) during the products.
-            if (j0 + JS < CHUNK) {
-                next = load_kq(t, j0 + JS, k0, start, len, h);
-            } else if (k0 == 0u) {
-                next = load_kq(t, 0u, 64u, start, len, h);
+            // Element e = t + 256 n (n < 4) of each 1024-entry slice.
+            for (var n = 0u; n < 4u; n++) {
+                let e = t + WG * n;
+                // Columns j of rows i: row i = e / 16, j = j0 + e % 16.
+                let ic = e / JS;
+                let jc = j0 + e % JS;
+                let row_c = mats_row(start, min(ic, last), hv) + jc;
+                let in_c = ic < len;
+                dp_c[e] = f16(select(0.0, mats[row_c], in_c));
+                dat_c[e] = f16(select(0.0, mats[half + row_c], in_c));
+                // Rows j: j = j0 + e / 64, i (or K column k) = e % 64.
+                let jr = j0 + e / CHUNK;
+                let ir = e % CHUNK;
+                let in_r = jr < len;
+                let row_r = mats_row(start, min(jr, last), hv) + ir;
+                dp_r[e] = f16(select(0.0, mats[row_r], in_r));
+                dat_r[e] = f16(select(0.0, mats[half + row_r], in_r));
+                let gi = ((start + min(jr, last)) * params.heads_qk + h) * KD + k0 + ir;
+                k_s[e] = f16(select(0.0, k_at(gi), in_r));
+                q_s[e] = f16(select(0.0, q_at(gi), in_r));
             }
-            let a_dp = dp_tile(rt, j0);
-            let a_dat = dat_tile(rt, j0);
-            let a_dpt = dp_t(rt, j0);
-            let a_datt = dat_t(rt, j0);
+            workgroupBarrier();
+            let a_dp = dp_tile(rt);
+            let a_dat = dat_tile(rt);
+            let a_dpt = dp_t(rt);
+            let a_datt = dat_t(rt);
             let bk0 = k_tile(ct0);
             let bk1 = k_tile(ct0 + 1u);
             let bq0 = q_tile(ct0);
@@ -284,12 +192,57 @@ fn qk_grad_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
             d1 = coopMultiplyAdd(a_datt, bk1, d1);
             workgroupBarrier();
         }
-        store_out(q0, pq0, t, sg, rt, ct0, k0, false, len, out_base);
-        store_out(q1, pq1, t, sg, rt, ct0 + 1u, k0, false, len, out_base);
-        store_out(d0, pk0, t, sg, rt, ct0, k0, true, len, out_base);
-        store_out(d1, pk1, t, sg, rt, ct0 + 1u, k0, true, len, out_base);
-        // Zeros again for the next half's accumulators.
-        out_tile[t] = 0.0;
-        workgroupBarrier();
+        store_out(q0, t, sg, rt, ct0, k0, false, start, len, h, out_base, &gate, &gate_last);
+        store_out(q1, t, sg, rt, ct0 + 1u, k0, false, start, len, h, out_base, &gate, &gate_last);
+        store_out(d0, t, sg, rt, ct0, k0, true, start, len, h, out_base, &gate, &gate_last);
+        store_out(d1, t, sg, rt, ct0 + 1u, k0, true, start, len, h, out_base, &gate, &gate_last);
+    }
+
+    // The gate terms per row: slot (g % 2) · 16 + lane % 16 of rows 16 (g / 2) + lane / 16 + 2n,
+    // each (row, slot) owned by one invocation, summed per row in slot order.
+    let lane = t % 32u;
+    let slot = 16u * (sg % 2u) + lane % 16u;
+    for (var n = 0u; n < 8u; n++) {
+        out_tile[(16u * rt + lane / 16u + 2u * n) * 32u + slot] = gate[n];
+    }
+    workgroupBarrier();
+    var dg = 0.0;
+    if (t < len) {
+        let at = (start + t) * hv_count + hv;
+        dg = dg_dbeta[at].x + dqk_parts[out_base + t * hv_count * (3u * KD + 1u) + 3u * KD];
+        for (var k = 0u; k < 32u; k++) {
+            dg += out_tile[t * 32u + k];
+        }
+    }
+    workgroupBarrier();
+    for (var n = 0u; n < 8u; n++) {
+        out_tile[(16u * rt + lane / 16u + 2u * n) * 32u + slot] = gate_last[n];
+    }
+    workgroupBarrier();
+    if (t < CHUNK) {
+        var kd_row = 0.0;
+        for (var k = 0u; k < 32u; k++) {
+            kd_row += out_tile[t * 32u + k];
+        }
+        dg_s[t] = kd_row;
+    }
+    workgroupBarrier();
+    if (t == last) {
+        for (var s = 0u; s < CHUNK; s++) {
+            dg += dg_s[s];
+        }
+    }
+    workgroupBarrier();
+    if (t < len) {
+        dg_s[t] = dg;
+    }
+    workgroupBarrier();
+    if (t < len) {
+        var acc = 0.0;
+        for (var s = t; s < len; s++) {
+            acc += dg_s[s];
+        }
+        let at = (start + t) * hv_count + hv;
+        dg_dbeta[at] = vec2<f32>(acc, dg_dbeta[at].y);
     }
 }

@@ -21,10 +21,11 @@
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> do_buf: array<Elem>;             // [rows, HV, V]
-@group(0) @binding(2) var<storage, read> w_vnew: array<f32>;              // [2, rows, HV, V]: W, V'
-@group(0) @binding(3) var<storage, read> dvnew_dv: array<f32>;            // [2, rows, HV, V]: dV', dv
-@group(0) @binding(4) var<storage, read> states: array<f32>;              // [chunks + N, HV, K, V]
-@group(0) @binding(5) var<storage, read> dstates: array<f32>;             // [chunks + N, HV, K, V]
+// The f32 tensors are read as vec4s (16-byte loads: one memory instruction per four entries).
+@group(0) @binding(2) var<storage, read> w_vnew: array<vec4<f32>>;        // [2, rows, HV, V]: W, V'
+@group(0) @binding(3) var<storage, read> dvnew_dv: array<vec4<f32>>;      // [2, rows, HV, V]: dV', dv
+@group(0) @binding(4) var<storage, read> states: array<vec4<f32>>;        // [chunks + N, HV, K, V]
+@group(0) @binding(5) var<storage, read> dstates: array<vec4<f32>>;       // [chunks + N, HV, K, V]
 @group(0) @binding(6) var<storage, read> gate_beta: array<vec2<f32>>;     // [rows, HV]: (G, β)
 @group(0) @binding(7) var<storage, read> chunks: array<u32>;              // per chunk: start, length
 @group(0) @binding(8) var<storage, read_write> dqk_parts: array<f32>;     // [rows, HV, 3K + 1]
@@ -107,23 +108,14 @@ fn load_slice(t: u32, v0: u32, start: u32, len: u32, hv: u32, state_base: u32, v
     let at = ((start + min(i, len - 1u)) * params.heads_v + hv) * vd + v0 + 4u * (t % 4u);
     let d = vec4<f32>(load_elem(do_buf[elem_word(at)], at), load_elem(do_buf[elem_word(at + 1u)], at + 1u),
                       load_elem(do_buf[elem_word(at + 2u)], at + 2u), load_elem(do_buf[elem_word(at + 3u)], at + 3u));
-    let vn = vec4<f32>(w_vnew[half + at], w_vnew[half + at + 1u], w_vnew[half + at + 2u], w_vnew[half + at + 3u]);
-    let dv = vec4<f32>(dvnew_dv[half + at], dvnew_dv[half + at + 1u], dvnew_dv[half + at + 2u],
-                       dvnew_dv[half + at + 3u]);
-    let a0 = state_at(state_base, state_entry(t, 0u, 0u, v_first), v0, v_first);
-    let a1 = state_at(state_base, state_entry(t, 0u, 1u, v_first), v0, v_first);
-    let a2 = state_at(state_base, state_entry(t, 0u, 2u, v_first), v0, v_first);
-    let a3 = state_at(state_base, state_entry(t, 0u, 3u, v_first), v0, v_first);
-    let b0 = state_at(state_base, state_entry(t, 1u, 0u, v_first), v0, v_first);
-    let b1 = state_at(state_base, state_entry(t, 1u, 1u, v_first), v0, v_first);
-    let b2 = state_at(state_base, state_entry(t, 1u, 2u, v_first), v0, v_first);
-    let b3 = state_at(state_base, state_entry(t, 1u, 3u, v_first), v0, v_first);
+    let vn = w_vnew[(half + at) / 4u];
+    let dv = dvnew_dv[(half + at) / 4u];
+    // Entries 0..3 of a group are consecutive in the layout: one vec4 each.
+    let a = state_at(state_base, state_entry(t, 0u, 0u, v_first), v0, v_first) / 4u;
+    let b = state_at(state_base, state_entry(t, 1u, 0u, v_first), v0, v_first) / 4u;
     let z = vec4<f32>(0.0);
     return Slice(select(z, d, inside), select(z, vn, inside), select(z, dv, inside),
-                 vec4<f32>(states[a0], states[a1], states[a2], states[a3]),
-                 vec4<f32>(states[b0], states[b1], states[b2], states[b3]),
-                 vec4<f32>(dstates[a0], dstates[a1], dstates[a2], dstates[a3]),
-                 vec4<f32>(dstates[b0], dstates[b1], dstates[b2], dstates[b3]));
+                 states[a], states[b], dstates[a], dstates[b]);
 }
 
 // The slice to workgroup memory in f16.

@@ -4,8 +4,8 @@
 // The operands are unscaled; Γ_ij = exp(G_i − G_j) and the scale are applied in f32 as the
 // results are stored (an f16 operand carrying a gate factor loses its precision where the
 // gate decays fast: state_grad_coop's lesson). V is streamed in 16-wide slices, the four
-// token tiles (64 × 16) staged in f16, the next slice loaded into registers while this one is
-// multiplied; V', W are read as the Bᵀ operands by column-major loads. Subgroup g owns rows 16g..16g+15 of both products (8 accumulators: the tiles above
+// token tiles (64 × 16) staged in f16; V', W are read as the Bᵀ operands by column-major
+// loads. Subgroup g owns rows 16g..16g+15 of both products (8 accumulators: the tiles above
 // the diagonal are computed and masked, which keeps the control flow uniform). Results leave
 // through a per-subgroup 16 × 16 f32 tile, so rows past the chunk are never written (they
 // belong to the next chunk). 13.3 KiB of workgroup memory.
@@ -57,65 +57,6 @@ fn w_tile(ct: u32) -> coop_mat16x16<f16, B> {
     return coopLoad<coop_mat16x16<f16, B>>(&b_w[i], VS);
 }
 
-// Invocation t's share of one V slice, in registers: rows t / 4 and t / 4 + 32, columns
-// 4 (t % 4)..+3 of dO, dV', V', W (0 past the chunk).
-struct Slice {
-    do_a: vec4<f32>,
-    do_b: vec4<f32>,
-    dn_a: vec4<f32>,
-    dn_b: vec4<f32>,
-    vn_a: vec4<f32>,
-    vn_b: vec4<f32>,
-    w_a: vec4<f32>,
-    w_b: vec4<f32>,
-}
-
-fn do4(at: u32) -> vec4<f32> {
-    return vec4<f32>(load_elem(do_buf[elem_word(at)], at), load_elem(do_buf[elem_word(at + 1u)], at + 1u),
-                     load_elem(do_buf[elem_word(at + 2u)], at + 2u), load_elem(do_buf[elem_word(at + 3u)], at + 3u));
-}
-
-fn dvnew4(at: u32) -> vec4<f32> {
-    return vec4<f32>(dvnew_dv[at], dvnew_dv[at + 1u], dvnew_dv[at + 2u], dvnew_dv[at + 3u]);
-}
-
-fn w_vnew4(at: u32) -> vec4<f32> {
-    return vec4<f32>(w_vnew[at], w_vnew[at + 1u], w_vnew[at + 2u], w_vnew[at + 3u]);
-}
-
-fn load_slice(t: u32, v0: u32, start: u32, len: u32, hv: u32) -> Slice {
-    let vd = params.value_dim;
-    let half = params.total_tokens * params.heads_v * vd;
-    let ia = t / 4u;
-    let ib = ia + 32u;
-    let col = v0 + 4u * (t % 4u);
-    let at_a = ((start + min(ia, len - 1u)) * params.heads_v + hv) * vd + col;
-    let at_b = ((start + min(ib, len - 1u)) * params.heads_v + hv) * vd + col;
-    let z = vec4<f32>(0.0);
-    let in_a = ia < len;
-    let in_b = ib < len;
-    return Slice(select(z, do4(at_a), in_a), select(z, do4(at_b), in_b),
-                 select(z, dvnew4(at_a), in_a), select(z, dvnew4(at_b), in_b),
-                 select(z, w_vnew4(half + at_a), in_a), select(z, w_vnew4(half + at_b), in_b),
-                 select(z, w_vnew4(at_a), in_a), select(z, w_vnew4(at_b), in_b));
-}
-
-// The slice to workgroup memory in f16 ([64][VS] each).
-fn stage_slice(t: u32, s: Slice) {
-    let ea = VS * (t / 4u) + 4u * (t % 4u);
-    let eb = ea + 32u * VS;
-    for (var j = 0u; j < 4u; j++) {
-        a_do[ea + j] = f16(s.do_a[j]);
-        a_do[eb + j] = f16(s.do_b[j]);
-        a_dn[ea + j] = f16(s.dn_a[j]);
-        a_dn[eb + j] = f16(s.dn_b[j]);
-        b_vn[ea + j] = f16(s.vn_a[j]);
-        b_vn[eb + j] = f16(s.vn_b[j]);
-        b_w[ea + j] = f16(s.w_a[j]);
-        b_w[eb + j] = f16(s.w_b[j]);
-    }
-}
-
 // Tile m (rows 16 sg.., columns 16 ct..) of product p (0: dP, 1: dAb) to `mats`, gated and
 // masked, rows in the chunk only. Call from uniform control flow (it holds barriers).
 fn store_out(m: coop_mat16x16<f32, C>, t: u32, sg: u32, p: u32, ct: u32, len: u32, out_base: u32) {
@@ -146,10 +87,9 @@ fn value_grams_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     let len = chunks[2u * chunk + 1u];
     let hv_count = params.heads_v;
     let vd = params.value_dim;
+    let half = params.total_tokens * hv_count * vd;
     let out_base = (start * hv_count + hv) * CHUNK;
 
-    // The first slice's loads go out first; each later one during the previous products.
-    var cur = load_slice(t, 0u, start, len, hv);
     if (t < CHUNK) {
         g_s[t] = gate_beta[(start + min(t, len - 1u)) * hv_count + hv].x;
     }
@@ -160,11 +100,18 @@ fn value_grams_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     var p0 = zero_acc(); var p1 = zero_acc(); var p2 = zero_acc(); var p3 = zero_acc();
     var a0 = zero_acc(); var a1 = zero_acc(); var a2 = zero_acc(); var a3 = zero_acc();
     for (var v0 = 0u; v0 < vd; v0 += VS) {
-        stage_slice(t, cur);
-        workgroupBarrier();
-        if (v0 + VS < vd) {
-            cur = load_slice(t, v0 + VS, start, len, hv);
+        // Element e = t + 128 n (n < 8) of each 64 × 16 tile: row e / 16, column e % 16.
+        for (var n = 0u; n < 8u; n++) {
+            let e = t + WG * n;
+            let i = e / VS;
+            let inside = i < len;
+            let at = ((start + min(i, len - 1u)) * hv_count + hv) * vd + v0 + e % VS;
+            a_do[e] = f16(select(0.0, load_elem(do_buf[elem_word(at)], at), inside));
+            a_dn[e] = f16(select(0.0, dvnew_dv[at], inside));
+            b_vn[e] = f16(select(0.0, w_vnew[half + at], inside));
+            b_w[e] = f16(select(0.0, w_vnew[at], inside));
         }
+        workgroupBarrier();
         let ad = do_tile(sg);
         let an = dn_tile(sg);
         let bv0 = vn_tile(0u);

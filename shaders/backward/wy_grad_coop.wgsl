@@ -9,8 +9,8 @@
 // through one 64 × 64 f32 tile in workgroup memory, from which invocation (r, c) = (t / 16,
 // t % 16) takes rows 4r..4r+3, columns c + 16jj of every matrix, as wy_grad's register tiles
 // do; the row and column sums use the same tile afterwards, in a fixed order (deterministic).
-// Operands are staged in f16, 16-wide slices (64 × 16, or 16 × 64 for Aᵀ X); the slices of
-// Q and K are loaded into registers a slice ahead. 20.3 KiB of workgroup memory.
+// Operands are staged in f16, 16-wide slices (64 × 16, or 16 × 64 for Aᵀ X). 20.3 KiB of
+// workgroup memory.
 //
 // naga: coopLoad/coopStore are column-major, coopLoadT/coopStoreT row-major; every pointer
 // index is bound with `let` first; cooperative ops need uniform control flow.
@@ -39,26 +39,6 @@ fn q_at(i: u32) -> f32 {
 
 fn k_at(i: u32) -> f32 {
     return load_elem(k_buf[elem_word(i)], i);
-}
-
-// Invocation t's share of a 16-column slice of Q and K: element e = t + 256 n (n < 4) is row
-// e / 16, column k0 + e % 16 (0 past the chunk).
-struct QkSlice {
-    q: vec4<f32>,
-    k: vec4<f32>,
-}
-
-fn load_qk(t: u32, k0: u32, start: u32, len: u32, h: u32) -> QkSlice {
-    var q = vec4<f32>(0.0);
-    var k = vec4<f32>(0.0);
-    for (var n = 0u; n < 4u; n++) {
-        let e = t + WG * n;
-        let i = e / SL;
-        let gi = ((start + min(i, len - 1u)) * params.heads_qk + h) * KD + k0 + e % SL;
-        q[n] = select(0.0, q_at(gi), i < len);
-        k[n] = select(0.0, k_at(gi), i < len);
-    }
-    return QkSlice(q, k);
 }
 
 fn mats_row(start: u32, i: u32, hv: u32) -> u32 {
@@ -185,19 +165,17 @@ fn wy_grad_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) 
     let db3 = mats_row4(half, start, len, hv, row0 + 3u, c);
 
     // P = Q Kᵀ and Gk = K Kᵀ over 16-column slices of K: st_a = Q, st_b = K, [64][16].
-    // The next slice is loaded into registers during the products.
     var mp0 = zero_m; var mp1 = zero_m; var mg0 = zero_m; var mg1 = zero_m;
-    var qk_next = load_qk(t, 0u, start, len, h);
     for (var k0 = 0u; k0 < KD; k0 += SL) {
         for (var n = 0u; n < 4u; n++) {
             let e = t + WG * n;
-            st_a[e] = f16(qk_next.q[n]);
-            st_b[e] = f16(qk_next.k[n]);
+            let i = e / SL;
+            let gi = ((start + min(i, last)) * params.heads_qk + h) * KD + k0 + e % SL;
+            let inside = i < len;
+            st_a[e] = f16(select(0.0, q_at(gi), inside));
+            st_b[e] = f16(select(0.0, k_at(gi), inside));
         }
         workgroupBarrier();
-        if (k0 + SL < KD) {
-            qk_next = load_qk(t, k0 + SL, start, len, h);
-        }
         let aq = a_rows(rt);
         let ak = b_rows(rt);
         let bk0 = bt_cols(ct0);

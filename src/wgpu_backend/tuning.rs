@@ -233,11 +233,6 @@ pub const WY_INVERSE_COOP_BYTES: u32 = 4 * WY_INVERSE_WORDS;
 /// 22.5 KiB, over the coop scan's; a device with less runs the scalar `state_grad`.
 pub const STATE_GRAD_COOP_BYTES: u32 = 2 * (3 * 64 * 16 + 2 * 128 * 16) + 4 * (2048 + 2 * 64);
 
-/// Workgroup memory of `qk_grad_coop` in bytes (mirrors the shader: dP and dAt whole and a
-/// 16-token slice of K and Q in f16, eight 16 × 16 f32 output tiles, the chunk's dG): 28.3 KiB;
-/// a device with less runs the scalar `qk_grad`.
-pub const QK_GRAD_COOP_BYTES: u32 = 2 * (2 * 64 * 64 + 2 * 16 * 64) + 4 * (2048 + 64);
-
 /// Workgroup memory the coop path's passes need: its scan's and its WY inverse's.
 pub const COOP_PATH_BYTES: u32 = if STATE_SCAN_COOP_BYTES > WY_INVERSE_COOP_BYTES {
     STATE_SCAN_COOP_BYTES

@@ -130,9 +130,7 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             out.push(variant(Pass::StateGradCoop, "state_grad_coop", &[]));
         }
         out.push(variant(Pass::ValueGramsCoop, "value_grams_coop", &[]));
-        if crate::wgpu_backend::tuning::QK_GRAD_COOP_BYTES <= bytes {
-            out.push(variant(Pass::QkGradCoop, "qk_grad_coop", &[]));
-        }
+        out.push(variant(Pass::QkGradCoop, "qk_grad_coop", &[]));
         out.push(variant(Pass::WyGradCoop, "wy_grad_coop", &[]));
         let chain_fits = crate::wgpu_backend::forward::STATE_CHAIN_COOP_BYTES <= bytes;
         for per_head in [0.0, 1.0].into_iter().filter(|_| chain_fits) {

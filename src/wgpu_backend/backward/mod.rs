@@ -62,8 +62,7 @@ use crate::wgpu_backend::path::{ComputePath, PathChoice};
 use crate::wgpu_backend::shaders::Pass;
 use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
 use crate::wgpu_backend::tuning::{
-    BACKWARD_SCANS, QK_GRAD_COOP_BYTES, STATE_GRAD_COOP_BYTES, V_BLOCK_WIDTHS, choose_v_block,
-    token_slice,
+    BACKWARD_SCANS, STATE_GRAD_COOP_BYTES, V_BLOCK_WIDTHS, choose_v_block, token_slice,
 };
 use crate::wgpu_backend::windows::{TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
@@ -1067,8 +1066,7 @@ fn record_window(
         dqk_parts: &dqk_parts,
         dg_dbeta: &sc.dg_dbeta,
     };
-    let qk_grad_fits = ctx.tuning().workgroup_bytes >= QK_GRAD_COOP_BYTES;
-    if sc.coop.is_some() && coop_grads.qk_grad && qk_grad_fits {
+    if sc.coop.is_some() && coop_grads.qk_grad {
         qk_grad_coop(ctx, encoder, w.params, &qk, w.num_chunks, hv)?;
     } else {
         qk_grad(ctx, encoder, w.params, &qk, w.num_chunks, hv)?;
