@@ -657,12 +657,18 @@ fn coop_grads_all_forced() {
 
 /// [`coop_matrix_path`] (by default value_grams, wy_grad, state_grad coop) with two
 /// coop passes feeding two scalar ones (`Tuning::coop_grads`, `GDN_COOP_GRADS=value_grams,
-/// state_grad`): each kernel's outputs are read by the other kind.
+/// state_grad`), then the other two (`wy_grad,qk_grad`: `qk_grad_coop` on the scalar
+/// `state_grad`'s parts): each kernel's outputs are read by the other kind.
 #[test]
 fn coop_grads_mixed() {
     check_coop_path(CoopGrads {
         value_grams: true,
         state_grad: true,
+        ..CoopGrads::NONE
+    });
+    check_coop_path(CoopGrads {
+        wy_grad: true,
+        qk_grad: true,
         ..CoopGrads::NONE
     });
 }

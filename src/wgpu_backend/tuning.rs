@@ -228,6 +228,11 @@ pub const WY_INVERSE_WORDS: u32 = 13 * 256 + 2 * 64;
 /// Workgroup memory of `wy_inverse_coop` in bytes (mirrors the shader): wy_inverse's.
 pub const WY_INVERSE_COOP_BYTES: u32 = 4 * WY_INVERSE_WORDS;
 
+/// Workgroup memory of `state_grad_coop` in bytes (mirrors the shader: three 64 × 16 token
+/// tiles and two 128 × 16 state slices in f16, eight 16 × 16 f32 output tiles, γ and decay):
+/// 22.5 KiB, over the coop scan's; a device with less runs the scalar `state_grad`.
+pub const STATE_GRAD_COOP_BYTES: u32 = 2 * (3 * 64 * 16 + 2 * 128 * 16) + 4 * (2048 + 2 * 64);
+
 /// Workgroup memory the coop path's passes need: its scan's and its WY inverse's.
 pub const COOP_PATH_BYTES: u32 = if STATE_SCAN_COOP_BYTES > WY_INVERSE_COOP_BYTES {
     STATE_SCAN_COOP_BYTES

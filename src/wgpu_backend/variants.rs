@@ -126,7 +126,9 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             ));
             out.push(variant(Pass::DhScanCoopStaged, "dh_scan_coop", &[]));
         }
-        out.push(variant(Pass::StateGradCoop, "state_grad_coop", &[]));
+        if crate::wgpu_backend::tuning::STATE_GRAD_COOP_BYTES <= bytes {
+            out.push(variant(Pass::StateGradCoop, "state_grad_coop", &[]));
+        }
         out.push(variant(Pass::ValueGramsCoop, "value_grams_coop", &[]));
         out.push(variant(Pass::QkGradCoop, "qk_grad_coop", &[]));
         out.push(variant(Pass::WyGradCoop, "wy_grad_coop", &[]));

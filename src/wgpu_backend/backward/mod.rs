@@ -61,7 +61,9 @@ use crate::wgpu_backend::forward::{
 use crate::wgpu_backend::path::{ComputePath, PathChoice};
 use crate::wgpu_backend::shaders::Pass;
 use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
-use crate::wgpu_backend::tuning::{BACKWARD_SCANS, V_BLOCK_WIDTHS, choose_v_block, token_slice};
+use crate::wgpu_backend::tuning::{
+    BACKWARD_SCANS, STATE_GRAD_COOP_BYTES, V_BLOCK_WIDTHS, choose_v_block, token_slice,
+};
 use crate::wgpu_backend::windows::{TokenWindow, WindowCosts};
 use crate::wgpu_backend::{Context, GpuTensor, GpuTimer};
 use workspace::{Scratch, fit};
@@ -1049,7 +1051,8 @@ fn record_window(
         chunks: w.chunks,
         dqk_parts: &dqk_parts,
     };
-    if sc.coop.is_some() && coop_grads.state_grad {
+    let state_grad_fits = ctx.tuning().workgroup_bytes >= STATE_GRAD_COOP_BYTES;
+    if sc.coop.is_some() && coop_grads.state_grad && state_grad_fits {
         state_grad_coop(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;
     } else {
         state_grad(ctx, encoder, w.params, &state_bufs, w.num_chunks, hv, kd)?;

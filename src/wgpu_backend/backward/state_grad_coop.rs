@@ -9,7 +9,7 @@ use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
 
 /// Record the coop pass over `num_chunks` chunks × `heads_v` v-heads (K = 128, V a multiple
-/// of 32), two workgroups of 32 token rows per chunk; the tensors are `state_grad`'s.
+/// of 32), one workgroup per (chunk, v-head); the tensors are `state_grad`'s.
 pub fn state_grad_coop(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -34,11 +34,7 @@ pub fn state_grad_coop(
         entry: "state_grad_coop",
         constants: &[],
         bindings: Bindings::Ordered(&bufs.ordered(params)),
-        grid: Grid([
-            (num_chunks, "chunks"),
-            (heads_v, "v-heads"),
-            (2, "token halves"),
-        ]),
+        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
     }
     .record(ctx, encoder)
 }
