@@ -554,6 +554,56 @@ fn every_tiling_the_device_fits() {
     }
 }
 
+/// Calls whose sequences have at most one token (T = 1 decode), which the workgroup kernel
+/// runs without its token loop (`ONE_TOKEN`): every workgroup tiling (walking ones
+/// included), lengths 0 and 1 side by side, resumed, fresh and padding slots, GVA with a
+/// g = 0 and a g ≈ −20 head, per-token states, every option, β near 0 and near 2, both
+/// layouts, f32 and bf16 pools and every storage dtype the device takes.
+#[test]
+fn one_token_calls_on_every_tiling() {
+    let Some(ctx) = gpu() else { return };
+    let slots = [Resume(3), Fresh(0), Padding, Resume(5), Fresh(6)];
+    let varlen = Some(vec![0, 1, 1, 2, 3, 3]);
+    let mut ran = 0;
+    for (i, v_first) in [false, true].into_iter().enumerate() {
+        let every = Options {
+            scale: Some(0.3),
+            l2norm_qk: true,
+            beta_sigmoid: true,
+            allow_neg_eigval: true,
+            gate_in_kernel: true,
+            state_v_first: v_first,
+        };
+        let plain = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        let cases = [
+            (problem(5, 1, 2, 4, 32, 32, None, plain), false, (0.0, 0.02)),
+            (
+                problem(1, 3, 2, 4, 32, 32, varlen.clone(), every),
+                true,
+                (0.99, 1.0),
+            ),
+        ];
+        for (j, (p, per_token, beta)) in cases.into_iter().enumerate() {
+            BETA.set(beta);
+            let seed = 1300 + (2 * i + j) as u64;
+            for t in RecurrentStepTiles::candidates(&ctx.limits(), &p) {
+                check_decode_with(ctx, &p, seed, 8, &slots, per_token, Some(t));
+                ran += 1;
+            }
+            for pool in [DType::F32, DType::BF16] {
+                for dtype in [DType::F32].into_iter().chain(half_storages(ctx)) {
+                    check_decode_in(ctx, &p, seed, 8, &slots, per_token, None, dtype, pool);
+                }
+            }
+        }
+    }
+    BETA.set((0.0, 1.0));
+    assert!(ran >= 20, "only {ran} tilings ran");
+}
+
 /// Workgroups that walk several sequences (the `VxNsS` tilings): more sequences than a
 /// workgroup walks and not a multiple of it, lengths 0, 1 and odd (k's double buffer carries
 /// its parity across sequences), resumed, fresh and padding slots side by side, GVA with a

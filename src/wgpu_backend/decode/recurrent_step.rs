@@ -464,6 +464,16 @@ impl RecurrentStepTiles {
 
     /// The pipeline's override constants (public so the shader tests specialize every tiling).
     pub fn pipeline_constants(&self, per_token_states: bool) -> Vec<(&'static str, f64)> {
+        self.step_constants(per_token_states, false)
+    }
+
+    /// [`pipeline_constants`](Self::pipeline_constants) for a call whose sequences have at
+    /// most one token each when `one_token` (the workgroup kernel then walks no token loop).
+    pub fn step_constants(
+        &self,
+        per_token_states: bool,
+        one_token: bool,
+    ) -> Vec<(&'static str, f64)> {
         let bool_constant = |b: bool| if b { 1.0 } else { 0.0 };
         if self.kernel == StepKernel::Column {
             return vec![
@@ -498,6 +508,7 @@ impl RecurrentStepTiles {
             ("K2_VEC4S", (2 * self.key_dim / 4) as f64),
             ("K_VEC4S", (self.key_dim / 4) as f64),
             ("PB_VEC4S", self.pb_vec4s() as f64),
+            ("ONE_TOKEN", bool_constant(one_token)),
         ]
     }
 }
@@ -700,7 +711,11 @@ impl DecodePlan {
             &[4],
             crate::DType::F32,
         );
-        let constants = tiles.pipeline_constants(outputs.per_token_states.is_some());
+        let one_token = sequences.iter().all(|s| s.len() <= 1) && exp_mode() != Some(0);
+        let mut constants = tiles.step_constants(outputs.per_token_states.is_some(), one_token);
+        if let Some(mode) = exp_mode().filter(|_| tiles.kernel == StepKernel::Workgroup) {
+            constants.push(("EXP_MODE", mode as f64));
+        }
         let source = source(tiles.pass(pool.dtype()), inputs.q.dtype)?;
 
         // The pool's windows as views (the whole tensor when it is one window).
@@ -1105,6 +1120,18 @@ fn token_windows(
         part_tokens,
         most_sequences,
     ))
+}
+
+/// EXPERIMENT (timing only, to be removed): `GDN_EXP_DECODE` = `loop` (the token loop even at
+/// T = 1: Some(0)), `empty` (1), `copy` (2), `walk` (3); see EXP_MODE in the kernel.
+fn exp_mode() -> Option<u32> {
+    match std::env::var("GDN_EXP_DECODE").ok()?.as_str() {
+        "loop" => Some(0),
+        "empty" => Some(1),
+        "copy" => Some(2),
+        "walk" => Some(3),
+        _ => None,
+    }
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
