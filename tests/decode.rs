@@ -604,7 +604,7 @@ fn one_token_calls_on_every_tiling() {
     assert!(ran >= 20, "only {ran} tilings ran");
 }
 
-/// Workgroups that walk several sequences (the `VxNsS` tilings): more sequences than a
+/// Workgroups that walk several sequences (the `VxNsS` and `VxNtS` tilings): more sequences than a
 /// workgroup walks and not a multiple of it, lengths 0, 1 and odd (k's double buffer carries
 /// its parity across sequences), resumed, fresh and padding slots side by side, GVA with a
 /// g = 0 and a g ≈ −20 head, per-token states, β near 0 and near 2, both layouts.
@@ -651,7 +651,11 @@ fn workgroups_walking_several_sequences() {
             BETA.set(beta);
             let tiles = RecurrentStepTiles::candidates(&ctx.limits(), &p);
             for t in tiles.into_iter().filter(|t| t.seqs_per_workgroup > 1) {
-                assert!(t.name().ends_with(&format!("s{}", t.seqs_per_workgroup)));
+                let mark = if t.prefetch_next { "s" } else { "t" };
+                assert!(
+                    t.name()
+                        .ends_with(&format!("{mark}{}", t.seqs_per_workgroup))
+                );
                 check_decode_with(
                     ctx,
                     &p,

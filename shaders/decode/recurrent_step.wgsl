@@ -65,6 +65,9 @@ override PER_TOKEN_STATES: bool;
 // sequences z, z + nwg.z, …, loading the next sequence's slice while it walks this one's
 // tokens; then 2 VEC4S ≤ 32).
 override SEQS: u32;
+// SEQS > 1 without the next slice in flight: sequences z, z + nwg.z, … one after another,
+// each with the whole register budget (then VEC4S ≤ 32).
+override PREFETCH: bool = true;
 // Every sequence of the pass has at most one token (T = 1 decode): the token loop becomes one
 // guarded step and, with SEQS = 1, the kernel has no loop over tokens or sequences.
 override ONE_TOKEN: bool = false;
@@ -548,6 +551,24 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
         return;
     }
     var steps = 0u;
+    if (!PREFETCH) {
+        for (var i = 0u; i < SEQS; i++) {
+            if (i > 0u) {
+                n += nwg.z;
+                if (n >= sequences) {
+                    break;
+                }
+                sq = sequence_of(n, hv);
+                s = read_state(sq, hv, p);
+            }
+            s = walk(sq, hv, t, p, s, steps);
+            steps += sq.end - sq.start;
+            if (sq.write_slot >= 0) {
+                store_slice(true, (u32(sq.write_slot) * params.heads_v + hv) * slice_words, p, s);
+            }
+        }
+        return;
+    }
     for (var i = 0u; i < SEQS; i++) {
         // The next sequence's slice is loaded while this one's tokens are walked.
         let next = n + nwg.z;

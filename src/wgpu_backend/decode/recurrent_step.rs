@@ -104,8 +104,13 @@ pub struct RecurrentStepTiles {
     pub v_first: bool,
     /// Sequences one workgroup walks (workgroup kernel): with more than one, a workgroup
     /// loads the next sequence's slice while it walks this one's tokens, holding two slices
-    /// (so `2·vec4s_per_thread ≤ 32`); the grid has ⌈N / seqs_per_workgroup⌉ along z.
+    /// (so `2·vec4s_per_thread ≤ 32`), unless [`prefetch_next`](Self::prefetch_next) is
+    /// off; the grid has ⌈N / seqs_per_workgroup⌉ along z.
     pub seqs_per_workgroup: u32,
+    /// With `seqs_per_workgroup > 1`: whether a workgroup loads the next sequence's slice
+    /// while it walks this one (`VxNsS`), or walks its sequences one after another with the
+    /// whole register budget for one slice (`VxNtS`, fewer and longer-lived workgroups).
+    pub prefetch_next: bool,
     key_dim: u32,
 }
 
@@ -135,6 +140,7 @@ impl RecurrentStepTiles {
             vec4s_per_thread: vec4s,
             v_first,
             seqs_per_workgroup: 1,
+            prefetch_next: true,
             key_dim,
         };
         (tiles.workgroup() <= MAX_WORKGROUP && tiles.stage() <= MAX_STAGE).then_some(tiles)
@@ -155,6 +161,7 @@ impl RecurrentStepTiles {
             v_first,
             key_dim,
             seqs_per_workgroup: 1,
+            prefetch_next: true,
         })
     }
 
@@ -166,6 +173,17 @@ impl RecurrentStepTiles {
             && (seqs == 1 || 2 * self.vec4s_per_thread <= MAX_VEC4S_PER_THREAD);
         fits.then_some(RecurrentStepTiles {
             seqs_per_workgroup: seqs,
+            ..self
+        })
+    }
+
+    /// These tiles walking `seqs` sequences per workgroup one after another (no prefetch, see
+    /// [`prefetch_next`](Self::prefetch_next)).
+    fn in_turn(self, seqs: u32) -> Option<Self> {
+        let fits = self.kernel == StepKernel::Workgroup && seqs > 1;
+        fits.then_some(RecurrentStepTiles {
+            seqs_per_workgroup: seqs,
+            prefetch_next: false,
             ..self
         })
     }
@@ -186,6 +204,7 @@ impl RecurrentStepTiles {
             vec4s_per_thread: vec4s,
             v_first,
             seqs_per_workgroup: 1,
+            prefetch_next: true,
             key_dim,
         })
     }
@@ -363,6 +382,9 @@ impl RecurrentStepTiles {
                     if v_block >= 32 && matches!(vec4s, 8 | 16) {
                         out.extend([2, 4, 8].into_iter().filter_map(|s| t.walking(s)));
                     }
+                    if v_block >= 32 && matches!(vec4s, 16 | 32) {
+                        out.extend([2, 4, 8].into_iter().filter_map(|s| t.in_turn(s)));
+                    }
                 }
             }
         }
@@ -430,8 +452,11 @@ impl RecurrentStepTiles {
     pub fn name(&self) -> String {
         match self.kernel {
             StepKernel::Workgroup if self.seqs_per_workgroup > 1 => format!(
-                "{}x{}s{}",
-                self.v_block, self.vec4s_per_thread, self.seqs_per_workgroup
+                "{}x{}{}{}",
+                self.v_block,
+                self.vec4s_per_thread,
+                if self.prefetch_next { "s" } else { "t" },
+                self.seqs_per_workgroup
             ),
             StepKernel::Workgroup => format!("{}x{}", self.v_block, self.vec4s_per_thread),
             StepKernel::Subgroup if self.col_groups() > 1 => format!("sg{}w", self.v_block),
@@ -505,6 +530,7 @@ impl RecurrentStepTiles {
             ("V_FIRST", bool_constant(self.v_first)),
             ("PER_TOKEN_STATES", bool_constant(per_token_states)),
             ("SEQS", self.seqs_per_workgroup as f64),
+            ("PREFETCH", bool_constant(self.prefetch_next)),
             ("K2_VEC4S", (2 * self.key_dim / 4) as f64),
             ("K_VEC4S", (self.key_dim / 4) as f64),
             ("PB_VEC4S", self.pb_vec4s() as f64),
