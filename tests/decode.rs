@@ -762,6 +762,19 @@ fn default_tiling_follows_the_state_size() {
         if !v_first {
             assert_eq!(big.v_block, 64, "{big:?}");
         }
+        // K-first B = 64 (128 MiB of state): 16 vec4s in workgroups of 128 (V-block 64), the
+        // fastest of the H200 sweep of 2026-12-02 there.
+        let mid = RecurrentStepTiles::choose(&limits, &problem(64, 1, 16, 32, 128, 128, None, o))
+            .unwrap();
+        eprintln!("B = 64: {mid:?}");
+        assert_eq!(
+            (mid.vec4s_per_thread, mid.workgroup()),
+            (16, 128),
+            "{mid:?}"
+        );
+        if !v_first {
+            assert_eq!(mid.v_block, 64, "{mid:?}");
+        }
         let one =
             RecurrentStepTiles::choose(&limits, &problem(1, 1, 16, 32, 128, 128, None, o)).unwrap();
         eprintln!("B = 1: {one:?}");

@@ -71,9 +71,6 @@ override PREFETCH: bool = true;
 // Every sequence of the pass has at most one token (T = 1 decode): the token loop becomes one
 // guarded step and, with SEQS = 1, the kernel has no loop over tokens or sequences.
 override ONE_TOKEN: bool = false;
-// Experiment only (timing the parts of a step; wrong results unless 0): 1 returns at once,
-// 2 loads and stores the state without walking, 3 walks without loading or storing it.
-override EXP_MODE: u32 = 0u;
 // Sizes of workgroup arrays must be plain overrides: 2 K / 4, K / 4, WG (K-first) or 1.
 override K2_VEC4S: u32;
 override K_VEC4S: u32;
@@ -529,22 +526,10 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
 
     var n = wid.z;
     var sq = sequence_of(n, hv);
-    if (EXP_MODE == 1u) {
-        return;
-    }
-    if (EXP_MODE == 3u) {
-        let s3 = walk(sq, hv, t, p, zero_slice(), 0u);
-        if (sq.write_slot == -7) {
-            store_slice(true, 0u, p, s3);
-        }
-        return;
-    }
     var s = read_state(sq, hv, p);
     if (SEQS == 1u) {
         // No loop over sequences.
-        if (EXP_MODE != 2u) {
-            s = walk(sq, hv, t, p, s, 0u);
-        }
+        s = walk(sq, hv, t, p, s, 0u);
         if (sq.write_slot >= 0) {
             store_slice(true, (u32(sq.write_slot) * params.heads_v + hv) * slice_words, p, s);
         }

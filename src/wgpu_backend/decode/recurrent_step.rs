@@ -20,6 +20,9 @@ use std::ops::Range;
 pub const TABLE_WORDS: usize = 16384;
 /// vec4 registers of state per invocation: the kernel's eight named quads of four.
 pub const MAX_VEC4S_PER_THREAD: u32 = 32;
+/// State size (vec4s of f32 state in the call's sequences, 256 MiB) from which the default
+/// K-first tiling holds 32 vec4s per invocation instead of 16 ([`RecurrentStepTiles::choose`]).
+pub const LARGE_STATE_VEC4S: usize = 1 << 24;
 /// Largest workgroup the tile choice uses (every WebGPU device allows 256).
 pub const MAX_WORKGROUP: u32 = 256;
 /// Words of a k (q) row one invocation stages per token (the kernel's named registers).
@@ -394,8 +397,16 @@ impl RecurrentStepTiles {
     /// The default tiling. Decode moves every state byte once in and once out with ~2 FLOPs
     /// per byte, so it is bound by memory bandwidth, and what matters is how many bytes each
     /// SM keeps in flight and how short a workgroup's life is beyond its one memory latency:
-    /// - K-first, large state (≥ 16 MiB, e.g. B ≥ 64 at HV = 32, K = V = 128): 32 vec4s (128
-    ///   registers) of state per invocation in workgroups of 64 (V-block 64, 4 row lanes).
+    /// - K-first, medium state (16 MiB to [`LARGE_STATE_VEC4S`], e.g. B = 64 at HV = 32,
+    ///   K = V = 128): 16 vec4s in workgroups of 128 (V-block 64, 8 row lanes). Measured on
+    ///   the H200 (2026-12-02, branch h-wgsldecode2, same command, fresh processes, two
+    ///   rounds, T = 1 kernel): B = 64 64x16 0.0839 / 0.0837 ms (87 % of the copy), 64x32
+    ///   0.0877 / 0.0876, 32x32 0.0894 / 0.0902, 64x32t2 0.0970 / 0.0967, 64x32t4 0.0984 /
+    ///   0.0983, 32x32t4 0.1007 / 0.1011.
+    /// - K-first, large state (≥ [`LARGE_STATE_VEC4S`], e.g. B ≥ 128 at HV = 32, K = V =
+    ///   128): 32 vec4s (128 registers) of state per invocation in workgroups of 64 (V-block
+    ///   64, 4 row lanes); B = 256 (2026-12-02): 64x32 0.2820 / 0.2815 ms, 32x32 0.2909 /
+    ///   0.2916, 64x32t4 0.2960 / 0.2959.
     ///   Chosen from a sweep on the H200 (2026-12-01, commit fcb1eab, `gdn bench --ops decode
     ///   --heads 16/32 --decode-batch B --dtype f32 --reps 50 --decode-tiles VxN`, one process
     ///   per tiling, two alternating rounds that agreed within 1 %): B = 256 64x32 0.330 ms,
@@ -411,11 +422,11 @@ impl RecurrentStepTiles {
     pub fn choose(limits: &wgpu::Limits, problem: &Problem) -> Result<Self> {
         let total_vec4s =
             problem.num_sequences() * problem.heads_v * problem.key_dim * problem.value_dim / 4;
-        let large = total_vec4s >= 1 << 20;
-        let (target, wg_target) = match (large, problem.options.state_v_first) {
-            (true, false) => (32.0, 64.0),
-            (true, true) => (16.0, 128.0),
-            (false, _) => (8.0, 128.0),
+        let (small, large) = (total_vec4s < 1 << 20, total_vec4s >= LARGE_STATE_VEC4S);
+        let (target, wg_target) = match (small, large, problem.options.state_v_first) {
+            (true, _, _) => (8.0, 128.0),
+            (false, true, false) => (32.0, 64.0),
+            (false, _, _) => (16.0, 128.0),
         };
         let blocks = problem.num_sequences() * problem.heads_v;
         let score = |t: &Self| {
@@ -737,11 +748,9 @@ impl DecodePlan {
             &[4],
             crate::DType::F32,
         );
-        let one_token = sequences.iter().all(|s| s.len() <= 1) && exp_mode() != Some(0);
-        let mut constants = tiles.step_constants(outputs.per_token_states.is_some(), one_token);
-        if let Some(mode) = exp_mode().filter(|_| tiles.kernel == StepKernel::Workgroup) {
-            constants.push(("EXP_MODE", mode as f64));
-        }
+        // T = 1 decode: the kernel without its token loop (faster on the H200: BENCHMARKS.md).
+        let one_token = sequences.iter().all(|s| s.len() <= 1);
+        let constants = tiles.step_constants(outputs.per_token_states.is_some(), one_token);
         let source = source(tiles.pass(pool.dtype()), inputs.q.dtype)?;
 
         // The pool's windows as views (the whole tensor when it is one window).
@@ -1146,18 +1155,6 @@ fn token_windows(
         part_tokens,
         most_sequences,
     ))
-}
-
-/// EXPERIMENT (timing only, to be removed): `GDN_EXP_DECODE` = `loop` (the token loop even at
-/// T = 1: Some(0)), `empty` (1), `copy` (2), `walk` (3); see EXP_MODE in the kernel.
-fn exp_mode() -> Option<u32> {
-    match std::env::var("GDN_EXP_DECODE").ok()?.as_str() {
-        "loop" => Some(0),
-        "empty" => Some(1),
-        "copy" => Some(2),
-        "walk" => Some(3),
-        _ => None,
-    }
 }
 
 fn gcd(a: u64, b: u64) -> u64 {
