@@ -43,9 +43,8 @@ mod recurrent_step;
 
 pub use pool::{POOL_DTYPES, StateLayout, StatePool, StateSlot, check_slots};
 pub use recurrent_step::{
-    DecodeOutputs, DecodePlan, LARGE_STATE_VEC4S, MAX_VEC4S_PER_THREAD, MAX_WORKGROUP,
-    RecurrentStepTiles, SUBGROUP_V_BLOCK, StepKernel, TABLE_WORDS, max_sequences,
-    subgroup_kernel_available,
+    DecodeOutputs, DecodePlan, MAX_VEC4S_PER_THREAD, MAX_WORKGROUP, RecurrentStepTiles,
+    SUBGROUP_V_BLOCK, StepKernel, TABLE_WORDS, max_sequences, subgroup_kernel_available,
 };
 
 use crate::error::{Error, Result};

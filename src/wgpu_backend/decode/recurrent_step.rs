@@ -20,9 +20,6 @@ use std::ops::Range;
 pub const TABLE_WORDS: usize = 16384;
 /// vec4 registers of state per invocation: the kernel's eight named quads of four.
 pub const MAX_VEC4S_PER_THREAD: u32 = 32;
-/// State size (vec4s of f32 state in the call's sequences, 256 MiB) from which the default
-/// K-first tiling holds 32 vec4s per invocation instead of 16 ([`RecurrentStepTiles::choose`]).
-pub const LARGE_STATE_VEC4S: usize = 1 << 24;
 /// Largest workgroup the tile choice uses (every WebGPU device allows 256).
 pub const MAX_WORKGROUP: u32 = 256;
 /// Words of a k (q) row one invocation stages per token (the kernel's named registers).
@@ -397,24 +394,19 @@ impl RecurrentStepTiles {
     /// The default tiling. Decode moves every state byte once in and once out with ~2 FLOPs
     /// per byte, so it is bound by memory bandwidth, and what matters is how many bytes each
     /// SM keeps in flight and how short a workgroup's life is beyond its one memory latency:
-    /// - K-first, medium state (16 MiB to [`LARGE_STATE_VEC4S`], e.g. B = 64 at HV = 32,
-    ///   K = V = 128): 16 vec4s in workgroups of 128 (V-block 64, 8 row lanes). Measured on
-    ///   the H200 (2026-12-02, branch h-wgsldecode2, same command, fresh processes, two
-    ///   rounds, T = 1 kernel): B = 64 64x16 0.0839 / 0.0837 ms (87 % of the copy), 64x32
-    ///   0.0877 / 0.0876, 32x32 0.0894 / 0.0902, 64x32t2 0.0970 / 0.0967, 64x32t4 0.0984 /
-    ///   0.0983, 32x32t4 0.1007 / 0.1011.
-    /// - K-first, large state (≥ [`LARGE_STATE_VEC4S`], e.g. B ≥ 128 at HV = 32, K = V =
-    ///   128): 32 vec4s (128 registers) of state per invocation in workgroups of 64 (V-block
-    ///   64, 4 row lanes); B = 256 (2026-12-02): 64x32 0.2820 / 0.2815 ms, 32x32 0.2909 /
-    ///   0.2916, 64x32t4 0.2960 / 0.2959.
-    ///   Chosen from a sweep on the H200 (2026-12-01, commit fcb1eab, `gdn bench --ops decode
-    ///   --heads 16/32 --decode-batch B --dtype f32 --reps 50 --decode-tiles VxN`, one process
-    ///   per tiling, two alternating rounds that agreed within 1 %): B = 256 64x32 0.330 ms,
-    ///   32x32 0.337, 64x16 0.362, 32x16 0.363, 64x8 0.383, 128x16 (the previous default, from
-    ///   a sweep inside one process) 0.422; B = 64 64x32 0.1035, 64x16 0.1055, 128x16 0.119.
+    /// - K-first, large state (≥ 16 MiB, e.g. B ≥ 64 at HV = 32, K = V = 128): 16 vec4s of
+    ///   state per invocation in workgroups of 128 (V-block 64, 8 row lanes). Measured on the
+    ///   H200 (2026-12-02, branch h-wgsldecode2, `gdn bench --ops decode --heads H/HV
+    ///   --decode-batch B --dtype f32 --reps 50 --warmup 400 [--decode-tiles VxN]`, fresh
+    ///   processes alternated, T = 1 kernel): 16/32 B = 64 64x16 0.0829–0.0839 ms (4 processes,
+    ///   87 % of the copy), 64x32 0.0862–0.0877, 32x32 0.0894 / 0.0902, 64x32t2 0.0970 /
+    ///   0.0967, 64x32t4 0.0984 / 0.0983; B = 128 64x16 0.1482, 64x32 0.1512; B = 256 64x16
+    ///   0.2784, 64x32 0.2798–0.2820, 32x32 0.2909 / 0.2916; 16/64 B = 64 64x16 0.1481, 64x32
+    ///   0.1502–0.1514; bf16 pool B = 64 64x16 0.0772, 64x32 0.0800. (64x32, the default
+    ///   before, had won the 2026-12-01 sweep of the kernel with its token loop.)
     /// - V-first, large state: 16 vec4s in workgroups of 128 (not yet swept).
     /// - Small state (B = 1): 8 vec4s in workgroups of 128 — all of it is one wave of loads, and
-    ///   more invocations with fewer registers each spread it over more SMs (same sweep, B = 1:
+    ///   more invocations with fewer registers each spread it over more SMs (the 2026-12-01 sweep, B = 1:
     ///   32x8 0.0150 ms, 64x8 0.0150, 16x8 0.0153, 64x16 0.0156, 64x32 0.0184).
     /// - K-first V-blocks of ≥ 32 columns (a warp reads 128-byte row segments, full cache
     ///   lines), V-first ≥ 4 invocations along a row (64 B); when the grid would have fewer
@@ -422,11 +414,11 @@ impl RecurrentStepTiles {
     pub fn choose(limits: &wgpu::Limits, problem: &Problem) -> Result<Self> {
         let total_vec4s =
             problem.num_sequences() * problem.heads_v * problem.key_dim * problem.value_dim / 4;
-        let (small, large) = (total_vec4s < 1 << 20, total_vec4s >= LARGE_STATE_VEC4S);
-        let (target, wg_target) = match (small, large, problem.options.state_v_first) {
-            (true, _, _) => (8.0, 128.0),
-            (false, true, false) => (32.0, 64.0),
-            (false, _, _) => (16.0, 128.0),
+        // Large states of either layout: 16 vec4s in workgroups of 128.
+        let (target, wg_target) = if total_vec4s >= 1 << 20 {
+            (16.0, 128.0)
+        } else {
+            (8.0, 128.0)
         };
         let blocks = problem.num_sequences() * problem.heads_v;
         let score = |t: &Self| {
