@@ -554,7 +554,57 @@ fn every_tiling_the_device_fits() {
     }
 }
 
-/// Workgroups that walk several sequences (the `VxNsS` tilings): more sequences than a
+/// Calls whose sequences have at most one token (T = 1 decode), which the workgroup kernel
+/// runs without its token loop (`ONE_TOKEN`): every workgroup tiling (walking ones
+/// included), lengths 0 and 1 side by side, resumed, fresh and padding slots, GVA with a
+/// g = 0 and a g ≈ −20 head, per-token states, every option, β near 0 and near 2, both
+/// layouts, f32 and bf16 pools and every storage dtype the device takes.
+#[test]
+fn one_token_calls_on_every_tiling() {
+    let Some(ctx) = gpu() else { return };
+    let slots = [Resume(3), Fresh(0), Padding, Resume(5), Fresh(6)];
+    let varlen = Some(vec![0, 1, 1, 2, 3, 3]);
+    let mut ran = 0;
+    for (i, v_first) in [false, true].into_iter().enumerate() {
+        let every = Options {
+            scale: Some(0.3),
+            l2norm_qk: true,
+            beta_sigmoid: true,
+            allow_neg_eigval: true,
+            gate_in_kernel: true,
+            state_v_first: v_first,
+        };
+        let plain = Options {
+            state_v_first: v_first,
+            ..Options::default()
+        };
+        let cases = [
+            (problem(5, 1, 2, 4, 32, 32, None, plain), false, (0.0, 0.02)),
+            (
+                problem(1, 3, 2, 4, 32, 32, varlen.clone(), every),
+                true,
+                (0.99, 1.0),
+            ),
+        ];
+        for (j, (p, per_token, beta)) in cases.into_iter().enumerate() {
+            BETA.set(beta);
+            let seed = 1300 + (2 * i + j) as u64;
+            for t in RecurrentStepTiles::candidates(&ctx.limits(), &p) {
+                check_decode_with(ctx, &p, seed, 8, &slots, per_token, Some(t));
+                ran += 1;
+            }
+            for pool in [DType::F32, DType::BF16] {
+                for dtype in [DType::F32].into_iter().chain(half_storages(ctx)) {
+                    check_decode_in(ctx, &p, seed, 8, &slots, per_token, None, dtype, pool);
+                }
+            }
+        }
+    }
+    BETA.set((0.0, 1.0));
+    assert!(ran >= 20, "only {ran} tilings ran");
+}
+
+/// Workgroups that walk several sequences (the `VxNsS` and `VxNtS` tilings): more sequences than a
 /// workgroup walks and not a multiple of it, lengths 0, 1 and odd (k's double buffer carries
 /// its parity across sequences), resumed, fresh and padding slots side by side, GVA with a
 /// g = 0 and a g ≈ −20 head, per-token states, β near 0 and near 2, both layouts.
@@ -601,7 +651,11 @@ fn workgroups_walking_several_sequences() {
             BETA.set(beta);
             let tiles = RecurrentStepTiles::candidates(&ctx.limits(), &p);
             for t in tiles.into_iter().filter(|t| t.seqs_per_workgroup > 1) {
-                assert!(t.name().ends_with(&format!("s{}", t.seqs_per_workgroup)));
+                let mark = if t.prefetch_next { "s" } else { "t" };
+                assert!(
+                    t.name()
+                        .ends_with(&format!("{mark}{}", t.seqs_per_workgroup))
+                );
                 check_decode_with(
                     ctx,
                     &p,
@@ -701,12 +755,28 @@ fn default_tiling_follows_the_state_size() {
         let big = RecurrentStepTiles::choose(&limits, &problem(256, 1, 16, 32, 128, 128, None, o))
             .unwrap();
         eprintln!("B = 256: {big:?}");
-        // K-first: the fastest tiling of the H200 sweep of 2026-12-01, one process per tiling
-        // (V-block 64, 32 vec4s, workgroups of 64; see `RecurrentStepTiles::choose`).
-        let expected = if v_first { (16, 128) } else { (32, 64) };
-        assert_eq!((big.vec4s_per_thread, big.workgroup()), expected, "{big:?}");
+        // The fastest tiling of the H200 sweep of 2026-12-02 at B = 64 to 256 (K-first: V-block
+        // 64, 16 vec4s, workgroups of 128; see `RecurrentStepTiles::choose`).
+        assert_eq!(
+            (big.vec4s_per_thread, big.workgroup()),
+            (16, 128),
+            "{big:?}"
+        );
         if !v_first {
             assert_eq!(big.v_block, 64, "{big:?}");
+        }
+        // K-first B = 64 (128 MiB of state): 16 vec4s in workgroups of 128 (V-block 64), the
+        // fastest of the H200 sweep of 2026-12-02 there.
+        let mid = RecurrentStepTiles::choose(&limits, &problem(64, 1, 16, 32, 128, 128, None, o))
+            .unwrap();
+        eprintln!("B = 64: {mid:?}");
+        assert_eq!(
+            (mid.vec4s_per_thread, mid.workgroup()),
+            (16, 128),
+            "{mid:?}"
+        );
+        if !v_first {
+            assert_eq!(mid.v_block, 64, "{mid:?}");
         }
         let one =
             RecurrentStepTiles::choose(&limits, &problem(1, 1, 16, 32, 128, 128, None, o)).unwrap();

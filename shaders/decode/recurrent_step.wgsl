@@ -65,6 +65,12 @@ override PER_TOKEN_STATES: bool;
 // sequences z, z + nwg.z, …, loading the next sequence's slice while it walks this one's
 // tokens; then 2 VEC4S ≤ 32).
 override SEQS: u32;
+// SEQS > 1 without the next slice in flight: sequences z, z + nwg.z, … one after another,
+// each with the whole register budget (then VEC4S ≤ 32).
+override PREFETCH: bool = true;
+// Every sequence of the pass has at most one token (T = 1 decode): the token loop becomes one
+// guarded step and, with SEQS = 1, the kernel has no loop over tokens or sequences.
+override ONE_TOKEN: bool = false;
 // Sizes of workgroup arrays must be plain overrides: 2 K / 4, K / 4, WG (K-first) or 1.
 override K2_VEC4S: u32;
 override K_VEC4S: u32;
@@ -351,149 +357,161 @@ fn read_state(sq: Sequence, hv: u32, p: Place) -> Slice {
     return zero_slice();
 }
 
-// Walk the tokens of `sq` from state `s0`; `steps` counts the tokens the workgroup walked
-// before (the parity of k's double buffer continues across its sequences).
-fn walk(sq: Sequence, hv: u32, t: u32, p: Place, s0: Slice, steps: u32) -> Slice {
+// One token `tok` of `sq` from state `s0`; `kb` picks k's half of the double buffer.
+fn token_step(sq: Sequence, hv: u32, t: u32, p: Place, s0: Slice, tok: u32, kb: u32) -> Slice {
     let hv_count = params.heads_v;
     let h = hv / (hv_count / params.heads_qk);
     let v_dim = params.value_dim;
     let slice_words = K_DIM * v_dim / 4u;
     var s = s0;
-    for (var tok = sq.start; tok < sq.end; tok++) {
-        let kb = ((steps + tok - sq.start) % 2u) * K_VEC4S;
-        // The token's loads, all issued before any is used: this invocation's words of the k
-        // and q rows, its v, g and β.
-        let row_word = (tok * params.heads_qk + h) * (K_DIM / ELEMS_PER_WORD);
-        let kw0 = load_word(true, row_word, t, 0u);
-        let kw1 = load_word(true, row_word, t, 1u);
-        let kw2 = load_word(true, row_word, t, 2u);
-        let kw3 = load_word(true, row_word, t, 3u);
-        let kw4 = load_word(true, row_word, t, 4u);
-        let kw5 = load_word(true, row_word, t, 5u);
-        let kw6 = load_word(true, row_word, t, 6u);
-        let kw7 = load_word(true, row_word, t, 7u);
-        let qw0 = load_word(false, row_word, t, 0u);
-        let qw1 = load_word(false, row_word, t, 1u);
-        let qw2 = load_word(false, row_word, t, 2u);
-        let qw3 = load_word(false, row_word, t, 3u);
-        let qw4 = load_word(false, row_word, t, 4u);
-        let qw5 = load_word(false, row_word, t, 5u);
-        let qw6 = load_word(false, row_word, t, 6u);
-        let qw7 = load_word(false, row_word, t, 7u);
-        let v_row = (tok * hv_count + hv) * v_dim + p.v0;
-        var v = vec4<f32>(0.0);
-        if (V_FIRST) {
-            v.x = v_at(v_row + p.row_lane);
+    // The token's loads, all issued before any is used: this invocation's words of the k
+    // and q rows, its v, g and β.
+    let row_word = (tok * params.heads_qk + h) * (K_DIM / ELEMS_PER_WORD);
+    let kw0 = load_word(true, row_word, t, 0u);
+    let kw1 = load_word(true, row_word, t, 1u);
+    let kw2 = load_word(true, row_word, t, 2u);
+    let kw3 = load_word(true, row_word, t, 3u);
+    let kw4 = load_word(true, row_word, t, 4u);
+    let kw5 = load_word(true, row_word, t, 5u);
+    let kw6 = load_word(true, row_word, t, 6u);
+    let kw7 = load_word(true, row_word, t, 7u);
+    let qw0 = load_word(false, row_word, t, 0u);
+    let qw1 = load_word(false, row_word, t, 1u);
+    let qw2 = load_word(false, row_word, t, 2u);
+    let qw3 = load_word(false, row_word, t, 3u);
+    let qw4 = load_word(false, row_word, t, 4u);
+    let qw5 = load_word(false, row_word, t, 5u);
+    let qw6 = load_word(false, row_word, t, 6u);
+    let qw7 = load_word(false, row_word, t, 7u);
+    let v_row = (tok * hv_count + hv) * v_dim + p.v0;
+    var v = vec4<f32>(0.0);
+    if (V_FIRST) {
+        v.x = v_at(v_row + p.row_lane);
+        if (ELEMS_PER_WORD == 2u) {
+            v.y = v_at(v_row + min(p.row_lane + 1u, V_BLOCK - 1u));
+        }
+    } else {
+        let c = v_row + 4u * p.lane_vec;
+        v = vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
+    }
+    let gate = gate_of(tok, hv, sq.a_log, sq.dt_bias);
+
+    stage_word(true, kb, t, 0u, kw0);
+    stage_word(true, kb, t, 1u, kw1);
+    stage_word(true, kb, t, 2u, kw2);
+    stage_word(true, kb, t, 3u, kw3);
+    stage_word(true, kb, t, 4u, kw4);
+    stage_word(true, kb, t, 5u, kw5);
+    stage_word(true, kb, t, 6u, kw6);
+    stage_word(true, kb, t, 7u, kw7);
+    stage_word(false, kb, t, 0u, qw0);
+    stage_word(false, kb, t, 1u, qw1);
+    stage_word(false, kb, t, 2u, qw2);
+    stage_word(false, kb, t, 3u, qw3);
+    stage_word(false, kb, t, 4u, qw4);
+    stage_word(false, kb, t, 5u, qw5);
+    stage_word(false, kb, t, 6u, qw6);
+    stage_word(false, kb, t, 7u, qw7);
+    workgroupBarrier();
+
+    // Partial a, b and (Σk², Σq², k·q) over the invocation's registers.
+    var acc = Sums(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+    acc = quad_sums(acc, s.g0, p, 0u, kb);
+    acc = quad_sums(acc, s.g1, p, 1u, kb);
+    acc = quad_sums(acc, s.g2, p, 2u, kb);
+    acc = quad_sums(acc, s.g3, p, 3u, kb);
+    acc = quad_sums(acc, s.g4, p, 4u, kb);
+    acc = quad_sums(acc, s.g5, p, 5u, kb);
+    acc = quad_sums(acc, s.g6, p, 6u, kb);
+    acc = quad_sums(acc, s.g7, p, 7u, kb);
+    pa[t] = acc.a;
+    if (V_FIRST) {
+        if (p.row_lane == 0u) {
+            pc[p.lane_vec] = acc.c;
+        }
+    } else {
+        pb[t] = acc.b;
+        if (p.lane_vec == 0u) {
+            pc[p.row_lane] = acc.c;
+        }
+    }
+    workgroupBarrier();
+
+    // Every invocation sums what it needs: its columns' (K-first) or row's (V-first) a, b.
+    let c = sum_partials(2u, 0u, 1u, LANES);
+    var rk = 1.0;
+    var rq = 1.0;
+    if (has_flag(params.flags, FLAG_L2NORM)) {
+        rk = 1.0 / sqrt(c.x + 1e-6);
+        rq = 1.0 / sqrt(c.y + 1e-6);
+    }
+    let alpha = gate.x;
+    let beta = gate.y;
+    let kq = c.z * rk * rq;
+    var u4 = vec4<f32>(0.0);
+    if (V_FIRST) {
+        let ab = sum_partials(0u, ROW_VECS * p.row_lane, 1u, ROW_VECS);
+        u4.x = v_first_u(ab, v.x, alpha, beta, rk);
+        if (p.lane_vec == 0u) {
+            let o = params.scale * (alpha * rq * ab.y + u4.x * kq);
+            let i = v_row + p.row_lane;
             if (ELEMS_PER_WORD == 2u) {
-                v.y = v_at(v_row + min(p.row_lane + 1u, V_BLOCK - 1u));
-            }
-        } else {
-            let c = v_row + 4u * p.lane_vec;
-            v = vec4<f32>(v_at(c), v_at(c + 1u), v_at(c + 2u), v_at(c + 3u));
-        }
-        let gate = gate_of(tok, hv, sq.a_log, sq.dt_bias);
-
-        stage_word(true, kb, t, 0u, kw0);
-        stage_word(true, kb, t, 1u, kw1);
-        stage_word(true, kb, t, 2u, kw2);
-        stage_word(true, kb, t, 3u, kw3);
-        stage_word(true, kb, t, 4u, kw4);
-        stage_word(true, kb, t, 5u, kw5);
-        stage_word(true, kb, t, 6u, kw6);
-        stage_word(true, kb, t, 7u, kw7);
-        stage_word(false, kb, t, 0u, qw0);
-        stage_word(false, kb, t, 1u, qw1);
-        stage_word(false, kb, t, 2u, qw2);
-        stage_word(false, kb, t, 3u, qw3);
-        stage_word(false, kb, t, 4u, qw4);
-        stage_word(false, kb, t, 5u, qw5);
-        stage_word(false, kb, t, 6u, qw6);
-        stage_word(false, kb, t, 7u, qw7);
-        workgroupBarrier();
-
-        // Partial a, b and (Σk², Σq², k·q) over the invocation's registers.
-        var acc = Sums(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-        acc = quad_sums(acc, s.g0, p, 0u, kb);
-        acc = quad_sums(acc, s.g1, p, 1u, kb);
-        acc = quad_sums(acc, s.g2, p, 2u, kb);
-        acc = quad_sums(acc, s.g3, p, 3u, kb);
-        acc = quad_sums(acc, s.g4, p, 4u, kb);
-        acc = quad_sums(acc, s.g5, p, 5u, kb);
-        acc = quad_sums(acc, s.g6, p, 6u, kb);
-        acc = quad_sums(acc, s.g7, p, 7u, kb);
-        pa[t] = acc.a;
-        if (V_FIRST) {
-            if (p.row_lane == 0u) {
-                pc[p.lane_vec] = acc.c;
-            }
-        } else {
-            pb[t] = acc.b;
-            if (p.lane_vec == 0u) {
-                pc[p.row_lane] = acc.c;
-            }
-        }
-        workgroupBarrier();
-
-        // Every invocation sums what it needs: its columns' (K-first) or row's (V-first) a, b.
-        let c = sum_partials(2u, 0u, 1u, LANES);
-        var rk = 1.0;
-        var rq = 1.0;
-        if (has_flag(params.flags, FLAG_L2NORM)) {
-            rk = 1.0 / sqrt(c.x + 1e-6);
-            rq = 1.0 / sqrt(c.y + 1e-6);
-        }
-        let alpha = gate.x;
-        let beta = gate.y;
-        let kq = c.z * rk * rq;
-        var u4 = vec4<f32>(0.0);
-        if (V_FIRST) {
-            let ab = sum_partials(0u, ROW_VECS * p.row_lane, 1u, ROW_VECS);
-            u4.x = v_first_u(ab, v.x, alpha, beta, rk);
-            if (p.lane_vec == 0u) {
-                let o = params.scale * (alpha * rq * ab.y + u4.x * kq);
-                let i = v_row + p.row_lane;
-                if (ELEMS_PER_WORD == 2u) {
-                    if ((p.row_lane & 1u) == 0u) {
-                        let ab1 = sum_partials(0u, ROW_VECS * (p.row_lane + 1u), 1u, ROW_VECS);
-                        let u1 = v_first_u(ab1, v.y, alpha, beta, rk);
-                        let o1 = params.scale * (alpha * rq * ab1.y + u1 * kq);
-                        o_buf[elem_word(i)] = pack_pair(o, o1);
-                    }
-                } else {
-                    o_buf[i] = pack_elem(o);
+                if ((p.row_lane & 1u) == 0u) {
+                    let ab1 = sum_partials(0u, ROW_VECS * (p.row_lane + 1u), 1u, ROW_VECS);
+                    let u1 = v_first_u(ab1, v.y, alpha, beta, rk);
+                    let o1 = params.scale * (alpha * rq * ab1.y + u1 * kq);
+                    o_buf[elem_word(i)] = pack_pair(o, o1);
                 }
-            }
-        } else {
-            let a = sum_partials(0u, p.lane_vec, ROW_VECS, LANES);
-            let b = sum_partials(1u, p.lane_vec, ROW_VECS, LANES);
-            u4 = beta * (v - alpha * rk * a);
-            if (p.row_lane == 0u) {
-                let o = params.scale * (alpha * rq * b + u4 * kq);
-                let i = v_row + 4u * p.lane_vec;
-                if (ELEMS_PER_WORD == 2u) {
-                    o_buf[elem_word(i)] = pack_pair(o.x, o.y);
-                    o_buf[elem_word(i + 2u)] = pack_pair(o.z, o.w);
-                } else {
-                    o_buf[i] = pack_elem(o.x);
-                    o_buf[i + 1u] = pack_elem(o.y);
-                    o_buf[i + 2u] = pack_elem(o.z);
-                    o_buf[i + 3u] = pack_elem(o.w);
-                }
+            } else {
+                o_buf[i] = pack_elem(o);
             }
         }
+    } else {
+        let a = sum_partials(0u, p.lane_vec, ROW_VECS, LANES);
+        let b = sum_partials(1u, p.lane_vec, ROW_VECS, LANES);
+        u4 = beta * (v - alpha * rk * a);
+        if (p.row_lane == 0u) {
+            let o = params.scale * (alpha * rq * b + u4 * kq);
+            let i = v_row + 4u * p.lane_vec;
+            if (ELEMS_PER_WORD == 2u) {
+                o_buf[elem_word(i)] = pack_pair(o.x, o.y);
+                o_buf[elem_word(i + 2u)] = pack_pair(o.z, o.w);
+            } else {
+                o_buf[i] = pack_elem(o.x);
+                o_buf[i + 1u] = pack_elem(o.y);
+                o_buf[i + 2u] = pack_elem(o.z);
+                o_buf[i + 3u] = pack_elem(o.w);
+            }
+        }
+    }
 
-        // S ← α S + k uᵀ in registers.
-        s.g0 = quad_update(s.g0, p, 0u, kb, alpha, rk, u4);
-        s.g1 = quad_update(s.g1, p, 1u, kb, alpha, rk, u4);
-        s.g2 = quad_update(s.g2, p, 2u, kb, alpha, rk, u4);
-        s.g3 = quad_update(s.g3, p, 3u, kb, alpha, rk, u4);
-        s.g4 = quad_update(s.g4, p, 4u, kb, alpha, rk, u4);
-        s.g5 = quad_update(s.g5, p, 5u, kb, alpha, rk, u4);
-        s.g6 = quad_update(s.g6, p, 6u, kb, alpha, rk, u4);
-        s.g7 = quad_update(s.g7, p, 7u, kb, alpha, rk, u4);
-        if (PER_TOKEN_STATES) {
-            store_slice(false, (tok * hv_count + hv) * slice_words, p, s);
+    // S ← α S + k uᵀ in registers.
+    s.g0 = quad_update(s.g0, p, 0u, kb, alpha, rk, u4);
+    s.g1 = quad_update(s.g1, p, 1u, kb, alpha, rk, u4);
+    s.g2 = quad_update(s.g2, p, 2u, kb, alpha, rk, u4);
+    s.g3 = quad_update(s.g3, p, 3u, kb, alpha, rk, u4);
+    s.g4 = quad_update(s.g4, p, 4u, kb, alpha, rk, u4);
+    s.g5 = quad_update(s.g5, p, 5u, kb, alpha, rk, u4);
+    s.g6 = quad_update(s.g6, p, 6u, kb, alpha, rk, u4);
+    s.g7 = quad_update(s.g7, p, 7u, kb, alpha, rk, u4);
+    if (PER_TOKEN_STATES) {
+        store_slice(false, (tok * hv_count + hv) * slice_words, p, s);
+    }
+    return s;
+}
+
+// Walk the tokens of `sq` from state `s0`; `steps` counts the tokens the workgroup walked
+// before (the parity of k's double buffer continues across its sequences).
+fn walk(sq: Sequence, hv: u32, t: u32, p: Place, s0: Slice, steps: u32) -> Slice {
+    if (ONE_TOKEN) {
+        if (sq.start < sq.end) {
+            return token_step(sq, hv, t, p, s0, sq.start, (steps % 2u) * K_VEC4S);
         }
+        return s0;
+    }
+    var s = s0;
+    for (var tok = sq.start; tok < sq.end; tok++) {
+        s = token_step(sq, hv, t, p, s, tok, ((steps + tok - sq.start) % 2u) * K_VEC4S);
     }
     return s;
 }
@@ -509,7 +527,33 @@ fn recurrent_step(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id
     var n = wid.z;
     var sq = sequence_of(n, hv);
     var s = read_state(sq, hv, p);
+    if (SEQS == 1u) {
+        // No loop over sequences.
+        s = walk(sq, hv, t, p, s, 0u);
+        if (sq.write_slot >= 0) {
+            store_slice(true, (u32(sq.write_slot) * params.heads_v + hv) * slice_words, p, s);
+        }
+        return;
+    }
     var steps = 0u;
+    if (!PREFETCH) {
+        for (var i = 0u; i < SEQS; i++) {
+            if (i > 0u) {
+                n += nwg.z;
+                if (n >= sequences) {
+                    break;
+                }
+                sq = sequence_of(n, hv);
+                s = read_state(sq, hv, p);
+            }
+            s = walk(sq, hv, t, p, s, steps);
+            steps += sq.end - sq.start;
+            if (sq.write_slot >= 0) {
+                store_slice(true, (u32(sq.write_slot) * params.heads_v + hv) * slice_words, p, s);
+            }
+        }
+        return;
+    }
     for (var i = 0u; i < SEQS; i++) {
         // The next sequence's slice is loaded while this one's tokens are walked.
         let next = n + nwg.z;

@@ -181,8 +181,16 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
         .chain(RecurrentStepTiles::column_candidates(limits, problem))
         .chain(RecurrentStepTiles::subgroup_candidates(limits, problem));
     for tiles in decode_tiles {
-        for per_token_states in [false, true] {
-            let constants = tiles.pipeline_constants(per_token_states);
+        // The workgroup kernel has a T = 1 form too (no token loop).
+        let one_token: &[bool] = match tiles.kernel {
+            StepKernel::Workgroup => &[false, true],
+            _ => &[false],
+        };
+        for (per_token_states, &one) in [false, true]
+            .into_iter()
+            .flat_map(|p| one_token.iter().map(move |o| (p, o)))
+        {
+            let constants = tiles.step_constants(per_token_states, one);
             for state in [DType::F32, DType::BF16] {
                 if tiles.kernel == StepKernel::Column && state != DType::F32 {
                     continue;

@@ -984,7 +984,7 @@ enum Variant {
     Host,
 }
 
-/// The form of a `--decode-tiles` name (`VxN` or `sgV` / `sgVw`), checked before any work;
+/// The form of a `--decode-tiles` name (`VxN`, `VxNsS`, `VxNtS` or `sgV` / `sgVw`), checked before any work;
 /// whether the shape and device have that tiling is the case's question.
 fn check_decode_tiles_name(s: &str) -> Result<String, String> {
     let s = s.trim();
@@ -992,7 +992,7 @@ fn check_decode_tiles_name(s: &str) -> Result<String, String> {
     let ok = match s.strip_prefix("sg") {
         Some(rest) => number(rest.strip_suffix('w').unwrap_or(rest)),
         None => s.split_once('x').is_some_and(|(v, n)| {
-            let (n, seqs) = n.split_once('s').unwrap_or((n, "1"));
+            let (n, seqs) = n.split_once(['s', 't']).unwrap_or((n, "1"));
             number(v) && number(n) && number(seqs)
         }),
     };
@@ -1000,7 +1000,7 @@ fn check_decode_tiles_name(s: &str) -> Result<String, String> {
         Ok(s.to_string())
     } else {
         Err(format!(
-            "--decode-tiles: expected VxN or VxNsS (e.g. 64x32, 64x16s4) or sgV / sgVw (e.g. sg32), got {s:?}"
+            "--decode-tiles: expected VxN, VxNsS or VxNtS (e.g. 64x32, 64x16s4, 64x32t4) or sgV / sgVw (e.g. sg32), got {s:?}"
         ))
     }
 }

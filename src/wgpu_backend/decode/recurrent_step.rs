@@ -104,8 +104,13 @@ pub struct RecurrentStepTiles {
     pub v_first: bool,
     /// Sequences one workgroup walks (workgroup kernel): with more than one, a workgroup
     /// loads the next sequence's slice while it walks this one's tokens, holding two slices
-    /// (so `2·vec4s_per_thread ≤ 32`); the grid has ⌈N / seqs_per_workgroup⌉ along z.
+    /// (so `2·vec4s_per_thread ≤ 32`), unless [`prefetch_next`](Self::prefetch_next) is
+    /// off; the grid has ⌈N / seqs_per_workgroup⌉ along z.
     pub seqs_per_workgroup: u32,
+    /// With `seqs_per_workgroup > 1`: whether a workgroup loads the next sequence's slice
+    /// while it walks this one (`VxNsS`), or walks its sequences one after another with the
+    /// whole register budget for one slice (`VxNtS`, fewer and longer-lived workgroups).
+    pub prefetch_next: bool,
     key_dim: u32,
 }
 
@@ -135,6 +140,7 @@ impl RecurrentStepTiles {
             vec4s_per_thread: vec4s,
             v_first,
             seqs_per_workgroup: 1,
+            prefetch_next: true,
             key_dim,
         };
         (tiles.workgroup() <= MAX_WORKGROUP && tiles.stage() <= MAX_STAGE).then_some(tiles)
@@ -155,6 +161,7 @@ impl RecurrentStepTiles {
             v_first,
             key_dim,
             seqs_per_workgroup: 1,
+            prefetch_next: true,
         })
     }
 
@@ -166,6 +173,17 @@ impl RecurrentStepTiles {
             && (seqs == 1 || 2 * self.vec4s_per_thread <= MAX_VEC4S_PER_THREAD);
         fits.then_some(RecurrentStepTiles {
             seqs_per_workgroup: seqs,
+            ..self
+        })
+    }
+
+    /// These tiles walking `seqs` sequences per workgroup one after another (no prefetch, see
+    /// [`prefetch_next`](Self::prefetch_next)).
+    fn in_turn(self, seqs: u32) -> Option<Self> {
+        let fits = self.kernel == StepKernel::Workgroup && seqs > 1;
+        fits.then_some(RecurrentStepTiles {
+            seqs_per_workgroup: seqs,
+            prefetch_next: false,
             ..self
         })
     }
@@ -186,6 +204,7 @@ impl RecurrentStepTiles {
             vec4s_per_thread: vec4s,
             v_first,
             seqs_per_workgroup: 1,
+            prefetch_next: true,
             key_dim,
         })
     }
@@ -363,6 +382,9 @@ impl RecurrentStepTiles {
                     if v_block >= 32 && matches!(vec4s, 8 | 16) {
                         out.extend([2, 4, 8].into_iter().filter_map(|s| t.walking(s)));
                     }
+                    if v_block >= 32 && matches!(vec4s, 16 | 32) {
+                        out.extend([2, 4, 8].into_iter().filter_map(|s| t.in_turn(s)));
+                    }
                 }
             }
         }
@@ -372,16 +394,19 @@ impl RecurrentStepTiles {
     /// The default tiling. Decode moves every state byte once in and once out with ~2 FLOPs
     /// per byte, so it is bound by memory bandwidth, and what matters is how many bytes each
     /// SM keeps in flight and how short a workgroup's life is beyond its one memory latency:
-    /// - K-first, large state (≥ 16 MiB, e.g. B ≥ 64 at HV = 32, K = V = 128): 32 vec4s (128
-    ///   registers) of state per invocation in workgroups of 64 (V-block 64, 4 row lanes).
-    ///   Chosen from a sweep on the H200 (2026-12-01, commit fcb1eab, `gdn bench --ops decode
-    ///   --heads 16/32 --decode-batch B --dtype f32 --reps 50 --decode-tiles VxN`, one process
-    ///   per tiling, two alternating rounds that agreed within 1 %): B = 256 64x32 0.330 ms,
-    ///   32x32 0.337, 64x16 0.362, 32x16 0.363, 64x8 0.383, 128x16 (the previous default, from
-    ///   a sweep inside one process) 0.422; B = 64 64x32 0.1035, 64x16 0.1055, 128x16 0.119.
+    /// - K-first, large state (≥ 16 MiB, e.g. B ≥ 64 at HV = 32, K = V = 128): 16 vec4s of
+    ///   state per invocation in workgroups of 128 (V-block 64, 8 row lanes). Measured on the
+    ///   H200 (2026-12-02, branch h-wgsldecode2, `gdn bench --ops decode --heads H/HV
+    ///   --decode-batch B --dtype f32 --reps 50 --warmup 400 [--decode-tiles VxN]`, fresh
+    ///   processes alternated, T = 1 kernel): 16/32 B = 64 64x16 0.0829–0.0839 ms (4 processes,
+    ///   87 % of the copy), 64x32 0.0862–0.0877, 32x32 0.0894 / 0.0902, 64x32t2 0.0970 /
+    ///   0.0967, 64x32t4 0.0984 / 0.0983; B = 128 64x16 0.1482, 64x32 0.1512; B = 256 64x16
+    ///   0.2784, 64x32 0.2798–0.2820, 32x32 0.2909 / 0.2916; 16/64 B = 64 64x16 0.1481, 64x32
+    ///   0.1502–0.1514; bf16 pool B = 64 64x16 0.0772, 64x32 0.0800. (64x32, the default
+    ///   before, had won the 2026-12-01 sweep of the kernel with its token loop.)
     /// - V-first, large state: 16 vec4s in workgroups of 128 (not yet swept).
     /// - Small state (B = 1): 8 vec4s in workgroups of 128 — all of it is one wave of loads, and
-    ///   more invocations with fewer registers each spread it over more SMs (same sweep, B = 1:
+    ///   more invocations with fewer registers each spread it over more SMs (the 2026-12-01 sweep, B = 1:
     ///   32x8 0.0150 ms, 64x8 0.0150, 16x8 0.0153, 64x16 0.0156, 64x32 0.0184).
     /// - K-first V-blocks of ≥ 32 columns (a warp reads 128-byte row segments, full cache
     ///   lines), V-first ≥ 4 invocations along a row (64 B); when the grid would have fewer
@@ -389,11 +414,11 @@ impl RecurrentStepTiles {
     pub fn choose(limits: &wgpu::Limits, problem: &Problem) -> Result<Self> {
         let total_vec4s =
             problem.num_sequences() * problem.heads_v * problem.key_dim * problem.value_dim / 4;
-        let large = total_vec4s >= 1 << 20;
-        let (target, wg_target) = match (large, problem.options.state_v_first) {
-            (true, false) => (32.0, 64.0),
-            (true, true) => (16.0, 128.0),
-            (false, _) => (8.0, 128.0),
+        // Large states of either layout: 16 vec4s in workgroups of 128.
+        let (target, wg_target) = if total_vec4s >= 1 << 20 {
+            (16.0, 128.0)
+        } else {
+            (8.0, 128.0)
         };
         let blocks = problem.num_sequences() * problem.heads_v;
         let score = |t: &Self| {
@@ -430,8 +455,11 @@ impl RecurrentStepTiles {
     pub fn name(&self) -> String {
         match self.kernel {
             StepKernel::Workgroup if self.seqs_per_workgroup > 1 => format!(
-                "{}x{}s{}",
-                self.v_block, self.vec4s_per_thread, self.seqs_per_workgroup
+                "{}x{}{}{}",
+                self.v_block,
+                self.vec4s_per_thread,
+                if self.prefetch_next { "s" } else { "t" },
+                self.seqs_per_workgroup
             ),
             StepKernel::Workgroup => format!("{}x{}", self.v_block, self.vec4s_per_thread),
             StepKernel::Subgroup if self.col_groups() > 1 => format!("sg{}w", self.v_block),
@@ -464,6 +492,16 @@ impl RecurrentStepTiles {
 
     /// The pipeline's override constants (public so the shader tests specialize every tiling).
     pub fn pipeline_constants(&self, per_token_states: bool) -> Vec<(&'static str, f64)> {
+        self.step_constants(per_token_states, false)
+    }
+
+    /// [`pipeline_constants`](Self::pipeline_constants) for a call whose sequences have at
+    /// most one token each when `one_token` (the workgroup kernel then walks no token loop).
+    pub fn step_constants(
+        &self,
+        per_token_states: bool,
+        one_token: bool,
+    ) -> Vec<(&'static str, f64)> {
         let bool_constant = |b: bool| if b { 1.0 } else { 0.0 };
         if self.kernel == StepKernel::Column {
             return vec![
@@ -495,9 +533,11 @@ impl RecurrentStepTiles {
             ("V_FIRST", bool_constant(self.v_first)),
             ("PER_TOKEN_STATES", bool_constant(per_token_states)),
             ("SEQS", self.seqs_per_workgroup as f64),
+            ("PREFETCH", bool_constant(self.prefetch_next)),
             ("K2_VEC4S", (2 * self.key_dim / 4) as f64),
             ("K_VEC4S", (self.key_dim / 4) as f64),
             ("PB_VEC4S", self.pb_vec4s() as f64),
+            ("ONE_TOKEN", bool_constant(one_token)),
         ]
     }
 }
@@ -700,7 +740,9 @@ impl DecodePlan {
             &[4],
             crate::DType::F32,
         );
-        let constants = tiles.pipeline_constants(outputs.per_token_states.is_some());
+        // T = 1 decode: the kernel without its token loop (faster on the H200: BENCHMARKS.md).
+        let one_token = sequences.iter().all(|s| s.len() <= 1);
+        let constants = tiles.step_constants(outputs.per_token_states.is_some(), one_token);
         let source = source(tiles.pass(pool.dtype()), inputs.q.dtype)?;
 
         // The pool's windows as views (the whole tensor when it is one window).
