@@ -1,0 +1,349 @@
+//! What a cooperative-matrix op costs on this GPU: GPU time (timestamp queries) of kernels
+//! that repeat one kind of op (examples/coop_probe_wgsl/), per subgroup and op, at 1, 2 and 4
+//! subgroups per workgroup and grids of 132..2048 workgroups. The ops are the ones the coop
+//! scans issue per chunk (docs/compute-paths.md counts them):
+//!
+//! - `mma_dep`: a dependent chain of coopMultiplyAdd (16×16×16 f16 → f32) on register-resident
+//!   matrices (latency); `mma_ind`: four independent chains (the scans' pattern);
+//! - `load_rt`, `load_const`, `load_col`: 8 A tiles of a K-shaped f16 buffer from storage per
+//!   iteration, loaded one iteration ahead, row-major with the stride from a uniform, with a
+//!   constant stride, column-major; `load_v4`, `load_v4col`: the same through a `vec4<f16>`
+//!   pointer (8-byte elements); each tile feeds one product, so compare with `mma_ind`;
+//! - `wgload_wg`, `wgload_wg4`: 8 B tiles from workgroup memory (f16 elements, vec4<f16>);
+//! - `roundtrip`: f32 tiles coopStoreT to workgroup memory, barrier, coopLoadT back, barrier;
+//! - `republish`: the scans' per-chunk publish of the f32 state as f16 (store, barrier, an
+//!   element loop rounding to f16, barrier) and 8 B-tile loads + products on it;
+//! - `barriers`: two barriers per iteration and nothing else.
+//!
+//! Every line: mode, invocations per workgroup, workgroups, GPU ms (median of `--reps`),
+//! ns per iteration of one subgroup (8 ops, or one publish for `republish`, 2 barriers for
+//! `barriers`) and ns per op. A warm-up of ≥ 300 ms of work comes first (the H200 idles at
+//! 345 MHz). Without cooperative matrices (lavapipe, most non-NVIDIA Vulkan drivers) it says
+//! so and exits 0: `--check` then only validates the kernels with naga.
+//!
+//! ```text
+//! cargo run --release --example coop_probe [-- --iters 1024 --reps 3 --wg 32,64,128
+//!           --grids 132,264,528,1056,2048 --modes mma_dep,load_rt,... | --check]
+//! ```
+
+use std::time::Instant;
+
+use gdn_wgpu::wgpu_backend::{Context, GpuTimer, list_adapters};
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+const PROBE: &str = include_str!("coop_probe_wgsl/probe.wgsl");
+const LOAD_TEMPLATE: &str = include_str!("coop_probe_wgsl/load_template.wgsl");
+const WG_TEMPLATE: &str = include_str!("coop_probe_wgsl/wg_template.wgsl");
+
+/// The storage-load helpers of probe.wgsl, each given an entry point `load_<suffix>`.
+const LOADS: &[&str] = &["ld_rt", "ld_const", "ld_col", "ld_v4", "ld_v4col"];
+/// The workgroup-tile helpers, each given an entry point `wgload_<prefix>`.
+const TILES: &[&str] = &["wg_tile", "wg4_tile"];
+
+/// Tokens of the K-shaped buffer (a power of two) and its qk-heads (K = 128 each).
+const ROWS: u32 = 8192;
+const HEADS: u32 = 16;
+
+struct Args {
+    iters: u32,
+    reps: usize,
+    wgs: Vec<u32>,
+    grids: Vec<u32>,
+    modes: Option<Vec<String>>,
+    check: bool,
+}
+
+fn parse_list(s: &str) -> Res<Vec<u32>> {
+    s.split(',')
+        .map(|x| x.trim().parse::<u32>().map_err(|e| format!("{x:?}: {e}").into()))
+        .collect()
+}
+
+fn parse_args() -> Res<Args> {
+    let mut a = Args {
+        iters: 1024,
+        reps: 3,
+        wgs: vec![32, 64, 128],
+        grids: vec![132, 264, 528, 1056, 2048],
+        modes: None,
+        check: false,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--iters" => a.iters = value()?.parse()?,
+            "--reps" => a.reps = value()?.parse()?,
+            "--wg" => a.wgs = parse_list(&value()?)?,
+            "--grids" => a.grids = parse_list(&value()?)?,
+            "--modes" => a.modes = Some(value()?.split(',').map(str::to_owned).collect()),
+            "--check" => a.check = true,
+            other => return Err(format!("unknown argument {other:?} (see the file's doc)").into()),
+        }
+    }
+    if a.wgs.iter().any(|&w| ![32, 64, 128].contains(&w)) {
+        return Err("--wg: 32, 64 or 128 invocations (1, 2 or 4 subgroups)".into());
+    }
+    if a.iters == 0 || a.reps == 0 || a.grids.contains(&0) {
+        return Err("--iters, --reps and every grid must be positive".into());
+    }
+    Ok(a)
+}
+
+/// probe.wgsl with one entry point per load helper and per workgroup-tile helper.
+fn assembled() -> (String, Vec<String>) {
+    let mut text = PROBE.to_owned();
+    let mut modes: Vec<String> = ["mma_dep", "mma_ind"].map(String::from).to_vec();
+    for h in LOADS {
+        let entry = format!("load_{}", &h[3..]);
+        text += &LOAD_TEMPLATE
+            .replace("LOAD_ENTRY", &entry)
+            .replace("LOAD(", &format!("{h}("));
+        modes.push(entry);
+    }
+    for h in TILES {
+        let entry = format!("wgload_{}", h.split('_').next().unwrap());
+        text += &WG_TEMPLATE
+            .replace("WG_ENTRY", &entry)
+            .replace("TILE(", &format!("{h}("));
+        modes.push(entry);
+    }
+    modes.extend(["roundtrip", "republish", "barriers"].map(String::from));
+    (text, modes)
+}
+
+/// naga's validation of the assembled kernels and their SPIR-V, each entry point at each
+/// workgroup size, as wgpu's Vulkan backend writes it (what `--check` runs; no GPU needed:
+/// naga's SPIR-V writer has panicked on cooperative stores that pass validation).
+fn validate(text: &str, modes: &[String], wgs: &[u32], iters: u32) -> Res<()> {
+    let module = naga::front::wgsl::parse_str(text).map_err(|e| e.emit_to_string(text))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| e.emit_to_string(text))?;
+    let options = naga::back::spv::Options {
+        lang_version: (1, 6),
+        ..Default::default()
+    };
+    for mode in modes {
+        for &wg in wgs {
+            let constants =
+                naga::back::PipelineConstants::from([("WG".into(), wg as f64), ("ITERS".into(), iters as f64)]);
+            let (m, i) = naga::back::pipeline_constants::process_overrides(
+                &module,
+                &info,
+                Some((naga::ShaderStage::Compute, mode)),
+                &constants,
+            )?;
+            let pipeline = naga::back::spv::PipelineOptions {
+                shader_stage: naga::ShaderStage::Compute,
+                entry_point: mode.clone(),
+            };
+            naga::back::spv::write_vec(&m, &i, &options, Some(&pipeline))?;
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Res<()> {
+    let args = parse_args()?;
+    let (text, all_modes) = assembled();
+    if args.check {
+        validate(&text, &all_modes, &args.wgs, args.iters)?;
+        println!("coop_probe: {} kernels validate", all_modes.len());
+        return Ok(());
+    }
+    let modes: Vec<String> = match &args.modes {
+        Some(m) => {
+            if let Some(bad) = m.iter().find(|x| !all_modes.contains(x)) {
+                return Err(format!("unknown mode {bad:?}; modes: {}", all_modes.join(",")).into());
+            }
+            m.clone()
+        }
+        None => all_modes,
+    };
+
+    let ctx = Context::new_blocking()?;
+    let info = ctx.adapter_info.clone();
+    let name = info.as_ref().map_or("?".into(), |i| i.name.clone());
+    let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+    if !ctx.features().contains(need) {
+        println!(
+            "coop_probe: {name} has no cooperative matrices with f16 (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX, SHADER_F16): nothing to time"
+        );
+        return Ok(());
+    }
+    println!("coop_probe: adapter {name} ({:?})", info.map(|i| i.backend));
+    for adapter in pollster::block_on(list_adapters()) {
+        if adapter.get_info().name == name {
+            for p in adapter.cooperative_matrix_properties() {
+                println!("coop_probe: cooperative matrix {p:?}");
+            }
+            break;
+        }
+    }
+    let Some(timer) = GpuTimer::new(&ctx, 2 + args.reps as u32) else {
+        println!("coop_probe: {name} has no timestamp queries inside encoders: nothing to time");
+        return Ok(());
+    };
+
+    let device = &ctx.device;
+    // SAFETY: the probe's kernels index only inside their buffers (rows wrap at ROWS, the
+    // output has a 256-float tile per subgroup of the largest grid); the library's own
+    // passes are created the same way (ShaderChecks::None, pipelines.rs).
+    let module = unsafe {
+        device.create_shader_module_trusted(
+            wgpu::ShaderModuleDescriptor {
+                label: Some("coop_probe"),
+                source: wgpu::ShaderSource::Wgsl(text.as_str().into()),
+            },
+            wgpu::ShaderRuntimeChecks::unchecked(),
+        )
+    };
+    let storage = |binding, read_only| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty: wgpu::BufferBindingType::Storage { read_only },
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("coop_probe"),
+        entries: &[
+            wgpu::BindGroupLayoutEntry {
+                binding: 0,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Uniform,
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            },
+            storage(1, true),
+            storage(2, true),
+            storage(3, false),
+        ],
+    });
+    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some("coop_probe"),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let max_grid = *args.grids.iter().max().unwrap();
+    let stride = HEADS * 128;
+    let buffer = |size: u64, usage| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("coop_probe"),
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    // Zeroed by wgpu: the values do not matter to the time of these ops.
+    let src = buffer(2 * (ROWS * stride) as u64 + 4096, wgpu::BufferUsages::STORAGE);
+    let out = buffer(max_grid as u64 * 4 * 256 * 4, wgpu::BufferUsages::STORAGE);
+    let uniform = buffer(
+        16,
+        wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+    );
+    ctx.queue.write_buffer(
+        &uniform,
+        0,
+        bytemuck::cast_slice(&[stride, ROWS, HEADS, 0u32]),
+    );
+    let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("coop_probe"),
+        layout: &layout,
+        entries: &[
+            wgpu::BindGroupEntry {
+                binding: 0,
+                resource: uniform.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 1,
+                resource: src.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 2,
+                resource: src.as_entire_binding(),
+            },
+            wgpu::BindGroupEntry {
+                binding: 3,
+                resource: out.as_entire_binding(),
+            },
+        ],
+    });
+    let pipeline = |entry: &str, wg: u32| {
+        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &[("WG", wg as f64), ("ITERS", args.iters as f64)],
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        })
+    };
+    let dispatch = |encoder: &mut wgpu::CommandEncoder, p: &wgpu::ComputePipeline, grid: u32| {
+        let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        pass.set_pipeline(p);
+        pass.set_bind_group(0, &bind, &[]);
+        pass.dispatch_workgroups(grid, 1, 1);
+    };
+    // One submission: an untimed dispatch, then `reps` timed ones; the median in ms.
+    let time = |p: &wgpu::ComputePipeline, grid: u32| -> Res<f64> {
+        let mut encoder = device.create_command_encoder(&Default::default());
+        dispatch(&mut encoder, p, grid);
+        timer.reset();
+        timer.mark(&mut encoder, "start");
+        for _ in 0..args.reps {
+            dispatch(&mut encoder, p, grid);
+            timer.mark(&mut encoder, "rep");
+        }
+        timer.resolve(&mut encoder);
+        ctx.queue.submit([encoder.finish()]);
+        let mut ms: Vec<f64> = timer.read_spans(&ctx)?.iter().map(|s| s.1).collect();
+        ms.sort_by(f64::total_cmp);
+        Ok(ms[ms.len() / 2])
+    };
+
+    // Warm-up: products on every SM until 300 ms of wall time have passed.
+    let warm = pipeline("mma_ind", 128);
+    let t0 = Instant::now();
+    let mut warm_ms = 0.0;
+    while t0.elapsed().as_secs_f64() < 0.3 {
+        warm_ms += time(&warm, max_grid)? * args.reps as f64;
+    }
+    ctx.check()?;
+    println!(
+        "coop_probe: warm-up {warm_ms:.1} ms GPU in {:.0} ms; iters {} reps {} (GPU ms = median)",
+        t0.elapsed().as_secs_f64() * 1e3,
+        args.iters,
+        args.reps
+    );
+    println!("mode wg grid gpu_ms ns_per_iter ns_per_op");
+    for mode in &modes {
+        for &wg in &args.wgs {
+            let p = pipeline(mode, wg);
+            for &grid in &args.grids {
+                let ms = time(&p, grid)?;
+                let per_iter = ms * 1e6 / args.iters as f64;
+                println!(
+                    "{mode} {wg} {grid} {ms:.4} {per_iter:.1} {:.2}",
+                    per_iter / 8.0
+                );
+            }
+            ctx.check()?;
+        }
+    }
+    Ok(())
+}
