@@ -52,11 +52,20 @@ struct Args {
     grids: Vec<u32>,
     modes: Option<Vec<String>>,
     check: bool,
+    /// Tokens of the scan ablations (0: none).
+    scan_tokens: u32,
+    scan_heads: Vec<(u32, u32)>,
+    /// Where `--check` writes the scan ablations' sources.
+    dump: Option<String>,
 }
 
 fn parse_list(s: &str) -> Res<Vec<u32>> {
     s.split(',')
-        .map(|x| x.trim().parse::<u32>().map_err(|e| format!("{x:?}: {e}").into()))
+        .map(|x| {
+            x.trim()
+                .parse::<u32>()
+                .map_err(|e| format!("{x:?}: {e}").into())
+        })
         .collect()
 }
 
@@ -68,6 +77,9 @@ fn parse_args() -> Res<Args> {
         grids: vec![132, 264, 528, 1056, 2048],
         modes: None,
         check: false,
+        scan_tokens: 8192,
+        scan_heads: vec![(16, 64), (2, 8)],
+        dump: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -79,11 +91,25 @@ fn parse_args() -> Res<Args> {
             "--grids" => a.grids = parse_list(&value()?)?,
             "--modes" => a.modes = Some(value()?.split(',').map(str::to_owned).collect()),
             "--check" => a.check = true,
+            "--dump" => a.dump = Some(value()?),
+            "--scan-tokens" => a.scan_tokens = value()?.parse()?,
+            "--scan-heads" => {
+                a.scan_heads = value()?
+                    .split(',')
+                    .map(|hv| -> Res<(u32, u32)> {
+                        let (h, v) = hv.split_once('/').ok_or("--scan-heads: H/HV,...")?;
+                        Ok((h.parse()?, v.parse()?))
+                    })
+                    .collect::<Res<_>>()?
+            }
             other => return Err(format!("unknown argument {other:?} (see the file's doc)").into()),
         }
     }
     if a.wgs.iter().any(|&w| ![32, 64, 128].contains(&w)) {
         return Err("--wg: 32, 64 or 128 invocations (1, 2 or 4 subgroups)".into());
+    }
+    if a.scan_tokens % 64 != 0 || a.scan_heads.iter().any(|&(h, v)| h == 0 || v % h != 0) {
+        return Err("--scan-tokens: a multiple of 64; --scan-heads: HV a multiple of H".into());
     }
     if a.iters == 0 || a.reps == 0 || a.grids.contains(&0) {
         return Err("--iters, --reps and every grid must be positive".into());
@@ -116,7 +142,7 @@ fn assembled() -> (String, Vec<String>) {
 /// naga's validation of the assembled kernels and their SPIR-V, each entry point at each
 /// workgroup size, as wgpu's Vulkan backend writes it (what `--check` runs; no GPU needed:
 /// naga's SPIR-V writer has panicked on cooperative stores that pass validation).
-fn validate(text: &str, modes: &[String], wgs: &[u32], iters: u32) -> Res<()> {
+fn validate(text: &str, modes: &[String], wgs: &[u32], iters: Option<u32>) -> Res<()> {
     let module = naga::front::wgsl::parse_str(text).map_err(|e| e.emit_to_string(text))?;
     let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
@@ -130,8 +156,13 @@ fn validate(text: &str, modes: &[String], wgs: &[u32], iters: u32) -> Res<()> {
     };
     for mode in modes {
         for &wg in wgs {
-            let constants =
-                naga::back::PipelineConstants::from([("WG".into(), wg as f64), ("ITERS".into(), iters as f64)]);
+            let constants = match iters {
+                Some(iters) => naga::back::PipelineConstants::from([
+                    ("WG".into(), wg as f64),
+                    ("ITERS".into(), iters as f64),
+                ]),
+                None => Default::default(),
+            };
             let (m, i) = naga::back::pipeline_constants::process_overrides(
                 &module,
                 &info,
@@ -148,12 +179,289 @@ fn validate(text: &str, modes: &[String], wgs: &[u32], iters: u32) -> Res<()> {
     Ok(())
 }
 
+/// `make` with the device's validation and internal errors caught: a kernel the driver or
+/// wgpu refuses is reported and skipped, not the end of the run.
+fn caught<T>(device: &wgpu::Device, make: impl FnOnce() -> T) -> Result<T, String> {
+    use futures::FutureExt;
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let internal = device.push_error_scope(wgpu::ErrorFilter::Internal);
+    let made = make();
+    for scope in [internal.pop(), validation.pop()] {
+        if let Some(Some(e)) = scope.now_or_never() {
+            return Err(e.to_string());
+        }
+    }
+    Ok(made)
+}
+
+/// Timing variants of `state_scan_coop` (bf16 storage), each the scan's source with a part
+/// of the chunk step taken out (wrong results, same control flow): what that part costs.
+/// The edits apply to the scan's entry function, not to the snippets it includes.
+fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
+    use gdn_wgpu::wgpu_backend::shaders::{Pass, source};
+    let text = &source(Pass::StateScanCoop, gdn_wgpu::DType::BF16)?.text;
+    let at = text
+        .find("fn state_scan_coop(")
+        .ok_or("the scan's entry point moved")?;
+    let (head, body) = text.split_at(at);
+    let edit = |name: &'static str, f: &dyn Fn(&str) -> String| -> Res<(&'static str, String)> {
+        let new = f(body);
+        if new == body {
+            return Err(format!("ablation {name} no longer matches state_scan_coop.wgsl").into());
+        }
+        Ok((name, format!("{head}{new}")))
+    };
+    let map_lines = |b: &str, f: &dyn Fn(&str) -> Option<String>| -> String {
+        b.lines()
+            .filter_map(|l| match f(l.trim_start()) {
+                None => Some(l.to_owned()),
+                Some(r) if r.is_empty() => None,
+                Some(r) => Some(format!("        {r}")),
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let no_publish = |b: &str| {
+        b.replace(
+            "        if (c + 1u < n_chunks) {\n            publish_half(t, sg, 0u, s00, s01);\n            publish_half(t, sg, 1u, s10, s11);\n        }\n",
+            "",
+        )
+    };
+    let no_elem = |b: &str| {
+        map_lines(b, &|l| l.starts_with("w_elem(t, ").then(String::new))
+            .replace("n < BV / 2u; n++", "n < 0u; n++")
+            .replace("n < BV / 4u; n++", "n < 0u; n++")
+    };
+    let no_barrier = |b: &str| {
+        let loop_at = b.find("for (var c = 0u;").unwrap_or(0);
+        let (pre, post) = b.split_at(loop_at);
+        format!("{pre}{}", post.replace("        workgroupBarrier();\n", ""))
+    };
+    let no_reload = |b: &str| {
+        map_lines(b, &|l| {
+            ((l.starts_with("ka") && l.contains("= k_rows(next"))
+                || (l.starts_with("qa") && l.contains("= q_rows(next")))
+            .then(String::new)
+        })
+    };
+    let no_tile_loads = |b: &str| {
+        map_lines(b, &|l| {
+            let name = l.strip_prefix("let ")?.split(' ').next()?;
+            if l.contains("= gated_rows(") {
+                Some(format!("let {name} = ka{};", &name[2..3]))
+            } else if l.contains("= k_cols(") {
+                Some(format!("let {name} = ka{};", &name[2..3]))
+            } else {
+                None
+            }
+        })
+    };
+    let no_wg_loads = |b: &str| {
+        map_lines(b, &|l| {
+            let name = l.strip_prefix("let ")?.split(' ').next()?;
+            (l.contains("= s_tile(") || l.contains("= x_tile("))
+                .then(|| format!("let {name} = bfix;"))
+        })
+        .replace(
+            "    for (var c = 0u; c < n_chunks; c++) {",
+            "    let bfix = s_tile(0u, 0u);\n    for (var c = 0u; c < n_chunks; c++) {",
+        )
+    };
+    let no_stores = |b: &str| map_lines(b, &|l| l.starts_with("store_tile(").then(String::new));
+    let floor = |b: &str| {
+        no_stores(&no_wg_loads(&no_tile_loads(&no_reload(&no_barrier(
+            &no_elem(&no_publish(b)),
+        )))))
+    };
+    Ok(vec![
+        ("full", text.clone()),
+        edit("no_publish", &no_publish)?,
+        edit("no_elem", &no_elem)?,
+        edit("no_barrier", &no_barrier)?,
+        edit("no_reload", &no_reload)?,
+        edit("no_tile_loads", &no_tile_loads)?,
+        edit("no_wg_loads", &no_wg_loads)?,
+        edit("no_stores", &no_stores)?,
+        edit("mma_floor", &floor)?,
+        ("full", text.clone()),
+    ])
+}
+
+/// Time the ablations of `scan_ablations` on zeroed inputs of `args.scan_tokens` tokens, one
+/// segment, K = V = 128, at each of `args.scan_heads`: GPU ms (median) and ns per chunk.
+fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> {
+    let variants = scan_ablations()?;
+    let device = &ctx.device;
+    let t = args.scan_tokens as u64;
+    let h_max = args.scan_heads.iter().map(|x| x.0).max().unwrap() as u64;
+    let hv_max = args.scan_heads.iter().map(|x| x.1).max().unwrap() as u64;
+    let buffer = |size: u64, usage| {
+        device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("coop_probe scan"),
+            size,
+            usage,
+            mapped_at_creation: false,
+        })
+    };
+    let st = wgpu::BufferUsages::STORAGE;
+    let qg16 = buffer((t + 64) * hv_max * 128 * 2, st);
+    let k16 = buffer((t + 64) * h_max * 128 * 2, st);
+    let v = buffer(t * hv_max * 128 * 2, st);
+    let gate_beta = buffer(t * hv_max * 8, st);
+    let gated16 = buffer((t + 64) * hv_max * 128 * 2, st);
+    let segments = buffer(16, st | wgpu::BufferUsages::COPY_DST);
+    let state = buffer(hv_max * 128 * 128 * 4, st);
+    let o = buffer(t * hv_max * 128 * 2, st);
+    let params = buffer(
+        48,
+        wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+    );
+    ctx.queue
+        .write_buffer(&segments, 0, bytemuck::cast_slice(&[0u32, t as u32, 0, 0]));
+    let entry = |binding: u32, ty| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer {
+            ty,
+            has_dynamic_offset: false,
+            min_binding_size: None,
+        },
+        count: None,
+    };
+    let read = wgpu::BufferBindingType::Storage { read_only: true };
+    let write = wgpu::BufferBindingType::Storage { read_only: false };
+    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("coop_probe scan"),
+        entries: &[
+            entry(0, wgpu::BufferBindingType::Uniform),
+            entry(1, read),
+            entry(2, read),
+            entry(3, read),
+            entry(4, read),
+            entry(5, read),
+            entry(6, read),
+            entry(7, write),
+            entry(8, write),
+        ],
+    });
+    let buffers = [
+        &params, &qg16, &k16, &v, &gate_beta, &gated16, &segments, &state, &o,
+    ];
+    let entries: Vec<wgpu::BindGroupEntry> = buffers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: b.as_entire_binding(),
+        })
+        .collect();
+    let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some("coop_probe scan"),
+        layout: &layout,
+        entries: &entries,
+    });
+    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some("coop_probe scan"),
+        bind_group_layouts: &[Some(&layout)],
+        immediate_size: 0,
+    });
+    let mut pipelines: Vec<(&str, wgpu::ComputePipeline)> = Vec::new();
+    for (name, text) in &variants {
+        let made = caught(device, || {
+            // SAFETY: as for the probe's kernels; the library creates this pass the same way.
+            let module = unsafe {
+                device.create_shader_module_trusted(
+                    wgpu::ShaderModuleDescriptor {
+                        label: Some(name),
+                        source: wgpu::ShaderSource::Wgsl(text.as_str().into()),
+                    },
+                    wgpu::ShaderRuntimeChecks::unchecked(),
+                )
+            };
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(name),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some("state_scan_coop"),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &[],
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            })
+        });
+        match made {
+            Ok(p) => pipelines.push((name, p)),
+            Err(e) => println!("scan {name} refused: {}", e.replace('\n', " ")),
+        }
+    }
+    ctx.check()?;
+    let chunks = t / 64;
+    println!("scan heads variant gpu_ms ns_per_chunk (T = {t}, one segment, K = V = 128)");
+    for &(h, hv) in &args.scan_heads {
+        let words: [u32; 12] = [
+            t as u32,
+            h,
+            hv,
+            128,
+            128,
+            chunks as u32,
+            1,
+            0,
+            1f32.to_bits(),
+            0,
+            0,
+            0,
+        ];
+        ctx.queue
+            .write_buffer(&params, 0, bytemuck::cast_slice(&words));
+        for (name, p) in &pipelines {
+            let mut encoder = device.create_command_encoder(&Default::default());
+            let dispatch = |encoder: &mut wgpu::CommandEncoder| {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(p);
+                pass.set_bind_group(0, &bind, &[]);
+                pass.dispatch_workgroups(1, hv, 128 / 32);
+            };
+            dispatch(&mut encoder);
+            timer.reset();
+            timer.mark(&mut encoder, "start");
+            for _ in 0..args.reps {
+                dispatch(&mut encoder);
+                timer.mark(&mut encoder, "rep");
+            }
+            timer.resolve(&mut encoder);
+            ctx.queue.submit([encoder.finish()]);
+            let mut ms: Vec<f64> = timer.read_spans(ctx)?.iter().map(|s| s.1).collect();
+            ms.sort_by(f64::total_cmp);
+            let ms = ms[ms.len() / 2];
+            println!(
+                "scan {h}/{hv} {name} {ms:.4} {:.0}",
+                ms * 1e6 / chunks as f64
+            );
+        }
+        ctx.check()?;
+    }
+    Ok(())
+}
+
 fn main() -> Res<()> {
     let args = parse_args()?;
     let (text, all_modes) = assembled();
     if args.check {
-        validate(&text, &all_modes, &args.wgs, args.iters)?;
-        println!("coop_probe: {} kernels validate", all_modes.len());
+        validate(&text, &all_modes, &args.wgs, Some(args.iters))?;
+        for (name, variant) in scan_ablations()? {
+            let modes = ["state_scan_coop".to_owned()];
+            validate(&variant, &modes, &[128], None)
+                .map_err(|e| format!("scan ablation {name}: {e}"))?;
+            if let Some(dir) = &args.dump {
+                std::fs::write(format!("{dir}/{name}.wgsl"), &variant)?;
+            }
+        }
+        println!(
+            "coop_probe: {} kernels and the scan's ablations validate and translate to SPIR-V",
+            all_modes.len()
+        );
         return Ok(());
     }
     let modes: Vec<String> = match &args.modes {
@@ -247,7 +555,10 @@ fn main() -> Res<()> {
         })
     };
     // Zeroed by wgpu: the values do not matter to the time of these ops.
-    let src = buffer(2 * (ROWS * stride) as u64 + 4096, wgpu::BufferUsages::STORAGE);
+    let src = buffer(
+        2 * (ROWS * stride) as u64 + 4096,
+        wgpu::BufferUsages::STORAGE,
+    );
     let out = buffer(max_grid as u64 * 4 * 256 * 4, wgpu::BufferUsages::STORAGE);
     let uniform = buffer(
         16,
@@ -281,16 +592,18 @@ fn main() -> Res<()> {
         ],
     });
     let pipeline = |entry: &str, wg: u32| {
-        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some(entry),
-            layout: Some(&pipeline_layout),
-            module: &module,
-            entry_point: Some(entry),
-            compilation_options: wgpu::PipelineCompilationOptions {
-                constants: &[("WG", wg as f64), ("ITERS", args.iters as f64)],
-                zero_initialize_workgroup_memory: false,
-            },
-            cache: None,
+        caught(device, || {
+            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(entry),
+                layout: Some(&pipeline_layout),
+                module: &module,
+                entry_point: Some(entry),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: &[("WG", wg as f64), ("ITERS", args.iters as f64)],
+                    zero_initialize_workgroup_memory: false,
+                },
+                cache: None,
+            })
         })
     };
     let dispatch = |encoder: &mut wgpu::CommandEncoder, p: &wgpu::ComputePipeline, grid: u32| {
@@ -317,7 +630,7 @@ fn main() -> Res<()> {
     };
 
     // Warm-up: products on every SM until 300 ms of wall time have passed.
-    let warm = pipeline("mma_ind", 128);
+    let warm = pipeline("mma_ind", 128)?;
     let t0 = Instant::now();
     let mut warm_ms = 0.0;
     while t0.elapsed().as_secs_f64() < 0.3 {
@@ -333,7 +646,13 @@ fn main() -> Res<()> {
     println!("mode wg grid gpu_ms ns_per_iter ns_per_op");
     for mode in &modes {
         for &wg in &args.wgs {
-            let p = pipeline(mode, wg);
+            let p = match pipeline(mode, wg) {
+                Ok(p) => p,
+                Err(e) => {
+                    println!("{mode} {wg} refused: {}", e.replace('\n', " "));
+                    continue;
+                }
+            };
             for &grid in &args.grids {
                 let ms = time(&p, grid)?;
                 let per_iter = ms * 1e6 / args.iters as f64;
@@ -344,6 +663,9 @@ fn main() -> Res<()> {
             }
             ctx.check()?;
         }
+    }
+    if args.scan_tokens > 0 {
+        time_scan_ablations(&ctx, &args, &timer)?;
     }
     Ok(())
 }
