@@ -29,6 +29,7 @@
 use std::time::Instant;
 
 use gdn_wgpu::wgpu_backend::{Context, GpuTimer, list_adapters};
+use rand::{Rng, SeedableRng};
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
@@ -273,8 +274,81 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
             &no_elem(&no_publish(b)),
         )))))
     };
+    // The coop loads through vec4<f16> pointers (8-byte elements; stride and index in those):
+    // storage operands (q, k, the gated matrices), and the f16 workgroup tiles (s16, x16,
+    // whose element writes become component writes).
+    let whole = |name: &'static str, pairs: &[(&str, &str)]| -> Res<(&'static str, String)> {
+        let mut t = text.clone();
+        for (from, to) in pairs {
+            if !t.contains(from) {
+                return Err(
+                    format!("ablation {name}: {from:?} is not in the scan's source").into(),
+                );
+            }
+            t = t.replace(from, to);
+        }
+        Ok((name, t))
+    };
+    let v4_storage: &[(&str, &str)] = &[
+        (
+            "var<storage, read> qg16: array<f16>;",
+            "var<storage, read> qg16: array<vec4<f16>>;",
+        ),
+        (
+            "var<storage, read> gated16: array<f16>;",
+            "var<storage, read> gated16: array<vec4<f16>>;",
+        ),
+        ("alias K16 = f16;", "alias K16 = vec4<f16>;"),
+        (
+            "return coopLoadT<coop_mat16x16<f16, A>>(&qg16[i], stride);",
+            "let w = i / 4u;\n    let s = stride / 4u;\n    return coopLoadT<coop_mat16x16<f16, A>>(&qg16[w], s);",
+        ),
+        (
+            "return coopLoadT<coop_mat16x16<f16, A>>(&gated16[i], stride);",
+            "let w = i / 4u;\n    let s = stride / 4u;\n    return coopLoadT<coop_mat16x16<f16, A>>(&gated16[w], s);",
+        ),
+        (
+            "return coopLoad<coop_mat16x16<f16, A>>(&gated16[i], stride);",
+            "let w = i / 4u;\n    let s = stride / 4u;\n    return coopLoad<coop_mat16x16<f16, A>>(&gated16[w], s);",
+        ),
+        (
+            "return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], hk);",
+            "let w = i / 4u;\n    let s = hk / 4u;\n    return coopLoadT<coop_mat16x16<f16, A>>(&k16[w], s);",
+        ),
+        (
+            "return coopLoad<coop_mat16x16<f16, A>>(&k16[i], hk);",
+            "let w = i / 4u;\n    let s = hk / 4u;\n    return coopLoad<coop_mat16x16<f16, A>>(&k16[w], s);",
+        ),
+    ];
+    let v4_wg: &[(&str, &str)] = &[
+        (
+            "var<workgroup> s16: array<f16, 128u * BV>;",
+            "var<workgroup> s16: array<vec4<f16>, 128u * BV / 4u>;",
+        ),
+        (
+            "var<workgroup> x16: array<f16, 64u * BV>;",
+            "var<workgroup> x16: array<vec4<f16>, 64u * BV / 4u>;",
+        ),
+        (
+            "let i = 16u * (r * SP + c);\n    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], SP);",
+            "let i = 4u * (r * SP + c);\n    return coopLoadT<coop_mat16x16<f16, B>>(&s16[i], SP / 4u);",
+        ),
+        (
+            "let i = 16u * (r * SP + c);\n    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], SP);",
+            "let i = 4u * (r * SP + c);\n    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], SP / 4u);",
+        ),
+        ("x16[e] = ", "x16[e >> 2u][e & 3u] = "),
+        (
+            "s16[(row + 16u * (g + upper)) * SP + col] = f16(stage[row * FP + col]);",
+            "let si = (row + 16u * (g + upper)) * SP + col;\n        s16[si >> 2u][si & 3u] = f16(stage[row * FP + col]);",
+        ),
+    ];
+    let v4_both: Vec<(&str, &str)> = v4_storage.iter().chain(v4_wg).copied().collect();
     Ok(vec![
         ("full", text.clone()),
+        whole("v4_storage", v4_storage)?,
+        whole("v4_wg", v4_wg)?,
+        whole("v4_both", &v4_both)?,
         edit("no_publish", &no_publish)?,
         edit("no_elem", &no_elem)?,
         edit("no_barrier", &no_barrier)?,
@@ -303,15 +377,29 @@ fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> 
             mapped_at_creation: false,
         })
     };
-    let st = wgpu::BufferUsages::STORAGE;
+    let st = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
     let qg16 = buffer((t + 64) * hv_max * 128 * 2, st);
     let k16 = buffer((t + 64) * h_max * 128 * 2, st);
     let v = buffer(t * hv_max * 128 * 2, st);
     let gate_beta = buffer(t * hv_max * 8, st);
     let gated16 = buffer((t + 64) * hv_max * 128 * 2, st);
-    let segments = buffer(16, st | wgpu::BufferUsages::COPY_DST);
+    let segments = buffer(16, st);
     let state = buffer(hv_max * 128 * 128 * 4, st);
-    let o = buffer(t * hv_max * 128 * 2, st);
+    let o_bytes = t * hv_max * 128 * 2;
+    let o = buffer(o_bytes, st | wgpu::BufferUsages::COPY_SRC);
+    let o_read = buffer(
+        o_bytes,
+        wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+    );
+    // Small random f16 operands (and bf16 v: the same bits' upper halves are fine), so that
+    // the exact variants (v4_*) can be compared with the scan bit for bit; gates stay 0.
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(7);
+    for b in [&qg16, &k16, &v, &gated16] {
+        let halves: Vec<u16> = (0..b.size() / 2)
+            .map(|_| half::f16::from_f32(rng.random_range(-0.02f32..0.02)).to_bits())
+            .collect();
+        ctx.queue.write_buffer(b, 0, bytemuck::cast_slice(&halves));
+    }
     let params = buffer(
         48,
         wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
@@ -415,6 +503,57 @@ fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> 
         ];
         ctx.queue
             .write_buffer(&params, 0, bytemuck::cast_slice(&words));
+        // The exact variants against the scan: o after one dispatch from a zero state.
+        let mut reference: Option<Vec<u32>> = None;
+        for (name, p) in &pipelines {
+            if !(*name == "full" || name.starts_with("v4_")) {
+                continue;
+            }
+            let mut encoder = device.create_command_encoder(&Default::default());
+            encoder.clear_buffer(&state, 0, None);
+            encoder.clear_buffer(&o, 0, None);
+            {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(p);
+                pass.set_bind_group(0, &bind, &[]);
+                pass.dispatch_workgroups(1, hv, 128 / 32);
+            }
+            let used = t * hv as u64 * 128 * 2;
+            encoder.copy_buffer_to_buffer(&o, 0, &o_read, 0, used);
+            ctx.queue.submit([encoder.finish()]);
+            let slice = o_read.slice(..used);
+            slice.map_async(wgpu::MapMode::Read, |_| {});
+            device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: None,
+                })
+                .map_err(|e| e.to_string())?;
+            let words: Vec<u32> = bytemuck::cast_slice(&slice.get_mapped_range()?).to_vec();
+            o_read.unmap();
+            match &reference {
+                None => {
+                    let finite = words
+                        .iter()
+                        .flat_map(|w| [w & 0xffff, w >> 16])
+                        .filter(|&b| (b & 0x7f80) != 0x7f80)
+                        .count();
+                    println!(
+                        "scan {h}/{hv} check {name}: reference o, {finite} of {} elements finite",
+                        2 * words.len()
+                    );
+                    reference = Some(words);
+                }
+                Some(r) => {
+                    let differ = r.iter().zip(&words).filter(|(a, b)| a != b).count();
+                    println!(
+                        "scan {h}/{hv} check {name}: {differ} of {} o words differ from the scan's",
+                        words.len()
+                    );
+                }
+            }
+        }
+        ctx.check()?;
         for (name, p) in &pipelines {
             let mut encoder = device.create_command_encoder(&Default::default());
             let dispatch = |encoder: &mut wgpu::CommandEncoder| {
