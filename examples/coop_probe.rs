@@ -109,7 +109,11 @@ fn parse_args() -> Res<Args> {
     if a.wgs.iter().any(|&w| ![32, 64, 128].contains(&w)) {
         return Err("--wg: 32, 64 or 128 invocations (1, 2 or 4 subgroups)".into());
     }
-    if a.scan_tokens % 64 != 0 || a.scan_heads.iter().any(|&(h, v)| h == 0 || v % h != 0) {
+    if !a.scan_tokens.is_multiple_of(64)
+        || a.scan_heads
+            .iter()
+            .any(|&(h, v)| h == 0 || !v.is_multiple_of(h))
+    {
         return Err("--scan-tokens: a multiple of 64; --scan-heads: HV a multiple of H".into());
     }
     if a.iters == 0 || a.reps == 0 || a.grids.contains(&0) {
@@ -248,13 +252,8 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
     let no_tile_loads = |b: &str| {
         map_lines(b, &|l| {
             let name = l.strip_prefix("let ")?.split(' ').next()?;
-            if l.contains("= gated_rows(") {
-                Some(format!("let {name} = ka{};", &name[2..3]))
-            } else if l.contains("= k_cols(") {
-                Some(format!("let {name} = ka{};", &name[2..3]))
-            } else {
-                None
-            }
+            (l.contains("= gated_rows(") || l.contains("= k_cols("))
+                .then(|| format!("let {name} = ka{};", &name[2..3]))
         })
     };
     let no_wg_loads = |b: &str| {
@@ -359,6 +358,94 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
         edit("mma_floor", &floor)?,
         ("full", text.clone()),
     ])
+}
+
+/// naga's SPIR-V of the scan `text` as wgpu's Vulkan backend writes it without runtime
+/// checks (SPIR-V 1.6, unchecked bounds, no workgroup zeroing, no loop bounding), with an
+/// `Aligned 16` memory operand added to every cooperative-matrix load and store whose pointer
+/// is into a storage buffer (`aligned == Some(false)`) or into any memory (`Some(true)`);
+/// naga writes none. The scan's tiles start at multiples of 16 elements with strides of
+/// multiples of 8 f16 (16 bytes), so the claim holds for its storage buffers (bound at offset
+/// 0); for workgroup memory it holds only if the driver places the arrays 16-aligned.
+fn scan_spirv(text: &str, aligned: Option<bool>) -> Result<Vec<u32>, String> {
+    let module = naga::front::wgsl::parse_str(text).map_err(|e| e.emit_to_string(text))?;
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .map_err(|e| e.emit_to_string(text))?;
+    let options = naga::back::spv::Options {
+        lang_version: (1, 6),
+        zero_initialize_workgroup_memory: naga::back::spv::ZeroInitializeWorkgroupMemoryMode::None,
+        force_loop_bounding: false,
+        ..Default::default()
+    };
+    let pipeline = naga::back::spv::PipelineOptions {
+        shader_stage: naga::ShaderStage::Compute,
+        entry_point: "state_scan_coop".into(),
+    };
+    let (module, info) = naga::back::pipeline_constants::process_overrides(
+        &module,
+        &info,
+        Some((naga::ShaderStage::Compute, "state_scan_coop")),
+        &Default::default(),
+    )
+    .map_err(|e| e.to_string())?;
+    let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
+        .map_err(|e| e.to_string())?;
+    let Some(all) = aligned else {
+        return Ok(words);
+    };
+    // Storage class of each pointer type, and the pointer type of each result id.
+    const OP_TYPE_POINTER: u32 = 32;
+    const OP_VARIABLE: u32 = 59;
+    const OP_ACCESS_CHAIN: u32 = 65;
+    const OP_COOP_LOAD: u32 = 4457;
+    const OP_COOP_STORE: u32 = 4458;
+    const STORAGE_BUFFER: u32 = 12;
+    const ALIGNED: u32 = 0x2;
+    let mut class = std::collections::HashMap::new();
+    let mut ptr_type = std::collections::HashMap::new();
+    let mut out = words[..5].to_vec();
+    let mut i = 5;
+    let mut patched = 0;
+    while i < words.len() {
+        let count = (words[i] >> 16) as usize;
+        let op = words[i] & 0xffff;
+        let inst = &words[i..i + count];
+        match op {
+            OP_TYPE_POINTER => {
+                class.insert(inst[1], inst[2]);
+            }
+            OP_VARIABLE | OP_ACCESS_CHAIN => {
+                ptr_type.insert(inst[2], inst[1]);
+            }
+            _ => {}
+        }
+        let pointer = match op {
+            OP_COOP_LOAD if count == 6 => Some(inst[3]),
+            OP_COOP_STORE if count == 5 => Some(inst[1]),
+            _ => None,
+        };
+        let storage = pointer
+            .and_then(|p| ptr_type.get(&p))
+            .and_then(|t| class.get(t))
+            .is_some_and(|&c| c == STORAGE_BUFFER);
+        if pointer.is_some() && (all || storage) {
+            out.push((((count + 2) as u32) << 16) | op);
+            out.extend_from_slice(&inst[1..]);
+            out.extend_from_slice(&[ALIGNED, 16]);
+            patched += 1;
+        } else {
+            out.extend_from_slice(inst);
+        }
+        i += count;
+    }
+    if patched == 0 {
+        return Err("no cooperative load or store to patch".into());
+    }
+    Ok(out)
 }
 
 /// Time the ablations of `scan_ablations` on zeroed inputs of `args.scan_tokens` tokens, one
@@ -483,6 +570,51 @@ fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> 
             Err(e) => println!("scan {name} refused: {}", e.replace('\n', " ")),
         }
     }
+    if device
+        .features()
+        .contains(wgpu::Features::PASSTHROUGH_SHADERS)
+    {
+        let text = &variants[0].1;
+        for (name, aligned) in [
+            ("spv_plain", None),
+            ("spv_aligned_storage", Some(false)),
+            ("spv_aligned_all", Some(true)),
+        ] {
+            let made = scan_spirv(text, aligned).and_then(|words| {
+                caught(device, || {
+                    // SAFETY: naga's own SPIR-V of the scan (validated above by naga), with
+                    // alignment operands whose claims the bit-for-bit check below tests.
+                    let module = unsafe {
+                        device.create_shader_module_passthrough(
+                            wgpu::ShaderModuleDescriptorPassthrough {
+                                label: Some(name),
+                                entry_points: std::borrow::Cow::Borrowed(&[
+                                    wgpu::PassthroughShaderEntryPoint {
+                                        name: std::borrow::Cow::Borrowed("state_scan_coop"),
+                                        workgroup_size: (128, 1, 1),
+                                    },
+                                ]),
+                                spirv: Some(std::borrow::Cow::Owned(words)),
+                                ..Default::default()
+                            },
+                        )
+                    };
+                    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                        label: Some(name),
+                        layout: Some(&pipeline_layout),
+                        module: &module,
+                        entry_point: Some("state_scan_coop"),
+                        compilation_options: Default::default(),
+                        cache: None,
+                    })
+                })
+            });
+            match made {
+                Ok(p) => pipelines.push((name, p)),
+                Err(e) => println!("scan {name} refused: {}", e.replace('\n', " ")),
+            }
+        }
+    }
     ctx.check()?;
     let chunks = t / 64;
     println!("scan heads variant gpu_ms ns_per_chunk (T = {t}, one segment, K = V = 128)");
@@ -506,7 +638,7 @@ fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> 
         // The exact variants against the scan: o after one dispatch from a zero state.
         let mut reference: Option<Vec<u32>> = None;
         for (name, p) in &pipelines {
-            if !(*name == "full" || name.starts_with("v4_")) {
+            if !(*name == "full" || name.starts_with("v4_") || name.starts_with("spv_")) {
                 continue;
             }
             let mut encoder = device.create_command_encoder(&Default::default());
@@ -596,6 +728,15 @@ fn main() -> Res<()> {
             if let Some(dir) = &args.dump {
                 std::fs::write(format!("{dir}/{name}.wgsl"), &variant)?;
             }
+            if name == "full" {
+                for aligned in [None, Some(false), Some(true)] {
+                    let words = scan_spirv(&variant, aligned)?;
+                    if let Some(dir) = &args.dump {
+                        let file = format!("{dir}/scan_{aligned:?}.spv");
+                        std::fs::write(file, bytemuck::cast_slice::<u32, u8>(&words))?;
+                    }
+                }
+            }
         }
         println!(
             "coop_probe: {} kernels and the scan's ablations validate and translate to SPIR-V",
@@ -613,25 +754,46 @@ fn main() -> Res<()> {
         None => all_modes,
     };
 
-    let ctx = Context::new_blocking()?;
-    let info = ctx.adapter_info.clone();
-    let name = info.as_ref().map_or("?".into(), |i| i.name.clone());
+    // The library's features plus PASSTHROUGH_SHADERS (the scan's SPIR-V with alignment
+    // operands, below), on the first adapter as Context::new picks it.
+    let adapter = pollster::block_on(list_adapters())
+        .into_iter()
+        .next()
+        .ok_or("no adapter")?;
+    let info = adapter.get_info();
+    let name = info.name.clone();
     let need = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
-    if !ctx.features().contains(need) {
+    if !adapter.features().contains(need) {
         println!(
             "coop_probe: {name} has no cooperative matrices with f16 (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX, SHADER_F16): nothing to time"
         );
         return Ok(());
     }
-    println!("coop_probe: adapter {name} ({:?})", info.map(|i| i.backend));
-    for adapter in pollster::block_on(list_adapters()) {
-        if adapter.get_info().name == name {
-            for p in adapter.cooperative_matrix_properties() {
-                println!("coop_probe: cooperative matrix {p:?}");
-            }
-            break;
-        }
+    let features = adapter.features()
+        & (need
+            | wgpu::Features::TIMESTAMP_QUERY
+            | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+            | wgpu::Features::PASSTHROUGH_SHADERS);
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("coop_probe"),
+        required_features: features,
+        required_limits: adapter.limits(),
+        // SAFETY: cooperative matrices are used by the probe's kernels and the coop scan only.
+        experimental_features: unsafe { wgpu::ExperimentalFeatures::enabled() },
+        ..Default::default()
+    }))?;
+    device.on_uncaptured_error(std::sync::Arc::new(|e: wgpu::Error| {
+        println!("coop_probe: device error: {e}");
+    }));
+    let ctx = Context::from_device(device, queue, Some(info.clone()))?;
+    println!("coop_probe: adapter {name} ({:?})", info.backend);
+    for p in adapter.cooperative_matrix_properties() {
+        println!("coop_probe: cooperative matrix {p:?}");
     }
+    println!(
+        "coop_probe: passthrough SPIR-V {}",
+        features.contains(wgpu::Features::PASSTHROUGH_SHADERS)
+    );
     let Some(timer) = GpuTimer::new(&ctx, 2 + args.reps as u32) else {
         println!("coop_probe: {name} has no timestamp queries inside encoders: nothing to time");
         return Ok(());
