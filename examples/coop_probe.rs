@@ -148,6 +148,10 @@ fn assembled() -> (String, Vec<String>) {
 /// workgroup size, as wgpu's Vulkan backend writes it (what `--check` runs; no GPU needed:
 /// naga's SPIR-V writer has panicked on cooperative stores that pass validation).
 fn validate(text: &str, modes: &[String], wgs: &[u32], iters: Option<u32>) -> Res<()> {
+    let scan_heads = [
+        ("HEADS_QK_CONST".to_owned(), 16.0),
+        ("HEADS_V_CONST".to_owned(), 64.0),
+    ];
     let module = naga::front::wgsl::parse_str(text).map_err(|e| e.emit_to_string(text))?;
     let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
@@ -166,7 +170,7 @@ fn validate(text: &str, modes: &[String], wgs: &[u32], iters: Option<u32>) -> Re
                     ("WG".into(), wg as f64),
                     ("ITERS".into(), iters as f64),
                 ]),
-                None => Default::default(),
+                None => naga::back::PipelineConstants::from(scan_heads.clone()),
             };
             let (m, i) = naga::back::pipeline_constants::process_overrides(
                 &module,
@@ -367,7 +371,11 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
 /// naga writes none. The scan's tiles start at multiples of 16 elements with strides of
 /// multiples of 8 f16 (16 bytes), so the claim holds for its storage buffers (bound at offset
 /// 0); for workgroup memory it holds only if the driver places the arrays 16-aligned.
-fn scan_spirv(text: &str, aligned: Option<bool>) -> Result<Vec<u32>, String> {
+fn scan_spirv(
+    text: &str,
+    aligned: Option<bool>,
+    constants: &[(&str, f64)],
+) -> Result<Vec<u32>, String> {
     let module = naga::front::wgsl::parse_str(text).map_err(|e| e.emit_to_string(text))?;
     let info = naga::valid::Validator::new(
         naga::valid::ValidationFlags::all(),
@@ -389,7 +397,7 @@ fn scan_spirv(text: &str, aligned: Option<bool>) -> Result<Vec<u32>, String> {
         &module,
         &info,
         Some((naga::ShaderStage::Compute, "state_scan_coop")),
-        &Default::default(),
+        &constants.iter().map(|&(n, v)| (n.to_owned(), v)).collect(),
     )
     .map_err(|e| e.to_string())?;
     let words = naga::back::spv::write_vec(&module, &info, &options, Some(&pipeline))
@@ -540,81 +548,6 @@ fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> 
         bind_group_layouts: &[Some(&layout)],
         immediate_size: 0,
     });
-    let mut pipelines: Vec<(&str, wgpu::ComputePipeline)> = Vec::new();
-    for (name, text) in &variants {
-        let made = caught(device, || {
-            // SAFETY: as for the probe's kernels; the library creates this pass the same way.
-            let module = unsafe {
-                device.create_shader_module_trusted(
-                    wgpu::ShaderModuleDescriptor {
-                        label: Some(name),
-                        source: wgpu::ShaderSource::Wgsl(text.as_str().into()),
-                    },
-                    wgpu::ShaderRuntimeChecks::unchecked(),
-                )
-            };
-            device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(name),
-                layout: Some(&pipeline_layout),
-                module: &module,
-                entry_point: Some("state_scan_coop"),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: &[],
-                    zero_initialize_workgroup_memory: false,
-                },
-                cache: None,
-            })
-        });
-        match made {
-            Ok(p) => pipelines.push((name, p)),
-            Err(e) => println!("scan {name} refused: {}", e.replace('\n', " ")),
-        }
-    }
-    if device
-        .features()
-        .contains(wgpu::Features::PASSTHROUGH_SHADERS)
-    {
-        let text = &variants[0].1;
-        for (name, aligned) in [
-            ("spv_plain", None),
-            ("spv_aligned_storage", Some(false)),
-            ("spv_aligned_all", Some(true)),
-        ] {
-            let made = scan_spirv(text, aligned).and_then(|words| {
-                caught(device, || {
-                    // SAFETY: naga's own SPIR-V of the scan (validated above by naga), with
-                    // alignment operands whose claims the bit-for-bit check below tests.
-                    let module = unsafe {
-                        device.create_shader_module_passthrough(
-                            wgpu::ShaderModuleDescriptorPassthrough {
-                                label: Some(name),
-                                entry_points: std::borrow::Cow::Borrowed(&[
-                                    wgpu::PassthroughShaderEntryPoint {
-                                        name: std::borrow::Cow::Borrowed("state_scan_coop"),
-                                        workgroup_size: (128, 1, 1),
-                                    },
-                                ]),
-                                spirv: Some(std::borrow::Cow::Owned(words)),
-                                ..Default::default()
-                            },
-                        )
-                    };
-                    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                        label: Some(name),
-                        layout: Some(&pipeline_layout),
-                        module: &module,
-                        entry_point: Some("state_scan_coop"),
-                        compilation_options: Default::default(),
-                        cache: None,
-                    })
-                })
-            });
-            match made {
-                Ok(p) => pipelines.push((name, p)),
-                Err(e) => println!("scan {name} refused: {}", e.replace('\n', " ")),
-            }
-        }
-    }
     ctx.check()?;
     let chunks = t / 64;
     println!("scan heads variant gpu_ms ns_per_chunk (T = {t}, one segment, K = V = 128)");
@@ -635,6 +568,83 @@ fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> 
         ];
         ctx.queue
             .write_buffer(&params, 0, bytemuck::cast_slice(&words));
+        let heads_c = [("HEADS_QK_CONST", h as f64), ("HEADS_V_CONST", hv as f64)];
+        let mut pipelines: Vec<(&str, wgpu::ComputePipeline)> = Vec::new();
+        for (name, text) in &variants {
+            let made = caught(device, || {
+                // SAFETY: as for the probe's kernels; the library creates this pass the same way.
+                let module = unsafe {
+                    device.create_shader_module_trusted(
+                        wgpu::ShaderModuleDescriptor {
+                            label: Some(name),
+                            source: wgpu::ShaderSource::Wgsl(text.as_str().into()),
+                        },
+                        wgpu::ShaderRuntimeChecks::unchecked(),
+                    )
+                };
+                device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(name),
+                    layout: Some(&pipeline_layout),
+                    module: &module,
+                    entry_point: Some("state_scan_coop"),
+                    compilation_options: wgpu::PipelineCompilationOptions {
+                        constants: &heads_c,
+                        zero_initialize_workgroup_memory: false,
+                    },
+                    cache: None,
+                })
+            });
+            match made {
+                Ok(p) => pipelines.push((name, p)),
+                Err(e) => println!("scan {name} refused: {}", e.replace('\n', " ")),
+            }
+        }
+        if device
+            .features()
+            .contains(wgpu::Features::PASSTHROUGH_SHADERS)
+        {
+            let text = &variants[0].1;
+            for (name, aligned) in [
+                ("spv_plain", None),
+                ("spv_aligned_storage", Some(false)),
+                ("spv_aligned_all", Some(true)),
+            ] {
+                let made = scan_spirv(text, aligned, &heads_c).and_then(|words| {
+                    caught(device, || {
+                        // SAFETY: naga's own SPIR-V of the scan (validated above by naga), with
+                        // alignment operands whose claims the bit-for-bit check below tests.
+                        let module = unsafe {
+                            device.create_shader_module_passthrough(
+                                wgpu::ShaderModuleDescriptorPassthrough {
+                                    label: Some(name),
+                                    entry_points: std::borrow::Cow::Borrowed(&[
+                                        wgpu::PassthroughShaderEntryPoint {
+                                            name: std::borrow::Cow::Borrowed("state_scan_coop"),
+                                            workgroup_size: (128, 1, 1),
+                                        },
+                                    ]),
+                                    spirv: Some(std::borrow::Cow::Owned(words)),
+                                    ..Default::default()
+                                },
+                            )
+                        };
+                        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some(name),
+                            layout: Some(&pipeline_layout),
+                            module: &module,
+                            entry_point: Some("state_scan_coop"),
+                            compilation_options: Default::default(),
+                            cache: None,
+                        })
+                    })
+                });
+                match made {
+                    Ok(p) => pipelines.push((name, p)),
+                    Err(e) => println!("scan {name} refused: {}", e.replace('\n', " ")),
+                }
+            }
+        }
+        ctx.check()?;
         // The exact variants against the scan: o after one dispatch from a zero state.
         let mut reference: Option<Vec<u32>> = None;
         for (name, p) in &pipelines {
@@ -686,6 +696,24 @@ fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> 
             }
         }
         ctx.check()?;
+        // The check's readbacks leave the GPU idle: ≥ 300 ms of the scan before timing.
+        let t0 = Instant::now();
+        while t0.elapsed().as_secs_f64() < 0.3 {
+            let mut encoder = device.create_command_encoder(&Default::default());
+            for _ in 0..8 {
+                let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(&pipelines[0].1);
+                pass.set_bind_group(0, &bind, &[]);
+                pass.dispatch_workgroups(1, hv, 128 / 32);
+            }
+            ctx.queue.submit([encoder.finish()]);
+            device
+                .poll(wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: None,
+                })
+                .map_err(|e| e.to_string())?;
+        }
         for (name, p) in &pipelines {
             let mut encoder = device.create_command_encoder(&Default::default());
             let dispatch = |encoder: &mut wgpu::CommandEncoder| {
@@ -730,7 +758,11 @@ fn main() -> Res<()> {
             }
             if name == "full" {
                 for aligned in [None, Some(false), Some(true)] {
-                    let words = scan_spirv(&variant, aligned)?;
+                    let words = scan_spirv(
+                        &variant,
+                        aligned,
+                        &[("HEADS_QK_CONST", 16.0), ("HEADS_V_CONST", 64.0)],
+                    )?;
                     if let Some(dir) = &args.dump {
                         let file = format!("{dir}/scan_{aligned:?}.spv");
                         std::fs::write(file, bytemuck::cast_slice::<u32, u8>(&words))?;
