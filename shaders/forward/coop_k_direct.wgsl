@@ -15,14 +15,14 @@ fn k_begin(hqk: u32) {
 
 // Tile of K: tokens start + row .. + 15 (rows), keys key .. key + 15 (the A operand of K S).
 fn k_rows(start: u32, row: u32, key: u32) -> coop_mat16x16<f16, A> {
-    let hk = params.heads_qk * KD;
+    let hk = heads_qk_count() * KD;
     let i = (start + row) * hk + k_head + key;
     return coopLoadT<coop_mat16x16<f16, A>>(&k16[i], hk);
 }
 
 // Tile of Kᵀ: keys key .. key + 15 (rows), tokens start + row .. + 15 (a column-major read).
 fn k_cols(start: u32, row: u32, key: u32) -> coop_mat16x16<f16, A> {
-    let hk = params.heads_qk * KD;
+    let hk = heads_qk_count() * KD;
     let i = (start + row) * hk + k_head + key;
     return coopLoad<coop_mat16x16<f16, A>>(&k16[i], hk);
 }

@@ -37,7 +37,7 @@ struct KWords {
 
 fn k_word(t: u32, n: u32, start: u32) -> vec4<u32> {
     let w = t + WG * n;
-    return k16[(start + w / 16u) * params.heads_qk * (KD / 8u) + k_head + w % 16u];
+    return k16[(start + w / 16u) * heads_qk_count() * (KD / 8u) + k_head + w % 16u];
 }
 
 fn k_fetch(t: u32, start: u32) -> KWords {

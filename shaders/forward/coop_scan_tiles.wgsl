@@ -9,6 +9,22 @@
 // index is bound with `let` first (naga 30's SPIR-V backend panics on a computed index in a
 // cooperative store); cooperative ops need uniform control flow, so flags are tested inline.
 
+// The head counts (params.heads_qk, params.heads_v), set by the launchers as pipeline constants
+// so that the storage tiles' strides (H·K, HV·K, HV·2·CHUNK) are compile-time constants: on
+// the H200 a cooperative load from storage with a constant stride cost half as much as one
+// with the stride from a uniform (examples/coop_probe.rs, docs/compute-paths.md). 0 takes
+// them from params (`GDN_COOP_UNIFORM_STRIDES=on`, the A/B switch).
+override HEADS_QK_CONST: u32;
+override HEADS_V_CONST: u32;
+
+fn heads_qk_count() -> u32 {
+    return select(params.heads_qk, HEADS_QK_CONST, HEADS_QK_CONST != 0u);
+}
+
+fn heads_v_count() -> u32 {
+    return select(params.heads_v, HEADS_V_CONST, HEADS_V_CONST != 0u);
+}
+
 // Row tiles of the gated matrices: the A operands of (Γ ⊙ ...) X.
 fn gated_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
     return coopLoadT<coop_mat16x16<f16, A>>(&gated16[i], stride);

@@ -95,9 +95,9 @@ fn state_chain_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_
     let hv = wid.y;
     let v0 = wid.z * BV;
     let sg = t / 32u;
-    let hv_count = params.heads_v;
+    let hv_count = heads_v_count();
     let vd = params.value_dim;
-    let hqk = hv / (hv_count / params.heads_qk);
+    let hqk = hv / (hv_count / heads_qk_count());
     k_begin(hqk);
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16
     // A table with a row per (segment, v-head) (segment_window's) may give a pair length 0:

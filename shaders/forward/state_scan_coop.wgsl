@@ -79,9 +79,9 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let hv = wid.y;
     let v0 = wid.z * BV;
     let sg = t / 32u;
-    let hv_count = params.heads_v;
+    let hv_count = heads_v_count();
     let vd = params.value_dim;
-    let hqk = hv / (hv_count / params.heads_qk);
+    let hqk = hv / (hv_count / heads_qk_count());
     k_begin(hqk);
     let hq = hv_count * KD;                 // token stride of qg16
     let gstride = hv_count * 2u * CHUNK;    // token stride of gated16

@@ -9,7 +9,7 @@ use crate::wgpu_backend::path::{ComputePath, ForwardAlgorithm};
 use crate::wgpu_backend::tuning::{CoopGrads, V_BLOCK_WIDTHS};
 
 /// The environment variables a [`Config`] reads.
-pub const VARIABLES: [&str; 15] = [
+pub const VARIABLES: [&str; 16] = [
     "GDN_ADAPTER",
     "GDN_FORWARD_ALGORITHM",
     "GDN_COMPUTE_PATH",
@@ -25,6 +25,7 @@ pub const VARIABLES: [&str; 15] = [
     "GDN_SCAN_SPLIT",
     "GDN_COOP_STAGE",
     "GDN_COOP_GRADS",
+    "GDN_COOP_UNIFORM_STRIDES",
 ];
 
 /// The runtime checks wgpu compiles into our shaders (`GDN_SHADER_CHECKS`).
@@ -186,6 +187,10 @@ pub struct Config {
     /// [`STATE_SCAN_COOP_STAGED_BYTES`](crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES)
     /// of workgroup memory (docs/configuration.md).
     pub coop_stage: bool,
+    /// `GDN_COOP_UNIFORM_STRIDES=on`: the coop scans take their head counts (so their tile
+    /// strides) from the uniform parameters instead of pipeline constants (the A/B switch of
+    /// `coop_scan::head_constants`; off by default).
+    pub coop_uniform_strides: bool,
     /// `GDN_COOP_GRADS` (`all`, `none`, `default`, or a comma-separated list of
     /// `value_grams`, `wy_grad`, `state_grad`, `qk_grad`; unset: `None`, the default): the coop backward's per-chunk
     /// passes that run on cooperative matrices ([`CoopGrads`]).
@@ -263,6 +268,10 @@ impl Config {
             backward_path,
             scan_split: parse_on_off("GDN_SCAN_SPLIT", lookup("GDN_SCAN_SPLIT").as_deref())?,
             coop_stage: parse_on_off("GDN_COOP_STAGE", lookup("GDN_COOP_STAGE").as_deref())?,
+            coop_uniform_strides: parse_on_off(
+                "GDN_COOP_UNIFORM_STRIDES",
+                lookup("GDN_COOP_UNIFORM_STRIDES").as_deref(),
+            )?,
             coop_grads: lookup("GDN_COOP_GRADS")
                 .map(|s| CoopGrads::parse("GDN_COOP_GRADS", &s))
                 .transpose()?,

@@ -63,6 +63,26 @@ pub(crate) fn coop_scan_grid(num_segments: usize, heads_v: usize, value_dim: usi
     ])
 }
 
+/// The scans' head counts as pipeline constants (`HEADS_QK_CONST`, `HEADS_V_CONST`, declared
+/// in coop_scan_tiles.wgsl): H from `k16` (`[rows + 64, H, K]`), HV as given; 0 (the counts
+/// from the uniform parameters) with `GDN_COOP_UNIFORM_STRIDES=on`. Constant strides halved
+/// the cost of a cooperative load from storage on the H200 (examples/coop_probe.rs); a
+/// pipeline per head configuration is the price.
+pub(crate) fn head_constants(
+    ctx: &Context,
+    k16: &GpuTensor,
+    heads_v: usize,
+) -> [(&'static str, f64); 2] {
+    let (heads_qk, heads_v) = match ctx.config().coop_uniform_strides {
+        true => (0, 0),
+        false => (k16.shape[k16.shape.len() - 2], heads_v),
+    };
+    [
+        ("HEADS_QK_CONST", heads_qk as f64),
+        ("HEADS_V_CONST", heads_v as f64),
+    ]
+}
+
 /// `direct`, or its variant with each chunk's K staged through workgroup memory where
 /// `GDN_COOP_STAGE=on` and the device has the workgroup memory for it.
 pub(crate) fn k_variant(ctx: &Context, direct: Pass) -> Pass {

@@ -100,31 +100,40 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
         && COOP_PATH_BYTES <= bytes
     {
         out.push(variant(Pass::WyInverseCoop, "wy_inverse_coop", &[]));
-        out.push(variant(Pass::StateScanCoop, "state_scan_coop", &[]));
+        // The scans' head counts are pipeline constants (coop_scan::head_constants).
+        let heads = [
+            ("HEADS_QK_CONST", problem.heads_qk as f64),
+            ("HEADS_V_CONST", problem.heads_v as f64),
+        ];
+        out.push(variant(Pass::StateScanCoop, "state_scan_coop", &heads));
         out.push(variant(
             Pass::StateScanCoop,
             "state_scan_coop",
-            &[("SEGMENTS_PER_HEAD", 1.0)],
+            &[heads.as_slice(), &[("SEGMENTS_PER_HEAD", 1.0)]].concat(),
         ));
         out.push(variant(
             Pass::StateRecomputeCoop,
             "state_recompute_coop",
-            &[],
+            &heads,
         ));
-        out.push(variant(Pass::DhScanCoop, "dh_scan_coop", &[]));
+        out.push(variant(Pass::DhScanCoop, "dh_scan_coop", &heads));
         if crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES <= bytes {
-            out.push(variant(Pass::StateScanCoopStaged, "state_scan_coop", &[]));
             out.push(variant(
                 Pass::StateScanCoopStaged,
                 "state_scan_coop",
-                &[("SEGMENTS_PER_HEAD", 1.0)],
+                &heads,
+            ));
+            out.push(variant(
+                Pass::StateScanCoopStaged,
+                "state_scan_coop",
+                &[heads.as_slice(), &[("SEGMENTS_PER_HEAD", 1.0)]].concat(),
             ));
             out.push(variant(
                 Pass::StateRecomputeCoopStaged,
                 "state_recompute_coop",
-                &[],
+                &heads,
             ));
-            out.push(variant(Pass::DhScanCoopStaged, "dh_scan_coop", &[]));
+            out.push(variant(Pass::DhScanCoopStaged, "dh_scan_coop", &heads));
         }
         if crate::wgpu_backend::tuning::STATE_GRAD_COOP_BYTES <= bytes {
             out.push(variant(Pass::StateGradCoop, "state_grad_coop", &[]));
@@ -138,7 +147,11 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
                 out.push(variant(
                     Pass::StateChainCoop,
                     "state_chain_coop",
-                    &[("SEGMENTS_PER_HEAD", per_head), ("STORE_CHUNKS", store)],
+                    &[
+                        heads.as_slice(),
+                        &[("SEGMENTS_PER_HEAD", per_head), ("STORE_CHUNKS", store)],
+                    ]
+                    .concat(),
                 ));
             }
         }

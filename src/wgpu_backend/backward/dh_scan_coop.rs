@@ -3,7 +3,9 @@
 //! dh0, and dV', dv per token as `dh_scan` does.
 
 use crate::error::Result;
-use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, k_variant};
+use crate::wgpu_backend::coop_scan::{
+    check_coop_shapes, coop_scan_grid, head_constants, k_variant,
+};
 use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
@@ -53,7 +55,7 @@ pub fn dh_scan_coop(
         name: "dh_scan_coop",
         source: source(k_variant(ctx, Pass::DhScanCoop), bufs.d_o.dtype)?,
         entry: "dh_scan_coop",
-        constants: &[],
+        constants: &head_constants(ctx, bufs.k16, heads_v),
         bindings: Bindings::Ordered(&[
             params,
             bufs.k16,

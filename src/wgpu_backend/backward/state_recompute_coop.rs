@@ -3,7 +3,9 @@
 //! and W, V' per token as `state_recompute` does.
 
 use crate::error::Result;
-use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, k_variant};
+use crate::wgpu_backend::coop_scan::{
+    check_coop_shapes, coop_scan_grid, head_constants, k_variant,
+};
 use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
@@ -47,7 +49,7 @@ pub fn state_recompute_coop(
         name: "state_recompute_coop",
         source: source(k_variant(ctx, Pass::StateRecomputeCoop), bufs.v.dtype)?,
         entry: "state_recompute_coop",
-        constants: &[],
+        constants: &head_constants(ctx, bufs.k16, heads_v),
         bindings: Bindings::Ordered(&[
             params,
             bufs.k16,

@@ -3,7 +3,7 @@
 //! end state; no o.
 
 use crate::error::Result;
-use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid};
+use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, head_constants};
 use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
@@ -62,7 +62,11 @@ pub fn state_chain_coop(
         name: "state_chain_coop",
         source: source(Pass::StateChainCoop, bufs.v.dtype)?,
         entry: "state_chain_coop",
-        constants: &[("SEGMENTS_PER_HEAD", per_head), ("STORE_CHUNKS", store)],
+        constants: &[
+            head_constants(ctx, bufs.k16, heads_v).as_slice(),
+            &[("SEGMENTS_PER_HEAD", per_head), ("STORE_CHUNKS", store)],
+        ]
+        .concat(),
         bindings: Bindings::Ordered(&[
             params,
             bufs.k16,

@@ -2,7 +2,9 @@
 //! on f16 cooperative matrices (f32 accumulators), writing o and each segment's end state.
 
 use crate::error::Result;
-use crate::wgpu_backend::coop_scan::{check_coop_shapes, coop_scan_grid, k_variant};
+use crate::wgpu_backend::coop_scan::{
+    check_coop_shapes, coop_scan_grid, head_constants, k_variant,
+};
 use crate::wgpu_backend::launch::{Bindings, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
@@ -55,11 +57,15 @@ pub fn state_scan_coop(
         name: "state_scan_coop",
         source: source(k_variant(ctx, Pass::StateScanCoop), bufs.v.dtype)?,
         entry: "state_scan_coop",
-        constants: if bufs.segments_per_head {
-            &[("SEGMENTS_PER_HEAD", 1.0)]
-        } else {
-            &[]
-        },
+        constants: &[
+            head_constants(ctx, bufs.k16, heads_v).as_slice(),
+            if bufs.segments_per_head {
+                &[("SEGMENTS_PER_HEAD", 1.0)]
+            } else {
+                &[]
+            },
+        ]
+        .concat(),
         bindings: Bindings::Ordered(&[
             params,
             bufs.qg16,
