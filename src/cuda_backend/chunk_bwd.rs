@@ -619,6 +619,7 @@ mod tests {
             chains: ChainSchedule::Together,
             value_block: Some(64),
             warp_pairs: Some(true),
+            segments: Segments::Auto,
         };
         assert!(chain_choice(&h200(), &wide, pairs_at_64).is_err());
         // Forced single-warp V-block 64 together, auto pairs: no pairs kernel there.
@@ -626,6 +627,7 @@ mod tests {
             chains: ChainSchedule::Together,
             value_block: Some(64),
             warp_pairs: None,
+            segments: Segments::Auto,
         };
         assert_eq!(
             chain_choice(&h200(), &shape(16, 32), at_64).unwrap(),
