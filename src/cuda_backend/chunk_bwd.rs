@@ -68,7 +68,8 @@ pub struct BackwardOptions {
     /// then run together, else single warps.
     pub warp_pairs: Option<bool>,
     /// Sequence parallelism for both chains (exact: a local pass per segment, two combines,
-    /// the main pass; chunk_bwd_chain.cu). `Auto`: [`auto_segment_chunks`].
+    /// the main pass; chunk_bwd_chain.cu). `Auto`: segments only where the chains' grid
+    /// leaves at least half the SMs idle, about one block per SM in all.
     pub segments: Segments,
 }
 
