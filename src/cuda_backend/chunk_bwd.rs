@@ -68,14 +68,19 @@ pub struct BackwardOptions {
     /// then run together, else single warps.
     pub warp_pairs: Option<bool>,
     /// Sequence parallelism for both chains (exact: a local pass per segment, two combines,
-    /// the main pass; chunk_bwd_chain.cu). `Auto`: segments only where the chains' grid
-    /// leaves at least half the SMs idle, about one block per SM in all.
+    /// the main pass; chunk_bwd_chain.cu). `Auto`: none yet (the rule, segments only where the
+    /// chains' grid leaves at least half the SMs idle, waits for a GPU measurement).
     pub segments: Segments,
 }
 
 /// chunk_bwd_chain.cu's unit flags: the unit starts / ends its sequence.
 const UNIT_FIRST: i32 = 1;
 const UNIT_LAST: i32 = 2;
+
+/// Whether `Segments::Auto` cuts segments at all: not yet, because the segmented chains have
+/// not been timed (or tested) on a GPU: both H200 runs of 2026-12-02 were cut in the cold
+/// NVRTC compile of chunk_bwd_chain.cu (over 57 s). Forced segments run either way.
+const AUTO_SEGMENTS: bool = false;
 
 /// The shortest segment the automatic choice cuts, in chunks (as the forward's).
 const MIN_SEGMENT_CHUNKS: usize = 16;
@@ -227,9 +232,8 @@ impl ChunkedScratch {
         let combine_fits = combine_smem(p.key_dim) <= limits.smem_per_block;
         let segment_chunks = match options.segments {
             Segments::Off => None,
-            Segments::Auto => {
-                auto_segment_chunks(&limits, p, value_block, &seq_chunks).filter(|_| combine_fits)
-            }
+            Segments::Auto => auto_segment_chunks(&limits, p, value_block, &seq_chunks)
+                .filter(|_| AUTO_SEGMENTS && combine_fits),
             Segments::Chunks(0) => {
                 return Err(Error::value("backward segments", "at least 1 chunk", 0));
             }
