@@ -1042,6 +1042,17 @@ fn run_backward(
         if let Some(pairs) = options.warp_pairs {
             assert_eq!(ws.warp_pairs(), Some(pairs));
         }
+        // Forced segments cut every sequence longer than a segment, and only those.
+        let longest = p.sequences().iter().map(|s| s.len().div_ceil(64)).max();
+        match options.segments {
+            Segments::Off => assert_eq!(ws.segment_chunks(), None),
+            Segments::Chunks(n) => assert_eq!(
+                ws.segment_chunks(),
+                longest.filter(|&c| c > n).map(|_| n),
+                "segments of {n}"
+            ),
+            Segments::Auto => {}
+        }
     }
     let grads = cuda_backend::backward::alloc_gradients(ctx, p, &dev, f32::NAN).unwrap();
     backward_into(
@@ -1080,7 +1091,9 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
             // The exact path also runs where the chunked one is chosen (forced, as
             // GDN_CUDA_BACKWARD=exact does), and the chunked one with its chains one after
             // the other (the automatic choice runs them together, with warp pairs, on these
-            // small grids) and with and without warp pairs both ways.
+            // small grids) and with and without warp pairs both ways, each with segments
+            // forced off; then with segments of 1 and 2 chunks (local passes, both combines)
+            // together with pairs, one after the other without, and at V-block 128.
             let auto = BackwardOptions::default();
             let mut runs = vec![(path, auto)];
             if path == BackwardPath::Chunked {
@@ -1097,7 +1110,21 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                     let options = BackwardOptions {
                         chains,
                         warp_pairs: Some(pairs),
+                        segments: Segments::Off,
                         ..serial
+                    };
+                    runs.push((path, options));
+                }
+                for (chains, pairs, value_block, n) in [
+                    (ChainSchedule::Together, true, None, 1),
+                    (ChainSchedule::Serial, false, None, 2),
+                    (ChainSchedule::Serial, false, Some(128), 1),
+                ] {
+                    let options = BackwardOptions {
+                        chains,
+                        value_block,
+                        warp_pairs: Some(pairs),
+                        segments: Segments::Chunks(n),
                     };
                     runs.push((path, options));
                 }
@@ -1109,7 +1136,7 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                 for &(run_path, options) in &runs {
                     let got = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), run_path, options);
                     let what = format!(
-                        "{} backward{} (chains {}{})",
+                        "{} backward{} (chains {}{}{})",
                         run_path.name(),
                         if with_dht { " + dht" } else { "" },
                         options.chains.name(),
@@ -1117,6 +1144,10 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                             ", warp pairs"
                         } else {
                             ""
+                        },
+                        match options.segments {
+                            Segments::Chunks(n) => format!(", segments of {n}"),
+                            _ => String::new(),
                         }
                     );
                     failures.extend(check_gradients_with(
@@ -1200,6 +1231,7 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
                         chains,
                         value_block: Some(bv),
                         warp_pairs: Some(warp_pairs),
+                        segments: Segments::Off,
                     };
                     let what = format!(
                         "chains {} at V-block {bv}{}",
@@ -1221,6 +1253,29 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
                 }
             }
             representatives.extend(got.into_iter().take(1));
+        }
+        // Sequence parallelism: segments of 7 chunks (the 1990-token sequence's 32 chunks in
+        // 5 units, the 10-token one whole), together with pairs and one after the
+        // other at V-block 64; two runs bitwise equal, each within the oracle's bounds.
+        for (chains, bv, pairs) in [
+            (ChainSchedule::Together, 32, true),
+            (ChainSchedule::Serial, 64, false),
+        ] {
+            let options = BackwardOptions {
+                chains,
+                value_block: Some(bv),
+                warp_pairs: Some(pairs),
+                segments: Segments::Chunks(7),
+            };
+            let what = format!("chains {} at V-block {bv}, segments of 7", chains.name());
+            let a = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, options);
+            let b = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, options);
+            for ((name, x), (_, y)) in gradient_list(&a).into_iter().zip(gradient_list(&b)) {
+                if let Err(e) = same_bits(&format!("{dtype} {name} {what} run twice"), x, y) {
+                    failures.push(e);
+                }
+            }
+            representatives.push((what, a));
         }
         for (what, got) in &representatives {
             failures.extend(check_gradients_with(

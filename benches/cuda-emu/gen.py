@@ -1,4 +1,4 @@
-# Builds kernels.inc: common.cuh, chunk.cuh and the chunked backward's passes with every
+# Builds kernels.inc: common.cuh, chunk.cuh and the chunked backward's passes (and the combine) with every
 # inline-PTX helper (ldmatrix, mma.sync, cp.async, cvta, named barriers) replaced by shim.h's
 # emulation. `gen.py fwd [chunked.cu]` builds fwd_kernels.inc from the chunked forward and the
 # combine step instead (chunked.cu from another path: an older version, for an A/B);
@@ -65,7 +65,7 @@ if len(sys.argv) > 1 and sys.argv[1] == 'finish':
     sys.exit(0)
 out = '#include "shim.h"\n' + common + '\n' + chunk + '\n'
 fwd = len(sys.argv) > 1 and sys.argv[1] == 'fwd'
-files = [root + 'chunk_bwd_chain.cu', root + 'chunk_bwd_grad.cu']
+files = [root + 'chunk_bwd_chain.cu', root + 'chunk_bwd_grad.cu', root + 'chunk_combine.cu']
 if fwd:
     files = [sys.argv[2] if len(sys.argv) > 2 else root + 'chunked.cu', root + 'chunk_combine.cu']
 for f in files:

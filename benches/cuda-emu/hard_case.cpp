@@ -19,7 +19,7 @@ static double rel(const std::vector<float>& a, const std::vector<double>& r) {
 }
 
 template <typename T>
-int run(int ints[], const std::vector<int>& cu, float scale, int BV) {
+int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg, int KS, bool together) {
     int N = ints[0], TT = ints[1], H = ints[2], HV = ints[3], K = ints[4], V = ints[5], flags = ints[6];
     bool has_h0 = ints[7], has_dht = ints[8];
     auto q = take<float>((size_t)TT * H * K), k = take<float>((size_t)TT * H * K), v = take<float>((size_t)TT * HV * V);
@@ -45,10 +45,22 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV) {
             for (int i = 0; i < K; ++i) (*x)[r * K + i] = gdn::from_f32<T>(gdn::to_f32((*x)[r * K + i]) * rr);
         }
     }
-    std::vector<int> chunks, units;
-    for (int n = 0; n < N; ++n) { int first = chunks.size() / 2;
+    // Chunk and unit tables as ChunkedScratch builds them (segments of `seg` chunks; 0: whole).
+    std::vector<int> chunks, units, seq_units{0};
+    for (int n = 0; n < N; ++n) {
+        const int first = chunks.size() / 2;
         for (int c = cu[n]; c < cu[n + 1]; c += 64) { chunks.push_back(c); chunks.push_back(std::min(c + 64, cu[n + 1]) - c); }
-        units.push_back(first); units.push_back(chunks.size() / 2); units.push_back(n); units.push_back(0); }
+        const int end = chunks.size() / 2, per = seg > 0 ? seg : 1 << 30;
+        for (int a = first;;) {
+            const int b = std::min(a + per, end);
+            units.insert(units.end(), {a, b, n, (a == first ? 1 : 0) | (b == end ? 2 : 0)});
+            if (b == end) break;
+            a = b;
+        }
+        seq_units.push_back(units.size() / 4);
+    }
+    const int NU = units.size() / 4;
+    const bool segmented = NU > N;
     int NC = chunks.size() / 2;
     if (chunks.empty()) chunks.push_back(0);
     ChunkParams p{H, HV, K, V, HV / H, flags, NC, scale};
@@ -67,13 +79,39 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV) {
         emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, 3 * 2 * 64 * 136 + 512, [&] {
             prep<T, true>(p, chunks.data(), Q.data(), Kt.data(), g.data(), beta.data(), gate ? a_log.data() : nullptr,
                           gate ? dt_bias.data() : nullptr, ws_f.data(), ws_a.data(), ws_p.data(), ws_t.data()); });
+    // NaN-poisoned segment buffers: a read of a slot nobody wrote shows.
+    std::vector<float> sg_start((size_t)NU * HV * K * V, NAN), sg_end((size_t)NU * HV * K * (V + K), NAN),
+        dsg_start((size_t)NU * HV * K * V, NAN), dsg_end((size_t)NU * HV * K * (V + K), NAN);
+    const SegmentIo sio = segmented ? SegmentIo{seq_units.data(), sg_start.data(), sg_end.data(), dsg_start.data(), dsg_end.data()}
+                                    : SegmentIo{};
     size_t st = 2 * 64 * 136 + 2 * 64 * (BV + 8) + 2 * 64 * 72 + 4 * 2 * 64;
-    size_t dh_smem = 2 * (st + 2 * 64 * 136 + 2 * 64 * 72) + (BV / 16) * 64 * 24 * 2;
-    Dim3 cg{(unsigned)((V + BV - 1) / BV), (unsigned)HV, (unsigned)N};
-#define CHAINS(BVV) \
-    if (NC > 0) emu::launch(cg, BVV * 2, 2 * st, [&] { bwd_states<T, BVV>(p, chunks.data(), units.data(), Kt.data(), Vt.data(), ws_f.data(), ws_a.data(), H0, ws_h.data(), ws_x.data(), ws_vp.data()); }); \
-    emu::launch(cg, BVV * 2, dh_smem, [&] { bwd_dh<T, BVV>(p, chunks.data(), units.data(), Q.data(), Kt.data(), DO.data(), ws_f.data(), ws_a.data(), ws_p.data(), DHT, dv.data(), DH0, ws_dh.data(), ws_dvp.data()); });
-    if (BV == 32) { CHAINS(32) } else if (BV == 64) { CHAINS(64) } else { CHAINS(128) }
+    size_t parts = KS == 2 ? 2 * (BV / 16) * 4 * 16 * 64 : 0;
+    size_t st_smem = 2 * st + parts;
+    size_t dh_smem = 2 * (st + 2 * 64 * 136 + 2 * 64 * 72) + (BV / 16) * 64 * 24 * 2 + parts;
+    auto chains = [&](bool local) {
+        ChunkParams pp = p;
+        if (local) pp.flags |= BWD_LOCAL;
+        const unsigned vb = (V + BV - 1) / BV, kb = local ? (K + BV - 1) / BV : 0;
+        Dim3 sg{vb + kb, (unsigned)HV, (unsigned)NU}, dg{together ? vb + kb : vb, (unsigned)HV, (unsigned)NU};
+#define STATES(BVV, KSS) emu::launch(sg, BVV * 2 * KSS, st_smem, [&] { bwd_states<T, BVV, KSS>(pp, chunks.data(), units.data(), Kt.data(), Vt.data(), ws_f.data(), ws_a.data(), H0, ws_h.data(), ws_x.data(), ws_vp.data(), sio); });
+#define DH(BVV, KSS) emu::launch(dg, BVV * 2 * KSS, dh_smem, [&] { bwd_dh<T, BVV, KSS>(pp, chunks.data(), units.data(), Q.data(), Kt.data(), DO.data(), ws_f.data(), ws_a.data(), ws_p.data(), DHT, dv.data(), DH0, ws_dh.data(), ws_dvp.data(), sio); });
+#define BOTH(BVV, KSS) emu::launch(sg, BVV * 4 * KSS, st_smem + dh_smem, [&] { bwd_chains<T, BVV, KSS>(pp, chunks.data(), units.data(), Q.data(), Kt.data(), Vt.data(), DO.data(), ws_f.data(), ws_a.data(), ws_p.data(), H0, DHT, dv.data(), DH0, ws_h.data(), ws_x.data(), ws_vp.data(), ws_dh.data(), ws_dvp.data(), sio); });
+#define SERIAL(BVV, KSS) { if (NC > 0) STATES(BVV, KSS) DH(BVV, KSS) }
+        if (together) {
+            if (BV == 32 && KS == 2) { BOTH(32, 2) } else if (BV == 32) { BOTH(32, 1) } else { BOTH(64, 1) }
+        } else if (KS == 2) {
+            if (BV == 32) SERIAL(32, 2) else SERIAL(64, 2)
+        } else if (BV == 32) SERIAL(32, 1) else if (BV == 64) SERIAL(64, 1) else SERIAL(128, 1)
+    };
+    if (segmented) {
+        chains(true);
+        gdn::combine::CombineParams cp{HV, K, V, flags};
+        const Dim3 cg{(unsigned)((V + 7) / 8), (unsigned)HV, (unsigned)N};
+        const size_t cs = 4 * (2 * K * (K + 4) + 2 * K * 8 + 8 * (K + 4));
+        emu::launch(cg, 256, cs, [&] { gdn::combine::combine(cp, seq_units.data(), nullptr, H0, sg_end.data(), sg_start.data()); });
+        emu::launch(cg, 256, cs, [&] { gdn::combine::combine(cp, seq_units.data(), nullptr, DHT, dsg_end.data(), dsg_start.data()); });
+    }
+    chains(false);
     if (NC > 0) {
         emu::launch({(unsigned)NC, (unsigned)H, 1}, GRAD_THREADS, GradLayout::BYTES, [&] {
             bwd_grad<T>(p, chunks.data(), Q.data(), Kt.data(), DO.data(), dv.data(), ws_f.data(), ws_p.data(), ws_t.data(), ws_x.data(), ws_vp.data(), ws_dvp.data(), ws_h.data(), ws_dh.data(),
@@ -115,15 +153,17 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV) {
     printf("dq %.2e dk %.2e dv %.2e dg %.2e db %.2e", rel(fdq, e_dq), rel(fdk, e_dk), rel(fdv, e_dv), rel(fdg, e_dg), rel(fdb, e_db));
     if (has_h0) printf(" dh0 %.2e", rel(dh0, e_dh0));
     if (gate) printf(" dA_log %.2e ddt_bias %.2e", rel(fda, e_da), rel(fddt, e_ddt));
-    printf("\n");
+    printf(" (units %d)\n", NU);
     return 0;
 }
 int main(int argc, char** argv) {
     FILE* f = fopen(argv[1], "rb"); fseek(f, 0, SEEK_END); bytes.resize(ftell(f)); fseek(f, 0, SEEK_SET);
     fread(bytes.data(), 1, bytes.size(), f); fclose(f);
-    int BV = argc > 2 ? atoi(argv[2]) : 32;
+    // file [V-block [segment chunks (0: whole) [warps per 16 columns [1: both chains together]]]]
+    int BV = argc > 2 ? atoi(argv[2]) : 32, seg = argc > 3 ? atoi(argv[3]) : 0, KS = argc > 4 ? atoi(argv[4]) : 1;
+    bool together = argc > 5 && atoi(argv[5]) == 1;
     auto ints = take<int>(10);
     auto cu = take<int>(ints[0] + 1);
     float scale = take<float>(1)[0];
-    return ints[9] == 1 ? run<__half>(ints.data(), cu, scale, BV) : run<__nv_bfloat16>(ints.data(), cu, scale, BV);
+    return ints[9] == 1 ? run<__half>(ints.data(), cu, scale, BV, seg, KS, together) : run<__nv_bfloat16>(ints.data(), cu, scale, BV, seg, KS, together);
 }

@@ -34,7 +34,7 @@ int run(int argc, char** argv) {
     std::vector<int> chunks, units;
     for (int n = 0; n < N; ++n) { int first = chunks.size()/2;
         for (int c = cu[n]; c < cu[n+1]; c += 64) { chunks.push_back(c); chunks.push_back(std::min(c+64, cu[n+1]) - c); }
-        units.push_back(first); units.push_back(chunks.size()/2); units.push_back(n); units.push_back(0); }
+        units.push_back(first); units.push_back(chunks.size()/2); units.push_back(n); units.push_back(3); }
     int NC = chunks.size()/2;
     ChunkParams p{H, HV, K, V, HV/H, flags, NC, 1.0f/sqrtf((float)K)};
     size_t heads = (size_t)NC*HV;
@@ -55,24 +55,24 @@ int run(int argc, char** argv) {
 #define KS_EMU 1  // -DKS_EMU=2: the chains with warp pairs (V-blocks 32 and 64)
 #endif
 #if KS_EMU == 1
-    auto states = [&] { if (BV == 32) bwd_states<T,32>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data());
-                        else if (BV == 64) bwd_states<T,64>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data());
-                        else bwd_states<T,128>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data()); };
-    auto dhk = [&] { if (BV == 32) bwd_dh<T,32>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data());
-                     else if (BV == 64) bwd_dh<T,64>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data());
-                     else bwd_dh<T,128>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data()); };
+    auto states = [&] { if (BV == 32) bwd_states<T,32>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), SegmentIo{});
+                        else if (BV == 64) bwd_states<T,64>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), SegmentIo{});
+                        else bwd_states<T,128>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), SegmentIo{}); };
+    auto dhk = [&] { if (BV == 32) bwd_dh<T,32>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data(), SegmentIo{});
+                     else if (BV == 64) bwd_dh<T,64>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data(), SegmentIo{});
+                     else bwd_dh<T,128>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data(), SegmentIo{}); };
 #else
     (void)st; (void)dh_smem;
     if (BV != 32 && BV != 64) { fprintf(stderr, "warp pairs: BV 32 or 64\n"); return 2; }
-    auto states = [&] { if (BV == 32) bwd_states<T,32,2>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data());
-                        else bwd_states<T,64,2>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data()); };
-    auto dhk = [&] { if (BV == 32) bwd_dh<T,32,2>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data());
-                     else bwd_dh<T,64,2>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data()); };
+    auto states = [&] { if (BV == 32) bwd_states<T,32,2>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), SegmentIo{});
+                        else bwd_states<T,64,2>(p, chunks.data(), units.data(), Kp, Vp, ws_f.data(), (T*)ws_a.data(), H0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), SegmentIo{}); };
+    auto dhk = [&] { if (BV == 32) bwd_dh<T,32,2>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data(), SegmentIo{});
+                     else bwd_dh<T,64,2>(p, chunks.data(), units.data(), Q, Kp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), DHT, (T*)dv.data(), DH0, (T*)ws_dh.data(), (T*)ws_dvp.data(), SegmentIo{}); };
     st = BV == 32 ? ChainLayout<32, 2>::STATES_BYTES / 2 : ChainLayout<64, 2>::STATES_BYTES / 2;
     dh_smem = BV == 32 ? ChainLayout<32, 2>::DH_BYTES : ChainLayout<64, 2>::DH_BYTES;
 #endif
 #ifdef TOGETHER  // both chains in one launch (bwd_chains), V-block 32
-    auto both = [&] { bwd_chains<T, 32, KS_EMU>(p, chunks.data(), units.data(), Q, Kp, Vp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), H0, DHT, (T*)dv.data(), DH0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dh.data(), (T*)ws_dvp.data()); };
+    auto both = [&] { bwd_chains<T, 32, KS_EMU>(p, chunks.data(), units.data(), Q, Kp, Vp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), H0, DHT, (T*)dv.data(), DH0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dh.data(), (T*)ws_dvp.data(), SegmentIo{}); };
     (void)states; (void)dhk;
     emu::launch(cg, 32*4*KS_EMU, ChainLayout<32, KS_EMU>::STATES_BYTES + ChainLayout<32, KS_EMU>::DH_BYTES, both);
 #else

@@ -18,6 +18,18 @@
 //       and, at the sequence start, dh0 (f32).
 // The per-chunk gradient passes (chunk_bwd_grad.cu) then run over all chunks at once.
 //
+// Sequence parallelism (exact; chunk_bwd.rs decides, docs/sequence-parallelism.md): a unit
+// (blockIdx.z) is a sequence or a segment of one. Both chains are linear in their carry, and
+// chunk c's dh step is the adjoint of its states step: S_end = M_c·S + (terms of v) with
+// M_c = γ_C·I − Kᵀ·diag(γ_C/γ)·T·diag(β)·diag(γ)·K, and dS = M_cᵀ·dS' + (terms of dO). So a
+// local pass (BWD_LOCAL) runs each segment from zero: the states chain's end state E (units
+// but the last of their sequence) and, in K extra column blocks from the identity with v = 0,
+// the segment's transition M (every unit of a cut sequence); the dh chain's start gradient E'
+// from a zero end gradient (units but the first). chunk_combine.cu then chains
+// start_{i+1} = M_i·start_i + E_i from h0, and, over the units in reverse order (slot
+// first + last − unit) with [E' | Mᵀ], the gradients entering each segment's end from dht;
+// the main pass runs every unit from those.
+//
 // Why: the dh recurrence needs no forward state (only P, T·diag(β), the decays, q, k, dO), so
 // the two chains are independent; everything else of the backward is parallel over chunks.
 // The stores are what the parallel passes cannot cheaply recompute (S, dS') or what the
@@ -27,6 +39,30 @@ namespace gdn {
 namespace chunked {
 
 constexpr int LDO = 16 + 8;  // a column group's C × 16 staging tile of dv
+
+// The unit table's flags (chunk_bwd.rs mirrors them, as chunked.cu's): the unit starts / ends
+// its sequence. BWD_LOCAL (a ChunkParams flag): the segments' local pass.
+constexpr int BWD_UNIT_FIRST = 1;
+constexpr int BWD_UNIT_LAST = 2;
+constexpr int BWD_LOCAL = 1 << 9;
+
+// The segments' buffers (null without segments), f32, per (slot, v-head): `start` K × V
+// (combined start states, slot = unit), `end` K × (V + K) ([E | M] of the states local pass,
+// slot = unit), `dh_start` K × V (the gradients entering each unit's end, slot = reversed),
+// `dh_end` K × (V + K) ([E' | Mᵀ], slot = reversed); `seq_units` per sequence its first unit,
+// then the end.
+struct SegmentIo {
+    const int* seq_units;
+    const float* start;
+    float* end;
+    const float* dh_start;
+    float* dh_end;
+};
+
+// A unit's slot in the dh direction: its sequence's units in reverse order.
+__device__ __forceinline__ int reversed_slot(const int* seq_units, int seq, int unit) {
+    return seq_units[seq] + seq_units[seq + 1] - 1 - unit;
+}
 
 // Pass-wide layout of one stage (byte offsets), as the forward's FwdLayout: k, the V-block of v
 // (states) or of dO (dh), T·diag(β), the decays (γ, γ_C/γ), then q and P (dh only). After both
@@ -201,7 +237,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
                            const T* __restrict__ v, const float* __restrict__ ws_f,
                            const T* __restrict__ ws_a, const float* __restrict__ h0,
                            T* __restrict__ ws_h, T* __restrict__ ws_x, T* __restrict__ ws_vp,
-                           const int first_thread = 0,
+                           const SegmentIo seg, const int first_thread = 0,
                            const int smem_offset = 0, const int barrier = 0) {
     using L = ChainLayout<BV, KS>;
     constexpr int NB = MAX_K / 16 / KS;  // 16-row blocks of the state a warp holds at most
@@ -209,14 +245,23 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
     unsigned char* const role_smem = smem + smem_offset;
     const int tid = threadIdx.x - first_thread;
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int hv = blockIdx.y, seq = blockIdx.z, h = hv / p.group;
-    const int first = units[4 * seq], end = units[4 * seq + 1];
+    const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
+    const int first = units[4 * unit], end = units[4 * unit + 1];
+    const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
     const int flags = p.flags;
-    const int col0 = blockIdx.x * BV;
+    const bool local = flags & BWD_LOCAL;
+    // Local pass: blocks past the v-blocks carry the transition's K columns (v = 0), wanted by
+    // every unit of a cut sequence; E by every unit but the last.
+    const int v_blocks = (V + BV - 1) / BV;
+    const bool transition = local && (int)blockIdx.x >= v_blocks;
+    const bool whole = (unit_flags & BWD_UNIT_FIRST) && (unit_flags & BWD_UNIT_LAST);
+    if (local && (transition ? whole : (unit_flags & BWD_UNIT_LAST) != 0)) return;
+    const int cols = transition ? K : V;
+    const int col0 = (transition ? (int)blockIdx.x - v_blocks : (int)blockIdx.x) * BV;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int cw = warp / KS, half = warp % KS;  // column group, its half of the K rows
     const int wc = cw * 16, c0 = col0 + wc;
-    const bool active = c0 < V;
+    const bool active = c0 < cols;
     const int nk = K / 16;
     const KRows kr = k_rows<KS>(nk, half);
     const int pair_bar = barrier + 1 + cw;
@@ -236,8 +281,10 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
         const size_t ch = (size_t)chunk * HV + hv;
         copy_tile<L::THREADS, MAX_K / 8, LDK>(base + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride,
                                               len, K / 8, tid);
-        copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, v + ((size_t)start * HV + hv) * V + col0,
-                                              (size_t)HV * V, len, v_vecs, tid);
+        if (!transition) {
+            copy_tile<L::THREADS, BV / 8, L::LDV>(base + L::V_OFF, v + ((size_t)start * HV + hv) * V + col0,
+                                                  (size_t)HV * V, len, v_vecs, tid);
+        }
         copy_tile<L::THREADS, C / 8, LDC>(base + L::A_OFF, ws_a + ch * C * C, (size_t)C, C, C / 8, tid);
         if (tid < 2 * C / 4) {
             cp_async16_zfill(base + L::F_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
@@ -246,6 +293,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
 
     // sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows 16·kr.lo + 8j + 2t (+ 1).
     const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
+    const size_t unit_slice = ((size_t)unit * HV + hv) * (size_t)K;
     float sacc[2 * NB][4];
 #pragma unroll
     for (int j = 0; j < 2 * NB; ++j) {
@@ -253,8 +301,13 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
         for (int e = 0; e < 4; ++e) {
             const int r = 16 * kr.lo + 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
             float x = 0.0f;
-            if (active && j < 2 * kr.n && h0 != nullptr) {
-                x = h0[user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c)];
+            if (active && j < 2 * kr.n) {
+                if (transition) x = r == c ? 1.0f : 0.0f;
+                else if (local) x = 0.0f;
+                else if (!(unit_flags & BWD_UNIT_FIRST)) x = seg.start[(unit_slice + r) * V + c];
+                else if (h0 != nullptr) {
+                    x = h0[user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c)];
+                }
             }
             sacc[j][e] = x;
         }
@@ -285,7 +338,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
             // The chunk's start state, rounded as the MMAs take it, as Sᵀ (V × K).
 #pragma unroll
             for (int j = 0; j < 2 * NB; ++j) {
-                if (j < 2 * kr.n) {
+                if (!local && j < 2 * kr.n) {
                     const int r = 16 * kr.lo + 8 * j + 2 * t;
                     T* dst = ws_h + (ch * V + c0 + g) * K + r;
                     *reinterpret_cast<unsigned*>(dst) = pack2<T>(sacc[j][0], sacc[j][1]);
@@ -304,13 +357,13 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
                 const int i = 8 * j + 2 * t;
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    const float vi = to_f32(vs[(i + (e & 1)) * L::LDV + wc + g + 8 * (e >> 1)]);
+                    const float vi = transition ? 0.0f : to_f32(vs[(i + (e & 1)) * L::LDV + wc + g + 8 * (e >> 1)]);
                     xacc[j][e] = vi - gam[i + (e & 1)] * xacc[j][e];
                 }
             }
             unsigned xa[C / 16][4];
             pack_tokens<T>(xa, xacc, nullptr, 1.0f);
-            if (half == 0) store_transposed<T>(ws_x + (ch * V + c0) * C, C, xacc);
+            if (!local && half == 0) store_transposed<T>(ws_x + (ch * V + c0) * C, C, xacc);
 
             // v'ᵀ = Xᵀ·(T·diag(β))ᵀ; T is lower triangular: token block ip reads blocks kb ≤ ip.
             float vacc[C / 8][4];
@@ -326,7 +379,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
                     MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fa[kb][2], fa[kb][3]);
                 }
             }
-            if (half == 0) store_transposed<T>(ws_vp + (ch * V + c0) * C, C, vacc);
+            if (!local && half == 0) store_transposed<T>(ws_vp + (ch * V + c0) * C, C, vacc);
 
             // Sᵀ ← γ_C·Sᵀ + (diag(γ_C/γ)·v')ᵀ·K, this warp's K rows.
             unsigned vd[C / 16][4];
@@ -341,6 +394,23 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
         }
         info1 = info2;
     }
+
+    // Local pass: E (v columns), M (transition columns) for the combine from h0, Mᵀ (the dh
+    // chain's transition) for the one from dht.
+    if (!local || !active) return;
+    const int slot = transition && !(unit_flags & BWD_UNIT_FIRST) ? reversed_slot(seg.seq_units, seq, unit) : 0;
+    const size_t slot_slice = ((size_t)slot * HV + hv) * (size_t)K;
+#pragma unroll
+    for (int j = 0; j < 2 * NB; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 16 * kr.lo + 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            if (j < 2 * kr.n) {
+                if (!(unit_flags & BWD_UNIT_LAST)) seg.end[(unit_slice + r) * (V + K) + (transition ? V : 0) + c] = sacc[j][e];
+                if (transition && !(unit_flags & BWD_UNIT_FIRST)) seg.dh_end[(slot_slice + c) * (V + K) + V + r] = sacc[j][e];
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -353,17 +423,25 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
                        const float* __restrict__ ws_f, const T* __restrict__ ws_a,
                        const T* __restrict__ ws_p, const float* __restrict__ dht,
                        T* __restrict__ dv, float* __restrict__ dh0, T* __restrict__ ws_dh,
-                       T* __restrict__ ws_dvp, const int first_thread = 0,
-                           const int smem_offset = 0, const int barrier = 0) {
+                       T* __restrict__ ws_dvp, const SegmentIo seg, const int first_thread = 0,
+                       const int smem_offset = 0, const int barrier = 0) {
     using L = ChainLayout<BV, KS>;
     constexpr int NB = MAX_K / 16 / KS;  // 16-row blocks of the state a warp holds at most
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* const role_smem = smem + smem_offset;
     const int tid = threadIdx.x - first_thread;
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int hv = blockIdx.y, seq = blockIdx.z, h = hv / p.group;
-    const int first = units[4 * seq], end = units[4 * seq + 1];
+    const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
+    const int first = units[4 * unit], end = units[4 * unit + 1];
+    const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
     const int flags = p.flags;
+    const bool local = flags & BWD_LOCAL;
+    // Local pass: E' for every unit but the first, v columns only (the transition, Mᵀ, comes
+    // from the states chain's local pass).
+    if (local && ((int)blockIdx.x >= (V + BV - 1) / BV || (unit_flags & BWD_UNIT_FIRST))) return;
+    const bool whole = (unit_flags & BWD_UNIT_FIRST) && (unit_flags & BWD_UNIT_LAST);
+    const int slot = whole ? unit : reversed_slot(seg.seq_units, seq, unit);
+    const size_t slot_slice = ((size_t)slot * HV + hv) * (size_t)K;
     const int col0 = blockIdx.x * BV;
     const int warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int cw = warp / KS, half = warp % KS;  // column group, its half of the K rows
@@ -416,7 +494,12 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = 16 * kr.lo + 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
-            dsacc[j][e] = active && j < 2 * kr.n && dht != nullptr ? dht[user_state_at(r, c)] : 0.0f;
+            float x = 0.0f;
+            if (active && j < 2 * kr.n && !local) {
+                if (!(unit_flags & BWD_UNIT_LAST)) x = seg.dh_start[(slot_slice + r) * V + c];
+                else if (dht != nullptr) x = dht[user_state_at(r, c)];
+            }
+            dsacc[j][e] = x;
         }
     }
 
@@ -444,7 +527,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             // dS' (the gradient of the chunk's end state), rounded, as dS'ᵀ (V × K).
 #pragma unroll
             for (int j = 0; j < 2 * NB; ++j) {
-                if (j < 2 * kr.n) {
+                if (!local && j < 2 * kr.n) {
                     const int r = 16 * kr.lo + 8 * j + 2 * t;
                     T* dst = ws_dh + (ch * V + c0 + g) * K + r;
                     *reinterpret_cast<unsigned*>(dst) = pack2<T>(dsacc[j][0], dsacc[j][1]);
@@ -496,7 +579,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
                 dvacc[j][2] = fmaf(dvacc[j][2], dec[i], pacc[j][2]);
                 dvacc[j][3] = fmaf(dvacc[j][3], dec[i + 1], pacc[j][3]);
             }
-            if (half == 0) store_transposed<T>(ws_dvp + (ch * V + c0) * C, C, dvacc);
+            if (!local && half == 0) store_transposed<T>(ws_dvp + (ch * V + c0) * C, C, dvacc);
 
             // dXᵀ = dv'ᵀ·(T·diag(β)) (= dv), stored through the warp's staging tile.
             unsigned dva[C / 16][4];
@@ -504,7 +587,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             float dxacc[C / 8][4];
             zero_acc(dxacc);
             times_lower<T>(dxacc, dva, base + lane_a);
-            if (half == 0) {
+            if (!local && half == 0) {
                 const int2 ci = chunk_info(chunk);
                 const int start = ci.x, len = ci.y;
 #pragma unroll
@@ -535,13 +618,17 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
         info1 = info2;
     }
 
-    if (!active || dh0 == nullptr) return;
+    // Local pass: E' for the combine from dht; main pass: dh0 at the sequence's start.
+    if (!active || (!local && (dh0 == nullptr || !(unit_flags & BWD_UNIT_FIRST)))) return;
 #pragma unroll
     for (int j = 0; j < 2 * NB; ++j) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
             const int r = 16 * kr.lo + 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
-            if (j < 2 * kr.n) dh0[user_state_at(r, c)] = dsacc[j][e];
+            if (j < 2 * kr.n) {
+                if (local) seg.dh_end[(slot_slice + r) * (V + K) + c] = dsacc[j][e];
+                else dh0[user_state_at(r, c)] = dsacc[j][e];
+            }
         }
     }
 }
@@ -562,12 +649,12 @@ __device__ void bwd_chains(const ChunkParams p, const int* __restrict__ chunks,
                            const float* __restrict__ h0, const float* __restrict__ dht,
                            T* __restrict__ dv, float* __restrict__ dh0, T* __restrict__ ws_h,
                            T* __restrict__ ws_x, T* __restrict__ ws_vp, T* __restrict__ ws_dh,
-                           T* __restrict__ ws_dvp) {
+                           T* __restrict__ ws_dvp, const SegmentIo seg) {
     using L = ChainLayout<BV, KS>;
     if (threadIdx.x < L::THREADS) {
-        bwd_states<T, BV, KS>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp, 0, 0, 1);
+        bwd_states<T, BV, KS>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp, seg, 0, 0, 1);
     } else {
-        bwd_dh<T, BV, KS>(p, chunks, units, q, k, d_o, ws_f, ws_a, ws_p, dht, dv, dh0, ws_dh, ws_dvp,
+        bwd_dh<T, BV, KS>(p, chunks, units, q, k, d_o, ws_f, ws_a, ws_p, dht, dv, dh0, ws_dh, ws_dvp, seg,
                           L::THREADS, L::STATES_BYTES, 2 + L::GROUPS);
     }
 }
@@ -575,20 +662,26 @@ __device__ void bwd_chains(const ChunkParams p, const int* __restrict__ chunks,
 }  // namespace chunked
 }  // namespace gdn
 
-// NAME: the kernels' V-block suffix (BV, or BV##p with warp pairs); THREADS per role.
+// NAME: the kernels' V-block suffix (BV, or BV##p with warp pairs); THREADS per role. Every
+// kernel takes the segments' buffers (SegmentIo, in its order; null without segments).
+#define GDN_CHUNK_BWD_SEG_ARGS                                                                    \
+    const int *seq_units, const float *seg_start, float *seg_end, const float *dh_seg_start,      \
+        float *dh_seg_end
+#define GDN_CHUNK_BWD_SEG gdn::chunked::SegmentIo{seq_units, seg_start, seg_end, dh_seg_start, dh_seg_end}
 #define GDN_CHUNK_BWD_CHAIN(SUFFIX, T, BV, KS, NAME)                                              \
     extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_bwd_states##NAME##_##SUFFIX( \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* k,       \
         const T* v, const float* ws_f, const T* ws_a, const float* h0, T* ws_h, T* ws_x,          \
-        T* ws_vp) {                                                                               \
-        gdn::chunked::bwd_states<T, BV, KS>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp); \
+        T* ws_vp, GDN_CHUNK_BWD_SEG_ARGS) {                                                       \
+        gdn::chunked::bwd_states<T, BV, KS>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp, \
+                                            GDN_CHUNK_BWD_SEG);                                   \
     }                                                                                             \
     extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_bwd_dh##NAME##_##SUFFIX(  \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,       \
         const T* k, const T* d_o, const float* ws_f, const T* ws_a, const T* ws_p,                \
-        const float* dht, T* dv, float* dh0, T* ws_dh, T* ws_dvp) {                               \
+        const float* dht, T* dv, float* dh0, T* ws_dh, T* ws_dvp, GDN_CHUNK_BWD_SEG_ARGS) {       \
         gdn::chunked::bwd_dh<T, BV, KS>(p, chunks, units, q, k, d_o, ws_f, ws_a, ws_p, dht, dv, dh0, \
-                                        ws_dh, ws_dvp);                                           \
+                                        ws_dh, ws_dvp, GDN_CHUNK_BWD_SEG);                        \
     }
 
 #define GDN_CHUNK_BWD_BOTH(SUFFIX, T, BV, KS, NAME)                                                 \
@@ -596,9 +689,10 @@ __device__ void bwd_chains(const ChunkParams p, const int* __restrict__ chunks,
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,         \
         const T* k, const T* v, const T* d_o, const float* ws_f, const T* ws_a, const T* ws_p,      \
         const float* h0, const float* dht, T* dv, float* dh0, T* ws_h, T* ws_x, T* ws_vp, T* ws_dh, \
-        T* ws_dvp) {                                                                                \
+        T* ws_dvp, GDN_CHUNK_BWD_SEG_ARGS) {                                                        \
         gdn::chunked::bwd_chains<T, BV, KS>(p, chunks, units, q, k, v, d_o, ws_f, ws_a, ws_p, h0,   \
-                                            dht, dv, dh0, ws_h, ws_x, ws_vp, ws_dh, ws_dvp);        \
+                                            dht, dv, dh0, ws_h, ws_x, ws_vp, ws_dh, ws_dvp,         \
+                                            GDN_CHUNK_BWD_SEG);                                     \
     }
 
 #define GDN_CHUNK_BWD_CHAINS(SUFFIX, T)           \

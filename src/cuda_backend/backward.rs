@@ -285,6 +285,15 @@ impl BackwardWorkspace {
         }
     }
 
+    /// The segment length (in chunks of 64 tokens) where the chunked path's chains cut some
+    /// sequence (sequence parallelism); `None` on the exact path or without segments.
+    pub fn segment_chunks(&self) -> Option<usize> {
+        match &self.scratch {
+            Scratch::Exact(_) => None,
+            Scratch::Chunked(c) => c.segment_chunks(),
+        }
+    }
+
     /// Bytes of device memory the workspace holds.
     pub fn workspace_bytes(&self) -> usize {
         match &self.scratch {

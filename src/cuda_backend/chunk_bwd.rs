@@ -21,16 +21,19 @@ use cudarc::driver::CudaSlice;
 use super::backward::{QkPartials, alloc_f32, dtype_suffix, gate_sums_len, launch_finish};
 pub use super::chunk_bwd_chain::ChainSchedule;
 use super::chunk_bwd_chain::{
-    ChainBuffers, ChainInputs, chain_plan, chain_smem, launch_dh, launch_states, launch_together,
+    ChainBuffers, ChainInputs, ChainPass, SegmentBuffers, chain_plan, chain_smem, launch_dh,
+    launch_states, launch_together,
 };
 use super::chunk_bwd_grad::{
     GradParts, MAX_CHUNKED_BWD_VALUE_DIM, QkOut, grad_smem, launch_grad, launch_prep,
 };
+use super::chunk_combine::{combine_smem, launch_chunk_combine};
+pub use super::chunked::Segments;
 use super::chunked::{ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM, launch_l2norm, prep_smem};
 use super::context::{Context, driver_error};
 use super::recurrent::to_i32;
 use super::tensor::CudaTensor;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::problem::{CHUNK, ForwardInputs, Gradients, Problem};
 use crate::tensor::DType;
 
@@ -52,7 +55,7 @@ pub enum ChunkedStage {
 
 /// The chunked backward's choices, for overriding them
 /// ([`crate::cuda_backend::backward::BackwardWorkspace::with_options`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct BackwardOptions {
     /// How the two sequential passes are launched.
     pub chains: ChainSchedule,
@@ -64,6 +67,44 @@ pub struct BackwardOptions {
     /// K·S (K·dS') summed through shared memory. `None`: [`AUTO_WARP_PAIRS`] where the chains
     /// then run together, else single warps.
     pub warp_pairs: Option<bool>,
+    /// Sequence parallelism for both chains (exact: a local pass per segment, two combines,
+    /// the main pass; chunk_bwd_chain.cu). `Auto`: none yet (the rule, segments only where the
+    /// chains' grid leaves at least half the SMs idle, waits for a GPU measurement).
+    pub segments: Segments,
+}
+
+/// chunk_bwd_chain.cu's unit flags: the unit starts / ends its sequence.
+const UNIT_FIRST: i32 = 1;
+const UNIT_LAST: i32 = 2;
+
+/// Whether `Segments::Auto` cuts segments at all: not yet, because the segmented chains have
+/// not been timed (or tested) on a GPU: both H200 runs of 2026-12-02 were cut in the cold
+/// NVRTC compile of chunk_bwd_chain.cu (over 57 s). Forced segments run either way.
+const AUTO_SEGMENTS: bool = false;
+
+/// The shortest segment the automatic choice cuts, in chunks (as the forward's).
+const MIN_SEGMENT_CHUNKS: usize = 16;
+
+/// The automatic segment length of the chains: only where their grid (V-blocks × v-heads ×
+/// sequences at the planned V-block) leaves at least half the SMs idle; then segments of
+/// about `SMs / (V-blocks × v-heads)` units in all (2/8 heads × 1×32768 at V-block 32: 4
+/// segments of 128 chunks, 128 blocks in the main pass). Where the SMs are full already the
+/// local pass (the segments from zero and their transitions) only adds work.
+fn auto_segment_chunks(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    value_block: usize,
+    seq_chunks: &[usize],
+) -> Option<usize> {
+    let p = problem;
+    let per_unit = p.value_dim.div_ceil(value_block) * p.heads_v;
+    if 2 * per_unit * seq_chunks.len() > limits.sms {
+        return None;
+    }
+    let units = (limits.sms / per_unit).max(1);
+    let total: usize = seq_chunks.iter().sum();
+    let n = total.div_ceil(units).max(MIN_SEGMENT_CHUNKS);
+    seq_chunks.iter().any(|&c| c > n).then_some(n)
 }
 
 /// Whether the chains take warp pairs unless told, where both chains then run together
@@ -125,8 +166,14 @@ pub(crate) struct ChunkedScratch {
     pairs: bool,
     /// (first token, length) per chunk; chunks never cross a sequence boundary.
     chunks: CudaSlice<i32>,
-    /// (first chunk, end chunk, sequence, flags) per sequence.
+    /// (first chunk, end chunk, sequence, flags) per unit: a sequence, or a segment of one.
     units: CudaSlice<i32>,
+    num_units: usize,
+    /// Per sequence its first unit, then the end.
+    seq_units: CudaSlice<i32>,
+    /// The segment length where some sequence was cut, and the segments' buffers.
+    segment_chunks: Option<usize>,
+    segments: Option<SegmentBuffers>,
     /// l2-normalized q and k (only with `Options::l2norm_qk`).
     normalized: Option<(CudaSlice<u8>, CudaSlice<u8>)>,
     /// Per (chunk, v-head): γ, γ_C/γ, G, β (4·C f32).
@@ -166,31 +213,73 @@ impl ChunkedScratch {
         let p = problem;
         to_i32("tokens (B·T)", p.total_tokens())?;
         let mut table = Vec::new();
-        let mut units = Vec::new();
-        for (n, s) in p.sequences().into_iter().enumerate() {
-            let first = table.len() / 2;
+        let mut seq_chunks = Vec::new();
+        for s in p.sequences() {
             for c in (s.start..s.end).step_by(CHUNK) {
                 table.push(to_i32("tokens (B·T)", c)?);
                 table.push(((c + CHUNK).min(s.end) - c) as i32);
             }
-            let end = table.len() / 2;
-            units.extend([
-                to_i32("chunks", first)?,
-                to_i32("chunks", end)?,
-                n as i32,
-                0,
-            ]);
+            seq_chunks.push((s.end - s.start).div_ceil(CHUNK));
         }
         let num_chunks = table.len() / 2;
+        to_i32("chunks", num_chunks)?;
         if table.is_empty() {
             table.push(0);
-        }
-        if units.is_empty() {
-            units.push(0);
         }
         let limits = DeviceLimits::of(ctx)?;
         let (pairs, plan) = chain_choice(&limits, p, options)?;
         let (chains, value_block) = plan.unwrap_or((ChainSchedule::Serial, 32));
+        let combine_fits = combine_smem(p.key_dim) <= limits.smem_per_block;
+        let segment_chunks = match options.segments {
+            Segments::Off => None,
+            Segments::Auto => auto_segment_chunks(&limits, p, value_block, &seq_chunks)
+                .filter(|_| AUTO_SEGMENTS && combine_fits),
+            Segments::Chunks(0) => {
+                return Err(Error::value("backward segments", "at least 1 chunk", 0));
+            }
+            Segments::Chunks(n) => {
+                if !combine_fits {
+                    return Err(Error::unsupported(
+                        "backward segments",
+                        format!("K = {} on this device (its shared memory)", p.key_dim),
+                    ));
+                }
+                Some(n)
+            }
+        };
+        // Units as the forward's ChunkPlan cuts them (an empty sequence: one empty unit).
+        let mut units = Vec::new();
+        let mut seq_units = vec![0i32];
+        let mut first = 0usize;
+        for (n, &count) in seq_chunks.iter().enumerate() {
+            let end = first + count;
+            let per = segment_chunks.unwrap_or(usize::MAX).max(1);
+            let mut a = first;
+            loop {
+                let b = a.saturating_add(per).min(end);
+                let flags =
+                    if a == first { UNIT_FIRST } else { 0 } | if b == end { UNIT_LAST } else { 0 };
+                units.extend([a as i32, b as i32, n as i32, flags]);
+                if b == end {
+                    break;
+                }
+                a = b;
+            }
+            seq_units.push(to_i32("units", units.len() / 4)?);
+            first = end;
+        }
+        let num_units = units.len() / 4;
+        if num_units > 65535 {
+            return Err(Error::unsupported(
+                "backward segments",
+                format!("{num_units} units on the cuda backend (at most 65535: longer segments)"),
+            ));
+        }
+        let segmented = num_units > p.num_sequences();
+        let segment_chunks = segment_chunks.filter(|_| segmented);
+        if units.is_empty() {
+            units.push(0);
+        }
         let stream = ctx.stream();
         let upload = |what: &str, data: &[i32]| {
             stream
@@ -207,6 +296,17 @@ impl ChunkedScratch {
             None
         };
         let per_token = p.total_tokens() * hv;
+        let segments = if segmented {
+            let (starts, ends) = (num_units * hv * k * v * 4, num_units * hv * k * (v + k) * 4);
+            Some(SegmentBuffers {
+                start: alloc(ctx, "segment start states", starts)?,
+                end: alloc(ctx, "segment end states", ends)?,
+                dh_start: alloc(ctx, "segment end-state gradients", starts)?,
+                dh_end: alloc(ctx, "segment start gradients", ends)?,
+            })
+        } else {
+            None
+        };
         let qk_parts = if p.options.l2norm_qk {
             p.total_tokens() * p.heads_qk * k
         } else {
@@ -219,7 +319,11 @@ impl ChunkedScratch {
             chains,
             pairs,
             chunks: upload("chunk table", &table)?,
-            units: upload("sequence table", &units)?,
+            units: upload("unit table", &units)?,
+            num_units,
+            seq_units: upload("sequence units", &seq_units)?,
+            segment_chunks,
+            segments,
             normalized,
             gates: alloc(ctx, "gate workspace", heads * 4 * c * 4)?,
             t_beta: alloc(ctx, "T·diag(β) workspace", heads * c * c * s)?,
@@ -253,6 +357,11 @@ impl ChunkedScratch {
         self.pairs
     }
 
+    /// The segment length (in chunks) where sequence parallelism cut some sequence.
+    pub(crate) fn segment_chunks(&self) -> Option<usize> {
+        self.segment_chunks
+    }
+
     /// Bytes of device memory held.
     pub(crate) fn bytes(&self) -> usize {
         let pair = |x: &Option<(CudaSlice<u8>, CudaSlice<u8>)>| {
@@ -273,6 +382,9 @@ impl ChunkedScratch {
         .map(|b| b.len())
         .sum::<usize>()
             + pair(&self.normalized)
+            + self.segments.as_ref().map_or(0, |b| {
+                b.start.len() + b.end.len() + b.dh_start.len() + b.dh_end.len()
+            })
             + 4 * (self.dq_part.len()
                 + self.dk_part.len()
                 + self.dbeta_part.len()
@@ -306,6 +418,9 @@ impl ChunkedScratch {
         let ws = ChainBuffers {
             chunks: &self.chunks,
             units: &self.units,
+            num_units: self.num_units,
+            seq_units: &self.seq_units,
+            segments: self.segments.as_ref(),
             gates: &self.gates,
             t_beta: &self.t_beta,
             p: &self.p,
@@ -351,53 +466,51 @@ impl ChunkedScratch {
             )?;
         }
         // The dh pass runs for every sequence, empty ones too (dh0 = dht there). Together,
-        // the States stage (for timing) runs the states pass alone.
+        // the States stage (for timing) runs the states pass alone. With segments, the local
+        // pass (the dh one reads the transitions the states one writes) and the two combines
+        // come first.
         let together = self.chains == ChainSchedule::Together;
-        if n > 0 && until >= ChunkedStage::States && !(together && until >= ChunkedStage::Chains) {
-            launch_states(
-                ctx,
-                p,
-                &params,
-                bv,
-                self.pairs,
-                suffix,
-                &ws,
-                k,
-                inputs.v.buffer(),
-                inputs.initial_state.map(|t| t.buffer()),
-            )?;
-        }
-        if p.num_sequences() > 0 && until >= ChunkedStage::Chains {
-            if together {
-                let io = ChainInputs {
-                    q,
-                    k,
-                    v: inputs.v.buffer(),
-                    d_o: d_o.buffer(),
-                    h0: inputs.initial_state.map(|t| t.buffer()),
-                    dht: dht.map(|t| t.buffer()),
-                    dv: grads.dv.buffer(),
-                    dh0: grads.dh0.map(|t| t.buffer()),
-                };
-                launch_together(ctx, p, &params, bv, self.pairs, suffix, &ws, &io)?;
-            } else {
+        let run_states = n > 0 && until >= ChunkedStage::States;
+        let run_dh = p.num_sequences() > 0 && until >= ChunkedStage::Chains;
+        let v = inputs.v.buffer();
+        let h0 = inputs.initial_state.map(|t| t.buffer());
+        let io = ChainInputs {
+            q,
+            k,
+            v,
+            d_o: d_o.buffer(),
+            h0,
+            dht: dht.map(|t| t.buffer()),
+            dv: grads.dv.buffer(),
+            dh0: grads.dh0.map(|t| t.buffer()),
+        };
+        let chains = |pass: ChainPass| -> Result<()> {
+            if together && run_dh {
+                return launch_together(ctx, p, &params, pass, bv, self.pairs, suffix, &ws, &io);
+            }
+            if run_states {
+                launch_states(ctx, p, &params, pass, bv, self.pairs, suffix, &ws, k, v, h0)?;
+            }
+            if run_dh {
                 launch_dh(
-                    ctx,
-                    p,
-                    &params,
-                    bv,
-                    self.pairs,
-                    suffix,
-                    &ws,
-                    q,
-                    k,
-                    d_o.buffer(),
-                    dht.map(|t| t.buffer()),
-                    grads.dv.buffer(),
-                    grads.dh0.map(|t| t.buffer()),
+                    ctx, p, &params, pass, bv, self.pairs, suffix, &ws, q, k, io.d_o, io.dht,
+                    io.dv, io.dh0,
                 )?;
             }
+            Ok(())
+        };
+        if let Some(seg) = &self.segments {
+            chains(ChainPass::Local)?;
+            if run_states {
+                let h0 = inputs.initial_state;
+                launch_chunk_combine(ctx, p, &self.seq_units, None, h0, &seg.end, &seg.start)?;
+            }
+            if run_dh {
+                let (ends, starts) = (&seg.dh_end, &seg.dh_start);
+                launch_chunk_combine(ctx, p, &self.seq_units, None, dht, ends, starts)?;
+            }
         }
+        chains(ChainPass::Main)?;
         if n > 0 && until >= ChunkedStage::Grad {
             launch_grad(
                 ctx,
@@ -454,6 +567,31 @@ mod tests {
     }
 
     #[test]
+    fn automatic_segments_only_where_the_chains_leave_half_the_sms_idle() {
+        let shape = |qk: usize, v: usize, t: usize| {
+            Problem::new(1, t, qk, v, 128, 128, None, Options::default()).unwrap()
+        };
+        let auto = |p: &Problem, bv: usize| {
+            let chunks: Vec<usize> = p
+                .sequences()
+                .iter()
+                .map(|s| s.len().div_ceil(CHUNK))
+                .collect();
+            auto_segment_chunks(&h200(), p, bv, &chunks)
+        };
+        // 2/8 at V-block 32: 32 blocks a sequence, 4 units: segments of 128 chunks (× 8192:
+        // of 32).
+        assert_eq!(auto(&shape(2, 8, 32768), 32), Some(128));
+        assert_eq!(auto(&shape(2, 8, 8192), 32), Some(32));
+        // Never shorter than the minimum, never where a sequence fits one segment.
+        assert_eq!(auto(&shape(2, 8, 2048), 32), Some(16));
+        assert_eq!(auto(&shape(2, 8, 1024), 32), None);
+        // 16/32 and 16/64 fill the SMs already.
+        assert_eq!(auto(&shape(16, 32, 32768), 32), None);
+        assert_eq!(auto(&shape(16, 64, 32768), 64), None);
+    }
+
+    #[test]
     fn warp_pairs_by_default_only_where_the_chains_run_together() {
         let shape = |qk: usize, v: usize| {
             Problem::new(1, 32768, qk, v, 128, 128, None, Options::default()).unwrap()
@@ -486,6 +624,7 @@ mod tests {
             chains: ChainSchedule::Together,
             value_block: Some(64),
             warp_pairs: Some(true),
+            segments: Segments::Auto,
         };
         assert!(chain_choice(&h200(), &wide, pairs_at_64).is_err());
         // Forced single-warp V-block 64 together, auto pairs: no pairs kernel there.
@@ -493,6 +632,7 @@ mod tests {
             chains: ChainSchedule::Together,
             value_block: Some(64),
             warp_pairs: None,
+            segments: Segments::Auto,
         };
         assert_eq!(
             chain_choice(&h200(), &shape(16, 32), at_64).unwrap(),

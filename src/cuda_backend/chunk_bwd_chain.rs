@@ -151,20 +151,93 @@ pub(crate) fn chain_plan(
     Ok(plan)
 }
 
-fn grid(problem: &Problem, bv: usize) -> (u32, u32, u32) {
+/// chunk_bwd_chain.cu's BWD_LOCAL bit: the segments' local pass.
+const BWD_LOCAL: i32 = 1 << 9;
+
+/// Which pass of a segmented chain a launch runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChainPass {
+    /// Every unit from its start state (h0, or the combined one) and end gradient (dht, or
+    /// the combined one): what the rest of the backward reads.
+    Main,
+    /// Every segment from zero: E, the transitions M (K more column blocks) and E' for the
+    /// combines.
+    Local,
+}
+
+/// The grid: (V-blocks, + K's column blocks for the transitions in the local pass, v-heads,
+/// units).
+fn grid(problem: &Problem, bv: usize, units: usize, transitions: bool) -> (u32, u32, u32) {
+    let extra = if transitions {
+        problem.key_dim.div_ceil(bv)
+    } else {
+        0
+    };
     (
-        problem.value_dim.div_ceil(bv) as u32,
+        (problem.value_dim.div_ceil(bv) + extra) as u32,
         problem.heads_v as u32,
-        problem.num_sequences() as u32,
+        units as u32,
     )
+}
+
+/// The parameters of `pass`.
+fn pass_params(params: &ChunkParams, pass: ChainPass) -> ChunkParams {
+    ChunkParams {
+        flags: params.flags
+            | if pass == ChainPass::Local {
+                BWD_LOCAL
+            } else {
+                0
+            },
+        ..*params
+    }
+}
+
+/// Sequence parallelism's buffers (f32, per slot and v-head): the combined start states and
+/// the states local pass's [E | M] (slot = unit), the gradients entering each unit's end and
+/// the dh local pass's [E' | Mᵀ] (slot = the unit's place in its sequence reversed).
+#[derive(Debug)]
+pub(crate) struct SegmentBuffers {
+    pub start: CudaSlice<u8>,
+    pub end: CudaSlice<u8>,
+    pub dh_start: CudaSlice<u8>,
+    pub dh_end: CudaSlice<u8>,
+}
+
+/// The segments' kernel arguments (chunk_bwd_chain.cu GDN_CHUNK_BWD_SEG_ARGS): null without
+/// segments.
+fn push_segments<'a>(
+    l: &mut cudarc::driver::LaunchArgs<'a>,
+    ws: &'a ChainBuffers<'a>,
+    null: &'a u64,
+) {
+    match ws.segments {
+        Some(b) => {
+            l.arg(ws.seq_units)
+                .arg(&b.start)
+                .arg(&b.end)
+                .arg(&b.dh_start)
+                .arg(&b.dh_end);
+        }
+        None => {
+            for _ in 0..5 {
+                l.arg(null);
+            }
+        }
+    }
 }
 
 /// The backward's per-(chunk, v-head) workspace the chains read and write.
 pub(crate) struct ChainBuffers<'a> {
     /// (first token, length) per chunk.
     pub chunks: &'a CudaSlice<i32>,
-    /// (first chunk, end chunk, sequence, flags) per sequence.
+    /// (first chunk, end chunk, sequence, flags) per unit (a sequence or a segment of one).
     pub units: &'a CudaSlice<i32>,
+    pub num_units: usize,
+    /// Per sequence its first unit, then the end.
+    pub seq_units: &'a CudaSlice<i32>,
+    /// The segments' buffers (`None`: every unit a whole sequence).
+    pub segments: Option<&'a SegmentBuffers>,
     /// γ, γ_C/γ, G, β per chunk and v-head (4·C f32).
     pub gates: &'a CudaSlice<u8>,
     /// T·diag(β), P (C × C each, storage dtype).
@@ -184,6 +257,7 @@ pub(crate) fn launch_states(
     ctx: &Context,
     problem: &Problem,
     params: &ChunkParams,
+    pass: ChainPass,
     bv: usize,
     pairs: bool,
     suffix: &str,
@@ -196,8 +270,9 @@ pub(crate) fn launch_states(
     let smem = chain_smem(bv, false, pairs);
     let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
     let null: u64 = 0;
+    let params = pass_params(params, pass);
     let mut l = ctx.stream().launch_builder(&func);
-    l.arg(params)
+    l.arg(&params)
         .arg(ws.chunks)
         .arg(ws.units)
         .arg(k)
@@ -209,8 +284,9 @@ pub(crate) fn launch_states(
         None => l.arg(&null),
     };
     l.arg(ws.states).arg(ws.x).arg(ws.v_new);
+    push_segments(&mut l, ws, &null);
     let cfg = LaunchConfig {
-        grid_dim: grid(problem, bv),
+        grid_dim: grid(problem, bv, ws.num_units, pass == ChainPass::Local),
         block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
@@ -227,6 +303,7 @@ pub(crate) fn launch_dh(
     ctx: &Context,
     problem: &Problem,
     params: &ChunkParams,
+    pass: ChainPass,
     bv: usize,
     pairs: bool,
     suffix: &str,
@@ -242,8 +319,9 @@ pub(crate) fn launch_dh(
     let smem = chain_smem(bv, true, pairs);
     let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
     let null: u64 = 0;
+    let params = pass_params(params, pass);
     let mut l = ctx.stream().launch_builder(&func);
-    l.arg(params)
+    l.arg(&params)
         .arg(ws.chunks)
         .arg(ws.units)
         .arg(q)
@@ -262,8 +340,9 @@ pub(crate) fn launch_dh(
         None => l.arg(&null),
     };
     l.arg(ws.state_grads).arg(ws.dv_new);
+    push_segments(&mut l, ws, &null);
     let cfg = LaunchConfig {
-        grid_dim: grid(problem, bv),
+        grid_dim: grid(problem, bv, ws.num_units, false),
         block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
@@ -280,6 +359,7 @@ pub(crate) fn launch_together(
     ctx: &Context,
     problem: &Problem,
     params: &ChunkParams,
+    pass: ChainPass,
     bv: usize,
     pairs: bool,
     suffix: &str,
@@ -290,8 +370,9 @@ pub(crate) fn launch_together(
     let smem = together_smem(bv, pairs);
     let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
     let null: u64 = 0;
+    let params = pass_params(params, pass);
     let mut l = ctx.stream().launch_builder(&func);
-    l.arg(params)
+    l.arg(&params)
         .arg(ws.chunks)
         .arg(ws.units)
         .arg(io.q)
@@ -317,8 +398,9 @@ pub(crate) fn launch_together(
         .arg(ws.v_new)
         .arg(ws.state_grads)
         .arg(ws.dv_new);
+    push_segments(&mut l, ws, &null);
     let cfg = LaunchConfig {
-        grid_dim: grid(problem, bv),
+        grid_dim: grid(problem, bv, ws.num_units, pass == ChainPass::Local),
         block_dim: ((2 * bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };

@@ -53,7 +53,8 @@ fn plan_options() -> Result<PlanOptions> {
 }
 
 /// The timed chunked backward's overrides: `GDN_BWD_CHAINS` (auto, serial, together),
-/// `GDN_BWD_PAIRS` (0/off, 1/on: warp pairs in the chains) and `GDN_V_BLOCK`.
+/// `GDN_BWD_PAIRS` (0/off, 1/on: warp pairs in the chains), `GDN_BWD_SEGMENT_CHUNKS` (auto,
+/// off, n: the chains' segments) and `GDN_V_BLOCK`.
 fn backward_options() -> Result<BackwardOptions> {
     let chains = match std::env::var("GDN_BWD_CHAINS") {
         Err(_) => ChainSchedule::Auto,
@@ -85,10 +86,26 @@ fn backward_options() -> Result<BackwardOptions> {
             }
         },
     };
+    let segments = match std::env::var("GDN_BWD_SEGMENT_CHUNKS") {
+        Err(_) => Segments::Auto,
+        Ok(s) => match s.trim() {
+            "auto" => Segments::Auto,
+            "0" | "off" => Segments::Off,
+            n => n
+                .parse::<usize>()
+                .map(Segments::Chunks)
+                .map_err(|_| Error::Value {
+                    name: "GDN_BWD_SEGMENT_CHUNKS".into(),
+                    expected: "auto, off (or 0) or a positive integer".into(),
+                    got: s.clone(),
+                })?,
+        },
+    };
     Ok(BackwardOptions {
         chains,
         value_block: plan_options()?.value_block,
         warp_pairs,
+        segments,
     })
 }
 
@@ -215,7 +232,7 @@ fn time_on(
                     "cuda exact backward (BPTT, checkpoints every 64 tokens)".into()
                 }
                 BackwardPath::Chunked => format!(
-                    "cuda chunked tensor-core backward, V-block {}, chains {}{}",
+                    "cuda chunked tensor-core backward, V-block {}, chains {}{}{}",
                     workspace.value_block().unwrap_or(0),
                     workspace
                         .chain_schedule()
@@ -225,7 +242,10 @@ fn time_on(
                         " with warp pairs"
                     } else {
                         ""
-                    }
+                    },
+                    workspace
+                        .segment_chunks()
+                        .map_or(String::new(), |n| format!(", segments of {n} chunks")),
                 ),
             };
             let d_o = normal(&p.v_shape(), 1.0, seed ^ 0xd0).with_dtype(host.dtype);
