@@ -51,7 +51,9 @@ use crate::error::{Error, Result};
 use crate::problem::{ForwardInputs, Problem};
 use crate::tensor::{DType, TensorMeta};
 use crate::wgpu_backend::shaders::Pass;
-use crate::wgpu_backend::tensor::{check_distinct_buffers, copy_elements, named_inputs};
+#[cfg(not(target_arch = "wasm32"))]
+use crate::wgpu_backend::tensor::copy_elements;
+use crate::wgpu_backend::tensor::{check_distinct_buffers, named_inputs};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// Record one decode (or verification) call: every sequence of `problem` continues from its
