@@ -29,11 +29,14 @@ use super::chunk_bwd_grad::{
 };
 use super::chunk_combine::{combine_smem, launch_chunk_combine};
 pub use super::chunked::Segments;
-use super::chunked::{ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM, launch_l2norm, prep_smem};
+use super::chunked::{
+    ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM, UnitTable, launch_l2norm, prep_smem,
+    resolve_segments,
+};
 use super::context::{Context, driver_error};
 use super::recurrent::to_i32;
 use super::tensor::CudaTensor;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::problem::{CHUNK, ForwardInputs, Gradients, Problem};
 use crate::tensor::DType;
 
@@ -72,10 +75,6 @@ pub struct BackwardOptions {
     /// chains' grid leaves at least half the SMs idle, waits for a GPU measurement).
     pub segments: Segments,
 }
-
-/// chunk_bwd_chain.cu's unit flags: the unit starts / ends its sequence.
-const UNIT_FIRST: i32 = 1;
-const UNIT_LAST: i32 = 2;
 
 /// Whether `Segments::Auto` cuts segments at all: not yet, because the segmented chains have
 /// not been timed (or tested) on a GPU: both H200 runs of 2026-12-02 were cut in the cold
@@ -230,53 +229,21 @@ impl ChunkedScratch {
         let (pairs, plan) = chain_choice(&limits, p, options)?;
         let (chains, value_block) = plan.unwrap_or((ChainSchedule::Serial, 32));
         let combine_fits = combine_smem(p.key_dim) <= limits.smem_per_block;
-        let segment_chunks = match options.segments {
-            Segments::Off => None,
-            Segments::Auto => auto_segment_chunks(&limits, p, value_block, &seq_chunks)
-                .filter(|_| AUTO_SEGMENTS && combine_fits),
-            Segments::Chunks(0) => {
-                return Err(Error::value("backward segments", "at least 1 chunk", 0));
-            }
-            Segments::Chunks(n) => {
-                if !combine_fits {
-                    return Err(Error::unsupported(
-                        "backward segments",
-                        format!("K = {} on this device (its shared memory)", p.key_dim),
-                    ));
-                }
-                Some(n)
-            }
-        };
+        let segment_chunks = resolve_segments(
+            options.segments,
+            || auto_segment_chunks(&limits, p, value_block, &seq_chunks).filter(|_| AUTO_SEGMENTS),
+            combine_fits,
+            p.key_dim,
+            "backward segments",
+        )?;
         // Units as the forward's ChunkPlan cuts them (an empty sequence: one empty unit).
-        let mut units = Vec::new();
-        let mut seq_units = vec![0i32];
-        let mut first = 0usize;
-        for (n, &count) in seq_chunks.iter().enumerate() {
-            let end = first + count;
-            let per = segment_chunks.unwrap_or(usize::MAX).max(1);
-            let mut a = first;
-            loop {
-                let b = a.saturating_add(per).min(end);
-                let flags =
-                    if a == first { UNIT_FIRST } else { 0 } | if b == end { UNIT_LAST } else { 0 };
-                units.extend([a as i32, b as i32, n as i32, flags]);
-                if b == end {
-                    break;
-                }
-                a = b;
-            }
-            seq_units.push(to_i32("units", units.len() / 4)?);
-            first = end;
-        }
-        let num_units = units.len() / 4;
-        if num_units > 65535 {
-            return Err(Error::unsupported(
-                "backward segments",
-                format!("{num_units} units on the cuda backend (at most 65535: longer segments)"),
-            ));
-        }
-        let segmented = num_units > p.num_sequences();
-        let segment_chunks = segment_chunks.filter(|_| segmented);
+        let UnitTable {
+            mut units,
+            seq_units,
+            num_units,
+            segment_chunks,
+        } = UnitTable::cut(&seq_chunks, segment_chunks, "backward segments")?;
+        let segmented = segment_chunks.is_some();
         if units.is_empty() {
             units.push(0);
         }

@@ -16,7 +16,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, sys};
 use super::chunk_combine::{combine_smem, launch_chunk_combine};
 use super::context::{Context, driver_error};
 use super::kernels::{CHUNKED, option_flags};
-use super::recurrent::check_tensor;
+use super::recurrent::{check_tensor, to_i32};
 use super::segment_window::launch_segment_window;
 use super::tensor::CudaTensor;
 use crate::error::{Error, Result};
@@ -39,7 +39,7 @@ const LOCAL_PASS: i32 = 1 << 9;
 /// chunk.cuh's PREP_FFMA bit: the prep's inverse block products on the CUDA cores instead of
 /// 3xTF32 MMAs (an A/B switch while both exist: `GDN_CUDA_PREP_FFMA=1`).
 const PREP_FFMA: i32 = 1 << 10;
-/// chunked.cu's unit flags: the unit starts / ends its sequence.
+/// The unit flags of chunked.cu and chunk_bwd_chain.cu: the unit starts / ends its sequence.
 const UNIT_FIRST: i32 = 1;
 const UNIT_LAST: i32 = 2;
 
@@ -199,8 +199,85 @@ pub fn forward_path(ctx: &Context, problem: &Problem, dtype: DType) -> Result<Fo
     })
 }
 
-fn to_i32(name: &str, x: usize) -> Result<i32> {
-    i32::try_from(x).map_err(|_| Error::value(name, format!("at most {}", i32::MAX), x))
+/// Sequence parallelism's segment length from `segments`: `auto` the rule's choice (`None`:
+/// whole sequences), an explicit length only where the combine fits the device's shared
+/// memory. `name` names the option in errors.
+pub(crate) fn resolve_segments(
+    segments: Segments,
+    auto: impl FnOnce() -> Option<usize>,
+    combine_fits: bool,
+    key_dim: usize,
+    name: &str,
+) -> Result<Option<usize>> {
+    match segments {
+        Segments::Off => Ok(None),
+        Segments::Auto => Ok(auto().filter(|_| combine_fits)),
+        Segments::Chunks(0) => Err(Error::value(name, "at least 1 chunk", 0)),
+        Segments::Chunks(_) if !combine_fits => Err(Error::unsupported(
+            name,
+            format!("K = {key_dim} on this device (its shared memory)"),
+        )),
+        Segments::Chunks(n) => Ok(Some(n)),
+    }
+}
+
+/// The units the chunked kernels walk, forward and backward alike: each sequence's chunks cut
+/// into segments of `segment_chunks` (`None`: whole sequences; an empty sequence is one empty
+/// unit).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct UnitTable {
+    /// (first chunk, end chunk, sequence, UNIT_FIRST | UNIT_LAST) per unit.
+    pub units: Vec<i32>,
+    /// Each sequence's first unit, then the number of units.
+    pub seq_units: Vec<i32>,
+    pub num_units: usize,
+    /// `segment_chunks` where it cut a sequence, else `None`.
+    pub segment_chunks: Option<usize>,
+}
+
+impl UnitTable {
+    /// Cut sequences of `seq_chunks` chunks each (kernels index units by a 16-bit grid
+    /// coordinate: at most 65535 units, else an error naming `name`).
+    pub(crate) fn cut(
+        seq_chunks: &[usize],
+        segment_chunks: Option<usize>,
+        name: &str,
+    ) -> Result<Self> {
+        let mut units = Vec::new();
+        let mut seq_units = vec![0i32];
+        let mut first = 0usize;
+        let per = segment_chunks.unwrap_or(usize::MAX).max(1);
+        for (n, &count) in seq_chunks.iter().enumerate() {
+            let end = first + count;
+            let mut a = first;
+            loop {
+                let b = a.saturating_add(per).min(end);
+                let flags =
+                    if a == first { UNIT_FIRST } else { 0 } | if b == end { UNIT_LAST } else { 0 };
+                units.extend([a as i32, b as i32, n as i32, flags]);
+                if b == end {
+                    break;
+                }
+                a = b;
+            }
+            seq_units.push(to_i32("units", units.len() / 4)?);
+            first = end;
+        }
+        let num_units = units.len() / 4;
+        if num_units > 65535 {
+            return Err(Error::unsupported(
+                name,
+                format!("{num_units} units on the cuda backend (at most 65535: longer segments)"),
+            ));
+        }
+        let segmented = num_units > seq_chunks.len();
+        Ok(Self {
+            units,
+            seq_units,
+            num_units,
+            segment_chunks: segment_chunks.filter(|_| segmented),
+        })
+    }
 }
 
 fn alloc(ctx: &Context, name: &str, bytes: usize) -> Result<CudaSlice<u8>> {
@@ -398,52 +475,20 @@ impl ChunkPlan {
         to_i32("chunks", num_chunks)?;
 
         let combine_fits = combine_smem(p.key_dim) <= limits.smem_per_block;
-        let segment_chunks = match options.segments {
-            Segments::Off => None,
-            Segments::Auto => auto_segment_chunks(&limits, p, &seq_chunks, window.is_some())
-                .filter(|_| combine_fits),
-            Segments::Chunks(0) => {
-                return Err(Error::value("segments", "at least 1 chunk", 0));
-            }
-            Segments::Chunks(n) => {
-                if !combine_fits {
-                    return Err(Error::unsupported(
-                        "segments",
-                        format!("K = {} on this device (its shared memory)", p.key_dim),
-                    ));
-                }
-                Some(n)
-            }
-        };
-        let mut units = Vec::new();
-        let mut seq_units = vec![0i32];
-        let mut first = 0usize;
-        for (n, &count) in seq_chunks.iter().enumerate() {
-            let end = first + count;
-            let per = segment_chunks.unwrap_or(usize::MAX).max(1);
-            let mut a = first;
-            loop {
-                let b = a.saturating_add(per).min(end);
-                let flags =
-                    if a == first { UNIT_FIRST } else { 0 } | if b == end { UNIT_LAST } else { 0 };
-                units.extend([a as i32, b as i32, n as i32, flags]);
-                if b == end {
-                    break;
-                }
-                a = b;
-            }
-            seq_units.push(to_i32("units", units.len() / 4)?);
-            first = end;
-        }
-        let num_units = units.len() / 4;
-        if num_units > 65535 {
-            return Err(Error::unsupported(
-                "segments",
-                format!("{num_units} units on the cuda backend (at most 65535: longer segments)"),
-            ));
-        }
-        let segmented = num_units > p.num_sequences();
-        let segment_chunks = segment_chunks.filter(|_| segmented);
+        let segment_chunks = resolve_segments(
+            options.segments,
+            || auto_segment_chunks(&limits, p, &seq_chunks, window.is_some()),
+            combine_fits,
+            p.key_dim,
+            "segments",
+        )?;
+        let UnitTable {
+            units,
+            seq_units,
+            num_units,
+            segment_chunks,
+        } = UnitTable::cut(&seq_chunks, segment_chunks, "segments")?;
+        let segmented = segment_chunks.is_some();
 
         let value_block = match options.value_block {
             None => auto_value_block(&limits, p, num_units).unwrap_or(VALUE_BLOCKS[0]),
@@ -896,5 +941,56 @@ mod tests {
         assert_eq!(auto(&shape((2, 8), 8, 4096), false), None);
         // Sequences no longer than a segment are never cut.
         assert_eq!(auto(&shape((2, 8), 1, 1024), false), None);
+    }
+
+    #[test]
+    fn units_cut_each_sequence_and_flag_its_ends() {
+        const BOTH: i32 = UNIT_FIRST | UNIT_LAST;
+        // Sequences of 5, 0 and 2 chunks in segments of 2: 3 + 1 (empty) + 1 units.
+        let t = UnitTable::cut(&[5, 0, 2], Some(2), "segments").unwrap();
+        #[rustfmt::skip]
+        let units = vec![
+            0, 2, 0, UNIT_FIRST,  2, 4, 0, 0,  4, 5, 0, UNIT_LAST,
+            5, 5, 1, BOTH,
+            5, 7, 2, BOTH,
+        ];
+        assert_eq!(t.units, units);
+        assert_eq!((t.seq_units, t.num_units), (vec![0, 3, 4, 5], 5));
+        assert_eq!(t.segment_chunks, Some(2));
+        // Segments no shorter than any sequence cut nothing: whole sequences, no segments.
+        let whole = UnitTable::cut(&[5, 0, 2], None, "segments").unwrap();
+        assert_eq!(
+            UnitTable::cut(&[5, 0, 2], Some(5), "segments").unwrap(),
+            whole
+        );
+        assert_eq!((whole.num_units, whole.segment_chunks), (3, None));
+        // Past 65535 units: an error naming the option.
+        let err = UnitTable::cut(&[70_000], Some(1), "backward segments").unwrap_err();
+        assert!(err.to_string().contains("backward segments"), "{err}");
+    }
+
+    #[test]
+    fn segment_options_are_checked() {
+        let auto = || Some(4);
+        assert_eq!(
+            resolve_segments(Segments::Off, auto, true, 128, "s").unwrap(),
+            None
+        );
+        assert_eq!(
+            resolve_segments(Segments::Auto, auto, true, 128, "s").unwrap(),
+            Some(4)
+        );
+        assert_eq!(
+            resolve_segments(Segments::Auto, auto, false, 128, "s").unwrap(),
+            None
+        );
+        assert_eq!(
+            resolve_segments(Segments::Chunks(8), auto, true, 128, "s").unwrap(),
+            Some(8)
+        );
+        for (segments, fits) in [(Segments::Chunks(0), true), (Segments::Chunks(8), false)] {
+            let err = resolve_segments(segments, auto, fits, 128, "backward segments").unwrap_err();
+            assert!(err.to_string().contains("backward segments"), "{err}");
+        }
     }
 }
