@@ -554,6 +554,8 @@ fn fill_the_device(ctx: &Context) {
     // One row past the largest buffer (larger tensors of smaller rows are split into buffers).
     let e = GpuTensor::empty(ctx, "huge", &[1, 1, too_large as usize], DType::F32).unwrap_err();
     assert!(matches!(e, Error::TooLarge { .. }), "{e}");
+    let big = problem(1, 1 << 17, 1, 2, 32, 32, None, Options::default());
+    let inputs = RandomSpec::default().generate(&big);
     // Large tensors, then smaller ones, so that what is left is below the last size.
     let mut held = Vec::new();
     let mut last = None;
@@ -587,9 +589,8 @@ fn fill_the_device(ctx: &Context) {
         last = Some(err);
     }
     assert!(last.is_some());
-    // While the memory is held, a host helper needing 16 MiB tensors fails typed.
-    let big = problem(1, 1 << 17, 1, 2, 32, 32, None, Options::default());
-    let inputs = RandomSpec::default().generate(&big);
+    // While the memory is held, a host helper needing 16 MiB tensors fails typed (its host
+    // inputs were made before the fill: a host allocation past the address-space cap aborts).
     let e = wgpu_backend::forward_host(ctx, &big, &inputs.as_ref()).unwrap_err();
     assert!(matches!(e, Error::OutOfMemory { .. }), "{e}");
     // Freeing memory makes the context usable again.
