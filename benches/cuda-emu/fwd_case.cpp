@@ -4,6 +4,7 @@
 // of o and the final state against an f64 recurrence on the same rounded inputs.
 //   ./fwd_case CASE BV [SEGMENT_CHUNKS]
 #include "fwd_kernels.inc"
+#include "tables.h"
 #include <cstdio>
 #include <string>
 
@@ -80,19 +81,8 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg) {
         }
     }
     // Chunk and unit tables as ChunkPlan builds them.
-    std::vector<int> chunks, units, seq_units{0};
-    for (int n = 0; n < N; ++n) {
-        const int first = chunks.size() / 2;
-        for (int c = cu[n]; c < cu[n + 1]; c += 64) { chunks.push_back(c); chunks.push_back(std::min(c + 64, cu[n + 1]) - c); }
-        const int end = chunks.size() / 2, per = seg > 0 ? seg : 1 << 30;
-        for (int a = first;;) {
-            const int b = std::min(a + per, end);
-            units.insert(units.end(), {a, b, n, (a == first ? 1 : 0) | (b == end ? 2 : 0)});
-            if (b == end) break;
-            a = b;
-        }
-        seq_units.push_back(units.size() / 4);
-    }
+    std::vector<int> chunks, units, seq_units;
+    chunk_tables(cu, N, seg, chunks, units, seq_units);
     const int NC = chunks.size() / 2, NU = units.size() / 4;
     const bool segmented = NU > N;
     if (chunks.empty()) chunks.push_back(0);

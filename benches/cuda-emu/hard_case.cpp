@@ -2,6 +2,7 @@
 // backward on the emulator, with the l2norm and finishing steps of chunked.cu / backward.cu
 // written out on the host, and prints the rel-L2 of every gradient against the f64 oracle.
 #include "kernels.inc"
+#include "tables.h"
 #include <cstdio>
 #include <string>
 
@@ -46,19 +47,8 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg, in
         }
     }
     // Chunk and unit tables as ChunkedScratch builds them (segments of `seg` chunks; 0: whole).
-    std::vector<int> chunks, units, seq_units{0};
-    for (int n = 0; n < N; ++n) {
-        const int first = chunks.size() / 2;
-        for (int c = cu[n]; c < cu[n + 1]; c += 64) { chunks.push_back(c); chunks.push_back(std::min(c + 64, cu[n + 1]) - c); }
-        const int end = chunks.size() / 2, per = seg > 0 ? seg : 1 << 30;
-        for (int a = first;;) {
-            const int b = std::min(a + per, end);
-            units.insert(units.end(), {a, b, n, (a == first ? 1 : 0) | (b == end ? 2 : 0)});
-            if (b == end) break;
-            a = b;
-        }
-        seq_units.push_back(units.size() / 4);
-    }
+    std::vector<int> chunks, units, seq_units;
+    chunk_tables(cu, N, seg, chunks, units, seq_units);
     const int NU = units.size() / 4;
     const bool segmented = NU > N;
     int NC = chunks.size() / 2;
