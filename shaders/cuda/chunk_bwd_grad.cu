@@ -490,7 +490,7 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
 }  // namespace gdn
 
 #define GDN_CHUNK_BWD_GRAD(SUFFIX, T)                                                               \
-    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS) gdn_chunk_bwd_prep_##SUFFIX( \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS, gdn::chunked::PREP_BLOCKS) gdn_chunk_bwd_prep_##SUFFIX( \
         const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k,              \
         const float* g, const float* beta, const float* a_log, const float* dt_bias, float* ws_f,  \
         T* ws_a, T* ws_p, T* ws_t) {                                                               \

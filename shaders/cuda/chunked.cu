@@ -584,7 +584,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         gdn_l2norm_##SUFFIX(int rows, int key_dim, const T* q, const T* k, T* qn, T* kn) {         \
         gdn::chunked::l2norm<T>(rows, key_dim, q, k, qn, kn);                                      \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS)                       \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS, gdn::chunked::PREP_BLOCKS) \
         gdn_chunk_prep_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks, const T* q,  \
                                 const T* k, const float* g, const float* beta, const float* a_log, \
                                 const float* dt_bias, float* ws_f, T* ws_a, T* ws_p) {             \
