@@ -269,7 +269,36 @@ constexpr int PREP_GROUP = 4;
 // allows anyway).
 constexpr int PREP_BLOCKS = 4;
 
-// The lower 16×16 tiles (i, j ≥ … no: j ≤ i) of a C × C product, numbered row by row:
+// The inverse's products below the diagonal in column block c (warps 2c, 2c + 1, 8 columns
+// each; see prep_group): T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc for r = c + 1 .. 3. The
+// column block is a constant, so that the loops unroll and each product's loads are issued
+// ahead of its MMAs.
+template <int c>
+__device__ __forceinline__ void prep_column(const float* a, float* t, float* xs, int warp) {
+    const int lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
+    const int n0 = 16 * c + 8 * (warp & 1);
+    float* xw = xs + warp * 128;
+#pragma unroll
+    for (int r = c + 1; r < C / 16; ++r) {
+        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int kk = 16 * c; kk < 16 * r; kk += 8) {
+            mma_f32x3(acc, a + 16 * r * LDF + kk, LDF, t + kk * LDF + n0, LDF);
+        }
+        *reinterpret_cast<float2*>(xw + g4 * 8 + 2 * t4) = make_float2(acc[0], acc[1]);
+        *reinterpret_cast<float2*>(xw + (g4 + 8) * 8 + 2 * t4) = make_float2(acc[2], acc[3]);
+        __syncwarp();
+        float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        mma_f32x3(y, t + 16 * r * LDF + 16 * r, LDF, xw, 8);
+        mma_f32x3(y, t + 16 * r * LDF + 16 * r + 8, LDF, xw + 8 * 8, 8);
+        float* out = t + (16 * r + g4) * LDF + n0 + 2 * t4;
+        *reinterpret_cast<float2*>(out) = make_float2(-y[0], -y[1]);
+        *reinterpret_cast<float2*>(out + 8 * LDF) = make_float2(-y[2], -y[3]);
+        __syncwarp();  // T_rc is the next product's B operand; xw is rewritten
+    }
+}
+
+// The lower 16×16 tiles (i, j), j ≤ i, of a C × C product, numbered row by row:
 // (0,0) (1,0) (1,1) (2,0) … (3,3); warp w owns tile w and, for w < 2, tile 8 + w.
 constexpr int PREP_TILES = (C / 16) * (C / 16 + 1) / 2;
 __device__ __forceinline__ int2 prep_tile(int idx) {
@@ -509,26 +538,9 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
         // earlier blocks: no block barrier between them. Products by 3xTF32 MMAs (near-f32;
         // 16 × 8 tiles, the sums staged through the warp's 16 × 8 slot of xs).
         if (!(p.flags & PREP_FFMA) && warp < 6) {
-            const int c = warp >> 1, n0 = 16 * c + 8 * (warp & 1);
-            float* xw = xs + warp * 128;
-#pragma unroll 1
-            for (int r = c + 1; r < C / 16; ++r) {
-                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 1
-                for (int kk = 16 * c; kk < 16 * r; kk += 8) {
-                    mma_f32x3(acc, a + 16 * r * LDF + kk, LDF, t + kk * LDF + n0, LDF);
-                }
-                *reinterpret_cast<float2*>(xw + g4 * 8 + 2 * t4) = make_float2(acc[0], acc[1]);
-                *reinterpret_cast<float2*>(xw + (g4 + 8) * 8 + 2 * t4) = make_float2(acc[2], acc[3]);
-                __syncwarp();
-                float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-                mma_f32x3(y, t + 16 * r * LDF + 16 * r, LDF, xw, 8);
-                mma_f32x3(y, t + 16 * r * LDF + 16 * r + 8, LDF, xw + 8 * 8, 8);
-                float* out = t + (16 * r + g4) * LDF + n0 + 2 * t4;
-                *reinterpret_cast<float2*>(out) = make_float2(-y[0], -y[1]);
-                *reinterpret_cast<float2*>(out + 8 * LDF) = make_float2(-y[2], -y[3]);
-                __syncwarp();  // T_rc is the next product's B operand; xw is rewritten
-            }
+            if (warp < 2) prep_column<0>(a, t, xs, warp);
+            else if (warp < 4) prep_column<1>(a, t, xs, warp);
+            else prep_column<2>(a, t, xs, warp);
         }
         // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
         // sums staged in xs (c·256 + row·16 + column). Each thread computes four consecutive
