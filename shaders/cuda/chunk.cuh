@@ -134,6 +134,32 @@ __device__ __forceinline__ void mma_f32x3(float* d, const float* a, int lda, con
     mma_tf32(d, ab, bb[0], bb[1]);
 }
 
+// mma_f32x3's three products into three accumulators (d[0..3] the TF32 values' product,
+// d[4..7] and d[8..11] the two rest terms), so that a sum over k is three independent MMA
+// chains instead of one three times as long; the result is mma_f32x3_sum(d).
+__device__ __forceinline__ void mma_f32x3_acc(float (&d)[12], const float* a, int lda, const float* b, int ldb) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float av[4] = {a[g * lda + t], a[(g + 8) * lda + t], a[g * lda + t + 4], a[(g + 8) * lda + t + 4]};
+    const float bv[2] = {b[t * ldb + g], b[(t + 4) * ldb + g]};
+    unsigned ab[4], as[4], bb[2], bs[2];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        ab[e] = to_tf32(av[e]);
+        as[e] = to_tf32(av[e] - __uint_as_float(ab[e]));
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        bb[e] = to_tf32(bv[e]);
+        bs[e] = to_tf32(bv[e] - __uint_as_float(bb[e]));
+    }
+    mma_tf32(d + 8, as, bb[0], bb[1]);
+    mma_tf32(d + 4, ab, bs[0], bs[1]);
+    mma_tf32(d, ab, bb[0], bb[1]);
+}
+__device__ __forceinline__ float mma_f32x3_sum(const float (&d)[12], int e) {
+    return d[e] + (d[4 + e] + d[8 + e]);
+}
+
 // d += a·b for one 16×16×16 tile.
 template <typename T>
 __device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
@@ -280,20 +306,24 @@ __device__ __forceinline__ void prep_column(const float* a, float* t, float* xs,
     float* xw = xs + warp * 128;
 #pragma unroll
     for (int r = c + 1; r < C / 16; ++r) {
-        float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float acc[12];
+#pragma unroll
+        for (int e = 0; e < 12; ++e) acc[e] = 0.0f;
 #pragma unroll
         for (int kk = 16 * c; kk < 16 * r; kk += 8) {
-            mma_f32x3(acc, a + 16 * r * LDF + kk, LDF, t + kk * LDF + n0, LDF);
+            mma_f32x3_acc(acc, a + 16 * r * LDF + kk, LDF, t + kk * LDF + n0, LDF);
         }
-        *reinterpret_cast<float2*>(xw + g4 * 8 + 2 * t4) = make_float2(acc[0], acc[1]);
-        *reinterpret_cast<float2*>(xw + (g4 + 8) * 8 + 2 * t4) = make_float2(acc[2], acc[3]);
+        *reinterpret_cast<float2*>(xw + g4 * 8 + 2 * t4) = make_float2(mma_f32x3_sum(acc, 0), mma_f32x3_sum(acc, 1));
+        *reinterpret_cast<float2*>(xw + (g4 + 8) * 8 + 2 * t4) = make_float2(mma_f32x3_sum(acc, 2), mma_f32x3_sum(acc, 3));
         __syncwarp();
-        float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        mma_f32x3(y, t + 16 * r * LDF + 16 * r, LDF, xw, 8);
-        mma_f32x3(y, t + 16 * r * LDF + 16 * r + 8, LDF, xw + 8 * 8, 8);
+        float y[12];
+#pragma unroll
+        for (int e = 0; e < 12; ++e) y[e] = 0.0f;
+        mma_f32x3_acc(y, t + 16 * r * LDF + 16 * r, LDF, xw, 8);
+        mma_f32x3_acc(y, t + 16 * r * LDF + 16 * r + 8, LDF, xw + 8 * 8, 8);
         float* out = t + (16 * r + g4) * LDF + n0 + 2 * t4;
-        *reinterpret_cast<float2*>(out) = make_float2(-y[0], -y[1]);
-        *reinterpret_cast<float2*>(out + 8 * LDF) = make_float2(-y[2], -y[3]);
+        *reinterpret_cast<float2*>(out) = make_float2(-mma_f32x3_sum(y, 0), -mma_f32x3_sum(y, 1));
+        *reinterpret_cast<float2*>(out + 8 * LDF) = make_float2(-mma_f32x3_sum(y, 2), -mma_f32x3_sum(y, 3));
         __syncwarp();  // T_rc is the next product's B operand; xw is rewritten
     }
 }
@@ -454,6 +484,7 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
         gram(warp, ck, cq);
         __syncthreads();  // every warp is done with q and k
         put(warp, ck, cq);
+        __syncthreads();  // every slot is in (the epilogue reads other warps' slots)
     }
 
 #pragma unroll 1
@@ -470,46 +501,25 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
         // tiles only. The sequential pass never reads P's tiles above the diagonal. Only
         // i ≥ j is exponentiated, so G_i − G_j ≤ 0.
         T* p_out = ws_p + ch * C * C;
+        // 40 units of (tile, quarter: half × row half) over the 8 warps, five each: lane l
+        // of any warp takes lane l's values from the tile's slots.
 #pragma unroll 1
-        for (int n = 0; n < ntiles; ++n) {
-            {
-                const int2 tn = prep_tile(warp + n * (PREP_THREADS / 32));
-                const int ti = tn.x, tj = tn.y;
-                // This lane's own values of the raw products (no barrier needed to read them).
-                const int idx = warp + n * (PREP_THREADS / 32);
-                float ckk[8], cqk[8];
-                {
-                    const float* sk = slot(idx, 0);
-                    const float* sq = slot(idx, 1);
-                    const float4 k0 = *reinterpret_cast<const float4*>(sk), k1 = *reinterpret_cast<const float4*>(sk + 4);
-                    const float4 q0 = *reinterpret_cast<const float4*>(sq), q1 = *reinterpret_cast<const float4*>(sq + 4);
-                    const float kv[8] = {k0.x, k0.y, k0.z, k0.w, k1.x, k1.y, k1.z, k1.w};
-                    const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+        for (int unit = warp; unit < 4 * PREP_TILES; unit += PREP_THREADS / 32) {
+            const int idx = unit >> 2, half = (unit >> 1) & 1, rh = unit & 1;
+            const int2 tn = prep_tile(idx);
+            const int i = tn.x * 16 + g4 + 8 * rh, j = tn.y * 16 + 8 * half + 2 * t4;
+            const float2 kk2 = *reinterpret_cast<const float2*>(slot(idx, 0) + 4 * half + 2 * rh);
+            const float2 qk2 = *reinterpret_cast<const float2*>(slot(idx, 1) + 4 * half + 2 * rh);
+            const float kv[2] = {kk2.x, kk2.y}, qv[2] = {qk2.x, qk2.y};
+            float x[2], l[2];
 #pragma unroll
-                    for (int e = 0; e < 8; ++e) {
-                        ckk[e] = kv[e];
-                        cqk[e] = qv[e];
-                    }
-                }
-#pragma unroll
-                for (int half = 0; half < 2; ++half) {
-#pragma unroll
-                    for (int rh = 0; rh < 2; ++rh) {
-                        const int i = ti * 16 + g4 + 8 * rh, j = tj * 16 + 8 * half + 2 * t4;
-                        float x[2], l[2];
-#pragma unroll
-                        for (int e = 0; e < 2; ++e) {
-                            const float qk = cqk[4 * half + 2 * rh + e];
-                            const float kk = ckk[4 * half + 2 * rh + e];
-                            const float decay = j + e <= i ? __expf(sg[i] - sg[j + e]) : 0.0f;
-                            x[e] = j + e <= i ? p.scale * qk * decay : 0.0f;
-                            l[e] = j + e < i ? sb[i] * kk * decay : 0.0f;
-                        }
-                        *reinterpret_cast<unsigned*>(p_out + i * C + j) = pack2<T>(x[0], x[1]);
-                        *reinterpret_cast<float2*>(a + i * LDF + j) = make_float2(l[0], l[1]);
-                    }
-                }
+            for (int e = 0; e < 2; ++e) {
+                const float decay = j + e <= i ? __expf(sg[i] - sg[j + e]) : 0.0f;
+                x[e] = j + e <= i ? p.scale * qv[e] * decay : 0.0f;
+                l[e] = j + e < i ? sb[i] * kv[e] * decay : 0.0f;
             }
+            *reinterpret_cast<unsigned*>(p_out + i * C + j) = pack2<T>(x[0], x[1]);
+            *reinterpret_cast<float2*>(a + i * LDF + j) = make_float2(l[0], l[1]);
         }
         __syncthreads();
 
