@@ -1,8 +1,9 @@
 // What the chunked forward (chunked.cu) and the chunked backward (chunk_bwd_*.cu) share,
 // compiled between common.cuh and the pass (src/cuda_backend/kernels.rs): the 16×16 tensor-core
 // tile helpers (mma.sync m16n8k16, ldmatrix), the chunk constants and shared-memory strides,
-// the cp.async tile copies, and the per-(chunk, v-head) prep pass (gate cumsum, decays, the
-// inverse T = (I + L)⁻¹, T·diag(β), P), which the backward runs with extra outputs.
+// the cp.async tile copies, and the prep pass (per chunk and q/k head: KKᵀ, QKᵀ; per v-head
+// of its GVA group: gate cumsum, decays, the inverse T = (I + L)⁻¹, T·diag(β), P), which the
+// backward runs with extra outputs.
 namespace gdn {
 namespace chunked {
 

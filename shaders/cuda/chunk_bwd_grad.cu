@@ -1,7 +1,8 @@
 // The chunked backward's parallel passes (C = 64, f16/bf16 storage, K ≤ 128, V ≤ 128), all
 // chunks at once:
 //
-//   gdn_chunk_bwd_prep_*   (8 warps, a block per (chunk, v-head)) the forward's prep (chunk.cuh) with the backward's extras:
+//   gdn_chunk_bwd_prep_*   (8 warps, a block per (chunk, q/k head, up to 4 v-heads of its group))
+//       the forward's prep (chunk.cuh) with the backward's extras:
 //       per chunk the decays γ, γ_C/γ, the cumsum G and the activated β (f32), T·diag(β), P, T.
 //   gdn_chunk_bwd_grad_*   (16 warps, a block per (chunk, q/k head) walking the v-heads of its
 //       GVA group) every per-chunk gradient. Inside the chunk, from dO, v',

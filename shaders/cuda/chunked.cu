@@ -2,9 +2,10 @@
 //
 //   gdn_l2norm_*     (optional) q̂ = q / sqrt(Σq² + eps), k̂ likewise, rounded to the storage
 //                    dtype (as FLA's separate l2norm kernel does); the passes below read q̂, k̂.
-//   gdn_chunk_prep_* one block (8 warps) per (chunk, v-head), fully parallel: gate activation
-//                    and β transform, chunk-local cumsum G (f32, padded with the last valid
-//                    value), L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16
+//   gdn_chunk_prep_* one block (8 warps) per (chunk, q/k head, part of its GVA group of at most
+//                    4 v-heads), fully parallel: KKᵀ and QKᵀ once, then per v-head the gate
+//                    activation and β transform, chunk-local cumsum G (f32, padded with the
+//                    last valid value), L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16
 //                    blocks: forward substitution on the diagonal, block products below it),
 //                    stored to a workspace in the storage dtype (MMA operands): T·diag(β) and
 //                    P = scale·(Γ⊙QKᵀ) (i ≥ j); and the decays γ = e^G, γ_C/γ in f32.

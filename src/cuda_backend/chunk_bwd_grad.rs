@@ -1,7 +1,7 @@
 //! The chunked backward's parallel passes (`shaders/cuda/chunk_bwd_grad.cu`): the prep (the
-//! forward's, with T, G and β kept; a block per (chunk, v-head)), and the gradients inside
-//! each chunk together with those through its start state and end-state gradient (a block
-//! per (chunk, q/k head), over the v-heads of its GVA group).
+//! forward's, with T, G and β kept; a block per (chunk, q/k head, up to 4 v-heads of its
+//! group)), and the gradients inside each chunk together with those through its start state
+//! and end-state gradient (a block per (chunk, q/k head), over the v-heads of its GVA group).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 

@@ -136,17 +136,21 @@ pub(crate) fn prep_smem() -> usize {
 
 /// The prep's grid (chunk.cuh prep_group): per chunk, each q/k head's GVA group in parts of
 /// at most PREP_GROUP v-heads (a block forms KKᵀ and QKᵀ once and walks its part's v-heads).
-/// `GDN_CUDA_PREP_GROUP=n` caps the v-heads per block (1: a block per (chunk, v-head)).
+/// `GDN_CUDA_PREP_GROUP=n` (read once per process) caps the v-heads per block (1: a block
+/// per (chunk, v-head), as before), for an A/B.
 pub(crate) fn prep_grid(p: &Problem, num_chunks: usize) -> (u32, u32, u32) {
+    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cap = *CAP.get_or_init(|| {
+        std::env::var("GDN_CUDA_PREP_GROUP")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(PREP_GROUP)
+            .clamp(1, PREP_GROUP)
+    });
     let group = p.group();
-    let cap = std::env::var("GDN_CUDA_PREP_GROUP")
-        .ok()
-        .and_then(|v| v.trim().parse::<usize>().ok())
-        .unwrap_or(PREP_GROUP)
-        .clamp(1, PREP_GROUP);
     let per = (1..=cap.min(group))
         .rev()
-        .find(|d| group % d == 0)
+        .find(|d| group.is_multiple_of(*d))
         .unwrap_or(1);
     (num_chunks as u32, (p.heads_qk * (group / per)) as u32, 1)
 }
