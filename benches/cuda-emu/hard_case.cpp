@@ -66,7 +66,7 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg, in
     const float* H0 = has_h0 ? h0.data() : nullptr; const float* DHT = has_dht ? dht.data() : nullptr;
     float* DH0 = has_h0 ? dh0.data() : nullptr;
     if (NC > 0)
-        emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, 3 * 2 * 64 * 136 + 512, [&] {
+        emu::launch({(unsigned)NC, prep_grid_y(H, HV), 1}, 256, PREP_SMEM, [&] {
             prep<T, true>(p, chunks.data(), Q.data(), Kt.data(), g.data(), beta.data(), gate ? a_log.data() : nullptr,
                           gate ? dt_bias.data() : nullptr, ws_f.data(), ws_a.data(), ws_p.data(), ws_t.data()); });
     // NaN-poisoned segment buffers: a read of a slot nobody wrote shows.

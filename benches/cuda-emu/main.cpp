@@ -1,6 +1,7 @@
 // Runs the chunked backward's kernels (prep, states, dh, grad) on the host through
 // shim.h and dumps inputs and gradients (dq, dk per q/k head, f32) for check.py. Usage: see README.md.
 #include "kernels.inc"
+#include "tables.h"
 #include <cstdio>
 #include <random>
 #include <string>
@@ -45,7 +46,7 @@ int run(int argc, char** argv) {
     const T* Q = (const T*)q.data(); const T* Kp = (const T*)k.data(); const T* Vp = (const T*)v.data(); const T* DO = (const T*)dO.data();
     const float* H0 = has_h0 ? h0.data() : nullptr; const float* DHT = has_dht ? dht.data() : nullptr;
     float* DH0 = has_h0 ? dh0.data() : nullptr;
-    emu::launch({(unsigned)NC, (unsigned)HV, 1}, 256, 3*2*64*136 + 512, [&] {
+    emu::launch({(unsigned)NC, prep_grid_y(H, HV), 1}, 256, PREP_SMEM, [&] {
         prep<T, true>(p, chunks.data(), Q, Kp, g.data(), beta.data(), nullptr, nullptr, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), (T*)ws_t.data()); });
     int ldk = 136, ldc = 72;
     size_t st = 2*64*ldk + 2*64*(BV+8) + 2*64*ldc + 4*2*64;

@@ -228,6 +228,7 @@ inline void launch(Dim3 grid, int threads, size_t smem_bytes, const std::functio
 #define gridDim emu::gdim
 inline void __syncthreads() { emu::blk->bar->arrive_and_wait(); }
 inline void __syncwarp() { emu::warp_sync(); }
+inline float __shfl_sync(unsigned, float v, int src) { return emu::shfl(v, src); }
 inline float __shfl_xor_sync(unsigned, float v, int off) { return emu::shfl(v, emu::lane() ^ off); }
 inline float __shfl_down_sync(unsigned, float v, int d) {
     const int l = emu::lane();

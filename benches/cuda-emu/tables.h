@@ -22,3 +22,18 @@ inline void chunk_tables(const std::vector<int>& cu, int N, int seg, std::vector
         seq_units.push_back(units.size() / 4);
     }
 }
+
+// The prep's grid y (src/cuda_backend/chunked.rs prep_grid): each q/k head's GVA group in
+// parts of at most 4 v-heads (chunk.cuh PREP_GROUP), a block per part; EMU_PREP_GROUP caps
+// the v-heads per block as GDN_CUDA_PREP_GROUP does.
+#include <cstdlib>
+inline unsigned prep_grid_y(int H, int HV) {
+    const int group = HV / H;
+    int cap = 4;
+    if (const char* e = std::getenv("EMU_PREP_GROUP")) cap = std::max(1, std::min(4, atoi(e)));
+    int per = 1;
+    for (int d = std::min(cap, group); d >= 1; --d) if (group % d == 0) { per = d; break; }
+    return (unsigned)(H * (group / per));
+}
+// chunked.rs prep_smem: three tiles, then the gates of up to 4 v-heads.
+constexpr size_t PREP_SMEM = 3 * 2 * 64 * 136 + 4 * 2 * 64 * 4;

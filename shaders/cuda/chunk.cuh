@@ -1,8 +1,9 @@
 // What the chunked forward (chunked.cu) and the chunked backward (chunk_bwd_*.cu) share,
 // compiled between common.cuh and the pass (src/cuda_backend/kernels.rs): the 16×16 tensor-core
 // tile helpers (mma.sync m16n8k16, ldmatrix), the chunk constants and shared-memory strides,
-// the cp.async tile copies, and the per-(chunk, v-head) prep pass (gate cumsum, decays, the
-// inverse T = (I + L)⁻¹, T·diag(β), P), which the backward runs with extra outputs.
+// the cp.async tile copies, and the prep pass (per chunk and q/k head: KKᵀ, QKᵀ; per v-head
+// of its GVA group: gate cumsum, decays, the inverse T = (I + L)⁻¹, T·diag(β), P), which the
+// backward runs with extra outputs.
 namespace gdn {
 namespace chunked {
 
@@ -134,6 +135,32 @@ __device__ __forceinline__ void mma_f32x3(float* d, const float* a, int lda, con
     mma_tf32(d, ab, bb[0], bb[1]);
 }
 
+// mma_f32x3's three products into three accumulators (d[0..3] the TF32 values' product,
+// d[4..7] and d[8..11] the two rest terms), so that a sum over k is three independent MMA
+// chains instead of one three times as long; the result is mma_f32x3_sum(d).
+__device__ __forceinline__ void mma_f32x3_acc(float (&d)[12], const float* a, int lda, const float* b, int ldb) {
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const float av[4] = {a[g * lda + t], a[(g + 8) * lda + t], a[g * lda + t + 4], a[(g + 8) * lda + t + 4]};
+    const float bv[2] = {b[t * ldb + g], b[(t + 4) * ldb + g]};
+    unsigned ab[4], as[4], bb[2], bs[2];
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+        ab[e] = to_tf32(av[e]);
+        as[e] = to_tf32(av[e] - __uint_as_float(ab[e]));
+    }
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+        bb[e] = to_tf32(bv[e]);
+        bs[e] = to_tf32(bv[e] - __uint_as_float(bb[e]));
+    }
+    mma_tf32(d + 8, as, bb[0], bb[1]);
+    mma_tf32(d + 4, ab, bs[0], bs[1]);
+    mma_tf32(d, ab, bb[0], bb[1]);
+}
+__device__ __forceinline__ float mma_f32x3_sum(const float (&d)[12], int e) {
+    return d[e] + (d[4 + e] + d[8 + e]);
+}
+
 // d += a·b for one 16×16×16 tile.
 template <typename T>
 __device__ __forceinline__ void mma(FragC& d, const FragA& a, const FragB& b) {
@@ -254,231 +281,355 @@ template <int LD> __device__ __forceinline__ int lane_b_kmajor(int lane) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Pass 1: per (chunk, v-head), 8 warps. Shared memory: k then the inverse's block sums, q
-// then T, L, the gates (52.7 KB: four blocks per SM).
+// Pass 1 (the prep): a block of 8 warps per (chunk, q/k head), or per part of its GVA group
+// (the grid's y is heads_qk × the group's parts: each block walks group / parts v-heads). The
+// Gram products KKᵀ and QKᵀ are formed once per block and kept in the warps' accumulators;
+// each v-head's gates and β then give its Γ masks, L, the inverse T, T·diag(β) and P.
+// Shared memory: k then the inverse's block sums and the raw products, q then T, L, the
+// gates and β of up to PREP_GROUP v-heads (53 KB: four blocks per SM).
 
 // Bytes of each of pass 1's three tiles (then the gates; prep_smem in chunked.rs mirrors it).
 constexpr int PREP_TILE = 2 * C * LDK;  // = 4 · C · LDF
+// The most v-heads one prep block walks (its gates' room: PREP_GROUP · 2C floats).
+constexpr int PREP_GROUP = 4;
+// The prep's blocks per SM (its launch bound: at most 64 registers, which its shared memory
+// allows anyway).
+constexpr int PREP_BLOCKS = 4;
 
-// The backward's prep (BWD) writes 4·C floats of gates per (chunk, v-head), γ, γ_C/γ, then G
-// and β (the activated ones), and T itself (ws_t) besides T·diag(β) and P.
-template <typename T, bool BWD = false>
-__device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
-                     const T* __restrict__ k, const float* __restrict__ g,
-                     const float* __restrict__ beta, const float* __restrict__ a_log,
-                     const float* __restrict__ dt_bias, float* __restrict__ ws_f,
-                     T* __restrict__ ws_a, T* __restrict__ ws_p, T* __restrict__ ws_t = nullptr) {
+// The inverse's products below the diagonal in column block c (warps 2c, 2c + 1, 8 columns
+// each; see prep_group): T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc for r = c + 1 .. 3. The
+// column block is a constant, so that the loops unroll and each product's loads are issued
+// ahead of its MMAs.
+template <int c>
+__device__ __forceinline__ void prep_column(const float* a, float* t, float* xs, int warp) {
+    const int lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
+    const int n0 = 16 * c + 8 * (warp & 1);
+    float* xw = xs + warp * 128;
+#pragma unroll
+    for (int r = c + 1; r < C / 16; ++r) {
+        float acc[12];
+#pragma unroll
+        for (int e = 0; e < 12; ++e) acc[e] = 0.0f;
+#pragma unroll
+        for (int kk = 16 * c; kk < 16 * r; kk += 8) {
+            mma_f32x3_acc(acc, a + 16 * r * LDF + kk, LDF, t + kk * LDF + n0, LDF);
+        }
+        *reinterpret_cast<float2*>(xw + g4 * 8 + 2 * t4) = make_float2(mma_f32x3_sum(acc, 0), mma_f32x3_sum(acc, 1));
+        *reinterpret_cast<float2*>(xw + (g4 + 8) * 8 + 2 * t4) = make_float2(mma_f32x3_sum(acc, 2), mma_f32x3_sum(acc, 3));
+        __syncwarp();
+        float y[12];
+#pragma unroll
+        for (int e = 0; e < 12; ++e) y[e] = 0.0f;
+        mma_f32x3_acc(y, t + 16 * r * LDF + 16 * r, LDF, xw, 8);
+        mma_f32x3_acc(y, t + 16 * r * LDF + 16 * r + 8, LDF, xw + 8 * 8, 8);
+        float* out = t + (16 * r + g4) * LDF + n0 + 2 * t4;
+        *reinterpret_cast<float2*>(out) = make_float2(-mma_f32x3_sum(y, 0), -mma_f32x3_sum(y, 1));
+        *reinterpret_cast<float2*>(out + 8 * LDF) = make_float2(-mma_f32x3_sum(y, 2), -mma_f32x3_sum(y, 3));
+        __syncwarp();  // T_rc is the next product's B operand; xw is rewritten
+    }
+}
+
+// The lower 16×16 tiles (i, j), j ≤ i, of a C × C product, numbered row by row:
+// (0,0) (1,0) (1,1) (2,0) … (3,3); warp w owns tile w and, for w < 2, tile 8 + w.
+constexpr int PREP_TILES = (C / 16) * (C / 16 + 1) / 2;
+__device__ __forceinline__ int2 prep_tile(int idx) {
+    const int ti = idx < 1 ? 0 : idx < 3 ? 1 : idx < 6 ? 2 : 3;
+    return make_int2(ti, idx - ti * (ti + 1) / 2);
+}
+
+// KD > 0: the key dimension as a compile-time constant (K = 128: a straight-line Gram
+// loop); 0: p.key_dim.
+template <typename T, bool BWD, int KD>
+__device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
+                           const T* __restrict__ q, const T* __restrict__ k,
+                           const float* __restrict__ g, const float* __restrict__ beta,
+                           const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                           float* __restrict__ ws_f, T* __restrict__ ws_a, T* __restrict__ ws_p,
+                           T* __restrict__ ws_t) {
     static_assert(PREP_TILE == 4 * C * LDF, "q's tile is reused for T");
     static_assert(PREP_THREADS >= 3 * 64, "a thread per row quarter of block row 3");
+    static_assert(PREP_THREADS / 32 + 2 == PREP_TILES, "tiles w and 8 + w per warp");
     static_assert(LDF % 4 == 0, "16-byte rows of the f32 tiles");
     extern __shared__ __align__(128) unsigned char smem[];
-    const int K = p.key_dim, H = p.heads_qk, HV = p.heads_v;
-    // The grid is (chunks, v-heads); blocks are numbered v-head fastest, so that the v-heads
-    // of a GVA group, which read the same q and k tiles, run together and share them in L2.
+    const int K = KD > 0 ? KD : p.key_dim, H = p.heads_qk, HV = p.heads_v;
+    // Blocks are numbered (q/k head, part) fastest, so that the blocks of one chunk, which
+    // read neighbouring rows of q and k, run together.
+    const int parts = gridDim.y / H, per = p.group / parts;  // per ≤ PREP_GROUP
     const size_t lin = blockIdx.x + (size_t)blockIdx.y * gridDim.x;
-    const int chunk = (int)(lin / HV), hv = (int)(lin % HV), h = hv / p.group;
+    const int chunk = (int)(lin / ((size_t)H * parts)), hp = (int)(lin % ((size_t)H * parts));
+    const int h = hp / parts, hv0 = hp * per;
     const int start = chunks[2 * chunk], len = chunks[2 * chunk + 1];
-    const size_t ch = (size_t)chunk * HV + hv;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
 
     T* ks = reinterpret_cast<T*>(smem);
     float* xs = reinterpret_cast<float*>(smem);  // after the Gram products: block sums
     T* qs = reinterpret_cast<T*>(smem + PREP_TILE);
     float* t = reinterpret_cast<float*>(smem + PREP_TILE);  // after the Gram products: T
-    float* a = reinterpret_cast<float*>(smem + 2 * PREP_TILE);  // KKᵀ, then L
-    float* sg = reinterpret_cast<float*>(smem + 3 * PREP_TILE);
-    float* sb = sg + C;
+    float* a = reinterpret_cast<float*>(smem + 2 * PREP_TILE);  // L
+    // G and β of the block's v-head u at gates + u·2C (G) and + C (β).
+    float* gates = reinterpret_cast<float*>(smem + 3 * PREP_TILE);
 
     // q and k first, so that their copies are in flight while the gates load.
     const size_t qk_stride = (size_t)H * K;
     copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(ks), k + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
     copy_tile<PREP_THREADS, MAX_K / 8, LDK>(smem_addr(qs), q + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
-    // Gates and β of the chunk's tokens; padding: g = 0 (so G keeps its last value), β = 0.
-    if (threadIdx.x < C) {
-        const int i = threadIdx.x;
-        float gi = 0.0f, bi = 0.0f;
-        if (i < len) {
-            const size_t idx = (size_t)(start + i) * HV + hv;
-            gi = g[idx];
-            if (p.flags & GATE_IN_KERNEL) gi = -expf(a_log[hv]) * softplus(gi + dt_bias[hv]);
-            bi = beta[idx];
-            if (p.flags & BETA_SIGMOID) bi = sigmoid(bi);
-            if (p.flags & NEG_EIGVAL) bi *= 2.0f;
-        }
-        // Inclusive scan within each warp, then warp 1 adds warp 0's total.
+
+    // Warp w < per: v-head hv0 + w's gates and β (rows lane and 32 + lane): the activations,
+    // the cumsum G (an inclusive scan per half, the second half plus the first's total) and
+    // the decays. Padding: g = 0 (so G keeps its last value), β = 0.
+    if (warp < per) {
+        const int hv = hv0 + warp;
+        const size_t ch = (size_t)chunk * HV + hv;
+        float* sg = gates + warp * 2 * C;
+        float* sb = sg + C;
+        float gi[2], bi[2];
 #pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const float up = __shfl_up_sync(0xffffffffu, gi, d);
-            if (lane >= d) gi += up;
+        for (int e = 0; e < 2; ++e) {
+            gi[e] = 0.0f;
+            bi[e] = 0.0f;
+            if (lane + 32 * e < len) {
+                const size_t idx = (size_t)(start + lane + 32 * e) * HV + hv;
+                gi[e] = g[idx];
+                if (p.flags & GATE_IN_KERNEL) gi[e] = -expf(a_log[hv]) * softplus(gi[e] + dt_bias[hv]);
+                bi[e] = beta[idx];
+                if (p.flags & BETA_SIGMOID) bi[e] = sigmoid(bi[e]);
+                if (p.flags & NEG_EIGVAL) bi[e] *= 2.0f;
+            }
+#pragma unroll
+            for (int d = 1; d < 32; d <<= 1) {
+                const float up = __shfl_up_sync(0xffffffffu, gi[e], d);
+                if (lane >= d) gi[e] += up;
+            }
         }
-        sg[i] = gi;
-        sb[i] = bi;
+        gi[1] += __shfl_sync(0xffffffffu, gi[0], 31);
+        const float last = __shfl_sync(0xffffffffu, gi[1], 31);
+        constexpr int FS = BWD ? 4 * C : 2 * C;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+            const int i = lane + 32 * e;
+            sg[i] = gi[e];
+            sb[i] = bi[e];
+            // The sequential pass's decays: γ_i = e^{G_i}, γ_C/γ_i = e^{G_last − G_i} (≤ 0).
+            ws_f[ch * FS + i] = expf(gi[e]);
+            ws_f[ch * FS + C + i] = expf(last - gi[e]);
+            if (BWD) {
+                ws_f[ch * FS + 2 * C + i] = gi[e];
+                ws_f[ch * FS + 3 * C + i] = bi[e];
+            }
+        }
     }
     cp_async_wait();
     __syncthreads();
-    if (threadIdx.x >= 32 && threadIdx.x < C) sg[threadIdx.x] += sg[31];
-    __syncthreads();
-    // The sequential pass's decays: γ_i = e^{G_i} and γ_C/γ_i = e^{G_last − G_i} (exponents ≤ 0).
-    if (threadIdx.x < C) {
-        const int i = threadIdx.x;
-        constexpr int FS = BWD ? 4 * C : 2 * C;
-        ws_f[ch * FS + i] = expf(sg[i]);
-        ws_f[ch * FS + C + i] = expf(sg[C - 1] - sg[i]);
-        if (BWD) {
-            ws_f[ch * FS + 2 * C + i] = sg[i];
-            ws_f[ch * FS + 3 * C + i] = sb[i];
-        }
-    }
 
-    // L = strict_lower(diag(β)·(Γ⊙KKᵀ)) (to shared) and P = scale·Γ⊙QKᵀ (i ≥ j, to the
-    // workspace), both straight from the accumulators with one decay e^{G_i − G_j} each,
-    // lower tiles only (tile (i, j) with j ≤ i); warp w owns row tile w % 4 and every other
-    // of its tiles. The sequential pass never reads P's tiles above the diagonal. Only
-    // i ≥ j is exponentiated, so G_i − G_j ≤ 0.
-    T* p_out = ws_p + ch * C * C;
+    // KKᵀ and QKᵀ of the warp's lower tiles (tile w, and 8 + w for w < 2), formed once. The
+    // raw products wait in shared memory for every v-head: each lane's 8 + 8 accumulator
+    // values of tile idx in its slots (idx, 0) (KKᵀ) and (idx, 1) (QKᵀ): tiles 0–6 in k's
+    // old tile after the inverse's block sums (written once every warp is done with k),
+    // tiles 7–9 in L's six blocks above the diagonal (never written nor read otherwise, so
+    // written at once).
+    const int ntiles = warp < PREP_TILES - PREP_THREADS / 32 ? 2 : 1;
+    auto slot = [&](int idx, int e) -> float* {
+        if (idx < 7) return reinterpret_cast<float*>(smem + 3072 + 1024 * (2 * idx + e)) + 8 * lane;
+        // Holes (0, 1) (0, 2) (0, 3) (1, 2) (1, 3) (2, 3): tiles 8, 9, then 7.
+        const int hh = idx == 7 ? 4 + e : 2 * (idx - 8) + e;
+        const int r = hh < 3 ? 0 : hh < 5 ? 1 : 2, c = hh - (r == 0 ? 0 : r == 1 ? 3 : 5) + r + 1;
+        return a + (16 * r + (lane >> 1)) * LDF + 16 * c + 8 * (lane & 1);
+    };
+    static_assert(3072 + 1024 * 14 <= PREP_TILE, "the raw products' slots fit k's tile");
+    static_assert(PREP_TILES == 10, "seven tiles in k's tile, three in L's upper blocks");
+    auto put = [&](int idx, const float (&ck)[8], const float (&cq)[8]) {
+        float* sk = slot(idx, 0);
+        float* sq = slot(idx, 1);
+        *reinterpret_cast<float4*>(sk) = make_float4(ck[0], ck[1], ck[2], ck[3]);
+        *reinterpret_cast<float4*>(sk + 4) = make_float4(ck[4], ck[5], ck[6], ck[7]);
+        *reinterpret_cast<float4*>(sq) = make_float4(cq[0], cq[1], cq[2], cq[3]);
+        *reinterpret_cast<float4*>(sq + 4) = make_float4(cq[4], cq[5], cq[6], cq[7]);
+    };
     {
-        const int ti = warp & 3;
-        for (int tj = warp >> 2; tj <= ti; tj += 2) {
-            FragC ckk, cqk;
-            fill_zero(ckk);
-            fill_zero(cqk);
-            for (int kk = 0; kk < K; kk += 16) {
-                FragA fk, fq;
-                FragB fkt;
-                load_a<T, false>(fk, ks + ti * 16 * LDK + kk, LDK);
-                load_a<T, false>(fq, qs + ti * 16 * LDK + kk, LDK);
-                load_b<T, true>(fkt, ks + tj * 16 * LDK + kk, LDK);
-                mma<T>(ckk, fk, fkt);
-                mma<T>(cqk, fq, fkt);
+        // Each lane's ldmatrix addresses are formed once: A from the row-major tile (rows ti),
+        // Kᵀ as B from k's rows tj (load_a / load_b's lane layouts); q's tile is k's + dq.
+        const int la = (((lane >> 3) & 1) * 8 + (lane & 7)) * LDK + (lane >> 4) * 8;
+        const int lb = lane_b_nmajor<LDK>(lane);
+        const unsigned k0 = smem_addr(ks), dq = smem_addr(qs) - k0;
+        auto gram = [&](int idx, float (&ck)[8], float (&cq)[8]) {
+            const int2 tn = prep_tile(idx);
+            const unsigned ak = k0 + 2 * (la + tn.x * 16 * LDK), bk = k0 + 2 * (lb + tn.y * 16 * LDK);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+                ck[e] = 0.0f;
+                cq[e] = 0.0f;
             }
+            auto step = [&](int kk) {
+                unsigned fk[4], fq[4], fb[4];
+                ldsm4(fk, ak + 2 * kk);
+                ldsm4(fq, ak + dq + 2 * kk);
+                ldsm4(fb, bk + 2 * kk);
+                MmaOp<T>::run(ck, fk, fb[0], fb[1]);
+                MmaOp<T>::run(ck + 4, fk, fb[2], fb[3]);
+                MmaOp<T>::run(cq, fq, fb[0], fb[1]);
+                MmaOp<T>::run(cq + 4, fq, fb[2], fb[3]);
+            };
+            if (KD > 0) {
 #pragma unroll
-            for (int half = 0; half < 2; ++half) {
-#pragma unroll
-                for (int rh = 0; rh < 2; ++rh) {
-                    const int i = ti * 16 + g4 + 8 * rh, j = tj * 16 + 8 * half + 2 * t4;
-                    float x[2], l[2];
-#pragma unroll
-                    for (int e = 0; e < 2; ++e) {
-                        const float qk = cqk.x[4 * half + 2 * rh + e];
-                        const float kk = ckk.x[4 * half + 2 * rh + e];
-                        const float decay = j + e <= i ? __expf(sg[i] - sg[j + e]) : 0.0f;
-                        x[e] = j + e <= i ? p.scale * qk * decay : 0.0f;
-                        l[e] = j + e < i ? sb[i] * kk * decay : 0.0f;
-                    }
-                    *reinterpret_cast<unsigned*>(p_out + i * C + j) = pack2<T>(x[0], x[1]);
-                    *reinterpret_cast<float2*>(a + i * LDF + j) = make_float2(l[0], l[1]);
-                }
+                for (int kk = 0; kk < KD; kk += 16) step(kk);
+            } else {
+#pragma unroll 1
+                for (int kk = 0; kk < K; kk += 16) step(kk);
             }
+        };
+        float ck[8], cq[8];
+        if (ntiles == 2) {
+            gram(warp + PREP_THREADS / 32, ck, cq);
+            put(warp + PREP_THREADS / 32, ck, cq);  // tiles 8, 9: L's upper blocks
         }
+        gram(warp, ck, cq);
+        __syncthreads();  // every warp is done with q and k
+        put(warp, ck, cq);
+        __syncthreads();  // every slot is in (the epilogue reads other warps' slots)
     }
-    __syncthreads();
 
-    // T = (I + L)⁻¹ in 16×16 blocks (§2.3). Diagonal blocks by forward substitution, one
-    // column per thread in registers: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within
-    // the block (the column's entries above c are zero, so the sum may start at 0). Only the
-    // blocks on and below the diagonal are written (and read); the output masks the others.
-    // L's tiles above the diagonal are never written nor read.
-    if (threadIdx.x < C) {
-        const int b = (threadIdx.x / 16) * 16, c = threadIdx.x % 16;
-        float col[16];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < i; ++j) acc = fmaf(a[(b + i) * LDF + b + j], col[j], acc);
-            col[i] = i == c ? 1.0f : (i > c ? -acc : 0.0f);
-        }
-#pragma unroll
-        for (int i = 0; i < 16; ++i) t[(b + i) * LDF + b + c] = col[i];
-    }
-    __syncthreads();
-    // Below the diagonal, column block by column block: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc
-    // for r = c + 1 .. 3 in order. Warp 2c + h owns the 8 columns 16c + 8h.. of column block
-    // c (c < 3), so each product reads only the diagonal blocks and the warp's own earlier
-    // blocks: no block barrier between them. Products by 3xTF32 MMAs (near-f32; 16 × 8 tiles,
-    // the sums staged through the warp's 16 × 8 slot of xs).
-    if (!(p.flags & PREP_FFMA) && warp < 6) {
-        const int c = warp >> 1, n0 = 16 * c + 8 * (warp & 1);
-        float* xw = xs + warp * 128;
 #pragma unroll 1
-        for (int r = c + 1; r < C / 16; ++r) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int u = 0; u < per; ++u) {
+        const int hv = hv0 + u;
+        const size_t ch = (size_t)chunk * HV + hv;
+        const float* sg = gates + u * 2 * C;
+        const float* sb = sg + C;
+        // (No barrier: v-head u − 1's last reads of L were before the barrier above its
+        // output, and T is not written before the next barrier.)
+
+        // L = strict_lower(diag(β)·(Γ⊙KKᵀ)) (to shared) and P = scale·Γ⊙QKᵀ (i ≥ j, to the
+        // workspace), from the kept accumulators with one decay e^{G_i − G_j} each, lower
+        // tiles only. The sequential pass never reads P's tiles above the diagonal. Only
+        // i ≥ j is exponentiated, so G_i − G_j ≤ 0.
+        T* p_out = ws_p + ch * C * C;
+        // 40 units of (tile, quarter: half × row half) over the 8 warps, five each: lane l
+        // of any warp takes lane l's values from the tile's slots.
 #pragma unroll 1
-            for (int kk = 16 * c; kk < 16 * r; kk += 8) {
-                mma_f32x3(acc, a + 16 * r * LDF + kk, LDF, t + kk * LDF + n0, LDF);
+        for (int unit = warp; unit < 4 * PREP_TILES; unit += PREP_THREADS / 32) {
+            const int idx = unit >> 2, half = (unit >> 1) & 1, rh = unit & 1;
+            const int2 tn = prep_tile(idx);
+            const int i = tn.x * 16 + g4 + 8 * rh, j = tn.y * 16 + 8 * half + 2 * t4;
+            const float2 kk2 = *reinterpret_cast<const float2*>(slot(idx, 0) + 4 * half + 2 * rh);
+            const float2 qk2 = *reinterpret_cast<const float2*>(slot(idx, 1) + 4 * half + 2 * rh);
+            const float kv[2] = {kk2.x, kk2.y}, qv[2] = {qk2.x, qk2.y};
+            float x[2], l[2];
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float decay = j + e <= i ? __expf(sg[i] - sg[j + e]) : 0.0f;
+                x[e] = j + e <= i ? p.scale * qv[e] * decay : 0.0f;
+                l[e] = j + e < i ? sb[i] * kv[e] * decay : 0.0f;
             }
-            *reinterpret_cast<float2*>(xw + g4 * 8 + 2 * t4) = make_float2(acc[0], acc[1]);
-            *reinterpret_cast<float2*>(xw + (g4 + 8) * 8 + 2 * t4) = make_float2(acc[2], acc[3]);
-            __syncwarp();
-            float y[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            mma_f32x3(y, t + 16 * r * LDF + 16 * r, LDF, xw, 8);
-            mma_f32x3(y, t + 16 * r * LDF + 16 * r + 8, LDF, xw + 8 * 8, 8);
-            float* out = t + (16 * r + g4) * LDF + n0 + 2 * t4;
-            *reinterpret_cast<float2*>(out) = make_float2(-y[0], -y[1]);
-            *reinterpret_cast<float2*>(out + 8 * LDF) = make_float2(-y[2], -y[3]);
-            __syncwarp();  // T_rc is the next product's B operand; xw is rewritten
-        }
-    }
-    __syncthreads();
-    // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
-    // sums staged in xs (c·256 + row·16 + column). Each thread computes four consecutive
-    // columns of one row (a broadcast of L or T_rr and a 16-byte load per four FMAs).
-    if (p.flags & PREP_FFMA) for (int r = 1; r < C / 16; ++r) {
-        const int e = threadIdx.x, c = e / 64, i = (e % 64) / 4, j4 = (e % 4) * 4;
-        if (c < r) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            const float* arow = a + (16 * r + i) * LDF;
-            for (int kk = 16 * c; kk < 16 * r; ++kk) {
-                const float l = arow[kk];
-                const float4 tv = *reinterpret_cast<const float4*>(t + kk * LDF + 16 * c + j4);
-                acc[0] = fmaf(l, tv.x, acc[0]);
-                acc[1] = fmaf(l, tv.y, acc[1]);
-                acc[2] = fmaf(l, tv.z, acc[2]);
-                acc[3] = fmaf(l, tv.w, acc[3]);
-            }
-            *reinterpret_cast<float4*>(xs + c * 256 + i * 16 + j4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            *reinterpret_cast<unsigned*>(p_out + i * C + j) = pack2<T>(x[0], x[1]);
+            *reinterpret_cast<float2*>(a + i * LDF + j) = make_float2(l[0], l[1]);
         }
         __syncthreads();
-        if (c < r) {
-            float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            const float* trow = t + (16 * r + i) * LDF + 16 * r;
+
+        // T = (I + L)⁻¹ in 16×16 blocks (§2.3). Diagonal blocks by forward substitution, one
+        // column per thread in registers: T[i][c] = δ_ic − Σ_{c ≤ j < i} L[i][j]·T[j][c] within
+        // the block (the column's entries above c are zero, so the sum may start at 0). Only
+        // the blocks on and below the diagonal are written (and read); the output masks the
+        // others. L's tiles above the diagonal are never written nor read.
+        if (threadIdx.x < C) {
+            const int b = (threadIdx.x / 16) * 16, c = threadIdx.x % 16;
+            float col[16];
 #pragma unroll
-            for (int l = 0; l < 16; ++l) {
-                const float tl = trow[l];  // zero above the diagonal
-                const float4 xv = *reinterpret_cast<const float4*>(xs + c * 256 + l * 16 + j4);
-                acc[0] = fmaf(tl, xv.x, acc[0]);
-                acc[1] = fmaf(tl, xv.y, acc[1]);
-                acc[2] = fmaf(tl, xv.z, acc[2]);
-                acc[3] = fmaf(tl, xv.w, acc[3]);
+            for (int i = 0; i < 16; ++i) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int j = 0; j < i; ++j) acc = fmaf(a[(b + i) * LDF + b + j], col[j], acc);
+                col[i] = i == c ? 1.0f : (i > c ? -acc : 0.0f);
             }
-            *reinterpret_cast<float4*>(t + (16 * r + i) * LDF + 16 * c + j4) =
-                make_float4(-acc[0], -acc[1], -acc[2], -acc[3]);
+#pragma unroll
+            for (int i = 0; i < 16; ++i) t[(b + i) * LDF + b + c] = col[i];
         }
         __syncthreads();
-    }
-    // T·diag(β) to the workspace (the sequential pass's operand of v' = T·diag(β)·X), eight
-    // elements per 16-byte store.
-    T* a_out = ws_a + ch * C * C;
-    // Blocks above the diagonal are zeros (t holds q's old bits there).
-    for (int idx = threadIdx.x; idx < C * C / 8; idx += PREP_THREADS) {
-        const int i = idx / (C / 8), j = (idx % (C / 8)) * 8;
-        const bool upper = (j >> 4) > (i >> 4);
-        uint4 out = make_uint4(0u, 0u, 0u, 0u);
-        unsigned* w = reinterpret_cast<unsigned*>(&out);
-        if (!upper) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                w[e] = pack2<T>(t[i * LDF + j + 2 * e] * sb[j + 2 * e], t[i * LDF + j + 2 * e + 1] * sb[j + 2 * e + 1]);
-            }
+        // Below the diagonal, column block by column block: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm ·
+        // T_mc for r = c + 1 .. 3 in order. Warp 2c + h owns the 8 columns 16c + 8h.. of column
+        // block c (c < 3), so each product reads only the diagonal blocks and the warp's own
+        // earlier blocks: no block barrier between them. Products by 3xTF32 MMAs (near-f32;
+        // 16 × 8 tiles, the sums staged through the warp's 16 × 8 slot of xs).
+        if (!(p.flags & PREP_FFMA) && warp < 6) {
+            if (warp < 2) prep_column<0>(a, t, xs, warp);
+            else if (warp < 4) prep_column<1>(a, t, xs, warp);
+            else prep_column<2>(a, t, xs, warp);
         }
-        *reinterpret_cast<uint4*>(a_out + i * C + j) = out;
-        if (BWD) {
+        // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
+        // sums staged in xs (c·256 + row·16 + column). Each thread computes four consecutive
+        // columns of one row (a broadcast of L or T_rr and a 16-byte load per four FMAs).
+        if (p.flags & PREP_FFMA) for (int r = 1; r < C / 16; ++r) {
+            const int e = threadIdx.x, c = e / 64, i = (e % 64) / 4, j4 = (e % 4) * 4;
+            if (c < r) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const float* arow = a + (16 * r + i) * LDF;
+                for (int kk = 16 * c; kk < 16 * r; ++kk) {
+                    const float l = arow[kk];
+                    const float4 tv = *reinterpret_cast<const float4*>(t + kk * LDF + 16 * c + j4);
+                    acc[0] = fmaf(l, tv.x, acc[0]);
+                    acc[1] = fmaf(l, tv.y, acc[1]);
+                    acc[2] = fmaf(l, tv.z, acc[2]);
+                    acc[3] = fmaf(l, tv.w, acc[3]);
+                }
+                *reinterpret_cast<float4*>(xs + c * 256 + i * 16 + j4) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+            }
+            __syncthreads();
+            if (c < r) {
+                float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const float* trow = t + (16 * r + i) * LDF + 16 * r;
+#pragma unroll
+                for (int l = 0; l < 16; ++l) {
+                    const float tl = trow[l];  // zero above the diagonal
+                    const float4 xv = *reinterpret_cast<const float4*>(xs + c * 256 + l * 16 + j4);
+                    acc[0] = fmaf(tl, xv.x, acc[0]);
+                    acc[1] = fmaf(tl, xv.y, acc[1]);
+                    acc[2] = fmaf(tl, xv.z, acc[2]);
+                    acc[3] = fmaf(tl, xv.w, acc[3]);
+                }
+                *reinterpret_cast<float4*>(t + (16 * r + i) * LDF + 16 * c + j4) =
+                    make_float4(-acc[0], -acc[1], -acc[2], -acc[3]);
+            }
+            __syncthreads();
+        }
+        __syncthreads();
+        // T·diag(β) to the workspace (the sequential pass's operand of v' = T·diag(β)·X), eight
+        // elements per 16-byte store. Blocks above the diagonal are zeros (t holds q's old
+        // bits there).
+        T* a_out = ws_a + ch * C * C;
+        for (int idx = threadIdx.x; idx < C * C / 8; idx += PREP_THREADS) {
+            const int i = idx / (C / 8), j = (idx % (C / 8)) * 8;
+            const bool upper = (j >> 4) > (i >> 4);
+            uint4 out = make_uint4(0u, 0u, 0u, 0u);
+            unsigned* w = reinterpret_cast<unsigned*>(&out);
             if (!upper) {
 #pragma unroll
-                for (int e = 0; e < 4; ++e) w[e] = pack2<T>(t[i * LDF + j + 2 * e], t[i * LDF + j + 2 * e + 1]);
+                for (int e = 0; e < 4; ++e) {
+                    w[e] = pack2<T>(t[i * LDF + j + 2 * e] * sb[j + 2 * e], t[i * LDF + j + 2 * e + 1] * sb[j + 2 * e + 1]);
+                }
             }
-            *reinterpret_cast<uint4*>(ws_t + ch * C * C + i * C + j) = out;
+            *reinterpret_cast<uint4*>(a_out + i * C + j) = out;
+            if (BWD) {
+                if (!upper) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) w[e] = pack2<T>(t[i * LDF + j + 2 * e], t[i * LDF + j + 2 * e + 1]);
+                }
+                *reinterpret_cast<uint4*>(ws_t + ch * C * C + i * C + j) = out;
+            }
         }
+    }
+}
+
+// The prep's entry (gdn_chunk_prep_*, gdn_chunk_bwd_prep_*): the K = 128 instance or the
+// run-time K. The backward's prep (BWD) writes 4·C floats of gates per (chunk, v-head), γ,
+// γ_C/γ, then G and β (the activated ones), and T itself (ws_t) besides T·diag(β) and P.
+template <typename T, bool BWD = false>
+__device__ void prep(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
+                     const T* __restrict__ k, const float* __restrict__ g,
+                     const float* __restrict__ beta, const float* __restrict__ a_log,
+                     const float* __restrict__ dt_bias, float* __restrict__ ws_f,
+                     T* __restrict__ ws_a, T* __restrict__ ws_p, T* __restrict__ ws_t = nullptr) {
+    if (p.key_dim == MAX_K) {
+        prep_group<T, BWD, MAX_K>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p, ws_t);
+    } else {
+        prep_group<T, BWD, 0>(p, chunks, q, k, g, beta, a_log, dt_bias, ws_f, ws_a, ws_p, ws_t);
     }
 }
 

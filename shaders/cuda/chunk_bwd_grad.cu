@@ -1,7 +1,8 @@
 // The chunked backward's parallel passes (C = 64, f16/bf16 storage, K ≤ 128, V ≤ 128), all
 // chunks at once:
 //
-//   gdn_chunk_bwd_prep_*   (8 warps, a block per (chunk, v-head)) the forward's prep (chunk.cuh) with the backward's extras:
+//   gdn_chunk_bwd_prep_*   (8 warps, a block per (chunk, q/k head, up to 4 v-heads of its group))
+//       the forward's prep (chunk.cuh) with the backward's extras:
 //       per chunk the decays γ, γ_C/γ, the cumsum G and the activated β (f32), T·diag(β), P, T.
 //   gdn_chunk_bwd_grad_*   (16 warps, a block per (chunk, q/k head) walking the v-heads of its
 //       GVA group) every per-chunk gradient. Inside the chunk, from dO, v',
@@ -490,7 +491,7 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
 }  // namespace gdn
 
 #define GDN_CHUNK_BWD_GRAD(SUFFIX, T)                                                               \
-    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS) gdn_chunk_bwd_prep_##SUFFIX( \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS, gdn::chunked::PREP_BLOCKS) gdn_chunk_bwd_prep_##SUFFIX( \
         const gdn::chunked::ChunkParams p, const int* chunks, const T* q, const T* k,              \
         const float* g, const float* beta, const float* a_log, const float* dt_bias, float* ws_f,  \
         T* ws_a, T* ws_p, T* ws_t) {                                                               \

@@ -2,9 +2,10 @@
 //
 //   gdn_l2norm_*     (optional) q̂ = q / sqrt(Σq² + eps), k̂ likewise, rounded to the storage
 //                    dtype (as FLA's separate l2norm kernel does); the passes below read q̂, k̂.
-//   gdn_chunk_prep_* one block (8 warps) per (chunk, v-head), fully parallel: gate activation
-//                    and β transform, chunk-local cumsum G (f32, padded with the last valid
-//                    value), L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16
+//   gdn_chunk_prep_* one block (8 warps) per (chunk, q/k head, part of its GVA group of at most
+//                    4 v-heads), fully parallel: KKᵀ and QKᵀ once, then per v-head the gate
+//                    activation and β transform, chunk-local cumsum G (f32, padded with the
+//                    last valid value), L = strict_lower(diag(β)·(Γ⊙KKᵀ)), T = (I + L)⁻¹ (f32, 16×16
 //                    blocks: forward substitution on the diagonal, block products below it),
 //                    stored to a workspace in the storage dtype (MMA operands): T·diag(β) and
 //                    P = scale·(Γ⊙QKᵀ) (i ≥ j); and the decays γ = e^G, γ_C/γ in f32.
@@ -584,7 +585,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         gdn_l2norm_##SUFFIX(int rows, int key_dim, const T* q, const T* k, T* qn, T* kn) {         \
         gdn::chunked::l2norm<T>(rows, key_dim, q, k, qn, kn);                                      \
     }                                                                                              \
-    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS)                       \
+    extern "C" __global__ void __launch_bounds__(gdn::chunked::PREP_THREADS, gdn::chunked::PREP_BLOCKS) \
         gdn_chunk_prep_##SUFFIX(const gdn::chunked::ChunkParams p, const int* chunks, const T* q,  \
                                 const T* k, const float* g, const float* beta, const float* a_log, \
                                 const float* dt_bias, float* ws_f, T* ws_a, T* ws_p) {             \

@@ -1,12 +1,12 @@
 //! The chunked backward's parallel passes (`shaders/cuda/chunk_bwd_grad.cu`): the prep (the
-//! forward's, with T, G and β kept; a block per (chunk, v-head)), and the gradients inside
-//! each chunk together with those through its start state and end-state gradient (a block
-//! per (chunk, q/k head), over the v-heads of its GVA group).
+//! forward's, with T, G and β kept; a block per (chunk, q/k head, up to 4 v-heads of its
+//! group)), and the gradients inside each chunk together with those through its start state
+//! and end-state gradient (a block per (chunk, q/k head), over the v-heads of its GVA group).
 
 use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::chunk_bwd_chain::ChainBuffers;
-use super::chunked::{ChunkParams, MAX_CHUNKED_KEY_DIM, prep_smem};
+use super::chunked::{ChunkParams, MAX_CHUNKED_KEY_DIM, prep_grid, prep_smem};
 use super::context::{Context, driver_error};
 use super::kernels::CHUNK_BWD_GRAD;
 use crate::error::Result;
@@ -96,7 +96,7 @@ pub(crate) fn launch_prep(
     }
     l.arg(ws.gates).arg(ws.t_beta).arg(ws.p).arg(t);
     let cfg = LaunchConfig {
-        grid_dim: grid(num_chunks, problem.heads_v),
+        grid_dim: prep_grid(problem, num_chunks),
         block_dim: (PREP_THREADS, 1, 1),
         shared_mem_bytes: smem as u32,
     };

@@ -125,9 +125,34 @@ const LDK: usize = MAX_CHUNKED_KEY_DIM + 8;
 const LDC: usize = CHUNK + 8;
 const LDO: usize = 16 + 8;
 
-/// Pass 1's shared memory (chunk.cuh PREP_TILE): k (then block sums), q (then T), L, gates.
+/// The most v-heads one prep block walks (chunk.cuh PREP_GROUP).
+const PREP_GROUP: usize = 4;
+
+/// Pass 1's shared memory (chunk.cuh PREP_TILE): k (then block sums and the raw Gram
+/// products), q (then T), L, the gates of up to PREP_GROUP v-heads.
 pub(crate) fn prep_smem() -> usize {
-    3 * 2 * CHUNK * LDK + 2 * CHUNK * 4
+    3 * 2 * CHUNK * LDK + PREP_GROUP * 2 * CHUNK * 4
+}
+
+/// The prep's grid (chunk.cuh prep_group): per chunk, each q/k head's GVA group in parts of
+/// at most PREP_GROUP v-heads (a block forms KKᵀ and QKᵀ once and walks its part's v-heads).
+/// `GDN_CUDA_PREP_GROUP=n` (read once per process) caps the v-heads per block (1: a block
+/// per (chunk, v-head), as before), for an A/B.
+pub(crate) fn prep_grid(p: &Problem, num_chunks: usize) -> (u32, u32, u32) {
+    static CAP: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let cap = *CAP.get_or_init(|| {
+        std::env::var("GDN_CUDA_PREP_GROUP")
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(PREP_GROUP)
+            .clamp(1, PREP_GROUP)
+    });
+    let group = p.group();
+    let per = (1..=cap.min(group))
+        .rev()
+        .find(|d| group.is_multiple_of(*d))
+        .unwrap_or(1);
+    (num_chunks as u32, (p.heads_qk * (group / per)) as u32, 1)
 }
 
 /// Warps per 16 state columns in the sequential pass at V-block `bv` (chunked.cu's KS): a
@@ -736,7 +761,7 @@ pub fn launch_chunked_passes(
         let smem = prep_smem();
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let cfg = LaunchConfig {
-            grid_dim: (plan.num_chunks as u32, p.heads_v as u32, 1),
+            grid_dim: prep_grid(p, plan.num_chunks),
             block_dim: (PREP_THREADS, 1, 1),
             shared_mem_bytes: smem as u32,
         };
