@@ -66,6 +66,7 @@ struct Args {
     v_first: bool,
     steps: usize,
     warm_ms: f64,
+    host_only: bool,
 }
 
 fn dtype(s: &str) -> Res<DType> {
@@ -90,6 +91,7 @@ fn parse() -> Res<Args> {
         v_first: false,
         steps: 200,
         warm_ms: 300.0,
+        host_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -97,6 +99,7 @@ fn parse() -> Res<Args> {
         match flag.as_str() {
             "--bench" => a.bench = true,
             "--v-first" => a.v_first = true,
+            "--host-only" => a.host_only = true,
             "--accuracy" => a.accuracy = Some(value()?.parse()?),
             "--batch" => a.batch = value()?.parse()?,
             "--dim" => a.dim = Some(value()?.parse()?),
@@ -274,6 +277,35 @@ fn encode(values: &[f32], dtype: DType) -> Vec<u8> {
     }
 }
 
+/// The CPU this thread last ran on and its (voluntary, involuntary) context switches so far
+/// (Linux; -1 elsewhere).
+fn thread_cpu() -> (i64, String) {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let cpu = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(36))
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(-1);
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("-1")
+            .to_string()
+    };
+    (
+        cpu,
+        format!(
+            "[{},{}]",
+            field("voluntary_ctxt_switches"),
+            field("nonvoluntary_ctxt_switches")
+        ),
+    )
+}
+
 fn median(mut x: Vec<f64>) -> f64 {
     x.sort_by(f64::total_cmp);
     x[x.len() / 2]
@@ -421,6 +453,33 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         ctx.submit_and_wait(encoder)?;
     }
 
+    if args.host_only {
+        // Host time only, three loops of each kind, with the CPU the thread ran on and its
+        // context switches (where the process's host cost comes from).
+        let column = |x: &[[f64; 5]], i: usize| x.iter().map(|r| r[i]).collect::<Vec<f64>>();
+        let (cpu0, switches0) = thread_cpu();
+        let mut line = String::new();
+        for round in 0..3 {
+            let mut host = Vec::new();
+            run_loop(steps, None, None, false, &record_step, &mut host)?;
+            let mut empty = Vec::new();
+            run_loop(steps, None, None, false, &record_empty, &mut empty)?;
+            line += &format!(
+                "\"r{round}\":[{:.2},{:.2},{:.2},{:.2},{:.2}],",
+                median(column(&host, 0)),
+                median(column(&host, 3)),
+                median(column(&host, 4)),
+                median(column(&empty, 0)),
+                quantile(column(&host, 0), 0.9),
+            );
+        }
+        let (cpu1, switches1) = thread_cpu();
+        println!(
+            "{{\"batch\":{b},\"tiles\":\"{}\",{line}\"cpu\":[{cpu0},{cpu1}],\"switches\":[{switches0},{switches1}]}}",
+            tiles.name()
+        );
+        return Ok(());
+    }
     // GPU time per step, from timestamps around each step's pass (median, min), and of
     // `steps` passes back to back in one encoder.
     let gpu_times = |record: &dyn Fn(&mut wgpu::CommandEncoder)| -> Res<Option<(f64, f64, f64)>> {
