@@ -552,17 +552,31 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         let mut line = String::new();
         for round in 0..3 {
             let mut host = Vec::new();
-            run_loop(steps, None, None, false, &record_step, &mut host)?;
+            let period = run_loop(steps, None, None, false, &record_step, &mut host)?;
             let mut empty = Vec::new();
             run_loop(steps, None, None, false, &record_empty, &mut empty)?;
+            // The slowest quarter of the steps: the mean of each part (encoder, record,
+            // finish, submit), to see which part makes a step slow.
+            let mut sorted = host.clone();
+            sorted.sort_by(|x, y| y[0].total_cmp(&x[0]));
+            let slow = &sorted[..sorted.len().div_ceil(4)];
+            let mean = |i: usize| slow.iter().map(|r| r[i]).sum::<f64>() / slow.len() as f64;
             line += &format!(
-                "\"r{round}\":[{:.2},{:.2},{:.2},{:.2},{:.2},{:.2}],",
+                "\"r{round}\":{{\"host\":{:.2},\"enc\":{:.2},\"rec\":{:.2},\"fin\":{:.2},\"sub\":{:.2},\"wait\":{:.2},\"p90\":{:.2},\"empty\":{:.2},\"period\":{:.2},\"slow4\":[{:.1},{:.1},{:.1},{:.1},{:.1}]}},",
                 median(column(&host, 0)),
+                median(column(&host, 1)),
+                median(column(&host, 2)),
                 median(column(&host, 3)),
                 median(column(&host, 4)),
-                median(column(&empty, 0)),
-                quantile(column(&host, 0), 0.9),
                 median(column(&host, 5)),
+                quantile(column(&host, 0), 0.9),
+                median(column(&empty, 0)),
+                period,
+                mean(0),
+                mean(1),
+                mean(2),
+                mean(3),
+                mean(4),
             );
         }
         let (cpu1, switches1) = thread_cpu();
