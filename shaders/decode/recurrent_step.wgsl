@@ -71,10 +71,6 @@ override PREFETCH: bool = true;
 // Every sequence of the pass has at most one token (T = 1 decode): the token loop becomes one
 // guarded step and, with SEQS = 1, the kernel has no loop over tokens or sequences.
 override ONE_TOKEN: bool = false;
-// K-first with VEC4S a multiple of 4: every invocation loads the k and q of its own rows from
-// global memory with its state (the ROW_VECS invocations of a row lane read the same bytes),
-// nothing is staged in workgroup memory, and a one-token, one-sequence workgroup syncs once.
-override DIRECT_KQ: bool = false;
 // Sizes of workgroup arrays must be plain overrides: 2 K / 4, K / 4, WG (K-first) or 1.
 override K2_VEC4S: u32;
 override K_VEC4S: u32;
@@ -110,52 +106,6 @@ struct Sums {
     a: vec4<f32>,
     b: vec4<f32>,
     c: vec4<f32>,
-}
-
-// k (or q) of an invocation's rows with DIRECT_KQ: quad g's four rows in g<g>.
-struct Rows {
-    g0: vec4<f32>,
-    g1: vec4<f32>,
-    g2: vec4<f32>,
-    g3: vec4<f32>,
-    g4: vec4<f32>,
-    g5: vec4<f32>,
-    g6: vec4<f32>,
-    g7: vec4<f32>,
-}
-
-fn rows_at(x: Rows, g: u32) -> vec4<f32> {
-    switch (g) {
-        case 0u: { return x.g0; }
-        case 1u: { return x.g1; }
-        case 2u: { return x.g2; }
-        case 3u: { return x.g3; }
-        case 4u: { return x.g4; }
-        case 5u: { return x.g5; }
-        case 6u: { return x.g6; }
-        default: { return x.g7; }
-    }
-}
-
-// The four k (q) of quad g's rows, from the row starting at element `row_elem`.
-fn load_row4(is_k: bool, row_elem: u32, p: Place, g: u32) -> vec4<f32> {
-    if (!DIRECT_KQ || 4u * g >= VEC4S) {
-        return vec4<f32>(0.0);
-    }
-    let i = row_elem + k_row(p, 4u * g);
-    if (is_k) {
-        return vec4<f32>(load_elem(k_buf[elem_word(i)], i), load_elem(k_buf[elem_word(i + 1u)], i + 1u),
-                         load_elem(k_buf[elem_word(i + 2u)], i + 2u), load_elem(k_buf[elem_word(i + 3u)], i + 3u));
-    }
-    return vec4<f32>(load_elem(q_buf[elem_word(i)], i), load_elem(q_buf[elem_word(i + 1u)], i + 1u),
-                     load_elem(q_buf[elem_word(i + 2u)], i + 2u), load_elem(q_buf[elem_word(i + 3u)], i + 3u));
-}
-
-fn load_rows(is_k: bool, row_elem: u32, p: Place) -> Rows {
-    return Rows(load_row4(is_k, row_elem, p, 0u), load_row4(is_k, row_elem, p, 1u),
-                load_row4(is_k, row_elem, p, 2u), load_row4(is_k, row_elem, p, 3u),
-                load_row4(is_k, row_elem, p, 4u), load_row4(is_k, row_elem, p, 5u),
-                load_row4(is_k, row_elem, p, 6u), load_row4(is_k, row_elem, p, 7u));
 }
 
 // A token's inputs, loaded before any is used.
@@ -226,7 +176,7 @@ fn store_quad(to_pool: bool, base: u32, p: Place, g: u32, q: Quad) {
 // Word j of the invocation's share of a k or q row (0 past the row).
 fn load_word(is_k: bool, row_word: u32, t: u32, j: u32) -> Elem {
     let w = t + WG * j;
-    if (DIRECT_KQ || j >= STAGE || w >= K_DIM / ELEMS_PER_WORD) {
+    if (j >= STAGE || w >= K_DIM / ELEMS_PER_WORD) {
         return Elem();
     }
     if (is_k) {
@@ -247,7 +197,7 @@ fn q_elem(i: u32) -> f32 {
 // Unpack word j of the invocation's share into workgroup memory.
 fn stage_word(is_k: bool, kb: u32, t: u32, j: u32, word: Elem) {
     let w = t + WG * j;
-    if (!DIRECT_KQ && j < STAGE && w < K_DIM / ELEMS_PER_WORD) {
+    if (j < STAGE && w < K_DIM / ELEMS_PER_WORD) {
         for (var e = 0u; e < ELEMS_PER_WORD; e++) {
             let i = w * ELEMS_PER_WORD + e;
             let x = load_elem(word, i);
@@ -279,7 +229,7 @@ fn reg_sums(acc: Sums, x: vec4<f32>, p: Place, r: u32, kb: u32) -> Sums {
     return Sums(acc.a + x * kx, acc.b + x * qx, acc.c + vec4<f32>(kx * kx, qx * qx, kx * qx, 0.0));
 }
 
-fn quad_sums(acc: Sums, q: Quad, p: Place, g: u32, kb: u32, kr: Rows, qr: Rows) -> Sums {
+fn quad_sums(acc: Sums, q: Quad, p: Place, g: u32, kb: u32) -> Sums {
     if (4u * g >= VEC4S) {
         return acc;
     }
@@ -287,12 +237,8 @@ fn quad_sums(acc: Sums, q: Quad, p: Place, g: u32, kb: u32, kr: Rows, qr: Rows) 
     if (!V_FIRST && VEC4S % 4u == 0u) {
         // Rows 4 j .. 4 j + 3: their k and q in one vec4 each.
         let j = k_row(p, r) / 4u;
-        var kv = k_s[kb + j];
-        var qv = q_s[j];
-        if (DIRECT_KQ) {
-            kv = rows_at(kr, g);
-            qv = rows_at(qr, g);
-        }
+        let kv = k_s[kb + j];
+        let qv = q_s[j];
         let a = acc.a + ((q.x0 * kv.x + q.x1 * kv.y) + (q.x2 * kv.z + q.x3 * kv.w));
         let b = acc.b + ((q.x0 * qv.x + q.x1 * qv.y) + (q.x2 * qv.z + q.x3 * qv.w));
         return Sums(a, b, acc.c + vec4<f32>(dot(kv, kv), dot(qv, qv), dot(kv, qv), 0.0));
@@ -316,16 +262,13 @@ fn reg_update(x: vec4<f32>, p: Place, r: u32, kb: u32, alpha: f32, rk: f32, u4: 
     return alpha * x + (k_elem(kb, k_row(p, r)) * rk) * u4;
 }
 
-fn quad_update(q: Quad, p: Place, g: u32, kb: u32, alpha: f32, rk: f32, u4: vec4<f32>, kr: Rows) -> Quad {
+fn quad_update(q: Quad, p: Place, g: u32, kb: u32, alpha: f32, rk: f32, u4: vec4<f32>) -> Quad {
     if (4u * g >= VEC4S) {
         return q;
     }
     let r = 4u * g;
     if (!V_FIRST && VEC4S % 4u == 0u) {
-        var kv = k_s[kb + k_row(p, r) / 4u] * rk;
-        if (DIRECT_KQ) {
-            kv = rows_at(kr, g) * rk;
-        }
+        let kv = k_s[kb + k_row(p, r) / 4u] * rk;
         return Quad(alpha * q.x0 + kv.x * u4, alpha * q.x1 + kv.y * u4, alpha * q.x2 + kv.z * u4,
                     alpha * q.x3 + kv.w * u4);
     }
@@ -440,8 +383,6 @@ fn token_step(sq: Sequence, hv: u32, t: u32, p: Place, s0: Slice, tok: u32, kb: 
     let qw5 = load_word(false, row_word, t, 5u);
     let qw6 = load_word(false, row_word, t, 6u);
     let qw7 = load_word(false, row_word, t, 7u);
-    let kr = load_rows(true, (tok * params.heads_qk + h) * K_DIM, p);
-    let qr = load_rows(false, (tok * params.heads_qk + h) * K_DIM, p);
     let v_row = (tok * hv_count + hv) * v_dim + p.v0;
     var v = vec4<f32>(0.0);
     if (V_FIRST) {
@@ -471,22 +412,18 @@ fn token_step(sq: Sequence, hv: u32, t: u32, p: Place, s0: Slice, tok: u32, kb: 
     stage_word(false, kb, t, 5u, qw5);
     stage_word(false, kb, t, 6u, qw6);
     stage_word(false, kb, t, 7u, qw7);
-    // Without staging, a one-token, one-sequence workgroup has nothing to protect here (with
-    // more tokens this barrier keeps the next token's partials from overwriting these).
-    if (!(DIRECT_KQ && ONE_TOKEN && SEQS == 1u)) {
-        workgroupBarrier();
-    }
+    workgroupBarrier();
 
     // Partial a, b and (Σk², Σq², k·q) over the invocation's registers.
     var acc = Sums(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
-    acc = quad_sums(acc, s.g0, p, 0u, kb, kr, qr);
-    acc = quad_sums(acc, s.g1, p, 1u, kb, kr, qr);
-    acc = quad_sums(acc, s.g2, p, 2u, kb, kr, qr);
-    acc = quad_sums(acc, s.g3, p, 3u, kb, kr, qr);
-    acc = quad_sums(acc, s.g4, p, 4u, kb, kr, qr);
-    acc = quad_sums(acc, s.g5, p, 5u, kb, kr, qr);
-    acc = quad_sums(acc, s.g6, p, 6u, kb, kr, qr);
-    acc = quad_sums(acc, s.g7, p, 7u, kb, kr, qr);
+    acc = quad_sums(acc, s.g0, p, 0u, kb);
+    acc = quad_sums(acc, s.g1, p, 1u, kb);
+    acc = quad_sums(acc, s.g2, p, 2u, kb);
+    acc = quad_sums(acc, s.g3, p, 3u, kb);
+    acc = quad_sums(acc, s.g4, p, 4u, kb);
+    acc = quad_sums(acc, s.g5, p, 5u, kb);
+    acc = quad_sums(acc, s.g6, p, 6u, kb);
+    acc = quad_sums(acc, s.g7, p, 7u, kb);
     pa[t] = acc.a;
     if (V_FIRST) {
         if (p.row_lane == 0u) {
@@ -549,14 +486,14 @@ fn token_step(sq: Sequence, hv: u32, t: u32, p: Place, s0: Slice, tok: u32, kb: 
     }
 
     // S ← α S + k uᵀ in registers.
-    s.g0 = quad_update(s.g0, p, 0u, kb, alpha, rk, u4, kr);
-    s.g1 = quad_update(s.g1, p, 1u, kb, alpha, rk, u4, kr);
-    s.g2 = quad_update(s.g2, p, 2u, kb, alpha, rk, u4, kr);
-    s.g3 = quad_update(s.g3, p, 3u, kb, alpha, rk, u4, kr);
-    s.g4 = quad_update(s.g4, p, 4u, kb, alpha, rk, u4, kr);
-    s.g5 = quad_update(s.g5, p, 5u, kb, alpha, rk, u4, kr);
-    s.g6 = quad_update(s.g6, p, 6u, kb, alpha, rk, u4, kr);
-    s.g7 = quad_update(s.g7, p, 7u, kb, alpha, rk, u4, kr);
+    s.g0 = quad_update(s.g0, p, 0u, kb, alpha, rk, u4);
+    s.g1 = quad_update(s.g1, p, 1u, kb, alpha, rk, u4);
+    s.g2 = quad_update(s.g2, p, 2u, kb, alpha, rk, u4);
+    s.g3 = quad_update(s.g3, p, 3u, kb, alpha, rk, u4);
+    s.g4 = quad_update(s.g4, p, 4u, kb, alpha, rk, u4);
+    s.g5 = quad_update(s.g5, p, 5u, kb, alpha, rk, u4);
+    s.g6 = quad_update(s.g6, p, 6u, kb, alpha, rk, u4);
+    s.g7 = quad_update(s.g7, p, 7u, kb, alpha, rk, u4);
     if (PER_TOKEN_STATES) {
         store_slice(false, (tok * hv_count + hv) * slice_words, p, s);
     }

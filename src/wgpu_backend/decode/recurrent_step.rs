@@ -742,15 +742,7 @@ impl DecodePlan {
         );
         // T = 1 decode: the kernel without its token loop (faster on the H200: BENCHMARKS.md).
         let one_token = sequences.iter().all(|s| s.len() <= 1);
-        let mut constants = tiles.step_constants(outputs.per_token_states.is_some(), one_token);
-        // EXPERIMENT (h-wgsldecode3): k and q loaded per invocation instead of staged.
-        if tiles.kernel == StepKernel::Workgroup
-            && !tiles.v_first
-            && tiles.vec4s_per_thread.is_multiple_of(4)
-            && std::env::var("GDN_DECODE_DIRECT_KQ").is_ok_and(|v| v == "1")
-        {
-            constants.push(("DIRECT_KQ", 1.0));
-        }
+        let constants = tiles.step_constants(outputs.per_token_states.is_some(), one_token);
         let source = source(tiles.pass(pool.dtype()), inputs.q.dtype)?;
 
         // The pool's windows as views (the whole tensor when it is one window).
