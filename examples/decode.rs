@@ -34,7 +34,16 @@
 //! ```text
 //! decode --bench --batch 256 --heads 16/32 --dim 128 [--dtype f32|bf16|f16]
 //!        [--pool f32|bf16] [--tiles sg32|64x32|…] [--v-first] [--steps 200] [--warm-ms 300]
+//!        [--host-only] [--depth 2] [--spin] [--pin gpu|0-13,15]
 //! ```
+//!
+//! Host-step diagnosis: `--host-only` runs only the host loops (three rounds of the plan's and
+//! the empty pass's) and prints per round the median of every part of a step (`enc`, `rec`,
+//! `fin`, `sub`), the wait for the step `--depth` back (`wait`), p90, the loop period and the
+//! mean parts of the slowest quarter of the steps (`slow4`), with the CPU the thread ran on
+//! and its context switches. `--depth N` keeps N steps in flight (2), `--spin` waits by
+//! polling without sleeping, `--pin` pins the host thread (`gpu`: the CPUs sysfs lists as
+//! local to the adapter; or a CPU list).
 //!
 //! Accuracy over many steps (`--accuracy N`): B = 2 sequences, HV = 4, K = V = `--dim` (32 by
 //! default) decoded token by token for N steps through an f32 and a bf16 pool (both starting
