@@ -34,7 +34,16 @@
 //! ```text
 //! decode --bench --batch 256 --heads 16/32 --dim 128 [--dtype f32|bf16|f16]
 //!        [--pool f32|bf16] [--tiles sg32|64x32|…] [--v-first] [--steps 200] [--warm-ms 300]
+//!        [--host-only] [--depth 2] [--spin] [--pin gpu|0-13,15]
 //! ```
+//!
+//! Host-step diagnosis: `--host-only` runs only the host loops (three rounds of the plan's and
+//! the empty pass's) and prints per round the median of every part of a step (`enc`, `rec`,
+//! `fin`, `sub`), the wait for the step `--depth` back (`wait`), p90, the loop period and the
+//! mean parts of the slowest quarter of the steps (`slow4`), with the CPU the thread ran on
+//! and its context switches. `--depth N` keeps N steps in flight (2), `--spin` waits by
+//! polling without sleeping, `--pin` pins the host thread (`gpu`: the CPUs sysfs lists as
+//! local to the adapter; or a CPU list).
 //!
 //! Accuracy over many steps (`--accuracy N`): B = 2 sequences, HV = 4, K = V = `--dim` (32 by
 //! default) decoded token by token for N steps through an f32 and a bf16 pool (both starting
@@ -66,6 +75,10 @@ struct Args {
     v_first: bool,
     steps: usize,
     warm_ms: f64,
+    host_only: bool,
+    depth: usize,
+    spin: bool,
+    pin: Option<String>,
 }
 
 fn dtype(s: &str) -> Res<DType> {
@@ -90,6 +103,10 @@ fn parse() -> Res<Args> {
         v_first: false,
         steps: 200,
         warm_ms: 300.0,
+        host_only: false,
+        depth: 2,
+        spin: false,
+        pin: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -97,6 +114,10 @@ fn parse() -> Res<Args> {
         match flag.as_str() {
             "--bench" => a.bench = true,
             "--v-first" => a.v_first = true,
+            "--host-only" => a.host_only = true,
+            "--spin" => a.spin = true,
+            "--pin" => a.pin = Some(value()?),
+            "--depth" => a.depth = value()?.parse()?,
             "--accuracy" => a.accuracy = Some(value()?.parse()?),
             "--batch" => a.batch = value()?.parse()?,
             "--dim" => a.dim = Some(value()?.parse()?),
@@ -119,6 +140,10 @@ fn parse() -> Res<Args> {
 fn main() -> Res<()> {
     let args = parse()?;
     let ctx = Context::new_blocking()?;
+    if let Some(pin) = &args.pin {
+        let cpus = pin_thread(&ctx, pin)?;
+        eprintln!("pinned to CPUs {cpus:?}");
+    }
     if let Some(steps) = args.accuracy {
         return accuracy(&ctx, &args, steps);
     }
@@ -274,6 +299,92 @@ fn encode(values: &[f32], dtype: DType) -> Vec<u8> {
     }
 }
 
+/// Pins this thread to `which`: `gpu` (the CPUs local to the adapter's PCI device, as sysfs
+/// lists them, within the ones this process may use) or a list of CPU numbers (`3`, `0,2`).
+#[cfg(target_os = "linux")]
+fn pin_thread(ctx: &Context, which: &str) -> Res<Vec<usize>> {
+    // SAFETY: cpu_set_t is plain data; the calls get its correct size.
+    let mut allowed: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let size = std::mem::size_of::<libc::cpu_set_t>();
+    if unsafe { libc::sched_getaffinity(0, size, &mut allowed) } != 0 {
+        return Err("sched_getaffinity failed".into());
+    }
+    let wanted: Vec<usize> = if which == "gpu" {
+        let bus = ctx
+            .adapter_info
+            .as_ref()
+            .map(|i| i.device_pci_bus_id.clone())
+            .unwrap_or_default();
+        let list = std::fs::read_to_string(format!("/sys/bus/pci/devices/{bus}/local_cpulist"))
+            .map_err(|e| format!("the adapter's local CPUs (PCI bus id {bus:?}): {e}"))?;
+        cpu_list(list.trim())?
+    } else {
+        cpu_list(which)?
+    };
+    let cpus: Vec<usize> = wanted
+        .into_iter()
+        .filter(|&c| c < libc::CPU_SETSIZE as usize && unsafe { libc::CPU_ISSET(c, &allowed) })
+        .collect();
+    if cpus.is_empty() {
+        return Err(format!("--pin {which}: none of those CPUs is allowed to this process").into());
+    }
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    for &c in &cpus {
+        unsafe { libc::CPU_SET(c, &mut set) };
+    }
+    if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
+        return Err("sched_setaffinity failed".into());
+    }
+    Ok(cpus)
+}
+
+#[cfg(not(target_os = "linux"))]
+fn pin_thread(_: &Context, _: &str) -> Res<Vec<usize>> {
+    Err("--pin: Linux only".into())
+}
+
+/// `0-3,8,10-11` → [0, 1, 2, 3, 8, 10, 11].
+#[cfg(target_os = "linux")]
+fn cpu_list(s: &str) -> Res<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => out.extend(a.trim().parse::<usize>()?..=b.trim().parse::<usize>()?),
+            None => out.push(part.trim().parse()?),
+        }
+    }
+    Ok(out)
+}
+
+/// The CPU this thread last ran on and its (voluntary, involuntary) context switches so far
+/// (Linux; -1 elsewhere).
+fn thread_cpu() -> (i64, String) {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").unwrap_or_default();
+    let cpu = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().nth(36))
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(-1);
+    let status = std::fs::read_to_string("/proc/thread-self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("-1")
+            .to_string()
+    };
+    (
+        cpu,
+        format!(
+            "[{},{}]",
+            field("voluntary_ctxt_switches"),
+            field("nonvoluntary_ctxt_switches")
+        ),
+    )
+}
+
 fn median(mut x: Vec<f64>) -> f64 {
     x.sort_by(f64::total_cmp);
     x[x.len() / 2]
@@ -320,6 +431,19 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
     let tiles = tiles_for(ctx, args, &p)?;
     let plan = DecodePlan::with_tiles(ctx, &p, &inputs.as_ref(), &pool, &slots, &outputs, tiles)?;
     let wait = |index: wgpu::SubmissionIndex| -> Res<()> {
+        if args.spin {
+            // Poll without sleeping until the step is done (the thread stays on its core).
+            loop {
+                match ctx.device.poll(wgpu::PollType::Wait {
+                    submission_index: Some(index.clone()),
+                    timeout: Some(std::time::Duration::ZERO),
+                }) {
+                    Ok(_) => return Ok(()),
+                    Err(wgpu::PollError::Timeout) => std::hint::spin_loop(),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+        }
         ctx.device.poll(wgpu::PollType::Wait {
             submission_index: Some(index),
             timeout: None,
@@ -365,7 +489,7 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
                     span: Option<&GpuTimer>,
                     writes: bool,
                     record: &dyn Fn(&mut wgpu::CommandEncoder),
-                    host: &mut Vec<[f64; 5]>|
+                    host: &mut Vec<[f64; 6]>|
      -> Res<f64> {
         let mut in_flight = std::collections::VecDeque::new();
         let start = Instant::now();
@@ -398,10 +522,18 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
             in_flight.push_back(ctx.queue.submit([commands]));
             let t5 = Instant::now();
             let us = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e6;
-            host.push([us(t0, t5), us(t1, t2), us(t2, t3), us(t3, t4), us(t4, t5)]);
-            if in_flight.len() > 2 {
-                wait(in_flight.pop_front().expect("three in flight"))?;
+            if in_flight.len() > args.depth {
+                wait(in_flight.pop_front().expect("more than depth in flight"))?;
             }
+            let t6 = Instant::now();
+            host.push([
+                us(t0, t5),
+                us(t1, t2),
+                us(t2, t3),
+                us(t3, t4),
+                us(t4, t5),
+                us(t5, t6),
+            ]);
         }
         for index in in_flight {
             wait(index)?;
@@ -421,6 +553,48 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
         ctx.submit_and_wait(encoder)?;
     }
 
+    if args.host_only {
+        // Host time only, three loops of each kind, with the CPU the thread ran on and its
+        // context switches (where the process's host cost comes from).
+        let column = |x: &[[f64; 6]], i: usize| x.iter().map(|r| r[i]).collect::<Vec<f64>>();
+        let (cpu0, switches0) = thread_cpu();
+        let mut line = String::new();
+        for round in 0..3 {
+            let mut host = Vec::new();
+            let period = run_loop(steps, None, None, false, &record_step, &mut host)?;
+            let mut empty = Vec::new();
+            run_loop(steps, None, None, false, &record_empty, &mut empty)?;
+            // The slowest quarter of the steps: the mean of each part (encoder, record,
+            // finish, submit), to see which part makes a step slow.
+            let mut sorted = host.clone();
+            sorted.sort_by(|x, y| y[0].total_cmp(&x[0]));
+            let slow = &sorted[..sorted.len().div_ceil(4)];
+            let mean = |i: usize| slow.iter().map(|r| r[i]).sum::<f64>() / slow.len() as f64;
+            line += &format!(
+                "\"r{round}\":{{\"host\":{:.2},\"enc\":{:.2},\"rec\":{:.2},\"fin\":{:.2},\"sub\":{:.2},\"wait\":{:.2},\"p90\":{:.2},\"empty\":{:.2},\"period\":{:.2},\"slow4\":[{:.1},{:.1},{:.1},{:.1},{:.1}]}},",
+                median(column(&host, 0)),
+                median(column(&host, 1)),
+                median(column(&host, 2)),
+                median(column(&host, 3)),
+                median(column(&host, 4)),
+                median(column(&host, 5)),
+                quantile(column(&host, 0), 0.9),
+                median(column(&empty, 0)),
+                period,
+                mean(0),
+                mean(1),
+                mean(2),
+                mean(3),
+                mean(4),
+            );
+        }
+        let (cpu1, switches1) = thread_cpu();
+        println!(
+            "{{\"batch\":{b},\"tiles\":\"{}\",{line}\"cpu\":[{cpu0},{cpu1}],\"switches\":[{switches0},{switches1}]}}",
+            tiles.name()
+        );
+        return Ok(());
+    }
     // GPU time per step, from timestamps around each step's pass (median, min), and of
     // `steps` passes back to back in one encoder.
     let gpu_times = |record: &dyn Fn(&mut wgpu::CommandEncoder)| -> Res<Option<(f64, f64, f64)>> {
@@ -501,7 +675,7 @@ fn bench(ctx: &Context, args: &Args, h: usize, hv: usize, dim: usize, options: O
     run_loop(steps, None, None, true, &record_step, &mut writes)?;
     let mut host_empty = Vec::new();
     run_loop(steps, None, None, false, &record_empty, &mut host_empty)?;
-    let column = |x: &[[f64; 5]], i: usize| x.iter().map(|r| r[i]).collect::<Vec<f64>>();
+    let column = |x: &[[f64; 6]], i: usize| x.iter().map(|r| r[i]).collect::<Vec<f64>>();
     let host_us = column(&host, 0);
     let writes_us = column(&writes, 0);
 
