@@ -200,34 +200,34 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
         ptx.contains(".entry gdn_chunk_combine("),
         "gdn_chunk_combine missing"
     );
-    // The chunked backward's kernels.
-    for (source, passes) in [
-        (
-            &kernels::CHUNK_BWD_CHAIN,
-            &[
-                "chunk_bwd_states32",
-                "chunk_bwd_states64",
-                "chunk_bwd_states128",
-                "chunk_bwd_dh32",
-                "chunk_bwd_dh64",
-                "chunk_bwd_dh128",
-                "chunk_bwd_chains32",
-                "chunk_bwd_chains64",
-                "chunk_bwd_states32p",
-                "chunk_bwd_states64p",
-                "chunk_bwd_dh32p",
-                "chunk_bwd_dh64p",
-                "chunk_bwd_chains32p",
-            ][..],
-        ),
+    // The chunked backward's kernels: the chains a source per dtype, the rest in one.
+    const CHAINS: &[&str] = &[
+        "chunk_bwd_states32",
+        "chunk_bwd_states64",
+        "chunk_bwd_states128",
+        "chunk_bwd_dh32",
+        "chunk_bwd_dh64",
+        "chunk_bwd_dh128",
+        "chunk_bwd_chains32",
+        "chunk_bwd_chains64",
+        "chunk_bwd_states32p",
+        "chunk_bwd_states64p",
+        "chunk_bwd_dh32p",
+        "chunk_bwd_dh64p",
+        "chunk_bwd_chains32p",
+    ];
+    for (source, dtypes, passes) in [
+        (&kernels::CHUNK_BWD_CHAIN_F16, &["f16"][..], CHAINS),
+        (&kernels::CHUNK_BWD_CHAIN_BF16, &["bf16"][..], CHAINS),
         (
             &kernels::CHUNK_BWD_GRAD,
+            &["f16", "bf16"][..],
             &["chunk_bwd_prep", "chunk_bwd_grad"][..],
         ),
     ] {
         let image = compiled(source, Target::Compute80Ptx);
         let ptx = String::from_utf8_lossy(&image.bytes);
-        for dtype in ["f16", "bf16"] {
+        for dtype in dtypes {
             for pass in passes {
                 let name = format!("gdn_{pass}_{dtype}");
                 assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");

@@ -5,7 +5,7 @@
 //! 2. prep per (chunk, v-head): the gate cumsum and decays, T = (I + L)⁻¹, T·diag(β), P
 //!    (`chunk_bwd_grad.cu`, chunk.cuh's prep with the backward's extras).
 //! 3. the states pass and 4. the dh pass per (V-block, v-head, sequence), sequential over the
-//!    chunks (`chunk_bwd_chain.cu`): each chunk's start state S, X, v' and end-state gradient
+//!    chunks (`chunk_bwd_chain.cuh`): each chunk's start state S, X, v' and end-state gradient
 //!    dS', dv'; dv and dh0.
 //! 5. the gradient pass per (chunk, q/k head) (`chunk_bwd_grad.cu`): the terms inside the
 //!    chunk, then those through its start state and end-state gradient, in one block, for
@@ -71,14 +71,14 @@ pub struct BackwardOptions {
     /// then run together, else single warps.
     pub warp_pairs: Option<bool>,
     /// Sequence parallelism for both chains (exact: a local pass per segment, two combines,
-    /// the main pass; chunk_bwd_chain.cu). `Auto`: none yet (the rule, segments only where the
+    /// the main pass; chunk_bwd_chain.cuh). `Auto`: none yet (the rule, segments only where the
     /// chains' grid leaves at least half the SMs idle, waits for a GPU measurement).
     pub segments: Segments,
 }
 
 /// Whether `Segments::Auto` cuts segments at all: not yet, because the segmented chains have
 /// not been timed (or tested) on a GPU: both H200 runs of 2026-12-02 were cut in the cold
-/// NVRTC compile of chunk_bwd_chain.cu (over 57 s). Forced segments run either way.
+/// NVRTC compile of chunk_bwd_chain.cuh (over 57 s). Forced segments run either way.
 const AUTO_SEGMENTS: bool = false;
 
 /// The shortest segment the automatic choice cuts, in chunks (as the forward's).

@@ -1,4 +1,4 @@
-//! The chunked backward's sequential passes (`shaders/cuda/chunk_bwd_chain.cu`): the states
+//! The chunked backward's sequential passes (`shaders/cuda/chunk_bwd_chain.cuh`): the states
 //! pass (each chunk's start state, X and v', forward over the chunks) and the dh pass (each
 //! chunk's end-state gradient and dv', dv and dh0, backward over the chunks), one block per
 //! (V-block, v-head, sequence).
@@ -7,14 +7,14 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::chunked::{ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM};
 use super::context::{Context, driver_error};
-use super::kernels::CHUNK_BWD_CHAIN;
+use super::kernels::{Source, chunk_bwd_chain_source};
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, Problem};
 
 /// The V-blocks of both passes (a warp per 16 columns), smallest first.
 pub const CHAIN_VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 
-/// chunk_bwd_chain.cu's ChainLayout: per stage k, the V-block of v or dO, T·diag(β), the
+/// chunk_bwd_chain.cuh's ChainLayout: per stage k, the V-block of v or dO, T·diag(β), the
 /// decays, then (dh pass) q and P; two stages, then (dh pass) a C × 16 staging tile of dv per
 /// 16 columns; with warp pairs, a 16 × C f32 partial sum per warp.
 pub(crate) fn chain_smem(bv: usize, dh: bool, pairs: bool) -> usize {
@@ -34,6 +34,12 @@ pub(crate) fn chain_smem(bv: usize, dh: bool, pairs: bool) -> usize {
 /// The V-blocks with warp-pair kernels: one after the other, and together.
 pub(crate) const PAIR_VALUE_BLOCKS: [usize; 2] = [32, 64];
 pub(crate) const PAIR_TOGETHER_VALUE_BLOCKS: [usize; 1] = [32];
+
+/// The chains' source for the kernels' dtype suffix (`f16`, `bf16`).
+fn chain_source(suffix: &str) -> Result<&'static Source> {
+    chunk_bwd_chain_source(suffix)
+        .ok_or_else(|| Error::unsupported("chunked backward dtype", suffix.to_string()))
+}
 
 /// The kernels' V-block suffix: `32`, or `32p` with warp pairs.
 fn kernel_block(bv: usize, pairs: bool) -> String {
@@ -151,7 +157,7 @@ pub(crate) fn chain_plan(
     Ok(plan)
 }
 
-/// chunk_bwd_chain.cu's BWD_LOCAL bit: the segments' local pass.
+/// chunk_bwd_chain.cuh's BWD_LOCAL bit: the segments' local pass.
 const BWD_LOCAL: i32 = 1 << 9;
 
 /// Which pass of a segmented chain a launch runs.
@@ -204,7 +210,7 @@ pub(crate) struct SegmentBuffers {
     pub dh_end: CudaSlice<u8>,
 }
 
-/// The segments' kernel arguments (chunk_bwd_chain.cu GDN_CHUNK_BWD_SEG_ARGS): null without
+/// The segments' kernel arguments (chunk_bwd_chain.cuh GDN_CHUNK_BWD_SEG_ARGS): null without
 /// segments.
 fn push_segments<'a>(
     l: &mut cudarc::driver::LaunchArgs<'a>,
@@ -268,7 +274,7 @@ pub(crate) fn launch_states(
 ) -> Result<()> {
     let name = format!("gdn_chunk_bwd_states{}_{suffix}", kernel_block(bv, pairs));
     let smem = chain_smem(bv, false, pairs);
-    let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
+    let func = ctx.function_with_smem(chain_source(suffix)?, &name, smem)?;
     let null: u64 = 0;
     let params = pass_params(params, pass);
     let mut l = ctx.stream().launch_builder(&func);
@@ -290,7 +296,7 @@ pub(crate) fn launch_states(
         block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: matches gdn_chunk_bwd_states* in chunk_bwd_chain.cu; the workspace was sized for
+    // SAFETY: matches gdn_chunk_bwd_states* in chunk_bwd_chain.cuh; the workspace was sized for
     // this problem's chunks and the inputs checked against it by the caller.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
@@ -317,7 +323,7 @@ pub(crate) fn launch_dh(
 ) -> Result<()> {
     let name = format!("gdn_chunk_bwd_dh{}_{suffix}", kernel_block(bv, pairs));
     let smem = chain_smem(bv, true, pairs);
-    let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
+    let func = ctx.function_with_smem(chain_source(suffix)?, &name, smem)?;
     let null: u64 = 0;
     let params = pass_params(params, pass);
     let mut l = ctx.stream().launch_builder(&func);
@@ -346,7 +352,7 @@ pub(crate) fn launch_dh(
         block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: matches gdn_chunk_bwd_dh* in chunk_bwd_chain.cu; dv, dht, dh0 were checked
+    // SAFETY: matches gdn_chunk_bwd_dh* in chunk_bwd_chain.cuh; dv, dht, dh0 were checked
     // against the problem by the caller, the workspace sized for its chunks.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
@@ -368,7 +374,7 @@ pub(crate) fn launch_together(
 ) -> Result<()> {
     let name = format!("gdn_chunk_bwd_chains{}_{suffix}", kernel_block(bv, pairs));
     let smem = together_smem(bv, pairs);
-    let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
+    let func = ctx.function_with_smem(chain_source(suffix)?, &name, smem)?;
     let null: u64 = 0;
     let params = pass_params(params, pass);
     let mut l = ctx.stream().launch_builder(&func);
@@ -404,7 +410,7 @@ pub(crate) fn launch_together(
         block_dim: ((2 * bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: matches gdn_chunk_bwd_chains* in chunk_bwd_chain.cu; the tensors were checked
+    // SAFETY: matches gdn_chunk_bwd_chains* in chunk_bwd_chain.cuh; the tensors were checked
     // against the problem by the caller, the workspace sized for its chunks.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
