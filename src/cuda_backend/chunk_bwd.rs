@@ -113,7 +113,7 @@ pub const AUTO_WARP_PAIRS: bool = true;
 
 /// Warp pairs or not, and the chains' schedule and V-block ([`chain_plan`]): `options`'
 /// choices, with `warp_pairs: None` pairs ([`AUTO_WARP_PAIRS`]) where they give
-/// [`ChainSchedule::Together`], else single warps.
+/// [`ChainSchedule::Together`] or [`ChainSchedule::Apart`], else single warps.
 fn chain_choice(
     limits: &DeviceLimits,
     problem: &Problem,
@@ -123,7 +123,10 @@ fn chain_choice(
     if let Some(pairs) = options.warp_pairs {
         return Ok((pairs, plan_with(pairs)?));
     }
-    if AUTO_WARP_PAIRS && let Ok(Some(plan @ (ChainSchedule::Together, _))) = plan_with(true) {
+    if AUTO_WARP_PAIRS
+        && let Ok(Some(plan @ (ChainSchedule::Together | ChainSchedule::Apart, _))) =
+            plan_with(true)
+    {
         return Ok((true, Some(plan)));
     }
     Ok((false, plan_with(false)?))
@@ -436,7 +439,8 @@ impl ChunkedScratch {
         // the States stage (for timing) runs the states pass alone. With segments, the local
         // pass (the dh one reads the transitions the states one writes) and the two combines
         // come first.
-        let together = self.chains == ChainSchedule::Together;
+        let one_launch = matches!(self.chains, ChainSchedule::Together | ChainSchedule::Apart);
+        let apart = self.chains == ChainSchedule::Apart;
         let run_states = n > 0 && until >= ChunkedStage::States;
         let run_dh = p.num_sequences() > 0 && until >= ChunkedStage::Chains;
         let v = inputs.v.buffer();
@@ -452,8 +456,10 @@ impl ChunkedScratch {
             dh0: grads.dh0.map(|t| t.buffer()),
         };
         let chains = |pass: ChainPass| -> Result<()> {
-            if together && run_dh {
-                return launch_together(ctx, p, &params, pass, bv, self.pairs, suffix, &ws, &io);
+            if one_launch && run_dh {
+                return launch_together(
+                    ctx, p, &params, pass, bv, self.pairs, suffix, &ws, &io, apart,
+                );
             }
             if run_states {
                 launch_states(ctx, p, &params, pass, bv, self.pairs, suffix, &ws, k, v, h0)?;
@@ -565,13 +571,34 @@ mod tests {
         };
         let auto = BackwardOptions::default();
         let together = |bv| Some((ChainSchedule::Together, bv));
-        // 16/32 and 2/8: both chains together at V-block 32 with pairs (128 and 32 blocks).
-        for p in [shape(16, 32), shape(2, 8)] {
-            assert_eq!(
-                chain_choice(&h200(), &p, auto).unwrap(),
-                (true, together(32))
-            );
+        // 16/32: both chains together at V-block 32 with pairs (128 blocks); 2/8: apart, a
+        // block per chain (2 × 32 blocks, one per SM).
+        assert_eq!(
+            chain_choice(&h200(), &shape(16, 32), auto).unwrap(),
+            (true, together(32))
+        );
+        assert_eq!(
+            chain_choice(&h200(), &shape(2, 8), auto).unwrap(),
+            (true, Some((ChainSchedule::Apart, 32)))
+        );
+        // Apart has pair kernels at V-block 32 only: forced elsewhere it is an error.
+        for (value_block, warp_pairs) in [(None, Some(false)), (Some(64), Some(true))] {
+            let apart = BackwardOptions {
+                chains: ChainSchedule::Apart,
+                value_block,
+                warp_pairs,
+                segments: Segments::Auto,
+            };
+            assert!(chain_choice(&h200(), &shape(2, 8), apart).is_err());
         }
+        let forced = BackwardOptions {
+            chains: ChainSchedule::Apart,
+            ..auto
+        };
+        assert_eq!(
+            chain_choice(&h200(), &shape(16, 32), forced).unwrap(),
+            (true, Some((ChainSchedule::Apart, 32)))
+        );
         // 16/64: 256 blocks at V-block 32 are not resident; single warps together at 64.
         let wide = shape(16, 64);
         assert_eq!(

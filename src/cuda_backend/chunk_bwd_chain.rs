@@ -68,6 +68,10 @@ pub enum ChainSchedule {
     /// side in two groups of warps (V-blocks 32 and 64: both layouts must fit one block's
     /// shared memory).
     Together,
+    /// One launch, each block running one chain (V-block 32 with warp pairs): the dh pass's
+    /// blocks, then the states pass's, so that where both grids are resident at one block per
+    /// SM each chain has an SM of its own.
+    Apart,
 }
 
 impl ChainSchedule {
@@ -77,6 +81,7 @@ impl ChainSchedule {
             ChainSchedule::Auto => "auto",
             ChainSchedule::Serial => "serial",
             ChainSchedule::Together => "together",
+            ChainSchedule::Apart => "apart",
         }
     }
 }
@@ -84,12 +89,26 @@ impl ChainSchedule {
 /// The V-blocks [`ChainSchedule::Together`] has kernels for.
 pub(crate) const TOGETHER_VALUE_BLOCKS: [usize; 2] = [32, 64];
 
+/// The V-blocks [`ChainSchedule::Apart`] has kernels for (with warp pairs only).
+pub(crate) const PAIR_APART_VALUE_BLOCKS: [usize; 1] = [32];
+
+/// Whether `Auto` takes [`ChainSchedule::Apart`] where both grids are resident at one block
+/// per SM.
+pub(crate) const AUTO_APART: bool = true;
+
+/// Shared memory of one block of [`ChainSchedule::Apart`]: the larger layout, the dh pass's.
+pub(crate) fn apart_smem(bv: usize, pairs: bool) -> usize {
+    chain_smem(bv, false, pairs).max(chain_smem(bv, true, pairs))
+}
+
 /// Shared memory of one block running both chains: the states layout, then the dh layout.
 pub(crate) fn together_smem(bv: usize, pairs: bool) -> usize {
     chain_smem(bv, false, pairs) + chain_smem(bv, true, pairs)
 }
 
-/// The schedule and V-block of the chains: with `Auto`, both chains together at the smallest
+/// The schedule and V-block of the chains: with `Auto`, with warp pairs, apart (a block per
+/// chain, one launch) where both grids are resident at once at V-block 32 ([`AUTO_APART`]),
+/// else both chains together at the smallest
 /// V-block whose grid is resident at once (a latency-bound chain wants more, shorter blocks,
 /// and the two chains then overlap), else one after the other at the smallest V-block whose
 /// grid of either pass is resident, else at the largest that fits. A forced schedule or
@@ -130,10 +149,27 @@ pub(crate) fn chain_plan(
         .find(|&bv| blocks(bv) <= limits.resident(chain_smem(bv, true, pairs)))
         .or(serial.last().copied())
         .map(|bv| (ChainSchedule::Serial, bv));
+    let apart: Vec<usize> = if pairs {
+        &PAIR_APART_VALUE_BLOCKS[..]
+    } else {
+        &[]
+    }
+    .iter()
+    .copied()
+    .filter(|&bv| apart_smem(bv, pairs) <= limits.smem_per_block)
+    .filter(|&bv| value_block.is_none_or(|b| b == bv))
+    .collect();
+    let resident_apart = apart
+        .iter()
+        .copied()
+        .find(|&bv| 2 * blocks(bv) <= limits.resident(apart_smem(bv, pairs)));
     let plan = match schedule {
-        ChainSchedule::Auto => resident_together
-            .map(|bv| (ChainSchedule::Together, bv))
+        ChainSchedule::Auto => resident_apart
+            .filter(|_| AUTO_APART)
+            .map(|bv| (ChainSchedule::Apart, bv))
+            .or(resident_together.map(|bv| (ChainSchedule::Together, bv)))
             .or(serial_plan),
+        ChainSchedule::Apart => apart.first().map(|&bv| (ChainSchedule::Apart, bv)),
         ChainSchedule::Serial => serial_plan,
         ChainSchedule::Together => resident_together
             .or(together.first().copied())
@@ -144,8 +180,9 @@ pub(crate) fn chain_plan(
             "backward chains",
             format!(
                 "a schedule and V-block (of {CHAIN_VALUE_BLOCKS:?}; together: of \
-                 {TOGETHER_VALUE_BLOCKS:?}; with warp pairs {PAIR_VALUE_BLOCKS:?} and together \
-                 {PAIR_TOGETHER_VALUE_BLOCKS:?}) whose shared memory fits the device"
+                 {TOGETHER_VALUE_BLOCKS:?}; with warp pairs {PAIR_VALUE_BLOCKS:?}, together \
+                 {PAIR_TOGETHER_VALUE_BLOCKS:?} and apart {PAIR_APART_VALUE_BLOCKS:?}) whose \
+                 shared memory fits the device"
             ),
             format!(
                 "{} at V-block {value_block:?}{}",
@@ -359,7 +396,8 @@ pub(crate) fn launch_dh(
 }
 
 /// Enqueue both chains in one launch ([`ChainSchedule::Together`], V-block `bv` of
-/// [`TOGETHER_VALUE_BLOCKS`]): what [`launch_states`] and [`launch_dh`] write.
+/// [`TOGETHER_VALUE_BLOCKS`]; with `apart`, [`ChainSchedule::Apart`], a block per chain):
+/// what [`launch_states`] and [`launch_dh`] write.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_together(
     ctx: &Context,
@@ -371,9 +409,15 @@ pub(crate) fn launch_together(
     suffix: &str,
     ws: &ChainBuffers<'_>,
     io: &ChainInputs<'_>,
+    apart: bool,
 ) -> Result<()> {
-    let name = format!("gdn_chunk_bwd_chains{}_{suffix}", kernel_block(bv, pairs));
-    let smem = together_smem(bv, pairs);
+    let kind = if apart { "apart" } else { "chains" };
+    let name = format!("gdn_chunk_bwd_{kind}{}_{suffix}", kernel_block(bv, pairs));
+    let smem = if apart {
+        apart_smem(bv, pairs)
+    } else {
+        together_smem(bv, pairs)
+    };
     let func = ctx.function_with_smem(chain_source(suffix)?, &name, smem)?;
     let null: u64 = 0;
     let params = pass_params(params, pass);
@@ -405,12 +449,20 @@ pub(crate) fn launch_together(
         .arg(ws.state_grads)
         .arg(ws.dv_new);
     push_segments(&mut l, ws, &null);
+    // Apart: the units twice in z (the dh pass's blocks, then the states pass's), one chain's
+    // warps per block.
+    let (x, y, units) = grid(problem, bv, ws.num_units, pass == ChainPass::Local);
+    let (chains_per_block, z) = if apart { (1, 2 * units) } else { (2, units) };
     let cfg = LaunchConfig {
-        grid_dim: grid(problem, bv, ws.num_units, pass == ChainPass::Local),
-        block_dim: ((2 * bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
+        grid_dim: (x, y, z),
+        block_dim: (
+            (chains_per_block * bv / 16 * warps_per_group(pairs) * 32) as u32,
+            1,
+            1,
+        ),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: matches gdn_chunk_bwd_chains* in chunk_bwd_chain.cuh; the tensors were checked
+    // SAFETY: matches gdn_chunk_bwd_{chains,apart}* in chunk_bwd_chain.cuh; the tensors were checked
     // against the problem by the caller, the workspace sized for its chunks.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
