@@ -101,6 +101,19 @@ pub(crate) fn apart_smem(bv: usize, pairs: bool) -> usize {
     chain_smem(bv, false, pairs).max(chain_smem(bv, true, pairs))
 }
 
+/// Whether [`ChainSchedule::Apart`]'s grid over `units` (both chains' blocks) is resident at
+/// once.
+pub(crate) fn apart_resident(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    bv: usize,
+    pairs: bool,
+    units: usize,
+) -> bool {
+    let blocks = 2 * problem.value_dim.div_ceil(bv) * problem.heads_v * units;
+    blocks <= limits.resident(apart_smem(bv, pairs))
+}
+
 /// Shared memory of one block running both chains: the states layout, then the dh layout.
 pub(crate) fn together_smem(bv: usize, pairs: bool) -> usize {
     chain_smem(bv, false, pairs) + chain_smem(bv, true, pairs)
@@ -162,7 +175,7 @@ pub(crate) fn chain_plan(
     let resident_apart = apart
         .iter()
         .copied()
-        .find(|&bv| 2 * blocks(bv) <= limits.resident(apart_smem(bv, pairs)));
+        .find(|&bv| apart_resident(limits, p, bv, pairs, p.num_sequences()));
     let plan = match schedule {
         ChainSchedule::Auto => resident_apart
             .filter(|_| AUTO_APART)
