@@ -111,8 +111,8 @@ fn auto_segment_chunks(
     seq_chunks.iter().any(|&c| c > n).then_some(n)
 }
 
-/// Whether the chains take warp pairs unless told, where both chains then run together
-/// (their grid resident at once; else single warps): yes (on the H200, 16/32 and 2/8 heads ×
+/// Whether the chains take warp pairs unless told, where both chains then run in one launch,
+/// together or apart (their grid resident at once; else single warps): yes (on the H200, 16/32 and 2/8 heads ×
 /// 32768 tokens, the states chain 1.73 → 1.60 ms; BENCHMARKS.md).
 pub const AUTO_WARP_PAIRS: bool = true;
 
@@ -579,7 +579,7 @@ mod tests {
     }
 
     #[test]
-    fn warp_pairs_by_default_only_where_the_chains_run_together() {
+    fn warp_pairs_by_default_only_where_the_chains_run_in_one_launch() {
         let shape = |qk: usize, v: usize| {
             Problem::new(1, 32768, qk, v, 128, 128, None, Options::default()).unwrap()
         };
