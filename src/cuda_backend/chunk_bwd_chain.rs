@@ -93,7 +93,9 @@ pub(crate) const TOGETHER_VALUE_BLOCKS: [usize; 2] = [32, 64];
 pub(crate) const PAIR_APART_VALUE_BLOCKS: [usize; 1] = [32];
 
 /// Whether `Auto` takes [`ChainSchedule::Apart`] where both grids are resident at one block
-/// per SM.
+/// per SM: yes (H200, 2026-12-02, 2/8 heads × 1×32768 bf16 without segments: 3.24 ms apart
+/// against 4.15–4.19 together; where the automatic segments cut, as there, together in
+/// segments of 64 chunks took 2.66 and apart in segments of 256 2.98; BENCHMARKS.md).
 pub(crate) const AUTO_APART: bool = true;
 
 /// Shared memory of one block of [`ChainSchedule::Apart`]: the larger layout, the dh pass's.
