@@ -200,34 +200,35 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
         ptx.contains(".entry gdn_chunk_combine("),
         "gdn_chunk_combine missing"
     );
-    // The chunked backward's kernels.
-    for (source, passes) in [
-        (
-            &kernels::CHUNK_BWD_CHAIN,
-            &[
-                "chunk_bwd_states32",
-                "chunk_bwd_states64",
-                "chunk_bwd_states128",
-                "chunk_bwd_dh32",
-                "chunk_bwd_dh64",
-                "chunk_bwd_dh128",
-                "chunk_bwd_chains32",
-                "chunk_bwd_chains64",
-                "chunk_bwd_states32p",
-                "chunk_bwd_states64p",
-                "chunk_bwd_dh32p",
-                "chunk_bwd_dh64p",
-                "chunk_bwd_chains32p",
-            ][..],
-        ),
+    // The chunked backward's kernels: the chains a source per dtype, the rest in one.
+    const CHAINS: &[&str] = &[
+        "chunk_bwd_states32",
+        "chunk_bwd_states64",
+        "chunk_bwd_states128",
+        "chunk_bwd_dh32",
+        "chunk_bwd_dh64",
+        "chunk_bwd_dh128",
+        "chunk_bwd_chains32",
+        "chunk_bwd_chains64",
+        "chunk_bwd_states32p",
+        "chunk_bwd_states64p",
+        "chunk_bwd_dh32p",
+        "chunk_bwd_dh64p",
+        "chunk_bwd_chains32p",
+        "chunk_bwd_apart32p",
+    ];
+    for (source, dtypes, passes) in [
+        (&kernels::CHUNK_BWD_CHAIN_F16, &["f16"][..], CHAINS),
+        (&kernels::CHUNK_BWD_CHAIN_BF16, &["bf16"][..], CHAINS),
         (
             &kernels::CHUNK_BWD_GRAD,
+            &["f16", "bf16"][..],
             &["chunk_bwd_prep", "chunk_bwd_grad"][..],
         ),
     ] {
         let image = compiled(source, Target::Compute80Ptx);
         let ptx = String::from_utf8_lossy(&image.bytes);
-        for dtype in ["f16", "bf16"] {
+        for dtype in dtypes {
             for pass in passes {
                 let name = format!("gdn_{pass}_{dtype}");
                 assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
@@ -1090,10 +1091,11 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
             );
             // The exact path also runs where the chunked one is chosen (forced, as
             // GDN_CUDA_BACKWARD=exact does), and the chunked one with its chains one after
-            // the other (the automatic choice runs them together, with warp pairs, on these
-            // small grids) and with and without warp pairs both ways, each with segments
-            // forced off; then with segments of 1 and 2 chunks (local passes, both combines)
-            // together with pairs, one after the other without, and at V-block 128.
+            // the other (the automatic choice runs them apart in one launch, with warp pairs,
+            // on these small grids) and with and without warp pairs both ways, together, and
+            // apart, each with segments forced off; then with segments of 1 and 2 chunks
+            // (local passes, both combines) together and apart with pairs, one after the
+            // other without, and at V-block 128.
             let auto = BackwardOptions::default();
             let mut runs = vec![(path, auto)];
             if path == BackwardPath::Chunked {
@@ -1106,6 +1108,7 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                     (ChainSchedule::Serial, true),
                     (ChainSchedule::Together, false),
                     (ChainSchedule::Together, true),
+                    (ChainSchedule::Apart, true),
                 ] {
                     let options = BackwardOptions {
                         chains,
@@ -1117,6 +1120,7 @@ fn backward_matches_the_oracle_on_the_hard_cases_every_dtype() {
                 }
                 for (chains, pairs, value_block, n) in [
                     (ChainSchedule::Together, true, None, 1),
+                    (ChainSchedule::Apart, true, None, 2),
                     (ChainSchedule::Serial, false, None, 2),
                     (ChainSchedule::Serial, false, Some(128), 1),
                 ] {
@@ -1199,6 +1203,14 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
         let (inputs, d_o, dht, expected) = backward_case(&case, dtype, true);
         let chunked = BackwardPath::Chunked;
         let auto = BackwardOptions::default();
+        // The automatic rule here (2 v-heads, 4 V-blocks of 32: 32 blocks for both sequences,
+        // most SMs idle): the 32-chunk sequence in segments of 16 (the shortest the rule
+        // cuts), both chains apart in one launch (3 units: 48 blocks, one per SM).
+        let ws = BackwardWorkspace::with_options(ctx, p, dtype, chunked, auto).unwrap();
+        assert_eq!(ws.segment_chunks(), Some(16), "{dtype} automatic segments");
+        assert_eq!(ws.chain_schedule(), Some(ChainSchedule::Apart), "{dtype}");
+        assert_eq!(ws.warp_pairs(), Some(true), "{dtype}");
+        drop(ws);
         let first = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, auto);
         let second = run_backward(ctx, p, &inputs, &d_o, dht.as_ref(), chunked, auto);
         for ((name, a), (_, b)) in gradient_list(&first)
@@ -1221,6 +1233,7 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
             (ChainSchedule::Serial, 32),
             (ChainSchedule::Serial, 64),
             (ChainSchedule::Together, 32),
+            (ChainSchedule::Apart, 32),
         ];
         let mut representatives = vec![("automatic".to_string(), first)];
         for (warp_pairs, runs) in [(false, single), (true, pairs)] {
@@ -1255,10 +1268,11 @@ fn the_chunked_backward_over_many_chunks_is_deterministic_and_matches_the_oracle
             representatives.extend(got.into_iter().take(1));
         }
         // Sequence parallelism: segments of 7 chunks (the 1990-token sequence's 32 chunks in
-        // 5 units, the 10-token one whole), together with pairs and one after the
+        // 5 units, the 10-token one whole), together and apart with pairs and one after the
         // other at V-block 64; two runs bitwise equal, each within the oracle's bounds.
         for (chains, bv, pairs) in [
             (ChainSchedule::Together, 32, true),
+            (ChainSchedule::Apart, 32, true),
             (ChainSchedule::Serial, 64, false),
         ] {
             let options = BackwardOptions {

@@ -65,7 +65,7 @@ if len(sys.argv) > 1 and sys.argv[1] == 'finish':
     sys.exit(0)
 out = '#include "shim.h"\n' + common + '\n' + chunk + '\n'
 fwd = len(sys.argv) > 1 and sys.argv[1] == 'fwd'
-files = [root + 'chunk_bwd_chain.cu', root + 'chunk_bwd_grad.cu', root + 'chunk_combine.cu']
+files = [root + 'chunk_bwd_chain.cuh', root + 'chunk_bwd_grad.cu', root + 'chunk_combine.cu']
 if fwd:
     files = [sys.argv[2] if len(sys.argv) > 2 else root + 'chunked.cu', root + 'chunk_combine.cu']
 for f in files:

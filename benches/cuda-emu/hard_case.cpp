@@ -20,7 +20,7 @@ static double rel(const std::vector<float>& a, const std::vector<double>& r) {
 }
 
 template <typename T>
-int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg, int KS, bool together) {
+int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg, int KS, int together) {
     int N = ints[0], TT = ints[1], H = ints[2], HV = ints[3], K = ints[4], V = ints[5], flags = ints[6];
     bool has_h0 = ints[7], has_dht = ints[8];
     auto q = take<float>((size_t)TT * H * K), k = take<float>((size_t)TT * H * K), v = take<float>((size_t)TT * HV * V);
@@ -87,7 +87,12 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg, in
 #define DH(BVV, KSS) emu::launch(dg, BVV * 2 * KSS, dh_smem, [&] { bwd_dh<T, BVV, KSS>(pp, chunks.data(), units.data(), Q.data(), Kt.data(), DO.data(), ws_f.data(), ws_a.data(), ws_p.data(), DHT, dv.data(), DH0, ws_dh.data(), ws_dvp.data(), sio); });
 #define BOTH(BVV, KSS) emu::launch(sg, BVV * 4 * KSS, st_smem + dh_smem, [&] { bwd_chains<T, BVV, KSS>(pp, chunks.data(), units.data(), Q.data(), Kt.data(), Vt.data(), DO.data(), ws_f.data(), ws_a.data(), ws_p.data(), H0, DHT, dv.data(), DH0, ws_h.data(), ws_x.data(), ws_vp.data(), ws_dh.data(), ws_dvp.data(), sio); });
 #define SERIAL(BVV, KSS) { if (NC > 0) STATES(BVV, KSS) DH(BVV, KSS) }
-        if (together) {
+        // Apart: the units twice in z (dh blocks, then states), one chain per block.
+        const Dim3 ag{vb + kb, (unsigned)HV, 2 * (unsigned)NU};
+#define APART(BVV, KSS) emu::launch(ag, BVV * 2 * KSS, std::max(st_smem, dh_smem), [&] { bwd_chains_apart<T, BVV, KSS>(pp, chunks.data(), units.data(), Q.data(), Kt.data(), Vt.data(), DO.data(), ws_f.data(), ws_a.data(), ws_p.data(), H0, DHT, dv.data(), DH0, ws_h.data(), ws_x.data(), ws_vp.data(), ws_dh.data(), ws_dvp.data(), sio); });
+        if (together == 2) {
+            if (BV == 32 && KS == 2) { APART(32, 2) } else { fprintf(stderr, "apart: V-block 32 with warp pairs only\n"); exit(2); }
+        } else if (together) {
             if (BV == 32 && KS == 2) { BOTH(32, 2) } else if (BV == 32) { BOTH(32, 1) } else { BOTH(64, 1) }
         } else if (KS == 2) {
             if (BV == 32) SERIAL(32, 2) else SERIAL(64, 2)
@@ -149,9 +154,9 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg, in
 int main(int argc, char** argv) {
     FILE* f = fopen(argv[1], "rb"); fseek(f, 0, SEEK_END); bytes.resize(ftell(f)); fseek(f, 0, SEEK_SET);
     fread(bytes.data(), 1, bytes.size(), f); fclose(f);
-    // file [V-block [segment chunks (0: whole) [warps per 16 columns [1: both chains together]]]]
+    // file [V-block [segment chunks (0: whole) [warps per 16 columns [1: both chains together, 2: apart]]]]
     int BV = argc > 2 ? atoi(argv[2]) : 32, seg = argc > 3 ? atoi(argv[3]) : 0, KS = argc > 4 ? atoi(argv[4]) : 1;
-    bool together = argc > 5 && atoi(argv[5]) == 1;
+    int together = argc > 5 ? atoi(argv[5]) : 0;  // 2: apart (both chains in one launch, a block each)
     auto ints = take<int>(10);
     auto cu = take<int>(ints[0] + 1);
     float scale = take<float>(1)[0];

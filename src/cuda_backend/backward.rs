@@ -1,6 +1,6 @@
 //! The CUDA backward, on one of two paths ([`backward_path`] says which a call takes):
 //!
-//! - **chunked** (`shaders/cuda/chunk_bwd_chain.cu`, `chunk_bwd_grad.cu`, launched by
+//! - **chunked** (`shaders/cuda/chunk_bwd_chain.cuh` through `chunk_bwd_chain_{f16,bf16}.cu`, `chunk_bwd_grad.cu`, launched by
 //!   `cuda_backend/chunk_bwd.rs`): tensor cores for f16/bf16 storage with K, V ≤ 128, operands in the
 //!   storage dtype, f32 accumulators;
 //! - **exact** (`shaders/cuda/backward.cu`): BPTT through the token recurrence in f32, for f32

@@ -5,7 +5,7 @@
 //! 2. prep per (chunk, v-head): the gate cumsum and decays, T = (I + L)⁻¹, T·diag(β), P
 //!    (`chunk_bwd_grad.cu`, chunk.cuh's prep with the backward's extras).
 //! 3. the states pass and 4. the dh pass per (V-block, v-head, sequence), sequential over the
-//!    chunks (`chunk_bwd_chain.cu`): each chunk's start state S, X, v' and end-state gradient
+//!    chunks (`chunk_bwd_chain.cuh`): each chunk's start state S, X, v' and end-state gradient
 //!    dS', dv'; dv and dh0.
 //! 5. the gradient pass per (chunk, q/k head) (`chunk_bwd_grad.cu`): the terms inside the
 //!    chunk, then those through its start state and end-state gradient, in one block, for
@@ -21,8 +21,8 @@ use cudarc::driver::CudaSlice;
 use super::backward::{QkPartials, alloc_f32, dtype_suffix, gate_sums_len, launch_finish};
 pub use super::chunk_bwd_chain::ChainSchedule;
 use super::chunk_bwd_chain::{
-    ChainBuffers, ChainInputs, ChainPass, SegmentBuffers, chain_plan, chain_smem, launch_dh,
-    launch_states, launch_together,
+    ChainBuffers, ChainInputs, ChainPass, SegmentBuffers, apart_resident, chain_plan, chain_smem,
+    launch_dh, launch_states, launch_together,
 };
 use super::chunk_bwd_grad::{
     GradParts, MAX_CHUNKED_BWD_VALUE_DIM, QkOut, grad_smem, launch_grad, launch_prep,
@@ -71,24 +71,29 @@ pub struct BackwardOptions {
     /// then run together, else single warps.
     pub warp_pairs: Option<bool>,
     /// Sequence parallelism for both chains (exact: a local pass per segment, two combines,
-    /// the main pass; chunk_bwd_chain.cu). `Auto`: none yet (the rule, segments only where the
-    /// chains' grid leaves at least half the SMs idle, waits for a GPU measurement).
+    /// the main pass; chunk_bwd_chain.cuh). `Auto`: segments only where the chains' grid
+    /// leaves at least half the SMs idle ([`AUTO_SEGMENTS`]: 2/8 heads × 1×32768 bf16 on the
+    /// H200 4.17 → 2.67 ms).
     pub segments: Segments,
 }
 
-/// Whether `Segments::Auto` cuts segments at all: not yet, because the segmented chains have
-/// not been timed (or tested) on a GPU: both H200 runs of 2026-12-02 were cut in the cold
-/// NVRTC compile of chunk_bwd_chain.cu (over 57 s). Forced segments run either way.
-const AUTO_SEGMENTS: bool = false;
+/// Whether `Segments::Auto` cuts segments at all: yes. On the H200 (2026-12-02, BENCHMARKS.md,
+/// h-cudabwd4 b1; bf16, 1×32768, chains together, two rounds of fresh processes) 2/8 heads
+/// took 4.167 / 4.194 ms whole and 2.733 / 2.736 in segments of 128 chunks, 2.671 / 2.689 of
+/// 64, 2.694 / 2.720 of 32; 16/32 heads (which the rule leaves whole) 6.385 whole against
+/// 9.82 / 10.01 / 10.33 in segments of 128 / 64 / 32.
+const AUTO_SEGMENTS: bool = true;
 
 /// The shortest segment the automatic choice cuts, in chunks (as the forward's).
 const MIN_SEGMENT_CHUNKS: usize = 16;
 
 /// The automatic segment length of the chains: only where their grid (V-blocks × v-heads ×
 /// sequences at the planned V-block) leaves at least half the SMs idle; then segments of
-/// about `SMs / (V-blocks × v-heads)` units in all (2/8 heads × 1×32768 at V-block 32: 4
-/// segments of 128 chunks, 128 blocks in the main pass). Where the SMs are full already the
-/// local pass (the segments from zero and their transitions) only adds work.
+/// about `SMs / (V-blocks × v-heads)` units in all, twice over (2/8 heads × 1×32768 at V-block
+/// 32: 8 segments of 64 chunks, 256 blocks in the main pass: 2.67 ms on the H200, against 2.73
+/// for 4 of 128, one wave, and 2.69–2.72 for 16 of 32; [`AUTO_SEGMENTS`]). Where the SMs are
+/// full already the local pass (the segments from zero and their transitions) only adds work
+/// (16/32 heads: 6.39 ms whole, 9.8–10.3 in segments).
 fn auto_segment_chunks(
     limits: &DeviceLimits,
     problem: &Problem,
@@ -100,20 +105,20 @@ fn auto_segment_chunks(
     if 2 * per_unit * seq_chunks.len() > limits.sms {
         return None;
     }
-    let units = (limits.sms / per_unit).max(1);
+    let units = 2 * (limits.sms / per_unit).max(1);
     let total: usize = seq_chunks.iter().sum();
     let n = total.div_ceil(units).max(MIN_SEGMENT_CHUNKS);
     seq_chunks.iter().any(|&c| c > n).then_some(n)
 }
 
-/// Whether the chains take warp pairs unless told, where both chains then run together
-/// (their grid resident at once; else single warps): yes (on the H200, 16/32 and 2/8 heads ×
+/// Whether the chains take warp pairs unless told, where both chains then run in one launch,
+/// together or apart (their grid resident at once; else single warps): yes (on the H200, 16/32 and 2/8 heads ×
 /// 32768 tokens, the states chain 1.73 → 1.60 ms; BENCHMARKS.md).
 pub const AUTO_WARP_PAIRS: bool = true;
 
 /// Warp pairs or not, and the chains' schedule and V-block ([`chain_plan`]): `options`'
 /// choices, with `warp_pairs: None` pairs ([`AUTO_WARP_PAIRS`]) where they give
-/// [`ChainSchedule::Together`], else single warps.
+/// [`ChainSchedule::Together`] or [`ChainSchedule::Apart`], else single warps.
 fn chain_choice(
     limits: &DeviceLimits,
     problem: &Problem,
@@ -123,7 +128,10 @@ fn chain_choice(
     if let Some(pairs) = options.warp_pairs {
         return Ok((pairs, plan_with(pairs)?));
     }
-    if AUTO_WARP_PAIRS && let Ok(Some(plan @ (ChainSchedule::Together, _))) = plan_with(true) {
+    if AUTO_WARP_PAIRS
+        && let Ok(Some(plan @ (ChainSchedule::Together | ChainSchedule::Apart, _))) =
+            plan_with(true)
+    {
         return Ok((true, Some(plan)));
     }
     Ok((false, plan_with(false)?))
@@ -227,7 +235,7 @@ impl ChunkedScratch {
         }
         let limits = DeviceLimits::of(ctx)?;
         let (pairs, plan) = chain_choice(&limits, p, options)?;
-        let (chains, value_block) = plan.unwrap_or((ChainSchedule::Serial, 32));
+        let (mut chains, value_block) = plan.unwrap_or((ChainSchedule::Serial, 32));
         let combine_fits = combine_smem(p.key_dim) <= limits.smem_per_block;
         let segment_chunks = resolve_segments(
             options.segments,
@@ -244,6 +252,15 @@ impl ChunkedScratch {
             segment_chunks,
         } = UnitTable::cut(&seq_chunks, segment_chunks, "backward segments")?;
         let segmented = segment_chunks.is_some();
+        // Segments multiply the chains' blocks: the automatic Apart (chosen where the
+        // sequences' grids are resident) falls back to Together, which chain_plan takes there
+        // otherwise, where the units' grids are not.
+        if options.chains == ChainSchedule::Auto
+            && chains == ChainSchedule::Apart
+            && !apart_resident(&limits, p, value_block, pairs, num_units)
+        {
+            chains = ChainSchedule::Together;
+        }
         if units.is_empty() {
             units.push(0);
         }
@@ -436,7 +453,8 @@ impl ChunkedScratch {
         // the States stage (for timing) runs the states pass alone. With segments, the local
         // pass (the dh one reads the transitions the states one writes) and the two combines
         // come first.
-        let together = self.chains == ChainSchedule::Together;
+        let one_launch = matches!(self.chains, ChainSchedule::Together | ChainSchedule::Apart);
+        let apart = self.chains == ChainSchedule::Apart;
         let run_states = n > 0 && until >= ChunkedStage::States;
         let run_dh = p.num_sequences() > 0 && until >= ChunkedStage::Chains;
         let v = inputs.v.buffer();
@@ -452,8 +470,10 @@ impl ChunkedScratch {
             dh0: grads.dh0.map(|t| t.buffer()),
         };
         let chains = |pass: ChainPass| -> Result<()> {
-            if together && run_dh {
-                return launch_together(ctx, p, &params, pass, bv, self.pairs, suffix, &ws, &io);
+            if one_launch && run_dh {
+                return launch_together(
+                    ctx, p, &params, pass, bv, self.pairs, suffix, &ws, &io, apart,
+                );
             }
             if run_states {
                 launch_states(ctx, p, &params, pass, bv, self.pairs, suffix, &ws, k, v, h0)?;
@@ -546,10 +566,10 @@ mod tests {
                 .collect();
             auto_segment_chunks(&h200(), p, bv, &chunks)
         };
-        // 2/8 at V-block 32: 32 blocks a sequence, 4 units: segments of 128 chunks (× 8192:
-        // of 32).
-        assert_eq!(auto(&shape(2, 8, 32768), 32), Some(128));
-        assert_eq!(auto(&shape(2, 8, 8192), 32), Some(32));
+        // 2/8 at V-block 32: 32 blocks a sequence, 8 units: segments of 64 chunks (× 8192:
+        // of 16).
+        assert_eq!(auto(&shape(2, 8, 32768), 32), Some(64));
+        assert_eq!(auto(&shape(2, 8, 8192), 32), Some(16));
         // Never shorter than the minimum, never where a sequence fits one segment.
         assert_eq!(auto(&shape(2, 8, 2048), 32), Some(16));
         assert_eq!(auto(&shape(2, 8, 1024), 32), None);
@@ -559,19 +579,40 @@ mod tests {
     }
 
     #[test]
-    fn warp_pairs_by_default_only_where_the_chains_run_together() {
+    fn warp_pairs_by_default_only_where_the_chains_run_in_one_launch() {
         let shape = |qk: usize, v: usize| {
             Problem::new(1, 32768, qk, v, 128, 128, None, Options::default()).unwrap()
         };
         let auto = BackwardOptions::default();
         let together = |bv| Some((ChainSchedule::Together, bv));
-        // 16/32 and 2/8: both chains together at V-block 32 with pairs (128 and 32 blocks).
-        for p in [shape(16, 32), shape(2, 8)] {
-            assert_eq!(
-                chain_choice(&h200(), &p, auto).unwrap(),
-                (true, together(32))
-            );
+        // 16/32: both chains together at V-block 32 with pairs (128 blocks); 2/8: apart, a
+        // block per chain (2 × 32 blocks, one per SM).
+        assert_eq!(
+            chain_choice(&h200(), &shape(16, 32), auto).unwrap(),
+            (true, together(32))
+        );
+        assert_eq!(
+            chain_choice(&h200(), &shape(2, 8), auto).unwrap(),
+            (true, Some((ChainSchedule::Apart, 32)))
+        );
+        // Apart has pair kernels at V-block 32 only: forced elsewhere it is an error.
+        for (value_block, warp_pairs) in [(None, Some(false)), (Some(64), Some(true))] {
+            let apart = BackwardOptions {
+                chains: ChainSchedule::Apart,
+                value_block,
+                warp_pairs,
+                segments: Segments::Auto,
+            };
+            assert!(chain_choice(&h200(), &shape(2, 8), apart).is_err());
         }
+        let forced = BackwardOptions {
+            chains: ChainSchedule::Apart,
+            ..auto
+        };
+        assert_eq!(
+            chain_choice(&h200(), &shape(16, 32), forced).unwrap(),
+            (true, Some((ChainSchedule::Apart, 32)))
+        );
         // 16/64: 256 blocks at V-block 32 are not resident; single warps together at 64.
         let wide = shape(16, 64);
         assert_eq!(

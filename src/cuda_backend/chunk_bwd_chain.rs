@@ -1,4 +1,4 @@
-//! The chunked backward's sequential passes (`shaders/cuda/chunk_bwd_chain.cu`): the states
+//! The chunked backward's sequential passes (`shaders/cuda/chunk_bwd_chain.cuh`): the states
 //! pass (each chunk's start state, X and v', forward over the chunks) and the dh pass (each
 //! chunk's end-state gradient and dv', dv and dh0, backward over the chunks), one block per
 //! (V-block, v-head, sequence).
@@ -7,14 +7,14 @@ use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 
 use super::chunked::{ChunkParams, DeviceLimits, MAX_CHUNKED_KEY_DIM};
 use super::context::{Context, driver_error};
-use super::kernels::CHUNK_BWD_CHAIN;
+use super::kernels::{Source, chunk_bwd_chain_source};
 use crate::error::{Error, Result};
 use crate::problem::{CHUNK, Problem};
 
 /// The V-blocks of both passes (a warp per 16 columns), smallest first.
 pub const CHAIN_VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 
-/// chunk_bwd_chain.cu's ChainLayout: per stage k, the V-block of v or dO, T·diag(β), the
+/// chunk_bwd_chain.cuh's ChainLayout: per stage k, the V-block of v or dO, T·diag(β), the
 /// decays, then (dh pass) q and P; two stages, then (dh pass) a C × 16 staging tile of dv per
 /// 16 columns; with warp pairs, a 16 × C f32 partial sum per warp.
 pub(crate) fn chain_smem(bv: usize, dh: bool, pairs: bool) -> usize {
@@ -34,6 +34,12 @@ pub(crate) fn chain_smem(bv: usize, dh: bool, pairs: bool) -> usize {
 /// The V-blocks with warp-pair kernels: one after the other, and together.
 pub(crate) const PAIR_VALUE_BLOCKS: [usize; 2] = [32, 64];
 pub(crate) const PAIR_TOGETHER_VALUE_BLOCKS: [usize; 1] = [32];
+
+/// The chains' source for the kernels' dtype suffix (`f16`, `bf16`).
+fn chain_source(suffix: &str) -> Result<&'static Source> {
+    chunk_bwd_chain_source(suffix)
+        .ok_or_else(|| Error::unsupported("chunked backward dtype", suffix.to_string()))
+}
 
 /// The kernels' V-block suffix: `32`, or `32p` with warp pairs.
 fn kernel_block(bv: usize, pairs: bool) -> String {
@@ -62,6 +68,10 @@ pub enum ChainSchedule {
     /// side in two groups of warps (V-blocks 32 and 64: both layouts must fit one block's
     /// shared memory).
     Together,
+    /// One launch, each block running one chain (V-block 32 with warp pairs): the dh pass's
+    /// blocks, then the states pass's, so that where both grids are resident at one block per
+    /// SM each chain has an SM of its own.
+    Apart,
 }
 
 impl ChainSchedule {
@@ -71,6 +81,7 @@ impl ChainSchedule {
             ChainSchedule::Auto => "auto",
             ChainSchedule::Serial => "serial",
             ChainSchedule::Together => "together",
+            ChainSchedule::Apart => "apart",
         }
     }
 }
@@ -78,12 +89,41 @@ impl ChainSchedule {
 /// The V-blocks [`ChainSchedule::Together`] has kernels for.
 pub(crate) const TOGETHER_VALUE_BLOCKS: [usize; 2] = [32, 64];
 
+/// The V-blocks [`ChainSchedule::Apart`] has kernels for (with warp pairs only).
+pub(crate) const PAIR_APART_VALUE_BLOCKS: [usize; 1] = [32];
+
+/// Whether `Auto` takes [`ChainSchedule::Apart`] where both grids are resident at one block
+/// per SM: yes (H200, 2026-12-02, 2/8 heads × 1×32768 bf16 without segments: 3.24 ms apart
+/// against 4.15–4.19 together; where the automatic segments cut, as there, together in
+/// segments of 64 chunks took 2.66 and apart in segments of 256 2.98; BENCHMARKS.md).
+pub(crate) const AUTO_APART: bool = true;
+
+/// Shared memory of one block of [`ChainSchedule::Apart`]: the larger layout, the dh pass's.
+pub(crate) fn apart_smem(bv: usize, pairs: bool) -> usize {
+    chain_smem(bv, false, pairs).max(chain_smem(bv, true, pairs))
+}
+
+/// Whether [`ChainSchedule::Apart`]'s grid over `units` (both chains' blocks) is resident at
+/// once.
+pub(crate) fn apart_resident(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    bv: usize,
+    pairs: bool,
+    units: usize,
+) -> bool {
+    let blocks = 2 * problem.value_dim.div_ceil(bv) * problem.heads_v * units;
+    blocks <= limits.resident(apart_smem(bv, pairs))
+}
+
 /// Shared memory of one block running both chains: the states layout, then the dh layout.
 pub(crate) fn together_smem(bv: usize, pairs: bool) -> usize {
     chain_smem(bv, false, pairs) + chain_smem(bv, true, pairs)
 }
 
-/// The schedule and V-block of the chains: with `Auto`, both chains together at the smallest
+/// The schedule and V-block of the chains: with `Auto`, with warp pairs, apart (a block per
+/// chain, one launch) where both grids are resident at once at V-block 32 ([`AUTO_APART`]),
+/// else both chains together at the smallest
 /// V-block whose grid is resident at once (a latency-bound chain wants more, shorter blocks,
 /// and the two chains then overlap), else one after the other at the smallest V-block whose
 /// grid of either pass is resident, else at the largest that fits. A forced schedule or
@@ -124,10 +164,27 @@ pub(crate) fn chain_plan(
         .find(|&bv| blocks(bv) <= limits.resident(chain_smem(bv, true, pairs)))
         .or(serial.last().copied())
         .map(|bv| (ChainSchedule::Serial, bv));
+    let apart: Vec<usize> = if pairs {
+        &PAIR_APART_VALUE_BLOCKS[..]
+    } else {
+        &[]
+    }
+    .iter()
+    .copied()
+    .filter(|&bv| apart_smem(bv, pairs) <= limits.smem_per_block)
+    .filter(|&bv| value_block.is_none_or(|b| b == bv))
+    .collect();
+    let resident_apart = apart
+        .iter()
+        .copied()
+        .find(|&bv| apart_resident(limits, p, bv, pairs, p.num_sequences()));
     let plan = match schedule {
-        ChainSchedule::Auto => resident_together
-            .map(|bv| (ChainSchedule::Together, bv))
+        ChainSchedule::Auto => resident_apart
+            .filter(|_| AUTO_APART)
+            .map(|bv| (ChainSchedule::Apart, bv))
+            .or(resident_together.map(|bv| (ChainSchedule::Together, bv)))
             .or(serial_plan),
+        ChainSchedule::Apart => apart.first().map(|&bv| (ChainSchedule::Apart, bv)),
         ChainSchedule::Serial => serial_plan,
         ChainSchedule::Together => resident_together
             .or(together.first().copied())
@@ -138,8 +195,9 @@ pub(crate) fn chain_plan(
             "backward chains",
             format!(
                 "a schedule and V-block (of {CHAIN_VALUE_BLOCKS:?}; together: of \
-                 {TOGETHER_VALUE_BLOCKS:?}; with warp pairs {PAIR_VALUE_BLOCKS:?} and together \
-                 {PAIR_TOGETHER_VALUE_BLOCKS:?}) whose shared memory fits the device"
+                 {TOGETHER_VALUE_BLOCKS:?}; with warp pairs {PAIR_VALUE_BLOCKS:?}, together \
+                 {PAIR_TOGETHER_VALUE_BLOCKS:?} and apart {PAIR_APART_VALUE_BLOCKS:?}) whose \
+                 shared memory fits the device"
             ),
             format!(
                 "{} at V-block {value_block:?}{}",
@@ -151,7 +209,7 @@ pub(crate) fn chain_plan(
     Ok(plan)
 }
 
-/// chunk_bwd_chain.cu's BWD_LOCAL bit: the segments' local pass.
+/// chunk_bwd_chain.cuh's BWD_LOCAL bit: the segments' local pass.
 const BWD_LOCAL: i32 = 1 << 9;
 
 /// Which pass of a segmented chain a launch runs.
@@ -204,7 +262,7 @@ pub(crate) struct SegmentBuffers {
     pub dh_end: CudaSlice<u8>,
 }
 
-/// The segments' kernel arguments (chunk_bwd_chain.cu GDN_CHUNK_BWD_SEG_ARGS): null without
+/// The segments' kernel arguments (chunk_bwd_chain.cuh GDN_CHUNK_BWD_SEG_ARGS): null without
 /// segments.
 fn push_segments<'a>(
     l: &mut cudarc::driver::LaunchArgs<'a>,
@@ -268,7 +326,7 @@ pub(crate) fn launch_states(
 ) -> Result<()> {
     let name = format!("gdn_chunk_bwd_states{}_{suffix}", kernel_block(bv, pairs));
     let smem = chain_smem(bv, false, pairs);
-    let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
+    let func = ctx.function_with_smem(chain_source(suffix)?, &name, smem)?;
     let null: u64 = 0;
     let params = pass_params(params, pass);
     let mut l = ctx.stream().launch_builder(&func);
@@ -290,7 +348,7 @@ pub(crate) fn launch_states(
         block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: matches gdn_chunk_bwd_states* in chunk_bwd_chain.cu; the workspace was sized for
+    // SAFETY: matches gdn_chunk_bwd_states* in chunk_bwd_chain.cuh; the workspace was sized for
     // this problem's chunks and the inputs checked against it by the caller.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
@@ -317,7 +375,7 @@ pub(crate) fn launch_dh(
 ) -> Result<()> {
     let name = format!("gdn_chunk_bwd_dh{}_{suffix}", kernel_block(bv, pairs));
     let smem = chain_smem(bv, true, pairs);
-    let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
+    let func = ctx.function_with_smem(chain_source(suffix)?, &name, smem)?;
     let null: u64 = 0;
     let params = pass_params(params, pass);
     let mut l = ctx.stream().launch_builder(&func);
@@ -346,14 +404,15 @@ pub(crate) fn launch_dh(
         block_dim: ((bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: matches gdn_chunk_bwd_dh* in chunk_bwd_chain.cu; dv, dht, dh0 were checked
+    // SAFETY: matches gdn_chunk_bwd_dh* in chunk_bwd_chain.cuh; dv, dht, dh0 were checked
     // against the problem by the caller, the workspace sized for its chunks.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())
 }
 
 /// Enqueue both chains in one launch ([`ChainSchedule::Together`], V-block `bv` of
-/// [`TOGETHER_VALUE_BLOCKS`]): what [`launch_states`] and [`launch_dh`] write.
+/// [`TOGETHER_VALUE_BLOCKS`]; with `apart`, [`ChainSchedule::Apart`], a block per chain):
+/// what [`launch_states`] and [`launch_dh`] write.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn launch_together(
     ctx: &Context,
@@ -365,10 +424,16 @@ pub(crate) fn launch_together(
     suffix: &str,
     ws: &ChainBuffers<'_>,
     io: &ChainInputs<'_>,
+    apart: bool,
 ) -> Result<()> {
-    let name = format!("gdn_chunk_bwd_chains{}_{suffix}", kernel_block(bv, pairs));
-    let smem = together_smem(bv, pairs);
-    let func = ctx.function_with_smem(&CHUNK_BWD_CHAIN, &name, smem)?;
+    let kind = if apart { "apart" } else { "chains" };
+    let name = format!("gdn_chunk_bwd_{kind}{}_{suffix}", kernel_block(bv, pairs));
+    let smem = if apart {
+        apart_smem(bv, pairs)
+    } else {
+        together_smem(bv, pairs)
+    };
+    let func = ctx.function_with_smem(chain_source(suffix)?, &name, smem)?;
     let null: u64 = 0;
     let params = pass_params(params, pass);
     let mut l = ctx.stream().launch_builder(&func);
@@ -399,12 +464,20 @@ pub(crate) fn launch_together(
         .arg(ws.state_grads)
         .arg(ws.dv_new);
     push_segments(&mut l, ws, &null);
+    // Apart: the units twice in z (the dh pass's blocks, then the states pass's), one chain's
+    // warps per block.
+    let (x, y, units) = grid(problem, bv, ws.num_units, pass == ChainPass::Local);
+    let (chains_per_block, z) = if apart { (1, 2 * units) } else { (2, units) };
     let cfg = LaunchConfig {
-        grid_dim: grid(problem, bv, ws.num_units, pass == ChainPass::Local),
-        block_dim: ((2 * bv / 16 * warps_per_group(pairs) * 32) as u32, 1, 1),
+        grid_dim: (x, y, z),
+        block_dim: (
+            (chains_per_block * bv / 16 * warps_per_group(pairs) * 32) as u32,
+            1,
+            1,
+        ),
         shared_mem_bytes: smem as u32,
     };
-    // SAFETY: matches gdn_chunk_bwd_chains* in chunk_bwd_chain.cu; the tensors were checked
+    // SAFETY: matches gdn_chunk_bwd_{chains,apart}* in chunk_bwd_chain.cuh; the tensors were checked
     // against the problem by the caller, the workspace sized for its chunks.
     unsafe { l.launch(cfg) }.map_err(|e| driver_error(&format!("launch of {name}"), e))?;
     Ok(())

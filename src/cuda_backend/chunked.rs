@@ -39,7 +39,7 @@ const LOCAL_PASS: i32 = 1 << 9;
 /// chunk.cuh's PREP_FFMA bit: the prep's inverse block products on the CUDA cores instead of
 /// 3xTF32 MMAs (an A/B switch while both exist: `GDN_CUDA_PREP_FFMA=1`).
 const PREP_FFMA: i32 = 1 << 10;
-/// The unit flags of chunked.cu and chunk_bwd_chain.cu: the unit starts / ends its sequence.
+/// The unit flags of chunked.cu and chunk_bwd_chain.cuh: the unit starts / ends its sequence.
 const UNIT_FIRST: i32 = 1;
 const UNIT_LAST: i32 = 2;
 

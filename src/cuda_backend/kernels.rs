@@ -25,7 +25,14 @@ pub const CHUNK_HEADER: Header = Header {
 
 /// Every header besides the prelude; the `cuda` test checks that this lists every
 /// `shaders/cuda/*.cuh` but `common.cuh`.
-pub const HEADERS: &[Header] = &[CHUNK_HEADER];
+pub const HEADERS: &[Header] = &[CHUNK_HEADER, CHUNK_BWD_CHAIN_HEADER];
+
+/// The chunked backward's sequential passes (the states and dh chains, apart or in one block),
+/// included by one source per dtype.
+pub const CHUNK_BWD_CHAIN_HEADER: Header = Header {
+    file: "chunk_bwd_chain.cuh",
+    text: include_str!("../../shaders/cuda/chunk_bwd_chain.cuh"),
+};
 
 /// One pass: its file name under `shaders/cuda/` and its source.
 #[derive(Debug, Clone, Copy)]
@@ -86,12 +93,29 @@ pub const BACKWARD: Source = Source {
     headers: &[],
 };
 
-/// The chunked backward's sequential passes: chunk start states and end-state gradients.
-pub const CHUNK_BWD_CHAIN: Source = Source {
-    file: "chunk_bwd_chain.cu",
-    text: include_str!("../../shaders/cuda/chunk_bwd_chain.cu"),
-    headers: &[CHUNK_HEADER],
+/// The chunked backward's sequential passes for f16 storage: chunk start states and end-state
+/// gradients (a source per dtype, so that the two compile on parallel threads).
+pub const CHUNK_BWD_CHAIN_F16: Source = Source {
+    file: "chunk_bwd_chain_f16.cu",
+    text: include_str!("../../shaders/cuda/chunk_bwd_chain_f16.cu"),
+    headers: &[CHUNK_HEADER, CHUNK_BWD_CHAIN_HEADER],
 };
+
+/// [`CHUNK_BWD_CHAIN_F16`] for bf16 storage.
+pub const CHUNK_BWD_CHAIN_BF16: Source = Source {
+    file: "chunk_bwd_chain_bf16.cu",
+    text: include_str!("../../shaders/cuda/chunk_bwd_chain_bf16.cu"),
+    headers: &[CHUNK_HEADER, CHUNK_BWD_CHAIN_HEADER],
+};
+
+/// The chains' source for a kernel-name dtype suffix (`f16`, `bf16`); `None` for any other.
+pub fn chunk_bwd_chain_source(suffix: &str) -> Option<&'static Source> {
+    match suffix {
+        "f16" => Some(&CHUNK_BWD_CHAIN_F16),
+        "bf16" => Some(&CHUNK_BWD_CHAIN_BF16),
+        _ => None,
+    }
+}
 
 /// The chunked backward's parallel passes: prep, the gradients inside each chunk and through
 /// its states.
@@ -115,7 +139,8 @@ pub const SOURCES: &[Source] = &[
     CHUNK_COMBINE,
     SEGMENT_WINDOW,
     BACKWARD,
-    CHUNK_BWD_CHAIN,
+    CHUNK_BWD_CHAIN_F16,
+    CHUNK_BWD_CHAIN_BF16,
     CHUNK_BWD_GRAD,
     DECODE,
 ];

@@ -52,7 +52,7 @@ fn plan_options() -> Result<PlanOptions> {
     })
 }
 
-/// The timed chunked backward's overrides: `GDN_BWD_CHAINS` (auto, serial, together),
+/// The timed chunked backward's overrides: `GDN_BWD_CHAINS` (auto, serial, together, apart),
 /// `GDN_BWD_PAIRS` (0/off, 1/on: warp pairs in the chains), `GDN_BWD_SEGMENT_CHUNKS` (auto,
 /// off, n: the chains' segments) and `GDN_V_BLOCK`.
 fn backward_options() -> Result<BackwardOptions> {
@@ -62,10 +62,11 @@ fn backward_options() -> Result<BackwardOptions> {
             "auto" => ChainSchedule::Auto,
             "serial" => ChainSchedule::Serial,
             "together" => ChainSchedule::Together,
+            "apart" => ChainSchedule::Apart,
             _ => {
                 return Err(Error::Value {
                     name: "GDN_BWD_CHAINS".into(),
-                    expected: "auto, serial or together".into(),
+                    expected: "auto, serial, together or apart".into(),
                     got: s,
                 });
             }

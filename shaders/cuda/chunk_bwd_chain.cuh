@@ -238,14 +238,14 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
                            const T* __restrict__ ws_a, const float* __restrict__ h0,
                            T* __restrict__ ws_h, T* __restrict__ ws_x, T* __restrict__ ws_vp,
                            const SegmentIo seg, const int first_thread = 0,
-                           const int smem_offset = 0, const int barrier = 0) {
+                           const int smem_offset = 0, const int barrier = 0, const int unit_z = -1) {
     using L = ChainLayout<BV, KS>;
     constexpr int NB = MAX_K / 16 / KS;  // 16-row blocks of the state a warp holds at most
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* const role_smem = smem + smem_offset;
     const int tid = threadIdx.x - first_thread;
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
+    const int hv = blockIdx.y, unit = unit_z < 0 ? (int)blockIdx.z : unit_z, h = hv / p.group;
     const int first = units[4 * unit], end = units[4 * unit + 1];
     const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
     const int flags = p.flags;
@@ -424,14 +424,14 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
                        const T* __restrict__ ws_p, const float* __restrict__ dht,
                        T* __restrict__ dv, float* __restrict__ dh0, T* __restrict__ ws_dh,
                        T* __restrict__ ws_dvp, const SegmentIo seg, const int first_thread = 0,
-                       const int smem_offset = 0, const int barrier = 0) {
+                       const int smem_offset = 0, const int barrier = 0, const int unit_z = -1) {
     using L = ChainLayout<BV, KS>;
     constexpr int NB = MAX_K / 16 / KS;  // 16-row blocks of the state a warp holds at most
     extern __shared__ __align__(128) unsigned char smem[];
     unsigned char* const role_smem = smem + smem_offset;
     const int tid = threadIdx.x - first_thread;
     const int K = p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
-    const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
+    const int hv = blockIdx.y, unit = unit_z < 0 ? (int)blockIdx.z : unit_z, h = hv / p.group;
     const int first = units[4 * unit], end = units[4 * unit + 1];
     const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
     const int flags = p.flags;
@@ -659,6 +659,31 @@ __device__ void bwd_chains(const ChunkParams p, const int* __restrict__ chunks,
     }
 }
 
+
+// Both chains in one launch, a block each (V-block 32 with warp pairs): the grid's z holds the
+// units twice, the dh pass's blocks first (the longer chain, dispatched first), then the
+// states pass's. Where the two grids together are resident at one block per SM (few heads
+// and sequences), each chain has an SM of its own instead of sharing one (bwd_chains).
+template <typename T, int BV, int KS = 1>
+__device__ void bwd_chains_apart(const ChunkParams p, const int* __restrict__ chunks,
+                                 const int* __restrict__ units, const T* __restrict__ q,
+                                 const T* __restrict__ k, const T* __restrict__ v,
+                                 const T* __restrict__ d_o, const float* __restrict__ ws_f,
+                                 const T* __restrict__ ws_a, const T* __restrict__ ws_p,
+                                 const float* __restrict__ h0, const float* __restrict__ dht,
+                                 T* __restrict__ dv, float* __restrict__ dh0, T* __restrict__ ws_h,
+                                 T* __restrict__ ws_x, T* __restrict__ ws_vp, T* __restrict__ ws_dh,
+                                 T* __restrict__ ws_dvp, const SegmentIo seg) {
+    const int num_units = (int)gridDim.z / 2, z = blockIdx.z;
+    if (z < num_units) {
+        bwd_dh<T, BV, KS>(p, chunks, units, q, k, d_o, ws_f, ws_a, ws_p, dht, dv, dh0, ws_dh, ws_dvp, seg,
+                          0, 0, 0, z);
+    } else {
+        bwd_states<T, BV, KS>(p, chunks, units, k, v, ws_f, ws_a, h0, ws_h, ws_x, ws_vp, seg, 0, 0, 0,
+                              z - num_units);
+    }
+}
+
 }  // namespace chunked
 }  // namespace gdn
 
@@ -695,6 +720,19 @@ __device__ void bwd_chains(const ChunkParams p, const int* __restrict__ chunks,
                                             GDN_CHUNK_BWD_SEG);                                     \
     }
 
+#define GDN_CHUNK_BWD_APART(SUFFIX, T, BV, KS, NAME)                                                \
+    extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_bwd_apart##NAME##_##SUFFIX(  \
+        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,         \
+        const T* k, const T* v, const T* d_o, const float* ws_f, const T* ws_a, const T* ws_p,      \
+        const float* h0, const float* dht, T* dv, float* dh0, T* ws_h, T* ws_x, T* ws_vp, T* ws_dh, \
+        T* ws_dvp, GDN_CHUNK_BWD_SEG_ARGS) {                                                        \
+        gdn::chunked::bwd_chains_apart<T, BV, KS>(p, chunks, units, q, k, v, d_o, ws_f, ws_a, ws_p, \
+                                                  h0, dht, dv, dh0, ws_h, ws_x, ws_vp, ws_dh,       \
+                                                  ws_dvp, GDN_CHUNK_BWD_SEG);                       \
+    }
+
+// Every kernel of one dtype: chunk_bwd_chain_f16.cu and chunk_bwd_chain_bf16.cu are one each, so
+// the two compile on parallel threads (one source of both took 53 s cold on the H200's host).
 #define GDN_CHUNK_BWD_CHAINS(SUFFIX, T)           \
     GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 32, 1, 32)     \
     GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 64, 1, 64)     \
@@ -703,7 +741,6 @@ __device__ void bwd_chains(const ChunkParams p, const int* __restrict__ chunks,
     GDN_CHUNK_BWD_CHAIN(SUFFIX, T, 64, 2, 64p)    \
     GDN_CHUNK_BWD_BOTH(SUFFIX, T, 32, 1, 32)      \
     GDN_CHUNK_BWD_BOTH(SUFFIX, T, 64, 1, 64)      \
-    GDN_CHUNK_BWD_BOTH(SUFFIX, T, 32, 2, 32p)
+    GDN_CHUNK_BWD_BOTH(SUFFIX, T, 32, 2, 32p)     \
+    GDN_CHUNK_BWD_APART(SUFFIX, T, 32, 2, 32p)
 
-GDN_CHUNK_BWD_CHAINS(f16, __half)
-GDN_CHUNK_BWD_CHAINS(bf16, __nv_bfloat16)
