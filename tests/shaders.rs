@@ -67,7 +67,7 @@ fn capabilities(pass: Pass, dtype: DType) -> naga::valid::Capabilities {
         caps |= C::SHADER_FLOAT16_IN_FLOAT32;
     }
     if pass.needs_subgroups() {
-        caps |= C::SUBGROUP;
+        caps |= C::SUBGROUP | C::SUBGROUP_BARRIER;
     }
     caps
 }

@@ -360,9 +360,16 @@ impl Pass {
         }
     }
 
-    /// Whether the pass needs the device's SUBGROUP feature.
+    /// Whether the pass needs the device's SUBGROUP feature (subgroup operations, or the
+    /// forward coop scan's subgroup barriers).
     pub fn needs_subgroups(self) -> bool {
-        matches!(self, Pass::SubgroupStep | Pass::SubgroupStepBf16State)
+        matches!(
+            self,
+            Pass::SubgroupStep
+                | Pass::SubgroupStepBf16State
+                | Pass::StateScanCoop
+                | Pass::StateScanCoopStaged
+        )
     }
 
     /// Whether the pass needs the device's EXPERIMENTAL_COOPERATIVE_MATRIX.

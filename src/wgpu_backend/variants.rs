@@ -117,7 +117,7 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             &heads,
         ));
         out.push(variant(Pass::DhScanCoop, "dh_scan_coop", &heads));
-        if crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES <= bytes {
+        if crate::wgpu_backend::tuning::STATE_SCAN_COOP_FWD_STAGED_BYTES <= bytes {
             out.push(variant(
                 Pass::StateScanCoopStaged,
                 "state_scan_coop",
