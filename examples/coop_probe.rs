@@ -13,7 +13,14 @@
 //! - `roundtrip`: f32 tiles coopStoreT to workgroup memory, barrier, coopLoadT back, barrier;
 //! - `republish`: the scans' per-chunk publish of the f32 state as f16 (store, barrier, an
 //!   element loop rounding to f16, barrier) and 8 B-tile loads + products on it;
-//! - `barriers`: two barriers per iteration and nothing else.
+//! - `barriers`: two barriers per iteration and nothing else;
+//! - `load_colconst`: column-major with a constant stride; `stage8`: the 8 tiles staged by
+//!   hand (16-byte plain loads one iteration ahead, stored to the subgroup's own workgroup
+//!   tiles, a subgroup barrier, cooperative loads from workgroup memory).
+//!
+//! `--scan-file NAME=PATH` (repeatable) times a replacement for
+//! shaders/forward/state_scan_coop.wgsl beside the scan (as `x_NAME`, its o compared with the
+//! scan's bit for bit); `--scan-only` skips the op probes and the built-in ablations.
 //!
 //! Every line: mode, invocations per workgroup, workgroups, GPU ms (median of `--reps`),
 //! ns per iteration of one subgroup (8 ops, or one publish for `republish`, 2 barriers for
@@ -38,7 +45,14 @@ const LOAD_TEMPLATE: &str = include_str!("coop_probe_wgsl/load_template.wgsl");
 const WG_TEMPLATE: &str = include_str!("coop_probe_wgsl/wg_template.wgsl");
 
 /// The storage-load helpers of probe.wgsl, each given an entry point `load_<suffix>`.
-const LOADS: &[&str] = &["ld_rt", "ld_const", "ld_col", "ld_v4", "ld_v4col"];
+const LOADS: &[&str] = &[
+    "ld_rt",
+    "ld_const",
+    "ld_col",
+    "ld_colconst",
+    "ld_v4",
+    "ld_v4col",
+];
 /// The workgroup-tile helpers, each given an entry point `wgload_<prefix>`.
 const TILES: &[&str] = &["wg_tile", "wg4_tile"];
 
@@ -153,7 +167,7 @@ fn assembled() -> (String, Vec<String>) {
             .replace("TILE(", &format!("{h}("));
         modes.push(entry);
     }
-    modes.extend(["roundtrip", "republish", "barriers"].map(String::from));
+    modes.extend(["roundtrip", "republish", "barriers", "stage8"].map(String::from));
     (text, modes)
 }
 
@@ -245,19 +259,23 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
     };
     let no_publish = |b: &str| {
         b.replace(
-            "        if (c + 1u < n_chunks) {\n            publish_half(t, sg, 0u, s00, s01);\n            publish_half(t, sg, 1u, s10, s11);\n        }\n",
+            "        if (c + 1u < n_chunks) {\n            publish_sg(sg, lane, 0u, s00, s01);\n            publish_sg(sg, lane, 1u, s10, s11);\n            workgroupBarrier();\n        }\n",
             "",
         )
     };
     let no_elem = |b: &str| {
-        map_lines(b, &|l| l.starts_with("w_elem(t, ").then(String::new))
-            .replace("n < BV / 2u; n++", "n < 0u; n++")
-            .replace("n < BV / 4u; n++", "n < 0u; n++")
+        map_lines(b, &|l| l.starts_with("w_elem(sg, ").then(String::new))
+            .replace("n < 16u; n++", "n < 0u; n++")
+            .replace("m < 8u; m++", "m < 0u; m++")
     };
     let no_barrier = |b: &str| {
         let loop_at = b.find("for (var c = 0u;").unwrap_or(0);
         let (pre, post) = b.split_at(loop_at);
-        format!("{pre}{}", post.replace("        workgroupBarrier();\n", ""))
+        let post = post
+            .replace("        workgroupBarrier();\n", "")
+            .replace("        subgroupBarrier();\n", "")
+            .replace("            workgroupBarrier();\n", "");
+        format!("{pre}{post}")
     };
     let no_reload = |b: &str| {
         map_lines(b, &|l| {
@@ -276,8 +294,11 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
     let no_wg_loads = |b: &str| {
         map_lines(b, &|l| {
             let name = l.strip_prefix("let ")?.split(' ').next()?;
-            (l.contains("= s_tile(") || l.contains("= x_tile("))
-                .then(|| format!("let {name} = bfix;"))
+            (l.contains("= s_tile(")
+                || l.contains("= x_tile(")
+                || l.contains("= v_tile(")
+                || l.contains("= y_tile("))
+            .then(|| format!("let {name} = bfix;"))
         })
         .replace(
             "    for (var c = 0u; c < n_chunks; c++) {",
@@ -354,9 +375,14 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
             "let i = 4u * (r * SP + c);\n    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], SP / 4u);",
         ),
         ("x16[e] = ", "x16[e >> 2u][e & 3u] = "),
+        // coop_scan_tiles.wgsl's publish_half (the backward scans'), unused here but compiled.
         (
             "s16[(row + 16u * (g + upper)) * SP + col] = f16(stage[row * FP + col]);",
             "let si = (row + 16u * (g + upper)) * SP + col;\n        s16[si >> 2u][si & 3u] = f16(stage[row * FP + col]);",
+        ),
+        (
+            "s16[(32u * sg + 16u * upper + n) * SP + lane] = f16(stage[base + n * FP + lane]);",
+            "let si = (32u * sg + 16u * upper + n) * SP + lane;\n        s16[si >> 2u][si & 3u] = f16(stage[base + n * FP + lane]);",
         ),
     ];
     let v4_both: Vec<(&str, &str)> = v4_storage.iter().chain(v4_wg).copied().collect();
