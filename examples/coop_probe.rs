@@ -259,23 +259,19 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
     };
     let no_publish = |b: &str| {
         b.replace(
-            "        if (c + 1u < n_chunks) {\n            publish_sg(sg, lane, 0u, s00, s01);\n            publish_sg(sg, lane, 1u, s10, s11);\n            workgroupBarrier();\n        }\n",
+            "        if (c + 1u < n_chunks) {\n            publish_half(t, sg, 0u, s00, s01);\n            publish_half(t, sg, 1u, s10, s11);\n        }\n",
             "",
         )
     };
     let no_elem = |b: &str| {
-        map_lines(b, &|l| l.starts_with("w_elem(sg, ").then(String::new))
-            .replace("n < 16u; n++", "n < 0u; n++")
-            .replace("m < 8u; m++", "m < 0u; m++")
+        map_lines(b, &|l| l.starts_with("w_elem(t, ").then(String::new))
+            .replace("n < BV / 2u; n++", "n < 0u; n++")
+            .replace("n < BV / 4u; n++", "n < 0u; n++")
     };
     let no_barrier = |b: &str| {
         let loop_at = b.find("for (var c = 0u;").unwrap_or(0);
         let (pre, post) = b.split_at(loop_at);
-        let post = post
-            .replace("        workgroupBarrier();\n", "")
-            .replace("        subgroupBarrier();\n", "")
-            .replace("            workgroupBarrier();\n", "");
-        format!("{pre}{post}")
+        format!("{pre}{}", post.replace("        workgroupBarrier();\n", ""))
     };
     let no_reload = |b: &str| {
         map_lines(b, &|l| {
@@ -294,11 +290,8 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
     let no_wg_loads = |b: &str| {
         map_lines(b, &|l| {
             let name = l.strip_prefix("let ")?.split(' ').next()?;
-            (l.contains("= s_tile(")
-                || l.contains("= x_tile(")
-                || l.contains("= v_tile(")
-                || l.contains("= y_tile("))
-            .then(|| format!("let {name} = bfix;"))
+            (l.contains("= s_tile(") || l.contains("= x_tile("))
+                .then(|| format!("let {name} = bfix;"))
         })
         .replace(
             "    for (var c = 0u; c < n_chunks; c++) {",
@@ -375,14 +368,9 @@ fn scan_ablations() -> Res<Vec<(&'static str, String)>> {
             "let i = 4u * (r * SP + c);\n    return coopLoadT<coop_mat16x16<f16, B>>(&x16[i], SP / 4u);",
         ),
         ("x16[e] = ", "x16[e >> 2u][e & 3u] = "),
-        // coop_scan_tiles.wgsl's publish_half (the backward scans'), unused here but compiled.
         (
             "s16[(row + 16u * (g + upper)) * SP + col] = f16(stage[row * FP + col]);",
             "let si = (row + 16u * (g + upper)) * SP + col;\n        s16[si >> 2u][si & 3u] = f16(stage[row * FP + col]);",
-        ),
-        (
-            "s16[(32u * sg + 16u * upper + n) * SP + lane] = f16(stage[base + n * FP + lane]);",
-            "let si = (32u * sg + 16u * upper + n) * SP + lane;\n        s16[si >> 2u][si & 3u] = f16(stage[base + n * FP + lane]);",
         ),
     ];
     let v4_both: Vec<(&str, &str)> = v4_storage.iter().chain(v4_wg).copied().collect();
@@ -877,7 +865,8 @@ fn main() -> Res<()> {
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::PASSTHROUGH_SHADERS
-            | wgpu::Features::SUBGROUP);
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::SUBGROUP_BARRIER);
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("coop_probe"),
         required_features: features,

@@ -67,7 +67,10 @@ fn capabilities(pass: Pass, dtype: DType) -> naga::valid::Capabilities {
         caps |= C::SHADER_FLOAT16_IN_FLOAT32;
     }
     if pass.needs_subgroups() {
-        caps |= C::SUBGROUP | C::SUBGROUP_BARRIER;
+        caps |= C::SUBGROUP;
+    }
+    if pass.needs_subgroup_barriers() {
+        caps |= C::SUBGROUP_BARRIER;
     }
     caps
 }

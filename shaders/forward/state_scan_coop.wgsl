@@ -13,17 +13,14 @@
 // Γ⊙A⊙β and Γ⊙QKᵀ come precomputed in f16 from wy_inverse (its coop variant), γ⊙q per v-head
 // from gate_q, so P0 accumulates straight into O and never goes through memory.
 //
-// Every f32 round trip through `stage` stays inside one subgroup: subgroup g stores its own
-// accumulators (U, V', O, its state rows) to stage rows 16g..16g+15 and its own 32 lanes (lane
-// = value column) read them back, so a subgroup barrier orders them. Workgroup barriers only
-// publish the f16 tiles every subgroup reads: W (x16), V' and (γ_C/γ) ⊙ V' (v16, y16, one
-// element loop writes both), and S (s16) — three per chunk. The next chunk's γ and decay are
-// written after the second, when this chunk's last reads of them are done.
-//
 // What the H200 showed (T = 32768, bf16; BENCHMARKS.md): a chunk costs a workgroup time in
 // proportion to its instructions (a 64-wide V-block took twice as long per chunk, eight
-// subgroups instead of four were slower). Staging K and Q in workgroup memory with plain loads
-// and 16-wide V-blocks were tried and were slower.
+// subgroups instead of four were slower), and with this layout's 21.5 KiB of workgroup memory
+// 16/64 heads went from 10.2 to 8.2 ms while 2/8 did not move — consistent with more
+// workgroups sharing an SM (not measured directly). So
+// W, V' and (γ_C/γ) ⊙ V' take turns in one f16 tile, and the f32 staging tile also carries
+// the state, half at a time. Staging K and Q in workgroup memory with plain loads and
+// 16-wide V-blocks were tried and were slower.
 //
 // Partial chunks: qg16, k16 and gated16 carry one chunk of padding rows past B·T, so tiles
 // never leave their buffers. Rows past the chunk's end hold the next sequence's (finite)
@@ -53,10 +50,8 @@ const SP: u32 = BV;         // row pitch of s16 and x16 (unpadded)
 const FP: u32 = BV;         // row pitch of stage (unpadded)
 
 var<workgroup> s16: array<f16, 128u * BV>;   // S rounded to f16, [K][BV]
-var<workgroup> x16: array<f16, 64u * BV>;    // W, [64][BV]
-var<workgroup> v16: array<f16, 64u * BV>;    // V', [64][BV]
-var<workgroup> y16: array<f16, 64u * BV>;    // (γ_C/γ) ⊙ V', [64][BV]
-var<workgroup> stage: array<f32, 64u * BV>;  // f32 staging, rows 16g..16g+15 subgroup g's: U, V', O, S
+var<workgroup> x16: array<f16, 64u * BV>;    // W, then V', then (γ_C/γ) ⊙ V', [64][BV]
+var<workgroup> stage: array<f32, 64u * BV>;  // f32 staging, [64][BV]: U, V', O; or half of S
 var<workgroup> zero: array<f32, 256>;
 var<workgroup> gam: array<f32, 64>;          // γ_i = exp(G_i)
 var<workgroup> dec: array<f32, 64>;          // γ_C/γ_i, 0 past the chunk
@@ -65,50 +60,17 @@ fn q_rows(i: u32, stride: u32) -> coop_mat16x16<f16, A> {
     return coopLoadT<coop_mat16x16<f16, A>>(&qg16[i], stride);
 }
 
-fn v_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * SP + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&v16[i], SP);
-}
-
-fn y_tile(r: u32, c: u32) -> coop_mat16x16<f16, B> {
-    let i = 16u * (r * SP + c);
-    return coopLoadT<coop_mat16x16<f16, B>>(&y16[i], SP);
-}
-
-// Element n of this lane's V column (row row0 + n of the chunk's tokens), 0 past the chunk.
+// Element n of this invocation's V column (chunk row t / BV + n·128/BV), 0 past the chunk.
 fn v_or_zero(row0: u32, n: u32, lim: u32, step: u32) -> f32 {
-    let inside = n < lim;
+    let inside = n * (WG / BV) < lim;
     let i = select(row0, row0 + n * step, inside);
     return select(0.0, load_elem(v_buf[elem_word(i)], i), inside);
 }
 
-// Element (16 g + n, lane) of W = V − γ ⊙ U (U in this subgroup's rows of stage).
-fn w_elem(sg: u32, lane: u32, n: u32, v: f32, lim: u32) {
-    let e = (16u * sg + n) * BV + lane;
-    x16[e] = f16(select(0.0, v - gam[16u * sg + n] * stage[e], n < lim));
-}
-
-// γ and γ_C/γ of the chunk at `start` (`len` tokens) into gam, dec (invocations t < 64).
-fn gates(t: u32, start: u32, len: u32, hv: u32, hv_count: u32) {
-    if (t < CHUNK) {
-        let g_last = gate_beta[(start + len - 1u) * hv_count + hv].x;
-        let g = gate_beta[(start + min(t, len - 1u)) * hv_count + hv].x;
-        gam[t] = exp(g);
-        dec[t] = select(0.0, exp(g_last - g), t < len);
-    }
-}
-
-// Half of this subgroup's state (rows 32 g + 16 upper .. + 15, tiles s0, s1) → its rows of
-// stage → s16, with subgroup barriers only (the caller's workgroup barrier publishes s16).
-fn publish_sg(sg: u32, lane: u32, upper: u32, s0: coop_mat16x16<f32, C>, s1: coop_mat16x16<f32, C>) {
-    let base = 16u * FP * sg;
-    store_tile(s0, base);
-    store_tile(s1, base + 16u);
-    subgroupBarrier();
-    for (var n = 0u; n < 16u; n++) {
-        s16[(32u * sg + 16u * upper + n) * SP + lane] = f16(stage[base + n * FP + lane]);
-    }
-    subgroupBarrier();
+// Element (t / BV + n·128/BV, t % BV) of W = V − γ ⊙ U (U in stage).
+fn w_elem(t: u32, n: u32, v: f32, lim: u32) {
+    let e = t + WG * n;
+    x16[e] = f16(select(0.0, v - gam[e / BV] * stage[e], n * (WG / BV) < lim));
 }
 
 @compute @workgroup_size(128)
@@ -117,7 +79,6 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     let hv = wid.y;
     let v0 = wid.z * BV;
     let sg = t / 32u;
-    let lane = t % 32u;
     let hv_count = heads_v_count();
     let vd = params.value_dim;
     let hqk = hv / (hv_count / heads_qk_count());
@@ -143,17 +104,18 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     var s01 = state_load(sbase, r0, v0 + 16u);
     var s10 = state_load(sbase, r0 + 16u, v0);
     var s11 = state_load(sbase, r0 + 16u, v0 + 16u);
-    gates(t, seg_start, min(CHUNK, seg_len), hv, hv_count);
-    publish_sg(sg, lane, 0u, s00, s01);
-    publish_sg(sg, lane, 1u, s10, s11);
-    workgroupBarrier();
+    // The first chunk's K (staged variant: to workgroup memory; the publish's barriers order it).
+    k_store(t, k_fetch(t, seg_start));
+    publish_half(t, sg, 0u, s00, s01);
+    publish_half(t, sg, 1u, s10, s11);
 
-    let vstep = hv_count * vd;              // one token of v
+    // This invocation's elements of V: column t % BV, rows t / BV + n·(128/BV).
+    let vstep = (WG / BV) * hv_count * vd;
     let ui = 16u * sg * BV;                 // this subgroup's row tile in `stage`
     let n_chunks = (seg_len + CHUNK - 1u) / CHUNK;
     let q_off = 16u * sg * hq + hv * KD;
     // This chunk's rows of K and γ ⊙ Q, the A operands of K S and (γ ⊙ Q) S: loaded one
-    // chunk ahead (the loads of chunk c + 1 are issued before chunk c's stores and publish).
+    // chunk ahead (the loads of chunk c + 1 are issued halfway through chunk c).
     var ka0 = k_rows(seg_start, 16u * sg, 0u);
     var ka1 = k_rows(seg_start, 16u * sg, 16u);
     var ka2 = k_rows(seg_start, 16u * sg, 32u);
@@ -173,11 +135,16 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
     for (var c = 0u; c < n_chunks; c++) {
         let start = seg_start + c * CHUNK;
         let len = min(CHUNK, seg_start + seg_len - start);
+        // The next chunk (this one again after the last: a tile must stay inside its buffer).
         let next = select(start, start + CHUNK, c + 1u < n_chunks);
         let g_last = gate_beta[(start + len - 1u) * hv_count + hv].x;
-        // This lane's V column, rows 16 sg .. + 15 of the chunk.
-        let vrow = ((start + 16u * sg) * hv_count + hv) * vd + v0 + lane;
-        let lim = select(0u, len - 16u * sg, len > 16u * sg);
+        if (t < CHUNK) {
+            let g = gate_beta[(start + min(t, len - 1u)) * hv_count + hv].x;
+            gam[t] = exp(g);
+            dec[t] = select(0.0, exp(g_last - g), t < len);
+        }
+        let vrow = ((start + t / BV) * hv_count + hv) * vd + v0 + t % BV;
+        let lim = select(0u, len - t / BV, len > t / BV);
         let va = vec4<f32>(v_or_zero(vrow, 0u, lim, vstep), v_or_zero(vrow, 1u, lim, vstep),
                            v_or_zero(vrow, 2u, lim, vstep), v_or_zero(vrow, 3u, lim, vstep));
         let vb = vec4<f32>(v_or_zero(vrow, 4u, lim, vstep), v_or_zero(vrow, 5u, lim, vstep),
@@ -186,6 +153,7 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
                            v_or_zero(vrow, 10u, lim, vstep), v_or_zero(vrow, 11u, lim, vstep));
         let vdd = vec4<f32>(v_or_zero(vrow, 12u, lim, vstep), v_or_zero(vrow, 13u, lim, vstep),
                             v_or_zero(vrow, 14u, lim, vstep), v_or_zero(vrow, 15u, lim, vstep));
+
         // U = K S and P0 = (γ ⊙ Q) S, row tile sg, both column tiles (written out: every
         // operand is a named register, loaded before its products).
         var u0 = zero_acc();
@@ -264,28 +232,29 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         let kc31 = k_cols(start, 48u, r0 + 16u);
         store_tile(u0, ui);
         store_tile(u1, ui + 16u);
-        subgroupBarrier();
-
-        // W = V − γ ⊙ U on this subgroup's rows (0 past the chunk).
-        w_elem(sg, lane, 0u, va.x, lim);
-        w_elem(sg, lane, 1u, va.y, lim);
-        w_elem(sg, lane, 2u, va.z, lim);
-        w_elem(sg, lane, 3u, va.w, lim);
-        w_elem(sg, lane, 4u, vb.x, lim);
-        w_elem(sg, lane, 5u, vb.y, lim);
-        w_elem(sg, lane, 6u, vb.z, lim);
-        w_elem(sg, lane, 7u, vb.w, lim);
-        w_elem(sg, lane, 8u, vc.x, lim);
-        w_elem(sg, lane, 9u, vc.y, lim);
-        w_elem(sg, lane, 10u, vc.z, lim);
-        w_elem(sg, lane, 11u, vc.w, lim);
-        w_elem(sg, lane, 12u, vdd.x, lim);
-        w_elem(sg, lane, 13u, vdd.y, lim);
-        w_elem(sg, lane, 14u, vdd.z, lim);
-        w_elem(sg, lane, 15u, vdd.w, lim);
         workgroupBarrier();
 
-        // V' = (Γ ⊙ A ⊙ β_col) W.
+        // W = V − γ ⊙ U (0 past the chunk).
+        w_elem(t, 0u, va.x, lim);
+        w_elem(t, 1u, va.y, lim);
+        w_elem(t, 2u, va.z, lim);
+        w_elem(t, 3u, va.w, lim);
+        w_elem(t, 4u, vb.x, lim);
+        w_elem(t, 5u, vb.y, lim);
+        w_elem(t, 6u, vb.z, lim);
+        w_elem(t, 7u, vb.w, lim);
+        w_elem(t, 8u, vc.x, lim);
+        w_elem(t, 9u, vc.y, lim);
+        w_elem(t, 10u, vc.z, lim);
+        w_elem(t, 11u, vc.w, lim);
+        w_elem(t, 12u, vdd.x, lim);
+        w_elem(t, 13u, vdd.y, lim);
+        w_elem(t, 14u, vdd.z, lim);
+        w_elem(t, 15u, vdd.w, lim);
+        workgroupBarrier();
+
+        // V' = (Γ ⊙ A ⊙ β_col) W. All four column blocks: cooperative ops need uniform
+        // control flow, and the blocks above the diagonal are zero.
         var d0 = zero_acc();
         var d1 = zero_acc();
         let w00 = x_tile(0u, 0u);
@@ -306,30 +275,27 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         d1 = coopMultiplyAdd(ga3, w31, d1);
         store_tile(d0, ui);
         store_tile(d1, ui + 16u);
-        subgroupBarrier();
+        workgroupBarrier();
+        // Every Kᵀ tile of this chunk is read (before the barriers above); the barrier below
+        // orders the next chunk's K before its first K tile read.
         k_store(t, k_next);
 
-        // V' (0 past the chunk) and (γ_C/γ) ⊙ V' in f16, this subgroup's rows.
-        for (var n = 0u; n < 16u; n++) {
-            let row = 16u * sg + n;
-            let e = row * BV + lane;
-            let vp = stage[e];
-            v16[e] = f16(select(0.0, vp, row < len));
-            y16[e] = f16(vp * dec[row]);
+        // V' in f16 over W (0 past the chunk); its f32 copy stays in stage.
+        for (var n = 0u; n < BV / 2u; n++) {
+            let e = t + WG * n;
+            x16[e] = f16(select(0.0, stage[e], e / BV < len));
         }
         workgroupBarrier();
-        // Every read of gam and dec for this chunk is done: the next chunk's.
-        gates(t, next, min(CHUNK, seg_start + seg_len - next), hv, hv_count);
 
         // O = P0 + (Γ ⊙ Q Kᵀ) V' (scaled on store), row tile sg.
-        let v00 = v_tile(0u, 0u);
-        let v01 = v_tile(0u, 1u);
-        let v10 = v_tile(1u, 0u);
-        let v11 = v_tile(1u, 1u);
-        let v20 = v_tile(2u, 0u);
-        let v21 = v_tile(2u, 1u);
-        let v30 = v_tile(3u, 0u);
-        let v31 = v_tile(3u, 1u);
+        let v00 = x_tile(0u, 0u);
+        let v01 = x_tile(0u, 1u);
+        let v10 = x_tile(1u, 0u);
+        let v11 = x_tile(1u, 1u);
+        let v20 = x_tile(2u, 0u);
+        let v21 = x_tile(2u, 1u);
+        let v30 = x_tile(3u, 0u);
+        let v31 = x_tile(3u, 1u);
         o0 = coopMultiplyAdd(pa0, v00, o0);
         o1 = coopMultiplyAdd(pa0, v01, o1);
         o0 = coopMultiplyAdd(pa1, v10, o0);
@@ -339,38 +305,7 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         o0 = coopMultiplyAdd(pa3, v30, o0);
         o1 = coopMultiplyAdd(pa3, v31, o1);
 
-        // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V').
-        let gamma_c = exp(g_last);
-        s00 = gamma_c * s00;
-        s01 = gamma_c * s01;
-        s10 = gamma_c * s10;
-        s11 = gamma_c * s11;
-        let y00 = y_tile(0u, 0u);
-        let y01 = y_tile(0u, 1u);
-        let y10 = y_tile(1u, 0u);
-        let y11 = y_tile(1u, 1u);
-        let y20 = y_tile(2u, 0u);
-        let y21 = y_tile(2u, 1u);
-        let y30 = y_tile(3u, 0u);
-        let y31 = y_tile(3u, 1u);
-        s00 = coopMultiplyAdd(kc00, y00, s00);
-        s01 = coopMultiplyAdd(kc00, y01, s01);
-        s10 = coopMultiplyAdd(kc01, y00, s10);
-        s11 = coopMultiplyAdd(kc01, y01, s11);
-        s00 = coopMultiplyAdd(kc10, y10, s00);
-        s01 = coopMultiplyAdd(kc10, y11, s01);
-        s10 = coopMultiplyAdd(kc11, y10, s10);
-        s11 = coopMultiplyAdd(kc11, y11, s11);
-        s00 = coopMultiplyAdd(kc20, y20, s00);
-        s01 = coopMultiplyAdd(kc20, y21, s01);
-        s10 = coopMultiplyAdd(kc21, y20, s10);
-        s11 = coopMultiplyAdd(kc21, y21, s11);
-        s00 = coopMultiplyAdd(kc30, y30, s00);
-        s01 = coopMultiplyAdd(kc30, y31, s01);
-        s10 = coopMultiplyAdd(kc31, y30, s10);
-        s11 = coopMultiplyAdd(kc31, y31, s11);
-
-        // The next chunk's K and γ ⊙ Q rows, in flight through the stores below.
+        // The next chunk's K and γ ⊙ Q rows, in flight through the state update.
         ka0 = k_rows(next, 16u * sg, 0u);
         ka1 = k_rows(next, 16u * sg, 16u);
         ka2 = k_rows(next, 16u * sg, 32u);
@@ -387,14 +322,54 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         qa5 = q_rows(next * hq + q_off + 80u, hq);
         qa6 = q_rows(next * hq + q_off + 96u, hq);
         qa7 = q_rows(next * hq + q_off + 112u, hq);
+        workgroupBarrier();
 
-        // O's valid rows of this subgroup, element pairs (packed storage writes whole words).
+        // (γ_C/γ) ⊙ V' over V' for the state update.
+        for (var n = 0u; n < BV / 2u; n++) {
+            let e = t + WG * n;
+            x16[e] = f16(stage[e] * dec[e / BV]);
+        }
+        workgroupBarrier();
+
+        // S ← γ_C S + Kᵀ ((γ_C/γ) ⊙ V'); O to stage (V' there is no longer read).
+        let gamma_c = exp(g_last);
+        s00 = gamma_c * s00;
+        s01 = gamma_c * s01;
+        s10 = gamma_c * s10;
+        s11 = gamma_c * s11;
+        let y00 = x_tile(0u, 0u);
+        let y01 = x_tile(0u, 1u);
+        let y10 = x_tile(1u, 0u);
+        let y11 = x_tile(1u, 1u);
+        let y20 = x_tile(2u, 0u);
+        let y21 = x_tile(2u, 1u);
+        let y30 = x_tile(3u, 0u);
+        let y31 = x_tile(3u, 1u);
+        s00 = coopMultiplyAdd(kc00, y00, s00);
+        s01 = coopMultiplyAdd(kc00, y01, s01);
+        s10 = coopMultiplyAdd(kc01, y00, s10);
+        s11 = coopMultiplyAdd(kc01, y01, s11);
+        s00 = coopMultiplyAdd(kc10, y10, s00);
+        s01 = coopMultiplyAdd(kc10, y11, s01);
+        s10 = coopMultiplyAdd(kc11, y10, s10);
+        s11 = coopMultiplyAdd(kc11, y11, s11);
+        s00 = coopMultiplyAdd(kc20, y20, s00);
+        s01 = coopMultiplyAdd(kc20, y21, s01);
+        s10 = coopMultiplyAdd(kc21, y20, s10);
+        s11 = coopMultiplyAdd(kc21, y21, s11);
+        s00 = coopMultiplyAdd(kc30, y30, s00);
+        s01 = coopMultiplyAdd(kc30, y31, s01);
+        s10 = coopMultiplyAdd(kc31, y30, s10);
+        s11 = coopMultiplyAdd(kc31, y31, s11);
         store_tile(o0, ui);
         store_tile(o1, ui + 16u);
-        subgroupBarrier();
-        for (var m = 0u; m < 8u; m++) {
-            let i = 16u * sg + 2u * m + lane / 16u;
-            let col = 2u * (lane % 16u);
+        workgroupBarrier();
+
+        // Store O's valid rows, element pairs (packed storage writes whole words).
+        for (var n = 0u; n < BV / 4u; n++) {
+            let pr = t + WG * n;
+            let i = pr / (BV / 2u);
+            let col = 2u * (pr % (BV / 2u));
             if (i < len) {
                 let oi = ((start + i) * hv_count + hv) * vd + v0 + col;
                 let a = params.scale * stage[i * BV + col];
@@ -407,11 +382,10 @@ fn state_scan_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
                 }
             }
         }
-        subgroupBarrier();
+        workgroupBarrier();
         if (c + 1u < n_chunks) {
-            publish_sg(sg, lane, 0u, s00, s01);
-            publish_sg(sg, lane, 1u, s10, s11);
-            workgroupBarrier();
+            publish_half(t, sg, 0u, s00, s01);
+            publish_half(t, sg, 1u, s10, s11);
         }
     }
 

@@ -7,8 +7,8 @@ use crate::error::{Error, Result};
 use crate::tensor::DType;
 use crate::wgpu_backend::launch::Grid;
 use crate::wgpu_backend::shaders::Pass;
+use crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES;
 use crate::wgpu_backend::tuning::{COOP_KEY_DIM, COOP_V_BLOCK};
-use crate::wgpu_backend::tuning::{STATE_SCAN_COOP_FWD_STAGED_BYTES, STATE_SCAN_COOP_STAGED_BYTES};
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The coop kernels' K = 128 (the last dimension of `keyed`); `what` names the caller in the
@@ -86,14 +86,22 @@ pub(crate) fn head_constants(
 /// `direct`, or its variant with each chunk's K staged through workgroup memory where
 /// `GDN_COOP_STAGE=on` and the device has the workgroup memory for it.
 pub(crate) fn k_variant(ctx: &Context, direct: Pass) -> Pass {
-    let bytes = ctx.tuning().workgroup_bytes;
-    let staged = ctx.config().coop_stage && STATE_SCAN_COOP_STAGED_BYTES <= bytes;
+    let staged =
+        ctx.config().coop_stage && STATE_SCAN_COOP_STAGED_BYTES <= ctx.tuning().workgroup_bytes;
     match direct {
-        Pass::StateScanCoop if staged && STATE_SCAN_COOP_FWD_STAGED_BYTES <= bytes => {
-            Pass::StateScanCoopStaged
+        Pass::StateScanCoop if staged => Pass::StateScanCoopStaged,
+        Pass::StateScanCoop if ctx.config().coop_subgroup_sync && subgroup_barriers(ctx) => {
+            Pass::StateScanCoopSg
         }
         Pass::StateRecomputeCoop if staged => Pass::StateRecomputeCoopStaged,
         Pass::DhScanCoop if staged => Pass::DhScanCoopStaged,
         pass => pass,
     }
+}
+
+/// Whether the device has subgroup operations and barriers (`state_scan_coop_sg`).
+pub(crate) fn subgroup_barriers(ctx: &Context) -> bool {
+    ctx.device
+        .features()
+        .contains(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER)
 }

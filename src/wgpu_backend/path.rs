@@ -144,10 +144,6 @@ impl PathSupport {
         if !features.contains(wgpu::Features::SHADER_F16) {
             return missing("the device lacks SHADER_F16");
         }
-        // The forward coop scan orders its per-subgroup round trips with subgroup barriers.
-        if !features.contains(wgpu::Features::SUBGROUP) {
-            return missing("the device lacks SUBGROUP");
-        }
         let f16_tile = coop_properties.iter().any(|p| {
             p.m_size == COOP_TILE
                 && p.n_size == COOP_TILE

@@ -21,21 +21,14 @@ pub const COOP_TILE: u32 = 16;
 pub const COOP_KEY_DIM: usize = 128;
 /// V-block width of the coop scan; V must be a multiple of it.
 pub const COOP_V_BLOCK: usize = 32;
-/// Workgroup memory of the backward's coop scans in bytes (mirrors state_recompute_coop's and
-/// dh_scan_coop's declarations: s16, x16, stage, zero tile, γ and decay).
+/// Workgroup memory of the coop scan in bytes (mirrors the shader's declarations: s16, x16,
+/// stage, zero tile, γ and decay).
 pub const STATE_SCAN_COOP_BYTES: u32 = 2 * (4096 + 2048) + 4 * (2048 + 256 + 64 + 64);
-
-/// Workgroup memory of the forward's coop scan, `state_scan_coop` (mirrors the shader: s16,
-/// x16, v16, y16, stage, zero tile, γ and decay): 29.5 KiB.
-pub const STATE_SCAN_COOP_FWD_BYTES: u32 = 2 * (4096 + 3 * 2048) + 4 * (2048 + 256 + 64 + 64);
 
 /// Workgroup memory of the coop scans with each chunk's K staged (`GDN_COOP_STAGE=on`,
 /// `shaders/forward/coop_k_staged.wgsl`): the scan's, plus 64 rows of 136 f16 (38.5 KiB; the
 /// backward's two coop scans declare the same layout). A device with less runs the direct reads.
 pub const STATE_SCAN_COOP_STAGED_BYTES: u32 = STATE_SCAN_COOP_BYTES + 2 * 64 * 136;
-
-/// The forward scan's staged variant: its direct layout plus the same K rows (46.5 KiB).
-pub const STATE_SCAN_COOP_FWD_STAGED_BYTES: u32 = STATE_SCAN_COOP_FWD_BYTES + 2 * 64 * 136;
 
 /// Per-device tile choices.
 #[derive(Debug, Clone)]
@@ -241,8 +234,8 @@ pub const WY_INVERSE_COOP_BYTES: u32 = 4 * WY_INVERSE_WORDS;
 pub const STATE_GRAD_COOP_BYTES: u32 = 2 * (3 * 64 * 16 + 2 * 128 * 16) + 4 * (2048 + 2 * 64);
 
 /// Workgroup memory the coop path's passes need: its scan's and its WY inverse's.
-pub const COOP_PATH_BYTES: u32 = if STATE_SCAN_COOP_FWD_BYTES > WY_INVERSE_COOP_BYTES {
-    STATE_SCAN_COOP_FWD_BYTES
+pub const COOP_PATH_BYTES: u32 = if STATE_SCAN_COOP_BYTES > WY_INVERSE_COOP_BYTES {
+    STATE_SCAN_COOP_BYTES
 } else {
     WY_INVERSE_COOP_BYTES
 };

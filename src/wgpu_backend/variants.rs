@@ -106,6 +106,12 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             ("HEADS_V_CONST", problem.heads_v as f64),
         ];
         out.push(variant(Pass::StateScanCoop, "state_scan_coop", &heads));
+        out.push(variant(Pass::StateScanCoopSg, "state_scan_coop", &heads));
+        out.push(variant(
+            Pass::StateScanCoopSg,
+            "state_scan_coop",
+            &[heads.as_slice(), &[("SEGMENTS_PER_HEAD", 1.0)]].concat(),
+        ));
         out.push(variant(
             Pass::StateScanCoop,
             "state_scan_coop",
@@ -117,7 +123,7 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             &heads,
         ));
         out.push(variant(Pass::DhScanCoop, "dh_scan_coop", &heads));
-        if crate::wgpu_backend::tuning::STATE_SCAN_COOP_FWD_STAGED_BYTES <= bytes {
+        if crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES <= bytes {
             out.push(variant(
                 Pass::StateScanCoopStaged,
                 "state_scan_coop",

@@ -17,7 +17,7 @@ mod workspace;
 mod wy_inverse;
 mod wy_inverse_coop;
 
-pub use crate::wgpu_backend::tuning::{STATE_SCAN_COOP_BYTES, STATE_SCAN_COOP_FWD_BYTES};
+pub use crate::wgpu_backend::tuning::STATE_SCAN_COOP_BYTES;
 pub use chunk_output_coop::{ChunkOutputBuffers, chunk_output_coop};
 pub use prepare_gate::{PrepareGateBuffers, prepare_gate};
 pub use prepare_qk::prepare_qk;
