@@ -69,9 +69,6 @@ fn capabilities(pass: Pass, dtype: DType) -> naga::valid::Capabilities {
     if pass.needs_subgroups() {
         caps |= C::SUBGROUP;
     }
-    if pass.needs_subgroup_barriers() {
-        caps |= C::SUBGROUP_BARRIER;
-    }
     caps
 }
 

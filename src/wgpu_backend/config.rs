@@ -187,11 +187,6 @@ pub struct Config {
     /// [`STATE_SCAN_COOP_STAGED_BYTES`](crate::wgpu_backend::tuning::STATE_SCAN_COOP_STAGED_BYTES)
     /// of workgroup memory (docs/configuration.md).
     pub coop_stage: bool,
-    /// `GDN_COOP_SUBGROUP_SYNC` (`on` or `off`, unset: off): the forward coop scan keeps its
-    /// f32 round trips inside each subgroup, ordered by subgroup barriers
-    /// (`state_scan_coop_sg.wgsl`), on devices with SUBGROUP and SUBGROUP_BARRIER; with
-    /// `GDN_COOP_STAGE=on` the staged scan runs instead (docs/configuration.md).
-    pub coop_subgroup_sync: bool,
     /// `GDN_COOP_UNIFORM_STRIDES=on`: the coop scans take their head counts (so their tile
     /// strides) from the uniform parameters instead of pipeline constants (the A/B switch of
     /// `coop_scan::head_constants`; off by default).
@@ -273,10 +268,6 @@ impl Config {
             backward_path,
             scan_split: parse_on_off("GDN_SCAN_SPLIT", lookup("GDN_SCAN_SPLIT").as_deref())?,
             coop_stage: parse_on_off("GDN_COOP_STAGE", lookup("GDN_COOP_STAGE").as_deref())?,
-            coop_subgroup_sync: parse_on_off(
-                "GDN_COOP_SUBGROUP_SYNC",
-                lookup("GDN_COOP_SUBGROUP_SYNC").as_deref(),
-            )?,
             coop_uniform_strides: parse_on_off(
                 "GDN_COOP_UNIFORM_STRIDES",
                 lookup("GDN_COOP_UNIFORM_STRIDES").as_deref(),

@@ -72,7 +72,6 @@ fn wanted_features(adapter: wgpu::Features) -> wgpu::Features {
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
             | wgpu::Features::SHADER_F16
             | wgpu::Features::SUBGROUP
-            | wgpu::Features::SUBGROUP_BARRIER
             | wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
 }
 

@@ -90,18 +90,8 @@ pub(crate) fn k_variant(ctx: &Context, direct: Pass) -> Pass {
         ctx.config().coop_stage && STATE_SCAN_COOP_STAGED_BYTES <= ctx.tuning().workgroup_bytes;
     match direct {
         Pass::StateScanCoop if staged => Pass::StateScanCoopStaged,
-        Pass::StateScanCoop if ctx.config().coop_subgroup_sync && subgroup_barriers(ctx) => {
-            Pass::StateScanCoopSg
-        }
         Pass::StateRecomputeCoop if staged => Pass::StateRecomputeCoopStaged,
         Pass::DhScanCoop if staged => Pass::DhScanCoopStaged,
         pass => pass,
     }
-}
-
-/// Whether the device has subgroup operations and barriers (`state_scan_coop_sg`).
-pub(crate) fn subgroup_barriers(ctx: &Context) -> bool {
-    ctx.device
-        .features()
-        .contains(wgpu::Features::SUBGROUP | wgpu::Features::SUBGROUP_BARRIER)
 }

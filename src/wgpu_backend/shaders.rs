@@ -31,9 +31,6 @@ pub enum Pass {
     /// The same scan with each chunk's K staged through workgroup memory
     /// (`shaders/forward/coop_k_staged.wgsl`, `GDN_COOP_STAGE=on`).
     StateScanCoopStaged,
-    /// `forward/state_scan_coop_sg.wgsl`: the scan with its f32 round trips kept inside each
-    /// subgroup and ordered by subgroup barriers (`GDN_COOP_SUBGROUP_SYNC=on`).
-    StateScanCoopSg,
     /// `forward/state_chain_coop.wgsl`: the split coop forward's chain (states and V' only).
     StateChainCoop,
     /// `forward/chunk_output_coop.wgsl`: the split coop forward's o, every chunk at once.
@@ -97,7 +94,7 @@ pub enum Pass {
 
 impl Pass {
     /// Every pass, each once.
-    pub const ALL: [Pass; 35] = [
+    pub const ALL: [Pass; 34] = [
         Pass::PrepareQk,
         Pass::PrepareGate,
         Pass::WyInverse,
@@ -106,7 +103,6 @@ impl Pass {
         Pass::WyInverseCoop,
         Pass::StateScanCoop,
         Pass::StateScanCoopStaged,
-        Pass::StateScanCoopSg,
         Pass::StateChainCoop,
         Pass::ChunkOutputCoop,
         Pass::SegmentCombine,
@@ -145,7 +141,6 @@ impl Pass {
             Pass::StateScanF16 => "forward/state_scan.wgsl",
             Pass::WyInverseCoop => "forward/wy_inverse_coop.wgsl",
             Pass::StateScanCoop | Pass::StateScanCoopStaged => "forward/state_scan_coop.wgsl",
-            Pass::StateScanCoopSg => "forward/state_scan_coop_sg.wgsl",
             Pass::StateChainCoop => "forward/state_chain_coop.wgsl",
             Pass::ChunkOutputCoop => "forward/chunk_output_coop.wgsl",
             Pass::SegmentCombine => "forward/segment_combine.wgsl",
@@ -185,7 +180,6 @@ impl Pass {
             Pass::StateScanCoop | Pass::StateScanCoopStaged => {
                 include_str!("../../shaders/forward/state_scan_coop.wgsl")
             }
-            Pass::StateScanCoopSg => include_str!("../../shaders/forward/state_scan_coop_sg.wgsl"),
             Pass::StateChainCoop => include_str!("../../shaders/forward/state_chain_coop.wgsl"),
             Pass::ChunkOutputCoop => include_str!("../../shaders/forward/chunk_output_coop.wgsl"),
             Pass::SegmentCombine => include_str!("../../shaders/forward/segment_combine.wgsl"),
@@ -245,7 +239,6 @@ impl Pass {
             | Pass::WyInverseCoop
             | Pass::StateScanCoop
             | Pass::StateScanCoopStaged
-            | Pass::StateScanCoopSg
             | Pass::StateChainCoop
             | Pass::ChunkOutputCoop => &FORWARD_STORAGE_DTYPES,
             // The backward takes the forward's storage dtypes (q, k, v, do in; dq, dk, dv out).
@@ -332,7 +325,6 @@ impl Pass {
             }
             Pass::StateRecompute | Pass::DhScan => &[BACKWARD_SCAN_TILES],
             Pass::StateScanCoop
-            | Pass::StateScanCoopSg
             | Pass::StateChainCoop
             | Pass::StateRecomputeCoop
             | Pass::DhScanCoop => &[COOP_SCAN_TILES, COOP_K_DIRECT],
@@ -354,7 +346,6 @@ impl Pass {
             Pass::WyInverseCoop => &["f16"],
             Pass::StateScanCoop
             | Pass::StateScanCoopStaged
-            | Pass::StateScanCoopSg
             | Pass::StateChainCoop
             | Pass::ChunkOutputCoop
             | Pass::StateRecomputeCoop
@@ -371,15 +362,7 @@ impl Pass {
 
     /// Whether the pass needs the device's SUBGROUP feature.
     pub fn needs_subgroups(self) -> bool {
-        matches!(
-            self,
-            Pass::SubgroupStep | Pass::SubgroupStepBf16State | Pass::StateScanCoopSg
-        )
-    }
-
-    /// Whether the pass needs the device's SUBGROUP_BARRIER feature (subgroup barriers).
-    pub fn needs_subgroup_barriers(self) -> bool {
-        matches!(self, Pass::StateScanCoopSg)
+        matches!(self, Pass::SubgroupStep | Pass::SubgroupStepBf16State)
     }
 
     /// Whether the pass needs the device's EXPERIMENTAL_COOPERATIVE_MATRIX.

@@ -106,12 +106,6 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
             ("HEADS_V_CONST", problem.heads_v as f64),
         ];
         out.push(variant(Pass::StateScanCoop, "state_scan_coop", &heads));
-        out.push(variant(Pass::StateScanCoopSg, "state_scan_coop", &heads));
-        out.push(variant(
-            Pass::StateScanCoopSg,
-            "state_scan_coop",
-            &[heads.as_slice(), &[("SEGMENTS_PER_HEAD", 1.0)]].concat(),
-        ));
         out.push(variant(
             Pass::StateScanCoop,
             "state_scan_coop",
