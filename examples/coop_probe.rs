@@ -13,7 +13,14 @@
 //! - `roundtrip`: f32 tiles coopStoreT to workgroup memory, barrier, coopLoadT back, barrier;
 //! - `republish`: the scans' per-chunk publish of the f32 state as f16 (store, barrier, an
 //!   element loop rounding to f16, barrier) and 8 B-tile loads + products on it;
-//! - `barriers`: two barriers per iteration and nothing else.
+//! - `barriers`: two barriers per iteration and nothing else;
+//! - `load_colconst`: column-major with a constant stride; `stage8`: the 8 tiles staged by
+//!   hand (16-byte plain loads one iteration ahead, stored to the subgroup's own workgroup
+//!   tiles, a subgroup barrier, cooperative loads from workgroup memory).
+//!
+//! `--scan-file NAME=PATH` (repeatable) times a replacement for
+//! shaders/forward/state_scan_coop.wgsl beside the scan (as `x_NAME`, its o compared with the
+//! scan's bit for bit); `--scan-only` skips the op probes and the built-in ablations.
 //!
 //! Every line: mode, invocations per workgroup, workgroups, GPU ms (median of `--reps`),
 //! ns per iteration of one subgroup (8 ops, or one publish for `republish`, 2 barriers for
@@ -38,7 +45,14 @@ const LOAD_TEMPLATE: &str = include_str!("coop_probe_wgsl/load_template.wgsl");
 const WG_TEMPLATE: &str = include_str!("coop_probe_wgsl/wg_template.wgsl");
 
 /// The storage-load helpers of probe.wgsl, each given an entry point `load_<suffix>`.
-const LOADS: &[&str] = &["ld_rt", "ld_const", "ld_col", "ld_v4", "ld_v4col"];
+const LOADS: &[&str] = &[
+    "ld_rt",
+    "ld_const",
+    "ld_col",
+    "ld_colconst",
+    "ld_v4",
+    "ld_v4col",
+];
 /// The workgroup-tile helpers, each given an entry point `wgload_<prefix>`.
 const TILES: &[&str] = &["wg_tile", "wg4_tile"];
 
@@ -58,6 +72,11 @@ struct Args {
     scan_heads: Vec<(u32, u32)>,
     /// Where `--check` writes the scan ablations' sources.
     dump: Option<String>,
+    /// `--scan-file NAME=PATH`: scan variants read at run time, each a replacement for
+    /// shaders/forward/state_scan_coop.wgsl (timed as `x_NAME`, checked against the scan's o).
+    scan_files: Vec<(String, String)>,
+    /// `--scan-only`: no op probes and no built-in ablations (the scan and the files only).
+    scan_only: bool,
 }
 
 fn parse_list(s: &str) -> Res<Vec<u32>> {
@@ -81,6 +100,8 @@ fn parse_args() -> Res<Args> {
         scan_tokens: 8192,
         scan_heads: vec![(16, 64), (2, 8)],
         dump: None,
+        scan_files: Vec::new(),
+        scan_only: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -94,6 +115,12 @@ fn parse_args() -> Res<Args> {
             "--check" => a.check = true,
             "--dump" => a.dump = Some(value()?),
             "--scan-tokens" => a.scan_tokens = value()?.parse()?,
+            "--scan-file" => {
+                let v = value()?;
+                let (name, path) = v.split_once('=').ok_or("--scan-file: NAME=PATH")?;
+                a.scan_files.push((name.to_owned(), path.to_owned()));
+            }
+            "--scan-only" => a.scan_only = true,
             "--scan-heads" => {
                 a.scan_heads = value()?
                     .split(',')
@@ -140,7 +167,7 @@ fn assembled() -> (String, Vec<String>) {
             .replace("TILE(", &format!("{h}("));
         modes.push(entry);
     }
-    modes.extend(["roundtrip", "republish", "barriers"].map(String::from));
+    modes.extend(["roundtrip", "republish", "barriers", "stage8"].map(String::from));
     (text, modes)
 }
 
@@ -459,7 +486,22 @@ fn scan_spirv(
 /// Time the ablations of `scan_ablations` on zeroed inputs of `args.scan_tokens` tokens, one
 /// segment, K = V = 128, at each of `args.scan_heads`: GPU ms (median) and ns per chunk.
 fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> {
-    let variants = scan_ablations()?;
+    let mut variants = scan_ablations()?;
+    if args.scan_only {
+        variants.truncate(1);
+    }
+    let full = variants[0].1.clone();
+    let body = include_str!("../shaders/forward/state_scan_coop.wgsl");
+    for (name, path) in &args.scan_files {
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        let name: &'static str = Box::leak(format!("x_{name}").into_boxed_str());
+        if !full.contains(body) {
+            return Err(
+                "the scan's assembled source no longer contains state_scan_coop.wgsl".into(),
+            );
+        }
+        variants.push((name, full.replace(body, &text)));
+    }
     let device = &ctx.device;
     let t = args.scan_tokens as u64;
     let h_max = args.scan_heads.iter().map(|x| x.0).max().unwrap() as u64;
@@ -648,7 +690,11 @@ fn time_scan_ablations(ctx: &Context, args: &Args, timer: &GpuTimer) -> Res<()> 
         // The exact variants against the scan: o after one dispatch from a zero state.
         let mut reference: Option<Vec<u32>> = None;
         for (name, p) in &pipelines {
-            if !(*name == "full" || name.starts_with("v4_") || name.starts_with("spv_")) {
+            if !(*name == "full"
+                || name.starts_with("v4_")
+                || name.starts_with("spv_")
+                || name.starts_with("x_"))
+            {
                 continue;
             }
             let mut encoder = device.create_command_encoder(&Default::default());
@@ -770,6 +816,18 @@ fn main() -> Res<()> {
                 }
             }
         }
+        let full = &scan_ablations()?[0].1;
+        let body = include_str!("../shaders/forward/state_scan_coop.wgsl");
+        for (name, path) in &args.scan_files {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+            validate(
+                &full.replace(body, &text),
+                &["state_scan_coop".to_owned()],
+                &[128],
+                None,
+            )
+            .map_err(|e| format!("scan file {name}: {e}"))?;
+        }
         println!(
             "coop_probe: {} kernels and the scan's ablations validate and translate to SPIR-V",
             all_modes.len()
@@ -777,6 +835,7 @@ fn main() -> Res<()> {
         return Ok(());
     }
     let modes: Vec<String> = match &args.modes {
+        _ if args.scan_only => Vec::new(),
         Some(m) => {
             if let Some(bad) = m.iter().find(|x| !all_modes.contains(x)) {
                 return Err(format!("unknown mode {bad:?}; modes: {}", all_modes.join(",")).into());
@@ -805,7 +864,9 @@ fn main() -> Res<()> {
         & (need
             | wgpu::Features::TIMESTAMP_QUERY
             | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
-            | wgpu::Features::PASSTHROUGH_SHADERS);
+            | wgpu::Features::PASSTHROUGH_SHADERS
+            | wgpu::Features::SUBGROUP
+            | wgpu::Features::SUBGROUP_BARRIER);
     let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
         label: Some("coop_probe"),
         required_features: features,

@@ -85,6 +85,10 @@ fn ld_col(i: u32) -> A16 {
     return coopLoad<A16>(&src16[i], s);
 }
 
+fn ld_colconst(i: u32) -> A16 {
+    return coopLoad<A16>(&src16[i], KSTRIDE);
+}
+
 fn ld_v4(i: u32) -> A16 {
     let w = i / 4u;
     let s = P.stride / 4u;
@@ -239,4 +243,93 @@ fn barriers(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: 
         workgroupBarrier();
     }
     out[(wg.x * (WG / 32u) + sg) * 256u + t % 32u] = acc;
+}
+
+// 8 A tiles per iteration staged by hand: each lane loads 16 bytes of every tile (row lane / 2,
+// columns 8 (lane % 2) .. + 7; plain vector loads from storage, issued together one iteration
+// ahead), writes them to its subgroup's own 8 tiles of workgroup memory, a subgroup barrier,
+// then 8 cooperative loads from there (compare with load_const: the same tiles, cooperative
+// loads from storage). Constant stride, as the scans'.
+var<workgroup> sg_tiles: array<vec4<f16>, 4u * 8u * 64u>;   // per subgroup: 8 tiles of 16 × 16
+
+fn stage_word(i: u32, lane: u32) -> u32 {
+    return (i + (lane / 2u) * KSTRIDE + 8u * (lane % 2u)) / 4u;
+}
+
+fn put_tile(sg: u32, j: u32, lane: u32, a: vec4<f16>, b: vec4<f16>) {
+    let w = (sg * 8u + j) * 64u + 2u * lane;
+    sg_tiles[w] = a;
+    sg_tiles[w + 1u] = b;
+}
+
+fn sg_tile(sg: u32, j: u32) -> A16 {
+    let w = (sg * 8u + j) * 64u;
+    return coopLoadT<A16>(&sg_tiles[w], 4u);
+}
+
+@compute @workgroup_size(WG)
+fn stage8(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wg: vec3<u32>) {
+    init(t);
+    let sg = t / 32u;
+    let lane = t % 32u;
+    let b = wg_tile(sg, 0u);
+    let b1 = wg_tile(sg, 1u);
+    var c0 = zero_acc();
+    var c1 = zero_acc();
+    var c2 = zero_acc();
+    var c3 = zero_acc();
+    var x0 = src4[stage_word(k_offset(wg.x, sg, 0u, 0u), lane)];
+    var y0 = src4[stage_word(k_offset(wg.x, sg, 0u, 0u), lane) + 1u];
+    var x1 = src4[stage_word(k_offset(wg.x, sg, 0u, 1u), lane)];
+    var y1 = src4[stage_word(k_offset(wg.x, sg, 0u, 1u), lane) + 1u];
+    var x2 = src4[stage_word(k_offset(wg.x, sg, 0u, 2u), lane)];
+    var y2 = src4[stage_word(k_offset(wg.x, sg, 0u, 2u), lane) + 1u];
+    var x3 = src4[stage_word(k_offset(wg.x, sg, 0u, 3u), lane)];
+    var y3 = src4[stage_word(k_offset(wg.x, sg, 0u, 3u), lane) + 1u];
+    var x4 = src4[stage_word(k_offset(wg.x, sg, 0u, 4u), lane)];
+    var y4 = src4[stage_word(k_offset(wg.x, sg, 0u, 4u), lane) + 1u];
+    var x5 = src4[stage_word(k_offset(wg.x, sg, 0u, 5u), lane)];
+    var y5 = src4[stage_word(k_offset(wg.x, sg, 0u, 5u), lane) + 1u];
+    var x6 = src4[stage_word(k_offset(wg.x, sg, 0u, 6u), lane)];
+    var y6 = src4[stage_word(k_offset(wg.x, sg, 0u, 6u), lane) + 1u];
+    var x7 = src4[stage_word(k_offset(wg.x, sg, 0u, 7u), lane)];
+    var y7 = src4[stage_word(k_offset(wg.x, sg, 0u, 7u), lane) + 1u];
+    for (var it = 0u; it < ITERS; it++) {
+        subgroupBarrier();
+        put_tile(sg, 0u, lane, x0, y0);
+        put_tile(sg, 1u, lane, x1, y1);
+        put_tile(sg, 2u, lane, x2, y2);
+        put_tile(sg, 3u, lane, x3, y3);
+        put_tile(sg, 4u, lane, x4, y4);
+        put_tile(sg, 5u, lane, x5, y5);
+        put_tile(sg, 6u, lane, x6, y6);
+        put_tile(sg, 7u, lane, x7, y7);
+        subgroupBarrier();
+        let n = it + 1u;
+        x0 = src4[stage_word(k_offset(wg.x, sg, n, 0u), lane)];
+        y0 = src4[stage_word(k_offset(wg.x, sg, n, 0u), lane) + 1u];
+        x1 = src4[stage_word(k_offset(wg.x, sg, n, 1u), lane)];
+        y1 = src4[stage_word(k_offset(wg.x, sg, n, 1u), lane) + 1u];
+        x2 = src4[stage_word(k_offset(wg.x, sg, n, 2u), lane)];
+        y2 = src4[stage_word(k_offset(wg.x, sg, n, 2u), lane) + 1u];
+        x3 = src4[stage_word(k_offset(wg.x, sg, n, 3u), lane)];
+        y3 = src4[stage_word(k_offset(wg.x, sg, n, 3u), lane) + 1u];
+        x4 = src4[stage_word(k_offset(wg.x, sg, n, 4u), lane)];
+        y4 = src4[stage_word(k_offset(wg.x, sg, n, 4u), lane) + 1u];
+        x5 = src4[stage_word(k_offset(wg.x, sg, n, 5u), lane)];
+        y5 = src4[stage_word(k_offset(wg.x, sg, n, 5u), lane) + 1u];
+        x6 = src4[stage_word(k_offset(wg.x, sg, n, 6u), lane)];
+        y6 = src4[stage_word(k_offset(wg.x, sg, n, 6u), lane) + 1u];
+        x7 = src4[stage_word(k_offset(wg.x, sg, n, 7u), lane)];
+        y7 = src4[stage_word(k_offset(wg.x, sg, n, 7u), lane) + 1u];
+        c0 = coopMultiplyAdd(sg_tile(sg, 0u), b, c0);
+        c1 = coopMultiplyAdd(sg_tile(sg, 1u), b1, c1);
+        c2 = coopMultiplyAdd(sg_tile(sg, 2u), b, c2);
+        c3 = coopMultiplyAdd(sg_tile(sg, 3u), b1, c3);
+        c0 = coopMultiplyAdd(sg_tile(sg, 4u), b1, c0);
+        c1 = coopMultiplyAdd(sg_tile(sg, 5u), b, c1);
+        c2 = coopMultiplyAdd(sg_tile(sg, 6u), b1, c2);
+        c3 = coopMultiplyAdd(sg_tile(sg, 7u), b, c3);
+    }
+    finish(wg.x, sg, c0 + c1 + c2 + c3);
 }

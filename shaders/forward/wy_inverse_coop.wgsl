@@ -1,9 +1,10 @@
-// wy_inverse_coop: the coop path's per-(chunk, v-head) pass — wy_inverse.wgsl's Gram products
-// and inverse, writing the coop scan's f16 operands on the way:
+// wy_inverse_coop: the coop path's per-(chunk, q/k head) pass — wy_inverse.wgsl's Gram products
+// (once per q/k head: K Kᵀ and Q Kᵀ do not depend on the v-head) and, for each v-head of the
+// head's group in turn, the inverse, writing the coop scan's f16 operands on the way:
 //     A = (I + strict_lower(diag(β) K Kᵀ))⁻¹      f32, kept for the backward
 //     gated[i, 0..64)   = Γ ⊙ A ⊙ β_col          f16, the scan's V' = gated_A · W
 //     gated[i, 64..128) = Γ ⊙ Q Kᵀ                f16, the scan's intra-chunk output term
-//     k16 = f16(k)       (by the first v-head of each q/k head)
+//     k16 = f16(k)
 //     qg16 = f16(γ ⊙ q)  per v-head (the scan accumulates (γ ⊙ Q) S straight into O)
 // The f16 operands are exact for bf16 and f16 storage (within f16's range, the coop path's
 // documented condition) and rounded once for f32. Everything else is f32, as in wy_inverse.
@@ -40,40 +41,30 @@ fn store_gated(i: u32, x: f32) {
 @compute @workgroup_size(256)
 fn wy_inverse_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let chunk = wid.x;
-    let hv = wid.y;
+    let h = wid.y;
     let start = chunks[2u * chunk];
     let len = chunks[2u * chunk + 1u];
     let hv_count = params.heads_v;
     let group = hv_count / params.heads_qk;
-    let h = hv / group;
-    let writes_k = hv % group == 0u;
     let r = t / 16u;
     let c = t % 16u;
 
-    load_gates(t, start, len, hv);
-
     var g = Grams();
     // Staging: invocation t loads row t / 4, columns 4 (t % 4) .. + 3 of each slice, and
-    // writes the same elements of k16 and qg16.
+    // writes the same elements of k16 (and, per v-head below, of qg16).
     let srow = t / 4u;
     let scol = 4u * (t % 4u);
     let inside = srow < len;
     let token = start + min(srow, len - 1u);
     let kq_base = (token * params.heads_qk + h) * KD + scol;
-    let qg_base = (token * hv_count + hv) * KD + scol;
     let sidx = srow * ROW + scol;
-    workgroupBarrier();
-    let gam = exp(g_s[srow]);
     // The next slice's loads are issued before this slice's products (clamped rows, masked
     // values), so their latency hides behind them.
     var kx = select(vec4<f32>(0.0), load4(k_buf[kq_base / 4u]), inside);
     var qx = select(vec4<f32>(0.0), load4(q_buf[kq_base / 4u]), inside);
     for (var k0 = 0u; k0 < KD; k0 += K_SLICE) {
         if (inside) {
-            if (writes_k) {
-                k16_out[(kq_base + k0) / 4u] = vec4<f16>(kx);
-            }
-            qg16_out[(qg_base + k0) / 4u] = vec4<f16>(gam * qx);
+            k16_out[(kq_base + k0) / 4u] = vec4<f16>(kx);
         }
         workgroupBarrier();
         arena[sidx / 4u] = kx;
@@ -87,7 +78,25 @@ fn wy_inverse_coop(@builtin(local_invocation_index) t: u32, @builtin(workgroup_i
         g = gram_slice(g, r, c);
     }
     workgroupBarrier();
-    store_grams(t, start, hv, len, g);
-    solve_inverse(t);
-    store_inverse(t, start, hv, len);
+
+    // The Grams are the q/k head's; the gates, the inverse and the gated matrices are each
+    // v-head's of its group, in turn.
+    for (var j = 0u; j < group; j++) {
+        let hv = h * group + j;
+        load_gates(t, start, len, hv);
+        workgroupBarrier();
+        if (inside) {
+            let gam = exp(g_s[srow]);
+            let qg_base = (token * hv_count + hv) * KD + scol;
+            for (var k0 = 0u; k0 < KD; k0 += K_SLICE) {
+                let qv = load4(q_buf[(kq_base + k0) / 4u]);
+                qg16_out[(qg_base + k0) / 4u] = vec4<f16>(gam * qv);
+            }
+        }
+        store_grams(t, start, hv, len, g);
+        solve_inverse(t);
+        store_inverse(t, start, hv, len);
+        // Before the next v-head's gates and L overwrite g_s, beta_s and the arena.
+        workgroupBarrier();
+    }
 }

@@ -1,6 +1,7 @@
 //! Launcher of `shaders/forward/wy_inverse_coop.wgsl`: the coop path's gate-free WY inverse
 //! per chunk and v-head (wy_inverse's f32 arithmetic), writing the coop scan's f16 operands on
-//! the way.
+//! the way; one workgroup per chunk and q/k head, whose Gram products serve every v-head of
+//! its group.
 
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -41,6 +42,14 @@ pub fn wy_inverse_coop(
     heads_v: usize,
 ) -> Result<()> {
     check_coop_key_dim("the coop WY inverse", bufs.k)?;
+    let heads_qk = bufs.k.shape[bufs.k.shape.len() - 2];
+    if heads_qk == 0 || !heads_v.is_multiple_of(heads_qk) {
+        return Err(Error::value(
+            "heads_v",
+            format!("a multiple of the {heads_qk} q/k heads"),
+            heads_v,
+        ));
+    }
     for (name, t) in [
         ("gated16", bufs.gated16),
         ("k16", bufs.k16),
@@ -70,7 +79,7 @@ pub fn wy_inverse_coop(
             bufs.k16,
             bufs.qg16,
         ]),
-        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
+        grid: Grid([(num_chunks, "chunks"), (heads_qk, "q/k heads"), (1, "")]),
     }
     .record(ctx, encoder)
 }
