@@ -163,6 +163,16 @@ fn fwd_smem(bv: usize, local: bool) -> usize {
     2 * stage + after
 }
 
+/// chunked.cu's RolesLayout (`fwd_roles`, V-blocks 32 and 64, main pass): the two main
+/// stages, then per 16 columns the state warp's published Sᵀ and v'ᵀ fragments and the output
+/// warp's o staging tile.
+fn roles_smem(bv: usize) -> usize {
+    let c = CHUNK;
+    let stage = 2 * 2 * c * LDK + 2 * c * (bv + 8) + 2 * 2 * c * LDC + 4 * 2 * c;
+    let group = 16 * 32 * (MAX_CHUNKED_KEY_DIM / 16) + 16 * 32 * (c / 16) + 2 * c * LDO;
+    2 * stage + (bv / 16) * group
+}
+
 pub(crate) fn max_shared_optin(ctx: &Context) -> Result<usize> {
     let attr = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
     ctx.cuda_context()
@@ -404,6 +414,9 @@ pub struct ChunkPlan {
     split_state: bool,
     /// The prep's inverse on the CUDA cores (PREP_FFMA, `GDN_CUDA_PREP_FFMA=1`).
     prep_ffma: bool,
+    /// The main pass by `gdn_chunk_fwd{32,64}r_*` (a state warp and an output warp per 16
+    /// columns) at V-blocks 32 and 64 (`GDN_FWD_ROLES=1`, an A/B switch).
+    roles: bool,
 }
 
 impl ChunkPlan {
@@ -562,6 +575,7 @@ impl ChunkPlan {
             normalized,
             split_state: false,
             prep_ffma: std::env::var("GDN_CUDA_PREP_FFMA").is_ok_and(|v| v.trim() == "1"),
+            roles: std::env::var("GDN_FWD_ROLES").is_ok_and(|v| v.trim() == "1"),
         })
     }
 
@@ -783,10 +797,20 @@ pub fn launch_chunked_passes(
     plan.last_windowed
         .store(window_table.is_some(), std::sync::atomic::Ordering::Relaxed);
     let bv = plan.value_block;
-    let name = format!("gdn_chunk_fwd{bv}_{suffix}");
+    let roles = plan.roles && bv <= 64 && !plan.split_state;
     // The sequential kernel, in the local pass (`local`) or the main pass.
     let sequential = |local: bool| -> Result<()> {
-        let smem = fwd_smem(bv, local);
+        let roles = roles && !local;
+        let name = if roles {
+            format!("gdn_chunk_fwd{bv}r_{suffix}")
+        } else {
+            format!("gdn_chunk_fwd{bv}_{suffix}")
+        };
+        let smem = if roles {
+            roles_smem(bv)
+        } else {
+            fwd_smem(bv, local)
+        };
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let column_blocks =
             p.value_dim.div_ceil(bv) + if local { p.key_dim.div_ceil(bv) } else { 0 };
@@ -796,7 +820,15 @@ pub fn launch_chunked_passes(
                 p.heads_v as u32,
                 plan.num_units as u32,
             ),
-            block_dim: (fwd_threads(bv), 1, 1),
+            block_dim: (
+                if roles {
+                    4 * bv as u32
+                } else {
+                    fwd_threads(bv)
+                },
+                1,
+                1,
+            ),
             shared_mem_bytes: smem as u32,
         };
         let params = ChunkParams {
@@ -822,14 +854,16 @@ pub fn launch_chunked_passes(
             None => l.arg(&null),
         };
         l.arg(outputs.o.buffer()).arg(outputs.final_state.buffer());
-        match &plan.segment_states {
-            Some((end, _)) => l.arg(end),
-            None => l.arg(&null),
-        };
-        match window_table {
-            Some(w) => l.arg(w),
-            None => l.arg(&null),
-        };
+        if !roles {
+            match &plan.segment_states {
+                Some((end, _)) => l.arg(end),
+                None => l.arg(&null),
+            };
+            match window_table {
+                Some(w) => l.arg(w),
+                None => l.arg(&null),
+            };
+        }
         // SAFETY: matches gdn_chunk_fwd* in chunked.cu; o, the states and the workspace were
         // checked or sized for this problem, the unit table indexes only the chunk table.
         unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;
