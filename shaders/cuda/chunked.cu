@@ -148,23 +148,29 @@ template <int BV, int KS> struct FwdLayout {
     static_assert(PART >= 2 * C * LDO, "the o staging tile fits a partial's slot");
 };
 
-// One thread's fixed share of a C-row tile copy of 16-bit elements, as copy_tile splits it:
-// PER consecutive 16-byte vectors of one row; `dst` is their byte offset in the tile.
-template <int NTHREADS, int VECS, int LD> struct TileShare {
-    static constexpr int PER = C * VECS / NTHREADS;
-    static_assert(PER >= 1 && VECS % PER == 0 && C * VECS == PER * NTHREADS, "tile split");
+// One thread's fixed share of a C-row tile copy of 16-bit elements, coalesced: thread i copies
+// vector i % VECS of rows i / VECS + STEP·u, so that each cp.async instruction of a warp reads
+// whole rows (32 threads × 16 bytes over 512 / (16·VECS) rows) instead of 16 bytes every
+// 16·PER bytes; `dst` is the byte offset of its first vector in the tile.
+template <int NTHREADS, int VECS, int LD> struct TileRows {
+    static constexpr int STEP = NTHREADS / VECS;  // rows per pass
+    static constexpr int PER = C / STEP;          // passes
+    static_assert(NTHREADS % VECS == 0 && PER >= 1 && C == PER * STEP, "tile split");
     int row, vec;
     unsigned dst;
-    __device__ explicit TileShare(int tid)
-        : row(tid / (VECS / PER)), vec((tid % (VECS / PER)) * PER), dst(2 * (row * LD + 8 * vec)) {}
-    // Start copying this thread's vectors below `valid_vecs` from src (its row and first vector
-    // already added); zeros where !ok (then from `any`, a valid address that is not read).
+    __device__ explicit TileRows(int tid) : row(tid / VECS), vec(tid % VECS), dst(2 * (row * LD + 8 * vec)) {}
+    // Start copying this thread's vectors (if vec < valid_vecs) from src (its first row and
+    // vector already added; rows `stride` elements apart); zeros for rows from `len` on (then
+    // from `any`, a valid address that is not read).
     template <typename E>
-    __device__ __forceinline__ void copy(unsigned tile, const E* src, const E* any, bool ok, int valid_vecs) const {
-        const E* from = ok ? src : any;
+    __device__ __forceinline__ void copy(unsigned tile, const E* src, const E* any, size_t stride, int len,
+                                         int valid_vecs) const {
+        if (vec >= valid_vecs) return;
+        const size_t step = (size_t)STEP * stride;
 #pragma unroll
         for (int u = 0; u < PER; ++u) {
-            if (vec + u < valid_vecs) cp_async16_zfill(tile + dst + 16 * u, from + 8 * u, ok);
+            const bool ok = row + STEP * u < len;
+            cp_async16_zfill(tile + dst + 2 * STEP * LD * u, ok ? src + u * step : any, ok);
         }
     }
 };
@@ -239,9 +245,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
     // This thread's share of each tile copy, its source offsets formed once (a step adds the
     // chunk's start): K and Q, V's block, the C × C tiles T·diag(β) and P, and the decays.
-    const TileShare<L::THREADS, MAX_K / 8, LDK> kq_share(threadIdx.x);
-    const TileShare<L::THREADS, BV / 8, L::LDV> v_share(threadIdx.x);
-    const TileShare<L::THREADS, C / 8, LDC> cc_share(threadIdx.x);
+    const TileRows<L::THREADS, MAX_K / 8, LDK> kq_share(threadIdx.x);
+    const TileRows<L::THREADS, BV / 8, L::LDV> v_share(threadIdx.x);
+    const TileRows<L::THREADS, C / 8, LDC> cc_share(threadIdx.x);
     const size_t kq_off = (size_t)h * K + (size_t)kq_share.row * qk_stride + 8 * kq_share.vec;
     const size_t v_stride = (size_t)HV * V;
     const T* const v_thread = v + (size_t)hv * V + col0 + (size_t)v_share.row * v_stride + 8 * v_share.vec;
@@ -251,18 +257,18 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         const unsigned base = smem0 + s * stage_bytes;
         const int start = info.x, len = info.y;
         const size_t kq_at = (size_t)start * qk_stride + kq_off, cc_at = (size_t)chunk * cc_chunk + cc_off;
-        kq_share.copy(base + L::K_OFF, k + kq_at, k, kq_share.row < len, K / 8);
+        kq_share.copy(base + L::K_OFF, k + kq_at, k, qk_stride, len, K / 8);
         if (!transition) {
-            v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_share.row < len, v_vecs);
+            v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_stride, len, v_vecs);
         }
-        cc_share.copy(base + L::A_OFF, ws_a + cc_at, ws_a, true, C / 8);
+        cc_share.copy(base + L::A_OFF, ws_a + cc_at, ws_a, C, C, C / 8);
         if (threadIdx.x < 2 * C / 4) {
             cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x,
                              ws_f + ((size_t)chunk * HV + hv) * 2 * C + 4 * threadIdx.x, true);
         }
         if (!local) {
-            kq_share.copy(base + L::Q_OFF, q + kq_at, q, kq_share.row < len, K / 8);
-            cc_share.copy(base + L::P_OFF, ws_p + cc_at, ws_p, true, C / 8);
+            kq_share.copy(base + L::Q_OFF, q + kq_at, q, qk_stride, len, K / 8);
+            cc_share.copy(base + L::P_OFF, ws_p + cc_at, ws_p, C, C, C / 8);
         }
     };
 
@@ -631,27 +637,30 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
     const size_t qk_stride = (size_t)H * K;
     const int v_vecs = (min(BV, V - col0) + 7) / 8;
     auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
-    const TileShare<R::THREADS, MAX_K / 8, LDK> kq_share(threadIdx.x);
-    const TileShare<R::THREADS, BV / 8, L::LDV> v_share(threadIdx.x);
-    const TileShare<R::THREADS, C / 8, LDC> cc_share(threadIdx.x);
+    // The output warps copy the tiles (the state warps start each chunk's chain at once).
+    constexpr int COPIERS = 32 * R::COL_WARPS;
+    const int ct = state_warp ? 0 : (int)threadIdx.x - COPIERS;
+    const TileRows<COPIERS, MAX_K / 8, LDK> kq_share(ct);
+    const TileRows<COPIERS, BV / 8, L::LDV> v_share(ct);
+    const TileRows<COPIERS, C / 8, LDC> cc_share(ct);
     const size_t kq_off = (size_t)h * K + (size_t)kq_share.row * qk_stride + 8 * kq_share.vec;
     const size_t v_stride = (size_t)HV * V;
     const T* const v_thread = v + (size_t)hv * V + col0 + (size_t)v_share.row * v_stride + 8 * v_share.vec;
     const size_t cc_off = (size_t)hv * C * C + cc_share.row * C + 8 * cc_share.vec;
     const size_t cc_chunk = (size_t)HV * C * C;
     auto prefetch = [&](int chunk, int s, int2 info) {
+        if (state_warp) return;
         const unsigned base = smem0 + s * R::STAGE;
         const int start = info.x, len = info.y;
         const size_t kq_at = (size_t)start * qk_stride + kq_off, cc_at = (size_t)chunk * cc_chunk + cc_off;
-        kq_share.copy(base + L::K_OFF, k + kq_at, k, kq_share.row < len, K / 8);
-        v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_share.row < len, v_vecs);
-        cc_share.copy(base + L::A_OFF, ws_a + cc_at, ws_a, true, C / 8);
-        if (threadIdx.x < 2 * C / 4) {
-            cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x,
-                             ws_f + ((size_t)chunk * HV + hv) * 2 * C + 4 * threadIdx.x, true);
+        kq_share.copy(base + L::K_OFF, k + kq_at, k, qk_stride, len, K / 8);
+        v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_stride, len, v_vecs);
+        cc_share.copy(base + L::A_OFF, ws_a + cc_at, ws_a, C, C, C / 8);
+        if (ct < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * ct, ws_f + ((size_t)chunk * HV + hv) * 2 * C + 4 * ct, true);
         }
-        kq_share.copy(base + L::Q_OFF, q + kq_at, q, kq_share.row < len, K / 8);
-        cc_share.copy(base + L::P_OFF, ws_p + cc_at, ws_p, true, C / 8);
+        kq_share.copy(base + L::Q_OFF, q + kq_at, q, qk_stride, len, K / 8);
+        cc_share.copy(base + L::P_OFF, ws_p + cc_at, ws_p, C, C, C / 8);
     };
 
     // The state (state warps): sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows

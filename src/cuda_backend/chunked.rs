@@ -46,6 +46,9 @@ const UNIT_LAST: i32 = 2;
 /// The sequential pass's V-blocks (a warp per 16 columns), smallest first.
 pub const VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 
+/// The automatic [`PlanOptions::roles`].
+const AUTO_ROLES: bool = true;
+
 /// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
 /// spend more on the local pass and the combine than they gain (2/8 × 32768 bf16 on the
 /// H200, 2026-12-01, with the 8-column combine: segments of 16 chunks 0.663 ms, of 32
@@ -73,6 +76,12 @@ pub struct PlanOptions {
     pub segments: Segments,
     /// The sequential pass's V-block, one of [`VALUE_BLOCKS`]; `None`: chosen from the grid.
     pub value_block: Option<usize>,
+    /// Split roles in the main pass at V-blocks 32 and 64 (`gdn_chunk_fwd{32,64}r_*`: per 16
+    /// columns a state warp that runs the chain and an output warp that forms o from the state
+    /// and v' it publishes; the same bits as one warp per 16 columns), or the warp pairs
+    /// (`false`); `None`: chosen. V-block 128 and the split-state option keep one warp per 16
+    /// columns whatever this says.
+    pub roles: Option<bool>,
 }
 
 /// Which kernel a forward call runs.
@@ -415,7 +424,7 @@ pub struct ChunkPlan {
     /// The prep's inverse on the CUDA cores (PREP_FFMA, `GDN_CUDA_PREP_FFMA=1`).
     prep_ffma: bool,
     /// The main pass by `gdn_chunk_fwd{32,64}r_*` (a state warp and an output warp per 16
-    /// columns) at V-blocks 32 and 64 (`GDN_FWD_ROLES=1`, an A/B switch).
+    /// columns) where the V-block is 32 or 64 ([`PlanOptions::roles`]).
     roles: bool,
 }
 
@@ -575,7 +584,7 @@ impl ChunkPlan {
             normalized,
             split_state: false,
             prep_ffma: std::env::var("GDN_CUDA_PREP_FFMA").is_ok_and(|v| v.trim() == "1"),
-            roles: std::env::var("GDN_FWD_ROLES").is_ok_and(|v| v.trim() == "1"),
+            roles: options.roles.unwrap_or(AUTO_ROLES),
         })
     }
 
@@ -641,6 +650,11 @@ impl ChunkPlan {
     /// Whether the state enters the MMAs as two 16-bit parts.
     pub fn split_state(&self) -> bool {
         self.split_state
+    }
+
+    /// Whether the main pass runs split roles (`gdn_chunk_fwd{32,64}r_*`).
+    pub fn roles(&self) -> bool {
+        self.roles && self.value_block <= 64 && !self.split_state
     }
 
     /// The V-block width of the sequential pass.
@@ -797,7 +811,7 @@ pub fn launch_chunked_passes(
     plan.last_windowed
         .store(window_table.is_some(), std::sync::atomic::Ordering::Relaxed);
     let bv = plan.value_block;
-    let roles = plan.roles && bv <= 64 && !plan.split_state;
+    let roles = plan.roles();
     // The sequential kernel, in the local pass (`local`) or the main pass.
     let sequential = |local: bool| -> Result<()> {
         let roles = roles && !local;
