@@ -22,6 +22,9 @@
 //                    the segments from those (src/cuda_backend/chunked.rs decides). With the
 //                    gate-driven window (segment_window.cu) a windowed (segment, v-head)'s
 //                    local pass runs only its last n chunks and has no transition.
+//   gdn_chunk_fwd{32,64}r_*
+//                    the main pass with split roles (fwd_roles below): per 16 columns a state
+//                    warp runs the chain, an output warp forms o and issues the copies.
 //
 // Decisions and why:
 // - FLA's gated T (not FlashQLA's gate-free A): no gate work on the T operand in the
