@@ -527,18 +527,23 @@ fn the_split_state_option_matches_the_oracle() {
 #[test]
 fn every_value_block_and_segment_length_matches_the_oracle() {
     let Some(ctx) = cuda() else { return };
-    let variant = |segments, value_block| PlanOptions {
+    let variant = |segments, value_block, roles| PlanOptions {
         segments,
         value_block,
+        roles: Some(roles),
     };
     let variants = [
-        variant(Segments::Off, Some(32)),
-        variant(Segments::Off, Some(64)),
-        variant(Segments::Off, Some(128)),
-        variant(Segments::Chunks(1), Some(32)),
-        variant(Segments::Chunks(2), Some(64)),
-        variant(Segments::Chunks(1), Some(128)),
-        variant(Segments::Chunks(3), None),
+        variant(Segments::Off, Some(32), false),
+        variant(Segments::Off, Some(64), false),
+        variant(Segments::Off, Some(128), false),
+        variant(Segments::Chunks(1), Some(32), false),
+        variant(Segments::Chunks(2), Some(64), false),
+        variant(Segments::Chunks(1), Some(128), false),
+        variant(Segments::Chunks(3), None, false),
+        variant(Segments::Off, Some(32), true),
+        variant(Segments::Off, Some(64), true),
+        variant(Segments::Chunks(1), Some(32), true),
+        variant(Segments::Chunks(2), Some(64), true),
     ];
     let mut failures = Vec::new();
     let mut segmented_runs = 0;
@@ -554,6 +559,7 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 let plan = ChunkPlan::with_options(ctx, p, dtype, options).unwrap();
                 if let Some(bv) = options.value_block {
                     assert_eq!(plan.value_block(), bv);
+                    assert_eq!(plan.roles(), options.roles == Some(true) && bv <= 64);
                 }
                 let longest = p
                     .sequences()
@@ -581,9 +587,10 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 };
                 let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
                 let what = format!(
-                    "forward (Chunked, {:?}, V-block {})",
+                    "forward (Chunked, {:?}, V-block {}, roles {})",
                     options.segments,
-                    plan.value_block()
+                    plan.value_block(),
+                    plan.roles()
                 );
                 if let Err(e) = check(
                     &what,
@@ -657,6 +664,7 @@ fn the_gate_window_matches_the_oracle_on_the_hard_cases() {
                 let options = PlanOptions {
                     segments,
                     value_block,
+                    ..PlanOptions::default()
                 };
                 let (got, paths) = run_windowed(ctx, p, &dev, dtype, options, window);
                 if let Some(paths) = paths {
@@ -711,7 +719,7 @@ fn the_gate_window_reports_each_path_and_keeps_g0_heads_exact() {
     let dev = upload(ctx, &inputs);
     let options = PlanOptions {
         segments: Segments::Chunks(4),
-        value_block: None,
+        ..PlanOptions::default()
     };
     let window = |t, m| Some(SegmentWindow::new(t, m).unwrap());
     let case = HardCase {
@@ -775,7 +783,7 @@ fn the_gate_window_reports_each_path_and_keeps_g0_heads_exact() {
     // Without segments there is no report.
     let whole = PlanOptions {
         segments: Segments::Off,
-        value_block: None,
+        ..PlanOptions::default()
     };
     assert_eq!(
         run_windowed(ctx, &p, &dev, dtype, whole, window(-10.0, None)).1,
@@ -797,6 +805,7 @@ fn plan_overrides_are_checked() {
             PlanOptions {
                 segments,
                 value_block,
+                ..PlanOptions::default()
             },
         )
     };

@@ -114,8 +114,18 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg) {
 #ifdef OLD
         if (BV == 32) { SEQ(32, 1) } else if (BV == 64) { SEQ(64, 1) } else { SEQ(128, 1) }
 #else
-        if (BV == 32) { SEQ(32, 2) } else if (BV == 64) { SEQ(64, 2) } else { SEQ(128, 1) }
+        if (getenv("EMU_KS1") && !local) { if (BV == 32) { SEQ(32, 1) } else if (BV == 64) { SEQ(64, 1) } else { SEQ(128, 1) } }
+        else if (BV == 32) { SEQ(32, 2) } else if (BV == 64) { SEQ(64, 2) } else { SEQ(128, 1) }
 #endif
+    };
+    // EMU_ROLES=1: the main pass by fwd_roles (a state and an output warp per 16 columns).
+    const bool roles = getenv("EMU_ROLES") && atoi(getenv("EMU_ROLES")) == 1 && BV <= 64;
+    auto roles_pass = [&] {
+        const unsigned cols = (V + BV - 1) / BV;
+#define ROLES(BVV) emu::launch({cols, (unsigned)HV, (unsigned)NU}, 4 * BVV, smem, [&] { \
+        (K == 128 ? fwd_roles<T, BVV, 128> : fwd_roles<T, BVV>)(p, chunks.data(), units.data(), Q.data(), Kt.data(), \
+            Vt.data(), ws_f.data(), ws_a.data(), ws_p.data(), H0, seg_start.data(), o.data(), ht.data()); });
+        if (BV == 32) { ROLES(32) } else { ROLES(64) }
     };
     if (NU > 0) {
         if (segmented) {
@@ -124,7 +134,7 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg) {
             emu::launch({(unsigned)((V + 7) / 8), (unsigned)HV, (unsigned)N}, 256, 4 * (2 * K * (K + 4) + 2 * K * 8 + 8 * (K + 4)), [&] {
                 gdn::combine::combine(cp, seq_units.data(), nullptr, H0, seg_end.data(), seg_start.data()); });
         }
-        seq_pass(false);
+        if (roles) roles_pass(); else seq_pass(false);
     }
     std::vector<float> fo(o.size());
     for (size_t i = 0; i < o.size(); ++i) fo[i] = gdn::to_f32(o[i]);

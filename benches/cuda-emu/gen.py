@@ -72,6 +72,8 @@ for f in files:
     t = open(f).read()
     if 'void named_barrier(int id, int count) {' in t:
         t = replace_body(t, '__device__ __forceinline__ void named_barrier(int id, int count) {', '{ emu::named_barrier(id, count); }')
+    if 'void named_arrive(int id, int count) {' in t:
+        t = replace_body(t, '__device__ __forceinline__ void named_arrive(int id, int count) {', '{ emu::named_arrive(id, count); }')
     # extern "C" kernels: plain host functions here (the templates are what the harness calls)
     t = re.sub(r'#define GDN_[A-Z_]+\(.*?(?<!\\)\n(?=\S|\n)', '', t, flags=re.S)
     t = re.sub(r'^GDN_[A-Z_]+\(.*\)\s*$', '', t, flags=re.M)

@@ -80,6 +80,17 @@ inline void named_barrier(int id, int count) {
     }
     b->arrive_and_wait();
 }
+// bar.arrive id, count: arrive without waiting (a producer's half of the barrier).
+inline void named_arrive(int id, int count) {
+    std::barrier<>* b;
+    {
+        std::lock_guard<std::mutex> g(blk->named_lock);
+        auto& slot = blk->named[id];
+        if (!slot) slot = std::make_unique<std::barrier<>>(count);
+        b = slot.get();
+    }
+    (void)b->arrive();
+}
 inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - blk->smem); }
 inline void cp_async(unsigned dst, const void* src, int bytes) {
     unsigned char* d = blk->smem + dst;

@@ -23,6 +23,9 @@
 //                    the segments from those (src/cuda_backend/chunked.rs decides). With the
 //                    gate-driven window (segment_window.cu) a windowed (segment, v-head)'s
 //                    local pass runs only its last n chunks and has no transition.
+//   gdn_chunk_fwd{32,64}r_*
+//                    the main pass with split roles (fwd_roles below): per 16 columns a state
+//                    warp runs the chain, an output warp forms o and issues the copies.
 //
 // Decisions and why:
 // - FLA's gated T (not FlashQLA's gate-free A): no gate work on the T operand in the
@@ -149,23 +152,29 @@ template <int BV, int KS> struct FwdLayout {
     static_assert(PART >= 2 * C * LDO, "the o staging tile fits a partial's slot");
 };
 
-// One thread's fixed share of a C-row tile copy of 16-bit elements, as copy_tile splits it:
-// PER consecutive 16-byte vectors of one row; `dst` is their byte offset in the tile.
-template <int NTHREADS, int VECS, int LD> struct TileShare {
-    static constexpr int PER = C * VECS / NTHREADS;
-    static_assert(PER >= 1 && VECS % PER == 0 && C * VECS == PER * NTHREADS, "tile split");
+// One thread's fixed share of a C-row tile copy of 16-bit elements, coalesced: thread i copies
+// vector i % VECS of rows i / VECS + STEP·u, so that each cp.async instruction of a warp reads
+// whole rows (32 threads × 16 bytes over 512 / (16·VECS) rows) instead of 16 bytes every
+// 16·PER bytes; `dst` is the byte offset of its first vector in the tile.
+template <int NTHREADS, int VECS, int LD> struct TileRows {
+    static constexpr int STEP = NTHREADS / VECS;  // rows per pass
+    static constexpr int PER = C / STEP;          // passes
+    static_assert(NTHREADS % VECS == 0 && PER >= 1 && C == PER * STEP, "tile split");
     int row, vec;
     unsigned dst;
-    __device__ explicit TileShare(int tid)
-        : row(tid / (VECS / PER)), vec((tid % (VECS / PER)) * PER), dst(2 * (row * LD + 8 * vec)) {}
-    // Start copying this thread's vectors below `valid_vecs` from src (its row and first vector
-    // already added); zeros where !ok (then from `any`, a valid address that is not read).
+    __device__ explicit TileRows(int tid) : row(tid / VECS), vec(tid % VECS), dst(2 * (row * LD + 8 * vec)) {}
+    // Start copying this thread's vectors (if vec < valid_vecs) from src (its first row and
+    // vector already added; rows `stride` elements apart); zeros for rows from `len` on (then
+    // from `any`, a valid address that is not read).
     template <typename E>
-    __device__ __forceinline__ void copy(unsigned tile, const E* src, const E* any, bool ok, int valid_vecs) const {
-        const E* from = ok ? src : any;
+    __device__ __forceinline__ void copy(unsigned tile, const E* src, const E* any, size_t stride, int len,
+                                         int valid_vecs) const {
+        if (vec >= valid_vecs) return;
+        const size_t step = (size_t)STEP * stride;
 #pragma unroll
         for (int u = 0; u < PER; ++u) {
-            if (vec + u < valid_vecs) cp_async16_zfill(tile + dst + 16 * u, from + 8 * u, ok);
+            const bool ok = row + STEP * u < len;
+            cp_async16_zfill(tile + dst + 2 * STEP * LD * u, ok ? src + u * step : any, ok);
         }
     }
 };
@@ -240,9 +249,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
     // This thread's share of each tile copy, its source offsets formed once (a step adds the
     // chunk's start): K and Q, V's block, the C × C tiles T·diag(β) and P, and the decays.
-    const TileShare<L::THREADS, MAX_K / 8, LDK> kq_share(threadIdx.x);
-    const TileShare<L::THREADS, BV / 8, L::LDV> v_share(threadIdx.x);
-    const TileShare<L::THREADS, C / 8, LDC> cc_share(threadIdx.x);
+    const TileRows<L::THREADS, MAX_K / 8, LDK> kq_share(threadIdx.x);
+    const TileRows<L::THREADS, BV / 8, L::LDV> v_share(threadIdx.x);
+    const TileRows<L::THREADS, C / 8, LDC> cc_share(threadIdx.x);
     const size_t kq_off = (size_t)h * K + (size_t)kq_share.row * qk_stride + 8 * kq_share.vec;
     const size_t v_stride = (size_t)HV * V;
     const T* const v_thread = v + (size_t)hv * V + col0 + (size_t)v_share.row * v_stride + 8 * v_share.vec;
@@ -252,18 +261,18 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         const unsigned base = smem0 + s * stage_bytes;
         const int start = info.x, len = info.y;
         const size_t kq_at = (size_t)start * qk_stride + kq_off, cc_at = (size_t)chunk * cc_chunk + cc_off;
-        kq_share.copy(base + L::K_OFF, k + kq_at, k, kq_share.row < len, K / 8);
+        kq_share.copy(base + L::K_OFF, k + kq_at, k, qk_stride, len, K / 8);
         if (!transition) {
-            v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_share.row < len, v_vecs);
+            v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_stride, len, v_vecs);
         }
-        cc_share.copy(base + L::A_OFF, ws_a + cc_at, ws_a, true, C / 8);
+        cc_share.copy(base + L::A_OFF, ws_a + cc_at, ws_a, C, C, C / 8);
         if (threadIdx.x < 2 * C / 4) {
             cp_async16_zfill(base + L::F_OFF + 16 * threadIdx.x,
                              ws_f + ((size_t)chunk * HV + hv) * 2 * C + 4 * threadIdx.x, true);
         }
         if (!local) {
-            kq_share.copy(base + L::Q_OFF, q + kq_at, q, kq_share.row < len, K / 8);
-            cc_share.copy(base + L::P_OFF, ws_p + cc_at, ws_p, true, C / 8);
+            kq_share.copy(base + L::Q_OFF, q + kq_at, q, qk_stride, len, K / 8);
+            cc_share.copy(base + L::P_OFF, ws_p + cc_at, ws_p, C, C, C / 8);
         }
     };
 
@@ -561,6 +570,349 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Pass 2 with split roles (main pass only, no SPLIT_STATE): per 16 state columns a state
+// warp (warp cw) and an output warp (warp COL_WARPS + cw). The state warp runs the chain
+// alone, with the whole K: it publishes the rounded state Sᵀ (the A fragments of K·S and
+// Q·S) into shared memory, then forms (K·S)ᵀ, Xᵀ, v'ᵀ, publishes v'ᵀ rounded, and updates
+// the state. The output warp waits for each and forms Oᵀ = scale·(Q·S)ᵀ·diag(γ) + v'ᵀ·Pᵀ and
+// stores o, off the chain's path. The products are the ones fwd<T, BV, 1> forms on the same
+// rounded operands in the same order: the same bits.
+
+// bar.arrive: a producer's half of a named barrier (does not wait); its earlier shared-memory
+// writes are visible to the threads that complete the barrier with bar.sync.
+__device__ __forceinline__ void named_arrive(int id, int count) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+
+template <int BV> struct RolesLayout {
+    using S = FwdLayout<BV, 2>;  // the stage offsets (independent of KS)
+    static constexpr int COL_WARPS = BV / 16;
+    static constexpr int THREADS = 64 * COL_WARPS;
+    static constexpr int STAGE = S::MAIN_STAGE;
+    static constexpr int SFRAG = 16 * 32 * (MAX_K / 16);  // a warp's Sᵀ A fragments
+    static constexpr int VFRAG = 16 * 32 * (C / 16);      // a warp's v'ᵀ A fragments
+    static constexpr int OTILE = 2 * C * LDO;             // the output warp's o staging tile
+    static constexpr int GROUP = SFRAG + VFRAG + OTILE;
+    static constexpr int SMEM = 2 * STAGE + COL_WARPS * GROUP;
+};
+
+template <typename T, int BV, int KD = 0>
+__device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
+                          const int* __restrict__ units, const T* __restrict__ q,
+                          const T* __restrict__ k, const T* __restrict__ v,
+                          const float* __restrict__ ws_f, const T* __restrict__ ws_a,
+                          const T* __restrict__ ws_p, const float* h_in,
+                          const float* __restrict__ seg_start, T* __restrict__ o, float* h_out) {
+    using L = FwdLayout<BV, 2>;
+    using R = RolesLayout<BV>;
+    extern __shared__ __align__(128) unsigned char smem[];
+    const int K = KD > 0 ? KD : p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
+    const int first = units[4 * unit], end = units[4 * unit + 1];
+    const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
+    const int flags = p.flags;
+    const int col0 = (int)blockIdx.x * BV;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool state_warp = warp < R::COL_WARPS;
+    const int cw = state_warp ? warp : warp - R::COL_WARPS;
+    const int wc = cw * 16, c0 = col0 + wc;
+    const bool active = c0 < V;
+    constexpr int KBW = MAX_K / 16;
+    const int nkw = KD == MAX_K ? KBW : K / 16;
+    const int bar_s = 1 + cw, bar_v = 1 + R::COL_WARPS + cw;  // S published, v' published
+
+    const unsigned smem0 = smem_addr(smem);
+    unsigned char* const group = smem + 2 * R::STAGE + cw * R::GROUP;
+    uint4* const sfrag = reinterpret_cast<uint4*>(group);
+    uint4* const vfrag = reinterpret_cast<uint4*>(group + R::SFRAG);
+    T* const o_stage = reinterpret_cast<T*>(group + R::SFRAG + R::VFRAG);
+#if GDN_STMATRIX
+    const unsigned o_stage_lane = smem_addr(o_stage) + 2 * lane_b_nmajor<LDO>(lane);
+#endif
+    const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));
+    const unsigned lane_qt = 2 * (L::Q_OFF / 2 + lane_b_nmajor<LDK>(lane));
+    const unsigned lane_at = 2 * (L::A_OFF / 2 + lane_b_nmajor<LDC>(lane));
+    const unsigned lane_pt = 2 * (L::P_OFF / 2 + lane_b_nmajor<LDC>(lane));
+    const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));
+    const unsigned lane_vt = 2 * (L::V_OFF / 2 + lane_b_nmajor<L::LDV>(lane));
+
+    const size_t qk_stride = (size_t)H * K;
+    const int v_vecs = (min(BV, V - col0) + 7) / 8;
+    auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
+    // The output warps copy the tiles (the state warps start each chunk's chain at once).
+    constexpr int COPIERS = 32 * R::COL_WARPS;
+    const int ct = state_warp ? 0 : (int)threadIdx.x - COPIERS;
+    const TileRows<COPIERS, MAX_K / 8, LDK> kq_share(ct);
+    const TileRows<COPIERS, BV / 8, L::LDV> v_share(ct);
+    const TileRows<COPIERS, C / 8, LDC> cc_share(ct);
+    const size_t kq_off = (size_t)h * K + (size_t)kq_share.row * qk_stride + 8 * kq_share.vec;
+    const size_t v_stride = (size_t)HV * V;
+    const T* const v_thread = v + (size_t)hv * V + col0 + (size_t)v_share.row * v_stride + 8 * v_share.vec;
+    const size_t cc_off = (size_t)hv * C * C + cc_share.row * C + 8 * cc_share.vec;
+    const size_t cc_chunk = (size_t)HV * C * C;
+    auto prefetch = [&](int chunk, int s, int2 info) {
+        if (state_warp) return;
+        const unsigned base = smem0 + s * R::STAGE;
+        const int start = info.x, len = info.y;
+        const size_t kq_at = (size_t)start * qk_stride + kq_off, cc_at = (size_t)chunk * cc_chunk + cc_off;
+        kq_share.copy(base + L::K_OFF, k + kq_at, k, qk_stride, len, K / 8);
+        v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_stride, len, v_vecs);
+        cc_share.copy(base + L::A_OFF, ws_a + cc_at, ws_a, C, C, C / 8);
+        if (ct < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * ct, ws_f + ((size_t)chunk * HV + hv) * 2 * C + 4 * ct, true);
+        }
+        kq_share.copy(base + L::Q_OFF, q + kq_at, q, qk_stride, len, K / 8);
+        cc_share.copy(base + L::P_OFF, ws_p + cc_at, ws_p, C, C, C / 8);
+    };
+
+    // The state (state warps): sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K rows
+    // 8j + 2t, + 1.
+    const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
+    auto user_state_at = [&](int r, int c) -> size_t {
+        return user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c);
+    };
+    const size_t unit_slice = ((size_t)unit * HV + hv) * (size_t)K;
+    float sacc[2 * KBW][4];
+#pragma unroll
+    for (int j = 0; j < 2 * KBW; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            float x = 0.0f;
+            if (state_warp && active && j < 2 * nkw) {
+                if (unit_flags & UNIT_FIRST) x = h_in != nullptr ? h_in[user_state_at(r, c)] : 0.0f;
+                else x = seg_start[(unit_slice + r) * V + c];
+            }
+            sacc[j][e] = x;
+        }
+    }
+
+    auto info_of = [&](int c) { return c < end ? chunk_info(c) : make_int2(0, 0); };
+    int2 info = info_of(first), info1 = info_of(first + 1);
+    if (first < end) {
+        prefetch(first, 0, info);
+        cp_async_commit();
+    }
+    for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
+        const int2 info2 = info_of(chunk + 2);
+        cp_async_wait_group<0>();
+        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        if (chunk + 1 < end) {
+            prefetch(chunk + 1, s ^ 1, info1);
+            cp_async_commit();
+        }
+        if (active) {
+            const unsigned base = smem0 + s * R::STAGE;
+            const unsigned char* stage = smem + s * R::STAGE;
+            const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
+            const float* dec = gam + C;                                            // γ_C/γ_i
+            // acc[0..7] += Sᵀ·Bᵀ over the K blocks, the state's A fragments sa.
+            auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt, const uint4 (&sa)[KBW]) {
+#pragma unroll
+                for (int kb = 0; kb < KBW; ++kb) {
+                    if (kb < nkw) {
+                        unsigned fb[C / 16][4];
+#pragma unroll
+                        for (int jp = 0; jp < C / 16; ++jp) {
+                            ldsm4(fb[jp], base + lane_bt + 2 * (16 * jp * LDK + 16 * kb));
+                        }
+                        const uint4 a4 = sa[kb];
+                        const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                        for (int jp = 0; jp < C / 16; ++jp) {
+                            MmaOp<T>::run(acc[2 * jp], a, fb[jp][0], fb[jp][1]);
+                            MmaOp<T>::run(acc[2 * jp + 1], a, fb[jp][2], fb[jp][3]);
+                        }
+                    }
+                }
+            };
+            if (state_warp) {
+                // Publish the rounded state for the output warp's Q·S.
+                uint4 sa_reg[KBW];
+#pragma unroll
+                for (int kb = 0; kb < KBW; ++kb) {
+                    if (kb < nkw) {
+                        const float* s0 = sacc[2 * kb];
+                        const float* s1 = sacc[2 * kb + 1];
+                        sa_reg[kb] = make_uint4(pack2<T>(s0[0], s0[1]), pack2<T>(s0[2], s0[3]),
+                                                pack2<T>(s1[0], s1[1]), pack2<T>(s1[2], s1[3]));
+                        sfrag[32 * kb + lane] = sa_reg[kb];
+                    }
+                }
+                named_arrive(bar_s, 64);
+                float xacc[C / 8][4];
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) xacc[j][e] = 0.0f;
+                }
+                state_times(xacc, lane_kt, sa_reg);
+                unsigned vf[C / 16][4];
+#pragma unroll
+                for (int jj = 0; jj < C / 16; ++jj) ldsm4_t(vf[jj], base + lane_vt + 2 * (16 * jj * L::LDV + wc));
+                // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded.
+                unsigned xa[C / 16][4];
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+                    const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
+                    const float e0 = gam[i], e1 = gam[i + 1];
+                    const float2 v01 = unpack2<T>(vf[kb][half]);
+                    const float2 v23 = unpack2<T>(vf[kb][half + 1]);
+                    const float vi[4] = {v01.x, v01.y, v23.x, v23.y};
+                    float x[4];
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) x[e] = vi[e] - ((e & 1) ? e1 : e0) * xacc[j][e];
+                    xa[kb][half] = pack2<T>(x[0], x[1]);
+                    xa[kb][half + 1] = pack2<T>(x[2], x[3]);
+                }
+                // v'ᵀ = Xᵀ·(T·diag(β))ᵀ (lower triangular).
+                float vacc[C / 8][4];
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) vacc[j][e] = 0.0f;
+                }
+#pragma unroll
+                for (int ip = 0; ip < C / 16; ++ip) {
+                    unsigned fa[C / 16][4];
+#pragma unroll
+                    for (int kb = 0; kb <= ip; ++kb) ldsm4(fa[kb], base + lane_at + 2 * (16 * ip * LDC + 16 * kb));
+#pragma unroll
+                    for (int kb = 0; kb <= ip; ++kb) {
+                        MmaOp<T>::run(vacc[2 * ip], xa[kb], fa[kb][0], fa[kb][1]);
+                        MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fa[kb][2], fa[kb][3]);
+                    }
+                }
+                // v' rounded, published for P·v'; decayed by γ_C/γ for the state.
+                unsigned vd[C / 16][4];
+#pragma unroll
+                for (int kb = 0; kb < C / 16; ++kb) {
+                    unsigned va[4];
+#pragma unroll
+                    for (int hh = 0; hh < 2; ++hh) {
+                        const int j = 2 * kb + hh, i = 8 * j + 2 * t;
+                        const float d0 = dec[i], d1 = dec[i + 1];
+                        va[2 * hh] = pack2<T>(vacc[j][0], vacc[j][1]);
+                        va[2 * hh + 1] = pack2<T>(vacc[j][2], vacc[j][3]);
+                        vd[kb][2 * hh] = pack2<T>(vacc[j][0] * d0, vacc[j][1] * d1);
+                        vd[kb][2 * hh + 1] = pack2<T>(vacc[j][2] * d0, vacc[j][3] * d1);
+                    }
+                    vfrag[32 * kb + lane] = make_uint4(va[0], va[1], va[2], va[3]);
+                }
+                named_arrive(bar_v, 64);
+                // Sᵀ ← γ_C·Sᵀ + vdᵀ·K.
+                const float gamma_c = gam[C - 1];
+#pragma unroll
+                for (int j = 0; j < 2 * KBW; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+                }
+#pragma unroll
+                for (int kb = 0; kb < C / 16; ++kb) {
+#pragma unroll
+                    for (int jb = 0; jb < KBW; jb += 4) {
+                        unsigned fk[4][4];
+#pragma unroll
+                        for (int jj = 0; jj < 4; ++jj) {
+                            if (jb + jj < nkw) ldsm4_t(fk[jj], base + lane_k + 2 * (16 * kb * LDK + 16 * (jb + jj)));
+                        }
+#pragma unroll
+                        for (int jj = 0; jj < 4; ++jj) {
+                            if (jb + jj < nkw) {
+                                MmaOp<T>::run(sacc[2 * (jb + jj)], vd[kb], fk[jj][0], fk[jj][1]);
+                                MmaOp<T>::run(sacc[2 * (jb + jj) + 1], vd[kb], fk[jj][2], fk[jj][3]);
+                            }
+                        }
+                    }
+                }
+            } else {
+                // Oᵀ = scale·(Q·S)ᵀ·diag(γ) + v'ᵀ·Pᵀ, then o through the staging tile.
+                float oacc[C / 8][4];
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) oacc[j][e] = 0.0f;
+                }
+                named_barrier(bar_s, 64);
+                uint4 sa[KBW];
+#pragma unroll
+                for (int kb = 0; kb < KBW; ++kb) {
+                    if (kb < nkw) sa[kb] = sfrag[32 * kb + lane];
+                }
+                state_times(oacc, lane_qt, sa);
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+                    const int i = 8 * j + 2 * t;
+                    const float o0 = p.scale * gam[i], o1 = p.scale * gam[i + 1];
+                    oacc[j][0] *= o0;
+                    oacc[j][1] *= o1;
+                    oacc[j][2] *= o0;
+                    oacc[j][3] *= o1;
+                }
+                named_barrier(bar_v, 64);
+#pragma unroll
+                for (int ip = 0; ip < C / 16; ++ip) {
+                    unsigned fp[C / 16][4];
+#pragma unroll
+                    for (int kb = 0; kb <= ip; ++kb) ldsm4(fp[kb], base + lane_pt + 2 * (16 * ip * LDC + 16 * kb));
+#pragma unroll
+                    for (int kb = 0; kb <= ip; ++kb) {
+                        const uint4 a4 = vfrag[32 * kb + lane];
+                        const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
+                        MmaOp<T>::run(oacc[2 * ip], a, fp[kb][0], fp[kb][1]);
+                        MmaOp<T>::run(oacc[2 * ip + 1], a, fp[kb][2], fp[kb][3]);
+                    }
+                }
+                const int start = info.x, len = info.y;
+#if GDN_STMATRIX
+#pragma unroll
+                for (int j = 0; j < C / 8; j += 2) {
+                    const unsigned x[4] = {pack2<T>(oacc[j][0], oacc[j][1]), pack2<T>(oacc[j][2], oacc[j][3]),
+                                           pack2<T>(oacc[j + 1][0], oacc[j + 1][1]),
+                                           pack2<T>(oacc[j + 1][2], oacc[j + 1][3])};
+                    stsm4_t(o_stage_lane + 2 * (8 * j * LDO), x);
+                }
+#else
+#pragma unroll
+                for (int j = 0; j < C / 8; ++j) {
+                    const int i = 8 * j + 2 * t;
+                    o_stage[i * LDO + g] = from_f32<T>(oacc[j][0]);
+                    o_stage[(i + 1) * LDO + g] = from_f32<T>(oacc[j][1]);
+                    o_stage[i * LDO + g + 8] = from_f32<T>(oacc[j][2]);
+                    o_stage[(i + 1) * LDO + g + 8] = from_f32<T>(oacc[j][3]);
+                }
+#endif
+                __syncwarp();
+                T* const o_row = o + ((size_t)(start + (lane >> 1)) * HV + hv) * V + c0 + 8 * (lane & 1);
+                const size_t o_rows16 = (size_t)16 * HV * V;
+#pragma unroll
+                for (int r = 0; r < C * 2 / 32; ++r) {
+                    const int i = (lane >> 1) + 16 * r;
+                    if (i < len) {
+                        *reinterpret_cast<uint4*>(o_row + r * o_rows16) =
+                            *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * (lane & 1));
+                    }
+                }
+                __syncwarp();
+            }
+        }
+        info = info1;
+        info1 = info2;
+    }
+
+    if (!active || !state_warp || !(unit_flags & UNIT_LAST)) return;
+#pragma unroll
+    for (int j = 0; j < 2 * KBW; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            if (j < 2 * nkw) h_out[user_state_at(r, c)] = sacc[j][e];
+        }
+    }
+}
+
 }  // namespace chunked
 }  // namespace gdn
 
@@ -580,6 +932,21 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
         }                                                                                          \
     }
 
+#define GDN_CHUNK_FWD_ROLES(SUFFIX, T, BV)                                                         \
+    extern "C" __global__ void __launch_bounds__(BV * 4, 1) gdn_chunk_fwd##BV##r_##SUFFIX(         \
+        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
+        const T* k, const T* v, const float* ws_f, const T* ws_a, const T* ws_p,                   \
+        const float* h_in, const float* seg_start, T* o, float* h_out) {                           \
+        if (p.key_dim == gdn::chunked::MAX_K) {                                                    \
+            gdn::chunked::fwd_roles<T, BV, gdn::chunked::MAX_K>(p, chunks, units, q, k, v, ws_f,   \
+                                                                ws_a, ws_p, h_in, seg_start, o,    \
+                                                                h_out);                            \
+        } else {                                                                                   \
+            gdn::chunked::fwd_roles<T, BV>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in,      \
+                                           seg_start, o, h_out);                                   \
+        }                                                                                          \
+    }
+
 #define GDN_CHUNKED(SUFFIX, T)                                                                     \
     extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS)                            \
         gdn_l2norm_##SUFFIX(int rows, int key_dim, const T* q, const T* k, T* qn, T* kn) {         \
@@ -593,7 +960,9 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     }                                                                                              \
     GDN_CHUNK_FWD(SUFFIX, T, 32, 2)                                                                \
     GDN_CHUNK_FWD(SUFFIX, T, 64, 2)                                                                \
-    GDN_CHUNK_FWD(SUFFIX, T, 128, 1)
+    GDN_CHUNK_FWD(SUFFIX, T, 128, 1)                                                               \
+    GDN_CHUNK_FWD_ROLES(SUFFIX, T, 32)                                                             \
+    GDN_CHUNK_FWD_ROLES(SUFFIX, T, 64)
 
 GDN_CHUNKED(f16, __half)
 GDN_CHUNKED(bf16, __nv_bfloat16)

@@ -46,6 +46,9 @@ const UNIT_LAST: i32 = 2;
 /// The sequential pass's V-blocks (a warp per 16 columns), smallest first.
 pub const VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 
+/// The automatic [`PlanOptions::roles`].
+const AUTO_ROLES: bool = true;
+
 /// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
 /// spend more on the local pass and the combine than they gain (2/8 × 32768 bf16 on the
 /// H200, 2026-12-01, with the 8-column combine: segments of 16 chunks 0.663 ms, of 32
@@ -73,6 +76,12 @@ pub struct PlanOptions {
     pub segments: Segments,
     /// The sequential pass's V-block, one of [`VALUE_BLOCKS`]; `None`: chosen from the grid.
     pub value_block: Option<usize>,
+    /// Split roles in the main pass at V-blocks 32 and 64 (`gdn_chunk_fwd{32,64}r_*`: per 16
+    /// columns a state warp that runs the chain and an output warp that forms o from the state
+    /// and v' it publishes; the same bits as one warp per 16 columns), or the warp pairs
+    /// (`false`); `None`: chosen. V-block 128 and the split-state option keep one warp per 16
+    /// columns whatever this says.
+    pub roles: Option<bool>,
 }
 
 /// Which kernel a forward call runs.
@@ -186,6 +195,16 @@ fn fwd_smem(bv: usize, local: bool) -> usize {
         (bv / 16) * c * LDO * 2
     };
     2 * stage + after
+}
+
+/// chunked.cu's RolesLayout (`fwd_roles`, V-blocks 32 and 64, main pass): the two main
+/// stages, then per 16 columns the state warp's published Sᵀ and v'ᵀ fragments and the output
+/// warp's o staging tile.
+fn roles_smem(bv: usize) -> usize {
+    let c = CHUNK;
+    let stage = 2 * 2 * c * LDK + 2 * c * (bv + 8) + 2 * 2 * c * LDC + 4 * 2 * c;
+    let group = 16 * 32 * (MAX_CHUNKED_KEY_DIM / 16) + 16 * 32 * (c / 16) + 2 * c * LDO;
+    2 * stage + (bv / 16) * group
 }
 
 pub(crate) fn max_shared_optin(ctx: &Context) -> Result<usize> {
@@ -429,6 +448,9 @@ pub struct ChunkPlan {
     split_state: bool,
     /// The prep's inverse on the CUDA cores (PREP_FFMA, `GDN_CUDA_PREP_FFMA=1`).
     prep_ffma: bool,
+    /// The main pass by `gdn_chunk_fwd{32,64}r_*` (a state warp and an output warp per 16
+    /// columns) where the V-block is 32 or 64 ([`PlanOptions::roles`]).
+    roles: bool,
 }
 
 impl ChunkPlan {
@@ -587,6 +609,7 @@ impl ChunkPlan {
             normalized,
             split_state: false,
             prep_ffma: std::env::var("GDN_CUDA_PREP_FFMA").is_ok_and(|v| v.trim() == "1"),
+            roles: options.roles.unwrap_or(AUTO_ROLES),
         })
     }
 
@@ -652,6 +675,11 @@ impl ChunkPlan {
     /// Whether the state enters the MMAs as two 16-bit parts.
     pub fn split_state(&self) -> bool {
         self.split_state
+    }
+
+    /// Whether the main pass runs split roles (`gdn_chunk_fwd{32,64}r_*`).
+    pub fn roles(&self) -> bool {
+        self.roles && self.value_block <= 64 && !self.split_state
     }
 
     /// The V-block width of the sequential pass.
@@ -808,10 +836,20 @@ pub fn launch_chunked_passes(
     plan.last_windowed
         .store(window_table.is_some(), std::sync::atomic::Ordering::Relaxed);
     let bv = plan.value_block;
-    let name = format!("gdn_chunk_fwd{bv}_{suffix}");
+    let roles = plan.roles();
     // The sequential kernel, in the local pass (`local`) or the main pass.
     let sequential = |local: bool| -> Result<()> {
-        let smem = fwd_smem(bv, local);
+        let roles = roles && !local;
+        let name = if roles {
+            format!("gdn_chunk_fwd{bv}r_{suffix}")
+        } else {
+            format!("gdn_chunk_fwd{bv}_{suffix}")
+        };
+        let smem = if roles {
+            roles_smem(bv)
+        } else {
+            fwd_smem(bv, local)
+        };
         let func = ctx.function_with_smem(&CHUNKED, &name, smem)?;
         let column_blocks =
             p.value_dim.div_ceil(bv) + if local { p.key_dim.div_ceil(bv) } else { 0 };
@@ -821,7 +859,15 @@ pub fn launch_chunked_passes(
                 p.heads_v as u32,
                 plan.num_units as u32,
             ),
-            block_dim: (fwd_threads(bv), 1, 1),
+            block_dim: (
+                if roles {
+                    4 * bv as u32
+                } else {
+                    fwd_threads(bv)
+                },
+                1,
+                1,
+            ),
             shared_mem_bytes: smem as u32,
         };
         let params = ChunkParams {
@@ -847,14 +893,16 @@ pub fn launch_chunked_passes(
             None => l.arg(&null),
         };
         l.arg(outputs.o.buffer()).arg(outputs.final_state.buffer());
-        match &plan.segment_states {
-            Some((end, _)) => l.arg(end),
-            None => l.arg(&null),
-        };
-        match window_table {
-            Some(w) => l.arg(w),
-            None => l.arg(&null),
-        };
+        if !roles {
+            match &plan.segment_states {
+                Some((end, _)) => l.arg(end),
+                None => l.arg(&null),
+            };
+            match window_table {
+                Some(w) => l.arg(w),
+                None => l.arg(&null),
+            };
+        }
         // SAFETY: matches gdn_chunk_fwd* in chunked.cu; o, the states and the workspace were
         // checked or sized for this problem, the unit table indexes only the chunk table.
         unsafe { l.launch(cfg) }.map_err(|e| launch_err(&name, e))?;

@@ -29,8 +29,8 @@ fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
 }
 
 /// The chunked plan's overrides for experiments: `GDN_SEGMENT_CHUNKS` (n ≥ 1: cut every
-/// sequence longer than n chunks) and `GDN_V_BLOCK` (32, 64 or 128), as docs/configuration.md
-/// says; unset: the plan's own choices. The correctness gate runs the plan's own choices.
+/// sequence longer than n chunks), `GDN_V_BLOCK` (32, 64 or 128) and `GDN_FWD_ROLES` (1: split
+/// roles at V-blocks 32 and 64, 0: warp pairs), as docs/configuration.md says; unset: the plan's own choices. The correctness gate runs the plan's own choices.
 fn plan_options() -> Result<PlanOptions> {
     let read = |name: &str| -> Result<Option<usize>> {
         match std::env::var(name) {
@@ -49,6 +49,7 @@ fn plan_options() -> Result<PlanOptions> {
     Ok(PlanOptions {
         segments: read("GDN_SEGMENT_CHUNKS")?.map_or(Segments::Auto, Segments::Chunks),
         value_block: read("GDN_V_BLOCK")?,
+        roles: read("GDN_FWD_ROLES")?.map(|r| r == 1),
     })
 }
 
@@ -203,8 +204,9 @@ fn time_on(
                     _ => "whole sequences".into(),
                 };
                 variant = format!(
-                    "cuda chunked tensor-core forward, V-block {}, {segments}, parallel passes {parallel_ms:.4} ms",
+                    "cuda chunked tensor-core forward, V-block {}{}, {segments}, parallel passes {parallel_ms:.4} ms",
                     plan.value_block(),
+                    if plan.roles() { " (split roles)" } else { "" },
                 );
                 Box::new(move || cuda_backend::launch_chunked(ctx, p, &plan, &inputs, &outputs))
             }
