@@ -112,14 +112,14 @@ __device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, unsigned b
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// d += A·B for a 16 × 8 f32 A (row-major at a, stride lda) and an 8 × 8 f32 B (row-major at b,
-// stride ldb) from shared memory, as three TF32 products (3xTF32: each operand split into a
-// TF32 value and the TF32 rest; only the rest × rest term is dropped, ~2⁻²² relative).
-__device__ __forceinline__ void mma_f32x3(float* d, const float* a, int lda, const float* b, int ldb) {
+// The 3xTF32 operands of a 16 × 8 f32 A (row-major at a, stride lda) and an 8 × 8 f32 B
+// (row-major at b, stride ldb) in this lane's fragment order: each value split into a TF32
+// value (ab, bb) and its TF32 rest (as, bs).
+__device__ __forceinline__ void tf32_split(const float* a, int lda, const float* b, int ldb, unsigned (&ab)[4],
+                                           unsigned (&as)[4], unsigned (&bb)[2], unsigned (&bs)[2]) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
     const float av[4] = {a[g * lda + t], a[(g + 8) * lda + t], a[g * lda + t + 4], a[(g + 8) * lda + t + 4]};
     const float bv[2] = {b[t * ldb + g], b[(t + 4) * ldb + g]};
-    unsigned ab[4], as[4], bb[2], bs[2];
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         ab[e] = to_tf32(av[e]);
@@ -130,6 +130,14 @@ __device__ __forceinline__ void mma_f32x3(float* d, const float* a, int lda, con
         bb[e] = to_tf32(bv[e]);
         bs[e] = to_tf32(bv[e] - __uint_as_float(bb[e]));
     }
+}
+
+// d += A·B for a 16 × 8 f32 A (row-major at a, stride lda) and an 8 × 8 f32 B (row-major at b,
+// stride ldb) from shared memory, as three TF32 products (3xTF32: each operand split into a
+// TF32 value and the TF32 rest; only the rest × rest term is dropped, ~2⁻²² relative).
+__device__ __forceinline__ void mma_f32x3(float* d, const float* a, int lda, const float* b, int ldb) {
+    unsigned ab[4], as[4], bb[2], bs[2];
+    tf32_split(a, lda, b, ldb, ab, as, bb, bs);
     mma_tf32(d, as, bb[0], bb[1]);
     mma_tf32(d, ab, bs[0], bs[1]);
     mma_tf32(d, ab, bb[0], bb[1]);
@@ -139,20 +147,8 @@ __device__ __forceinline__ void mma_f32x3(float* d, const float* a, int lda, con
 // d[4..7] and d[8..11] the two rest terms), so that a sum over k is three independent MMA
 // chains instead of one three times as long; the result is mma_f32x3_sum(d).
 __device__ __forceinline__ void mma_f32x3_acc(float (&d)[12], const float* a, int lda, const float* b, int ldb) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const float av[4] = {a[g * lda + t], a[(g + 8) * lda + t], a[g * lda + t + 4], a[(g + 8) * lda + t + 4]};
-    const float bv[2] = {b[t * ldb + g], b[(t + 4) * ldb + g]};
     unsigned ab[4], as[4], bb[2], bs[2];
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-        ab[e] = to_tf32(av[e]);
-        as[e] = to_tf32(av[e] - __uint_as_float(ab[e]));
-    }
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-        bb[e] = to_tf32(bv[e]);
-        bs[e] = to_tf32(bv[e] - __uint_as_float(bb[e]));
-    }
+    tf32_split(a, lda, b, ldb, ab, as, bb, bs);
     mma_tf32(d + 8, as, bb[0], bb[1]);
     mma_tf32(d + 4, ab, bs[0], bs[1]);
     mma_tf32(d, ab, bb[0], bb[1]);
