@@ -72,7 +72,7 @@ pub struct BackwardOptions {
     pub warp_pairs: Option<bool>,
     /// Sequence parallelism for both chains (exact: a local pass per segment, two combines,
     /// the main pass; chunk_bwd_chain.cuh). `Auto`: segments only where the chains' grid
-    /// leaves at least half the SMs idle ([`AUTO_SEGMENTS`]: 2/8 heads × 1×32768 bf16 on the
+    /// leaves at least half the SMs idle (`AUTO_SEGMENTS` in chunk_bwd.rs: 2/8 heads × 1×32768 bf16 on the
     /// H200 4.17 → 2.67 ms).
     pub segments: Segments,
 }
