@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Packs what one device session needs into the git-ignored .carry2/final/ (run here, where Rust
+# is): the release `gdn` and the GPU test binaries with `--features cuda`, stripped and xz'd,
+# session.sh and shapes.json. Then, on the device:
+#   run(command="source .gl/prelude.sh && bash .carry2/final/session.sh", carry=[".gl", ".carry2", ".whl"])
+set -eu
+root=$(git rev-parse --show-toplevel); cd "$root"
+out=.carry2/final; rm -rf "$out"; mkdir -p "$out"
+cargo build --release --features cuda -p gdn-cli
+cp target/release/gdn "$out/gdn"
+# The test binaries' paths, from cargo's own report of what it built.
+cargo test --release --features cuda --no-run --message-format=json 2>/dev/null |
+    python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["kind"] == ["test"]:
+        print(m["target"]["name"], m["executable"])' |
+    while read -r name exe; do
+        case "$name" in cuda|forward|backward|segment_window|decode) cp "$exe" "$out/$name-bin" ;; esac
+    done
+strip "$out"/gdn "$out"/*-bin
+xz -T2 -6 "$out"/gdn "$out"/*-bin
+cp benches/device/session.sh benches/device/shapes.json "$out/"
+[ -f .carry2/triton-cache.tar.xz ] && cp .carry2/triton-cache.tar.xz "$out/"
+du -sh "$out"; ls "$out"

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# One device call (the H200): FLA in the background while `gdn precompile` fills the NVRTC cache,
+# then every GPU test, the compare table (ours CUDA + WGSL bf16 against FLA from this call),
+# the backward and decode benches. Stages run in the order given (default: all of them);
+# a stage that would start after SESSION_SECS (default 540) of the call is skipped and says so.
+# Everything lands in $OUT/all.tar.xz (the device returns only a few files).
+set -u
+HERE="$(cd "$(dirname "$0")" && pwd)"; ROOT="$(cd "$HERE/../.." && pwd)"
+cd "$HERE"; for f in *.xz; do case "$f" in triton-cache.tar.xz) ;; *) xz -d -f "$f" ;; esac; done
+chmod +x ./gdn ./*-bin 2>/dev/null
+t0=$(date +%s); stamp() { echo "== [$(( $(date +%s) - t0 ))s $(date -u +%H:%M:%S)] $*"; }
+late() { [ $(( $(date +%s) - t0 )) -gt "${SESSION_SECS:-540}" ] && { stamp "skipped: $1 (past ${SESSION_SECS:-540} s)"; return 0; }; return 1; }
+export GDN_REQUIRE_GPU=1 GDN_REQUIRE_COOP=1 GDN_REQUIRE_CUDA=1
+res=/tmp/session-out; mkdir -p "$res" /tmp/wf /tmp/wo /tmp/tc
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv
+[ -f triton-cache.tar.xz ] && tar -xJf triton-cache.tar.xz -C /tmp
+
+fla() {
+    cp shapes.json /tmp/wf/ours_shapes.json
+    stamp "FLA (background) + precompile"
+    ( cd "$ROOT" && TRITON_CACHE_DIR=/tmp/tc FLA_DTYPES=bf16 WORK=/tmp/wf GDN="$HERE/gdn" \
+        timeout 260 bash benches/compare/run.sh fla > "$res/fla.log" 2>&1 ) &
+    local pid=$!
+    ./gdn precompile 2>&1 | tail -20
+    wait $pid; stamp "FLA rc=$?"; tail -25 "$res/fla.log"
+    cp /tmp/wf/fla.json /tmp/wo/ && cp /tmp/wf/fla.json "$res/"
+    # Keep the Triton cache: carried next time, FLA takes ~14 s instead of ~110.
+    tar -cJf "$res/triton-cache.tar.xz" -C /tmp tc
+}
+t() { local name=$1; shift; late "test $name" && return; stamp "test $name $*"
+      timeout "${TSECS:-150}" ./$name-bin "$@" > "$res/test-$name.log" 2>&1; echo "rc=$?"
+      grep -E "^test result|FAILED|panicked|failed|error" "$res/test-$name.log" | tail -15; }
+tests() {
+    t cuda --skip every_cuda_source_is_registered --test-threads 6
+    t forward coop_matrix_path wy_inverse_coop both_algorithms_forced_on_the_hard_cases sequence_parallel_segments
+    t backward coop_matrix_path coop_grads_all_forced coop_grads_mixed coop_grads_none_forced half_precision_storage
+    t segment_window
+}
+decode() { TSECS=${DECODE_SECS:-240} t decode --test-threads 16; }
+compare() {
+    late compare && return; stamp compare
+    ( cd "$ROOT" && WORK=/tmp/wo GDN="$HERE/gdn" BENCH_ARGS="--heads 16/64,16/32,2/8 --seqs 1x32768,1x8192,4096x8 --decode-batch 1,64,256 --reps 10" \
+        bash benches/compare/run.sh ours-cuda ours-bf16 report ) > "$res/compare.log" 2>&1
+    tail -30 "$res/compare.log"; cp /tmp/wo/*.json /tmp/wo/*.md "$res/" 2>/dev/null
+}
+bench() {
+    late "cuda backward" || { stamp "cuda backward"
+        ./gdn bench --backend cuda --ops backward --heads 16/32,2/8,16/64 --seqs 1x32768 --dtype bf16 --reps 5 --no-progress --json "$res/cuda_backward.json" 2>&1 | tail -8; }
+    late "wgpu backward" || { stamp "wgpu backward"
+        ./gdn bench --ops backward --heads 16/32 --seqs 1x32768 --dtype bf16 --reps 3 --no-progress --json "$res/wgpu_backward.json" 2>&1 | tail -5; }
+    late "wgpu decode" || { stamp "wgpu decode"
+        ./gdn bench --ops decode --heads 16/32,16/64 --decode-batch 1,64,256 --dtype f32 --reps 50 --no-progress --json "$res/wgpu_decode.json" 2>&1 | tail -10; }
+}
+for stage in "${@:-fla tests compare bench decode}"; do for s in $stage; do "$s"; done; done
+stamp done
+tar -cJf /tmp/all.tar.xz -C "$res" . && mv /tmp/all.tar.xz "$OUT/"
