@@ -215,6 +215,23 @@ constexpr int LDK = MAX_K + 8;  // 16-bit C × K tiles (k, q)
 constexpr int LDC = C + 8;      // 16-bit C × C tiles (T·diag(β), P)
 constexpr int LDF = C + 4;      // f32 C × C tiles (prep)
 
+// One stage of the sequential passes' two-stage pipeline (byte offsets), shared by chunked.cu's
+// forward (FwdLayout) and chunk_bwd_chain.cuh's chains (ChainLayout); mirrored by fwd_smem in
+// chunked.rs and chain_smem in chunk_bwd_chain.rs: k, a V-block of v (dO in the dh chain),
+// T·diag(β), the decays (γ, then γ_C/γ), then q and P. SHORT_STAGE: the stage without q and P
+// (the forward's local pass, the states chain); FULL_STAGE: all of it.
+template <int BV> struct StageLayout {
+    static constexpr int LDV = BV + 8;
+    static constexpr int K_OFF = 0;
+    static constexpr int V_OFF = K_OFF + 2 * C * LDK;
+    static constexpr int A_OFF = V_OFF + 2 * C * LDV;
+    static constexpr int F_OFF = A_OFF + 2 * C * LDC;
+    static constexpr int Q_OFF = F_OFF + 4 * 2 * C;
+    static constexpr int P_OFF = Q_OFF + 2 * C * LDK;
+    static constexpr int SHORT_STAGE = Q_OFF;
+    static constexpr int FULL_STAGE = P_OFF + 2 * C * LDC;
+};
+
 // A barrier of the `count` threads (whole warps) that use barrier `id` (0 is __syncthreads').
 __device__ __forceinline__ void named_barrier(int id, int count) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");

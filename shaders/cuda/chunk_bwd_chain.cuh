@@ -64,21 +64,14 @@ __device__ __forceinline__ int reversed_slot(const int* seq_units, int seq, int 
     return seq_units[seq] + seq_units[seq + 1] - 1 - unit;
 }
 
-// Pass-wide layout of one stage (byte offsets), as the forward's FwdLayout: k, the V-block of v
-// (states) or of dO (dh), T·diag(β), the decays (γ, γ_C/γ), then q and P (dh only). After both
-// stages, the dh pass's dv staging tiles (one per 16 columns), then with KS = 2 (a pair of
-// warps per 16 columns, each holding half the state's K rows) one f32 16 × C partial sum per
-// warp. Mirrored by chain_smem in chunk_bwd_chain.rs.
-template <int BV, int KS = 1> struct ChainLayout {
-    static constexpr int LDV = BV + 8;
-    static constexpr int K_OFF = 0;
-    static constexpr int V_OFF = K_OFF + 2 * C * LDK;
-    static constexpr int A_OFF = V_OFF + 2 * C * LDV;
-    static constexpr int F_OFF = A_OFF + 2 * C * LDC;
-    static constexpr int Q_OFF = F_OFF + 4 * 2 * C;
-    static constexpr int P_OFF = Q_OFF + 2 * C * LDK;
-    static constexpr int STATES_STAGE = Q_OFF;
-    static constexpr int DH_STAGE = P_OFF + 2 * C * LDC;
+// Pass-wide layout (byte offsets): two stages of chunk.cuh's StageLayout, as the forward's
+// (V-block of v in the states chain, of dO in the dh chain; q and P in the dh chain only).
+// After both stages, the dh pass's dv staging tiles (one per 16 columns), then with KS = 2 (a
+// pair of warps per 16 columns, each holding half the state's K rows) one f32 16 × C partial
+// sum per warp. Mirrored by chain_smem in chunk_bwd_chain.rs.
+template <int BV, int KS = 1> struct ChainLayout : StageLayout<BV> {
+    static constexpr int STATES_STAGE = StageLayout<BV>::SHORT_STAGE;
+    static constexpr int DH_STAGE = StageLayout<BV>::FULL_STAGE;
     static constexpr int GROUPS = BV / 16;
     static constexpr int WARPS = GROUPS * KS;
     static constexpr int THREADS = 32 * WARPS;

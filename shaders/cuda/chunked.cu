@@ -128,21 +128,14 @@ constexpr int UNIT_LAST = 2;   // the unit ends its sequence: its end state is t
 constexpr int LOCAL_PASS = 1 << 9;
 
 
-// Pass 2's stage layout (byte offsets; mirrored by fwd_smem in chunked.rs): k, V's block,
-// T·diag(β), the decays (γ, then γ_C/γ), then q and P (not in the local pass). After the two
-// stages (of either pass): with KS = 1 one C × 16 staging tile of o per warp; with KS = 2 (the
-// state's K rows split over a pair of warps) per pair the two warps' f32 (K·S)ᵀ partial sums
-// and one (Q·S)ᵀ partial, whose slot is then the o staging tile of the warp that writes o.
-template <int BV, int KS> struct FwdLayout {
-    static constexpr int LDV = BV + 8;
-    static constexpr int K_OFF = 0;
-    static constexpr int V_OFF = K_OFF + 2 * C * LDK;
-    static constexpr int A_OFF = V_OFF + 2 * C * LDV;
-    static constexpr int F_OFF = A_OFF + 2 * C * LDC;
-    static constexpr int Q_OFF = F_OFF + 4 * 2 * C;
-    static constexpr int P_OFF = Q_OFF + 2 * C * LDK;
-    static constexpr int LOCAL_STAGE = Q_OFF;
-    static constexpr int MAIN_STAGE = P_OFF + 2 * C * LDC;
+// Pass 2's layout (byte offsets; mirrored by fwd_smem in chunked.rs): two stages (chunk.cuh's
+// StageLayout; the local pass has no q and P). After the two stages (of either pass): with
+// KS = 1 one C × 16 staging tile of o per warp; with KS = 2 (the state's K rows split over a
+// pair of warps) per pair the two warps' f32 (K·S)ᵀ partial sums and one (Q·S)ᵀ partial, whose
+// slot is then the o staging tile of the warp that writes o.
+template <int BV, int KS> struct FwdLayout : StageLayout<BV> {
+    static constexpr int LOCAL_STAGE = StageLayout<BV>::SHORT_STAGE;
+    static constexpr int MAIN_STAGE = StageLayout<BV>::FULL_STAGE;
     static constexpr int COL_WARPS = BV / 16;  // warps across the block's columns
     static constexpr int WARPS = KS * COL_WARPS;
     static constexpr int THREADS = 32 * WARPS;
