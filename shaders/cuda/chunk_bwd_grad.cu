@@ -6,7 +6,7 @@
 //       per chunk the decays γ, γ_C/γ, the cumsum G and the activated β (f32), T·diag(β), P, T.
 //   gdn_chunk_bwd_grad_*   (16 warps, a block per (chunk, q/k head) walking the v-heads of its
 //       GVA group) every per-chunk gradient. Inside the chunk, from dO, v',
-//       X, dv' (chunk_bwd_chain.cu) and T, P:
+//       X, dv' (the chains, chunk_bwd_chain.cuh) and T, P:
 //         dP  = dO·v'ᵀ,  dPs = scale·Γ⊙dP (i ≥ j)           dq = dPs·K,  dk = dPsᵀ·Q
 //         dA  = dv'·Xᵀ  (A = T·diag(β)):  dβ_j += Σ_i dA_ij T_ij,  dT = dA·diag(β)
 //         dL  = −Tᵀ·dT·Tᵀ  (T = (I + L)⁻¹, L = strict_lower(diag(β)·(Γ⊙KKᵀ)))
