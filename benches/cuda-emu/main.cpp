@@ -76,6 +76,10 @@ int run(int argc, char** argv) {
     auto both = [&] { bwd_chains<T, 32, KS_EMU>(p, chunks.data(), units.data(), Q, Kp, Vp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), H0, DHT, (T*)dv.data(), DH0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dh.data(), (T*)ws_dvp.data(), SegmentIo{}); };
     (void)states; (void)dhk;
     emu::launch(cg, 32*4*KS_EMU, ChainLayout<32, KS_EMU>::STATES_BYTES + ChainLayout<32, KS_EMU>::DH_BYTES, both);
+#elif defined(APART)  // both chains in one launch, a block each (bwd_chains_apart: dh blocks, then states), V-block 32
+    auto apart = [&] { bwd_chains_apart<T, 32, KS_EMU>(p, chunks.data(), units.data(), Q, Kp, Vp, DO, ws_f.data(), (T*)ws_a.data(), (T*)ws_p.data(), H0, DHT, (T*)dv.data(), DH0, (T*)ws_h.data(), (T*)ws_x.data(), (T*)ws_vp.data(), (T*)ws_dh.data(), (T*)ws_dvp.data(), SegmentIo{}); };
+    (void)states; (void)dhk;
+    emu::launch({cg.x, cg.y, 2 * cg.z}, 32*2*KS_EMU, std::max(ChainLayout<32, KS_EMU>::STATES_BYTES, ChainLayout<32, KS_EMU>::DH_BYTES), apart);
 #else
     emu::launch(cg, BV*2*KS_EMU, 2*st, states);
     emu::launch(cg, BV*2*KS_EMU, dh_smem, dhk);
