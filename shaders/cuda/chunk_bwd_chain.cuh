@@ -702,27 +702,20 @@ __device__ void bwd_chains_apart(const ChunkParams p, const int* __restrict__ ch
                                         ws_dh, ws_dvp, GDN_CHUNK_BWD_SEG);                        \
     }
 
-#define GDN_CHUNK_BWD_BOTH(SUFFIX, T, BV, KS, NAME)                                                 \
-    extern "C" __global__ void __launch_bounds__(BV * 4 * KS, 1) gdn_chunk_bwd_chains##NAME##_##SUFFIX( \
+// Both chains in one launch, as FN (bwd_chains: ROLES = 2 thread sets per block; bwd_chains_apart:
+// 1, a block per chain), named gdn_chunk_bwd_KIND##NAME##_##SUFFIX.
+#define GDN_CHUNK_BWD_JOINT(SUFFIX, T, BV, KS, NAME, KIND, FN, ROLES)                              \
+    extern "C" __global__ void __launch_bounds__(BV * 2 * KS * ROLES, 1) gdn_chunk_bwd_##KIND##NAME##_##SUFFIX( \
         const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,         \
         const T* k, const T* v, const T* d_o, const float* ws_f, const T* ws_a, const T* ws_p,      \
         const float* h0, const float* dht, T* dv, float* dh0, T* ws_h, T* ws_x, T* ws_vp, T* ws_dh, \
         T* ws_dvp, GDN_CHUNK_BWD_SEG_ARGS) {                                                        \
-        gdn::chunked::bwd_chains<T, BV, KS>(p, chunks, units, q, k, v, d_o, ws_f, ws_a, ws_p, h0,   \
-                                            dht, dv, dh0, ws_h, ws_x, ws_vp, ws_dh, ws_dvp,         \
-                                            GDN_CHUNK_BWD_SEG);                                     \
+        gdn::chunked::FN<T, BV, KS>(p, chunks, units, q, k, v, d_o, ws_f, ws_a, ws_p, h0, dht, dv,  \
+                                    dh0, ws_h, ws_x, ws_vp, ws_dh, ws_dvp, GDN_CHUNK_BWD_SEG);      \
     }
-
-#define GDN_CHUNK_BWD_APART(SUFFIX, T, BV, KS, NAME)                                                \
-    extern "C" __global__ void __launch_bounds__(BV * 2 * KS, 1) gdn_chunk_bwd_apart##NAME##_##SUFFIX(  \
-        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,         \
-        const T* k, const T* v, const T* d_o, const float* ws_f, const T* ws_a, const T* ws_p,      \
-        const float* h0, const float* dht, T* dv, float* dh0, T* ws_h, T* ws_x, T* ws_vp, T* ws_dh, \
-        T* ws_dvp, GDN_CHUNK_BWD_SEG_ARGS) {                                                        \
-        gdn::chunked::bwd_chains_apart<T, BV, KS>(p, chunks, units, q, k, v, d_o, ws_f, ws_a, ws_p, \
-                                                  h0, dht, dv, dh0, ws_h, ws_x, ws_vp, ws_dh,       \
-                                                  ws_dvp, GDN_CHUNK_BWD_SEG);                       \
-    }
+#define GDN_CHUNK_BWD_BOTH(SUFFIX, T, BV, KS, NAME) GDN_CHUNK_BWD_JOINT(SUFFIX, T, BV, KS, NAME, chains, bwd_chains, 2)
+#define GDN_CHUNK_BWD_APART(SUFFIX, T, BV, KS, NAME) \
+    GDN_CHUNK_BWD_JOINT(SUFFIX, T, BV, KS, NAME, apart, bwd_chains_apart, 1)
 
 // Every kernel of one dtype: chunk_bwd_chain_f16.cu and chunk_bwd_chain_bf16.cu are one each, so
 // the two compile on parallel threads (one source of both took 53 s cold on the H200's host).
