@@ -6,8 +6,16 @@
 set -eu
 root=$(git rev-parse --show-toplevel); cd "$root"
 out=.carry2/final; rm -rf "$out"; mkdir -p "$out"
+# BASE=<rev>: also `gdn` of that revision (as gdn-base), for session.sh's `ab` stage, built from
+# a temporary worktree into the same target folder (so only the crate itself is rebuilt).
+if [ -n "${BASE:-}" ]; then
+    base_tree=$(mktemp -d); git worktree add --detach "$base_tree" "$BASE" >/dev/null
+    (cd "$base_tree" && CARGO_TARGET_DIR="$root/target" cargo build --release --features cuda -p gdn-cli)
+    cp target/release/gdn "$out/gdn-base"; git rev-parse --short "$BASE" > "$out/gdn-base.rev"
+    git worktree remove --force "$base_tree"
+fi
 cargo build --release --features cuda -p gdn-cli
-cp target/release/gdn "$out/gdn"
+cp target/release/gdn "$out/gdn"; git rev-parse --short HEAD > "$out/gdn.rev"
 # The test binaries' paths, from cargo's own report of what it built.
 cargo test --release --features cuda --no-run --message-format=json 2>/dev/null |
     python3 -c '
@@ -19,8 +27,9 @@ for line in sys.stdin:
     while read -r name exe; do
         case "$name" in cuda|forward|backward|segment_window|decode) cp "$exe" "$out/$name-bin" ;; esac
     done
-strip "$out"/gdn "$out"/*-bin
-xz -T2 -6 "$out"/gdn "$out"/*-bin
+bins=("$out"/gdn "$out"/*-bin); [ -f "$out/gdn-base" ] && bins+=("$out/gdn-base")
+strip "${bins[@]}"
+xz -T2 -6 "${bins[@]}"
 cp benches/device/session.sh benches/device/shapes.json "$out/"
 [ -f .carry2/triton-cache.tar.xz ] && cp .carry2/triton-cache.tar.xz "$out/"
 du -sh "$out"; ls "$out"

@@ -7,7 +7,7 @@
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"; ROOT="$(cd "$HERE/../.." && pwd)"
 cd "$HERE"; for f in *.xz; do case "$f" in triton-cache.tar.xz) ;; *) xz -d -f "$f" ;; esac; done
-chmod +x ./gdn ./*-bin 2>/dev/null
+chmod +x ./gdn ./gdn-base ./*-bin 2>/dev/null
 t0=$(date +%s); stamp() { echo "== [$(( $(date +%s) - t0 ))s $(date -u +%H:%M:%S)] $*"; }
 late() { [ $(( $(date +%s) - t0 )) -gt "${SESSION_SECS:-540}" ] && { stamp "skipped: $1 (past ${SESSION_SECS:-540} s)"; return 0; }; return 1; }
 export GDN_REQUIRE_GPU=1 GDN_REQUIRE_COOP=1 GDN_REQUIRE_CUDA=1
@@ -51,6 +51,32 @@ bench() {
     late "wgpu decode" || { stamp "wgpu decode"
         ./gdn bench --ops decode --heads 16/32,16/64 --decode-batch 1,64,256 --dtype f32 --reps 50 --no-progress --json "$res/wgpu_decode.json" 2>&1 | tail -10; }
 }
+# Nsight Compute of the kernels that bound the targets, at full size (the first launch of each
+# is the bench's small oracle check: skipped), with per-instruction stall samples
+# (SourceCounters) kept as a report and as the SASS page in CSV. Not in the default stages.
+prof() { local name=$1 kernel=$2; shift 2; late "profile $name" && return; stamp "profile $name"
+    timeout "${PSECS:-120}" ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
+        --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
+        --import-source no -k "regex:$kernel" --launch-skip 1 -c 1 -f -o "$res/ncu-$name" \
+        ./gdn bench --backend cuda "$@" --dtype bf16 --reps 1 --warmup 1 --no-progress > "$res/ncu-$name.log" 2>&1
+    echo "rc=$?"; ncu -i "$res/ncu-$name.ncu-rep" --print-summary per-kernel 2>/dev/null | grep -E "Duration|Registers|Shared Memory Config|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy" | head -12
+    ncu -i "$res/ncu-$name.ncu-rep" --page source --csv --print-source sass > "$res/ncu-$name-sass.csv" 2>/dev/null; }
+profile() {
+    prof fwd-prep 'gdn_chunk_prep_' --ops forward --heads 16/64 --seqs 1x8192
+    prof fwd-chain 'gdn_chunk_fwd' --ops forward --heads 16/64 --seqs 1x8192
+    prof bwd-chains 'gdn_chunk_bwd_(chains|apart)' --ops backward --heads 16/32 --seqs 1x8192
+    prof bwd-grad 'gdn_chunk_bwd_grad_' --ops backward --heads 16/32 --seqs 1x8192
+}
+# gdn (this tree) against gdn-base (pack.sh's BASE) on the CUDA forward and backward, fresh
+# processes, alternated over two rounds (AB_ARGS: the shapes; both compile first).
+ab() { [ -x ./gdn-base ] || { stamp "ab: no gdn-base (pack.sh BASE=<rev>)"; return; }; late ab && return
+    stamp "ab: $(cat gdn.rev 2>/dev/null) against base $(cat gdn-base.rev 2>/dev/null)"
+    ./gdn-base precompile 2>&1 | tail -3
+    local args=${AB_ARGS:---ops forward,backward --heads 16/32,2/8,16/64 --seqs 1x32768}
+    for round in 1 2; do for bin in gdn gdn-base; do late "ab $bin round $round" && return
+        echo "-- $bin round $round"
+        ./$bin bench --backend cuda $args --dtype bf16 --reps 5 --no-progress --json "$res/ab-$bin-$round.json" 2>&1 | tail -8
+    done; done; }
 for stage in "${@:-fla tests compare bench decode}"; do for s in $stage; do "$s"; done; done
 stamp done
 tar -cJf /tmp/all.tar.xz -C "$res" . && mv /tmp/all.tar.xz "$OUT/"
