@@ -101,11 +101,12 @@ __device__ __forceinline__ int2 lower_block(int idx) {
 // The per-chunk gradient pass: inside the chunk, then through its states, in one block so that
 // dq, dk and dG are written once (no f32 read-modify-write between two launches) and q, k, dO
 // and v' are read once. Shared memory (bytes; mirrored by grad_smem in chunk_bwd_grad.rs):
-// q, k, dO (C × K / V, token rows), v'ᵀ, Xᵀ, dv'ᵀ (V × C), T, P (C × C, 16-bit), three f32
-// C × C tiles (dP, dA then dL, KKᵀ), the gates, the sums. Reused as the products free them:
-// Xᵀ's room holds dT and Y = dT·Tᵀ, then dX (C × V, token rows); dv'ᵀ's holds dPs and M + Mᵀ
-// (16-bit); T, P and the f32 tiles hold Sᵀ and dS'ᵀ (V × K), whose copies overlap the
-// intra-chunk products of dq and dk.
+// q, k, dO (C × K / V, token rows), v'ᵀ, Xᵀ, dv'ᵀ (V × C), then a room that first holds T, P
+// (C × C, 16-bit) and KKᵀ (f32), later Sᵀ and dS'ᵀ (V × K, whose copies overlap the
+// intra-chunk products of dq and dk); the gates; the 16×16 blocks' partial sums, the sums. dP,
+// dA and dL stay in the accumulators of the warps that form them. Reused as the products free
+// them: Xᵀ's room holds Y = dT·Tᵀ, then dX (C × V, token rows); dv'ᵀ's holds dPs and M + Mᵀ
+// (16-bit); dT goes to the room's tail, past KKᵀ.
 struct GradLayout {
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + 2 * C * LDK;
@@ -115,24 +116,58 @@ struct GradLayout {
     static constexpr int DVP_OFF = X_OFF + 2 * MAX_V * LDC;
     static constexpr int T_OFF = DVP_OFF + 2 * MAX_V * LDC;
     static constexpr int P_OFF = T_OFF + 2 * C * LDC;
-    static constexpr int DP_OFF = P_OFF + 2 * C * LDC;
-    static constexpr int DA_OFF = DP_OFF + 4 * C * LDF;
-    static constexpr int KK_OFF = DA_OFF + 4 * C * LDF;
-    static constexpr int G_OFF = KK_OFF + 4 * C * LDF;  // γ, γ_C/γ, G, β (activated): ws_f's order
-    static constexpr int SUM_OFF = G_OFF + 4 * 4 * C;   // 5 × C sums, dG, 2 × GRAD_COLS × C row partials, warp sums
-    static constexpr int BYTES = SUM_OFF + 4 * ((6 + 2 * GRAD_COLS) * C + GRAD_WARPS);
+    static constexpr int KK_OFF = P_OFF + 2 * C * LDC;
+    static constexpr int H_OFF = T_OFF;
+    static constexpr int DH_OFF = H_OFF + 2 * MAX_V * LDK;
+    static constexpr int ROOM = 2 * 2 * MAX_V * LDK > KK_OFF + 4 * C * LDF - T_OFF
+                                    ? 2 * 2 * MAX_V * LDK : KK_OFF + 4 * C * LDF - T_OFF;
+    static constexpr int G_OFF = T_OFF + ROOM;           // γ, γ_C/γ, G, β (activated): ws_f's order
+    static constexpr int PART_OFF = G_OFF + 4 * 4 * C;  // 5 × [C / 16][C] block partial sums
+    static constexpr int SUM_OFF = PART_OFF + 4 * 5 * (C / 16) * C;  // dG, 2 × GRAD_COLS × C row partials, warp sums
+    static constexpr int BYTES = SUM_OFF + 4 * ((1 + 2 * GRAD_COLS) * C + GRAD_WARPS);
     // Reused after the first products.
-    static constexpr int DT_OFF = X_OFF;
-    static constexpr int Y_OFF = X_OFF + 2 * C * LDC;
+    static constexpr int DT_OFF = KK_OFF + 4 * C * LDF;  // the room's tail, free until Sᵀ, dS'ᵀ
+    static constexpr int Y_OFF = X_OFF;
     static constexpr int DX_OFF = X_OFF;
     static constexpr int DPS_OFF = DVP_OFF;
     static constexpr int MS_OFF = DVP_OFF + 2 * C * LDC;
-    static constexpr int H_OFF = T_OFF;
-    static constexpr int DH_OFF = H_OFF + 2 * MAX_V * LDK;
     static_assert(2 * 2 * C * LDC <= 2 * MAX_V * LDC, "two C × C tiles fit a V × C tile");
+    static_assert(DT_OFF + 2 * C * LDC <= T_OFF + ROOM, "dT fits the room's tail");
+    static_assert(DH_OFF + 2 * MAX_V * LDK <= G_OFF, "Sᵀ and dS'ᵀ fit the room");
     static_assert(2 * C * LDK <= 2 * MAX_V * LDC, "dX fits Xᵀ's room");
-    static_assert(DH_OFF + 2 * MAX_V * LDK <= G_OFF, "Sᵀ and dS'ᵀ fit T, P and the f32 tiles");
 };
+
+// A 16×16 block's (b = (bi, bj)) partial sums of the accumulator-layout values e: by rows
+// (part[bj][16·bi + r]) and by columns (part[bi][16·bj + c]), each in a fixed shuffle order.
+__device__ __forceinline__ void block_row_sums(const float (&e)[8], float* part, int2 b) {
+    float r0 = (e[0] + e[1]) + (e[4] + e[5]), r1 = (e[2] + e[3]) + (e[6] + e[7]);
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        r0 += __shfl_xor_sync(0xffffffffu, r0, off);
+        r1 += __shfl_xor_sync(0xffffffffu, r1, off);
+    }
+    const int lane = threadIdx.x & 31, g = lane >> 2;
+    if ((lane & 3) == 0) {
+        part[b.y * C + 16 * b.x + g] = r0;
+        part[b.y * C + 16 * b.x + g + 8] = r1;
+    }
+}
+__device__ __forceinline__ void block_col_sums(const float (&e)[8], float* part, int2 b) {
+    float c[4] = {e[0] + e[2], e[1] + e[3], e[4] + e[6], e[5] + e[7]};
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) c[x] += __shfl_xor_sync(0xffffffffu, c[x], off);
+    }
+    const int lane = threadIdx.x & 31, t = lane & 3;
+    if (lane < 4) {
+        float* col = part + b.x * C + 16 * b.y + 2 * t;
+        col[0] = c[0];
+        col[1] = c[1];
+        col[8] = c[2];
+        col[9] = c[3];
+    }
+}
 
 template <typename T>
 __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
@@ -164,23 +199,22 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
     T* dvps = reinterpret_cast<T*>(smem + L::DVP_OFF);
     T* ts = reinterpret_cast<T*>(smem + L::T_OFF);
     T* ps = reinterpret_cast<T*>(smem + L::P_OFF);
-    float* dp = reinterpret_cast<float*>(smem + L::DP_OFF);
-    float* da = reinterpret_cast<float*>(smem + L::DA_OFF);  // later dL
     float* kk = reinterpret_cast<float*>(smem + L::KK_OFF);
     float* gam = reinterpret_cast<float*>(smem + L::G_OFF);
     float* dec = gam + C;
     float* sg = gam + 2 * C;
     float* sb = gam + 3 * C;
+    float* part = reinterpret_cast<float*>(smem + L::PART_OFF);  // [C / 16][C] each
+    float* part_row_e1 = part;           // Σ_j P_ij dP_ij
+    float* part_col_e1 = part + 4 * C;   // Σ_i P_ij dP_ij
+    float* part_col_da = part + 8 * C;   // Σ_i dA_ij T_ij
+    float* part_row_dl = part + 12 * C;  // Σ_j Γ_ij dL_ij KK_ij
+    float* part_col_e2 = part + 16 * C;  // Σ_i β_i Γ_ij dL_ij KK_ij
     float* sums = reinterpret_cast<float*>(smem + L::SUM_OFF);
-    float* row_e1 = sums;          // Σ_j P_ij dP_ij
-    float* col_e1 = sums + C;      // Σ_i P_ij dP_ij
-    float* col_da = sums + 2 * C;  // Σ_i dA_ij T_ij
-    float* row_dl = sums + 3 * C;  // Σ_j Γ_ij dL_ij KK_ij
-    float* col_e2 = sums + 4 * C;  // Σ_i β_i Γ_ij dL_ij KK_ij
-    float* dg_s = sums + 5 * C;    // dG
-    float* row_g = sums + 6 * C;   // [GRAD_COLS][C]: q·dq_S + k·dk_X − k·dk_S by column group
-    float* row_s = row_g + GRAD_COLS * C;      // [GRAD_COLS][C]: k·dk_S
-    float* warp_s = row_s + GRAD_COLS * C;     // [GRAD_WARPS]: Σ S⊙dS' per warp
+    float* dg_s = sums;                  // dG
+    float* row_g = sums + C;             // [GRAD_COLS][C]: q·dq_S + k·dk_X − k·dk_S by column group
+    float* row_s = row_g + GRAD_COLS * C;  // [GRAD_COLS][C]: k·dk_S
+    float* warp_s = row_s + GRAD_COLS * C; // [GRAD_WARPS]: Σ S⊙dS' per warp
     T* dts = reinterpret_cast<T*>(smem + L::DT_OFF);
     T* ys = reinterpret_cast<T*>(smem + L::Y_OFF);
     T* dxs = reinterpret_cast<T*>(smem + L::DX_OFF);
@@ -208,133 +242,138 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         const bool first_head = hv == h * p.group;
         // The previous v-head's last readers of the tiles refilled below are done.
         if (!first_head) __syncthreads();
-        // Two groups of copies: the first products' operands, then q, T and P (read from the
-        // step after), which arrive while the first products run. q and k stay for the group.
+        // Two groups of copies: what the first products and their epilogues read, then q (read
+        // from the intra-chunk products on), which arrives while they run. q and k stay for the
+        // group.
         if (first_head) copy_rows(s0 + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
         copy_rows(s0 + L::DO_OFF, d_o + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
         copy_rows(s0 + L::VP_OFF, ws_vp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
         copy_rows(s0 + L::X_OFF, ws_x + ch * V * C, (size_t)C, V, V, C / 8, LDC);
         copy_rows(s0 + L::DVP_OFF, ws_dvp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
         if (tid < 4 * C / 4) cp_async16_zfill(s0 + L::G_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
-        cp_async_commit();
-        if (first_head) copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
         copy_rows(s0 + L::T_OFF, ws_t + ch * C * C, (size_t)C, C, C, C / 8, LDC);
         copy_rows(s0 + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C, C / 8, LDC);
+        cp_async_commit();
+        if (first_head) copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
         cp_async_commit();
         cp_async_wait_group<1>();
         __syncthreads();
 
-        // dP = dO·v'ᵀ, dA = dv'·Xᵀ, KKᵀ: their lower 16×16 blocks (i ≥ j), f32.
+        // dA = dv'·Xᵀ, KKᵀ, dP = dO·v'ᵀ: their lower 16×16 blocks (i ≥ j; jobs w and w + 16 of
+        // warp w, so that a warp forms at most one dP block, in its second job). From the
+        // accumulators of dA and dP: dT = dA·diag(β) and dPs = scale·Γ⊙dP (16-bit, lower with the
+        // diagonal; above it zero in the diagonal blocks, the only upper elements read), and the
+        // block's partial sums of dA⊙T by columns and of P⊙dP by rows and columns; KKᵀ to its
+        // f32 tile for the dL step. dPs is held until every warp has read dv'ᵀ, whose room it
+        // takes.
+        float dps_held[8];
+        int2 dps_block = make_int2(-1, -1);
         for (int job = warp; job < 30; job += GRAD_WARPS) {
             const int2 b = lower_block(job % 10);
             FragC acc;
             fill_zero(acc);
-            float* out;
             if (job < 10) {
-                tile_product<T, false, false>(acc, dos, LDK, vps, LDC, b.x, b.y, 0, nv);
-                out = dp;
-            } else if (job < 20) {
                 tile_product<T, true, false>(acc, dvps, LDC, xs, LDC, b.x, b.y, 0, nv);
-                out = da;
-            } else {
+            } else if (job < 20) {
                 tile_product<T, false, true>(acc, ks, LDK, ks, LDK, b.x, b.y, 0, nk);
-                out = kk;
+                store_c(kk + 16 * b.x * LDF + 16 * b.y, acc, LDF);
+                continue;
+            } else {
+                tile_product<T, false, false>(acc, dos, LDK, vps, LDC, b.x, b.y, 0, nv);
             }
-            store_c(out + 16 * b.x * LDF + 16 * b.y, acc, LDF);
+            const bool is_dp = job >= 20;
+            float e[8];
+#pragma unroll
+            for (int x = 0; x < 8; ++x) {
+                const int i = 16 * b.x + frag_row(x), j = 16 * b.y + frag_col(x);
+                const bool lower = j <= i;
+                if (is_dp) {
+                    dps_held[x] = lower ? p.scale * __expf(sg[i] - sg[j]) * acc.x[x] : 0.0f;
+                    e[x] = lower ? to_f32(ps[i * LDC + j]) * acc.x[x] : 0.0f;
+                } else {
+                    dts[i * LDC + j] = from_f32<T>(lower ? acc.x[x] * sb[j] : 0.0f);
+                    e[x] = lower ? acc.x[x] * to_f32(ts[i * LDC + j]) : 0.0f;
+                }
+            }
+            if (is_dp) {
+                dps_block = b;
+                block_row_sums(e, part_row_e1, b);
+            }
+            block_col_sums(e, is_dp ? part_col_e1 : part_col_da, b);
         }
         cp_async_wait();
         __syncthreads();
-
-        // dPs = scale·Γ⊙dP and dT = dA·diag(β) (lower, with the diagonal; zero above); the sums of
-        // P⊙dP by rows and columns and of dA⊙T by columns.
-        for (int idx = tid; idx < C * C; idx += GRAD_THREADS) {
-            const int i = idx / C, j = idx % C;
-            const bool lower = j <= i;
-            const float gm = lower ? __expf(sg[i] - sg[j]) : 0.0f;
-            dps[i * LDC + j] = from_f32<T>(lower ? p.scale * gm * dp[i * LDF + j] : 0.0f);
-            dts[i * LDC + j] = from_f32<T>(lower ? da[i * LDF + j] * sb[j] : 0.0f);
-        }
-        // Two lanes per sum (every other term each, then added by a shuffle).
-        static_assert(GRAD_THREADS >= 2 * 3 * C, "two lanes for each of the 3·C sums");
-        if (tid < 2 * 3 * C) {
-            const int which = tid / (2 * C), o = (tid % (2 * C)) >> 1, part = tid & 1;
-            float acc = 0.0f;
-            if (which == 0) {
-                for (int j = part; j <= o; j += 2) acc = fmaf(to_f32(ps[o * LDC + j]), dp[o * LDF + j], acc);
-            } else if (which == 1) {
-                for (int i = o + part; i < C; i += 2) acc = fmaf(to_f32(ps[i * LDC + o]), dp[i * LDF + o], acc);
-            } else {
-                for (int i = o + part; i < C; i += 2) acc = fmaf(da[i * LDF + o], to_f32(ts[i * LDC + o]), acc);
+        if (dps_block.x >= 0) {
+#pragma unroll
+            for (int x = 0; x < 8; ++x) {
+                const int i = 16 * dps_block.x + frag_row(x), j = 16 * dps_block.y + frag_col(x);
+                dps[i * LDC + j] = from_f32<T>(dps_held[x]);
             }
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            if (part == 0) sums[which * C + o] = acc;  // row_e1, col_e1, col_da
         }
-        __syncthreads();
 
         // Y = dT·Tᵀ, lower blocks (the only ones Tᵀ·Y reads below the diagonal): Tᵀ's block (kb, tj)
         // is zero past kb = tj.
         for (int job = warp; job < 10; job += GRAD_WARPS) {
             const int2 b = lower_block(job);
-            FragC acc;
-            fill_zero(acc);
-            tile_product<T, false, true>(acc, dts, LDC, ts, LDC, b.x, b.y, 0, b.y + 1);
-            store_c16<T>(ys + 16 * b.x * LDC + 16 * b.y, acc, LDC, 1.0f);
+            FragC y;
+            fill_zero(y);
+            tile_product<T, false, true>(y, dts, LDC, ts, LDC, b.x, b.y, 0, b.y + 1);
+            store_c16<T>(ys + 16 * b.x * LDC + 16 * b.y, y, LDC, 1.0f);
         }
         __syncthreads();
 
-        // dL = −Tᵀ·Y, lower blocks: Tᵀ's block (ti, kb) is zero before kb = ti.
+        // dL = −Tᵀ·Y, lower blocks (Tᵀ's block (ti, kb) is zero before kb = ti), and from its
+        // accumulator: M = diag(β)·(Γ⊙dL) strictly below the diagonal, stored as M + Mᵀ (16-bit:
+        // each element and its transpose; zero on the diagonal), and the block's partial sums
+        // of Γ⊙dL⊙KKᵀ by rows (dβ) and of L⊙dL = M⊙KKᵀ by columns (dG).
         for (int job = warp; job < 10; job += GRAD_WARPS) {
             const int2 b = lower_block(job);
-            FragC acc;
-            fill_zero(acc);
-            tile_product<T, true, false>(acc, ts, LDC, ys, LDC, b.x, b.y, b.x, C / 16);
+            FragC dl;
+            fill_zero(dl);
+            tile_product<T, true, false>(dl, ts, LDC, ys, LDC, b.x, b.y, b.x, C / 16);
+            float er[8], ec[8];
 #pragma unroll
-            for (int e = 0; e < 8; ++e) acc.x[e] = -acc.x[e];
-            store_c(da + 16 * b.x * LDF + 16 * b.y, acc, LDF);
-        }
-        __syncthreads();
-
-        // dX (dv as the dh pass wrote it) to Xᵀ's room, free now that Y is read: its copy runs
-        // under the next step.
-        copy_rows(s0 + L::DX_OFF, dv + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
-
-        // M = diag(β)·(Γ⊙dL) strictly below the diagonal, as M + Mᵀ (16-bit); the row sums of
-        // Γ⊙dL⊙KKᵀ (dβ) and the column sums of L⊙dL = M⊙KKᵀ (dG).
-        for (int idx = tid; idx < C * C; idx += GRAD_THREADS) {
-            const int i = idx / C, j = idx % C;
-            float m = 0.0f;
-            if (i > j) m = sb[i] * da[i * LDF + j] * __expf(sg[i] - sg[j]);
-            if (i < j) m = sb[j] * da[j * LDF + i] * __expf(sg[j] - sg[i]);
-            ms[i * LDC + j] = from_f32<T>(m);
-        }
-        // Four lanes per sum (every fourth term each, then added by shuffles).
-        static_assert(GRAD_THREADS >= 4 * 2 * C, "four lanes for each of the 2·C sums");
-        if (tid < 4 * 2 * C) {
-            const int which = tid / (4 * C), o = (tid % (4 * C)) >> 2, part = tid & 3;
-            float acc = 0.0f;
-            if (which == 0) {
-                for (int j = part; j < o; j += 4) acc = fmaf(da[o * LDF + j] * __expf(sg[o] - sg[j]), kk[o * LDF + j], acc);
-            } else {
-                for (int i = o + 1 + part; i < C; i += 4) acc = fmaf(sb[i] * da[i * LDF + o] * __expf(sg[i] - sg[o]), kk[i * LDF + o], acc);
+            for (int x = 0; x < 8; ++x) {
+                const int i = 16 * b.x + frag_row(x), j = 16 * b.y + frag_col(x);
+                const bool strict = i > j;
+                const float gdl = strict ? -dl.x[x] * __expf(sg[i] - sg[j]) : 0.0f;  // Γ⊙dL
+                const float m = sb[i] * gdl, kkv = kk[i * LDF + j];
+                er[x] = gdl * kkv;
+                ec[x] = m * kkv;
+                if (j <= i) ms[i * LDC + j] = from_f32<T>(m);
+                if (strict) ms[j * LDC + i] = from_f32<T>(m);
             }
-            acc += __shfl_xor_sync(0xffffffffu, acc, 1);
-            acc += __shfl_xor_sync(0xffffffffu, acc, 2);
-            if (part == 0) (which == 0 ? row_dl : col_e2)[o] = acc;
+            block_row_sums(er, part_row_dl, b);
+            block_col_sums(ec, part_col_e2, b);
         }
         __syncthreads();
 
-        // Sᵀ and dS'ᵀ to the room of T, P and the f32 tiles (all read now); their copies run under
-        // the intra-chunk products below.
+        // dX (dv as the dh pass wrote it) to Xᵀ's room, free now that Y is read, and Sᵀ and dS'ᵀ
+        // to the room of T, P and KKᵀ (all read now): their copies run under the intra-chunk
+        // products below.
+        copy_rows(s0 + L::DX_OFF, dv + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
         copy_rows(s0 + L::H_OFF, ws_h + ch * V * K, (size_t)K, V, V, K / 8, LDK);
         copy_rows(s0 + L::DH_OFF, ws_dh + ch * V * K, (size_t)K, V, V, K / 8, LDK);
 
-        // dβ (final for the activated β: T·diag(β) and L are its only uses) and dG so far.
+        // dβ (final for the activated β: T·diag(β) and L are its only uses) and dG so far, from
+        // the blocks' partial sums in block order: row i's blocks are (i / 16, bj ≤ i / 16),
+        // column j's (bi ≥ j / 16, j / 16).
         if (tid < C) {
-            const int i = tid;
+            const int i = tid, bi = i / 16;
+            float row_e1 = 0.0f, row_dl = 0.0f, col_e1 = 0.0f, col_da = 0.0f, col_e2 = 0.0f;
+            for (int bj = 0; bj <= bi; ++bj) {
+                row_e1 += part_row_e1[bj * C + i];
+                row_dl += part_row_dl[bj * C + i];
+            }
+            for (int bk = bi; bk < C / 16; ++bk) {
+                col_e1 += part_col_e1[bk * C + i];
+                col_da += part_col_da[bk * C + i];
+                col_e2 += part_col_e2[bk * C + i];
+            }
             float dgi = 0.0f;
             if (i < len) {
-                dbeta_part[(size_t)(start + i) * HV + hv] = col_da[i] + row_dl[i];
-                dgi = row_e1[i] - col_e1[i] + sb[i] * row_dl[i] - col_e2[i];
+                dbeta_part[(size_t)(start + i) * HV + hv] = col_da + row_dl;
+                dgi = row_e1 - col_e1 + sb[i] * row_dl - col_e2;
             }
             dg_s[i] = dgi;
         }

@@ -25,17 +25,18 @@ const LDK: usize = MAX_CHUNKED_KEY_DIM + 8;
 const LDC: usize = CHUNK + 8;
 const LDF: usize = CHUNK + 4;
 
-/// chunk_bwd_grad.cu's GradLayout: q, k, dO; v'ᵀ, Xᵀ, dv'ᵀ; T, P; three f32 C × C tiles (their
-/// room later holds Sᵀ and dS'ᵀ); the gates; five C-vectors of sums, dG, the row partials and
-/// the warp sums.
+/// chunk_bwd_grad.cu's GradLayout: q, k, dO; v'ᵀ, Xᵀ, dv'ᵀ; a room for T, P and KKᵀ (f32),
+/// later for Sᵀ and dS'ᵀ; the gates; five sums' partials per 16×16 block row or column; dG,
+/// the row partials and the warp sums.
 pub(crate) fn grad_smem() -> usize {
     let c = CHUNK;
+    let room = (2 * 2 * c * LDC + 4 * c * LDF).max(2 * 2 * MAX_CHUNKED_BWD_VALUE_DIM * LDK);
     3 * 2 * c * LDK
         + 3 * 2 * MAX_CHUNKED_BWD_VALUE_DIM * LDC
-        + 2 * 2 * c * LDC
-        + 3 * 4 * c * LDF
+        + room
         + 4 * 4 * c
-        + 4 * ((6 + 2 * GRAD_COLS) * c + 4 * GRAD_COLS)
+        + 4 * 5 * (c / 16) * c
+        + 4 * ((1 + 2 * GRAD_COLS) * c + 4 * GRAD_COLS)
 }
 
 fn grid(num_chunks: usize, heads: usize) -> (u32, u32, u32) {
