@@ -172,6 +172,178 @@ template <int NTHREADS, int VECS, int LD> struct TileRows {
     }
 };
 
+// The chunk step's pieces that fwd and fwd_roles share (the same products on the same operands
+// in the same order: either kernel gives the same bits).
+
+// acc[0..7] += Sᵀ·Bᵀ over the state's 16-row blocks kb < nkw (B's K columns from block kb0 +
+// kb), B = k or q (C × K, token rows; bt: the lane's ldmatrix address of the stage's tile);
+// frag(kb, rest) is block kb of the state as an A operand, `parts` of them (2: SPLIT_STATE's
+// S_hi + S_lo; a constant at every call, so the loop is straight-line code).
+template <typename T, int KBW, typename Frag>
+__device__ __forceinline__ void state_times_b(float (&acc)[C / 8][4], unsigned bt, int kb0, int nkw,
+                                              int parts, Frag frag) {
+#pragma unroll
+    for (int kb = 0; kb < KBW; ++kb) {
+        if (kb < nkw) {
+            unsigned fb[C / 16][4];
+#pragma unroll
+            for (int jp = 0; jp < C / 16; ++jp) ldsm4(fb[jp], bt + 2 * (16 * jp * LDK + 16 * (kb0 + kb)));
+#pragma unroll
+            for (int part = 0; part < 2; ++part) {
+                if (part == parts) break;
+                const uint4 a4 = frag(kb, part == 1);
+                const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
+#pragma unroll
+                for (int jp = 0; jp < C / 16; ++jp) {
+                    MmaOp<T>::run(acc[2 * jp], a, fb[jp][0], fb[jp][1]);
+                    MmaOp<T>::run(acc[2 * jp + 1], a, fb[jp][2], fb[jp][3]);
+                }
+            }
+        }
+    }
+}
+
+// Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ (FLA's
+// v' = U − W·S with U = T·diag(β)·V and W = T·diag(βγ)·K, without forming W and U). vf: Vᵀ in
+// the accumulators' layout (ldmatrix.trans); zero_v: V = 0 (the transition's columns).
+template <typename T>
+__device__ __forceinline__ void x_operand(unsigned (&xa)[C / 16][4], const unsigned (&vf)[C / 16][4],
+                                          const float (&xacc)[C / 8][4], const float* gam, int t,
+                                          bool zero_v) {
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+        const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
+        const float e0 = gam[i], e1 = gam[i + 1];
+        const float2 v01 = zero_v ? make_float2(0.0f, 0.0f) : unpack2<T>(vf[kb][half]);
+        const float2 v23 = zero_v ? make_float2(0.0f, 0.0f) : unpack2<T>(vf[kb][half + 1]);
+        const float vi[4] = {v01.x, v01.y, v23.x, v23.y};
+        float x[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[e] = vi[e] - ((e & 1) ? e1 : e0) * xacc[j][e];
+        xa[kb][half] = pack2<T>(x[0], x[1]);
+        xa[kb][half + 1] = pack2<T>(x[2], x[3]);
+    }
+}
+
+// acc += Aᵀ·Bᵀ for a lower-triangular C × C tile B (T·diag(β) or P): token block ip reads
+// blocks kb ≤ ip (bt: the lane's ldmatrix address of the stage's tile); a(kb): Aᵀ's token
+// block kb as an A operand.
+template <typename T, typename A>
+__device__ __forceinline__ void times_lower(float (&acc)[C / 8][4], unsigned bt, A a_of) {
+#pragma unroll
+    for (int ip = 0; ip < C / 16; ++ip) {
+        unsigned fb[C / 16][4];
+#pragma unroll
+        for (int kb = 0; kb <= ip; ++kb) ldsm4(fb[kb], bt + 2 * (16 * ip * LDC + 16 * kb));
+#pragma unroll
+        for (int kb = 0; kb <= ip; ++kb) {
+            const uint4 a4 = a_of(kb);
+            const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
+            MmaOp<T>::run(acc[2 * ip], a, fb[kb][0], fb[kb][1]);
+            MmaOp<T>::run(acc[2 * ip + 1], a, fb[kb][2], fb[kb][3]);
+        }
+    }
+}
+
+// v'ᵀ = Xᵀ·(T·diag(β))ᵀ (at: the lane's ldmatrix address of the stage's T·diag(β) tile).
+template <typename T>
+__device__ __forceinline__ void v_prime(float (&vacc)[C / 8][4], const unsigned (&xa)[C / 16][4], unsigned at) {
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) vacc[j][e] = 0.0f;
+    }
+    times_lower<T>(vacc, at, [&](int kb) { return make_uint4(xa[kb][0], xa[kb][1], xa[kb][2], xa[kb][3]); });
+}
+
+// Oᵀ = scale·(Q·S)ᵀ·diag(γ), in place.
+__device__ __forceinline__ void scale_o(float (&oacc)[C / 8][4], const float* gam, float scale, int t) {
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+        const int i = 8 * j + 2 * t;
+        const float o0 = scale * gam[i], o1 = scale * gam[i + 1];
+        oacc[j][0] *= o0;
+        oacc[j][1] *= o1;
+        oacc[j][2] *= o0;
+        oacc[j][3] *= o1;
+    }
+}
+
+// o of the chunk's len tokens from start, columns c0.. (16), through the warp's staging tile
+// o_stage (o_stage_lane: the lane's stmatrix address in it): 16-byte stores of whole rows.
+template <typename T>
+__device__ __forceinline__ void store_o(const float (&oacc)[C / 8][4], T* o_stage, unsigned o_stage_lane,
+                                        T* __restrict__ o, int start, int len, int HV, int hv, int V,
+                                        int c0, int lane) {
+    const int g = lane >> 2, t = lane & 3;
+#if GDN_STMATRIX
+    // stmatrix.trans writes the transposed accumulators as token rows: four instructions for
+    // the tile (matrices (j, h), (j, h + 1), (j + 1, h), …).
+    (void)g;
+    (void)t;
+#pragma unroll
+    for (int j = 0; j < C / 8; j += 2) {
+        const unsigned x[4] = {pack2<T>(oacc[j][0], oacc[j][1]), pack2<T>(oacc[j][2], oacc[j][3]),
+                               pack2<T>(oacc[j + 1][0], oacc[j + 1][1]),
+                               pack2<T>(oacc[j + 1][2], oacc[j + 1][3])};
+        stsm4_t(o_stage_lane + 2 * (8 * j * LDO), x);
+    }
+#else
+    (void)o_stage_lane;
+#pragma unroll
+    for (int j = 0; j < C / 8; ++j) {
+        const int i = 8 * j + 2 * t;
+        o_stage[i * LDO + g] = from_f32<T>(oacc[j][0]);
+        o_stage[(i + 1) * LDO + g] = from_f32<T>(oacc[j][1]);
+        o_stage[i * LDO + g + 8] = from_f32<T>(oacc[j][2]);
+        o_stage[(i + 1) * LDO + g + 8] = from_f32<T>(oacc[j][3]);
+    }
+#endif
+    __syncwarp();
+    // Lane l stores half l % 2 of token row l / 2 + 16r.
+    T* const o_row = o + ((size_t)(start + (lane >> 1)) * HV + hv) * V + c0 + 8 * (lane & 1);
+    const size_t o_rows16 = (size_t)16 * HV * V;
+#pragma unroll
+    for (int r = 0; r < C * 2 / 32; ++r) {
+        const int i = (lane >> 1) + 16 * r;
+        if (i < len) {
+            *reinterpret_cast<uint4*>(o_row + r * o_rows16) =
+                *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * (lane & 1));
+        }
+    }
+    __syncwarp();
+}
+
+// Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks, for the state's 16-row blocks
+// kb < nkw (K's columns from block kb0 + kb; kk: the lane's ldmatrix address of the stage's k).
+template <typename T, int KBW>
+__device__ __forceinline__ void update_state(float (&sacc)[2 * KBW][4], const unsigned (&vd)[C / 16][4],
+                                             unsigned kk, int kb0, int nkw, float gamma_c) {
+#pragma unroll
+    for (int j = 0; j < 2 * KBW; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+    }
+#pragma unroll
+    for (int kb = 0; kb < C / 16; ++kb) {
+#pragma unroll
+        for (int jb = 0; jb < KBW; jb += 4) {
+            unsigned fk[4][4];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                if (jb + jj < nkw) ldsm4_t(fk[jj], kk + 2 * (16 * kb * LDK + 16 * (kb0 + jb + jj)));
+            }
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                if (jb + jj < nkw) {
+                    MmaOp<T>::run(sacc[2 * (jb + jj)], vd[kb], fk[jj][0], fk[jj][1]);
+                    MmaOp<T>::run(sacc[2 * (jb + jj) + 1], vd[kb], fk[jj][2], fk[jj][3]);
+                }
+            }
+        }
+    }
+}
+
 // KD > 0: the key dimension as a compile-time constant (the common K = 128: no guards on the
 // K blocks, constant tile offsets); 0: p.key_dim.
 template <typename T, int BV, int KS, int KD = 0>
@@ -224,6 +396,8 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
     T* const o_stage = KS == 1 ? reinterpret_cast<T*>(after) + warp * C * LDO : reinterpret_cast<T*>(part_q);
 #if GDN_STMATRIX
     const unsigned o_stage_lane = smem_addr(o_stage) + 2 * lane_b_nmajor<LDO>(lane);
+#else
+    const unsigned o_stage_lane = 0;
 #endif
     // Which warp of a pair finishes and writes o (the other sends its (Q·S)ᵀ partial): the
     // first for column groups 0, 1, 4, 5, …, the second for 2, 3, 6, 7, … — so that the two
@@ -339,36 +513,11 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 auto pk = [&](float lo, float hi) { return rest ? pack2_rest<T>(lo, hi) : pack2<T>(lo, hi); };
                 return make_uint4(pk(s0[0], s0[1]), pk(s0[2], s0[3]), pk(s1[0], s1[1]), pk(s1[2], s1[3]));
             };
-            // acc[0..7] += Sᵀ·Bᵀ over the warp's K blocks, B = k or q (C × K, token rows);
-            // parts = 2: the state as S_hi + S_lo (SPLIT_STATE). The split is tested once per
-            // product (each call inlined with a constant), not per block, so that the common
-            // loop is straight-line code.
-            auto state_times_parts = [&](float (&acc)[C / 8][4], unsigned lane_bt, const int parts) {
-#pragma unroll
-                for (int kb = 0; kb < KBW; ++kb) {
-                    if (kb < nkw) {
-                        unsigned fb[C / 16][4];
-#pragma unroll
-                        for (int jp = 0; jp < C / 16; ++jp) {
-                            ldsm4(fb[jp], base + lane_bt + 2 * (16 * jp * LDK + 16 * (kb0 + kb)));
-                        }
-#pragma unroll
-                        for (int part = 0; part < 2; ++part) {
-                            if (part == parts) break;
-                            const uint4 a4 = state_frag(kb, part == 1);
-                            const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-                            for (int jp = 0; jp < C / 16; ++jp) {
-                                MmaOp<T>::run(acc[2 * jp], a, fb[jp][0], fb[jp][1]);
-                                MmaOp<T>::run(acc[2 * jp + 1], a, fb[jp][2], fb[jp][3]);
-                            }
-                        }
-                    }
-                }
-            };
+            // acc[0..7] += Sᵀ·Bᵀ over the warp's K blocks, B = k or q; the state as S_hi + S_lo
+            // with SPLIT_STATE (tested once per product, not per block).
             auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt) {
-                if (split) state_times_parts(acc, lane_bt, 2);
-                else state_times_parts(acc, lane_bt, 1);
+                if (split) state_times_b<T, KBW>(acc, base + lane_bt, kb0, nkw, 2, state_frag);
+                else state_times_b<T, KBW>(acc, base + lane_bt, kb0, nkw, 1, state_frag);
             };
 
             // (K·S)ᵀ = Sᵀ·Kᵀ (this warp's K rows), and (Q·S)ᵀ likewise (main pass only).
@@ -405,54 +554,12 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                 if (writes_o) add_part(oacc, part_q);
             }
 
-            // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded: the A operand of v'ᵀ = Xᵀ·(T·diag(β))ᵀ
-            // (FLA's v' = U − W·S with U = T·diag(β)·V and W = T·diag(βγ)·K, without forming
-            // W and U).
             unsigned xa[C / 16][4];
-#pragma unroll
-            for (int j = 0; j < C / 8; ++j) {
-                const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
-                const float e0 = gam[i], e1 = gam[i + 1];
-                const float2 v01 = transition ? make_float2(0.0f, 0.0f) : unpack2<T>(vf[kb][half]);
-                const float2 v23 = transition ? make_float2(0.0f, 0.0f) : unpack2<T>(vf[kb][half + 1]);
-                const float vi[4] = {v01.x, v01.y, v23.x, v23.y};
-                float x[4];
-#pragma unroll
-                for (int e = 0; e < 4; ++e) x[e] = vi[e] - ((e & 1) ? e1 : e0) * xacc[j][e];
-                xa[kb][half] = pack2<T>(x[0], x[1]);
-                xa[kb][half + 1] = pack2<T>(x[2], x[3]);
-            }
-
+            x_operand<T>(xa, vf, xacc, gam, t, transition);
             // Oᵀ = scale·(Q·S)ᵀ·diag(γ) so far (the warp that writes o).
-            if (writes_o) {
-#pragma unroll
-                for (int j = 0; j < C / 8; ++j) {
-                    const int i = 8 * j + 2 * t;
-                    const float o0 = p.scale * gam[i], o1 = p.scale * gam[i + 1];
-                    oacc[j][0] *= o0;
-                    oacc[j][1] *= o1;
-                    oacc[j][2] *= o0;
-                    oacc[j][3] *= o1;
-                }
-            }
-            // v'ᵀ = Xᵀ·(T·diag(β))ᵀ; T is lower triangular: token block ip reads blocks kb ≤ ip.
+            if (writes_o) scale_o(oacc, gam, p.scale, t);
             float vacc[C / 8][4];
-#pragma unroll
-            for (int j = 0; j < C / 8; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) vacc[j][e] = 0.0f;
-            }
-#pragma unroll
-            for (int ip = 0; ip < C / 16; ++ip) {
-                unsigned fa[C / 16][4];
-#pragma unroll
-                for (int kb = 0; kb <= ip; ++kb) ldsm4(fa[kb], base + lane_at + 2 * (16 * ip * LDC + 16 * kb));
-#pragma unroll
-                for (int kb = 0; kb <= ip; ++kb) {
-                    MmaOp<T>::run(vacc[2 * ip], xa[kb], fa[kb][0], fa[kb][1]);
-                    MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fa[kb][2], fa[kb][3]);
-                }
-            }
+            v_prime<T>(vacc, xa, base + lane_at);
 
             // v' rounded (for P·v') and decayed by γ_C/γ (for the state) as A operands over
             // the tokens.
@@ -468,82 +575,15 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
             }
 
             if (writes_o) {
-                // Oᵀ += v'ᵀ·Pᵀ; P is lower triangular: token block ip reads blocks kb ≤ ip.
-#pragma unroll
-                for (int ip = 0; ip < C / 16; ++ip) {
-                    unsigned fp[C / 16][4];
-#pragma unroll
-                    for (int kb = 0; kb <= ip; ++kb) ldsm4(fp[kb], base + lane_pt + 2 * (16 * ip * LDC + 16 * kb));
-#pragma unroll
-                    for (int kb = 0; kb <= ip; ++kb) {
-                        MmaOp<T>::run(oacc[2 * ip], va[kb], fp[kb][0], fp[kb][1]);
-                        MmaOp<T>::run(oacc[2 * ip + 1], va[kb], fp[kb][2], fp[kb][3]);
-                    }
-                }
-                // o through the warp's staging tile: 16-byte stores of whole rows. With
-                // KS = 2 the tile is the (Q·S)ᵀ slot this warp has just read.
+                times_lower<T>(oacc, base + lane_pt,
+                               [&](int kb) { return make_uint4(va[kb][0], va[kb][1], va[kb][2], va[kb][3]); });
+                // With KS = 2 the staging tile is the (Q·S)ᵀ slot this warp has just read.
                 if (KS == 2) __syncwarp();
-                const int start = info.x, len = info.y;
-#if GDN_STMATRIX
-                // stmatrix.trans writes the transposed accumulators as token rows: four
-                // instructions for the tile (matrices (j, h), (j, h + 1), (j + 1, h), …).
-#pragma unroll
-                for (int j = 0; j < C / 8; j += 2) {
-                    const unsigned x[4] = {pack2<T>(oacc[j][0], oacc[j][1]), pack2<T>(oacc[j][2], oacc[j][3]),
-                                           pack2<T>(oacc[j + 1][0], oacc[j + 1][1]),
-                                           pack2<T>(oacc[j + 1][2], oacc[j + 1][3])};
-                    stsm4_t(o_stage_lane + 2 * (8 * j * LDO), x);
-                }
-#else
-#pragma unroll
-                for (int j = 0; j < C / 8; ++j) {
-                    const int i = 8 * j + 2 * t;
-                    o_stage[i * LDO + g] = from_f32<T>(oacc[j][0]);
-                    o_stage[(i + 1) * LDO + g] = from_f32<T>(oacc[j][1]);
-                    o_stage[i * LDO + g + 8] = from_f32<T>(oacc[j][2]);
-                    o_stage[(i + 1) * LDO + g + 8] = from_f32<T>(oacc[j][3]);
-                }
-#endif
-                __syncwarp();
-                // Lane l stores half l % 2 of token row l / 2 + 16r.
-                T* const o_row = o + ((size_t)(start + (lane >> 1)) * HV + hv) * V + c0 + 8 * (lane & 1);
-                const size_t o_rows16 = (size_t)16 * HV * V;
-#pragma unroll
-                for (int r = 0; r < C * 2 / 32; ++r) {
-                    const int i = (lane >> 1) + 16 * r;
-                    if (i < len) {
-                        *reinterpret_cast<uint4*>(o_row + r * o_rows16) =
-                            *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * (lane & 1));
-                    }
-                }
-                __syncwarp();
+                store_o<T>(oacc, o_stage, o_stage_lane, o, info.x, info.y, HV, hv, V, c0, lane);
             }
 
-            // Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks (the warp's K rows).
-            const float gamma_c = gam[C - 1];
-#pragma unroll
-            for (int j = 0; j < 2 * KBW; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-            }
-#pragma unroll
-            for (int kb = 0; kb < C / 16; ++kb) {
-#pragma unroll
-                for (int jb = 0; jb < KBW; jb += 4) {
-                    unsigned fk[4][4];
-#pragma unroll
-                    for (int jj = 0; jj < 4; ++jj) {
-                        if (jb + jj < nkw) ldsm4_t(fk[jj], base + lane_k + 2 * (16 * kb * LDK + 16 * (kb0 + jb + jj)));
-                    }
-#pragma unroll
-                    for (int jj = 0; jj < 4; ++jj) {
-                        if (jb + jj < nkw) {
-                            MmaOp<T>::run(sacc[2 * (jb + jj)], vd[kb], fk[jj][0], fk[jj][1]);
-                            MmaOp<T>::run(sacc[2 * (jb + jj) + 1], vd[kb], fk[jj][2], fk[jj][3]);
-                        }
-                    }
-                }
-            }
+            // The state's update (the warp's K rows).
+            update_state<T, KBW>(sacc, vd, base + lane_k, kb0, nkw, gam[C - 1]);
         }
         info = info1;
         info1 = info2;
@@ -623,6 +663,8 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
     T* const o_stage = reinterpret_cast<T*>(group + R::SFRAG + R::VFRAG);
 #if GDN_STMATRIX
     const unsigned o_stage_lane = smem_addr(o_stage) + 2 * lane_b_nmajor<LDO>(lane);
+#else
+    const unsigned o_stage_lane = 0;
 #endif
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));
     const unsigned lane_qt = 2 * (L::Q_OFF / 2 + lane_b_nmajor<LDK>(lane));
@@ -703,23 +745,7 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
             const float* dec = gam + C;                                            // γ_C/γ_i
             // acc[0..7] += Sᵀ·Bᵀ over the K blocks, the state's A fragments sa.
             auto state_times = [&](float (&acc)[C / 8][4], unsigned lane_bt, const uint4 (&sa)[KBW]) {
-#pragma unroll
-                for (int kb = 0; kb < KBW; ++kb) {
-                    if (kb < nkw) {
-                        unsigned fb[C / 16][4];
-#pragma unroll
-                        for (int jp = 0; jp < C / 16; ++jp) {
-                            ldsm4(fb[jp], base + lane_bt + 2 * (16 * jp * LDK + 16 * kb));
-                        }
-                        const uint4 a4 = sa[kb];
-                        const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
-#pragma unroll
-                        for (int jp = 0; jp < C / 16; ++jp) {
-                            MmaOp<T>::run(acc[2 * jp], a, fb[jp][0], fb[jp][1]);
-                            MmaOp<T>::run(acc[2 * jp + 1], a, fb[jp][2], fb[jp][3]);
-                        }
-                    }
-                }
+                state_times_b<T, KBW>(acc, base + lane_bt, 0, nkw, 1, [&](int kb, bool) { return sa[kb]; });
             };
             if (state_warp) {
                 // Publish the rounded state for the output warp's Q·S.
@@ -745,39 +771,10 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
                 unsigned vf[C / 16][4];
 #pragma unroll
                 for (int jj = 0; jj < C / 16; ++jj) ldsm4_t(vf[jj], base + lane_vt + 2 * (16 * jj * L::LDV + wc));
-                // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded.
                 unsigned xa[C / 16][4];
-#pragma unroll
-                for (int j = 0; j < C / 8; ++j) {
-                    const int i = 8 * j + 2 * t, kb = j >> 1, half = (j & 1) * 2;
-                    const float e0 = gam[i], e1 = gam[i + 1];
-                    const float2 v01 = unpack2<T>(vf[kb][half]);
-                    const float2 v23 = unpack2<T>(vf[kb][half + 1]);
-                    const float vi[4] = {v01.x, v01.y, v23.x, v23.y};
-                    float x[4];
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) x[e] = vi[e] - ((e & 1) ? e1 : e0) * xacc[j][e];
-                    xa[kb][half] = pack2<T>(x[0], x[1]);
-                    xa[kb][half + 1] = pack2<T>(x[2], x[3]);
-                }
-                // v'ᵀ = Xᵀ·(T·diag(β))ᵀ (lower triangular).
+                x_operand<T>(xa, vf, xacc, gam, t, false);
                 float vacc[C / 8][4];
-#pragma unroll
-                for (int j = 0; j < C / 8; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) vacc[j][e] = 0.0f;
-                }
-#pragma unroll
-                for (int ip = 0; ip < C / 16; ++ip) {
-                    unsigned fa[C / 16][4];
-#pragma unroll
-                    for (int kb = 0; kb <= ip; ++kb) ldsm4(fa[kb], base + lane_at + 2 * (16 * ip * LDC + 16 * kb));
-#pragma unroll
-                    for (int kb = 0; kb <= ip; ++kb) {
-                        MmaOp<T>::run(vacc[2 * ip], xa[kb], fa[kb][0], fa[kb][1]);
-                        MmaOp<T>::run(vacc[2 * ip + 1], xa[kb], fa[kb][2], fa[kb][3]);
-                    }
-                }
+                v_prime<T>(vacc, xa, base + lane_at);
                 // v' rounded, published for P·v'; decayed by γ_C/γ for the state.
                 unsigned vd[C / 16][4];
 #pragma unroll
@@ -795,31 +792,7 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
                     vfrag[32 * kb + lane] = make_uint4(va[0], va[1], va[2], va[3]);
                 }
                 named_arrive(bar_v, 64);
-                // Sᵀ ← γ_C·Sᵀ + vdᵀ·K.
-                const float gamma_c = gam[C - 1];
-#pragma unroll
-                for (int j = 0; j < 2 * KBW; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-                }
-#pragma unroll
-                for (int kb = 0; kb < C / 16; ++kb) {
-#pragma unroll
-                    for (int jb = 0; jb < KBW; jb += 4) {
-                        unsigned fk[4][4];
-#pragma unroll
-                        for (int jj = 0; jj < 4; ++jj) {
-                            if (jb + jj < nkw) ldsm4_t(fk[jj], base + lane_k + 2 * (16 * kb * LDK + 16 * (jb + jj)));
-                        }
-#pragma unroll
-                        for (int jj = 0; jj < 4; ++jj) {
-                            if (jb + jj < nkw) {
-                                MmaOp<T>::run(sacc[2 * (jb + jj)], vd[kb], fk[jj][0], fk[jj][1]);
-                                MmaOp<T>::run(sacc[2 * (jb + jj) + 1], vd[kb], fk[jj][2], fk[jj][3]);
-                            }
-                        }
-                    }
-                }
+                update_state<T, KBW>(sacc, vd, base + lane_k, 0, nkw, gam[C - 1]);
             } else {
                 // Oᵀ = scale·(Q·S)ᵀ·diag(γ) + v'ᵀ·Pᵀ, then o through the staging tile.
                 float oacc[C / 8][4];
@@ -835,60 +808,10 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
                     if (kb < nkw) sa[kb] = sfrag[32 * kb + lane];
                 }
                 state_times(oacc, lane_qt, sa);
-#pragma unroll
-                for (int j = 0; j < C / 8; ++j) {
-                    const int i = 8 * j + 2 * t;
-                    const float o0 = p.scale * gam[i], o1 = p.scale * gam[i + 1];
-                    oacc[j][0] *= o0;
-                    oacc[j][1] *= o1;
-                    oacc[j][2] *= o0;
-                    oacc[j][3] *= o1;
-                }
+                scale_o(oacc, gam, p.scale, t);
                 named_barrier(bar_v, 64);
-#pragma unroll
-                for (int ip = 0; ip < C / 16; ++ip) {
-                    unsigned fp[C / 16][4];
-#pragma unroll
-                    for (int kb = 0; kb <= ip; ++kb) ldsm4(fp[kb], base + lane_pt + 2 * (16 * ip * LDC + 16 * kb));
-#pragma unroll
-                    for (int kb = 0; kb <= ip; ++kb) {
-                        const uint4 a4 = vfrag[32 * kb + lane];
-                        const unsigned a[4] = {a4.x, a4.y, a4.z, a4.w};
-                        MmaOp<T>::run(oacc[2 * ip], a, fp[kb][0], fp[kb][1]);
-                        MmaOp<T>::run(oacc[2 * ip + 1], a, fp[kb][2], fp[kb][3]);
-                    }
-                }
-                const int start = info.x, len = info.y;
-#if GDN_STMATRIX
-#pragma unroll
-                for (int j = 0; j < C / 8; j += 2) {
-                    const unsigned x[4] = {pack2<T>(oacc[j][0], oacc[j][1]), pack2<T>(oacc[j][2], oacc[j][3]),
-                                           pack2<T>(oacc[j + 1][0], oacc[j + 1][1]),
-                                           pack2<T>(oacc[j + 1][2], oacc[j + 1][3])};
-                    stsm4_t(o_stage_lane + 2 * (8 * j * LDO), x);
-                }
-#else
-#pragma unroll
-                for (int j = 0; j < C / 8; ++j) {
-                    const int i = 8 * j + 2 * t;
-                    o_stage[i * LDO + g] = from_f32<T>(oacc[j][0]);
-                    o_stage[(i + 1) * LDO + g] = from_f32<T>(oacc[j][1]);
-                    o_stage[i * LDO + g + 8] = from_f32<T>(oacc[j][2]);
-                    o_stage[(i + 1) * LDO + g + 8] = from_f32<T>(oacc[j][3]);
-                }
-#endif
-                __syncwarp();
-                T* const o_row = o + ((size_t)(start + (lane >> 1)) * HV + hv) * V + c0 + 8 * (lane & 1);
-                const size_t o_rows16 = (size_t)16 * HV * V;
-#pragma unroll
-                for (int r = 0; r < C * 2 / 32; ++r) {
-                    const int i = (lane >> 1) + 16 * r;
-                    if (i < len) {
-                        *reinterpret_cast<uint4*>(o_row + r * o_rows16) =
-                            *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * (lane & 1));
-                    }
-                }
-                __syncwarp();
+                times_lower<T>(oacc, base + lane_pt, [&](int kb) { return vfrag[32 * kb + lane]; });  // Oᵀ += v'ᵀ·Pᵀ
+                store_o<T>(oacc, o_stage, o_stage_lane, o, info.x, info.y, HV, hv, V, c0, lane);
             }
         }
         info = info1;
