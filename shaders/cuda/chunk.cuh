@@ -293,6 +293,51 @@ template <int LD> __device__ __forceinline__ int lane_b_kmajor(int lane) {
     return (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
 }
 
+// A warp's C × 16 output (the transposed accumulators acc: o in the forward, dv in the dh
+// chain) to the first len token rows from start of dst ([tokens, HV, V], v-head hv, columns
+// c0..c0 + 15), through the warp's C × STAGE_LD staging tile `stage`: 16-byte stores of whole
+// rows. STMATRIX (sm_90): stmatrix.trans from stage_lane, the lane's byte address in the tile
+// (lane_b_nmajor); else element by element.
+constexpr int STAGE_LD = 16 + 8;
+template <typename T, bool STMATRIX>
+__device__ __forceinline__ void store_staged(const float (&acc)[C / 8][4], T* stage, unsigned stage_lane,
+                                             T* __restrict__ dst, int start, int len, int HV, int hv, int V,
+                                             int c0, int lane) {
+    if constexpr (STMATRIX) {
+        // Four instructions for the tile (matrices (j, h), (j, h + 1), (j + 1, h), …).
+#pragma unroll
+        for (int j = 0; j < C / 8; j += 2) {
+            const unsigned x[4] = {pack2<T>(acc[j][0], acc[j][1]), pack2<T>(acc[j][2], acc[j][3]),
+                                   pack2<T>(acc[j + 1][0], acc[j + 1][1]),
+                                   pack2<T>(acc[j + 1][2], acc[j + 1][3])};
+            stsm4_t(stage_lane + 2 * (8 * j * STAGE_LD), x);
+        }
+    } else {
+        (void)stage_lane;
+        const int g = lane >> 2, t = lane & 3;
+#pragma unroll
+        for (int j = 0; j < C / 8; ++j) {
+            const int i = 8 * j + 2 * t;
+            stage[i * STAGE_LD + g] = from_f32<T>(acc[j][0]);
+            stage[(i + 1) * STAGE_LD + g] = from_f32<T>(acc[j][1]);
+            stage[i * STAGE_LD + g + 8] = from_f32<T>(acc[j][2]);
+            stage[(i + 1) * STAGE_LD + g + 8] = from_f32<T>(acc[j][3]);
+        }
+    }
+    __syncwarp();
+    // Lane l stores half l % 2 of token row l / 2 + 16r.
+    T* const row = dst + ((size_t)(start + (lane >> 1)) * HV + hv) * V + c0 + 8 * (lane & 1);
+    const size_t rows16 = (size_t)16 * HV * V;
+#pragma unroll
+    for (int r = 0; r < C * 2 / 32; ++r) {
+        const int i = (lane >> 1) + 16 * r;
+        if (i < len) {
+            *reinterpret_cast<uint4*>(row + r * rows16) = *reinterpret_cast<const uint4*>(stage + i * STAGE_LD + 8 * (lane & 1));
+        }
+    }
+    __syncwarp();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Pass 1 (the prep): a block of 8 warps per (chunk, q/k head), or per part of its GVA group
 // (the grid's y is heads_qk × the group's parts: each block walks group / parts v-heads). The

@@ -38,7 +38,7 @@
 namespace gdn {
 namespace chunked {
 
-constexpr int LDO = 16 + 8;  // a column group's C × 16 staging tile of dv
+constexpr int LDO = STAGE_LD;  // a column group's C × 16 staging tile of dv
 
 // The unit table's flags (chunk_bwd.rs mirrors them, as chunked.cu's): the unit starts / ends
 // its sequence. BWD_LOCAL (a ChunkParams flag): the segments' local pass.
@@ -582,25 +582,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             times_lower<T>(dxacc, dva, base + lane_a);
             if (!local && half == 0) {
                 const int2 ci = chunk_info(chunk);
-                const int start = ci.x, len = ci.y;
-#pragma unroll
-                for (int j = 0; j < C / 8; ++j) {
-                    const int i = 8 * j + 2 * t;
-                    dv_stage[i * LDO + g] = from_f32<T>(dxacc[j][0]);
-                    dv_stage[(i + 1) * LDO + g] = from_f32<T>(dxacc[j][1]);
-                    dv_stage[i * LDO + g + 8] = from_f32<T>(dxacc[j][2]);
-                    dv_stage[(i + 1) * LDO + g + 8] = from_f32<T>(dxacc[j][3]);
-                }
-                __syncwarp();
-#pragma unroll
-                for (int r = 0; r < C * 2 / 32; ++r) {
-                    const int idx = lane + 32 * r, i = idx >> 1, half = idx & 1;
-                    if (i < len) {
-                        *reinterpret_cast<uint4*>(dv + ((size_t)(start + i) * HV + hv) * V + c0 + 8 * half) =
-                            *reinterpret_cast<const uint4*>(dv_stage + i * LDO + 8 * half);
-                    }
-                }
-                __syncwarp();
+                store_staged<T, false>(dxacc, dv_stage, 0, dv, ci.x, ci.y, HV, hv, V, c0, lane);
             }
 
             // dSᵀ ← γ_C·dS'ᵀ + (scale·dOᵀ·diag(γ))·Q (above) − (dXᵀ·diag(γ))·K.

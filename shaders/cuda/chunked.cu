@@ -74,7 +74,7 @@ namespace chunked {
 #endif
 
 constexpr int THREADS = 128;  // l2norm: 4 warps, a row each
-constexpr int LDO = 16 + 8;   // a warp's o staging tile (pass 2)
+constexpr int LDO = STAGE_LD;  // a warp's o staging tile (pass 2)
 
 // Option bit of the chunked passes only (src/cuda_backend/chunked.rs SPLIT_STATE).
 constexpr int SPLIT_STATE = 1 << 8;
@@ -267,51 +267,6 @@ __device__ __forceinline__ void scale_o(float (&oacc)[C / 8][4], const float* ga
         oacc[j][2] *= o0;
         oacc[j][3] *= o1;
     }
-}
-
-// o of the chunk's len tokens from start, columns c0.. (16), through the warp's staging tile
-// o_stage (o_stage_lane: the lane's stmatrix address in it): 16-byte stores of whole rows.
-template <typename T>
-__device__ __forceinline__ void store_o(const float (&oacc)[C / 8][4], T* o_stage, unsigned o_stage_lane,
-                                        T* __restrict__ o, int start, int len, int HV, int hv, int V,
-                                        int c0, int lane) {
-    const int g = lane >> 2, t = lane & 3;
-#if GDN_STMATRIX
-    // stmatrix.trans writes the transposed accumulators as token rows: four instructions for
-    // the tile (matrices (j, h), (j, h + 1), (j + 1, h), …).
-    (void)g;
-    (void)t;
-#pragma unroll
-    for (int j = 0; j < C / 8; j += 2) {
-        const unsigned x[4] = {pack2<T>(oacc[j][0], oacc[j][1]), pack2<T>(oacc[j][2], oacc[j][3]),
-                               pack2<T>(oacc[j + 1][0], oacc[j + 1][1]),
-                               pack2<T>(oacc[j + 1][2], oacc[j + 1][3])};
-        stsm4_t(o_stage_lane + 2 * (8 * j * LDO), x);
-    }
-#else
-    (void)o_stage_lane;
-#pragma unroll
-    for (int j = 0; j < C / 8; ++j) {
-        const int i = 8 * j + 2 * t;
-        o_stage[i * LDO + g] = from_f32<T>(oacc[j][0]);
-        o_stage[(i + 1) * LDO + g] = from_f32<T>(oacc[j][1]);
-        o_stage[i * LDO + g + 8] = from_f32<T>(oacc[j][2]);
-        o_stage[(i + 1) * LDO + g + 8] = from_f32<T>(oacc[j][3]);
-    }
-#endif
-    __syncwarp();
-    // Lane l stores half l % 2 of token row l / 2 + 16r.
-    T* const o_row = o + ((size_t)(start + (lane >> 1)) * HV + hv) * V + c0 + 8 * (lane & 1);
-    const size_t o_rows16 = (size_t)16 * HV * V;
-#pragma unroll
-    for (int r = 0; r < C * 2 / 32; ++r) {
-        const int i = (lane >> 1) + 16 * r;
-        if (i < len) {
-            *reinterpret_cast<uint4*>(o_row + r * o_rows16) =
-                *reinterpret_cast<const uint4*>(o_stage + i * LDO + 8 * (lane & 1));
-        }
-    }
-    __syncwarp();
 }
 
 // Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks, for the state's 16-row blocks
@@ -579,7 +534,7 @@ __device__ void fwd(const ChunkParams p, const int* __restrict__ chunks,
                                [&](int kb) { return make_uint4(va[kb][0], va[kb][1], va[kb][2], va[kb][3]); });
                 // With KS = 2 the staging tile is the (Q·S)ᵀ slot this warp has just read.
                 if (KS == 2) __syncwarp();
-                store_o<T>(oacc, o_stage, o_stage_lane, o, info.x, info.y, HV, hv, V, c0, lane);
+                store_staged<T, GDN_STMATRIX != 0>(oacc, o_stage, o_stage_lane, o, info.x, info.y, HV, hv, V, c0, lane);
             }
 
             // The state's update (the warp's K rows).
@@ -811,7 +766,7 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
                 scale_o(oacc, gam, p.scale, t);
                 named_barrier(bar_v, 64);
                 times_lower<T>(oacc, base + lane_pt, [&](int kb) { return vfrag[32 * kb + lane]; });  // Oᵀ += v'ᵀ·Pᵀ
-                store_o<T>(oacc, o_stage, o_stage_lane, o, info.x, info.y, HV, hv, V, c0, lane);
+                store_staged<T, GDN_STMATRIX != 0>(oacc, o_stage, o_stage_lane, o, info.x, info.y, HV, hv, V, c0, lane);
             }
         }
         info = info1;
