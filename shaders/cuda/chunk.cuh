@@ -293,6 +293,32 @@ template <int LD> __device__ __forceinline__ int lane_b_kmajor(int lane) {
     return (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
 }
 
+// s (16 × the state's 16-row blocks lo.. lo + n − 1, at most NB) += aᵀ·B over the chunk's
+// tokens: a (16 × C) as A operands, B a C × K token-major tile (k or q) through this lane's
+// k-major ldmatrix address. The state update of the forward and of the backward's chains.
+template <typename T, int NB>
+__device__ __forceinline__ void add_tokens_times(float (&s)[2 * NB][4], const unsigned (&a)[C / 16][4],
+                                                 unsigned lane_b, int lo, int n) {
+#pragma unroll
+    for (int kb = 0; kb < C / 16; ++kb) {
+#pragma unroll
+        for (int jb = 0; jb < NB; jb += 4) {
+            unsigned fk[4][4];
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                if (jb + jj < n) ldsm4_t(fk[jj], lane_b + 2 * (16 * kb * LDK + 16 * (lo + jb + jj)));
+            }
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+                if (jb + jj < n) {
+                    MmaOp<T>::run(s[2 * (jb + jj)], a[kb], fk[jj][0], fk[jj][1]);
+                    MmaOp<T>::run(s[2 * (jb + jj) + 1], a[kb], fk[jj][2], fk[jj][3]);
+                }
+            }
+        }
+    }
+}
+
 // A warp's C × 16 output (the transposed accumulators acc: o in the forward, dv in the dh
 // chain) to the first len token rows from start of dst ([tokens, HV, V], v-head hv, columns
 // c0..c0 + 15), through the warp's C × STAGE_LD staging tile `stage`: 16-byte stores of whole

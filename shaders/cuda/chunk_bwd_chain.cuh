@@ -178,31 +178,6 @@ __device__ __forceinline__ void state_times(float (&acc)[C / 8][4], const float 
     }
 }
 
-// s (16 × this warp's K rows) += aᵀ·B over the chunk's tokens: a (16 × C) as A operands, B a
-// C × K token-major tile through this lane's k-major ldmatrix address.
-template <typename T, int NB>
-__device__ __forceinline__ void add_tokens_times(float (&s)[2 * NB][4], const unsigned (&a)[C / 16][4],
-                                                 unsigned lane_b, KRows kr) {
-#pragma unroll
-    for (int kb = 0; kb < C / 16; ++kb) {
-#pragma unroll
-        for (int jb = 0; jb < NB; jb += 4) {
-            unsigned fk[4][4];
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-                if (jb + jj < kr.n) ldsm4_t(fk[jj], lane_b + 2 * (16 * kb * LDK + 16 * (kr.lo + jb + jj)));
-            }
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-                if (jb + jj < kr.n) {
-                    MmaOp<T>::run(s[2 * (jb + jj)], a[kb], fk[jj][0], fk[jj][1]);
-                    MmaOp<T>::run(s[2 * (jb + jj) + 1], a[kb], fk[jj][2], fk[jj][3]);
-                }
-            }
-        }
-    }
-}
-
 // acc (16 × C) += a·B for a lower-triangular C × C tile B stored row-major (B[j][i], nonzero
 // for j ≥ i): output token block ib reads blocks jb ≥ ib.
 template <typename T>
@@ -383,7 +358,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
                 for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
             }
-            add_tokens_times<T, NB>(sacc, vd, base + lane_k, kr);
+            add_tokens_times<T, NB>(sacc, vd, base + lane_k, kr.lo, kr.n);
         }
         info1 = info2;
     }
@@ -562,7 +537,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
                 for (int e = 0; e < 4; ++e) dsacc[j][e] *= gamma_c;
             }
-            add_tokens_times<T, NB>(dsacc, a1, base + lane_q, kr);
+            add_tokens_times<T, NB>(dsacc, a1, base + lane_q, kr.lo, kr.n);
             if (KS == 2) pair_sum(dvacc, partials, half, pair_bar);
 #pragma unroll
             for (int j = 0; j < C / 8; ++j) {
@@ -588,7 +563,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             // dSᵀ ← γ_C·dS'ᵀ + (scale·dOᵀ·diag(γ))·Q (above) − (dXᵀ·diag(γ))·K.
             unsigned a2[C / 16][4];
             pack_tokens<T>(a2, dxacc, gam, -1.0f);
-            add_tokens_times<T, NB>(dsacc, a2, base + lane_k, kr);
+            add_tokens_times<T, NB>(dsacc, a2, base + lane_k, kr.lo, kr.n);
         }
         info1 = info2;
     }

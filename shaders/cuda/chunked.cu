@@ -269,8 +269,8 @@ __device__ __forceinline__ void scale_o(float (&oacc)[C / 8][4], const float* ga
     }
 }
 
-// Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens in 16-token blocks, for the state's 16-row blocks
-// kb < nkw (K's columns from block kb0 + kb; kk: the lane's ldmatrix address of the stage's k).
+// Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens, for the state's 16-row blocks kb < nkw (K's
+// columns from block kb0 + kb; kk: the lane's ldmatrix address of the stage's k).
 template <typename T, int KBW>
 __device__ __forceinline__ void update_state(float (&sacc)[2 * KBW][4], const unsigned (&vd)[C / 16][4],
                                              unsigned kk, int kb0, int nkw, float gamma_c) {
@@ -279,24 +279,7 @@ __device__ __forceinline__ void update_state(float (&sacc)[2 * KBW][4], const un
 #pragma unroll
         for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
     }
-#pragma unroll
-    for (int kb = 0; kb < C / 16; ++kb) {
-#pragma unroll
-        for (int jb = 0; jb < KBW; jb += 4) {
-            unsigned fk[4][4];
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-                if (jb + jj < nkw) ldsm4_t(fk[jj], kk + 2 * (16 * kb * LDK + 16 * (kb0 + jb + jj)));
-            }
-#pragma unroll
-            for (int jj = 0; jj < 4; ++jj) {
-                if (jb + jj < nkw) {
-                    MmaOp<T>::run(sacc[2 * (jb + jj)], vd[kb], fk[jj][0], fk[jj][1]);
-                    MmaOp<T>::run(sacc[2 * (jb + jj) + 1], vd[kb], fk[jj][2], fk[jj][3]);
-                }
-            }
-        }
-    }
+    add_tokens_times<T, KBW>(sacc, vd, kk, kb0, nkw);
 }
 
 // KD > 0: the key dimension as a compile-time constant (the common K = 128: no guards on the
