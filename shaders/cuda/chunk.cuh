@@ -319,6 +319,20 @@ __device__ __forceinline__ void add_tokens_times(float (&s)[2 * NB][4], const un
     }
 }
 
+// The state's update over the chunk, s ← γ_C·s + aᵀ·B (add_tokens_times: the same blocks, a, B):
+// Sᵀ ← γ_C·Sᵀ + (diag(γ_C/γ)·v')ᵀ·K in the forward and the states chain, the dh chain's
+// first term of dSᵀ.
+template <typename T, int NB>
+__device__ __forceinline__ void update_state(float (&s)[2 * NB][4], const unsigned (&a)[C / 16][4],
+                                             unsigned lane_b, int lo, int n, float gamma_c) {
+#pragma unroll
+    for (int j = 0; j < 2 * NB; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] *= gamma_c;
+    }
+    add_tokens_times<T, NB>(s, a, lane_b, lo, n);
+}
+
 // A warp's C × 16 output (the transposed accumulators acc: o in the forward, dv in the dh
 // chain) to the first len token rows from start of dst ([tokens, HV, V], v-head hv, columns
 // c0..c0 + 15), through the warp's C × STAGE_LD staging tile `stage`: 16-byte stores of whole

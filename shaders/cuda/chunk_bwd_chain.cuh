@@ -352,13 +352,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
             // Sᵀ ← γ_C·Sᵀ + (diag(γ_C/γ)·v')ᵀ·K, this warp's K rows.
             unsigned vd[C / 16][4];
             pack_tokens<T>(vd, vacc, dec, 1.0f);
-            const float gamma_c = gam[C - 1];
-#pragma unroll
-            for (int j = 0; j < 2 * NB; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-            }
-            add_tokens_times<T, NB>(sacc, vd, base + lane_k, kr.lo, kr.n);
+            update_state<T, NB>(sacc, vd, base + lane_k, kr.lo, kr.n, gam[C - 1]);
         }
         info1 = info2;
     }
@@ -531,13 +525,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             float dvacc[C / 8][4];
             zero_acc(dvacc);
             state_times<T, NB>(dvacc, dsacc, base + lane_kt, kr);
-            const float gamma_c = gam[C - 1];
-#pragma unroll
-            for (int j = 0; j < 2 * NB; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) dsacc[j][e] *= gamma_c;
-            }
-            add_tokens_times<T, NB>(dsacc, a1, base + lane_q, kr.lo, kr.n);
+            update_state<T, NB>(dsacc, a1, base + lane_q, kr.lo, kr.n, gam[C - 1]);
             if (KS == 2) pair_sum(dvacc, partials, half, pair_bar);
 #pragma unroll
             for (int j = 0; j < C / 8; ++j) {

@@ -269,19 +269,6 @@ __device__ __forceinline__ void scale_o(float (&oacc)[C / 8][4], const float* ga
     }
 }
 
-// Sᵀ ← γ_C·Sᵀ + vdᵀ·K over the chunk's tokens, for the state's 16-row blocks kb < nkw (K's
-// columns from block kb0 + kb; kk: the lane's ldmatrix address of the stage's k).
-template <typename T, int KBW>
-__device__ __forceinline__ void update_state(float (&sacc)[2 * KBW][4], const unsigned (&vd)[C / 16][4],
-                                             unsigned kk, int kb0, int nkw, float gamma_c) {
-#pragma unroll
-    for (int j = 0; j < 2 * KBW; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
-    }
-    add_tokens_times<T, KBW>(sacc, vd, kk, kb0, nkw);
-}
-
 // KD > 0: the key dimension as a compile-time constant (the common K = 128: no guards on the
 // K blocks, constant tile offsets); 0: p.key_dim.
 template <typename T, int BV, int KS, int KD = 0>
