@@ -246,23 +246,27 @@ __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, 
 }
 
 // Start copying a C-row tile of 16-bit elements: VECS 16-byte vectors per row, shared rows
-// LD elements apart, global rows `stride` elements apart; each thread copies PER consecutive
-// vectors of one row (one row address per thread). Rows from `rows` on are zeros; vectors
-// from `valid_vecs` on are left alone (never read). Complete after cp_async_wait and a
-// barrier. `tid`: this thread's index among the NTHREADS copying.
+// LD elements apart, global rows `stride` elements apart. Coalesced: thread i copies vector
+// i % VECS of rows i / VECS + STEP·u, so each cp.async instruction of a warp reads and writes
+// whole rows (one vector per thread per row made for 8-way shared-memory conflicts and
+// half-used sectors). Rows from `rows` on are zeros; vectors from `valid_vecs` on are left
+// alone (never read). Complete after cp_async_wait and a barrier. `tid`: this thread's index
+// among the NTHREADS copying.
 template <int NTHREADS, int VECS, int LD, typename E>
 __device__ __forceinline__ void copy_tile(unsigned dst, const E* src, size_t stride, int rows,
                                           int valid_vecs, int tid = threadIdx.x) {
     static_assert(sizeof(E) == 2, "16-bit tiles");
-    constexpr int PER = C * VECS / NTHREADS;
-    static_assert(PER >= 1 && VECS % PER == 0 && C * VECS == PER * NTHREADS, "tile split");
-    const int r = tid / (VECS / PER), v0 = (tid % (VECS / PER)) * PER;
-    const bool ok = r < rows;
-    const E* row = src + (size_t)(ok ? r : 0) * stride + 8 * v0;
-    const unsigned d = dst + 2 * (r * LD + 8 * v0);
+    constexpr int STEP = NTHREADS / VECS;  // rows per pass
+    constexpr int PER = C / STEP;          // passes
+    static_assert(NTHREADS % VECS == 0 && PER >= 1 && C == PER * STEP, "tile split");
+    const int r = tid / VECS, vec = tid % VECS;
+    if (vec >= valid_vecs) return;
+    const E* first = src + 8 * vec;  // row 0: a valid address for the zero rows (not read)
+    const unsigned d = dst + 2 * (r * LD + 8 * vec);
 #pragma unroll
     for (int u = 0; u < PER; ++u) {
-        if (v0 + u < valid_vecs) cp_async16_zfill(d + 16 * u, row + 8 * u, ok);
+        const bool ok = r + STEP * u < rows;
+        cp_async16_zfill(d + 2 * STEP * LD * u, ok ? first + (size_t)(r + STEP * u) * stride : first, ok);
     }
 }
 
