@@ -13,6 +13,10 @@ if [ -n "${BASE:-}" ]; then
     (cd "$base_tree" && CARGO_TARGET_DIR="$root/target" cargo build --release --features cuda -p gdn-cli)
     cp target/release/gdn "$out/gdn-base"; git rev-parse --short "$BASE" > "$out/gdn-base.rev"
     git worktree remove --force "$base_tree"
+    # The worktree's crates get the same artifact names and newer fingerprints than this
+    # tree's sources, so cargo would take them as this tree's (2026-12-03: a `gdn` that was
+    # the base): drop them, so that the build below is of this tree.
+    cargo clean --release -p gdn-wgpu -p gdn-cli
 fi
 cargo build --release --features cuda -p gdn-cli
 cp target/release/gdn "$out/gdn"; git rev-parse --short HEAD > "$out/gdn.rev"
