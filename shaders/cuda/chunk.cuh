@@ -245,29 +245,44 @@ __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, 
                  : "memory");
 }
 
-// Start copying a C-row tile of 16-bit elements: VECS 16-byte vectors per row, shared rows
-// LD elements apart, global rows `stride` elements apart. Coalesced: thread i copies vector
-// i % VECS of rows i / VECS + STEP·u, so each cp.async instruction of a warp reads and writes
-// whole rows (one vector per thread per row made for 8-way shared-memory conflicts and
-// half-used sectors). Rows from `rows` on are zeros; vectors from `valid_vecs` on are left
-// alone (never read). Complete after cp_async_wait and a barrier. `tid`: this thread's index
-// among the NTHREADS copying.
+// One thread's fixed share of a C-row tile copy of 16-bit elements, coalesced: thread i copies
+// vector i % VECS of rows i / VECS + STEP·u, so that each cp.async instruction of a warp reads
+// whole rows (32 threads × 16 bytes over 512 / (16·VECS) rows) instead of 16 bytes every
+// 16·PER bytes; `dst` is the byte offset of its first vector in the tile.
+template <int NTHREADS, int VECS, int LD> struct TileRows {
+    static constexpr int STEP = NTHREADS / VECS;  // rows per pass
+    static constexpr int PER = C / STEP;          // passes
+    static_assert(NTHREADS % VECS == 0 && PER >= 1 && C == PER * STEP, "tile split");
+    int row, vec;
+    unsigned dst;
+    __device__ explicit TileRows(int tid) : row(tid / VECS), vec(tid % VECS), dst(2 * (row * LD + 8 * vec)) {}
+    // Start copying this thread's vectors (if vec < valid_vecs) from src (its first row and
+    // vector already added; rows `stride` elements apart); zeros for rows from `len` on (then
+    // from `any`, a valid address that is not read).
+    template <typename E>
+    __device__ __forceinline__ void copy(unsigned tile, const E* src, const E* any, size_t stride, int len,
+                                         int valid_vecs) const {
+        if (vec >= valid_vecs) return;
+        const size_t step = (size_t)STEP * stride;
+#pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            const bool ok = row + STEP * u < len;
+            cp_async16_zfill(tile + dst + 2 * STEP * LD * u, ok ? src + u * step : any, ok);
+        }
+    }
+};
+
+// Start copying a C-row tile of 16-bit elements (VECS 16-byte vectors per row, shared rows LD
+// elements apart, global rows `stride` elements apart) by the NTHREADS threads of which this
+// is number `tid`, as TileRows shares it (one vector per thread per row instead made for 8-way
+// shared-memory conflicts in the chains' copies). Rows from `rows` on are zeros; vectors from
+// `valid_vecs` on are left alone (never read). Complete after cp_async_wait and a barrier.
 template <int NTHREADS, int VECS, int LD, typename E>
 __device__ __forceinline__ void copy_tile(unsigned dst, const E* src, size_t stride, int rows,
                                           int valid_vecs, int tid = threadIdx.x) {
     static_assert(sizeof(E) == 2, "16-bit tiles");
-    constexpr int STEP = NTHREADS / VECS;  // rows per pass
-    constexpr int PER = C / STEP;          // passes
-    static_assert(NTHREADS % VECS == 0 && PER >= 1 && C == PER * STEP, "tile split");
-    const int r = tid / VECS, vec = tid % VECS;
-    if (vec >= valid_vecs) return;
-    const E* first = src + 8 * vec;  // row 0: a valid address for the zero rows (not read)
-    const unsigned d = dst + 2 * (r * LD + 8 * vec);
-#pragma unroll
-    for (int u = 0; u < PER; ++u) {
-        const bool ok = r + STEP * u < rows;
-        cp_async16_zfill(d + 2 * STEP * LD * u, ok ? first + (size_t)(r + STEP * u) * stride : first, ok);
-    }
+    const TileRows<NTHREADS, VECS, LD> share(tid);
+    share.copy(dst, src + (size_t)share.row * stride + 8 * share.vec, src, stride, rows, valid_vecs);
 }
 
 // ldmatrix .x4 from a shared-memory byte address.

@@ -145,33 +145,6 @@ template <int BV, int KS> struct FwdLayout : StageLayout<BV> {
     static_assert(PART >= 2 * C * LDO, "the o staging tile fits a partial's slot");
 };
 
-// One thread's fixed share of a C-row tile copy of 16-bit elements, coalesced: thread i copies
-// vector i % VECS of rows i / VECS + STEP·u, so that each cp.async instruction of a warp reads
-// whole rows (32 threads × 16 bytes over 512 / (16·VECS) rows) instead of 16 bytes every
-// 16·PER bytes; `dst` is the byte offset of its first vector in the tile.
-template <int NTHREADS, int VECS, int LD> struct TileRows {
-    static constexpr int STEP = NTHREADS / VECS;  // rows per pass
-    static constexpr int PER = C / STEP;          // passes
-    static_assert(NTHREADS % VECS == 0 && PER >= 1 && C == PER * STEP, "tile split");
-    int row, vec;
-    unsigned dst;
-    __device__ explicit TileRows(int tid) : row(tid / VECS), vec(tid % VECS), dst(2 * (row * LD + 8 * vec)) {}
-    // Start copying this thread's vectors (if vec < valid_vecs) from src (its first row and
-    // vector already added; rows `stride` elements apart); zeros for rows from `len` on (then
-    // from `any`, a valid address that is not read).
-    template <typename E>
-    __device__ __forceinline__ void copy(unsigned tile, const E* src, const E* any, size_t stride, int len,
-                                         int valid_vecs) const {
-        if (vec >= valid_vecs) return;
-        const size_t step = (size_t)STEP * stride;
-#pragma unroll
-        for (int u = 0; u < PER; ++u) {
-            const bool ok = row + STEP * u < len;
-            cp_async16_zfill(tile + dst + 2 * STEP * LD * u, ok ? src + u * step : any, ok);
-        }
-    }
-};
-
 // The chunk step's pieces that fwd and fwd_roles share (the same products on the same operands
 // in the same order: either kernel gives the same bits).
 
