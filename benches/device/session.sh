@@ -77,6 +77,21 @@ ab() { [ -x ./gdn-base ] || { stamp "ab: no gdn-base (pack.sh BASE=<rev>)"; retu
         echo "-- $bin round $round"
         ./$bin bench --backend cuda $args --dtype bf16 --reps 5 --no-progress --json "$res/ab-$bin-$round.json" 2>&1 | tail -8
     done; done; }
+# The chunked backward's automatic schedule against forced alternatives (docs/cuda.md's
+# ChainSchedule, pairs, segments), a fresh process each, two rounds. Not in the default stages.
+sweep() { late sweep && return; stamp "sweep: backward schedules"
+    local n=0
+    one() { local shape=$1; shift; n=$((n + 1)); late "sweep $shape $*" && return; echo "-- $shape $*"
+        env "$@" ./gdn bench --backend cuda --ops backward --heads "$shape" --seqs 1x32768 --dtype bf16 --reps 5 \
+            --no-progress --json "$res/sweep-$n.json" 2>&1 | grep -E "^backward" | tail -1
+        grep -o '"variant": *"[^"]*"' "$res/sweep-$n.json" | cut -c12-; }
+    for round in 1 2; do
+        one 16/32 GDN_BWD_CHAINS=auto; one 16/32 GDN_BWD_CHAINS=apart; one 16/32 GDN_BWD_CHAINS=serial
+        one 16/32 GDN_BWD_SEGMENT_CHUNKS=128; one 16/32 GDN_BWD_PAIRS=0
+        one 2/8 GDN_BWD_CHAINS=auto; one 2/8 GDN_BWD_SEGMENT_CHUNKS=32; one 2/8 GDN_BWD_SEGMENT_CHUNKS=128
+        one 2/8 GDN_BWD_CHAINS=apart
+        one 16/64 GDN_BWD_CHAINS=auto; one 16/64 GDN_BWD_PAIRS=1 GDN_V_BLOCK=32; one 16/64 GDN_BWD_CHAINS=serial
+    done; }
 for stage in "${@:-fla tests compare bench decode}"; do for s in $stage; do "$s"; done; done
 stamp done
 tar -cJf /tmp/all.tar.xz -C "$res" . && mv /tmp/all.tar.xz "$OUT/"
