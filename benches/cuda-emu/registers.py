@@ -11,7 +11,9 @@ takes are listed in kernels.rs; pass them after the source):
     python3 registers.py chunk_bwd_chain_bf16.cu chunk.cuh chunk_bwd_chain.cuh
 
 Prints one line per kernel: name, registers, spill stores / loads (bytes), static shared
-memory, stack frame; sorted by name, so two runs diff line by line.
+memory, stack frame; sorted by name, so two runs diff line by line. `--cubin FILE` also writes
+the cubin, for a disassembler (nvdisasm from the PyPI wheel `nvidia-cuda-nvdisasm` reads it:
+`nvdisasm -c FILE` prints the SASS, so two versions' instruction mixes can be compared here).
 """
 import argparse
 import ctypes
@@ -33,7 +35,7 @@ def full_text(source, headers):
     return text + f'#line 1 "{source}"\n{read(source)}'
 
 
-def ptxas_log(source, headers, arch):
+def ptxas_log(source, headers, arch, cubin=None):
     lib = ctypes.CDLL(os.path.join(NVRTC_DIR, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12"))
     prog = ctypes.c_void_p()
     src = full_text(source, headers).encode()
@@ -47,6 +49,11 @@ def ptxas_log(source, headers, arch):
     lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
     log = ctypes.create_string_buffer(size.value)
     lib.nvrtcGetProgramLog(prog, log)
+    if rc == 0 and cubin:
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(size))
+        data = ctypes.create_string_buffer(size.value)
+        check(lib.nvrtcGetCUBIN(prog, data), "cubin")
+        open(cubin, "wb").write(data.raw)
     lib.nvrtcDestroyProgram(ctypes.byref(prog))
     text = log.value.decode(errors="replace")
     if rc != 0:
@@ -79,7 +86,8 @@ def report(log):
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90a")
+    ap.add_argument("--cubin", help="write the cubin here")
     ap.add_argument("source")
     ap.add_argument("headers", nargs="*")
     a = ap.parse_args()
-    report(ptxas_log(a.source, a.headers, a.arch))
+    report(ptxas_log(a.source, a.headers, a.arch, a.cubin))
