@@ -118,12 +118,17 @@ fn missing_nvrtc() -> Error {
     )
 }
 
-/// The NVRTC options used for `target` (also part of the cache key).
+/// The NVRTC options used for `target` (also part of the cache key). `GDN_CUDA_LINEINFO=1`
+/// adds `--generate-line-info`, so that Nsight Compute maps SASS to source lines (the same code;
+/// a separate cache entry).
 pub fn options(target: Target) -> Vec<String> {
     let mut opts = vec![
         format!("--gpu-architecture={}", target.arch()),
         "--std=c++17".into(),
     ];
+    if std::env::var_os("GDN_CUDA_LINEINFO").is_some_and(|v| v == "1") {
+        opts.push("--generate-line-info".into());
+    }
     for dir in include_dirs() {
         opts.push(format!("--include-path={}", dir.display()));
     }
