@@ -43,7 +43,6 @@ for h, b in [
     common = replace_body(common, h, b)
 chunk = open(root + 'chunk.cuh').read()
 for h, b in [
-    ('__device__ __forceinline__ void ldsm_x4(unsigned* x, const void* p) {', '{ emu::ldsm(x, emu::smem_addr(p), TRANS); }'),
     ('template <> struct MmaOp<__half> {', '{ static void run(float* d, const unsigned* a, unsigned b0, unsigned b1) { emu::mma<__half>(d, a, b0, b1); } }'),
     ('template <> struct MmaOp<__nv_bfloat16> {', '{ static void run(float* d, const unsigned* a, unsigned b0, unsigned b1) { emu::mma<__nv_bfloat16>(d, a, b0, b1); } }'),
     ('__device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, bool valid) {', '{ emu::cp_async(dst, src, valid ? 16 : 0); }'),

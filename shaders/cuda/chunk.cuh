@@ -20,39 +20,6 @@ struct FragC {                     // 16×16 f32: n 0..7 in x[0..3], n 8..15 in 
 };
 
 
-// Four 8×8 16-bit matrices from shared memory; lane l gives the address of row l % 8 of
-// matrix l / 8. TRANS hands each thread the transposed elements.
-template <bool TRANS>
-__device__ __forceinline__ void ldsm_x4(unsigned* x, const void* p) {
-    if (TRANS) {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
-                     : "r"(smem_addr(p)));
-    } else {
-        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                     : "=r"(x[0]), "=r"(x[1]), "=r"(x[2]), "=r"(x[3])
-                     : "r"(smem_addr(p)));
-    }
-}
-
-// Element (r, c) of a row-major tile is p[r·ld + c]; of a column-major one p[c·ld + r].
-// The fragment registers are, in order, the 8×8 blocks (rows 0–7 | 8–15) × (cols 0–7 | 8–15)
-// row block fastest for A (m × k) and for B (k × n); a tile stored with its fragment's
-// rows along memory rows loads without transposition, the others with .trans.
-template <typename T, bool COL>
-__device__ __forceinline__ void load_a(FragA& f, const T* p, int ld) {
-    const int lane = threadIdx.x & 31, j = lane >> 3, r8 = lane & 7;
-    if (!COL) ldsm_x4<false>(f.x, p + ((j & 1) * 8 + r8) * ld + (j >> 1) * 8);
-    else ldsm_x4<true>(f.x, p + ((j >> 1) * 8 + r8) * ld + (j & 1) * 8);
-}
-
-template <typename T, bool COL>
-__device__ __forceinline__ void load_b(FragB& f, const T* p, int ld) {
-    const int lane = threadIdx.x & 31, j = lane >> 3, r8 = lane & 7;
-    if (!COL) ldsm_x4<true>(f.x, p + ((j & 1) * 8 + r8) * ld + (j >> 1) * 8);
-    else ldsm_x4<false>(f.x, p + ((j >> 1) * 8 + r8) * ld + (j & 1) * 8);
-}
-
 __device__ __forceinline__ void fill_zero(FragC& f) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) f.x[e] = 0.0f;
@@ -303,14 +270,21 @@ __device__ __forceinline__ void stsm4_t(unsigned addr, const unsigned (&x)[4]) {
                  "r"(x[0]), "r"(x[1]), "r"(x[2]), "r"(x[3])
                  : "memory");
 }
-// This lane's element offset for a B fragment (k × n) of a tile stored n-major (B[k][n] at
-// tile[n·LD + k]: ldsm4) or k-major (B[k][n] at tile[k·LD + n]: ldsm4_t), as load_b does.
-template <int LD> __device__ __forceinline__ int lane_b_nmajor(int lane) {
-    return ((lane >> 4) * 8 + (lane & 7)) * LD + ((lane >> 3) & 1) * 8;
+// This lane's element offset in a 16×16 block of a tile with rows ld apart, for the ldmatrix
+// .x4 of an MMA fragment (the registers in order: the 8×8 blocks (rows 0–7 | 8–15) × (columns
+// 0–7 | 8–15), row block fastest, for A (m × k) and B (k × n)): lane l gives row l % 8 of
+// matrix l / 8. k-major: A stored row-major (A[m][k] at tile[m·ld + k]: ldsm4) or B stored
+// row-major (B[k][n] at tile[k·ld + n]: ldsm4_t); n-major: A stored column-major (ldsm4_t) or
+// B stored column-major (B[k][n] at tile[n·ld + k]: ldsm4).
+__device__ __forceinline__ int lane_frag_kmajor(int lane, int ld) {
+    return (((lane >> 3) & 1) * 8 + (lane & 7)) * ld + (lane >> 4) * 8;
 }
-template <int LD> __device__ __forceinline__ int lane_b_kmajor(int lane) {
-    return (((lane >> 3) & 1) * 8 + (lane & 7)) * LD + (lane >> 4) * 8;
+__device__ __forceinline__ int lane_frag_nmajor(int lane, int ld) {
+    return ((lane >> 4) * 8 + (lane & 7)) * ld + ((lane >> 3) & 1) * 8;
 }
+// The same for B fragments, with the row stride a template constant.
+template <int LD> __device__ __forceinline__ int lane_b_nmajor(int lane) { return lane_frag_nmajor(lane, LD); }
+template <int LD> __device__ __forceinline__ int lane_b_kmajor(int lane) { return lane_frag_kmajor(lane, LD); }
 
 // s (16 × the state's 16-row blocks lo.. lo + n − 1, at most NB) += aᵀ·B over the chunk's
 // tokens: a (16 × C) as A operands, B a C × K token-major tile (k or q) through this lane's
@@ -564,8 +538,8 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
     };
     {
         // Each lane's ldmatrix addresses are formed once: A from the row-major tile (rows ti),
-        // Kᵀ as B from k's rows tj (load_a / load_b's lane layouts); q's tile is k's + dq.
-        const int la = (((lane >> 3) & 1) * 8 + (lane & 7)) * LDK + (lane >> 4) * 8;
+        // Kᵀ as B from k's rows tj (lane_frag_kmajor / _nmajor); q's tile is k's + dq.
+        const int la = lane_frag_kmajor(lane, LDK);
         const int lb = lane_b_nmajor<LDK>(lane);
         const unsigned k0 = smem_addr(ks), dq = smem_addr(qs) - k0;
         auto gram = [&](int idx, float (&ck)[8], float (&cq)[8]) {

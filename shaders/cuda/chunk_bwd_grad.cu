@@ -27,7 +27,7 @@
 // order), so results are bitwise the same from run to run. Operands of the MMAs are in the
 // storage dtype (as the chains stored them), accumulators and every elementwise step f32.
 // Tiles are 16×16×16 products on mma.sync with ldmatrix operands from shared memory
-// (load_a / load_b's fragments); each warp takes whole output tiles.
+// (chunk.cuh's lane_frag_kmajor / _nmajor layouts); each warp takes whole output tiles.
 
 namespace gdn {
 namespace chunked {
@@ -50,25 +50,15 @@ __device__ __forceinline__ const T* b_block(const T* b, int ld, int kb, int nb) 
     return COL ? b + 16 * nb * ld + 16 * kb : b + 16 * kb * ld + 16 * nb;
 }
 
-// This lane's ldmatrix element offset in a 16×16 block with rows ld apart, as load_a / load_b
-// take it: for a row-major operand (SWAP false: rows (j & 1)·8 + r8, columns (j >> 1)·8) and
-// a column-major one (SWAP true: rows (j >> 1)·8 + r8, columns (j & 1)·8); j = lane / 8,
-// r8 = lane % 8.
-template <bool SWAP>
-__device__ __forceinline__ int lane_block_offset(int ld) {
-    const int lane = threadIdx.x & 31, j = lane >> 3, r8 = lane & 7;
-    return SWAP ? ((j >> 1) * 8 + r8) * ld + (j & 1) * 8 : ((j & 1) * 8 + r8) * ld + (j >> 1) * 8;
-}
-
-// acc += A(mb, kb)·B(kb, nb) for kb in [kb0, kb1): load_a / load_b's fragments, from 32-bit
-// shared addresses formed once per product (each step moves them one block along k), instead
-// of 64-bit pointers and a conversion per load.
+// acc += A(mb, kb)·B(kb, nb) for kb in [kb0, kb1), the fragments' ldmatrix addresses formed
+// once per product as 32-bit shared addresses (each step moves them one block along k).
 template <typename T, bool ACOL, bool BCOL>
 __device__ __forceinline__ void tile_product(FragC& acc, const T* a, int lda, const T* b, int ldb, int mb,
                                              int nb, int kb0, int kb1) {
     static_assert(sizeof(T) == 2, "16-bit operands");
-    unsigned pa = smem_addr(a_block<ACOL>(a, lda, mb, kb0) + lane_block_offset<ACOL>(lda));
-    unsigned pb = smem_addr(b_block<BCOL>(b, ldb, kb0, nb) + lane_block_offset<BCOL>(ldb));
+    const int lane = threadIdx.x & 31;
+    unsigned pa = smem_addr(a_block<ACOL>(a, lda, mb, kb0) + (ACOL ? lane_frag_nmajor(lane, lda) : lane_frag_kmajor(lane, lda)));
+    unsigned pb = smem_addr(b_block<BCOL>(b, ldb, kb0, nb) + (BCOL ? lane_frag_nmajor(lane, ldb) : lane_frag_kmajor(lane, ldb)));
     const unsigned da = 2 * 16 * (ACOL ? lda : 1), db = 2 * 16 * (BCOL ? 1 : ldb);
     for (int kb = kb0; kb < kb1; ++kb, pa += da, pb += db) {
         FragA fa;
@@ -422,9 +412,9 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         // This lane's shared addresses of block (mb, 0) of dO, dX, v' (column-major) and of
         // block (0, col) of Sᵀ and dS'ᵀ; block kb of A is 16·kb columns (v': rows) on, of B
         // 16·kb rows on, column block nb 16·(nb − col) columns on.
-        const unsigned lane_k = 2 * lane_block_offset<false>(LDK);  // the row-major tiles' (ld LDK)
+        const unsigned lane_k = 2 * lane_frag_kmajor(lane, LDK);  // the row-major tiles' (ld LDK)
         const unsigned fo0 = smem_addr(dos + 16 * mb * LDK) + lane_k, fx0 = smem_addr(dxs + 16 * mb * LDK) + lane_k;
-        const unsigned fv0 = smem_addr(vps + 16 * mb) + 2 * lane_block_offset<true>(LDC);
+        const unsigned fv0 = smem_addr(vps + 16 * mb) + 2 * lane_frag_nmajor(lane, LDC);
         const unsigned fs0 = smem_addr(hs + 16 * col) + lane_k, fd0 = smem_addr(dhs + 16 * col) + lane_k;
         for (int kb = 0; kb < nv; ++kb) {
             FragA fo, fx, fv;
