@@ -241,9 +241,9 @@ template <int NTHREADS, int VECS, int LD> struct TileRows {
 
 // Start copying a C-row tile of 16-bit elements (VECS 16-byte vectors per row, shared rows LD
 // elements apart, global rows `stride` elements apart) by the NTHREADS threads of which this
-// is number `tid`, as TileRows shares it (one vector per thread per row instead made for 8-way
-// shared-memory conflicts in the chains' copies). Rows from `rows` on are zeros; vectors from
-// `valid_vecs` on are left alone (never read). Complete after cp_async_wait and a barrier.
+// is number `tid`, as TileRows shares it (a whole row per thread instead put each warp's
+// copies 32 rows apart: 8-way shared-memory conflicts). Rows from `rows` on are zeros; vectors
+// from `valid_vecs` on are left alone (never read). Complete after cp_async_wait and a barrier.
 template <int NTHREADS, int VECS, int LD, typename E>
 __device__ __forceinline__ void copy_tile(unsigned dst, const E* src, size_t stride, int rows,
                                           int valid_vecs, int tid = threadIdx.x) {
