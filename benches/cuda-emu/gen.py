@@ -36,9 +36,9 @@ common = common.replace('#include <cuda_fp16.h>', '').replace('#include <cuda_bf
 for h, b in [
     ('__device__ __forceinline__ unsigned smem_addr(const void* p) {', '{ return emu::smem_addr(p); }'),
     ('__device__ __forceinline__ void cp_async16(void* dst, const void* src) {', '{ emu::cp_async(emu::smem_addr(dst), src, 16); }'),
-    ('__device__ __forceinline__ void cp_async_wait() {', '{}'),
-    ('__device__ __forceinline__ void cp_async_commit() {', '{}'),
-    ('template <int N> __device__ __forceinline__ void cp_async_wait_group() {', '{}'),
+    ('__device__ __forceinline__ void cp_async_wait() {', '{ emu::cp_wait(-1); }'),
+    ('__device__ __forceinline__ void cp_async_commit() {', '{ emu::cp_commit(); }'),
+    ('template <int N> __device__ __forceinline__ void cp_async_wait_group() {', '{ emu::cp_wait(N); }'),
 ]:
     common = replace_body(common, h, b)
 chunk = open(root + 'chunk.cuh').read()

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <cstdlib>
 
 #define __device__
 #define __global__
@@ -92,9 +93,31 @@ inline void named_arrive(int id, int count) {
     (void)b->arrive();
 }
 inline unsigned smem_addr(const void* p) { return (unsigned)((const unsigned char*)p - blk->smem); }
-inline void cp_async(unsigned dst, const void* src, int bytes) {
+// cp.async: copied at once, or with EMU_DEFER=1 in the environment only when the issuing
+// thread waits for its group (cp.async.wait_group / wait_all), as late as the hardware may
+// land it, so that a read before the wait sees the room's old contents.
+struct PendingCopy { unsigned dst; const void* src; int bytes; long group; };
+inline thread_local std::vector<PendingCopy> pending;
+inline thread_local long open_group = 0;
+inline const bool defer_copies = [] { const char* e = getenv("EMU_DEFER"); return e && e[0] == '1'; }();
+inline void copy_now(unsigned dst, const void* src, int bytes) {
     unsigned char* d = blk->smem + dst;
     if (bytes) memcpy(d, src, 16); else memset(d, 0, 16);
+}
+inline void cp_async(unsigned dst, const void* src, int bytes) {
+    if (defer_copies) pending.push_back({dst, src, bytes, open_group});
+    else copy_now(dst, src, bytes);
+}
+inline void cp_commit() { ++open_group; }
+// Land every copy of the groups older than the newest `n` committed ones (n < 0: all copies).
+inline void cp_wait(long n) {
+    const long limit = n < 0 ? open_group + 1 : open_group - n;
+    std::vector<PendingCopy> keep;
+    for (const auto& c : pending) {
+        if (c.group < limit) copy_now(c.dst, c.src, c.bytes);
+        else keep.push_back(c);
+    }
+    pending.swap(keep);
 }
 // ldmatrix .x4 from the lanes' row addresses.
 inline void ldsm(unsigned* x, unsigned addr, bool trans) {

@@ -212,14 +212,15 @@ __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, 
                  : "memory");
 }
 
-// One thread's fixed share of a C-row tile copy of 16-bit elements, coalesced: thread i copies
-// vector i % VECS of rows i / VECS + STEP·u, so that each cp.async instruction of a warp reads
-// whole rows (32 threads × 16 bytes over 512 / (16·VECS) rows) instead of 16 bytes every
-// 16·PER bytes; `dst` is the byte offset of its first vector in the tile.
-template <int NTHREADS, int VECS, int LD> struct TileRows {
+// One thread's fixed share of a ROWS-row (C unless told) tile copy of 16-bit elements,
+// coalesced: thread i copies vector i % VECS of rows i / VECS + STEP·u, so that each cp.async
+// instruction of a warp reads whole rows (32 threads × 16 bytes over 512 / (16·VECS) rows)
+// instead of 16 bytes every 16·PER bytes; `dst` is the byte offset of its first vector in the
+// tile.
+template <int NTHREADS, int VECS, int LD, int ROWS = C> struct TileRows {
     static constexpr int STEP = NTHREADS / VECS;  // rows per pass
-    static constexpr int PER = C / STEP;          // passes
-    static_assert(NTHREADS % VECS == 0 && PER >= 1 && C == PER * STEP, "tile split");
+    static constexpr int PER = ROWS / STEP;       // passes
+    static_assert(NTHREADS % VECS == 0 && PER >= 1 && ROWS == PER * STEP, "tile split");
     int row, vec;
     unsigned dst;
     __device__ explicit TileRows(int tid) : row(tid / VECS), vec(tid % VECS), dst(2 * (row * LD + 8 * vec)) {}
@@ -239,16 +240,17 @@ template <int NTHREADS, int VECS, int LD> struct TileRows {
     }
 };
 
-// Start copying a C-row tile of 16-bit elements (VECS 16-byte vectors per row, shared rows LD
-// elements apart, global rows `stride` elements apart) by the NTHREADS threads of which this
-// is number `tid`, as TileRows shares it (a whole row per thread instead put each warp's
-// copies 32 rows apart: 8-way shared-memory conflicts). Rows from `rows` on are zeros; vectors
-// from `valid_vecs` on are left alone (never read). Complete after cp_async_wait and a barrier.
-template <int NTHREADS, int VECS, int LD, typename E>
+// Start copying a ROWS-row (C unless told) tile of 16-bit elements (VECS 16-byte vectors per
+// row, shared rows LD elements apart, global rows `stride` elements apart) by the NTHREADS
+// threads of which this is number `tid`, as TileRows shares it (a whole row per thread instead
+// put each warp's copies 32 rows apart: 8-way shared-memory conflicts). Rows from `rows` on are
+// zeros; vectors from `valid_vecs` on are left alone (never read). Complete after cp_async_wait
+// and a barrier.
+template <int NTHREADS, int VECS, int LD, int ROWS = C, typename E>
 __device__ __forceinline__ void copy_tile(unsigned dst, const E* src, size_t stride, int rows,
                                           int valid_vecs, int tid = threadIdx.x) {
     static_assert(sizeof(E) == 2, "16-bit tiles");
-    const TileRows<NTHREADS, VECS, LD> share(tid);
+    const TileRows<NTHREADS, VECS, LD, ROWS> share(tid);
     share.copy(dst, src + (size_t)share.row * stride + 8 * share.vec, src, stride, rows, valid_vecs);
 }
 

@@ -85,19 +85,6 @@ __device__ __forceinline__ void store_c16(T* p, const FragC& f, int ld, float fa
     }
 }
 
-// Start copying `rows` rows of `vecs` 16-byte vectors (global rows `stride` elements apart)
-// to a shared tile at byte address dst with rows `ld` elements apart, by the whole block; rows
-// from `valid` on are zeros (their source is not read).
-template <typename E>
-__device__ __forceinline__ void copy_rows(unsigned dst, const E* src, size_t stride, int rows, int valid,
-                                          int vecs, int ld) {
-    for (int idx = threadIdx.x; idx < rows * vecs; idx += GRAD_THREADS) {
-        const int r = idx / vecs, c = idx % vecs;
-        const bool ok = r < valid;
-        cp_async16_zfill(dst + 2 * (r * ld + 8 * c), src + (size_t)(ok ? r : 0) * stride + 8 * c, ok);
-    }
-}
-
 // Lower-triangular 16×16 block number `idx` (0..9) of a C × C matrix: (ti, tj), tj ≤ ti.
 __device__ __forceinline__ int2 lower_block(int idx) {
     int ti = 0;
@@ -109,40 +96,37 @@ __device__ __forceinline__ int2 lower_block(int idx) {
 // The per-chunk gradient pass: inside the chunk, then through its states, in one block so that
 // dq, dk and dG are written once (no f32 read-modify-write between two launches) and q, k, dO
 // and v' are read once. Shared memory (bytes; mirrored by grad_smem in chunk_bwd_grad.rs):
-// q, k, dO (C × K / V, token rows), v'ᵀ, Xᵀ, dv'ᵀ (V × C), then a room that first holds T, P
-// (C × C, 16-bit) and KKᵀ (f32), later Sᵀ and dS'ᵀ (V × K, whose copies overlap the
-// intra-chunk products of dq and dk); the gates; the 16×16 blocks' partial sums, the sums. dP,
-// dA and dL stay in the accumulators of the warps that form them. Reused as the products free
-// them: Xᵀ's room holds Y = dT·Tᵀ, then dX (C × V, token rows); dv'ᵀ's holds dPs and M + Mᵀ
-// (16-bit); dT goes to the room's tail, past KKᵀ.
+// q, k, dO (C × K / V, token rows), v'ᵀ (V × C); the intra-chunk room: Xᵀ, dv'ᵀ (V × C), T, P
+// and dT (C × C, 16-bit); the state room: Sᵀ, dS'ᵀ (V × K) and dX (C × V, token rows); the
+// gates twice (this v-head's and the next one's); the 16×16 blocks' partial sums, the sums. The
+// two rooms are apart so that each fills while the other is read: the state room's copies run
+// under the intra-chunk products, the next v-head's intra-chunk tiles (and then its dO and v'ᵀ)
+// under the state products. dP, dA, dL and KKᵀ stay in the accumulators of the warps that form
+// them. Reused as the products free them: Xᵀ's room holds Y = dT·Tᵀ; dv'ᵀ's holds dPs and M + Mᵀ
+// (16-bit).
 struct GradLayout {
     static constexpr int Q_OFF = 0;
     static constexpr int K_OFF = Q_OFF + 2 * C * LDK;
     static constexpr int DO_OFF = K_OFF + 2 * C * LDK;
     static constexpr int VP_OFF = DO_OFF + 2 * C * LDK;
-    static constexpr int X_OFF = VP_OFF + 2 * MAX_V * LDC;
+    static constexpr int X_OFF = VP_OFF + 2 * MAX_V * LDC;  // the intra-chunk room
     static constexpr int DVP_OFF = X_OFF + 2 * MAX_V * LDC;
     static constexpr int T_OFF = DVP_OFF + 2 * MAX_V * LDC;
     static constexpr int P_OFF = T_OFF + 2 * C * LDC;
-    static constexpr int KK_OFF = P_OFF + 2 * C * LDC;
-    static constexpr int H_OFF = T_OFF;
+    static constexpr int DT_OFF = P_OFF + 2 * C * LDC;
+    static constexpr int H_OFF = DT_OFF + 2 * C * LDC;  // the state room
     static constexpr int DH_OFF = H_OFF + 2 * MAX_V * LDK;
-    static constexpr int ROOM = 2 * 2 * MAX_V * LDK > KK_OFF + 4 * C * LDF - T_OFF
-                                    ? 2 * 2 * MAX_V * LDK : KK_OFF + 4 * C * LDF - T_OFF;
-    static constexpr int G_OFF = T_OFF + ROOM;           // γ, γ_C/γ, G, β (activated): ws_f's order
-    static constexpr int PART_OFF = G_OFF + 4 * 4 * C;  // 5 × [C / 16][C] block partial sums
+    static constexpr int DX_OFF = DH_OFF + 2 * MAX_V * LDK;
+    static constexpr int G_OFF = DX_OFF + 2 * C * LDK;   // 2 × (γ, γ_C/γ, G, β (activated)): ws_f's order
+    static constexpr int G_BYTES = 4 * 4 * C;
+    static constexpr int PART_OFF = G_OFF + 2 * G_BYTES;  // 5 × [C / 16][C] block partial sums
     static constexpr int SUM_OFF = PART_OFF + 4 * 5 * (C / 16) * C;  // dG, 2 × GRAD_COLS × C row partials, warp sums
     static constexpr int BYTES = SUM_OFF + 4 * ((1 + 2 * GRAD_COLS) * C + GRAD_WARPS);
-    // Reused after the first products.
-    static constexpr int DT_OFF = KK_OFF + 4 * C * LDF;  // the room's tail, free until Sᵀ, dS'ᵀ
     static constexpr int Y_OFF = X_OFF;
-    static constexpr int DX_OFF = X_OFF;
     static constexpr int DPS_OFF = DVP_OFF;
     static constexpr int MS_OFF = DVP_OFF + 2 * C * LDC;
     static_assert(2 * 2 * C * LDC <= 2 * MAX_V * LDC, "two C × C tiles fit a V × C tile");
-    static_assert(DT_OFF + 2 * C * LDC <= T_OFF + ROOM, "dT fits the room's tail");
-    static_assert(DH_OFF + 2 * MAX_V * LDK <= G_OFF, "Sᵀ and dS'ᵀ fit the room");
-    static_assert(2 * C * LDK <= 2 * MAX_V * LDC, "dX fits Xᵀ's room");
+    static_assert(BYTES <= 227 * 1024, "Hopper's shared memory per block");
 };
 
 // A 16×16 block's (b = (bi, bj)) partial sums of the accumulator-layout values e: by rows
@@ -177,6 +161,12 @@ __device__ __forceinline__ void block_col_sums(const float (&e)[8], float* part,
     }
 }
 
+// Two adjacent 16-bit elements (p 4-byte aligned) as f32, and two f32s from an 8-byte aligned p.
+template <typename T> __device__ __forceinline__ float2 load2(const T* p) {
+    return unpack2<T>(*reinterpret_cast<const unsigned*>(p));
+}
+__device__ __forceinline__ float2 load2f(const float* p) { return *reinterpret_cast<const float2*>(p); }
+
 template <typename T>
 __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, const T* __restrict__ q,
                          const T* __restrict__ k, const T* __restrict__ d_o, const T* __restrict__ dv,
@@ -207,11 +197,6 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
     T* dvps = reinterpret_cast<T*>(smem + L::DVP_OFF);
     T* ts = reinterpret_cast<T*>(smem + L::T_OFF);
     T* ps = reinterpret_cast<T*>(smem + L::P_OFF);
-    float* kk = reinterpret_cast<float*>(smem + L::KK_OFF);
-    float* gam = reinterpret_cast<float*>(smem + L::G_OFF);
-    float* dec = gam + C;
-    float* sg = gam + 2 * C;
-    float* sb = gam + 3 * C;
     float* part = reinterpret_cast<float*>(smem + L::PART_OFF);  // [C / 16][C] each
     float* part_row_e1 = part;           // Σ_j P_ij dP_ij
     float* part_col_e1 = part + 4 * C;   // Σ_i P_ij dP_ij
@@ -233,6 +218,30 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
 
     const unsigned s0 = smem_addr(smem);
     const size_t qk_stride = (size_t)H * K;
+    const int group = p.group, hv0 = h * group;
+
+    // Start copying v-head hv's tiles of the intra-chunk room and its gates (into buffer `buf`),
+    // its dO and v'ᵀ, and its state room (each thread's share fixed by TileRows: whole rows per
+    // warp instruction, no division per vector).
+    auto copy_intra = [&](int hv, int buf) {
+        const size_t ch = (size_t)chunk * HV + hv;
+        copy_tile<GRAD_THREADS, C / 8, LDC, MAX_V>(s0 + L::X_OFF, ws_x + ch * V * C, (size_t)C, V, C / 8);
+        copy_tile<GRAD_THREADS, C / 8, LDC, MAX_V>(s0 + L::DVP_OFF, ws_dvp + ch * V * C, (size_t)C, V, C / 8);
+        if (tid < L::G_BYTES / 16) cp_async16_zfill(s0 + L::G_OFF + buf * L::G_BYTES + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
+        copy_tile<GRAD_THREADS, C / 8, LDC>(s0 + L::T_OFF, ws_t + ch * C * C, (size_t)C, C, C / 8);
+        copy_tile<GRAD_THREADS, C / 8, LDC>(s0 + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C / 8);
+    };
+    auto copy_outputs = [&](int hv) {
+        const size_t ch = (size_t)chunk * HV + hv;
+        copy_tile<GRAD_THREADS, MAX_V / 8, LDK>(s0 + L::DO_OFF, d_o + ((size_t)start * HV + hv) * V, (size_t)HV * V, len, V / 8);
+        copy_tile<GRAD_THREADS, C / 8, LDC, MAX_V>(s0 + L::VP_OFF, ws_vp + ch * V * C, (size_t)C, V, C / 8);
+    };
+    auto copy_states = [&](int hv) {
+        const size_t ch = (size_t)chunk * HV + hv;
+        copy_tile<GRAD_THREADS, MAX_V / 8, LDK>(s0 + L::DX_OFF, dv + ((size_t)start * HV + hv) * V, (size_t)HV * V, len, V / 8);
+        copy_tile<GRAD_THREADS, MAX_K / 8, LDK, MAX_V>(s0 + L::H_OFF, ws_h + ch * V * K, (size_t)K, V, K / 8);
+        copy_tile<GRAD_THREADS, MAX_K / 8, LDK, MAX_V>(s0 + L::DH_OFF, ws_dh + ch * V * K, (size_t)K, V, K / 8);
+    };
 
     // Warp w's share of dq, dk (f32, summed over the group's v-heads): row block mb = w % 4,
     // column blocks nb = w / 4 + GRAD_COLS·n of C × K.
@@ -245,62 +254,64 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         fill_zero(ak[n]);
     }
 
-    for (int hv = h * p.group; hv < (h + 1) * p.group; ++hv) {
+    // The first v-head's tiles, in three groups of copies: what the first products and their
+    // epilogues read; q (read from the intra-chunk products on); the state room. Later v-heads'
+    // arrive during the one before (below). q and k stay for the group.
+    copy_tile<GRAD_THREADS, MAX_K / 8, LDK>(s0 + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
+    copy_intra(hv0, 0);
+    copy_outputs(hv0);
+    cp_async_commit();
+    copy_tile<GRAD_THREADS, MAX_K / 8, LDK>(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, len, K / 8);
+    cp_async_commit();
+    copy_states(hv0);
+    cp_async_commit();
+
+    for (int hv = hv0; hv < hv0 + group; ++hv) {
+        const int i_head = hv - hv0;
         const size_t ch = (size_t)chunk * HV + hv;
-        const bool first_head = hv == h * p.group;
-        // The previous v-head's last readers of the tiles refilled below are done.
-        if (!first_head) __syncthreads();
-        // Two groups of copies: what the first products and their epilogues read, then q (read
-        // from the intra-chunk products on), which arrives while they run. q and k stay for the
-        // group.
-        if (first_head) copy_rows(s0 + L::K_OFF, k + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
-        copy_rows(s0 + L::DO_OFF, d_o + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
-        copy_rows(s0 + L::VP_OFF, ws_vp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
-        copy_rows(s0 + L::X_OFF, ws_x + ch * V * C, (size_t)C, V, V, C / 8, LDC);
-        copy_rows(s0 + L::DVP_OFF, ws_dvp + ch * V * C, (size_t)C, V, V, C / 8, LDC);
-        if (tid < 4 * C / 4) cp_async16_zfill(s0 + L::G_OFF + 16 * tid, ws_f + ch * 4 * C + 4 * tid, true);
-        copy_rows(s0 + L::T_OFF, ws_t + ch * C * C, (size_t)C, C, C, C / 8, LDC);
-        copy_rows(s0 + L::P_OFF, ws_p + ch * C * C, (size_t)C, C, C, C / 8, LDC);
-        cp_async_commit();
-        if (first_head) copy_rows(s0 + L::Q_OFF, q + ((size_t)start * H + h) * K, qk_stride, C, len, K / 8, LDK);
-        cp_async_commit();
-        cp_async_wait_group<1>();
+        float* gam = reinterpret_cast<float*>(smem + L::G_OFF + (i_head & 1) * L::G_BYTES);
+        float* dec = gam + C;
+        float* sg = gam + 2 * C;
+        float* sb = gam + 3 * C;
+        // In flight: this v-head's intra-chunk tiles, dO and v'ᵀ (with k and then q for the first),
+        // and its state room.
+        if (i_head == 0) cp_async_wait_group<2>();
+        else cp_async_wait_group<1>();
         __syncthreads();
 
-        // dA = dv'·Xᵀ, KKᵀ, dP = dO·v'ᵀ: their lower 16×16 blocks (i ≥ j; jobs w and w + 16 of
-        // warp w, so that a warp forms at most one dP block, in its second job). From the
-        // accumulators of dA and dP: dT = dA·diag(β) and dPs = scale·Γ⊙dP (16-bit, lower with the
-        // diagonal; above it zero in the diagonal blocks, the only upper elements read), and the
-        // block's partial sums of dA⊙T by columns and of P⊙dP by rows and columns; KKᵀ to its
-        // f32 tile for the dL step. dPs is held until every warp has read dv'ᵀ, whose room it
-        // takes.
+        // dA = dv'·Xᵀ, dP = dO·v'ᵀ: their lower 16×16 blocks (i ≥ j; jobs w and w + 16 of warp w,
+        // so that a warp forms at most one dP block). From the accumulators: dT = dA·diag(β) and
+        // dPs = scale·Γ⊙dP (16-bit, lower with the diagonal; above it zero in the diagonal
+        // blocks, the only upper elements read), and the block's partial sums of dA⊙T by columns
+        // and of P⊙dP by rows and columns. dPs is held until every warp has read dv'ᵀ, whose room
+        // it takes.
         float dps_held[8];
         int2 dps_block = make_int2(-1, -1);
-        for (int job = warp; job < 30; job += GRAD_WARPS) {
+        for (int job = warp; job < 20; job += GRAD_WARPS) {
             const int2 b = lower_block(job % 10);
+            const bool is_dp = job >= 10;
             FragC acc;
             fill_zero(acc);
-            if (job < 10) {
-                tile_product<T, true, false>(acc, dvps, LDC, xs, LDC, b.x, b.y, 0, nv);
-            } else if (job < 20) {
-                tile_product<T, false, true>(acc, ks, LDK, ks, LDK, b.x, b.y, 0, nk);
-                store_c(kk + 16 * b.x * LDF + 16 * b.y, acc, LDF);
-                continue;
-            } else {
-                tile_product<T, false, false>(acc, dos, LDK, vps, LDC, b.x, b.y, 0, nv);
-            }
-            const bool is_dp = job >= 20;
+            if (is_dp) tile_product<T, false, false>(acc, dos, LDK, vps, LDC, b.x, b.y, 0, nv);
+            else tile_product<T, true, false>(acc, dvps, LDC, xs, LDC, b.x, b.y, 0, nv);
             float e[8];
 #pragma unroll
-            for (int x = 0; x < 8; ++x) {
+            for (int x = 0; x < 8; x += 2) {
+                // Elements x and x + 1: row i, columns j and j + 1.
                 const int i = 16 * b.x + frag_row(x), j = 16 * b.y + frag_col(x);
-                const bool lower = j <= i;
+                const bool lo0 = j <= i, lo1 = j + 1 <= i;
                 if (is_dp) {
-                    dps_held[x] = lower ? p.scale * __expf(sg[i] - sg[j]) * acc.x[x] : 0.0f;
-                    e[x] = lower ? to_f32(ps[i * LDC + j]) * acc.x[x] : 0.0f;
+                    const float2 sj = load2f(sg + j), pv = load2<T>(ps + i * LDC + j);
+                    dps_held[x] = lo0 ? p.scale * __expf(sg[i] - sj.x) * acc.x[x] : 0.0f;
+                    dps_held[x + 1] = lo1 ? p.scale * __expf(sg[i] - sj.y) * acc.x[x + 1] : 0.0f;
+                    e[x] = lo0 ? pv.x * acc.x[x] : 0.0f;
+                    e[x + 1] = lo1 ? pv.y * acc.x[x + 1] : 0.0f;
                 } else {
-                    dts[i * LDC + j] = from_f32<T>(lower ? acc.x[x] * sb[j] : 0.0f);
-                    e[x] = lower ? acc.x[x] * to_f32(ts[i * LDC + j]) : 0.0f;
+                    const float2 bj = load2f(sb + j), tv = load2<T>(ts + i * LDC + j);
+                    *reinterpret_cast<unsigned*>(dts + i * LDC + j) =
+                        pack2<T>(lo0 ? acc.x[x] * bj.x : 0.0f, lo1 ? acc.x[x + 1] * bj.y : 0.0f);
+                    e[x] = lo0 ? acc.x[x] * tv.x : 0.0f;
+                    e[x + 1] = lo1 ? acc.x[x + 1] * tv.y : 0.0f;
                 }
             }
             if (is_dp) {
@@ -309,13 +320,14 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
             }
             block_col_sums(e, is_dp ? part_col_e1 : part_col_da, b);
         }
-        cp_async_wait();
+        // (q for the first v-head.)
+        cp_async_wait_group<1>();
         __syncthreads();
         if (dps_block.x >= 0) {
 #pragma unroll
-            for (int x = 0; x < 8; ++x) {
+            for (int x = 0; x < 8; x += 2) {
                 const int i = 16 * dps_block.x + frag_row(x), j = 16 * dps_block.y + frag_col(x);
-                dps[i * LDC + j] = from_f32<T>(dps_held[x]);
+                *reinterpret_cast<unsigned*>(dps + i * LDC + j) = pack2<T>(dps_held[x], dps_held[x + 1]);
             }
         }
 
@@ -330,38 +342,41 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
         }
         __syncthreads();
 
-        // dL = −Tᵀ·Y, lower blocks (Tᵀ's block (ti, kb) is zero before kb = ti), and from its
-        // accumulator: M = diag(β)·(Γ⊙dL) strictly below the diagonal, stored as M + Mᵀ (16-bit:
-        // each element and its transpose; zero on the diagonal), and the block's partial sums
-        // of Γ⊙dL⊙KKᵀ by rows (dβ) and of L⊙dL = M⊙KKᵀ by columns (dG).
+        // dL = −Tᵀ·Y, lower blocks (Tᵀ's block (ti, kb) is zero before kb = ti), and beside it the
+        // same block of KKᵀ (formed here, where it is read, rather than kept in shared memory).
+        // From the accumulators: M = diag(β)·(Γ⊙dL) strictly below the diagonal, stored as M + Mᵀ
+        // (16-bit: each element and its transpose; zero on the diagonal), and the block's partial
+        // sums of Γ⊙dL⊙KKᵀ by rows (dβ) and of L⊙dL = M⊙KKᵀ by columns (dG).
         for (int job = warp; job < 10; job += GRAD_WARPS) {
             const int2 b = lower_block(job);
-            FragC dl;
+            FragC dl, kk;
             fill_zero(dl);
+            fill_zero(kk);
             tile_product<T, true, false>(dl, ts, LDC, ys, LDC, b.x, b.y, b.x, C / 16);
+            tile_product<T, false, true>(kk, ks, LDK, ks, LDK, b.x, b.y, 0, nk);
             float er[8], ec[8];
 #pragma unroll
-            for (int x = 0; x < 8; ++x) {
+            for (int x = 0; x < 8; x += 2) {
+                // Row i, columns j and j + 1. Below the diagonal (j + 1 ≤ i) both are stored as a
+                // pair; at j = i only (i, i), j + 1 being Mᵀ's element (stored by its transpose).
                 const int i = 16 * b.x + frag_row(x), j = 16 * b.y + frag_col(x);
-                const bool strict = i > j;
-                const float gdl = strict ? -dl.x[x] * __expf(sg[i] - sg[j]) : 0.0f;  // Γ⊙dL
-                const float m = sb[i] * gdl, kkv = kk[i * LDF + j];
-                er[x] = gdl * kkv;
-                ec[x] = m * kkv;
-                if (j <= i) ms[i * LDC + j] = from_f32<T>(m);
-                if (strict) ms[j * LDC + i] = from_f32<T>(m);
+                float m[2];
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    const bool strict = i > j + u;
+                    const float gdl = strict ? -dl.x[x + u] * __expf(sg[i] - sg[j + u]) : 0.0f;  // Γ⊙dL
+                    m[u] = sb[i] * gdl;
+                    er[x + u] = gdl * kk.x[x + u];
+                    ec[x + u] = m[u] * kk.x[x + u];
+                    if (strict) ms[(j + u) * LDC + i] = from_f32<T>(m[u]);
+                }
+                if (j + 1 <= i) *reinterpret_cast<unsigned*>(ms + i * LDC + j) = pack2<T>(m[0], m[1]);
+                else if (j <= i) ms[i * LDC + j] = from_f32<T>(m[0]);
             }
             block_row_sums(er, part_row_dl, b);
             block_col_sums(ec, part_col_e2, b);
         }
         __syncthreads();
-
-        // dX (dv as the dh pass wrote it) to Xᵀ's room, free now that Y is read, and Sᵀ and dS'ᵀ
-        // to the room of T, P and KKᵀ (all read now): their copies run under the intra-chunk
-        // products below.
-        copy_rows(s0 + L::DX_OFF, dv + ((size_t)start * HV + hv) * V, (size_t)HV * V, C, len, V / 8, LDK);
-        copy_rows(s0 + L::H_OFF, ws_h + ch * V * K, (size_t)K, V, V, K / 8, LDK);
-        copy_rows(s0 + L::DH_OFF, ws_dh + ch * V * K, (size_t)K, V, V, K / 8, LDK);
 
         // dβ (final for the activated β: T·diag(β) and L are its only uses) and dG so far, from
         // the blocks' partial sums in block order: row i's blocks are (i / 16, bj ≤ i / 16),
@@ -395,8 +410,15 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
             tile_product<T, true, false>(ak[n], dps, LDC, qs, LDK, mb, nb, mb, C / 16);
             tile_product<T, false, false>(ak[n], ms, LDC, ks, LDK, mb, nb, 0, C / 16);
         }
-        cp_async_wait();
+        // The state room has arrived; the intra-chunk room is read: the next v-head's tiles go
+        // there while the state products run.
+        cp_async_wait_group<0>();
         __syncthreads();
+        const bool more = hv + 1 < hv0 + group;
+        if (more) {
+            copy_intra(hv + 1, (i_head + 1) & 1);
+            cp_async_commit();
+        }
 
         // Then the terms through the states, added to them (dq, dk are written after the group):
         //   dq += scale·diag(γ)·dO·Sᵀ,  dk += −diag(γ)·dX·Sᵀ + diag(γ_C/γ)·v'·dS'ᵀ.
@@ -442,12 +464,13 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
             for (int e = 0; e < 8; e += 2) {
                 const int i = 16 * mb + frag_row(e), c = 16 * nb + frag_col(e);
                 const float gi = gam[i], di = dec[i];
+                const float2 q2 = load2<T>(qs + i * LDK + c), k2 = load2<T>(ks + i * LDK + c);
 #pragma unroll
                 for (int x = 0; x < 2; ++x) {
                     const float dqs = p.scale * gi * u1[n].x[e + x];  // dq through S
                     const float dkx = -gi * u2[n].x[e + x];           // dk through X
                     const float dks = di * u3[n].x[e + x];            // dk through the state update
-                    const float qv = to_f32(qs[i * LDK + c + x]), kv = to_f32(ks[i * LDK + c + x]);
+                    const float qv = x ? q2.y : q2.x, kv = x ? k2.y : k2.x;
                     rg[(e & 3) >> 1] += qv * dqs + kv * dkx - kv * dks;
                     rs[(e & 3) >> 1] += kv * dks;
                     aq[n].x[e + x] += dqs;
@@ -471,17 +494,33 @@ __device__ void bwd_grad(const ChunkParams p, const int* __restrict__ chunks, co
             row_s[col * C + i] = rs[0];
             row_s[col * C + i + 8] = rs[1];
         }
-        // Σ S⊙dS' over the V × K state.
+        // Σ S⊙dS' over the V × K state: thread t takes the element pairs t + GRAD_THREADS·u (row r,
+        // column c), stepped without a division per pair.
         float sd = 0.0f;
-        for (int idx = tid; idx < V * K / 2; idx += GRAD_THREADS) {
-            const int r = (2 * idx) / K, c = (2 * idx) % K;
-            const float2 a = unpack2<T>(*reinterpret_cast<const unsigned*>(hs + r * LDK + c));
-            const float2 b = unpack2<T>(*reinterpret_cast<const unsigned*>(dhs + r * LDK + c));
-            sd = fmaf(a.x, b.x, fmaf(a.y, b.y, sd));
+        {
+            const int step_r = 2 * GRAD_THREADS / K, step_c = 2 * GRAD_THREADS % K;
+            int r = 2 * tid / K, c = 2 * tid % K;
+            while (r < V) {
+                const float2 a = load2<T>(hs + r * LDK + c), b = load2<T>(dhs + r * LDK + c);
+                sd = fmaf(a.x, b.x, fmaf(a.y, b.y, sd));
+                r += step_r;
+                c += step_c;
+                if (c >= K) {
+                    c -= K;
+                    ++r;
+                }
+            }
         }
         sd = warp_sum(sd);
         if (lane == 0) warp_s[warp] = sd;
         __syncthreads();
+        // dO, v'ᵀ and the state room are read: the next v-head's go there while warp 0 finishes dG.
+        if (more) {
+            copy_outputs(hv + 1);
+            cp_async_commit();
+            copy_states(hv + 1);
+            cp_async_commit();
+        }
 
         // dG, its last-token terms, and the reverse cumsum within the chunk, by warp 0 (lane l
         // holds tokens 2l and 2l + 1; sums by fixed shuffle trees):

@@ -23,18 +23,18 @@ pub const MAX_CHUNKED_BWD_VALUE_DIM: usize = 128;
 
 const LDK: usize = MAX_CHUNKED_KEY_DIM + 8;
 const LDC: usize = CHUNK + 8;
-const LDF: usize = CHUNK + 4;
 
-/// chunk_bwd_grad.cu's GradLayout: q, k, dO; v'ᵀ, Xᵀ, dv'ᵀ; a room for T, P and KKᵀ (f32),
-/// later for Sᵀ and dS'ᵀ; the gates; five sums' partials per 16×16 block row or column; dG,
-/// the row partials and the warp sums.
+/// chunk_bwd_grad.cu's GradLayout: q, k, dO; v'ᵀ; the intra-chunk room (Xᵀ, dv'ᵀ, T, P, dT);
+/// the state room (Sᵀ, dS'ᵀ, dX); the gates twice (this v-head's and the next one's); five
+/// sums' partials per 16×16 block row or column; dG, the row partials and the warp sums.
 pub(crate) fn grad_smem() -> usize {
     let c = CHUNK;
-    let room = (2 * 2 * c * LDC + 4 * c * LDF).max(2 * 2 * MAX_CHUNKED_BWD_VALUE_DIM * LDK);
+    let v = MAX_CHUNKED_BWD_VALUE_DIM;
     3 * 2 * c * LDK
-        + 3 * 2 * MAX_CHUNKED_BWD_VALUE_DIM * LDC
-        + room
-        + 4 * 4 * c
+        + 2 * v * LDC
+        + (2 * 2 * v * LDC + 3 * 2 * c * LDC)
+        + (2 * 2 * v * LDK + 2 * c * LDK)
+        + 2 * 4 * 4 * c
         + 4 * 5 * (c / 16) * c
         + 4 * ((1 + 2 * GRAD_COLS) * c + 4 * GRAD_COLS)
 }
