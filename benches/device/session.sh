@@ -36,6 +36,8 @@ tests() {
     t backward coop_matrix_path coop_grads_all_forced coop_grads_mixed coop_grads_none_forced half_precision_storage
     t segment_window
 }
+# NVRTC's cache filled on parallel threads (the fla stage does it beside FLA).
+precompile() { stamp precompile; ./gdn precompile 2>&1 | tail -3; }
 # Only the CUDA backend's tests (a call that changed nothing but CUDA kernels).
 cudatests() { t cuda --skip every_cuda_source_is_registered --test-threads 6; }
 decode() { TSECS=${DECODE_SECS:-240} t decode --test-threads 16; }
