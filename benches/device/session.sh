@@ -59,18 +59,18 @@ bench() {
 # is the bench's small oracle check: skipped), with per-instruction stall samples
 # (SourceCounters) kept as a report and as the SASS page in CSV. Not in the default stages.
 # The kernels are compiled with line info (GDN_CUDA_LINEINFO=1, a cache entry of their own),
-# so that the report can map instructions to shaders/cuda's lines; ncu-*-cuda.csv tries that
-# export with the sources from shaders/cuda (added 2026-12-03, not yet run on the device: if
-# ncu refuses it, that file holds its message and the rest is as before).
+# so that the report can map instructions to shaders/cuda's lines, and the report imports the
+# source (ncu-*-cuda.csv: the per-line export; 2026-12-03 with `--source-folders` and no
+# imported source it held only ncu's refusal, "--source-folder option requires --import-source
+# on"; the imported-source form is not yet run on the device).
 prof() { local name=$1 kernel=$2; shift 2; late "profile $name" && return; stamp "profile $name"
     GDN_CUDA_LINEINFO=1 timeout "${PSECS:-120}" ncu --section SpeedOfLight --section WarpStateStats --section SchedulerStats \
         --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SourceCounters \
-        --import-source no -k "regex:$kernel" --launch-skip 1 -c 1 -f -o "$res/ncu-$name" \
+        --import-source yes -k "regex:$kernel" --launch-skip 1 -c 1 -f -o "$res/ncu-$name" \
         ./gdn bench --backend cuda "$@" --dtype bf16 --reps 1 --warmup 1 --no-progress > "$res/ncu-$name.log" 2>&1
     echo "rc=$?"; ncu -i "$res/ncu-$name.ncu-rep" --print-summary per-kernel 2>/dev/null | grep -E "Duration|Registers|Shared Memory Config|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy" | head -12
     ncu -i "$res/ncu-$name.ncu-rep" --page source --csv --print-source sass > "$res/ncu-$name-sass.csv" 2>/dev/null
-    ncu -i "$res/ncu-$name.ncu-rep" --page source --csv --print-source cuda,sass --source-folders "$ROOT/shaders/cuda" \
-        > "$res/ncu-$name-cuda.csv" 2>&1; }
+    ncu -i "$res/ncu-$name.ncu-rep" --page source --csv --print-source cuda,sass > "$res/ncu-$name-cuda.csv" 2>&1; }
 profile() {
     late profile && return; GDN_CUDA_LINEINFO=1 ./gdn precompile 2>&1 | tail -1
     prof fwd-prep 'gdn_chunk_prep_' --ops forward --heads 16/64 --seqs 1x8192

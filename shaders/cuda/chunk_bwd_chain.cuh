@@ -128,6 +128,38 @@ __device__ __forceinline__ void store_transposed(T* dst, size_t ld, const float 
     }
 }
 
+// A warp's state block (the accumulators acc: Sᵀ or dS'ᵀ rows c0 + g, c0 + g + 8, K rows
+// 16·kr.lo + 8j + 2t (+ 1)), rounded, to dst (row c0 of a row-major V × K matrix, rows ld
+// apart), staged through `stage`, 16 × (16·NB + 8) 16-bit elements of this warp's alone, so
+// that each lane stores whole 16-byte vectors (4 rows of 8 lanes per instruction, each row's
+// vectors contiguous). Stored directly, 4 bytes a lane, the stores held the chain: ncu showed
+// its next instructions waiting on the store registers (long_sb on the packs, 2026-12-03).
+template <typename T, int NB>
+__device__ __forceinline__ void store_state_staged(T* dst, size_t ld, const float (&acc)[2 * NB][4], T* stage,
+                                                   KRows kr) {
+    constexpr int SLD = 16 * NB + 8;
+    static_assert(2 * NB <= 8, "8 lanes per row");
+    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+#pragma unroll
+    for (int j = 0; j < 2 * NB; ++j) {
+        if (j < 2 * kr.n) {
+            *reinterpret_cast<unsigned*>(stage + g * SLD + 8 * j + 2 * t) = pack2<T>(acc[j][0], acc[j][1]);
+            *reinterpret_cast<unsigned*>(stage + (g + 8) * SLD + 8 * j + 2 * t) = pack2<T>(acc[j][2], acc[j][3]);
+        }
+    }
+    __syncwarp();
+    const int vec = lane & 7;
+    if (vec < 2 * kr.n) {
+#pragma unroll
+        for (int r4 = 0; r4 < 16; r4 += 4) {
+            const int row = r4 + (lane >> 3);
+            *reinterpret_cast<uint4*>(dst + (size_t)row * ld + 16 * kr.lo + 8 * vec) =
+                *reinterpret_cast<const uint4*>(stage + row * SLD + 8 * vec);
+        }
+    }
+    __syncwarp();
+}
+
 // Accumulators acc (16 columns × C tokens) as A operands over the tokens, each token's value
 // scaled by f[token] (f = nullptr: unscaled) and by `sign`.
 template <typename T>
@@ -303,14 +335,23 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
             const float* dec = gam + C;                                            // γ_C/γ_i
             const size_t ch = (size_t)chunk * HV + hv;
 
-            // The chunk's start state, rounded as the MMAs take it, as Sᵀ (V × K).
+            // The chunk's start state, rounded as the MMAs take it, as Sᵀ (V × K). Pairs stage it
+            // through the warp's partial-sum slot (free until this chunk's pair sum: the partner
+            // read it before the chunk's barrier).
+            if constexpr (KS == 2) {
+                if (!local) {
+                    store_state_staged<T, NB>(ws_h + (ch * V + c0) * K, (size_t)K, sacc,
+                                              reinterpret_cast<T*>(partials + half * 16 * C), kr);
+                }
+            } else {
 #pragma unroll
-            for (int j = 0; j < 2 * NB; ++j) {
-                if (!local && j < 2 * kr.n) {
-                    const int r = 16 * kr.lo + 8 * j + 2 * t;
-                    T* dst = ws_h + (ch * V + c0 + g) * K + r;
-                    *reinterpret_cast<unsigned*>(dst) = pack2<T>(sacc[j][0], sacc[j][1]);
-                    *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(sacc[j][2], sacc[j][3]);
+                for (int j = 0; j < 2 * NB; ++j) {
+                    if (!local && j < 2 * kr.n) {
+                        const int r = 16 * kr.lo + 8 * j + 2 * t;
+                        T* dst = ws_h + (ch * V + c0 + g) * K + r;
+                        *reinterpret_cast<unsigned*>(dst) = pack2<T>(sacc[j][0], sacc[j][1]);
+                        *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(sacc[j][2], sacc[j][3]);
+                    }
                 }
             }
 
@@ -486,14 +527,22 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             const float* dec = gam + C;                                            // γ_C/γ_i
             const size_t ch = (size_t)chunk * HV + hv;
 
-            // dS' (the gradient of the chunk's end state), rounded, as dS'ᵀ (V × K).
+            // dS' (the gradient of the chunk's end state), rounded, as dS'ᵀ (V × K); pairs staged
+            // as the states chain's S.
+            if constexpr (KS == 2) {
+                if (!local) {
+                    store_state_staged<T, NB>(ws_dh + (ch * V + c0) * K, (size_t)K, dsacc,
+                                              reinterpret_cast<T*>(partials + half * 16 * C), kr);
+                }
+            } else {
 #pragma unroll
-            for (int j = 0; j < 2 * NB; ++j) {
-                if (!local && j < 2 * kr.n) {
-                    const int r = 16 * kr.lo + 8 * j + 2 * t;
-                    T* dst = ws_dh + (ch * V + c0 + g) * K + r;
-                    *reinterpret_cast<unsigned*>(dst) = pack2<T>(dsacc[j][0], dsacc[j][1]);
-                    *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(dsacc[j][2], dsacc[j][3]);
+                for (int j = 0; j < 2 * NB; ++j) {
+                    if (!local && j < 2 * kr.n) {
+                        const int r = 16 * kr.lo + 8 * j + 2 * t;
+                        T* dst = ws_dh + (ch * V + c0 + g) * K + r;
+                        *reinterpret_cast<unsigned*>(dst) = pack2<T>(dsacc[j][0], dsacc[j][1]);
+                        *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(dsacc[j][2], dsacc[j][3]);
+                    }
                 }
             }
 
