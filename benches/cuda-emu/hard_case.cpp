@@ -76,7 +76,7 @@ int run(int ints[], const std::vector<int>& cu, float scale, int BV, int seg, in
                                     : SegmentIo{};
     size_t st = 2 * 64 * 136 + 2 * 64 * (BV + 8) + 2 * 64 * 72 + 4 * 2 * 64;
     size_t parts = KS == 2 ? 2 * (BV / 16) * 4 * 16 * 64 : 0;
-    size_t st_smem = 2 * st + parts;
+    size_t st_smem = 2 * st + parts + (KS == 1 ? (BV / 16) * 2 * 16 * 72 : 0);  // + the single warps' S staging
     size_t dh_smem = 2 * (st + 2 * 64 * 136 + 2 * 64 * 72) + (BV / 16) * 64 * 24 * 2 + parts;
     auto chains = [&](bool local) {
         ChunkParams pp = p;

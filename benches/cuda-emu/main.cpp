@@ -81,7 +81,7 @@ int run(int argc, char** argv) {
     (void)states; (void)dhk;
     emu::launch({cg.x, cg.y, 2 * cg.z}, 32*2*KS_EMU, std::max(ChainLayout<32, KS_EMU>::STATES_BYTES, ChainLayout<32, KS_EMU>::DH_BYTES), apart);
 #else
-    emu::launch(cg, BV*2*KS_EMU, 2*st, states);
+    emu::launch(cg, BV*2*KS_EMU, 2*st + (KS_EMU == 1 ? (BV/16)*2*16*72 : 0), states);  // + the single warps' S staging
     emu::launch(cg, BV*2*KS_EMU, dh_smem, dhk);
 #endif
     if (NC > 0) {

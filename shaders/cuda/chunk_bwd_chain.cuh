@@ -78,7 +78,13 @@ template <int BV, int KS = 1> struct ChainLayout : StageLayout<BV> {
     static constexpr int PARTIAL_BYTES = KS == 2 ? WARPS * 4 * 16 * C : 0;
     static constexpr int STATES_PARTIAL_OFF = 2 * STATES_STAGE;
     static constexpr int DH_PARTIAL_OFF = 2 * DH_STAGE + GROUPS * C * LDO * 2;
-    static constexpr int STATES_BYTES = STATES_PARTIAL_OFF + PARTIAL_BYTES;
+    // Single warps' staging tiles for the S stores (pairs stage through their partial slots):
+    // 16 × (64 + 8) 16-bit elements per warp, half the K rows at a time.
+    static constexpr int STATE_STAGE_LD = 64 + 8;
+    static constexpr int STAGING_OFF = STATES_PARTIAL_OFF + PARTIAL_BYTES;
+    static constexpr int STAGING_BYTES = KS == 1 ? WARPS * 2 * 16 * STATE_STAGE_LD : 0;
+    static constexpr int STATES_BYTES = STAGING_OFF + STAGING_BYTES;
+    static_assert(4 * 16 * C >= 2 * 16 * STATE_STAGE_LD, "a pair's partial slot holds half a state block");
     static constexpr int DH_BYTES = DH_PARTIAL_OFF + PARTIAL_BYTES;
 };
 
@@ -130,34 +136,39 @@ __device__ __forceinline__ void store_transposed(T* dst, size_t ld, const float 
 
 // A warp's state block (the accumulators acc: Sᵀ or dS'ᵀ rows c0 + g, c0 + g + 8, K rows
 // 16·kr.lo + 8j + 2t (+ 1)), rounded, to dst (row c0 of a row-major V × K matrix, rows ld
-// apart), staged through `stage`, 16 × (16·NB + 8) 16-bit elements of this warp's alone, so
-// that each lane stores whole 16-byte vectors (4 rows of 8 lanes per instruction, each row's
-// vectors contiguous). Stored directly, 4 bytes a lane, the stores held the chain: ncu showed
-// its next instructions waiting on the store registers (long_sb on the packs, 2026-12-03).
+// apart), staged through `stage`, 16 × (64 + 8) 16-bit elements of this warp's alone, 64 K
+// rows at a time, so that each lane stores whole 16-byte vectors (4 rows of 8 lanes per
+// instruction, each row's vectors contiguous). Stored directly, 4 bytes a lane, the stores
+// held the chain: ncu showed its next instructions waiting on the store registers (long_sb on
+// the packs, 2026-12-03).
 template <typename T, int NB>
 __device__ __forceinline__ void store_state_staged(T* dst, size_t ld, const float (&acc)[2 * NB][4], T* stage,
                                                    KRows kr) {
-    constexpr int SLD = 16 * NB + 8;
-    static_assert(2 * NB <= 8, "8 lanes per row");
+    constexpr int SLD = 64 + 8;
+    constexpr int PARTS = (2 * NB + 7) / 8;  // 64 K rows (8 accumulator blocks) each
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
-    for (int j = 0; j < 2 * NB; ++j) {
-        if (j < 2 * kr.n) {
-            *reinterpret_cast<unsigned*>(stage + g * SLD + 8 * j + 2 * t) = pack2<T>(acc[j][0], acc[j][1]);
-            *reinterpret_cast<unsigned*>(stage + (g + 8) * SLD + 8 * j + 2 * t) = pack2<T>(acc[j][2], acc[j][3]);
-        }
-    }
-    __syncwarp();
-    const int vec = lane & 7;
-    if (vec < 2 * kr.n) {
+    for (int part = 0; part < PARTS; ++part) {
 #pragma unroll
-        for (int r4 = 0; r4 < 16; r4 += 4) {
-            const int row = r4 + (lane >> 3);
-            *reinterpret_cast<uint4*>(dst + (size_t)row * ld + 16 * kr.lo + 8 * vec) =
-                *reinterpret_cast<const uint4*>(stage + row * SLD + 8 * vec);
+        for (int jj = 0; jj < 8; ++jj) {
+            const int j = 8 * part + jj;
+            if (j < 2 * NB && j < 2 * kr.n) {
+                *reinterpret_cast<unsigned*>(stage + g * SLD + 8 * jj + 2 * t) = pack2<T>(acc[j][0], acc[j][1]);
+                *reinterpret_cast<unsigned*>(stage + (g + 8) * SLD + 8 * jj + 2 * t) = pack2<T>(acc[j][2], acc[j][3]);
+            }
         }
+        __syncwarp();
+        const int vec = lane & 7;
+        if (8 * part + vec < 2 * kr.n) {
+#pragma unroll
+            for (int r4 = 0; r4 < 16; r4 += 4) {
+                const int row = r4 + (lane >> 3);
+                *reinterpret_cast<uint4*>(dst + (size_t)row * ld + 16 * kr.lo + 64 * part + 8 * vec) =
+                    *reinterpret_cast<const uint4*>(stage + row * SLD + 8 * vec);
+            }
+        }
+        __syncwarp();
     }
-    __syncwarp();
 }
 
 // Accumulators acc (16 columns × C tokens) as A operands over the tokens, each token's value
@@ -271,6 +282,8 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
     const unsigned lane_at = 2 * (L::A_OFF / 2 + lane_b_nmajor<LDC>(lane));  // (T·diag(β))ᵀ
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
     float* const partials = reinterpret_cast<float*>(role_smem + L::STATES_PARTIAL_OFF) + cw * 2 * 16 * C;
+    T* const state_stage = KS == 2 ? reinterpret_cast<T*>(partials + half * 16 * C)
+                                   : reinterpret_cast<T*>(role_smem + L::STAGING_OFF) + warp * 16 * L::STATE_STAGE_LD;
 
     const size_t qk_stride = (size_t)H * K;
     const int v_vecs = (min(BV, V - col0) + 7) / 8;
@@ -335,25 +348,10 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
             const float* dec = gam + C;                                            // γ_C/γ_i
             const size_t ch = (size_t)chunk * HV + hv;
 
-            // The chunk's start state, rounded as the MMAs take it, as Sᵀ (V × K). Pairs stage it
+            // The chunk's start state, rounded as the MMAs take it, as Sᵀ (V × K), staged: pairs
             // through the warp's partial-sum slot (free until this chunk's pair sum: the partner
-            // read it before the chunk's barrier).
-            if constexpr (KS == 2) {
-                if (!local) {
-                    store_state_staged<T, NB>(ws_h + (ch * V + c0) * K, (size_t)K, sacc,
-                                              reinterpret_cast<T*>(partials + half * 16 * C), kr);
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 2 * NB; ++j) {
-                    if (!local && j < 2 * kr.n) {
-                        const int r = 16 * kr.lo + 8 * j + 2 * t;
-                        T* dst = ws_h + (ch * V + c0 + g) * K + r;
-                        *reinterpret_cast<unsigned*>(dst) = pack2<T>(sacc[j][0], sacc[j][1]);
-                        *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(sacc[j][2], sacc[j][3]);
-                    }
-                }
-            }
+            // read it before the chunk's barrier), single warps through their staging tile.
+            if (!local) store_state_staged<T, NB>(ws_h + (ch * V + c0) * K, (size_t)K, sacc, state_stage, kr);
 
             // Xᵀ = Vᵀ − (K·S)ᵀ·diag(γ), rounded (the forward's operand), stored as V × C. A
             // pair sums its halves of K·S first; both warps then go on with the whole X.
@@ -457,6 +455,8 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
     const unsigned smem0 = smem_addr(role_smem);
     T* const dv_stage = reinterpret_cast<T*>(role_smem + 2 * L::DH_STAGE) + cw * C * LDO;
     float* const partials = reinterpret_cast<float*>(role_smem + L::DH_PARTIAL_OFF) + cw * 2 * 16 * C;
+    static_assert(C * LDO >= 16 * L::STATE_STAGE_LD, "a dv staging tile holds half a state block");
+    T* const state_stage = KS == 2 ? reinterpret_cast<T*>(partials + half * 16 * C) : dv_stage;
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
     const unsigned lane_q = 2 * (L::Q_OFF / 2 + lane_b_kmajor<LDK>(lane));   // Q
@@ -527,24 +527,10 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
             const float* dec = gam + C;                                            // γ_C/γ_i
             const size_t ch = (size_t)chunk * HV + hv;
 
-            // dS' (the gradient of the chunk's end state), rounded, as dS'ᵀ (V × K); pairs staged
-            // as the states chain's S.
-            if constexpr (KS == 2) {
-                if (!local) {
-                    store_state_staged<T, NB>(ws_dh + (ch * V + c0) * K, (size_t)K, dsacc,
-                                              reinterpret_cast<T*>(partials + half * 16 * C), kr);
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < 2 * NB; ++j) {
-                    if (!local && j < 2 * kr.n) {
-                        const int r = 16 * kr.lo + 8 * j + 2 * t;
-                        T* dst = ws_dh + (ch * V + c0 + g) * K + r;
-                        *reinterpret_cast<unsigned*>(dst) = pack2<T>(dsacc[j][0], dsacc[j][1]);
-                        *reinterpret_cast<unsigned*>(dst + 8 * K) = pack2<T>(dsacc[j][2], dsacc[j][3]);
-                    }
-                }
-            }
+            // dS' (the gradient of the chunk's end state), rounded, as dS'ᵀ (V × K), staged as the
+            // states chain's S: pairs through the partial-sum slot, single warps through their dv
+            // staging tile (free: its dv store ended the previous chunk).
+            if (!local) store_state_staged<T, NB>(ws_dh + (ch * V + c0) * K, (size_t)K, dsacc, state_stage, kr);
 
             // The terms that do not depend on dS' are issued around the products that do, so
             // that they fill those products' latency (and the pair's barrier): dOᵀ·P (of dv')

@@ -27,7 +27,14 @@ pub(crate) fn chain_smem(bv: usize, dh: bool, pairs: bool) -> usize {
         + if dh {
             2 * (states_stage + 2 * c * ldk + 2 * c * ldc) + (bv / 16) * c * (16 + 8) * 2
         } else {
-            2 * states_stage
+            // Single warps' staging tiles for the S stores (STAGING_BYTES; pairs stage through
+            // their partial slots).
+            let staging = if pairs {
+                0
+            } else {
+                (bv / 16) * 2 * 16 * (64 + 8)
+            };
+            2 * states_stage + staging
         }
 }
 
