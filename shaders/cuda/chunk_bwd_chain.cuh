@@ -69,6 +69,10 @@ __device__ __forceinline__ int reversed_slot(const int* seq_units, int seq, int 
 // After both stages, the dh pass's dv staging tiles (one per 16 columns), then with KS = 2 (a
 // pair of warps per 16 columns, each holding half the state's K rows) one f32 16 × C partial
 // sum per warp. Mirrored by chain_smem in chunk_bwd_chain.rs.
+// Row stride of a warp's staging tile for its state stores (store_state_staged): half of the
+// largest K (64 rows of the state at a time) plus 8 elements of padding.
+constexpr int STATE_STAGE_LD = MAX_K / 2 + 8;
+
 template <int BV, int KS = 1> struct ChainLayout : StageLayout<BV> {
     static constexpr int STATES_STAGE = StageLayout<BV>::SHORT_STAGE;
     static constexpr int DH_STAGE = StageLayout<BV>::FULL_STAGE;
@@ -80,7 +84,6 @@ template <int BV, int KS = 1> struct ChainLayout : StageLayout<BV> {
     static constexpr int DH_PARTIAL_OFF = 2 * DH_STAGE + GROUPS * C * LDO * 2;
     // Single warps' staging tiles for the S stores (pairs stage through their partial slots):
     // 16 × (64 + 8) 16-bit elements per warp, half the K rows at a time.
-    static constexpr int STATE_STAGE_LD = 64 + 8;
     static constexpr int STAGING_OFF = STATES_PARTIAL_OFF + PARTIAL_BYTES;
     static constexpr int STAGING_BYTES = KS == 1 ? WARPS * 2 * 16 * STATE_STAGE_LD : 0;
     static constexpr int STATES_BYTES = STAGING_OFF + STAGING_BYTES;
@@ -144,7 +147,7 @@ __device__ __forceinline__ void store_transposed(T* dst, size_t ld, const float 
 template <typename T, int NB>
 __device__ __forceinline__ void store_state_staged(T* dst, size_t ld, const float (&acc)[2 * NB][4], T* stage,
                                                    KRows kr) {
-    constexpr int SLD = 64 + 8;
+    constexpr int SLD = STATE_STAGE_LD;
     constexpr int PARTS = (2 * NB + 7) / 8;  // 64 K rows (8 accumulator blocks) each
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
@@ -283,7 +286,7 @@ __device__ void bwd_states(const ChunkParams p, const int* __restrict__ chunks,
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K
     float* const partials = reinterpret_cast<float*>(role_smem + L::STATES_PARTIAL_OFF) + cw * 2 * 16 * C;
     T* const state_stage = KS == 2 ? reinterpret_cast<T*>(partials + half * 16 * C)
-                                   : reinterpret_cast<T*>(role_smem + L::STAGING_OFF) + warp * 16 * L::STATE_STAGE_LD;
+                                   : reinterpret_cast<T*>(role_smem + L::STAGING_OFF) + warp * 16 * STATE_STAGE_LD;
 
     const size_t qk_stride = (size_t)H * K;
     const int v_vecs = (min(BV, V - col0) + 7) / 8;
@@ -455,7 +458,7 @@ __device__ void bwd_dh(const ChunkParams p, const int* __restrict__ chunks,
     const unsigned smem0 = smem_addr(role_smem);
     T* const dv_stage = reinterpret_cast<T*>(role_smem + 2 * L::DH_STAGE) + cw * C * LDO;
     float* const partials = reinterpret_cast<float*>(role_smem + L::DH_PARTIAL_OFF) + cw * 2 * 16 * C;
-    static_assert(C * LDO >= 16 * L::STATE_STAGE_LD, "a dv staging tile holds half a state block");
+    static_assert(C * LDO >= 16 * STATE_STAGE_LD, "a dv staging tile holds half a state block");
     T* const state_stage = KS == 2 ? reinterpret_cast<T*>(partials + half * 16 * C) : dv_stage;
     const unsigned lane_kt = 2 * (L::K_OFF / 2 + lane_b_nmajor<LDK>(lane));  // Kᵀ
     const unsigned lane_k = 2 * (L::K_OFF / 2 + lane_b_kmajor<LDK>(lane));   // K

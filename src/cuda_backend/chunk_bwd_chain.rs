@@ -32,7 +32,7 @@ pub(crate) fn chain_smem(bv: usize, dh: bool, pairs: bool) -> usize {
             let staging = if pairs {
                 0
             } else {
-                (bv / 16) * 2 * 16 * (64 + 8)
+                (bv / 16) * 2 * 16 * (MAX_CHUNKED_KEY_DIM / 2 + 8)
             };
             2 * states_stage + staging
         }
