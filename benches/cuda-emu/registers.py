@@ -13,7 +13,8 @@ takes are listed in kernels.rs; pass them after the source):
 Prints one line per kernel: name, registers, spill stores / loads (bytes), static shared
 memory, stack frame; sorted by name, so two runs diff line by line. `--cubin FILE` also writes
 the cubin, for a disassembler (nvdisasm from the PyPI wheel `nvidia-cuda-nvdisasm` reads it:
-`nvdisasm -c FILE` prints the SASS, so two versions' instruction mixes can be compared here).
+`nvdisasm -c FILE` prints the SASS, so two versions' instruction mixes can be compared here;
+with `--lineinfo`, `nvdisasm -c -g FILE` names each instruction's source line).
 """
 import argparse
 import ctypes
@@ -35,7 +36,7 @@ def full_text(source, headers):
     return text + f'#line 1 "{source}"\n{read(source)}'
 
 
-def ptxas_log(source, headers, arch, cubin=None):
+def ptxas_log(source, headers, arch, cubin=None, lineinfo=False):
     lib = ctypes.CDLL(os.path.join(NVRTC_DIR, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12"))
     prog = ctypes.c_void_p()
     src = full_text(source, headers).encode()
@@ -43,6 +44,8 @@ def ptxas_log(source, headers, arch, cubin=None):
     check(lib.nvrtcCreateProgram(ctypes.byref(prog), src, source.encode(), 0, None, None), "create")
     opts = [f"--gpu-architecture={arch}", "--std=c++17", "--ptxas-options=-v",
             "--include-path=" + os.path.join(NVRTC_DIR, "nvidia", "cuda_runtime", "include")]
+    if lineinfo:
+        opts.append("--generate-line-info")
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()
@@ -87,7 +90,9 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--cubin", help="write the cubin here")
+    ap.add_argument("--lineinfo", action="store_true",
+                    help="with line info (as GDN_CUDA_LINEINFO=1), so that `nvdisasm -g` names each instruction's line")
     ap.add_argument("source")
     ap.add_argument("headers", nargs="*")
     a = ap.parse_args()
-    report(ptxas_log(a.source, a.headers, a.arch, a.cubin))
+    report(ptxas_log(a.source, a.headers, a.arch, a.cubin, a.lineinfo))

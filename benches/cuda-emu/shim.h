@@ -16,6 +16,8 @@
 
 #define __device__
 #define __global__
+#define __host__
+#define __constant__
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
@@ -52,6 +54,7 @@ inline float2 __bfloat1622float2(__nv_bfloat162 v) { return {__bfloat162float(v.
 struct Dim3 { unsigned x = 0, y = 0, z = 0; };
 
 inline float __uint_as_float(unsigned u) { float x; memcpy(&x, &u, 4); return x; }
+inline unsigned __float_as_uint(float x) { unsigned u; memcpy(&u, &x, 4); return u; }
 namespace emu {
 struct Warp {
     std::barrier<>* bar;

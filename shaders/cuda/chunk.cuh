@@ -66,10 +66,17 @@ template <> struct MmaOp<__nv_bfloat16> {
 // f32 bits with 10 mantissa bits), and d += a·b for one m16n8k8 TF32 product (fragments:
 // PTX ISA, "mma.m16n8k8 with .tf32": a = (g, t), (g + 8, t), (g, t + 4), (g + 8, t + 4);
 // b = (t, g), (t + 4, g); d as m16n8k16's first half).
+// The rounding is cvt.rna.tf32.f32's (to nearest, ties away from zero; the same bits for
+// finite values) in two integer operations: ptxas expands the cvt to ~6 instructions on sm_90
+// and sm_80, which were 29 % of the prep's SASS.
 __device__ __forceinline__ unsigned to_tf32(float x) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-    return r;
+    return (__float_as_uint(x) + 0x1000u) & 0xffffe000u;
+}
+// An MMA operand rounded to TF32 without clearing the low 13 bits, which mma.sync's .tf32
+// operands ignore (CUTLASS's round_half_ulp_truncate relies on the same): the same product as
+// to_tf32's, one operation less where the rounded value is not used otherwise.
+__device__ __forceinline__ unsigned to_tf32_operand(float x) {
+    return __float_as_uint(x) + 0x1000u;
 }
 __device__ __forceinline__ void mma_tf32(float* d, const unsigned* a, unsigned b0, unsigned b1) {
     asm volatile(
@@ -90,12 +97,12 @@ __device__ __forceinline__ void tf32_split(const float* a, int lda, const float*
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
         ab[e] = to_tf32(av[e]);
-        as[e] = to_tf32(av[e] - __uint_as_float(ab[e]));
+        as[e] = to_tf32_operand(av[e] - __uint_as_float(ab[e]));
     }
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
         bb[e] = to_tf32(bv[e]);
-        bs[e] = to_tf32(bv[e] - __uint_as_float(bb[e]));
+        bs[e] = to_tf32_operand(bv[e] - __uint_as_float(bb[e]));
     }
 }
 
@@ -430,6 +437,38 @@ __device__ __forceinline__ int2 prep_tile(int idx) {
     return make_int2(ti, idx - ti * (ti + 1) / 2);
 }
 
+// Where the raw Gram products of tile idx wait (prep_group): slot (idx, e), e = 0 for KKᵀ and
+// 1 for QKᵀ, as a float offset from the prep's shared memory, lane 0's. Tiles 0–6 in k's old
+// tile after the inverse's block sums (a lane's 8 values at + 8·lane); tiles 7–9 in L's six
+// blocks above the diagonal, (0, 1) (0, 2) (0, 3) (1, 2) (1, 3) (2, 3) for tiles 8, 9, then 7
+// (a lane's values at + (lane / 2)·LDF + 8·(lane % 2)).
+constexpr int PREP_SLOTS_IN_K = 7;
+__host__ __device__ constexpr int prep_slot(int idx, int e) {
+    if (idx < PREP_SLOTS_IN_K) return (3072 + 1024 * (2 * idx + e)) / 4;
+    const int hh = idx == 7 ? 4 + e : 2 * (idx - 8) + e;
+    const int r = hh < 3 ? 0 : hh < 5 ? 1 : 2, c = hh - (r == 0 ? 0 : r == 1 ? 3 : 5) + r + 1;
+    return 2 * PREP_TILE / 4 + 16 * r * LDF + 16 * c;  // L: the third tile
+}
+// The P/L epilogue's 40 units of (tile, quarter: half × row half), a unit's lane-0 row and
+// column and the byte offsets of its KKᵀ and QKᵀ values: a table, so that the epilogue's
+// loop, run per v-head, does none of this index arithmetic (it was most of the loop's
+// instructions). Units idx·4 + 2·half + rh; those of tiles 7–9 (unit ≥ 28) take the second
+// lane offset.
+struct PrepUnits { int v[4 * 10][4]; };
+__host__ __device__ constexpr PrepUnits prep_units() {
+    PrepUnits u{};
+    for (int unit = 0; unit < 40; ++unit) {
+        const int idx = unit >> 2, half = (unit >> 1) & 1, rh = unit & 1;
+        const int ti = idx < 1 ? 0 : idx < 3 ? 1 : idx < 6 ? 2 : 3, tj = idx - ti * (ti + 1) / 2;
+        u.v[unit][0] = ti * 16 + 8 * rh;
+        u.v[unit][1] = tj * 16 + 8 * half;
+        u.v[unit][2] = 4 * (prep_slot(idx, 0) + 4 * half + 2 * rh);
+        u.v[unit][3] = 4 * (prep_slot(idx, 1) + 4 * half + 2 * rh);
+    }
+    return u;
+}
+__constant__ const PrepUnits PREP_UNITS = prep_units();
+
 // KD > 0: the key dimension as a compile-time constant (K = 128: a straight-line Gram
 // loop); 0: p.key_dim.
 template <typename T, bool BWD, int KD>
@@ -521,15 +560,14 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
     // tiles 7–9 in L's six blocks above the diagonal (never written nor read otherwise, so
     // written at once).
     const int ntiles = warp < PREP_TILES - PREP_THREADS / 32 ? 2 : 1;
+    // A lane's float offset within a slot (prep_slot): in k's old tile, or in L's upper blocks.
+    auto lane_in_slot = [&](bool in_k) { return in_k ? 8 * lane : (lane >> 1) * LDF + 8 * (lane & 1); };
     auto slot = [&](int idx, int e) -> float* {
-        if (idx < 7) return reinterpret_cast<float*>(smem + 3072 + 1024 * (2 * idx + e)) + 8 * lane;
-        // Holes (0, 1) (0, 2) (0, 3) (1, 2) (1, 3) (2, 3): tiles 8, 9, then 7.
-        const int hh = idx == 7 ? 4 + e : 2 * (idx - 8) + e;
-        const int r = hh < 3 ? 0 : hh < 5 ? 1 : 2, c = hh - (r == 0 ? 0 : r == 1 ? 3 : 5) + r + 1;
-        return a + (16 * r + (lane >> 1)) * LDF + 16 * c + 8 * (lane & 1);
+        return reinterpret_cast<float*>(smem) + prep_slot(idx, e) + lane_in_slot(idx < PREP_SLOTS_IN_K);
     };
-    static_assert(3072 + 1024 * 14 <= PREP_TILE, "the raw products' slots fit k's tile");
+    static_assert(3072 + 1024 * 2 * PREP_SLOTS_IN_K <= PREP_TILE, "the raw products' slots fit k's tile");
     static_assert(PREP_TILES == 10, "seven tiles in k's tile, three in L's upper blocks");
+    static_assert(sizeof(PrepUnits) == 4 * PREP_TILES * 4 * sizeof(int), "a table row per epilogue unit");
     auto put = [&](int idx, const float (&ck)[8], const float (&cq)[8]) {
         float* sk = slot(idx, 0);
         float* sq = slot(idx, 1);
@@ -599,11 +637,11 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
         // of any warp takes lane l's values from the tile's slots.
 #pragma unroll 1
         for (int unit = warp; unit < 4 * PREP_TILES; unit += PREP_THREADS / 32) {
-            const int idx = unit >> 2, half = (unit >> 1) & 1, rh = unit & 1;
-            const int2 tn = prep_tile(idx);
-            const int i = tn.x * 16 + g4 + 8 * rh, j = tn.y * 16 + 8 * half + 2 * t4;
-            const float2 kk2 = *reinterpret_cast<const float2*>(slot(idx, 0) + 4 * half + 2 * rh);
-            const float2 qk2 = *reinterpret_cast<const float2*>(slot(idx, 1) + 4 * half + 2 * rh);
+            const int* row = PREP_UNITS.v[unit];
+            const int i = row[0] + g4, j = row[1] + 2 * t4;
+            const int lane_at = 4 * lane_in_slot(unit < 4 * PREP_SLOTS_IN_K);
+            const float2 kk2 = *reinterpret_cast<const float2*>(smem + row[2] + lane_at);
+            const float2 qk2 = *reinterpret_cast<const float2*>(smem + row[3] + lane_at);
             const float kv[2] = {kk2.x, kk2.y}, qv[2] = {qk2.x, qk2.y};
             float x[2], l[2];
 #pragma unroll
