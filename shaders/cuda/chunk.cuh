@@ -432,8 +432,9 @@ __device__ __forceinline__ void prep_column(const float* a, float* t, float* xs,
 // The lower 16×16 tiles (i, j), j ≤ i, of a C × C product, numbered row by row:
 // (0,0) (1,0) (1,1) (2,0) … (3,3); warp w owns tile w and, for w < 2, tile 8 + w.
 constexpr int PREP_TILES = (C / 16) * (C / 16 + 1) / 2;
+__host__ __device__ constexpr int prep_tile_row(int idx) { return idx < 1 ? 0 : idx < 3 ? 1 : idx < 6 ? 2 : 3; }
 __device__ __forceinline__ int2 prep_tile(int idx) {
-    const int ti = idx < 1 ? 0 : idx < 3 ? 1 : idx < 6 ? 2 : 3;
+    const int ti = prep_tile_row(idx);
     return make_int2(ti, idx - ti * (ti + 1) / 2);
 }
 
@@ -454,12 +455,12 @@ __host__ __device__ constexpr int prep_slot(int idx, int e) {
 // loop, run per v-head, does none of this index arithmetic (it was most of the loop's
 // instructions). Units idx·4 + 2·half + rh; those of tiles 7–9 (unit ≥ 28) take the second
 // lane offset.
-struct PrepUnits { int v[4 * 10][4]; };
+struct PrepUnits { int v[4 * PREP_TILES][4]; };
 __host__ __device__ constexpr PrepUnits prep_units() {
     PrepUnits u{};
-    for (int unit = 0; unit < 40; ++unit) {
+    for (int unit = 0; unit < 4 * PREP_TILES; ++unit) {
         const int idx = unit >> 2, half = (unit >> 1) & 1, rh = unit & 1;
-        const int ti = idx < 1 ? 0 : idx < 3 ? 1 : idx < 6 ? 2 : 3, tj = idx - ti * (ti + 1) / 2;
+        const int ti = prep_tile_row(idx), tj = idx - ti * (ti + 1) / 2;
         u.v[unit][0] = ti * 16 + 8 * rh;
         u.v[unit][1] = tj * 16 + 8 * half;
         u.v[unit][2] = 4 * (prep_slot(idx, 0) + 4 * half + 2 * rh);
@@ -567,7 +568,6 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
     };
     static_assert(3072 + 1024 * 2 * PREP_SLOTS_IN_K <= PREP_TILE, "the raw products' slots fit k's tile");
     static_assert(PREP_TILES == 10, "seven tiles in k's tile, three in L's upper blocks");
-    static_assert(sizeof(PrepUnits) == 4 * PREP_TILES * 4 * sizeof(int), "a table row per epilogue unit");
     auto put = [&](int idx, const float (&ck)[8], const float (&cq)[8]) {
         float* sk = slot(idx, 0);
         float* sq = slot(idx, 1);
