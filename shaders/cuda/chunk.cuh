@@ -634,9 +634,14 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
         // i ≥ j is exponentiated, so G_i − G_j ≤ 0.
         T* p_out = ws_p + ch * C * C;
         // 40 units of (tile, quarter: half × row half) over the 8 warps, five each: lane l
-        // of any warp takes lane l's values from the tile's slots.
-#pragma unroll 1
-        for (int unit = warp; unit < 4 * PREP_TILES; unit += PREP_THREADS / 32) {
+        // of any warp takes lane l's values from the tile's slots. Unrolled, so that the
+        // units' loads are in flight together (one unit at a time, their latency held a
+        // quarter of the prep's stall samples; ptxas keeps the units' offsets outside the
+        // v-head loop, in 72 B of local memory).
+        static_assert(4 * PREP_TILES % (PREP_THREADS / 32) == 0, "the same units per warp");
+#pragma unroll
+        for (int n = 0; n < 4 * PREP_TILES / (PREP_THREADS / 32); ++n) {
+            const int unit = warp + n * (PREP_THREADS / 32);
             const int* row = PREP_UNITS.v[unit];
             const int i = row[0] + g4, j = row[1] + 2 * t4;
             const int lane_at = 4 * lane_in_slot(unit < 4 * PREP_SLOTS_IN_K);
@@ -646,7 +651,8 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
             float x[2], l[2];
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
-                const float decay = j + e <= i ? __expf(sg[i] - sg[j + e]) : 0.0f;
+                // (Formed for every lane, without a branch: the masked ones are not used.)
+                const float e_ij = __expf(sg[i] - sg[j + e]), decay = j + e <= i ? e_ij : 0.0f;
                 x[e] = j + e <= i ? p.scale * qv[e] * decay : 0.0f;
                 l[e] = j + e < i ? sb[i] * kv[e] * decay : 0.0f;
             }
