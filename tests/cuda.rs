@@ -290,6 +290,28 @@ fn the_kernel_cache_hits_and_never_fails_the_call() {
 }
 
 #[test]
+fn cuda_defines_become_define_options_and_malformed_ones_are_refused() {
+    assert_eq!(
+        nvrtc::parse_defines(" GDN_PREP_BLOCKS=3\tGDN_X  B=-1.5e+2 ").unwrap(),
+        [
+            "--define-macro=GDN_PREP_BLOCKS=3",
+            "--define-macro=GDN_X",
+            "--define-macro=B=-1.5e+2"
+        ]
+    );
+    assert!(nvrtc::parse_defines("").unwrap().is_empty());
+    for bad in ["3X=1", "A=", "A=(1)", "A-B", "=1", "A=1;B"] {
+        match nvrtc::parse_defines(bad) {
+            Err(Error::Value { name, got, .. }) => {
+                assert_eq!(name, "GDN_CUDA_DEFINES");
+                assert_eq!(got, bad);
+            }
+            other => panic!("{bad}: {other:?}"),
+        }
+    }
+}
+
+#[test]
 fn targets_follow_the_compute_capability() {
     assert_eq!(Target::for_capability(9, 0).unwrap(), Target::Sm90a);
     for minor in [0, 6, 7, 9] {

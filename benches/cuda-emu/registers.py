@@ -15,6 +15,7 @@ memory, stack frame; sorted by name, so two runs diff line by line. `--cubin FIL
 the cubin, for a disassembler (nvdisasm from the PyPI wheel `nvidia-cuda-nvdisasm` reads it:
 `nvdisasm -c FILE` prints the SASS, so two versions' instruction mixes can be compared here;
 with `--lineinfo`, `nvdisasm -c -g FILE` names each instruction's source line).
+`-D NAME=VALUE` (repeatable) compiles a variant, as `GDN_CUDA_DEFINES` does (GDN_PREP_BLOCKS=3).
 """
 import argparse
 import ctypes
@@ -36,7 +37,7 @@ def full_text(source, headers):
     return text + f'#line 1 "{source}"\n{read(source)}'
 
 
-def ptxas_log(source, headers, arch, cubin=None, lineinfo=False):
+def ptxas_log(source, headers, arch, cubin=None, lineinfo=False, defines=()):
     lib = ctypes.CDLL(os.path.join(NVRTC_DIR, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.12"))
     prog = ctypes.c_void_p()
     src = full_text(source, headers).encode()
@@ -46,6 +47,7 @@ def ptxas_log(source, headers, arch, cubin=None, lineinfo=False):
             "--include-path=" + os.path.join(NVRTC_DIR, "nvidia", "cuda_runtime", "include")]
     if lineinfo:
         opts.append("--generate-line-info")
+    opts += [f"--define-macro={d}" for d in defines]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     rc = lib.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()
@@ -90,9 +92,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--arch", default="sm_90a")
     ap.add_argument("--cubin", help="write the cubin here")
+    ap.add_argument("--define", "-D", action="append", default=[],
+                    help="NAME[=VALUE], as GDN_CUDA_DEFINES gives it to NVRTC (repeatable)")
     ap.add_argument("--lineinfo", action="store_true",
                     help="with line info (as GDN_CUDA_LINEINFO=1), so that `nvdisasm -g` names each instruction's line")
     ap.add_argument("source")
     ap.add_argument("headers", nargs="*")
     a = ap.parse_args()
-    report(ptxas_log(a.source, a.headers, a.arch, a.cubin, a.lineinfo))
+    report(ptxas_log(a.source, a.headers, a.arch, a.cubin, a.lineinfo, a.define))

@@ -88,6 +88,18 @@ ab() { [ -x ./gdn-base ] || { stamp "ab: no gdn-base (pack.sh BASE=<rev>)"; retu
         echo "-- $bin round $round"
         ./$bin bench --backend cuda $args --dtype bf16 --reps 5 --no-progress --json "$res/ab-$bin-$round.json" 2>&1 | tail -8
     done; done; }
+# The kernels' variants with this one binary (GDN_CUDA_DEFINES, docs/configuration.md): VARIANTS
+# is a `;`-separated list of define lists (an empty entry: the defaults), each timed in a fresh
+# process, alternated over two rounds (AB_ARGS: the shapes). Round 1 also compiles each variant
+# (its cache entries are its own), outside the timed runs. Not in the default stages.
+variants() { late variants && return; stamp "variants: ${VARIANTS:-}"
+    local args=${AB_ARGS:---ops forward,backward --heads 16/32,2/8,16/64 --seqs 1x32768}
+    IFS=';' read -r -a list <<< "${VARIANTS:-}"
+    for round in 1 2; do for n in "${!list[@]}"; do late "variant $n round $round" && return
+        echo "-- variant $n (${list[$n]:-defaults}) round $round"
+        GDN_CUDA_DEFINES="${list[$n]}" ./gdn bench --backend cuda $args --dtype bf16 --reps 5 --no-progress \
+            --json "$res/var-$n-$round.json" 2>&1 | tail -8
+    done; done; }
 # The chunked backward's automatic schedule against forced alternatives (docs/cuda.md's
 # ChainSchedule, pairs, segments), a fresh process each, two rounds. Not in the default stages.
 sweep() { late sweep && return; stamp "sweep: backward schedules"

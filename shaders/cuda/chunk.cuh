@@ -393,8 +393,26 @@ constexpr int PREP_TILE = 2 * C * LDK;  // = 4 · C · LDF
 // The most v-heads one prep block walks (its gates' room: PREP_GROUP · 2C floats).
 constexpr int PREP_GROUP = 4;
 // The prep's blocks per SM (its launch bound: at most 64 registers, which its shared memory
-// allows anyway).
-constexpr int PREP_BLOCKS = 4;
+// allows anyway). GDN_PREP_*: experiments' variants (GDN_CUDA_DEFINES, docs/configuration.md).
+#ifndef GDN_PREP_BLOCKS
+#define GDN_PREP_BLOCKS 4
+#endif
+constexpr int PREP_BLOCKS = GDN_PREP_BLOCKS;
+// 1: the P/L epilogue's units unrolled; 0: one at a time.
+#ifndef GDN_PREP_UNROLL
+#define GDN_PREP_UNROLL 1
+#endif
+// 1: the epilogue's decays as ex2_ftz of G·log2(e) differences (the gates kept scaled);
+// 0: __expf of G differences.
+#ifndef GDN_PREP_EX2
+#define GDN_PREP_EX2 0
+#endif
+// 1: the inverse's blocks below the diagonal by levels (prep_inverse_below, a critical path of
+// 10 products); 0: column block by column block (prep_column, 18).
+#ifndef GDN_PREP_LEVELS
+#define GDN_PREP_LEVELS 0
+#endif
+constexpr float LOG2E = 1.4426950408889634f;
 
 // The inverse's products below the diagonal in column block c (warps 2c, 2c + 1, 8 columns
 // each; see prep_group): T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc for r = c + 1 .. 3. The
@@ -428,6 +446,103 @@ __device__ __forceinline__ void prep_column(const float* a, float* t, float* xs,
         __syncwarp();  // T_rc is the next product's B operand; xw is rewritten
     }
 }
+
+#if GDN_PREP_LEVELS
+// The inverse's blocks below the diagonal (prep_group), by levels: T_A = (I + L_A)⁻¹ and T_B
+// of the two 32 × 32 diagonal halves need T10 and T32; then T_BA = −T_B·(L_BA·T_A). Each
+// product is a warp's 16 × 8 tile (8 columns of a block: half h) by 3xTF32 MMAs (near-f32), in
+// two steps with a block barrier between them and the critical path 4 + 6 products of k = 16
+// (column block 0's chain was 18):
+//   step 1, warps 0–3: T10 = −T11·(L10·T00), T32 = −T33·(L32·T22) (the sums staged in the
+//     warp's 16 × 8 slot of xs);
+//   step 1, warps 4–7: X20' = L20·T00, X21 = L21·T11, X30' = L30·T00, X31 = L31·T11, two each,
+//     into T's blocks above the diagonal (never read otherwise: the output masks them);
+//   step 2, warps 2r + h: r = 0: X20 = X20' + L21·T10 (for role 1 too, behind a barrier of the
+//     pair), T20 = −T22·X20; r = 1: X30 = X30' + L31·T10, T30 = −(T32·X20 + T33·X30); r = 2:
+//     T21 = −T22·X21; r = 3: T31 = −(T32·X21 + T33·X31).
+// Each product's fragments: A (16 rows) at a, stride lda; B (16 × 8) at b, stride ldb.
+__device__ __forceinline__ void prep_k16(float (&acc)[12], const float* a, int lda, const float* b, int ldb) {
+    mma_f32x3_acc(acc, a, lda, b, ldb);
+    mma_f32x3_acc(acc, a + 8, lda, b + 8 * ldb, ldb);
+}
+// A 16 × 8 accumulator tile (mma_f32x3_sum, times sign) to out (stride ld).
+__device__ __forceinline__ void prep_put(float* out, int ld, const float (&acc)[12], float sign) {
+    const int lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
+    *reinterpret_cast<float2*>(out + g4 * ld + 2 * t4) = make_float2(sign * mma_f32x3_sum(acc, 0), sign * mma_f32x3_sum(acc, 1));
+    *reinterpret_cast<float2*>(out + (g4 + 8) * ld + 2 * t4) = make_float2(sign * mma_f32x3_sum(acc, 2), sign * mma_f32x3_sum(acc, 3));
+}
+// An accumulator tile started from a stored 16 × 8 tile (the partial sums of step 1).
+__device__ __forceinline__ void prep_start(float (&acc)[12], const float* in, int ld) {
+    const int lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
+#pragma unroll
+    for (int e = 0; e < 12; ++e) acc[e] = 0.0f;
+    const float2 lo = *reinterpret_cast<const float2*>(in + g4 * ld + 2 * t4);
+    const float2 hi = *reinterpret_cast<const float2*>(in + (g4 + 8) * ld + 2 * t4);
+    acc[0] = lo.x, acc[1] = lo.y, acc[2] = hi.x, acc[3] = hi.y;
+}
+// The pair barriers of step 2 (ids 1, 2: one per half; 0 is __syncthreads').
+constexpr int PREP_PAIR_BARRIER = 1;
+__device__ __forceinline__ void prep_inverse_below(const float* a, float* t, float* xs, int warp) {
+    const int h8 = 8 * (warp & 1);
+    // Block (r, c) of L or T, this warp's 8 columns; T's blocks above the diagonal hold the
+    // partial products: X20' in (0, 1), X21 in (0, 2), X30' in (0, 3), X31 in (1, 2), X20 in (1, 3).
+    auto L = [&](int r, int c) { return a + 16 * r * LDF + 16 * c; };
+    auto Tb = [&](int r, int c) { return t + 16 * r * LDF + 16 * c + h8; };
+    float* xw = xs + warp * 128;
+    float acc[12], y[12];
+    auto zero = [](float (&d)[12]) {
+#pragma unroll
+        for (int e = 0; e < 12; ++e) d[e] = 0.0f;
+    };
+    if (warp < 4) {
+        const int r = warp < 2 ? 1 : 3;  // T10 or T32
+        zero(acc);
+        prep_k16(acc, L(r, r - 1), LDF, Tb(r - 1, r - 1), LDF);
+        prep_put(xw, 8, acc, 1.0f);
+        __syncwarp();
+        zero(y);
+        prep_k16(y, t + 16 * r * LDF + 16 * r, LDF, xw, 8);
+        prep_put(Tb(r, r - 1), LDF, y, -1.0f);
+    } else {
+        const int r = warp < 6 ? 2 : 3;  // X20', X21 or X30', X31
+        zero(acc);
+        prep_k16(acc, L(r, 0), LDF, Tb(0, 0), LDF);
+        prep_put(r == 2 ? Tb(0, 1) : Tb(0, 3), LDF, acc, 1.0f);
+        zero(y);
+        prep_k16(y, L(r, 1), LDF, Tb(1, 1), LDF);
+        prep_put(r == 2 ? Tb(0, 2) : Tb(1, 2), LDF, y, 1.0f);
+    }
+    __syncthreads();
+    const int role = warp >> 1;
+    if (role == 0) {
+        prep_start(acc, Tb(0, 1), LDF);
+        prep_k16(acc, L(2, 1), LDF, Tb(1, 0), LDF);
+        prep_put(Tb(1, 3), LDF, acc, 1.0f);  // X20
+        named_barrier(PREP_PAIR_BARRIER + (warp & 1), 64);
+        zero(y);
+        prep_k16(y, t + 32 * LDF + 32, LDF, Tb(1, 3), LDF);
+        prep_put(Tb(2, 0), LDF, y, -1.0f);
+    } else if (role == 1) {
+        prep_start(acc, Tb(0, 3), LDF);
+        prep_k16(acc, L(3, 1), LDF, Tb(1, 0), LDF);
+        prep_put(xw, 8, acc, 1.0f);  // X30
+        named_barrier(PREP_PAIR_BARRIER + (warp & 1), 64);
+        zero(y);
+        prep_k16(y, t + 48 * LDF + 32, LDF, Tb(1, 3), LDF);
+        prep_k16(y, t + 48 * LDF + 48, LDF, xw, 8);
+        prep_put(Tb(3, 0), LDF, y, -1.0f);
+    } else if (role == 2) {
+        zero(y);
+        prep_k16(y, t + 32 * LDF + 32, LDF, Tb(0, 2), LDF);
+        prep_put(Tb(2, 1), LDF, y, -1.0f);
+    } else {
+        zero(y);
+        prep_k16(y, t + 48 * LDF + 32, LDF, Tb(0, 2), LDF);
+        prep_k16(y, t + 48 * LDF + 48, LDF, Tb(1, 2), LDF);
+        prep_put(Tb(3, 1), LDF, y, -1.0f);
+    }
+}
+#endif
 
 // The lower 16×16 tiles (i, j), j ≤ i, of a C × C product, numbered row by row:
 // (0,0) (1,0) (1,1) (2,0) … (3,3); warp w owns tile w and, for w < 2, tile 8 + w.
@@ -540,7 +655,7 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int i = lane + 32 * e;
-            sg[i] = gi[e];
+            sg[i] = GDN_PREP_EX2 ? gi[e] * LOG2E : gi[e];
             sb[i] = bi[e];
             // The sequential pass's decays: γ_i = e^{G_i}, γ_C/γ_i = e^{G_last − G_i} (≤ 0).
             ws_f[ch * FS + i] = expf(gi[e]);
@@ -621,6 +736,9 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
 
 #pragma unroll 1
     for (int u = 0; u < per; ++u) {
+        // The warp's index, formed again per v-head (opaque): the per-warp offsets and roles
+        // are recomputed here rather than kept across the loop in spilled registers.
+        const int w = opaque(warp);
         const int hv = hv0 + u;
         const size_t ch = (size_t)chunk * HV + hv;
         const float* sg = gates + u * 2 * C;
@@ -639,9 +757,13 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
         // quarter of the prep's stall samples; ptxas keeps the units' offsets outside the
         // v-head loop, in 72 B of local memory).
         static_assert(4 * PREP_TILES % (PREP_THREADS / 32) == 0, "the same units per warp");
+#if GDN_PREP_UNROLL
 #pragma unroll
+#else
+#pragma unroll 1
+#endif
         for (int n = 0; n < 4 * PREP_TILES / (PREP_THREADS / 32); ++n) {
-            const int unit = warp + n * (PREP_THREADS / 32);
+            const int unit = w + n * (PREP_THREADS / 32);
             const int* row = PREP_UNITS.v[unit];
             const int i = row[0] + g4, j = row[1] + 2 * t4;
             const int lane_at = 4 * lane_in_slot(unit < 4 * PREP_SLOTS_IN_K);
@@ -652,7 +774,7 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 // (Formed for every lane, without a branch: the masked ones are not used.)
-                const float e_ij = __expf(sg[i] - sg[j + e]), decay = j + e <= i ? e_ij : 0.0f;
+                const float e_ij = GDN_PREP_EX2 ? ex2_ftz(sg[i] - sg[j + e]) : __expf(sg[i] - sg[j + e]), decay = j + e <= i ? e_ij : 0.0f;
                 x[e] = j + e <= i ? p.scale * qv[e] * decay : 0.0f;
                 l[e] = j + e < i ? sb[i] * kv[e] * decay : 0.0f;
             }
@@ -685,11 +807,16 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
         // block c (c < 3), so each product reads only the diagonal blocks and the warp's own
         // earlier blocks: no block barrier between them. Products by 3xTF32 MMAs (near-f32;
         // 16 × 8 tiles, the sums staged through the warp's 16 × 8 slot of xs).
-        if (!(p.flags & PREP_FFMA) && warp < 6) {
-            if (warp < 2) prep_column<0>(a, t, xs, warp);
-            else if (warp < 4) prep_column<1>(a, t, xs, warp);
-            else prep_column<2>(a, t, xs, warp);
+#if GDN_PREP_LEVELS
+        static_assert(PREP_THREADS == 256, "prep_inverse_below's eight warps");
+        if (!(p.flags & PREP_FFMA)) prep_inverse_below(a, t, xs, w);
+#else
+        if (!(p.flags & PREP_FFMA) && w < 6) {
+            if (w < 2) prep_column<0>(a, t, xs, w);
+            else if (w < 4) prep_column<1>(a, t, xs, w);
+            else prep_column<2>(a, t, xs, w);
         }
+#endif
         // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
         // sums staged in xs (c·256 + row·16 + column). Each thread computes four consecutive
         // columns of one row (a broadcast of L or T_rr and a 16-byte load per four FMAs).

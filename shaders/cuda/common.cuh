@@ -21,6 +21,20 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+// x, opaque to the compiler: what a loop forms from it is formed again in every iteration
+// instead of being hoisted out into registers (which, at a launch bound's register count,
+// spill to local memory).
+__device__ __forceinline__ int opaque(int x) {
+    asm volatile("" : "+r"(x));
+    return x;
+}
+// 2^x on the MUFU alone (ex2.approx.ftz: results below 2^-126 are zero); __expf(x) without
+// fast math is ex2.approx.f32 of x·log2(e) inside a denormal range check, four instructions.
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll

@@ -199,6 +199,7 @@ impl Context {
         .map_err(|_| missing_driver())?;
         let (ctx, stream, name, capability) = made?;
         let target = Target::for_capability(capability.0, capability.1)?;
+        super::nvrtc::env_defines()?;
         let backward_path = match std::env::var("GDN_CUDA_BACKWARD") {
             Ok(s) if !s.is_empty() => BackwardPath::parse_override("GDN_CUDA_BACKWARD", &s)?,
             _ => None,

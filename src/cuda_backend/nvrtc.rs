@@ -118,9 +118,42 @@ fn missing_nvrtc() -> Error {
     )
 }
 
+/// `GDN_CUDA_DEFINES`: preprocessor definitions added to every kernel's compile, for
+/// experiments that time a kernel's variants with one binary in one process (the constants a
+/// kernel leaves open under `#ifndef`, e.g. `GDN_PREP_BLOCKS=3`; docs/configuration.md).
+/// Whitespace-separated `NAME` or `NAME=VALUE`, a C identifier and a value of letters, digits
+/// and `_ . + -`; each becomes a `--define-macro` option, so a part of the cache key.
+/// `Context::new` refuses a malformed list with `Error::Value`.
+pub fn env_defines() -> Result<Vec<String>> {
+    std::env::var("GDN_CUDA_DEFINES").map_or(Ok(Vec::new()), |list| parse_defines(&list))
+}
+
+/// The NVRTC options of a `GDN_CUDA_DEFINES` list ([`env_defines`]).
+pub fn parse_defines(list: &str) -> Result<Vec<String>> {
+    list.split_whitespace()
+        .map(|def| {
+            let (name, value) = def.split_once('=').unwrap_or((def, ""));
+            let ident = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+            let plain = value.chars().all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c));
+            if ident && plain && !(def.contains('=') && value.is_empty()) {
+                Ok(format!("--define-macro={def}"))
+            } else {
+                Err(Error::value(
+                    "GDN_CUDA_DEFINES",
+                    "whitespace-separated NAME or NAME=VALUE (a C identifier; a value of \
+                     letters, digits and _ . + -)",
+                    def,
+                ))
+            }
+        })
+        .collect()
+}
+
 /// The NVRTC options used for `target` (also part of the cache key). `GDN_CUDA_LINEINFO=1`
 /// adds `--generate-line-info`, so that Nsight Compute maps SASS to source lines (the same code;
-/// a separate cache entry).
+/// a separate cache entry); `GDN_CUDA_DEFINES` adds its definitions ([`env_defines`]; a
+/// malformed list adds none here, `Context::new` having refused it).
 pub fn options(target: Target) -> Vec<String> {
     let mut opts = vec![
         format!("--gpu-architecture={}", target.arch()),
@@ -129,6 +162,7 @@ pub fn options(target: Target) -> Vec<String> {
     if std::env::var_os("GDN_CUDA_LINEINFO").is_some_and(|v| v == "1") {
         opts.push("--generate-line-info".into());
     }
+    opts.extend(env_defines().unwrap_or_default());
     for dir in include_dirs() {
         opts.push(format!("--include-path={}", dir.display()));
     }
