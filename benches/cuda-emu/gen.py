@@ -40,7 +40,6 @@ for h, b in [
     ('__device__ __forceinline__ void cp_async_commit() {', '{ emu::cp_commit(); }'),
     ('template <int N> __device__ __forceinline__ void cp_async_wait_group() {', '{ emu::cp_wait(N); }'),
     ('__device__ __forceinline__ int opaque(int x) {', '{ return x; }'),
-    ('__device__ __forceinline__ float ex2_ftz(float x) {', '{ const float r = exp2f(x); return std::fpclassify(r) == FP_SUBNORMAL ? 0.0f : r; }'),
 ]:
     common = replace_body(common, h, b)
 chunk = open(root + 'chunk.cuh').read()

@@ -393,61 +393,13 @@ constexpr int PREP_TILE = 2 * C * LDK;  // = 4 · C · LDF
 // The most v-heads one prep block walks (its gates' room: PREP_GROUP · 2C floats).
 constexpr int PREP_GROUP = 4;
 // The prep's blocks per SM (its launch bound: at most 64 registers, which its shared memory
-// allows anyway). GDN_PREP_*: experiments' variants (GDN_CUDA_DEFINES, docs/configuration.md).
+// allows anyway; GDN_CUDA_DEFINES="GDN_PREP_BLOCKS=n" sets another for an experiment,
+// docs/configuration.md).
 #ifndef GDN_PREP_BLOCKS
 #define GDN_PREP_BLOCKS 4
 #endif
 constexpr int PREP_BLOCKS = GDN_PREP_BLOCKS;
-// 1: the P/L epilogue's units unrolled; 0: one at a time.
-#ifndef GDN_PREP_UNROLL
-#define GDN_PREP_UNROLL 1
-#endif
-// 1: the epilogue's decays as ex2_ftz of G·log2(e) differences (the gates kept scaled);
-// 0: __expf of G differences.
-#ifndef GDN_PREP_EX2
-#define GDN_PREP_EX2 0
-#endif
-// 1: the inverse's blocks below the diagonal by levels (prep_inverse_below, a critical path of
-// 10 products); 0: column block by column block (prep_column, 18).
-#ifndef GDN_PREP_LEVELS
-#define GDN_PREP_LEVELS 0
-#endif
-constexpr float LOG2E = 1.4426950408889634f;
 
-// The inverse's products below the diagonal in column block c (warps 2c, 2c + 1, 8 columns
-// each; see prep_group): T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc for r = c + 1 .. 3. The
-// column block is a constant, so that the loops unroll and each product's loads are issued
-// ahead of its MMAs.
-template <int c>
-__device__ __forceinline__ void prep_column(const float* a, float* t, float* xs, int warp) {
-    const int lane = threadIdx.x & 31, g4 = lane >> 2, t4 = lane & 3;
-    const int n0 = 16 * c + 8 * (warp & 1);
-    float* xw = xs + warp * 128;
-#pragma unroll
-    for (int r = c + 1; r < C / 16; ++r) {
-        float acc[12];
-#pragma unroll
-        for (int e = 0; e < 12; ++e) acc[e] = 0.0f;
-#pragma unroll
-        for (int kk = 16 * c; kk < 16 * r; kk += 8) {
-            mma_f32x3_acc(acc, a + 16 * r * LDF + kk, LDF, t + kk * LDF + n0, LDF);
-        }
-        *reinterpret_cast<float2*>(xw + g4 * 8 + 2 * t4) = make_float2(mma_f32x3_sum(acc, 0), mma_f32x3_sum(acc, 1));
-        *reinterpret_cast<float2*>(xw + (g4 + 8) * 8 + 2 * t4) = make_float2(mma_f32x3_sum(acc, 2), mma_f32x3_sum(acc, 3));
-        __syncwarp();
-        float y[12];
-#pragma unroll
-        for (int e = 0; e < 12; ++e) y[e] = 0.0f;
-        mma_f32x3_acc(y, t + 16 * r * LDF + 16 * r, LDF, xw, 8);
-        mma_f32x3_acc(y, t + 16 * r * LDF + 16 * r + 8, LDF, xw + 8 * 8, 8);
-        float* out = t + (16 * r + g4) * LDF + n0 + 2 * t4;
-        *reinterpret_cast<float2*>(out) = make_float2(-mma_f32x3_sum(y, 0), -mma_f32x3_sum(y, 1));
-        *reinterpret_cast<float2*>(out + 8 * LDF) = make_float2(-mma_f32x3_sum(y, 2), -mma_f32x3_sum(y, 3));
-        __syncwarp();  // T_rc is the next product's B operand; xw is rewritten
-    }
-}
-
-#if GDN_PREP_LEVELS
 // The inverse's blocks below the diagonal (prep_group), by levels: T_A = (I + L_A)⁻¹ and T_B
 // of the two 32 × 32 diagonal halves need T10 and T32; then T_BA = −T_B·(L_BA·T_A). Each
 // product is a warp's 16 × 8 tile (8 columns of a block: half h) by 3xTF32 MMAs (near-f32), in
@@ -542,7 +494,6 @@ __device__ __forceinline__ void prep_inverse_below(const float* a, float* t, flo
         prep_put(Tb(3, 1), LDF, y, -1.0f);
     }
 }
-#endif
 
 // The lower 16×16 tiles (i, j), j ≤ i, of a C × C product, numbered row by row:
 // (0,0) (1,0) (1,1) (2,0) … (3,3); warp w owns tile w and, for w < 2, tile 8 + w.
@@ -655,7 +606,7 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
             const int i = lane + 32 * e;
-            sg[i] = GDN_PREP_EX2 ? gi[e] * LOG2E : gi[e];
+            sg[i] = gi[e];
             sb[i] = bi[e];
             // The sequential pass's decays: γ_i = e^{G_i}, γ_C/γ_i = e^{G_last − G_i} (≤ 0).
             ws_f[ch * FS + i] = expf(gi[e]);
@@ -754,14 +705,11 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
         // 40 units of (tile, quarter: half × row half) over the 8 warps, five each: lane l
         // of any warp takes lane l's values from the tile's slots. Unrolled, so that the
         // units' loads are in flight together (one unit at a time, their latency held a
-        // quarter of the prep's stall samples; ptxas keeps the units' offsets outside the
-        // v-head loop, in 72 B of local memory).
+        // quarter of the prep's stall samples; with the warp index opaque per v-head, ptxas
+        // forms the units' offsets here instead of keeping them across the loop in 72 B of
+        // local memory).
         static_assert(4 * PREP_TILES % (PREP_THREADS / 32) == 0, "the same units per warp");
-#if GDN_PREP_UNROLL
 #pragma unroll
-#else
-#pragma unroll 1
-#endif
         for (int n = 0; n < 4 * PREP_TILES / (PREP_THREADS / 32); ++n) {
             const int unit = w + n * (PREP_THREADS / 32);
             const int* row = PREP_UNITS.v[unit];
@@ -774,7 +722,7 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
                 // (Formed for every lane, without a branch: the masked ones are not used.)
-                const float e_ij = GDN_PREP_EX2 ? ex2_ftz(sg[i] - sg[j + e]) : __expf(sg[i] - sg[j + e]), decay = j + e <= i ? e_ij : 0.0f;
+                const float e_ij = __expf(sg[i] - sg[j + e]), decay = j + e <= i ? e_ij : 0.0f;
                 x[e] = j + e <= i ? p.scale * qv[e] * decay : 0.0f;
                 l[e] = j + e < i ? sb[i] * kv[e] * decay : 0.0f;
             }
@@ -802,21 +750,11 @@ __device__ void prep_group(const ChunkParams p, const int* __restrict__ chunks,
             for (int i = 0; i < 16; ++i) t[(b + i) * LDF + b + c] = col[i];
         }
         __syncthreads();
-        // Below the diagonal, column block by column block: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm ·
-        // T_mc for r = c + 1 .. 3 in order. Warp 2c + h owns the 8 columns 16c + 8h.. of column
-        // block c (c < 3), so each product reads only the diagonal blocks and the warp's own
-        // earlier blocks: no block barrier between them. Products by 3xTF32 MMAs (near-f32;
-        // 16 × 8 tiles, the sums staged through the warp's 16 × 8 slot of xs).
-#if GDN_PREP_LEVELS
+        // Below the diagonal by levels on tensor cores (prep_inverse_below: eight warps, a
+        // block barrier between its two steps), or with PREP_FFMA row block by row block in
+        // f32 FMAs.
         static_assert(PREP_THREADS == 256, "prep_inverse_below's eight warps");
         if (!(p.flags & PREP_FFMA)) prep_inverse_below(a, t, xs, w);
-#else
-        if (!(p.flags & PREP_FFMA) && w < 6) {
-            if (w < 2) prep_column<0>(a, t, xs, w);
-            else if (w < 4) prep_column<1>(a, t, xs, w);
-            else prep_column<2>(a, t, xs, w);
-        }
-#endif
         // Block row r, column blocks c < r: T_rc = −T_rr · Σ_{c ≤ m < r} L_rm · T_mc, with the
         // sums staged in xs (c·256 + row·16 + column). Each thread computes four consecutive
         // columns of one row (a broadcast of L or T_rr and a 16-byte load per four FMAs).

@@ -28,13 +28,6 @@ __device__ __forceinline__ int opaque(int x) {
     asm volatile("" : "+r"(x));
     return x;
 }
-// 2^x on the MUFU alone (ex2.approx.ftz: results below 2^-126 are zero); __expf(x) without
-// fast math is ex2.approx.f32 of x·log2(e) inside a denormal range check, four instructions.
-__device__ __forceinline__ float ex2_ftz(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 __device__ __forceinline__ float warp_sum(float x) {
 #pragma unroll
