@@ -133,9 +133,14 @@ pub fn parse_defines(list: &str) -> Result<Vec<String>> {
     list.split_whitespace()
         .map(|def| {
             let (name, value) = def.split_once('=').unwrap_or((def, ""));
-            let ident = name.chars().next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            let ident = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
                 && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-            let plain = value.chars().all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c));
+            let plain = value
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_.+-".contains(c));
             if ident && plain && !(def.contains('=') && value.is_empty()) {
                 Ok(format!("--define-macro={def}"))
             } else {
