@@ -9,11 +9,14 @@
 // dg overwrites dG in `dg_dbeta` (w.r.t. the applied log-decay; dβ is left as it is).
 //
 // Register tiles: invocation (r, c) = (t / 16, t % 16) owns token rows 4r..4r+3 and K columns
-// k0 + c + 16jj (jj < 4) of each 64-wide K block, as named vec4 registers (lanes = K columns).
+// k0 + 4c..k0 + 4c + 3 of each 64-wide K block, as named vec4 registers (lanes = K columns).
 // The token axis j of the 64×64 products is streamed in 8-token slices: dP and dAt + dAtᵀ at
 // columns j (64 × 8), dP at rows j (8 × 64), and K, Q at rows j (8 × 64 of the K block), the
-// next slice prefetched into registers. 11 KiB of workgroup memory. Rows past the chunk's end
-// read as 0 (they belong to the next chunk) and are never stored.
+// next slice prefetched into registers. The slices are stored as vec4s along the axis the
+// products step through (four rows i, or four K columns), so a product step reads five vec4s
+// instead of twenty scalars: the step was bound by workgroup loads, not FMAs. 15 KiB of
+// workgroup memory. Rows past the chunk's end read as 0 (they belong to the next chunk) and
+// are never stored.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q_buf: array<Elem>;              // [B·T, H, K]
@@ -25,18 +28,19 @@
 
 override K_DIM: u32;
 const J_SLICE: u32 = 8u;
-const PITCH: u32 = 9u;        // 64 × 8 slices
-const ROW_PITCH: u32 = 65u;   // 8 × 64 slices
-const DPC_AT: u32 = 0u;       // dP[i, j]
-const SC_AT: u32 = 576u;      // dAt[i, j] + dAt[j, i]
-const DPR_AT: u32 = 1152u;    // dP[j, i]
-const KS_AT: u32 = 1672u;     // K[j, k]
-const QS_AT: u32 = 2192u;     // Q[j, k]
+// vec4 slots of the slices, [j][16] each: four rows i per vec4 of dP[i, j] and
+// dAt[i, j] + dAt[j, i]; four i per vec4 of dP[j, i]; four K columns per vec4 of K and Q at row j.
+const DPC_AT: u32 = 0u;
+const SC_AT: u32 = 128u;
+const DPR_AT: u32 = 256u;
+const KS_AT: u32 = 384u;
+const QS_AT: u32 = 512u;
 
 const ROW_PART: u32 = 0u;     // after the products: 64 × 16 row partial sums
 const LAST_PART: u32 = 1024u; // and 256 partial sums of Σ k·dKs
 
-var<workgroup> arena: array<f32, 2712>;
+var<workgroup> arena: array<vec4<f32>, 640>;
+var<workgroup> sums: array<f32, 1280>;
 var<workgroup> dg_s: array<f32, 64>;
 
 fn q_at(i: u32) -> f32 {
@@ -90,34 +94,34 @@ fn load_slice(start: u32, len: u32, hv: u32, h: u32, j0: u32, k0: u32, t: u32) -
 }
 
 fn store_slice(t: u32, s: Slice) {
-    let a = (t / 4u) * PITCH + 2u * (t % 4u);
-    arena[DPC_AT + a] = s.dpc.x;
-    arena[DPC_AT + a + 1u] = s.dpc.y;
-    arena[SC_AT + a] = s.sc.x;
-    arena[SC_AT + a + 1u] = s.sc.y;
-    let b = (t / 32u) * ROW_PITCH + 2u * (t % 32u);
-    arena[DPR_AT + b] = s.dpr.x;
-    arena[DPR_AT + b + 1u] = s.dpr.y;
-    arena[KS_AT + b] = s.k.x;
-    arena[KS_AT + b + 1u] = s.k.y;
-    arena[QS_AT + b] = s.q.x;
-    arena[QS_AT + b + 1u] = s.q.y;
+    // dP and the symmetrised dAt at (i, j), (i, j + 1): i = t / 4, j = 2 (t % 4) in the slice.
+    let i = t / 4u;
+    let a = 2u * (t % 4u) * 16u + i / 4u;
+    arena[DPC_AT + a][i % 4u] = s.dpc.x;
+    arena[DPC_AT + a + 16u][i % 4u] = s.dpc.y;
+    arena[SC_AT + a][i % 4u] = s.sc.x;
+    arena[SC_AT + a + 16u][i % 4u] = s.sc.y;
+    // Row j = t / 32 of the slice, entries kk, kk + 1 (kk = 2 (t % 32): one vec4 holds both).
+    let kk = 2u * (t % 32u);
+    let b = (t / 32u) * 16u + kk / 4u;
+    let l = kk % 4u;
+    arena[DPR_AT + b][l] = s.dpr.x;
+    arena[DPR_AT + b][l + 1u] = s.dpr.y;
+    arena[KS_AT + b][l] = s.k.x;
+    arena[KS_AT + b][l + 1u] = s.k.y;
+    arena[QS_AT + b][l] = s.q.x;
+    arena[QS_AT + b][l + 1u] = s.q.y;
 }
 
-fn rows4(base: u32, row0: u32, jj: u32) -> vec4<f32> {
-    return vec4<f32>(arena[base + row0 * PITCH + jj], arena[base + (row0 + 1u) * PITCH + jj],
-                     arena[base + (row0 + 2u) * PITCH + jj], arena[base + (row0 + 3u) * PITCH + jj]);
+// K columns k0 + 4c .. k0 + 4c + 3 (this invocation's lanes).
+fn cols4(k0: u32, c: u32) -> vec4<u32> {
+    return vec4<u32>(k0 + 4u * c) + vec4<u32>(0u, 1u, 2u, 3u);
 }
 
-fn row_cols4(base: u32, jj: u32, c: u32) -> vec4<f32> {
-    let at = base + jj * ROW_PITCH + c;
-    return vec4<f32>(arena[at], arena[at + 16u], arena[at + 32u], arena[at + 48u]);
-}
-
-// Entries k0 + c + 16 jj (0 past K) of part `part` (0: dQs, 1: dKs, 2: X) of row i.
+// This invocation's entries (0 past K) of part `part` (0: dQs, 1: dKs, 2: X) of a row.
 fn part4(out: u32, part: u32, k0: u32, c: u32) -> vec4<f32> {
     let at = out + part * K_DIM;
-    let kc = vec4<u32>(k0 + c, k0 + c + 16u, k0 + c + 32u, k0 + c + 48u);
+    let kc = cols4(k0, c);
     let m = vec4<u32>(K_DIM - 1u);
     let x = vec4<f32>(dqk_parts[at + min(kc.x, m.x)], dqk_parts[at + min(kc.y, m.y)],
                       dqk_parts[at + min(kc.z, m.z)], dqk_parts[at + min(kc.w, m.w)]);
@@ -126,7 +130,7 @@ fn part4(out: u32, part: u32, k0: u32, c: u32) -> vec4<f32> {
 
 fn qk4(start: u32, i: u32, h: u32, k0: u32, c: u32, from_q: bool) -> vec4<f32> {
     let base = ((start + i) * params.heads_qk + h) * K_DIM;
-    let kc = vec4<u32>(k0 + c, k0 + c + 16u, k0 + c + 32u, k0 + c + 48u);
+    let kc = cols4(k0, c);
     let at = vec4<u32>(base) + min(kc, vec4<u32>(K_DIM - 1u));
     var x: vec4<f32>;
     if (from_q) {
@@ -138,16 +142,19 @@ fn qk4(start: u32, i: u32, h: u32, k0: u32, c: u32, from_q: bool) -> vec4<f32> {
 }
 
 fn store_part(out: u32, part: u32, k0: u32, c: u32, x: vec4<f32>) {
-    let at = out + part * K_DIM + k0 + c;
-    dqk_parts[at] = x.x;
-    if (k0 + c + 16u < K_DIM) {
-        dqk_parts[at + 16u] = x.y;
+    let at = out + part * K_DIM + k0 + 4u * c;
+    let inside = cols4(k0, c) < vec4<u32>(K_DIM);
+    if (inside.x) {
+        dqk_parts[at] = x.x;
     }
-    if (k0 + c + 32u < K_DIM) {
-        dqk_parts[at + 32u] = x.z;
+    if (inside.y) {
+        dqk_parts[at + 1u] = x.y;
     }
-    if (k0 + c + 48u < K_DIM) {
-        dqk_parts[at + 48u] = x.w;
+    if (inside.z) {
+        dqk_parts[at + 2u] = x.z;
+    }
+    if (inside.w) {
+        dqk_parts[at + 3u] = x.w;
     }
 }
 
@@ -202,12 +209,11 @@ fn qk_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
             }
             workgroupBarrier();
             for (var jj = 0u; jj < J_SLICE; jj++) {
-                let dpc = rows4(DPC_AT, row0, jj);
-                let sc = rows4(SC_AT, row0, jj);
-                let pr = DPR_AT + jj * ROW_PITCH + row0;
-                let dpr = vec4<f32>(arena[pr], arena[pr + 1u], arena[pr + 2u], arena[pr + 3u]);
-                let kv = row_cols4(KS_AT, jj, c);
-                let qv = row_cols4(QS_AT, jj, c);
+                let dpc = arena[DPC_AT + jj * 16u + r];
+                let sc = arena[SC_AT + jj * 16u + r];
+                let dpr = arena[DPR_AT + jj * 16u + r];
+                let kv = arena[KS_AT + jj * 16u + c];
+                let qv = arena[QS_AT + jj * 16u + c];
                 q0 += dpc.x * kv; q1 += dpc.y * kv; q2 += dpc.z * kv; q3 += dpc.w * kv;
                 d0 += dpr.x * qv + sc.x * kv;
                 d1 += dpr.y * qv + sc.y * kv;
@@ -225,15 +231,15 @@ fn qk_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
 
     // Row sums over the 16 invocations of a row, and the chunk-wide Σ k·dKs, in a fixed order.
     workgroupBarrier();
-    arena[ROW_PART + row0 * 16u + c] = gate_row.x;
-    arena[ROW_PART + (row0 + 1u) * 16u + c] = gate_row.y;
-    arena[ROW_PART + (row0 + 2u) * 16u + c] = gate_row.z;
-    arena[ROW_PART + (row0 + 3u) * 16u + c] = gate_row.w;
-    arena[LAST_PART + t] = gate_last;
+    sums[ROW_PART + row0 * 16u + c] = gate_row.x;
+    sums[ROW_PART + (row0 + 1u) * 16u + c] = gate_row.y;
+    sums[ROW_PART + (row0 + 2u) * 16u + c] = gate_row.z;
+    sums[ROW_PART + (row0 + 3u) * 16u + c] = gate_row.w;
+    sums[LAST_PART + t] = gate_last;
     for (var width = 128u; width > 0u; width /= 2u) {
         workgroupBarrier();
         if (t < width) {
-            arena[LAST_PART + t] += arena[LAST_PART + t + width];
+            sums[LAST_PART + t] += sums[LAST_PART + t + width];
         }
     }
     workgroupBarrier();
@@ -241,11 +247,11 @@ fn qk_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
         let at = (start + t) * hv_count + hv;
         var dg = dg_dbeta[at].x;
         for (var k = 0u; k < 16u; k++) {
-            dg += arena[ROW_PART + t * 16u + k];
+            dg += sums[ROW_PART + t * 16u + k];
         }
         dg += dqk_parts[at * (3u * K_DIM + 1u) + 3u * K_DIM];
         if (t == len - 1u) {
-            dg += arena[LAST_PART];
+            dg += sums[LAST_PART];
         }
         dg_s[t] = dg;
     }
