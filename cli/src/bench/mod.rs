@@ -288,6 +288,12 @@ pub struct BenchArgs {
     /// slower than alone (BENCHMARKS.md); whether a fresh device avoids it is not yet measured.
     #[arg(long)]
     pub fresh_device: bool,
+    /// Time only the whole op (its first and last timestamp), no timestamp between its passes.
+    /// A timestamp between two passes waits for the first to finish, so passes that could run
+    /// at once on the GPU (no dependency between them) are timed one after the other; this
+    /// shows what they cost together. The record then has no per-pass times.
+    #[arg(long)]
+    pub whole_op_timing: bool,
     /// Time decode with this tiling instead of the default: `VxN` for the workgroup kernel
     /// (value columns per workgroup × vec4 registers of state per invocation, e.g. `64x16`),
     /// `sgV` for the subgroup kernel (V columns per workgroup, e.g. `sg32`), for tiling sweeps
@@ -365,6 +371,8 @@ pub struct Config {
     pub progress: bool,
     /// A new device (Context) per case.
     pub fresh_device: bool,
+    /// No timestamps between an op's passes (`--whole-op-timing`).
+    pub whole_op_timing: bool,
     /// A forced decode tiling's name (`--decode-tiles`: `VxN` or `sgV`).
     pub decode_tiles: Option<String>,
     /// Storage dtype of the decode state pool (`--decode-pool`).
@@ -516,6 +524,7 @@ impl BenchArgs {
             seed: self.seed,
             progress: !self.no_progress,
             fresh_device: self.fresh_device,
+            whole_op_timing: self.whole_op_timing,
             decode_tiles: self
                 .decode_tiles
                 .as_deref()
@@ -878,7 +887,12 @@ fn time_gpu(
             timer.reset();
             timer.mark(&mut encoder, "start");
         }
-        case.record(&mut encoder, set, timer.as_ref())?;
+        let pass_timer = if c.whole_op_timing {
+            None
+        } else {
+            timer.as_ref()
+        };
+        case.record(&mut encoder, set, pass_timer)?;
         if let Some(timer) = &timer {
             timer.mark(&mut encoder, case.closing_label());
             timer.resolve(&mut encoder);
