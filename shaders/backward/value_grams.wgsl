@@ -6,10 +6,13 @@
 // for j ≤ i (exponent ≤ 0). Rows past a partial chunk's end are neither read nor stored.
 //
 // Register tiles: invocation (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 and columns
-// c + 16jj (jj < 4) of both matrices, as named vec4 accumulators (one per row, lanes =
-// columns; no private arrays indexed in loops). V is streamed in 8-wide slices of the four
-// operands (row pitch 9: no bank conflicts), the next slice loaded into registers while the
-// current one is used; 9 KiB of workgroup memory.
+// 4c..4c+3 of both matrices, as named vec4 accumulators (one per row, lanes = columns; no
+// private arrays indexed in loops). V is streamed in 8-wide slices of the four operands, the
+// next slice loaded into registers while the current one is used. The slices are stored
+// transposed, as vec4s of four consecutive rows per value column (column pitch 17 vec4s, so
+// the transposing stores do not collide on banks): a product step reads four vec4s instead of
+// sixteen scalars (the step was bound by workgroup loads, not FMAs). 8.5 KiB of workgroup
+// memory.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> do_buf: array<Elem>;             // [B·T, HV, V]
@@ -20,30 +23,22 @@
 @group(0) @binding(6) var<storage, read_write> mats: array<f32>;          // [2, B·T, HV, 64]: dP, dAb
 
 const V_SLICE: u32 = 8u;
-const PITCH: u32 = 9u;
-const TILE: u32 = 576u;  // 64 × PITCH
+const PITCH: u32 = 17u;   // vec4s per value column of a slice (16 row groups + 1)
 const DO_AT: u32 = 0u;
-const VNEW_AT: u32 = 576u;
-const DVNEW_AT: u32 = 1152u;
-const W_AT: u32 = 1728u;
+const VNEW_AT: u32 = 136u;
+const DVNEW_AT: u32 = 272u;
+const W_AT: u32 = 408u;
 
-var<workgroup> tiles: array<f32, 2304>;
+var<workgroup> tiles: array<vec4<f32>, 544>;
 var<workgroup> g_s: array<f32, 64>;
 
 fn do_at(i: u32) -> f32 {
     return load_elem(do_buf[elem_word(i)], i);
 }
 
-// Column vv of rows row0..row0+3 of a tile.
-fn rows4(base: u32, row0: u32, vv: u32) -> vec4<f32> {
-    return vec4<f32>(tiles[base + row0 * PITCH + vv], tiles[base + (row0 + 1u) * PITCH + vv],
-                     tiles[base + (row0 + 2u) * PITCH + vv], tiles[base + (row0 + 3u) * PITCH + vv]);
-}
-
-// Column vv of rows c, c + 16, c + 32, c + 48 of a tile.
-fn cols4(base: u32, c: u32, vv: u32) -> vec4<f32> {
-    return vec4<f32>(tiles[base + c * PITCH + vv], tiles[base + (c + 16u) * PITCH + vv],
-                     tiles[base + (c + 32u) * PITCH + vv], tiles[base + (c + 48u) * PITCH + vv]);
+// Rows 4q..4q+3 of a tile's column vv.
+fn rows4(base: u32, q: u32, vv: u32) -> vec4<f32> {
+    return tiles[base + vv * PITCH + q];
 }
 
 // One slice's operands for invocation t: row t / 4, columns 2 (t % 4) and + 1, of dO, V', dV'
@@ -64,35 +59,38 @@ fn load_slice(start: u32, len: u32, hv: u32, v0: u32, t: u32) -> Slice {
 }
 
 fn store_slice(t: u32, s: Slice) {
-    let at = (t / 4u) * PITCH + 2u * (t % 4u);
-    tiles[DO_AT + at] = s.a.x;
-    tiles[DO_AT + at + 1u] = s.a.y;
-    tiles[VNEW_AT + at] = s.a.z;
-    tiles[VNEW_AT + at + 1u] = s.a.w;
-    tiles[DVNEW_AT + at] = s.b.x;
-    tiles[DVNEW_AT + at + 1u] = s.b.y;
-    tiles[W_AT + at] = s.b.z;
-    tiles[W_AT + at + 1u] = s.b.w;
+    // Row i = t / 4, columns vv = 2 (t % 4) and vv + 1 of the slice.
+    let i = t / 4u;
+    let at = 2u * (t % 4u) * PITCH + i / 4u;
+    let l = i % 4u;
+    tiles[DO_AT + at][l] = s.a.x;
+    tiles[DO_AT + at + PITCH][l] = s.a.y;
+    tiles[VNEW_AT + at][l] = s.a.z;
+    tiles[VNEW_AT + at + PITCH][l] = s.a.w;
+    tiles[DVNEW_AT + at][l] = s.b.x;
+    tiles[DVNEW_AT + at + PITCH][l] = s.b.y;
+    tiles[W_AT + at][l] = s.b.z;
+    tiles[W_AT + at + PITCH][l] = s.b.w;
 }
 
-// Row i of dP and dAb from the accumulators, gated and masked to j ≤ i.
+// Row i of dP and dAb from the accumulators (columns 4c..4c+3), gated and masked to j ≤ i.
 fn store_row(i: u32, len: u32, start: u32, hv: u32, c: u32, p: vec4<f32>, a: vec4<f32>) {
     if (i < len) {
-        let j = vec4<u32>(c, c + 16u, c + 32u, c + 48u);
-        let gj = vec4<f32>(g_s[c], g_s[c + 16u], g_s[c + 32u], g_s[c + 48u]);
+        let j = vec4<u32>(4u * c) + vec4<u32>(0u, 1u, 2u, 3u);
+        let gj = vec4<f32>(g_s[j.x], g_s[j.y], g_s[j.z], g_s[j.w]);
         let decay = select(vec4<f32>(0.0), exp(min(vec4<f32>(g_s[i]) - gj, vec4<f32>(0.0))), j <= vec4<u32>(i));
         let dp = params.scale * decay * p;
         let dab = decay * a;
-        let out = ((start + i) * params.heads_v + hv) * CHUNK + c;
+        let out = ((start + i) * params.heads_v + hv) * CHUNK + 4u * c;
         let half = params.total_tokens * params.heads_v * CHUNK;
         mats[out] = dp.x;
-        mats[out + 16u] = dp.y;
-        mats[out + 32u] = dp.z;
-        mats[out + 48u] = dp.w;
+        mats[out + 1u] = dp.y;
+        mats[out + 2u] = dp.z;
+        mats[out + 3u] = dp.w;
         mats[half + out] = dab.x;
-        mats[half + out + 16u] = dab.y;
-        mats[half + out + 32u] = dab.z;
-        mats[half + out + 48u] = dab.w;
+        mats[half + out + 1u] = dab.y;
+        mats[half + out + 2u] = dab.z;
+        mats[half + out + 3u] = dab.w;
     }
 }
 
@@ -121,10 +119,10 @@ fn value_grams(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) w
         }
         workgroupBarrier();
         for (var vv = 0u; vv < V_SLICE; vv++) {
-            let d = rows4(DO_AT, row0, vv);
-            let dn = rows4(DVNEW_AT, row0, vv);
-            let vn = cols4(VNEW_AT, c, vv);
-            let w = cols4(W_AT, c, vv);
+            let d = rows4(DO_AT, r, vv);
+            let dn = rows4(DVNEW_AT, r, vv);
+            let vn = rows4(VNEW_AT, c, vv);
+            let w = rows4(W_AT, c, vv);
             p0 += d.x * vn;
             p1 += d.y * vn;
             p2 += d.z * vn;
