@@ -8,10 +8,13 @@
 // stored per token as [dQs | dKs | X | c] (3K + 1 floats; c is 0 except on the last token).
 //
 // Register tiles: invocation (r, c) = (t / 16, t % 16) owns token rows 4r..4r+3 and K columns
-// kb + c + 16jj (jj < 4) of each 64-wide K block, as named vec4 accumulators (lanes = K
+// kb + 4c..kb + 4c + 3 of each 64-wide K block, as named vec4 accumulators (lanes = K
 // columns; no private arrays indexed in loops). V is streamed in 8-wide slices of the five
-// operands (row pitch 9), the next slice loaded into registers while the current one is used;
-// 12 KiB of workgroup memory.
+// operands, the next slice loaded into registers while the current one is used. The slices
+// are stored transposed, as vec4s of four consecutive rows per value column (column pitch 17
+// vec4s, so the transposing stores do not collide on banks): a product step reads five vec4s
+// instead of twenty scalars (the step was bound by workgroup loads, not FMAs). 12 KiB of
+// workgroup memory.
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> do_buf: array<Elem>;             // [B·T, HV, V]
@@ -25,15 +28,15 @@
 
 override K_DIM: u32;
 const V_SLICE: u32 = 8u;
-const PITCH: u32 = 9u;
-// Tiles of 64 rows × V_SLICE (pitch 9): dO, V', dv (token rows), S0, dS1 (K rows).
+const PITCH: u32 = 17u;   // vec4s per value column of a slice (16 row groups + 1)
+// Slices of 64 rows × V_SLICE, transposed: dO, V', dv (token rows), S0, dS1 (K rows).
 const DO_AT: u32 = 0u;
-const VNEW_AT: u32 = 576u;
-const DV_AT: u32 = 1152u;
-const S0_AT: u32 = 1728u;
-const DS1_AT: u32 = 2304u;
+const VNEW_AT: u32 = 136u;
+const DV_AT: u32 = 272u;
+const S0_AT: u32 = 408u;
+const DS1_AT: u32 = 544u;
 
-var<workgroup> arena: array<f32, 2880>;
+var<workgroup> arena: array<vec4<f32>, 680>;
 var<workgroup> partial: array<f32, 256>;
 var<workgroup> gam_s: array<f32, 64>;
 var<workgroup> dec_s: array<f32, 64>;
@@ -49,14 +52,9 @@ fn state_index(base: u32, k: u32, v: u32, v_first: bool) -> u32 {
     return base + k * params.value_dim + v;
 }
 
-fn rows4(base: u32, row0: u32, vv: u32) -> vec4<f32> {
-    return vec4<f32>(arena[base + row0 * PITCH + vv], arena[base + (row0 + 1u) * PITCH + vv],
-                     arena[base + (row0 + 2u) * PITCH + vv], arena[base + (row0 + 3u) * PITCH + vv]);
-}
-
-fn cols4(base: u32, c: u32, vv: u32) -> vec4<f32> {
-    return vec4<f32>(arena[base + c * PITCH + vv], arena[base + (c + 16u) * PITCH + vv],
-                     arena[base + (c + 32u) * PITCH + vv], arena[base + (c + 48u) * PITCH + vv]);
+// Rows 4q..4q+3 of a slice's column vv.
+fn rows4(base: u32, q: u32, vv: u32) -> vec4<f32> {
+    return arena[base + vv * PITCH + q];
 }
 
 // One slice's operands for invocation t: row t / 4, columns v0 + 2 (t % 4) and + 1: dO, V',
@@ -87,43 +85,49 @@ fn load_slice(start: u32, len: u32, hv: u32, state_base: u32, k0: u32, v0: u32, 
 }
 
 fn store_slice(t: u32, s: Slice) {
-    let at = (t / 4u) * PITCH + 2u * (t % 4u);
-    arena[DO_AT + at] = s.tok.x;
-    arena[DO_AT + at + 1u] = s.tok.y;
-    arena[VNEW_AT + at] = s.tok.z;
-    arena[VNEW_AT + at + 1u] = s.tok.w;
-    arena[DV_AT + at] = s.dv.x;
-    arena[DV_AT + at + 1u] = s.dv.y;
-    arena[S0_AT + at] = s.s0.x;
-    arena[S0_AT + at + 1u] = s.s0.y;
-    arena[DS1_AT + at] = s.ds1.x;
-    arena[DS1_AT + at + 1u] = s.ds1.y;
+    // Row i = t / 4, columns vv = 2 (t % 4) and vv + 1 of the slice.
+    let i = t / 4u;
+    let at = 2u * (t % 4u) * PITCH + i / 4u;
+    let l = i % 4u;
+    arena[DO_AT + at][l] = s.tok.x;
+    arena[DO_AT + at + PITCH][l] = s.tok.y;
+    arena[VNEW_AT + at][l] = s.tok.z;
+    arena[VNEW_AT + at + PITCH][l] = s.tok.w;
+    arena[DV_AT + at][l] = s.dv.x;
+    arena[DV_AT + at + PITCH][l] = s.dv.y;
+    arena[S0_AT + at][l] = s.s0.x;
+    arena[S0_AT + at + PITCH][l] = s.s0.y;
+    arena[DS1_AT + at][l] = s.ds1.x;
+    arena[DS1_AT + at + PITCH][l] = s.ds1.y;
 }
 
-// Row i's dQs, dKs and X at K columns k0 + c + 16 jj (those < K).
+// Row i's dQs, dKs and X at K columns k0 + 4c .. k0 + 4c + 3 (those < K).
 fn store_row(i: u32, len: u32, start: u32, hv: u32, k0: u32, c: u32, q: vec4<f32>, k: vec4<f32>, x: vec4<f32>) {
     if (i < len) {
-        let out = ((start + i) * params.heads_v + hv) * (3u * K_DIM + 1u) + k0 + c;
+        let out = ((start + i) * params.heads_v + hv) * (3u * K_DIM + 1u) + k0 + 4u * c;
         let dq = params.scale * gam_s[i] * q;
         let dk = dec_s[i] * k;
         let dx = -gam_s[i] * x;
-        dqk_parts[out] = dq.x;
-        dqk_parts[out + K_DIM] = dk.x;
-        dqk_parts[out + 2u * K_DIM] = dx.x;
-        if (k0 + c + 16u < K_DIM) {
-            dqk_parts[out + 16u] = dq.y;
-            dqk_parts[out + K_DIM + 16u] = dk.y;
-            dqk_parts[out + 2u * K_DIM + 16u] = dx.y;
+        let inside = vec4<u32>(k0 + 4u * c) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(K_DIM);
+        if (inside.x) {
+            dqk_parts[out] = dq.x;
+            dqk_parts[out + K_DIM] = dk.x;
+            dqk_parts[out + 2u * K_DIM] = dx.x;
         }
-        if (k0 + c + 32u < K_DIM) {
-            dqk_parts[out + 32u] = dq.z;
-            dqk_parts[out + K_DIM + 32u] = dk.z;
-            dqk_parts[out + 2u * K_DIM + 32u] = dx.z;
+        if (inside.y) {
+            dqk_parts[out + 1u] = dq.y;
+            dqk_parts[out + K_DIM + 1u] = dk.y;
+            dqk_parts[out + 2u * K_DIM + 1u] = dx.y;
         }
-        if (k0 + c + 48u < K_DIM) {
-            dqk_parts[out + 48u] = dq.w;
-            dqk_parts[out + K_DIM + 48u] = dk.w;
-            dqk_parts[out + 2u * K_DIM + 48u] = dx.w;
+        if (inside.z) {
+            dqk_parts[out + 2u] = dq.z;
+            dqk_parts[out + K_DIM + 2u] = dk.z;
+            dqk_parts[out + 2u * K_DIM + 2u] = dx.z;
+        }
+        if (inside.w) {
+            dqk_parts[out + 3u] = dq.w;
+            dqk_parts[out + K_DIM + 3u] = dk.w;
+            dqk_parts[out + 2u * K_DIM + 3u] = dx.w;
         }
     }
 }
@@ -165,11 +169,11 @@ fn state_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             }
             workgroupBarrier();
             for (var vv = 0u; vv < V_SLICE; vv++) {
-                let d = rows4(DO_AT, row0, vv);
-                let vn = rows4(VNEW_AT, row0, vv);
-                let dv = rows4(DV_AT, row0, vv);
-                let s = cols4(S0_AT, c, vv);
-                let ds = cols4(DS1_AT, c, vv);
+                let d = rows4(DO_AT, r, vv);
+                let vn = rows4(VNEW_AT, r, vv);
+                let dv = rows4(DV_AT, r, vv);
+                let s = rows4(S0_AT, c, vv);
+                let ds = rows4(DS1_AT, c, vv);
                 q0 += d.x * s; q1 += d.y * s; q2 += d.z * s; q3 += d.w * s;
                 k0a += vn.x * ds; k1a += vn.y * ds; k2a += vn.z * ds; k3a += vn.w * ds;
                 x0 += dv.x * s; x1 += dv.y * s; x2 += dv.z * s; x3 += dv.w * s;
