@@ -12,9 +12,11 @@
 // triangular structure comes for free): X = dAr Aᵀ, then dL = −Aᵀ X masked to j < i.
 //
 // Register tiles: invocation (r, c) = (t / 16, t % 16) owns rows 4r..4r+3 and columns
-// c + 16jj (jj < 4) of every 64×64 matrix, as named vec4 registers (lanes = columns; no private
-// arrays indexed in loops). Operands are staged in 16-wide slices (64 × 16, pitch 17, or
-// 16 × 64, pitch 65) with the next slice prefetched into registers. Row and column sums go
+// 4c..4c+3 of every 64×64 matrix, as named vec4 registers (lanes = columns; no private arrays
+// indexed in loops). Operands are staged in 16-wide slices with the next slice prefetched into
+// registers, stored as vec4s along the axis the products step through (four rows per vec4,
+// 17 vec4s per slice column), so a product step reads two or three vec4s instead of eight or
+// twelve scalars (the steps were bound by workgroup loads, not FMAs). Row and column sums go
 // through workgroup memory in a fixed order (deterministic). 12 KiB of workgroup memory.
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -28,13 +30,20 @@
 
 override K_DIM: u32;
 const SLICE: u32 = 16u;
-const PITCH: u32 = 17u;        // 64 × 16 slices
-const ROW_PITCH: u32 = 65u;    // 16 × 64 slices
-const S1: u32 = 1088u;         // second 64 × 16 slice
-const S2: u32 = 1040u;         // second 16 × 64 slice
+const PITCH: u32 = 17u;        // vec4s per slice column (16 groups of four rows + 1)
+const S1: u32 = 272u;          // the second slice (vec4 index)
 
-var<workgroup> arena: array<f32, 3072>;
+var<workgroup> arena: array<vec4<f32>, 768>;
 var<workgroup> b_s: array<f32, 64>;
+
+// Float i of the arena (the partial sums).
+fn word(i: u32) -> f32 {
+    return arena[i / 4u][i % 4u];
+}
+
+fn set_word(i: u32, x: f32) {
+    arena[i / 4u][i % 4u] = x;
+}
 
 fn q_at(i: u32) -> f32 {
     return load_elem(q_buf[elem_word(i)], i);
@@ -44,37 +53,36 @@ fn k_at(i: u32) -> f32 {
     return load_elem(k_buf[elem_word(i)], i);
 }
 
-fn rows4(base: u32, row0: u32, kk: u32) -> vec4<f32> {
-    return vec4<f32>(arena[base + row0 * PITCH + kk], arena[base + (row0 + 1u) * PITCH + kk],
-                     arena[base + (row0 + 2u) * PITCH + kk], arena[base + (row0 + 3u) * PITCH + kk]);
+// Rows 4q..4q+3 of a slice's column kk.
+fn rows4(base: u32, q: u32, kk: u32) -> vec4<f32> {
+    return arena[base + kk * PITCH + q];
 }
 
-fn cols4(base: u32, c: u32, kk: u32) -> vec4<f32> {
-    return vec4<f32>(arena[base + c * PITCH + kk], arena[base + (c + 16u) * PITCH + kk],
-                     arena[base + (c + 32u) * PITCH + kk], arena[base + (c + 48u) * PITCH + kk]);
-}
-
-fn store4(at: u32, x: vec4<f32>) {
-    arena[at] = x.x;
-    arena[at + 1u] = x.y;
-    arena[at + 2u] = x.z;
-    arena[at + 3u] = x.w;
+// Row i = t / 4, columns 4 (t % 4) .. + 3 of a 64 × 16 slice, stored transposed.
+fn store_slice(base: u32, t: u32, x: vec4<f32>) {
+    let i = t / 4u;
+    let at = base + 4u * (t % 4u) * PITCH + i / 4u;
+    let l = i % 4u;
+    arena[at][l] = x.x;
+    arena[at + PITCH][l] = x.y;
+    arena[at + 2u * PITCH][l] = x.z;
+    arena[at + 3u * PITCH][l] = x.w;
 }
 
 fn mats_row(start: u32, i: u32, hv: u32) -> u32 {
     return ((start + i) * params.heads_v + hv) * CHUNK;
 }
 
-// Entries c + 16 jj of row i of A (`a_buf`) or of a `mats` half; 0 past the chunk.
+// Entries 4c .. 4c + 3 of row i of A (`a_buf`) or of a `mats` half; 0 past the chunk.
 fn a_row4(start: u32, len: u32, hv: u32, i: u32, c: u32) -> vec4<f32> {
-    let at = mats_row(start, min(i, len - 1u), hv) + c;
-    let x = vec4<f32>(a_buf[at], a_buf[at + 16u], a_buf[at + 32u], a_buf[at + 48u]);
+    let at = mats_row(start, min(i, len - 1u), hv) + 4u * c;
+    let x = vec4<f32>(a_buf[at], a_buf[at + 1u], a_buf[at + 2u], a_buf[at + 3u]);
     return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
 }
 
 fn mats_row4(half: u32, start: u32, len: u32, hv: u32, i: u32, c: u32) -> vec4<f32> {
-    let at = half + mats_row(start, min(i, len - 1u), hv) + c;
-    let x = vec4<f32>(mats[at], mats[at + 16u], mats[at + 32u], mats[at + 48u]);
+    let at = half + mats_row(start, min(i, len - 1u), hv) + 4u * c;
+    let x = vec4<f32>(mats[at], mats[at + 1u], mats[at + 2u], mats[at + 3u]);
     return select(vec4<f32>(0.0), x, vec4<bool>(i < len));
 }
 
@@ -119,19 +127,15 @@ fn hsum(x: vec4<f32>) -> f32 {
     return (x.x + x.y) + (x.z + x.w);
 }
 
-// Row sums of this invocation's 4 columns (at `rs`, 64 × 16) and column sums of its 4 rows
-// (at `cs`, 16 × 64) of a register tile.
+// Row sums of this invocation's 4 columns (floats at `rs`, 64 × 16) and column sums of its 4
+// rows (floats at `cs`, 16 × 64) of a register tile.
 fn partial_sums(rs: u32, cs: u32, r: u32, c: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) {
     let row0 = 4u * r;
-    arena[rs + row0 * 16u + c] = hsum(x0);
-    arena[rs + (row0 + 1u) * 16u + c] = hsum(x1);
-    arena[rs + (row0 + 2u) * 16u + c] = hsum(x2);
-    arena[rs + (row0 + 3u) * 16u + c] = hsum(x3);
-    let col = (x0 + x1) + (x2 + x3);
-    arena[cs + r * 64u + c] = col.x;
-    arena[cs + r * 64u + c + 16u] = col.y;
-    arena[cs + r * 64u + c + 32u] = col.z;
-    arena[cs + r * 64u + c + 48u] = col.w;
+    set_word(rs + row0 * 16u + c, hsum(x0));
+    set_word(rs + (row0 + 1u) * 16u + c, hsum(x1));
+    set_word(rs + (row0 + 2u) * 16u + c, hsum(x2));
+    set_word(rs + (row0 + 3u) * 16u + c, hsum(x3));
+    arena[(cs + r * 64u) / 4u + c] = (x0 + x1) + (x2 + x3);
 }
 
 @compute @workgroup_size(256)
@@ -146,7 +150,7 @@ fn wy_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
     let r = t / 16u;
     let c = t % 16u;
     let row0 = 4u * r;
-    let cols = vec4<u32>(c, c + 16u, c + 32u, c + 48u);
+    let cols = vec4<u32>(4u * c) + vec4<u32>(0u, 1u, 2u, 3u);
 
     if (t < CHUNK) {
         b_s[t] = select(0.0, gate_beta[(start + min(t, len - 1u)) * hv_count + hv].y, t < len);
@@ -172,17 +176,16 @@ fn wy_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
     var qk_next = load_qk(start, len, h, 0u, t);
     for (var k0 = 0u; k0 < K_DIM; k0 += SLICE) {
         workgroupBarrier();
-        let at = (t / 4u) * PITCH + 4u * (t % 4u);
-        store4(at, qk_next.a);
-        store4(S1 + at, qk_next.b);
+        store_slice(0u, t, qk_next.a);
+        store_slice(S1, t, qk_next.b);
         if (k0 + SLICE < K_DIM) {
             qk_next = load_qk(start, len, h, k0 + SLICE, t);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < SLICE; kk++) {
-            let qr = rows4(0u, row0, kk);
-            let kr = rows4(S1, row0, kk);
-            let kc = cols4(S1, c, kk);
+            let qr = rows4(0u, r, kk);
+            let kr = rows4(S1, r, kk);
+            let kc = rows4(S1, c, kk);
             p0 += qr.x * kc; p1 += qr.y * kc; p2 += qr.z * kc; p3 += qr.w * kc;
             g0 += kr.x * kc; g1 += kr.y * kc; g2 += kr.z * kc; g3 += kr.w * kc;
         }
@@ -190,25 +193,21 @@ fn wy_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
     workgroupBarrier();
 
     // E (strictly lower) and dAb ⊙ A; dG = rowsum(E) − colsum(E), dβ = colsum(dAb ⊙ A).
-    let bcol = vec4<f32>(b_s[c], b_s[c + 16u], b_s[c + 32u], b_s[c + 48u]);
+    let bcol = vec4<f32>(b_s[cols.x], b_s[cols.y], b_s[cols.z], b_s[cols.w]);
     let zero = vec4<f32>(0.0);
     let e0 = select(zero, p0 * dp0 + a0 * bcol * db0, cols < vec4<u32>(row0));
     let e1 = select(zero, p1 * dp1 + a1 * bcol * db1, cols < vec4<u32>(row0 + 1u));
     let e2 = select(zero, p2 * dp2 + a2 * bcol * db2, cols < vec4<u32>(row0 + 2u));
     let e3 = select(zero, p3 * dp3 + a3 * bcol * db3, cols < vec4<u32>(row0 + 3u));
     partial_sums(0u, 1024u, r, c, e0, e1, e2, e3);
-    let f = (db0 * a0 + db1 * a1) + (db2 * a2 + db3 * a3);
-    arena[2048u + r * 64u + c] = f.x;
-    arena[2048u + r * 64u + c + 16u] = f.y;
-    arena[2048u + r * 64u + c + 32u] = f.z;
-    arena[2048u + r * 64u + c + 48u] = f.w;
+    arena[(2048u + r * 64u) / 4u + c] = (db0 * a0 + db1 * a1) + (db2 * a2 + db3 * a3);
     workgroupBarrier();
     var dg = 0.0;
     var db = 0.0;
     if (t < CHUNK) {
         for (var k = 0u; k < 16u; k++) {
-            dg += arena[t * 16u + k] - arena[1024u + k * 64u + t];
-            db += arena[2048u + k * 64u + t];
+            dg += word(t * 16u + k) - word(1024u + k * 64u + t);
+            db += word(2048u + k * 64u + t);
         }
     }
 
@@ -217,16 +216,15 @@ fn wy_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
     var da_next = load_dar_a(start, len, hv, 0u, t);
     for (var p0s = 0u; p0s < CHUNK; p0s += SLICE) {
         workgroupBarrier();
-        let at = (t / 4u) * PITCH + 4u * (t % 4u);
-        store4(at, da_next.a);
-        store4(S1 + at, da_next.b);
+        store_slice(0u, t, da_next.a);
+        store_slice(S1, t, da_next.b);
         if (p0s + SLICE < CHUNK) {
             da_next = load_dar_a(start, len, hv, p0s + SLICE, t);
         }
         workgroupBarrier();
         for (var pp = 0u; pp < SLICE; pp++) {
-            let dr = rows4(0u, row0, pp);
-            let ac = cols4(S1, c, pp);
+            let dr = rows4(0u, r, pp);
+            let ac = rows4(S1, c, pp);
             x0 += dr.x * ac; x1 += dr.y * ac; x2 += dr.z * ac; x3 += dr.w * ac;
         }
     }
@@ -237,26 +235,21 @@ fn wy_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
     var a_next = load_a_rows(start, len, hv, 0u, t);
     for (var m0 = 0u; m0 < CHUNK; m0 += SLICE) {
         workgroupBarrier();
-        store4((t / 16u) * ROW_PITCH + 4u * (t % 16u), a_next);
+        arena[(t / 16u) * PITCH + t % 16u] = a_next;
         if (m0 + SLICE < CHUNK) {
             a_next = load_a_rows(start, len, hv, m0 + SLICE, t);
         }
         if (row0 >= m0 && row0 < m0 + SLICE) {
-            let at = S2 + (row0 - m0) * ROW_PITCH + c;
-            arena[at] = x0.x; arena[at + 16u] = x0.y; arena[at + 32u] = x0.z; arena[at + 48u] = x0.w;
-            arena[at + ROW_PITCH] = x1.x; arena[at + ROW_PITCH + 16u] = x1.y;
-            arena[at + ROW_PITCH + 32u] = x1.z; arena[at + ROW_PITCH + 48u] = x1.w;
-            arena[at + 2u * ROW_PITCH] = x2.x; arena[at + 2u * ROW_PITCH + 16u] = x2.y;
-            arena[at + 2u * ROW_PITCH + 32u] = x2.z; arena[at + 2u * ROW_PITCH + 48u] = x2.w;
-            arena[at + 3u * ROW_PITCH] = x3.x; arena[at + 3u * ROW_PITCH + 16u] = x3.y;
-            arena[at + 3u * ROW_PITCH + 32u] = x3.z; arena[at + 3u * ROW_PITCH + 48u] = x3.w;
+            let at = S1 + (row0 - m0) * PITCH + c;
+            arena[at] = x0;
+            arena[at + PITCH] = x1;
+            arena[at + 2u * PITCH] = x2;
+            arena[at + 3u * PITCH] = x3;
         }
         workgroupBarrier();
         for (var mm = 0u; mm < SLICE; mm++) {
-            let ar = mm * ROW_PITCH + row0;
-            let a = vec4<f32>(arena[ar], arena[ar + 1u], arena[ar + 2u], arena[ar + 3u]);
-            let xr = S2 + mm * ROW_PITCH + c;
-            let xv = vec4<f32>(arena[xr], arena[xr + 16u], arena[xr + 32u], arena[xr + 48u]);
+            let a = arena[mm * PITCH + r];
+            let xv = arena[S1 + mm * PITCH + c];
             l0 += a.x * xv; l1 += a.y * xv; l2 += a.z * xv; l3 += a.w * xv;
         }
     }
@@ -267,36 +260,36 @@ fn wy_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
 
     // dAt = diag(β) dL replaces dAb (every read of dAb is behind the barriers above).
     if (row0 < len) {
-        let at = half + mats_row(start, row0, hv) + c;
+        let at = half + mats_row(start, row0, hv) + 4u * c;
         let y = b_s[row0] * l0;
-        mats[at] = y.x; mats[at + 16u] = y.y; mats[at + 32u] = y.z; mats[at + 48u] = y.w;
+        mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
     }
     if (row0 + 1u < len) {
-        let at = half + mats_row(start, row0 + 1u, hv) + c;
+        let at = half + mats_row(start, row0 + 1u, hv) + 4u * c;
         let y = b_s[row0 + 1u] * l1;
-        mats[at] = y.x; mats[at + 16u] = y.y; mats[at + 32u] = y.z; mats[at + 48u] = y.w;
+        mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
     }
     if (row0 + 2u < len) {
-        let at = half + mats_row(start, row0 + 2u, hv) + c;
+        let at = half + mats_row(start, row0 + 2u, hv) + 4u * c;
         let y = b_s[row0 + 2u] * l2;
-        mats[at] = y.x; mats[at + 16u] = y.y; mats[at + 32u] = y.z; mats[at + 48u] = y.w;
+        mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
     }
     if (row0 + 3u < len) {
-        let at = half + mats_row(start, row0 + 3u, hv) + c;
+        let at = half + mats_row(start, row0 + 3u, hv) + 4u * c;
         let y = b_s[row0 + 3u] * l3;
-        mats[at] = y.x; mats[at + 16u] = y.y; mats[at + 32u] = y.z; mats[at + 48u] = y.w;
+        mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
     }
 
     // dβ_i += Σ_j dL_ij (k_i·k_j).
     workgroupBarrier();
-    arena[row0 * 16u + c] = hsum(l0 * g0);
-    arena[(row0 + 1u) * 16u + c] = hsum(l1 * g1);
-    arena[(row0 + 2u) * 16u + c] = hsum(l2 * g2);
-    arena[(row0 + 3u) * 16u + c] = hsum(l3 * g3);
+    set_word(row0 * 16u + c, hsum(l0 * g0));
+    set_word((row0 + 1u) * 16u + c, hsum(l1 * g1));
+    set_word((row0 + 2u) * 16u + c, hsum(l2 * g2));
+    set_word((row0 + 3u) * 16u + c, hsum(l3 * g3));
     workgroupBarrier();
     if (t < len) {
         for (var k = 0u; k < 16u; k++) {
-            db += arena[t * 16u + k];
+            db += word(t * 16u + k);
         }
         dg_dbeta[(start + t) * hv_count + hv] = vec2<f32>(dg, db);
     }
