@@ -12,7 +12,8 @@
 //! 7. `qk_finish` — GVA group sums and the l2norm backward → dq, dk `[B,T,H,K]`.
 //! 8. `gate_finish` — β and gate activation chain rules, dA_log and ddt_bias.
 //!
-//! Passes 1–2 are sequential over chunks (one workgroup per segment, v-head, V-block); the
+//! Passes 1–2 are sequential over chunks (one workgroup per segment, v-head, V-block) and
+//! independent of each other (recorded dh_scan first, so that the GPU may overlap them); the
 //! others are parallel over chunks or tokens. Nothing here submits or reads back.
 
 mod dh_scan;
@@ -887,8 +888,8 @@ struct WindowPasses<'a> {
 }
 
 /// Record the backward's passes over one window whose tail slots hold the start states and
-/// the gradients w.r.t. the end states. With `dh_done`, a hook after dh_scan (the tail slots
-/// then hold the gradients w.r.t. the start states).
+/// the gradients w.r.t. the end states. With `dh_done`, a hook after the two scans (the tail
+/// slots then hold the gradients w.r.t. the start states).
 fn record_window(
     ctx: &Context,
     encoder: &mut wgpu::CommandEncoder,
@@ -954,33 +955,10 @@ fn record_window(
         value_dim: vd,
         v_block: scan_v_block(ctx, p)?,
     };
-    match &sc.coop {
-        Some(c) => {
-            let recompute = RecomputeCoopBuffers {
-                k16: &c.k16,
-                v: w.v,
-                gate_beta: w.gate_beta,
-                gated16: &c.gated16,
-                segments: w.segments,
-                states: &sc.states,
-                w_vnew: &sc.w_vnew,
-            };
-            state_recompute_coop(ctx, encoder, w.params, &recompute, w.num_segments, hv)?;
-        }
-        None => {
-            let recompute = RecomputeBuffers {
-                k: w.k,
-                v: w.v,
-                gate_beta: w.gate_beta,
-                gated: &gated,
-                segments: w.segments,
-                states: &sc.states,
-                w_vnew: &sc.w_vnew,
-            };
-            state_recompute(ctx, encoder, w.params, &recompute, dims)?;
-        }
-    }
-    mark(encoder, "state_recompute");
+    // The two scans do not depend on each other. The reverse scan goes first: its inputs
+    // (the f16 operands, γ⊙q) are transitioned to reads before it, so the replay after it
+    // needs no barrier on compute work and the GPU may run the two at once (with the other
+    // order, γ⊙q's first read by the reverse scan ordered it after the whole replay).
     match &sc.coop {
         Some(c) => {
             let scan = DhScanCoopBuffers {
@@ -1009,8 +987,36 @@ fn record_window(
             dh_scan(ctx, encoder, w.params, &scan, dims)?;
         }
     }
-    dh_done(encoder);
     mark(encoder, "dh_scan");
+    match &sc.coop {
+        Some(c) => {
+            let recompute = RecomputeCoopBuffers {
+                k16: &c.k16,
+                v: w.v,
+                gate_beta: w.gate_beta,
+                gated16: &c.gated16,
+                segments: w.segments,
+                states: &sc.states,
+                w_vnew: &sc.w_vnew,
+            };
+            state_recompute_coop(ctx, encoder, w.params, &recompute, w.num_segments, hv)?;
+        }
+        None => {
+            let recompute = RecomputeBuffers {
+                k: w.k,
+                v: w.v,
+                gate_beta: w.gate_beta,
+                gated: &gated,
+                segments: w.segments,
+                states: &sc.states,
+                w_vnew: &sc.w_vnew,
+            };
+            state_recompute(ctx, encoder, w.params, &recompute, dims)?;
+        }
+    }
+    // After both scans: the hook's copies of dh's tail slots would otherwise sit between them.
+    dh_done(encoder);
+    mark(encoder, "state_recompute");
     let grams = ValueGramsBuffers {
         d_o: w.d_o,
         w_vnew: &sc.w_vnew,
