@@ -13,9 +13,7 @@
 // its transition was never scanned), and `final_copy` then writes the final state from the
 // final scan's end state of each sequence's last segment (that segment's E is not scanned).
 //
-// `identity` fills the M slots with the identity before the transition scan: every slot, or
-// with the window only those of exact pairs (the scan skips the others, whose transitions
-// nothing reads).
+// The M slots start from identities the forward copies over them before the transition scan.
 
 @group(0) @binding(0) var<uniform> params: Params;                        // the problem's
 @group(0) @binding(1) var<storage, read> seq_segments: array<u32>;        // per sequence: first segment, count
@@ -24,7 +22,6 @@
 @group(0) @binding(4) var<storage, read> ends: array<f32>;                // [S, HV, K, V]
 @group(0) @binding(5) var<storage, read_write> starts: array<f32>;        // [S, HV, K, V]
 @group(0) @binding(6) var<storage, read_write> final_state: array<f32>;   // [N, HV, K, V] (problem layout)
-@group(0) @binding(7) var<storage, read_write> trans_init: array<f32>;    // [S, HV, K, K]
 @group(0) @binding(8) var<storage, read> warmup: array<u32>;              // [S, HV] (WINDOWED)
 
 override HAS_H0: bool;
@@ -147,18 +144,4 @@ fn final_copy(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
             final_state[problem_index(n, hv, t, c0 + c)] = starts[sbase + c0 + c];
         }
     }
-}
-
-@compute @workgroup_size(64)
-fn identity(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    let e = flat_index(gid, nwg);
-    if (e >= params.rows) {
-        return;
-    }
-    let kd = params.key_dim;
-    // Slot e / K² is (segment, v-head), warmup's index.
-    if (WINDOWED && warmup[e / (kd * kd)] != FALLBACK) {
-        return;
-    }
-    trans_init[e] = select(0.0, 1.0, (e / kd) % kd == e % kd);
 }

@@ -673,6 +673,17 @@ fn record_window(
                 None => (None, None),
             };
             encoder.clear_buffer(&ends.buffer, 0, Some(ends.binding_bytes()));
+            // The transitions start from the identity: copied (not filled by a pass), so
+            // that the transition scan waits on no compute work and may overlap the end-state
+            // scan (with the window, the windowed pairs' slots get it too: nothing reads them).
+            let identity = scratch_rows(&sp.identity, segs.max(1))?;
+            encoder.copy_buffer_to_buffer(
+                &identity.buffer,
+                identity.offset(),
+                &trans.buffer,
+                trans.offset(),
+                trans.bytes(),
+            );
             scan(
                 encoder,
                 ScanRun {
@@ -686,14 +697,6 @@ fn record_window(
                     o: &o,
                     output: None,
                 },
-            )?;
-            segment_combine::fill_identity(
-                ctx,
-                encoder,
-                &st.identity_params,
-                &trans,
-                &st.warmup,
-                ws.segment_window.is_some(),
             )?;
             scan(
                 encoder,

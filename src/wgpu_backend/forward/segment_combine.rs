@@ -1,36 +1,12 @@
 //! Launcher of `shaders/forward/segment_combine.wgsl`: the sequential step of intra-device
 //! sequence parallelism (start states of every segment from the segments' transitions and
-//! zero-start end states), and the identity fill of the transitions.
+//! zero-start end states).
 
 use crate::error::Result;
 use crate::tensor::DType;
 use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
-
-/// Record `trans[s, hv] = I` for every slot (`params.rows` = its element count), or with the
-/// gate-driven window (`windowed`; `warmup`: segment_window's table, bound either way) for the
-/// exact pairs only: the transition scan skips the others and the combine never reads their
-/// slots.
-pub fn fill_identity(
-    ctx: &Context,
-    encoder: &mut wgpu::CommandEncoder,
-    params: &wgpu::Buffer,
-    trans: &GpuTensor,
-    warmup: &wgpu::Buffer,
-    windowed: bool,
-) -> Result<()> {
-    Launch {
-        name: "segment identity",
-        source: source(Pass::SegmentCombine, DType::F32)?,
-        entry: "identity",
-        constants: if windowed { &[("WINDOWED", 1.0)] } else { &[] },
-        // `identity` uses bindings 0, 7 (the writable view of the transitions) and 8.
-        bindings: Bindings::At(&[(0, params), (7, trans), (8, warmup)]),
-        grid: Grid::items_64(trans.len(), "transition elements"),
-    }
-    .record(ctx, encoder)
-}
 
 /// The buffers of [`segment_combine`].
 pub struct CombineBuffers<'a> {

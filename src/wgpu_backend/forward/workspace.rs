@@ -132,6 +132,10 @@ pub(crate) struct Segmented {
     pub trans_problem: Problem,
     /// `[S, HV, K, K]`, `[S, HV, K, V]`, `[S, HV, K, V]` f32.
     pub trans: GpuTensor,
+    /// `[S, HV, K, K]` f32 identities, written once: copied over `trans` before each
+    /// transition scan (a copy, not a compute pass, so that no barrier on compute work sits
+    /// between the end-state scan and the transition scan and the GPU may overlap them).
+    pub identity: GpuTensor,
     pub ends: GpuTensor,
     pub starts: GpuTensor,
     /// `[tokens, HV, K]` zeros (never written) and the transition scan's discarded o.
@@ -152,7 +156,6 @@ pub(crate) struct SegmentTables {
     pub seq_segments: wgpu::Buffer,
     pub scan_params: wgpu::Buffer,
     pub trans_params: wgpu::Buffer,
-    pub identity_params: wgpu::Buffer,
     /// The gate-driven window's: `[S]` last-of-its-sequence flags, its parameter block
     /// (`rows` = S · HV), and what `segment_window` writes: the end-state and transition
     /// scans' rows per (segment, v-head) and the warm-up lengths (read back by
@@ -518,7 +521,6 @@ impl ForwardWorkspace {
                     + st.seq_segments.size()
                     + st.scan_params.size()
                     + st.trans_params.size()
-                    + st.identity_params.size()
                     + st.last_segment.size()
                     + st.window_params.size()
                     + st.end_rows.size()
@@ -527,7 +529,14 @@ impl ForwardWorkspace {
             }
         }
         if let Some(sp) = &self.segmented {
-            tensors.extend([&sp.trans, &sp.ends, &sp.starts, &sp.zero_v, &sp.trans_o]);
+            tensors.extend([
+                &sp.trans,
+                &sp.identity,
+                &sp.ends,
+                &sp.starts,
+                &sp.zero_v,
+                &sp.trans_o,
+            ]);
             tensors.extend(sp.carry.iter());
         }
         tensors.iter().map(|t| t.buffer.size()).sum::<u64>() + small
@@ -719,8 +728,6 @@ impl SegmentTables {
             params.total_tokens = window.tokens as u32;
             params
         };
-        let mut identity = params(&trans_problem);
-        identity.rows = (num_segments * problem.heads_v * problem.key_dim * problem.key_dim) as u32;
         let pairs = num_segments * problem.heads_v;
         let mut window_params = params(&scan_problem);
         window_params.rows = pairs as u32;
@@ -744,7 +751,6 @@ impl SegmentTables {
             seq_segments: upload_u32(ctx, "cp sequence segments", &seq_table),
             scan_params: params(&scan_problem).upload(ctx),
             trans_params: params(&trans_problem).upload(ctx),
-            identity_params: identity.upload(ctx),
         }
     }
 }
@@ -780,6 +786,16 @@ impl Segmented {
         } else {
             None
         };
+        let identity =
+            GpuTensor::scratch(ctx, "cp identities", &[num_segments, hv, k, k], DType::F32)?;
+        let block: Vec<f32> = (0..k * k)
+            .map(|e| if e / k == e % k { 1.0 } else { 0.0 })
+            .collect();
+        for slot in 0..num_segments * hv {
+            let at = (slot * k * k * 4) as u64;
+            ctx.queue
+                .write_buffer(&identity.buffer, at, bytemuck::cast_slice(&block));
+        }
         Ok(Segmented {
             chunks,
             trans: GpuTensor::scratch(
@@ -788,6 +804,7 @@ impl Segmented {
                 &[num_segments, hv, k, k],
                 DType::F32,
             )?,
+            identity,
             ends: GpuTensor::scratch(ctx, "cp ends", &[num_segments, hv, k, v], DType::F32)?,
             starts: GpuTensor::scratch(ctx, "cp starts", &[num_segments, hv, k, v], DType::F32)?,
             zero_v: GpuTensor::scratch(ctx, "cp zero v", &[tokens, hv, k], dtype)?,
