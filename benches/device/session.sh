@@ -88,6 +88,22 @@ ab() { [ -x ./gdn-base ] || { stamp "ab: no gdn-base (pack.sh BASE=<rev>)"; retu
         echo "-- $bin round $round"
         ./$bin bench --backend cuda $args --dtype bf16 --reps 5 --no-progress --json "$res/ab-$bin-$round.json" 2>&1 | tail -8
     done; done; }
+# gdn (this tree) against gdn-base on the WGSL (Vulkan) path, fresh processes, alternated over
+# two rounds, and gdn once more per round with --whole-op-timing (no timestamps between passes,
+# which would time passes that can overlap one after the other; gdn-base may predate the flag).
+# WAB_CASES: `;`-separated bench arguments, one process each. Not in the default stages.
+wgpuab() { [ -x ./gdn-base ] || { stamp "wgpuab: no gdn-base (pack.sh BASE=<rev>)"; return; }; late wgpuab && return
+    stamp "wgpuab: $(cat gdn.rev 2>/dev/null) against base $(cat gdn-base.rev 2>/dev/null)"
+    local cases=${WAB_CASES:-"--ops backward --heads 16/32 --dtype bf16;--ops backward --heads 16/32 --dtype bf16 --backward-budget unbounded;--ops backward --heads 16/32 --dtype f32;--ops forward --heads 2/8,16/32 --dtype bf16;--ops forward --heads 2/8 --dtype f32"}
+    IFS=';' read -r -a list <<< "$cases"
+    for round in 1 2; do for n in "${!list[@]}"; do
+        for run in "gdn" "gdn-base" "gdn --whole-op-timing"; do late "wgpuab $run case $n round $round" && return
+            local bin=${run%% *} extra=""; [ "$run" != "$bin" ] && extra=${run#* }
+            echo "-- $run round $round: ${list[$n]}"
+            ./$bin bench ${list[$n]} --seqs 1x32768 --reps 3 --no-progress $extra \
+                --json "$res/wab-$n-${run// /}-$round.json" 2>&1 | grep -v "^\s*$" | tail -14
+        done
+    done; done; }
 # The kernels' variants with this one binary (GDN_CUDA_DEFINES, docs/configuration.md): VARIANTS
 # is a `;`-separated list of define lists (an empty entry: the defaults), each timed in a fresh
 # process, alternated over two rounds (AB_ARGS: the shapes). Round 1 also compiles each variant
