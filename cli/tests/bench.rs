@@ -221,6 +221,44 @@ fn quick_sweep_writes_json_with_the_documented_fields() {
 /// `--forward-algorithm` times the algorithm asked for (gated by the oracle first on the same
 /// algorithm) and the record names it, with "forced" as the reason; `auto` records the
 /// context's choice.
+/// `--whole-op-timing` times the op between its first and last timestamp only: one span, no
+/// per-pass times; without it a backward records each of its passes.
+#[test]
+fn whole_op_timing_records_one_span() {
+    if common::gpu().is_none() {
+        return;
+    }
+    let json = temp_path("whole.json");
+    let mut spans = Vec::new();
+    for whole in [false, true] {
+        let mut cmd = gdn();
+        cmd.args(["bench", "--quick", "--ops", "backward", "--heads", "1/2"])
+            .args(["--seqs", "1x100", "--no-progress", "--json"])
+            .arg(&json);
+        if whole {
+            cmd.arg("--whole-op-timing");
+        }
+        let out = cmd.output().unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        std::fs::remove_file(&json).ok();
+        if report["adapter"]["timestamp_queries"] != true {
+            return;
+        }
+        let record = &report["records"][0];
+        assert_eq!(record["status"], "ok", "{record}");
+        assert!(num(&record["gpu_ms"], "median") > 0.0, "{record}");
+        spans.push(record["passes"].as_array().unwrap().len());
+    }
+    assert!(spans[0] > 1, "per-pass times: {spans:?}");
+    assert_eq!(spans[1], 1, "one span with --whole-op-timing: {spans:?}");
+}
+
 #[test]
 fn forward_algorithm_is_recorded_and_can_be_forced() {
     let Some(ctx) = common::gpu() else { return };
