@@ -29,6 +29,18 @@ fn temp_path(name: &str) -> std::path::PathBuf {
     std::env::temp_dir().join(format!("gdn-bench-test-{}-{name}", std::process::id()))
 }
 
+/// Run a `gdn bench` command that must succeed and return the report it wrote to `json`.
+fn bench_report(cmd: &mut Command, json: &std::path::Path) -> Value {
+    let out = cmd.arg("--json").arg(json).output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(json).unwrap()).unwrap()
+}
+
 fn num(v: &Value, key: &str) -> f64 {
     v[key]
         .as_f64()
@@ -233,19 +245,11 @@ fn whole_op_timing_records_one_span() {
     for whole in [false, true] {
         let mut cmd = gdn();
         cmd.args(["bench", "--quick", "--ops", "backward", "--heads", "1/2"])
-            .args(["--seqs", "1x100", "--no-progress", "--json"])
-            .arg(&json);
+            .args(["--seqs", "1x100", "--no-progress"]);
         if whole {
             cmd.arg("--whole-op-timing");
         }
-        let out = cmd.output().unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        let report = bench_report(&mut cmd, &json);
         std::fs::remove_file(&json).ok();
         if report["adapter"]["timestamp_queries"] != true {
             return;
@@ -270,26 +274,18 @@ fn forward_algorithm_is_recorded_and_can_be_forced() {
         ("recurrent", "recurrent"),
         ("auto", auto.algorithm.name()),
     ] {
-        let out = gdn()
-            .args(["bench", "--quick", "--ops", "forward", "--heads", "1/2"])
-            .args([
-                "--seqs",
-                "1x100",
-                "--no-progress",
-                "--forward-algorithm",
-                flag,
-            ])
-            .arg("--json")
-            .arg(&json)
-            .output()
-            .unwrap();
-        assert_eq!(
-            out.status.code(),
-            Some(0),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
+        let report = bench_report(
+            gdn()
+                .args(["bench", "--quick", "--ops", "forward", "--heads", "1/2"])
+                .args([
+                    "--seqs",
+                    "1x100",
+                    "--no-progress",
+                    "--forward-algorithm",
+                    flag,
+                ]),
+            &json,
         );
-        let report: Value = serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
         let record = &report["records"][0];
         assert_eq!(record["status"], "ok", "{record}");
         assert_eq!(record["algorithm"], want, "{flag}: {record}");
