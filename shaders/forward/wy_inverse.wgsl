@@ -1,4 +1,6 @@
-// wy_inverse: per (chunk, v-head) the gate-free WY inverse
+// wy_inverse: per (chunk, q/k head) the Gram products K Kᵀ and Q Kᵀ (they do not depend on
+// the v-head: once per GVA group), then for each v-head of the group in turn the gate-free WY
+// inverse
 //     A = (I + strict_lower(diag(β) K Kᵀ))⁻¹          (64×64, unit lower triangular)
 // solved in 16×16 blocks (forward/wy_solve.wgsl). The gate never enters A (it commutes with
 // every factor and is re-applied as Γ ⊙ A in the scan), so A has no exponentials at all.
@@ -41,13 +43,12 @@ fn store_gated(i: u32, x: f32) {
 @compute @workgroup_size(256)
 fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let chunk = wid.x;
-    let hv = wid.y;
+    let h = wid.y;
     let start = chunks[2u * chunk];
     let len = chunks[2u * chunk + 1u];
-    let h = hv / (params.heads_v / params.heads_qk);
+    let group = params.heads_v / params.heads_qk;
     let r = t / 16u;
     let c = t % 16u;
-    load_gates(t, start, len, hv);
 
     var g = Grams();
     // Staging: invocation t loads row t / 4, columns 4 (t % 4) .. + 3 of each slice.
@@ -68,7 +69,17 @@ fn wy_inverse(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wi
         g = gram_slice(g, r, c);
     }
     workgroupBarrier();
-    store_grams(t, start, hv, len, g);
-    solve_inverse(t);
-    store_inverse(t, start, hv, len);
+
+    // The Grams are the q/k head's; the gates, the inverse and the gated matrices are each
+    // v-head's of its group, in turn.
+    for (var j = 0u; j < group; j++) {
+        let hv = h * group + j;
+        load_gates(t, start, len, hv);
+        workgroupBarrier();
+        store_grams(t, start, hv, len, g);
+        solve_inverse(t);
+        store_inverse(t, start, hv, len);
+        // Before the next v-head's gates and L overwrite g_s, beta_s and the arena.
+        workgroupBarrier();
+    }
 }

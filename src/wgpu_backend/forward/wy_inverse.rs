@@ -1,4 +1,6 @@
-//! Launcher of `shaders/forward/wy_inverse.wgsl`: the gate-free WY inverse per chunk and v-head.
+//! Launcher of `shaders/forward/wy_inverse.wgsl`: the gate-free WY inverse per chunk and
+//! v-head; one workgroup per chunk and q/k head, whose Gram products serve every v-head of its
+//! group.
 
 use crate::error::{Error, Result};
 use crate::tensor::DType;
@@ -34,6 +36,14 @@ pub fn wy_inverse(
 ) -> Result<()> {
     let k = bufs.k;
     let key_dim = k.shape[k.shape.len() - 1];
+    let heads_qk = k.shape[k.shape.len() - 2];
+    if heads_qk == 0 || !heads_v.is_multiple_of(heads_qk) {
+        return Err(Error::value(
+            "heads_v",
+            format!("a multiple of the {heads_qk} q/k heads"),
+            heads_v,
+        ));
+    }
     if bufs.gated.dtype != DType::F32 {
         return Err(Error::DType {
             name: "gated".into(),
@@ -55,7 +65,7 @@ pub fn wy_inverse(
             bufs.a,
             bufs.gated,
         ]),
-        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
+        grid: Grid([(num_chunks, "chunks"), (heads_qk, "q/k heads"), (1, "")]),
     }
     .record(ctx, encoder)
 }
