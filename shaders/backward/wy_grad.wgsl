@@ -1,5 +1,7 @@
-// wy_grad: per (chunk, v-head) the gradients through Ab = A·diag(β) and the gate-free WY
-// inverse A = (I + strict_lower(diag(β) K Kᵀ))⁻¹, from dP and dAb of value_grams:
+// wy_grad: per (chunk, q/k head) P = Q Kᵀ and K Kᵀ (once per GVA group: they do not depend on
+// the v-head), then for each v-head of the group in turn the gradients through Ab = A·diag(β)
+// and the gate-free WY inverse A = (I + strict_lower(diag(β) K Kᵀ))⁻¹, from dP and dAb of
+// value_grams:
 //     E    = P ⊙ dP + Ab ⊙ dAb (strictly lower)    dG_i  = rowsum(E)_i − colsum(E)_i
 //     dβ_j = Σ_i dAb_ij A_ij                        dAr   = dAb · diag(β)
 //     dL   = −strict_lower(Aᵀ dAr Aᵀ)               dβ_i += Σ_j dL_ij (k_i·k_j)
@@ -141,34 +143,16 @@ fn partial_sums(rs: u32, cs: u32, r: u32, c: u32, x0: vec4<f32>, x1: vec4<f32>, 
 @compute @workgroup_size(256)
 fn wy_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let chunk = wid.x;
-    let hv = wid.y;
+    let h = wid.y;
     let start = chunks[2u * chunk];
     let len = chunks[2u * chunk + 1u];
     let hv_count = params.heads_v;
-    let h = hv / (hv_count / params.heads_qk);
+    let group = hv_count / params.heads_qk;
     let half = params.total_tokens * hv_count * CHUNK;
     let r = t / 16u;
     let c = t % 16u;
     let row0 = 4u * r;
     let cols = vec4<u32>(4u * c) + vec4<u32>(0u, 1u, 2u, 3u);
-
-    if (t < CHUNK) {
-        b_s[t] = select(0.0, gate_beta[(start + min(t, len - 1u)) * hv_count + hv].y, t < len);
-    }
-
-    // This invocation's entries of A, dP, dAb (zero outside the chunk's lower triangle).
-    let a0 = a_row4(start, len, hv, row0, c);
-    let a1 = a_row4(start, len, hv, row0 + 1u, c);
-    let a2 = a_row4(start, len, hv, row0 + 2u, c);
-    let a3 = a_row4(start, len, hv, row0 + 3u, c);
-    let dp0 = mats_row4(0u, start, len, hv, row0, c);
-    let dp1 = mats_row4(0u, start, len, hv, row0 + 1u, c);
-    let dp2 = mats_row4(0u, start, len, hv, row0 + 2u, c);
-    let dp3 = mats_row4(0u, start, len, hv, row0 + 3u, c);
-    let db0 = mats_row4(half, start, len, hv, row0, c);
-    let db1 = mats_row4(half, start, len, hv, row0 + 1u, c);
-    let db2 = mats_row4(half, start, len, hv, row0 + 2u, c);
-    let db3 = mats_row4(half, start, len, hv, row0 + 3u, c);
 
     // P = Q Kᵀ and K Kᵀ over 16-column slices of K.
     var p0 = vec4<f32>(0.0); var p1 = vec4<f32>(0.0); var p2 = vec4<f32>(0.0); var p3 = vec4<f32>(0.0);
@@ -192,105 +176,131 @@ fn wy_grad(@builtin(local_invocation_index) t: u32, @builtin(workgroup_id) wid: 
     }
     workgroupBarrier();
 
-    // E (strictly lower) and dAb ⊙ A; dG = rowsum(E) − colsum(E), dβ = colsum(dAb ⊙ A).
-    let bcol = vec4<f32>(b_s[cols.x], b_s[cols.y], b_s[cols.z], b_s[cols.w]);
-    let zero = vec4<f32>(0.0);
-    let e0 = select(zero, p0 * dp0 + a0 * bcol * db0, cols < vec4<u32>(row0));
-    let e1 = select(zero, p1 * dp1 + a1 * bcol * db1, cols < vec4<u32>(row0 + 1u));
-    let e2 = select(zero, p2 * dp2 + a2 * bcol * db2, cols < vec4<u32>(row0 + 2u));
-    let e3 = select(zero, p3 * dp3 + a3 * bcol * db3, cols < vec4<u32>(row0 + 3u));
-    partial_sums(0u, 1024u, r, c, e0, e1, e2, e3);
-    arena[(2048u + r * 64u) / 4u + c] = (db0 * a0 + db1 * a1) + (db2 * a2 + db3 * a3);
-    workgroupBarrier();
-    var dg = 0.0;
-    var db = 0.0;
-    if (t < CHUNK) {
-        for (var k = 0u; k < 16u; k++) {
-            dg += word(t * 16u + k) - word(1024u + k * 64u + t);
-            db += word(2048u + k * 64u + t);
+    // P and K Kᵀ are the q/k head's; everything after them is each v-head's of its group, in
+    // turn.
+    for (var jv = 0u; jv < group; jv++) {
+        let hv = h * group + jv;
+        if (t < CHUNK) {
+            b_s[t] = select(0.0, gate_beta[(start + min(t, len - 1u)) * hv_count + hv].y, t < len);
         }
-    }
 
-    // X = dAr Aᵀ (rows m, columns j), over 16-column slices p.
-    var x0 = vec4<f32>(0.0); var x1 = vec4<f32>(0.0); var x2 = vec4<f32>(0.0); var x3 = vec4<f32>(0.0);
-    var da_next = load_dar_a(start, len, hv, 0u, t);
-    for (var p0s = 0u; p0s < CHUNK; p0s += SLICE) {
+        // This invocation's entries of A, dP, dAb (zero outside the chunk's lower triangle).
+        let a0 = a_row4(start, len, hv, row0, c);
+        let a1 = a_row4(start, len, hv, row0 + 1u, c);
+        let a2 = a_row4(start, len, hv, row0 + 2u, c);
+        let a3 = a_row4(start, len, hv, row0 + 3u, c);
+        let dp0 = mats_row4(0u, start, len, hv, row0, c);
+        let dp1 = mats_row4(0u, start, len, hv, row0 + 1u, c);
+        let dp2 = mats_row4(0u, start, len, hv, row0 + 2u, c);
+        let dp3 = mats_row4(0u, start, len, hv, row0 + 3u, c);
+        let db0 = mats_row4(half, start, len, hv, row0, c);
+        let db1 = mats_row4(half, start, len, hv, row0 + 1u, c);
+        let db2 = mats_row4(half, start, len, hv, row0 + 2u, c);
+        let db3 = mats_row4(half, start, len, hv, row0 + 3u, c);
         workgroupBarrier();
-        store_slice(0u, t, da_next.a);
-        store_slice(S1, t, da_next.b);
-        if (p0s + SLICE < CHUNK) {
-            da_next = load_dar_a(start, len, hv, p0s + SLICE, t);
-        }
-        workgroupBarrier();
-        for (var pp = 0u; pp < SLICE; pp++) {
-            let dr = rows4(0u, r, pp);
-            let ac = rows4(S1, c, pp);
-            x0 += dr.x * ac; x1 += dr.y * ac; x2 += dr.z * ac; x3 += dr.w * ac;
-        }
-    }
 
-    // dL = −Aᵀ X (rows i, columns j) over 16-row slices m: the owners of X rows m0..m0+15
-    // publish them, A rows m0..m0+15 are staged whole.
-    var l0 = vec4<f32>(0.0); var l1 = vec4<f32>(0.0); var l2 = vec4<f32>(0.0); var l3 = vec4<f32>(0.0);
-    var a_next = load_a_rows(start, len, hv, 0u, t);
-    for (var m0 = 0u; m0 < CHUNK; m0 += SLICE) {
+        // E (strictly lower) and dAb ⊙ A; dG = rowsum(E) − colsum(E), dβ = colsum(dAb ⊙ A).
+        let bcol = vec4<f32>(b_s[cols.x], b_s[cols.y], b_s[cols.z], b_s[cols.w]);
+        let zero = vec4<f32>(0.0);
+        let e0 = select(zero, p0 * dp0 + a0 * bcol * db0, cols < vec4<u32>(row0));
+        let e1 = select(zero, p1 * dp1 + a1 * bcol * db1, cols < vec4<u32>(row0 + 1u));
+        let e2 = select(zero, p2 * dp2 + a2 * bcol * db2, cols < vec4<u32>(row0 + 2u));
+        let e3 = select(zero, p3 * dp3 + a3 * bcol * db3, cols < vec4<u32>(row0 + 3u));
+        partial_sums(0u, 1024u, r, c, e0, e1, e2, e3);
+        arena[(2048u + r * 64u) / 4u + c] = (db0 * a0 + db1 * a1) + (db2 * a2 + db3 * a3);
         workgroupBarrier();
-        arena[(t / 16u) * PITCH + t % 16u] = a_next;
-        if (m0 + SLICE < CHUNK) {
-            a_next = load_a_rows(start, len, hv, m0 + SLICE, t);
+        var dg = 0.0;
+        var db = 0.0;
+        if (t < CHUNK) {
+            for (var k = 0u; k < 16u; k++) {
+                dg += word(t * 16u + k) - word(1024u + k * 64u + t);
+                db += word(2048u + k * 64u + t);
+            }
         }
-        if (row0 >= m0 && row0 < m0 + SLICE) {
-            let at = S1 + (row0 - m0) * PITCH + c;
-            arena[at] = x0;
-            arena[at + PITCH] = x1;
-            arena[at + 2u * PITCH] = x2;
-            arena[at + 3u * PITCH] = x3;
+
+        // X = dAr Aᵀ (rows m, columns j), over 16-column slices p.
+        var x0 = vec4<f32>(0.0); var x1 = vec4<f32>(0.0); var x2 = vec4<f32>(0.0); var x3 = vec4<f32>(0.0);
+        var da_next = load_dar_a(start, len, hv, 0u, t);
+        for (var p0s = 0u; p0s < CHUNK; p0s += SLICE) {
+            workgroupBarrier();
+            store_slice(0u, t, da_next.a);
+            store_slice(S1, t, da_next.b);
+            if (p0s + SLICE < CHUNK) {
+                da_next = load_dar_a(start, len, hv, p0s + SLICE, t);
+            }
+            workgroupBarrier();
+            for (var pp = 0u; pp < SLICE; pp++) {
+                let dr = rows4(0u, r, pp);
+                let ac = rows4(S1, c, pp);
+                x0 += dr.x * ac; x1 += dr.y * ac; x2 += dr.z * ac; x3 += dr.w * ac;
+            }
         }
+
+        // dL = −Aᵀ X (rows i, columns j) over 16-row slices m: the owners of X rows m0..m0+15
+        // publish them, A rows m0..m0+15 are staged whole.
+        var l0 = vec4<f32>(0.0); var l1 = vec4<f32>(0.0); var l2 = vec4<f32>(0.0); var l3 = vec4<f32>(0.0);
+        var a_next = load_a_rows(start, len, hv, 0u, t);
+        for (var m0 = 0u; m0 < CHUNK; m0 += SLICE) {
+            workgroupBarrier();
+            arena[(t / 16u) * PITCH + t % 16u] = a_next;
+            if (m0 + SLICE < CHUNK) {
+                a_next = load_a_rows(start, len, hv, m0 + SLICE, t);
+            }
+            if (row0 >= m0 && row0 < m0 + SLICE) {
+                let at = S1 + (row0 - m0) * PITCH + c;
+                arena[at] = x0;
+                arena[at + PITCH] = x1;
+                arena[at + 2u * PITCH] = x2;
+                arena[at + 3u * PITCH] = x3;
+            }
+            workgroupBarrier();
+            for (var mm = 0u; mm < SLICE; mm++) {
+                let a = arena[mm * PITCH + r];
+                let xv = arena[S1 + mm * PITCH + c];
+                l0 += a.x * xv; l1 += a.y * xv; l2 += a.z * xv; l3 += a.w * xv;
+            }
+        }
+        l0 = select(zero, -l0, cols < vec4<u32>(row0));
+        l1 = select(zero, -l1, cols < vec4<u32>(row0 + 1u));
+        l2 = select(zero, -l2, cols < vec4<u32>(row0 + 2u));
+        l3 = select(zero, -l3, cols < vec4<u32>(row0 + 3u));
+
+        // dAt = diag(β) dL replaces dAb (every read of dAb is behind the barriers above).
+        if (row0 < len) {
+            let at = half + mats_row(start, row0, hv) + 4u * c;
+            let y = b_s[row0] * l0;
+            mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
+        }
+        if (row0 + 1u < len) {
+            let at = half + mats_row(start, row0 + 1u, hv) + 4u * c;
+            let y = b_s[row0 + 1u] * l1;
+            mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
+        }
+        if (row0 + 2u < len) {
+            let at = half + mats_row(start, row0 + 2u, hv) + 4u * c;
+            let y = b_s[row0 + 2u] * l2;
+            mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
+        }
+        if (row0 + 3u < len) {
+            let at = half + mats_row(start, row0 + 3u, hv) + 4u * c;
+            let y = b_s[row0 + 3u] * l3;
+            mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
+        }
+
+        // dβ_i += Σ_j dL_ij (k_i·k_j).
         workgroupBarrier();
-        for (var mm = 0u; mm < SLICE; mm++) {
-            let a = arena[mm * PITCH + r];
-            let xv = arena[S1 + mm * PITCH + c];
-            l0 += a.x * xv; l1 += a.y * xv; l2 += a.z * xv; l3 += a.w * xv;
+        set_word(row0 * 16u + c, hsum(l0 * g0));
+        set_word((row0 + 1u) * 16u + c, hsum(l1 * g1));
+        set_word((row0 + 2u) * 16u + c, hsum(l2 * g2));
+        set_word((row0 + 3u) * 16u + c, hsum(l3 * g3));
+        workgroupBarrier();
+        if (t < len) {
+            for (var k = 0u; k < 16u; k++) {
+                db += word(t * 16u + k);
+            }
+            dg_dbeta[(start + t) * hv_count + hv] = vec2<f32>(dg, db);
         }
-    }
-    l0 = select(zero, -l0, cols < vec4<u32>(row0));
-    l1 = select(zero, -l1, cols < vec4<u32>(row0 + 1u));
-    l2 = select(zero, -l2, cols < vec4<u32>(row0 + 2u));
-    l3 = select(zero, -l3, cols < vec4<u32>(row0 + 3u));
-
-    // dAt = diag(β) dL replaces dAb (every read of dAb is behind the barriers above).
-    if (row0 < len) {
-        let at = half + mats_row(start, row0, hv) + 4u * c;
-        let y = b_s[row0] * l0;
-        mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
-    }
-    if (row0 + 1u < len) {
-        let at = half + mats_row(start, row0 + 1u, hv) + 4u * c;
-        let y = b_s[row0 + 1u] * l1;
-        mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
-    }
-    if (row0 + 2u < len) {
-        let at = half + mats_row(start, row0 + 2u, hv) + 4u * c;
-        let y = b_s[row0 + 2u] * l2;
-        mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
-    }
-    if (row0 + 3u < len) {
-        let at = half + mats_row(start, row0 + 3u, hv) + 4u * c;
-        let y = b_s[row0 + 3u] * l3;
-        mats[at] = y.x; mats[at + 1u] = y.y; mats[at + 2u] = y.z; mats[at + 3u] = y.w;
-    }
-
-    // dβ_i += Σ_j dL_ij (k_i·k_j).
-    workgroupBarrier();
-    set_word(row0 * 16u + c, hsum(l0 * g0));
-    set_word((row0 + 1u) * 16u + c, hsum(l1 * g1));
-    set_word((row0 + 2u) * 16u + c, hsum(l2 * g2));
-    set_word((row0 + 3u) * 16u + c, hsum(l3 * g3));
-    workgroupBarrier();
-    if (t < len) {
-        for (var k = 0u; k < 16u; k++) {
-            db += word(t * 16u + k);
-        }
-        dg_dbeta[(start + t) * hv_count + hv] = vec2<f32>(dg, db);
+        // Before the next v-head's β and sums overwrite b_s and the arena.
+        workgroupBarrier();
     }
 }

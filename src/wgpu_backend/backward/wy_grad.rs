@@ -1,7 +1,8 @@
 //! Launcher of `shaders/backward/wy_grad.wgsl`: gradients through A·diag(β) and the gate-free
-//! WY inverse — dβ, the Γ-mask part of dG, and dAt for dk.
+//! WY inverse — dβ, the Γ-mask part of dG, and dAt for dk. One workgroup per chunk and q/k
+//! head: P = Q Kᵀ and K Kᵀ once, then each v-head of the GVA group in turn.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::wgpu_backend::launch::{Bind, Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
 use crate::wgpu_backend::{Context, GpuTensor};
@@ -51,13 +52,21 @@ pub fn wy_grad(
 ) -> Result<()> {
     let k = bufs.k;
     let key_dim = k.shape[k.shape.len() - 1];
+    let heads_qk = k.shape[k.shape.len() - 2];
+    if heads_qk == 0 || !heads_v.is_multiple_of(heads_qk) {
+        return Err(Error::value(
+            "heads_v",
+            format!("a multiple of the {heads_qk} q/k heads"),
+            heads_v,
+        ));
+    }
     Launch {
         name: "wy_grad",
         source: source(Pass::WyGrad, k.dtype)?,
         entry: "wy_grad",
         constants: &[("K_DIM", key_dim as f64)],
         bindings: Bindings::Ordered(&bufs.ordered(params)),
-        grid: Grid([(num_chunks, "chunks"), (heads_v, "v-heads"), (1, "")]),
+        grid: Grid([(num_chunks, "chunks"), (heads_qk, "q/k heads"), (1, "")]),
     }
     .record(ctx, encoder)
 }
