@@ -46,8 +46,6 @@ pub fn variants(limits: &wgpu::Limits, problem: &crate::problem::Problem) -> Res
         variant(Pass::PrepareQk, "prepare_qk", &[]),
         variant(Pass::PrepareGate, "prepare_gate", &[]),
         variant(Pass::WyInverse, "wy_inverse", &[("K_DIM", kf)]),
-        variant(Pass::SegmentCombine, "identity", &[]),
-        variant(Pass::SegmentCombine, "identity", &[("WINDOWED", 1.0)]),
         variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 0.0)]),
         variant(Pass::SegmentCombine, "combine", &[("HAS_H0", 1.0)]),
         variant(
