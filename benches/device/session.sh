@@ -94,7 +94,7 @@ ab() { [ -x ./gdn-base ] || { stamp "ab: no gdn-base (pack.sh BASE=<rev>)"; retu
 # WAB_CASES: `;`-separated bench arguments, one process each. Not in the default stages.
 wgpuab() { [ -x ./gdn-base ] || { stamp "wgpuab: no gdn-base (pack.sh BASE=<rev>)"; return; }; late wgpuab && return
     stamp "wgpuab: $(cat gdn.rev 2>/dev/null) against base $(cat gdn-base.rev 2>/dev/null)"
-    local cases=${WAB_CASES:-"--ops backward --heads 16/32 --dtype bf16;--ops backward --heads 16/32 --dtype bf16 --backward-budget unbounded;--ops backward --heads 16/32 --dtype f32;--ops forward --heads 2/8,16/32 --dtype bf16;--ops forward --heads 2/8 --dtype f32"}
+    local cases=${WAB_CASES:-"--ops backward --heads 16/32 --dtype bf16;--ops backward --heads 16/32 --dtype bf16 --backward-budget unbounded;--ops backward --heads 16/32 --dtype f32;--ops forward --heads 2/8,16/32 --dtype bf16;--ops forward --heads 2/8,16/64 --dtype f32"}
     IFS=';' read -r -a list <<< "$cases"
     for round in 1 2; do for n in "${!list[@]}"; do
         for run in "gdn" "gdn-base" "gdn --whole-op-timing"; do late "wgpuab $run case $n round $round" && return
