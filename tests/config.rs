@@ -337,7 +337,8 @@ fn adapter_filter_that_matches_nothing_is_no_adapter() {
 fn grid_past_the_device_limit_names_the_pass_and_dimension() {
     let Some(adapter) = adapter() else { return };
     // A device granting 4 workgroups per dimension: a forward over 5 v-heads cannot dispatch
-    // wy_inverse's one workgroup row per v-head (5 chunks would run in windows of 4).
+    // the scan's one workgroup row per v-head (5 chunks would run in windows of 4; wy_inverse
+    // runs a row per q/k head, of which there is one).
     let limits = wgpu::Limits {
         max_compute_workgroups_per_dimension: 4,
         ..adapter.limits()
@@ -360,7 +361,7 @@ fn grid_past_the_device_limit_names_the_pass_and_dimension() {
             limit_name,
             limit,
         } => {
-            assert_eq!(name, "wy_inverse grid y (v-heads)", "{e}");
+            assert_eq!(name, "state_scan grid y (v-heads)", "{e}");
             assert_eq!((*bytes, *limit), (5, 4), "{e}");
             assert_eq!(*limit_name, "max_compute_workgroups_per_dimension", "{e}");
         }
