@@ -132,6 +132,20 @@ pub(crate) fn named_inputs<'a>(
     named
 }
 
+/// The q/k heads of `k` (`[.., H, K]`), checked to divide `heads_v`: the passes with a
+/// workgroup row per q/k head walk its GVA group's v-heads.
+pub(crate) fn qk_heads_for(k: &GpuTensor, heads_v: usize) -> Result<usize> {
+    let heads_qk = k.shape[k.shape.len() - 2];
+    if heads_qk == 0 || !heads_v.is_multiple_of(heads_qk) {
+        return Err(Error::value(
+            "heads_v",
+            format!("a multiple of the {heads_qk} q/k heads"),
+            heads_v,
+        ));
+    }
+    Ok(heads_qk)
+}
+
 /// Refuse a call whose output shares its buffer with an input or another output: a pass that
 /// reads one binding while writing the other races (and wgpu refuses the usage conflict at
 /// submit, after the call has returned). `outputs` are checked against each other and against

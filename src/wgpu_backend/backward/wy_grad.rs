@@ -2,9 +2,10 @@
 //! WY inverse — dβ, the Γ-mask part of dG, and dAt for dk. One workgroup per chunk and q/k
 //! head: P = Q Kᵀ and K Kᵀ once, then each v-head of the GVA group in turn.
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::wgpu_backend::launch::{Bind, Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::tensor::qk_heads_for;
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the pass reads and writes.
@@ -52,14 +53,7 @@ pub fn wy_grad(
 ) -> Result<()> {
     let k = bufs.k;
     let key_dim = k.shape[k.shape.len() - 1];
-    let heads_qk = k.shape[k.shape.len() - 2];
-    if heads_qk == 0 || !heads_v.is_multiple_of(heads_qk) {
-        return Err(Error::value(
-            "heads_v",
-            format!("a multiple of the {heads_qk} q/k heads"),
-            heads_v,
-        ));
-    }
+    let heads_qk = qk_heads_for(k, heads_v)?;
     Launch {
         name: "wy_grad",
         source: source(Pass::WyGrad, k.dtype)?,

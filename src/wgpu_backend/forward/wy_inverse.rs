@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::tensor::DType;
 use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::tensor::qk_heads_for;
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the pass reads and writes.
@@ -36,14 +37,7 @@ pub fn wy_inverse(
 ) -> Result<()> {
     let k = bufs.k;
     let key_dim = k.shape[k.shape.len() - 1];
-    let heads_qk = k.shape[k.shape.len() - 2];
-    if heads_qk == 0 || !heads_v.is_multiple_of(heads_qk) {
-        return Err(Error::value(
-            "heads_v",
-            format!("a multiple of the {heads_qk} q/k heads"),
-            heads_v,
-        ));
-    }
+    let heads_qk = qk_heads_for(k, heads_v)?;
     if bufs.gated.dtype != DType::F32 {
         return Err(Error::DType {
             name: "gated".into(),

@@ -8,6 +8,7 @@ use crate::tensor::DType;
 use crate::wgpu_backend::coop_scan::check_coop_key_dim;
 use crate::wgpu_backend::launch::{Bindings, Grid, Launch};
 use crate::wgpu_backend::shaders::{Pass, source};
+use crate::wgpu_backend::tensor::qk_heads_for;
 use crate::wgpu_backend::{Context, GpuTensor};
 
 /// The tensors the pass reads and writes.
@@ -42,14 +43,7 @@ pub fn wy_inverse_coop(
     heads_v: usize,
 ) -> Result<()> {
     check_coop_key_dim("the coop WY inverse", bufs.k)?;
-    let heads_qk = bufs.k.shape[bufs.k.shape.len() - 2];
-    if heads_qk == 0 || !heads_v.is_multiple_of(heads_qk) {
-        return Err(Error::value(
-            "heads_v",
-            format!("a multiple of the {heads_qk} q/k heads"),
-            heads_v,
-        ));
-    }
+    let heads_qk = qk_heads_for(bufs.k, heads_v)?;
     for (name, t) in [
         ("gated16", bufs.gated16),
         ("k16", bufs.k16),
