@@ -11,7 +11,7 @@
 // next slice loaded into registers while the current one is used. The slices are stored
 // transposed, as vec4s of four consecutive rows per value column (column pitch 17 vec4s, so
 // the transposing stores do not collide on banks): a product step reads four vec4s instead of
-// sixteen scalars (the step was bound by workgroup loads, not FMAs). 8.5 KiB of workgroup
+// sixteen scalars (the step was bound by workgroup loads, not FMAs). 9 KiB of workgroup
 // memory.
 
 @group(0) @binding(0) var<uniform> params: Params;
