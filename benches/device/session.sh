@@ -36,6 +36,8 @@ tests() {
     t backward coop_matrix_path coop_grads_all_forced coop_grads_mixed coop_grads_none_forced half_precision_storage
     t segment_window
 }
+# The WGSL forward and backward suites whole (the scalar passes too), after WGSL-only changes.
+wgputests() { t forward; t backward; }
 # NVRTC's cache filled on parallel threads (the fla stage does it beside FLA).
 precompile() { stamp precompile; ./gdn precompile 2>&1 | tail -3; }
 # Only the CUDA backend's tests (a call that changed nothing but CUDA kernels).
