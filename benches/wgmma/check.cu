@@ -1,7 +1,7 @@
 // Hardware check of Hopper wgmma as docs/wgmma-notes.md describes it: each variant multiplies
 // exact inputs (multiples of 1/8 in [-1, 1], exact in bf16 and in f32 sums) with one warpgroup
 // and compares every output element with the host's product, then times a dependent chain.
-// Build and run on the device: nvcc -arch=sm_90a -O2 -o /tmp/wgmma-check check.cu && /tmp/wgmma-check
+// Build and run on the device: nvcc -gencode arch=compute_90a,code=sm_90a -O2 -o /tmp/wgmma-check check.cu && /tmp/wgmma-check
 #ifndef __CUDACC_RTC__  // NVRTC compiles the kernels alone (a compile check without a GPU)
 #include <cstdio>
 #include <cstdlib>
