@@ -189,6 +189,9 @@ fn the_chunked_kernels_export_every_16_bit_dtype() {
             "chunk_fwd32",
             "chunk_fwd64",
             "chunk_fwd128",
+            "chunk_fwd32r",
+            "chunk_fwd64r",
+            "chunk_fwd64w",
         ] {
             let name = format!("gdn_{pass}_{dtype}");
             assert!(ptx.contains(&format!(".entry {name}(")), "{name} missing");
@@ -553,6 +556,12 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
         segments,
         value_block,
         roles: Some(roles),
+        wgmma: Some(false),
+    };
+    // The roles' main pass on warpgroup MMAs (sm_90a only; elsewhere the plan says no).
+    let wgmma = |segments, value_block| PlanOptions {
+        wgmma: Some(true),
+        ..variant(segments, value_block, true)
     };
     let variants = [
         variant(Segments::Off, Some(32), false),
@@ -566,6 +575,8 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
         variant(Segments::Off, Some(64), true),
         variant(Segments::Chunks(1), Some(32), true),
         variant(Segments::Chunks(2), Some(64), true),
+        wgmma(Segments::Off, Some(64)),
+        wgmma(Segments::Chunks(2), Some(64)),
     ];
     let mut failures = Vec::new();
     let mut segmented_runs = 0;
@@ -583,6 +594,14 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                     assert_eq!(plan.value_block(), bv);
                     assert_eq!(plan.roles(), options.roles == Some(true) && bv <= 64);
                 }
+                let hopper = ctx.target() == Target::Sm90a;
+                assert_eq!(
+                    plan.wgmma(),
+                    options.wgmma == Some(true)
+                        && plan.roles()
+                        && plan.value_block() == 64
+                        && hopper
+                );
                 let longest = p
                     .sequences()
                     .iter()
@@ -609,10 +628,11 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 };
                 let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
                 let what = format!(
-                    "forward (Chunked, {:?}, V-block {}, roles {})",
+                    "forward (Chunked, {:?}, V-block {}, roles {}, wgmma {})",
                     options.segments,
                     plan.value_block(),
-                    plan.roles()
+                    plan.roles(),
+                    plan.wgmma()
                 );
                 if let Err(e) = check(
                     &what,

@@ -118,6 +118,17 @@ variants() { late variants && return; stamp "variants: ${VARIANTS:-}"
         GDN_CUDA_DEFINES="${list[$n]}" ./gdn bench --backend cuda $args --dtype bf16 --reps 5 --no-progress \
             --json "$res/var-$n-$round.json" 2>&1 | tail -8
     done; done; }
+# This binary under environment variants (ENVS: `;`-separated lists of assignments, e.g.
+# `GDN_FWD_WGMMA=0;GDN_FWD_WGMMA=1`; an empty entry: none), each timed in a fresh process,
+# alternated over two rounds (AB_ARGS: the shapes). Not in the default stages.
+envs() { late envs && return; stamp "envs: ${ENVS:-}"
+    local args=${AB_ARGS:---ops forward,backward --heads 16/32,2/8,16/64 --seqs 1x32768}
+    IFS=';' read -r -a list <<< "${ENVS:-}"
+    for round in 1 2; do for n in "${!list[@]}"; do late "env $n round $round" && return
+        echo "-- env $n (${list[$n]:-none}) round $round"
+        env ${list[$n]} ./gdn bench --backend cuda $args --dtype bf16 --reps 5 --no-progress \
+            --json "$res/env-$n-$round.json" 2>&1 | tail -8
+    done; done; }
 # The chunked backward's automatic schedule against forced alternatives (docs/cuda.md's
 # ChainSchedule, pairs, segments), a fresh process each, two rounds. Not in the default stages.
 sweep() { late sweep && return; stamp "sweep: backward schedules"

@@ -26,6 +26,9 @@
 //   gdn_chunk_fwd{32,64}r_*
 //                    the main pass with split roles (fwd_roles below): per 16 columns a state
 //                    warp runs the chain, an output warp forms o and issues the copies.
+//   gdn_chunk_fwd64w_*
+//                    the same roles on Hopper warpgroup MMAs (sm_90a; fwd_wgmma below): a
+//                    warpgroup runs the chain for 64 columns, a warpgroup forms o.
 //
 // Decisions and why:
 // - FLA's gated T (not FlashQLA's gate-free A): no gate work on the T operand in the
@@ -37,7 +40,7 @@
 //   X = V − diag(γ)·K·S, one more 64×64 product per chunk instead of writing and reading back
 //   W and U (1.5 GiB at 16/64 × 32768); X is rounded to the storage dtype as an operand.
 // - 16×16×16 tiles of mma.sync m16n8k16 (operands by ldmatrix) with f32 accumulators: the
-//   same source runs on sm_80 and sm_90a (wgmma is a later step). Operands (q, k, v, T·diag(β),
+//   same source runs on sm_80 and sm_90a (gdn_chunk_fwd64w is the wgmma variant). Operands (q, k, v, T·diag(β),
 //   P, X, v', the state) are in the storage dtype, as in FLA; the inverse, the cumsum and every
 //   accumulator are f32.
 // - The output stays in the sequential pass (not FLA's separate output kernel): with the
@@ -727,6 +730,350 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
     }
 }
 
+
+// ---------------------------------------------------------------------------------------------
+// Pass 2's main pass with split roles on warpgroup MMAs (sm_90a, V-block 64, no SPLIT_STATE):
+// fwd_roles's work with each per-warp product replaced by one wgmma of the warpgroup. Warps
+// 0–3 (the state warpgroup) hold Sᵀ (64 state columns × 128 keys) as the accumulators of one
+// m64n128 product, warp w its rows 16w‥ (fwd_roles's sacc of warp w, unchanged); every A
+// operand (Sᵀ, Xᵀ, v'ᵀ rounded) stays in registers in the mma.sync A-fragment form, which is
+// wgmma's register form. Per chunk the state warpgroup forms
+//   (K·S)ᵀ = Sᵀ·Kᵀ (m64n64, 8 k16 steps, B = K K-major), Xᵀ as fwd_roles,
+//   v'ᵀ = Xᵀ·(T·diag(β))ᵀ (m64n64, 4 steps), Sᵀ ← γ_C·Sᵀ + vdᵀ·K (m64n128, 4 steps, B = K MN-major),
+// and warps 4–7 (the output warpgroup, also the copiers) Oᵀ = scale·(Q·S)ᵀ·diag(γ) + v'ᵀ·Pᵀ.
+// Decisions and why:
+// - K, Q, T·diag(β) and P are staged 128B-swizzled (64 elements per 128-byte row, 8-row atoms),
+//   the layout wgmma reads without bank conflicts; one K tile is both the K-major B of Sᵀ·Kᵀ
+//   (rows = tokens) and the MN-major B of the update (k-rows = tokens): the same bytes. V stays
+//   padded: it is read by ldmatrix.trans into Xᵀ's accumulator layout, not by wgmma.
+// - wgmma multiplies whole tiles: the blocks of T·diag(β) and P above the diagonal (never
+//   written by the prep) and K's and Q's key columns from K on are zero-filled by the copies
+//   (cp.async with no source bytes), so any K ≤ 128 runs the same 8 steps and Sᵀ's rows ≥ K
+//   stay zero.
+// - No `active` guard around the products: wgmma needs all four warps of the warpgroup; the
+//   rows of a partial last V-block compute on unwritten V columns, and rows of an M = 64
+//   product are independent, so only their stores are skipped.
+// - Each product waits for its wgmma group before its results are used (the chain is
+//   sequential); V's fragments are loaded while Sᵀ·Kᵀ runs. The update is waited for before
+//   the chunk's end, so no wgmma still reads a stage when the next prefetch overwrites it.
+// - cp.async writes through the generic proxy and wgmma reads through the async proxy: each
+//   copier fences (fence.proxy.async) after its cp.async wait, before the block barrier.
+// - The sums are wgmma's, not mma.sync's: not the bits of fwd_roles (both within the dtype's
+//   tolerance of the oracle, tests/cuda.rs).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+struct WgmmaLayout {
+    static constexpr int LDV = 64 + 8;
+    static constexpr int HALF = C * 128;         // a 64-token × 64-column swizzled block (8 KiB)
+    static constexpr int K_OFF = 0;              // k: two blocks (keys 0–63, 64–127)
+    static constexpr int Q_OFF = K_OFF + 2 * HALF;
+    static constexpr int A_OFF = Q_OFF + 2 * HALF;  // T·diag(β): one block
+    static constexpr int P_OFF = A_OFF + HALF;
+    static constexpr int V_OFF = P_OFF + HALF;   // padded C × 64 (ldmatrix.trans)
+    static constexpr int F_OFF = V_OFF + 2 * C * LDV;
+    static constexpr int STAGE = (F_OFF + 4 * 2 * C + 1023) / 1024 * 1024;
+    static constexpr int SFRAG = 16 * 32 * (MAX_K / 16);
+    static constexpr int VFRAG = 16 * 32 * (C / 16);
+    static constexpr int OTILE = 2 * C * LDO;
+    static constexpr int GROUP = SFRAG + VFRAG + OTILE;
+    // The stages first; 1024 bytes of slack to start them on a 1024-byte boundary.
+    static constexpr int SMEM = 2 * STAGE + 4 * GROUP + 1024;
+};
+
+// One copier's share of a 64-row tile of 16-bit elements, VECS 16-byte vectors per row, into
+// the 128B-swizzled layout: vector x of row r at (x / 8)·HALF + r·128 + ((x % 8) ^ (r % 8))·16.
+// Rows per pass are a multiple of 8, so r % 8 (and the swizzle) is the same on every pass.
+template <int NTHREADS, int VECS> struct SwizzledRows {
+    static constexpr int STEP = NTHREADS / VECS;
+    static constexpr int PER = C / STEP;
+    static_assert(NTHREADS % VECS == 0 && STEP % 8 == 0 && PER * STEP == C, "tile split");
+    int row, vec;
+    unsigned dst;
+    __device__ explicit SwizzledRows(int tid)
+        : row(tid / VECS), vec(tid % VECS),
+          dst((vec / 8) * WgmmaLayout::HALF + row * 128 + (((vec % 8) ^ (row % 8)) * 16)) {}
+    // Rows from `len` on, vectors from `valid_vecs` on and (LOWER: a lower-triangular C × C
+    // tile) the 16 × 16 blocks above the diagonal are written as zeros without reading src.
+    template <bool LOWER, typename E>
+    __device__ __forceinline__ void copy(unsigned tile, const E* src, const E* any, size_t stride, int len,
+                                         int valid_vecs) const {
+        const size_t step = (size_t)STEP * stride;
+#pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            const int r = row + STEP * u;
+            const bool ok = r < len && vec < valid_vecs && (!LOWER || vec / 2 <= r / 16);
+            cp_async16_zfill(tile + dst + 128 * STEP * u, ok ? src + u * step : any, ok);
+        }
+    }
+};
+
+template <typename T, int KD = 0>
+__device__ void fwd_wgmma(const ChunkParams p, const int* __restrict__ chunks,
+                          const int* __restrict__ units, const T* __restrict__ q,
+                          const T* __restrict__ k, const T* __restrict__ v,
+                          const float* __restrict__ ws_f, const T* __restrict__ ws_a,
+                          const T* __restrict__ ws_p, const float* h_in,
+                          const float* __restrict__ seg_start, T* __restrict__ o, float* h_out) {
+    using L = WgmmaLayout;
+    using Mma = wgmma::Rs<T>;
+    constexpr int BV = 64, COL_WARPS = 4;
+    extern __shared__ __align__(1024) unsigned char smem_raw[];
+    const int K = KD > 0 ? KD : p.key_dim, V = p.value_dim, H = p.heads_qk, HV = p.heads_v;
+    const int hv = blockIdx.y, unit = blockIdx.z, h = hv / p.group;
+    const int first = units[4 * unit], end = units[4 * unit + 1];
+    const int seq = units[4 * unit + 2], unit_flags = units[4 * unit + 3];
+    const int flags = p.flags;
+    const int col0 = (int)blockIdx.x * BV;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    const bool state_wg = warp < COL_WARPS;
+    const int cw = state_wg ? warp : warp - COL_WARPS;
+    const int wc = cw * 16, c0 = col0 + wc;
+    const bool active = c0 < V;
+    constexpr int KBW = MAX_K / 16;
+    const int nkw = KD == MAX_K ? KBW : K / 16;
+    const int bar_s = 1 + cw, bar_v = 1 + COL_WARPS + cw;  // S published, v' published
+
+    // The stages start on a 1024-byte boundary of the shared window (the swizzle's atoms).
+    const unsigned raw0 = smem_addr(smem_raw);
+    const unsigned pad = (1024 - (raw0 & 1023)) & 1023;
+    unsigned char* const smem = smem_raw + pad;
+    const unsigned smem0 = raw0 + pad;
+    unsigned char* const group = smem + 2 * L::STAGE + cw * L::GROUP;
+    uint4* const sfrag = reinterpret_cast<uint4*>(group);
+    uint4* const vfrag = reinterpret_cast<uint4*>(group + L::SFRAG);
+    T* const o_stage = reinterpret_cast<T*>(group + L::SFRAG + L::VFRAG);
+    const unsigned o_stage_lane = smem_addr(o_stage) + 2 * lane_b_nmajor<LDO>(lane);
+    const unsigned lane_vt = 2 * (L::V_OFF / 2 + lane_b_nmajor<L::LDV>(lane));
+
+    const size_t qk_stride = (size_t)H * K;
+    const int v_vecs = (min(BV, V - col0) + 7) / 8;
+    auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
+    // The output warpgroup copies the tiles.
+    constexpr int COPIERS = 32 * COL_WARPS;
+    const int ct = state_wg ? 0 : (int)threadIdx.x - COPIERS;
+    const SwizzledRows<COPIERS, MAX_K / 8> kq_share(ct);
+    const SwizzledRows<COPIERS, C / 8> cc_share(ct);
+    const TileRows<COPIERS, BV / 8, L::LDV> v_share(ct);
+    const size_t kq_off = (size_t)h * K + (size_t)kq_share.row * qk_stride + 8 * kq_share.vec;
+    const size_t v_stride = (size_t)HV * V;
+    const T* const v_thread = v + (size_t)hv * V + col0 + (size_t)v_share.row * v_stride + 8 * v_share.vec;
+    const size_t cc_off = (size_t)hv * C * C + cc_share.row * C + 8 * cc_share.vec;
+    const size_t cc_chunk = (size_t)HV * C * C;
+    auto prefetch = [&](int chunk, int s, int2 info) {
+        if (state_wg) return;
+        const unsigned base = smem0 + s * L::STAGE;
+        const int start = info.x, len = info.y;
+        const size_t kq_at = (size_t)start * qk_stride + kq_off, cc_at = (size_t)chunk * cc_chunk + cc_off;
+        kq_share.copy<false>(base + L::K_OFF, k + kq_at, k, qk_stride, len, K / 8);
+        v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_stride, len, v_vecs);
+        cc_share.copy<true>(base + L::A_OFF, ws_a + cc_at, ws_a, C, C, C / 8);
+        if (ct < 2 * C / 4) {
+            cp_async16_zfill(base + L::F_OFF + 16 * ct, ws_f + ((size_t)chunk * HV + hv) * 2 * C + 4 * ct, true);
+        }
+        kq_share.copy<false>(base + L::Q_OFF, q + kq_at, q, qk_stride, len, K / 8);
+        cc_share.copy<true>(base + L::P_OFF, ws_p + cc_at, ws_p, C, C, C / 8);
+    };
+
+    // The state (state warpgroup): sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K
+    // rows 8j + 2t, + 1 (rows from K on zero).
+    const size_t user_slice = ((size_t)seq * HV + hv) * (size_t)K * V;
+    auto user_state_at = [&](int r, int c) -> size_t {
+        return user_slice + ((flags & STATE_V_FIRST) ? (size_t)c * K + r : (size_t)r * V + c);
+    };
+    const size_t unit_slice = ((size_t)unit * HV + hv) * (size_t)K;
+    float sacc[2 * KBW][4];
+#pragma unroll
+    for (int j = 0; j < 2 * KBW; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            float x = 0.0f;
+            if (state_wg && active && j < 2 * nkw) {
+                if (unit_flags & UNIT_FIRST) x = h_in != nullptr ? h_in[user_state_at(r, c)] : 0.0f;
+                else x = seg_start[(unit_slice + r) * V + c];
+            }
+            sacc[j][e] = x;
+        }
+    }
+
+    auto info_of = [&](int c) { return c < end ? chunk_info(c) : make_int2(0, 0); };
+    int2 info = info_of(first), info1 = info_of(first + 1);
+    if (first < end) {
+        prefetch(first, 0, info);
+        cp_async_commit();
+    }
+    for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
+        const int2 info2 = info_of(chunk + 2);
+        cp_async_wait_group<0>();
+        // This thread's copies, landed through the generic proxy, before wgmma reads them.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
+        if (chunk + 1 < end) {
+            prefetch(chunk + 1, s ^ 1, info1);
+            cp_async_commit();
+        }
+        const unsigned base = smem0 + s * L::STAGE;
+        const unsigned char* stage = smem + s * L::STAGE;
+        const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
+        const float* dec = gam + C;                                            // γ_C/γ_i
+        // B descriptors of the stage's tiles: K-major k16 step s of a 128-column tile at
+        // +(s / 4)·HALF + (s % 4)·32 bytes, of a 64-column one at +32·s; MN-major token step s
+        // of K at +2048·s (16 k-rows of 128 bytes).
+        const wgmma::u64 kt_desc = wgmma::desc(base + L::K_OFF, wgmma::KMAJOR);
+        const wgmma::u64 qt_desc = wgmma::desc(base + L::Q_OFF, wgmma::KMAJOR);
+        const wgmma::u64 at_desc = wgmma::desc(base + L::A_OFF, wgmma::KMAJOR);
+        const wgmma::u64 pt_desc = wgmma::desc(base + L::P_OFF, wgmma::KMAJOR);
+        const wgmma::u64 k_desc = wgmma::desc(base + L::K_OFF, wgmma::MNMAJOR);
+        auto kmajor_step = [](int s) { return (wgmma::u64)(((s / 4) * L::HALF + (s % 4) * 32) >> 4); };
+        if (state_wg) {
+            // Publish the rounded state for the output warpgroup's Q·S.
+            unsigned sa[KBW][4];
+#pragma unroll
+            for (int kb = 0; kb < KBW; ++kb) {
+                const float* s0 = sacc[2 * kb];
+                const float* s1 = sacc[2 * kb + 1];
+                sa[kb][0] = pack2<T>(s0[0], s0[1]);
+                sa[kb][1] = pack2<T>(s0[2], s0[3]);
+                sa[kb][2] = pack2<T>(s1[0], s1[1]);
+                sa[kb][3] = pack2<T>(s1[2], s1[3]);
+                sfrag[32 * kb + lane] = make_uint4(sa[kb][0], sa[kb][1], sa[kb][2], sa[kb][3]);
+            }
+            named_arrive(bar_s, 64);
+            float xacc[C / 8][4];
+            wgmma::pin(sa);
+            wgmma::fence();
+#pragma unroll
+            for (int kb = 0; kb < KBW; ++kb) {
+                if (kb == 0) Mma::template m64n64<0, 0>(xacc, sa[kb], kt_desc + kmajor_step(kb));
+                else Mma::template m64n64<0, 1>(xacc, sa[kb], kt_desc + kmajor_step(kb));
+            }
+            wgmma::commit();
+            // Vᵀ in the accumulators' layout while Sᵀ·Kᵀ runs.
+            unsigned vf[C / 16][4];
+#pragma unroll
+            for (int jj = 0; jj < C / 16; ++jj) ldsm4_t(vf[jj], base + lane_vt + 2 * (16 * jj * L::LDV + wc));
+            wgmma::wait<0>();
+            wgmma::pin(xacc);
+            unsigned xa[C / 16][4];
+            x_operand<T>(xa, vf, xacc, gam, t, false);
+            float vacc[C / 8][4];
+            wgmma::pin(xa);
+            wgmma::fence();
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+                if (kb == 0) Mma::template m64n64<0, 0>(vacc, xa[kb], at_desc + 2 * kb);
+                else Mma::template m64n64<0, 1>(vacc, xa[kb], at_desc + 2 * kb);
+            }
+            wgmma::commit();
+            wgmma::wait<0>();
+            wgmma::pin(vacc);
+            // v' rounded, published for P·v'; decayed by γ_C/γ for the state.
+            unsigned vd[C / 16][4];
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+                unsigned va[4];
+#pragma unroll
+                for (int hh = 0; hh < 2; ++hh) {
+                    const int j = 2 * kb + hh, i = 8 * j + 2 * t;
+                    const float d0 = dec[i], d1 = dec[i + 1];
+                    va[2 * hh] = pack2<T>(vacc[j][0], vacc[j][1]);
+                    va[2 * hh + 1] = pack2<T>(vacc[j][2], vacc[j][3]);
+                    vd[kb][2 * hh] = pack2<T>(vacc[j][0] * d0, vacc[j][1] * d1);
+                    vd[kb][2 * hh + 1] = pack2<T>(vacc[j][2] * d0, vacc[j][3] * d1);
+                }
+                vfrag[32 * kb + lane] = make_uint4(va[0], va[1], va[2], va[3]);
+            }
+            named_arrive(bar_v, 64);
+            const float gamma_c = gam[C - 1];
+#pragma unroll
+            for (int j = 0; j < 2 * KBW; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sacc[j][e] *= gamma_c;
+            }
+            wgmma::pin(sacc);
+            wgmma::pin(vd);
+            wgmma::fence();
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) Mma::template m64n128<1, 1>(sacc, vd[kb], k_desc + 128 * kb);
+            wgmma::commit();
+            wgmma::wait<0>();
+            wgmma::pin(sacc);
+        } else {
+            // Oᵀ = scale·(Q·S)ᵀ·diag(γ) + v'ᵀ·Pᵀ, then o through the staging tile.
+            float oacc[C / 8][4];
+            named_barrier(bar_s, 64);
+            unsigned sa[KBW][4];
+#pragma unroll
+            for (int kb = 0; kb < KBW; ++kb) {
+                const uint4 x = sfrag[32 * kb + lane];
+                sa[kb][0] = x.x;
+                sa[kb][1] = x.y;
+                sa[kb][2] = x.z;
+                sa[kb][3] = x.w;
+            }
+            wgmma::pin(sa);
+            wgmma::fence();
+#pragma unroll
+            for (int kb = 0; kb < KBW; ++kb) {
+                if (kb == 0) Mma::template m64n64<0, 0>(oacc, sa[kb], qt_desc + kmajor_step(kb));
+                else Mma::template m64n64<0, 1>(oacc, sa[kb], qt_desc + kmajor_step(kb));
+            }
+            wgmma::commit();
+            wgmma::wait<0>();
+            wgmma::pin(oacc);
+            scale_o(oacc, gam, p.scale, t);
+            named_barrier(bar_v, 64);
+            unsigned va[C / 16][4];
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) {
+                const uint4 x = vfrag[32 * kb + lane];
+                va[kb][0] = x.x;
+                va[kb][1] = x.y;
+                va[kb][2] = x.z;
+                va[kb][3] = x.w;
+            }
+            wgmma::pin(oacc);
+            wgmma::pin(va);
+            wgmma::fence();
+#pragma unroll
+            for (int kb = 0; kb < C / 16; ++kb) Mma::template m64n64<0, 1>(oacc, va[kb], pt_desc + 2 * kb);
+            wgmma::commit();
+            wgmma::wait<0>();
+            wgmma::pin(oacc);
+            if (active) {
+                store_staged<T, true>(oacc, o_stage, o_stage_lane, o, info.x, info.y, HV, hv, V, c0, lane);
+            }
+        }
+        info = info1;
+        info1 = info2;
+    }
+
+    if (!active || !state_wg || !(unit_flags & UNIT_LAST)) return;
+#pragma unroll
+    for (int j = 0; j < 2 * KBW; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int r = 8 * j + 2 * t + (e & 1), c = c0 + g + 8 * (e >> 1);
+            if (j < 2 * nkw) h_out[user_state_at(r, c)] = sacc[j][e];
+        }
+    }
+}
+#endif
+
+// The wgmma main pass's entry: K = 128 as a constant, any other K at run time; an empty body
+// on targets without wgmma (src/cuda_backend/chunked.rs runs it only on sm_90a).
+template <typename T>
+__device__ void fwd_wgmma_entry(const ChunkParams p, const int* chunks, const int* units, const T* q,
+                                const T* k, const T* v, const float* ws_f, const T* ws_a, const T* ws_p,
+                                const float* h_in, const float* seg_start, T* o, float* h_out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    if (p.key_dim == MAX_K) {
+        fwd_wgmma<T, MAX_K>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in, seg_start, o, h_out);
+    } else {
+        fwd_wgmma<T>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in, seg_start, o, h_out);
+    }
+#endif
+}
+
 }  // namespace chunked
 }  // namespace gdn
 
@@ -761,6 +1108,15 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
         }                                                                                          \
     }
 
+#define GDN_CHUNK_FWD_WGMMA(SUFFIX, T)                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 1) gdn_chunk_fwd64w_##SUFFIX(               \
+        const gdn::chunked::ChunkParams p, const int* chunks, const int* units, const T* q,        \
+        const T* k, const T* v, const float* ws_f, const T* ws_a, const T* ws_p,                   \
+        const float* h_in, const float* seg_start, T* o, float* h_out) {                           \
+        gdn::chunked::fwd_wgmma_entry<T>(p, chunks, units, q, k, v, ws_f, ws_a, ws_p, h_in,        \
+                                         seg_start, o, h_out);                                     \
+    }
+
 #define GDN_CHUNKED(SUFFIX, T)                                                                     \
     extern "C" __global__ void __launch_bounds__(gdn::chunked::THREADS)                            \
         gdn_l2norm_##SUFFIX(int rows, int key_dim, const T* q, const T* k, T* qn, T* kn) {         \
@@ -776,7 +1132,8 @@ __device__ void fwd_roles(const ChunkParams p, const int* __restrict__ chunks,
     GDN_CHUNK_FWD(SUFFIX, T, 64, 2)                                                                \
     GDN_CHUNK_FWD(SUFFIX, T, 128, 1)                                                               \
     GDN_CHUNK_FWD_ROLES(SUFFIX, T, 32)                                                             \
-    GDN_CHUNK_FWD_ROLES(SUFFIX, T, 64)
+    GDN_CHUNK_FWD_ROLES(SUFFIX, T, 64)                                                             \
+    GDN_CHUNK_FWD_WGMMA(SUFFIX, T)
 
 GDN_CHUNKED(f16, __half)
 GDN_CHUNKED(bf16, __nv_bfloat16)

@@ -16,6 +16,7 @@ use cudarc::driver::{CudaSlice, DeviceRepr, LaunchConfig, PushKernelArg, sys};
 use super::chunk_combine::{combine_smem, launch_chunk_combine};
 use super::context::{Context, driver_error};
 use super::kernels::{CHUNKED, option_flags};
+use super::nvrtc::Target;
 use super::recurrent::{check_tensor, to_i32};
 use super::segment_window::launch_segment_window;
 use super::tensor::CudaTensor;
@@ -48,6 +49,10 @@ pub const VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 
 /// The automatic [`PlanOptions::roles`].
 const AUTO_ROLES: bool = true;
+
+/// The automatic [`PlanOptions::wgmma`]: off until `gdn bench` on the H200 shows it faster
+/// (BENCHMARKS.md).
+pub const AUTO_WGMMA: bool = false;
 
 /// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
 /// spend more on the local pass and the combine than they gain (2/8 × 32768 bf16 on the
@@ -82,6 +87,10 @@ pub struct PlanOptions {
     /// (`false`); `None`: chosen. V-block 128 and the split-state option keep one warp per 16
     /// columns whatever this says.
     pub roles: Option<bool>,
+    /// The split-roles main pass on Hopper warpgroup MMAs (`gdn_chunk_fwd64w_*`) where the
+    /// device is sm_90a, the V-block 64 and the roles on; `None`: [`AUTO_WGMMA`]. Elsewhere
+    /// the mma.sync kernels run whatever this says.
+    pub wgmma: Option<bool>,
 }
 
 /// Which kernel a forward call runs.
@@ -205,6 +214,18 @@ fn roles_smem(bv: usize) -> usize {
     let stage = 2 * 2 * c * LDK + 2 * c * (bv + 8) + 2 * 2 * c * LDC + 4 * 2 * c;
     let group = 16 * 32 * (MAX_CHUNKED_KEY_DIM / 16) + 16 * 32 * (c / 16) + 2 * c * LDO;
     2 * stage + (bv / 16) * group
+}
+
+/// chunked.cu's WgmmaLayout (`fwd_wgmma`, V-block 64): per stage k and q (128B-swizzled, 128
+/// keys), T·diag(β) and P (swizzled), V's padded block and the decays, rounded up to 1024
+/// bytes; two stages, the four column groups' fragments and o staging tiles, and 1024 bytes
+/// of slack for aligning the stages.
+fn wgmma_smem() -> usize {
+    let c = CHUNK;
+    let half = c * 128;
+    let stage = (6 * half + 2 * c * (64 + 8) + 4 * 2 * c).div_ceil(1024) * 1024;
+    let group = 16 * 32 * (MAX_CHUNKED_KEY_DIM / 16) + 16 * 32 * (c / 16) + 2 * c * LDO;
+    2 * stage + 4 * group + 1024
 }
 
 pub(crate) fn max_shared_optin(ctx: &Context) -> Result<usize> {
@@ -451,6 +472,9 @@ pub struct ChunkPlan {
     /// The main pass by `gdn_chunk_fwd{32,64}r_*` (a state warp and an output warp per 16
     /// columns) where the V-block is 32 or 64 ([`PlanOptions::roles`]).
     roles: bool,
+    /// The roles' main pass by `gdn_chunk_fwd64w_*` where it can run ([`PlanOptions::wgmma`]):
+    /// already false off sm_90a.
+    wgmma: bool,
 }
 
 impl ChunkPlan {
@@ -610,6 +634,7 @@ impl ChunkPlan {
             split_state: false,
             prep_ffma: std::env::var("GDN_CUDA_PREP_FFMA").is_ok_and(|v| v.trim() == "1"),
             roles: options.roles.unwrap_or(AUTO_ROLES),
+            wgmma: options.wgmma.unwrap_or(AUTO_WGMMA) && ctx.target() == Target::Sm90a,
         })
     }
 
@@ -680,6 +705,11 @@ impl ChunkPlan {
     /// Whether the main pass runs split roles (`gdn_chunk_fwd{32,64}r_*`).
     pub fn roles(&self) -> bool {
         self.roles && self.value_block <= 64 && !self.split_state
+    }
+
+    /// Whether the main pass runs on warpgroup MMAs (`gdn_chunk_fwd64w_*`).
+    pub fn wgmma(&self) -> bool {
+        self.wgmma && self.roles() && self.value_block == 64
     }
 
     /// The V-block width of the sequential pass.
@@ -837,15 +867,21 @@ pub fn launch_chunked_passes(
         .store(window_table.is_some(), std::sync::atomic::Ordering::Relaxed);
     let bv = plan.value_block;
     let roles = plan.roles();
+    let wgmma = plan.wgmma();
     // The sequential kernel, in the local pass (`local`) or the main pass.
     let sequential = |local: bool| -> Result<()> {
         let roles = roles && !local;
-        let name = if roles {
+        let wgmma = wgmma && !local;
+        let name = if wgmma {
+            format!("gdn_chunk_fwd{bv}w_{suffix}")
+        } else if roles {
             format!("gdn_chunk_fwd{bv}r_{suffix}")
         } else {
             format!("gdn_chunk_fwd{bv}_{suffix}")
         };
-        let smem = if roles {
+        let smem = if wgmma {
+            wgmma_smem()
+        } else if roles {
             roles_smem(bv)
         } else {
             fwd_smem(bv, local)

@@ -25,7 +25,14 @@ pub const CHUNK_HEADER: Header = Header {
 
 /// Every header besides the prelude; the `cuda` test checks that this lists every
 /// `shaders/cuda/*.cuh` but `common.cuh`.
-pub const HEADERS: &[Header] = &[CHUNK_HEADER, CHUNK_BWD_CHAIN_HEADER];
+pub const HEADERS: &[Header] = &[CHUNK_HEADER, CHUNK_BWD_CHAIN_HEADER, WGMMA_HEADER];
+
+/// Hopper warpgroup-MMA wrappers (sm_90a only: empty on other targets), for the forward's
+/// `gdn_chunk_fwd64w_*`.
+pub const WGMMA_HEADER: Header = Header {
+    file: "wgmma.cuh",
+    text: include_str!("../../shaders/cuda/wgmma.cuh"),
+};
 
 /// The chunked backward's sequential passes (the states and dh chains, apart or in one block),
 /// included by one source per dtype.
@@ -69,7 +76,7 @@ pub const RECURRENT: Source = Source {
 pub const CHUNKED: Source = Source {
     file: "chunked.cu",
     text: include_str!("../../shaders/cuda/chunked.cu"),
-    headers: &[CHUNK_HEADER],
+    headers: &[CHUNK_HEADER, WGMMA_HEADER],
 };
 
 /// Sequence parallelism's combine step: each segment's start state from E and M.
