@@ -80,6 +80,9 @@ profile() {
     prof bwd-chains 'gdn_chunk_bwd_(chains|apart)' --ops backward --heads 16/32 --seqs 1x8192
     prof bwd-grad 'gdn_chunk_bwd_grad_' --ops backward --heads 16/32 --seqs 1x8192
 }
+# The forward's main pass alone (profile's fwd-chain).
+fwdprofile() { late fwdprofile && return; GDN_CUDA_LINEINFO=1 ./gdn precompile 2>&1 | tail -1
+    prof fwd-chain 'gdn_chunk_fwd' --ops forward --heads 16/64 --seqs 1x8192; }
 # gdn (this tree) against gdn-base (pack.sh's BASE) on the CUDA forward and backward, fresh
 # processes, alternated over two rounds (AB_ARGS: the shapes; both compile first).
 ab() { [ -x ./gdn-base ] || { stamp "ab: no gdn-base (pack.sh BASE=<rev>)"; return; }; late ab && return

@@ -50,9 +50,11 @@ pub const VALUE_BLOCKS: [usize; 3] = [32, 64, 128];
 /// The automatic [`PlanOptions::roles`].
 const AUTO_ROLES: bool = true;
 
-/// The automatic [`PlanOptions::wgmma`]: off until `gdn bench` on the H200 shows it faster
-/// (BENCHMARKS.md).
-pub const AUTO_WGMMA: bool = false;
+/// The automatic [`PlanOptions::wgmma`], at K = 128 (the measured case; a smaller K would run
+/// the same eight k16 steps on zero columns): on. On an H100, 2026-12-05, fresh processes, two
+/// rounds, bf16: 16/64 × 1x32768 1.589–1.591 ms against 1.730–1.735 with mma.sync, 2/8 ×
+/// 4096x8 0.232–0.234 against 0.243–0.248 (BENCHMARKS.md).
+pub const AUTO_WGMMA: bool = true;
 
 /// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
 /// spend more on the local pass and the combine than they gain (2/8 × 32768 bf16 on the
@@ -88,8 +90,8 @@ pub struct PlanOptions {
     /// columns whatever this says.
     pub roles: Option<bool>,
     /// The split-roles main pass on Hopper warpgroup MMAs (`gdn_chunk_fwd64w_*`) where the
-    /// device is sm_90a, the V-block 64 and the roles on; `None`: [`AUTO_WGMMA`]. Elsewhere
-    /// the mma.sync kernels run whatever this says.
+    /// device is sm_90a, the V-block 64 and the roles on; `None`: [`AUTO_WGMMA`] where K =
+    /// 128, else off. Elsewhere the mma.sync kernels run whatever this says.
     pub wgmma: Option<bool>,
 }
 
@@ -634,7 +636,10 @@ impl ChunkPlan {
             split_state: false,
             prep_ffma: std::env::var("GDN_CUDA_PREP_FFMA").is_ok_and(|v| v.trim() == "1"),
             roles: options.roles.unwrap_or(AUTO_ROLES),
-            wgmma: options.wgmma.unwrap_or(AUTO_WGMMA) && ctx.target() == Target::Sm90a,
+            wgmma: options
+                .wgmma
+                .unwrap_or(AUTO_WGMMA && p.key_dim == MAX_CHUNKED_KEY_DIM)
+                && ctx.target() == Target::Sm90a,
         })
     }
 
