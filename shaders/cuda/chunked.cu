@@ -775,9 +775,13 @@ struct WgmmaLayout {
     static constexpr int VFRAG = 16 * 32 * (C / 16);
     static constexpr int OTILE = 2 * C * LDO;
     static constexpr int GROUP = SFRAG + VFRAG + OTILE;
-    // The stages first; 1024 bytes of slack to start them on a 1024-byte boundary.
-    static constexpr int SMEM = 2 * STAGE + 4 * GROUP + 1024;
+    // Shared memory: the stages (2, or 3 with WGMMA_STAGES3), the four groups after the last,
+    // and 1024 bytes of slack to start the stages on a 1024-byte boundary (wgmma_smem in
+    // chunked.rs).
 };
+
+// Option bit of the wgmma main pass (src/cuda_backend/chunked.rs WGMMA_STAGES3): three stages.
+constexpr int WGMMA_STAGES3 = 1 << 11;
 
 // One copier's share of a 64-row tile of 16-bit elements, VECS 16-byte vectors per row, into
 // the 128B-swizzled layout: vector x of row r at (x / 8)·HALF + r·128 + ((x % 8) ^ (r % 8))·16.
@@ -837,7 +841,7 @@ __device__ void fwd_wgmma(const ChunkParams p, const int* __restrict__ chunks,
     const unsigned pad = (1024 - (raw0 & 1023)) & 1023;
     unsigned char* const smem = smem_raw + pad;
     const unsigned smem0 = raw0 + pad;
-    unsigned char* const group = smem + 2 * L::STAGE + cw * L::GROUP;
+    unsigned char* const group = smem + ((flags & WGMMA_STAGES3) ? 3 : 2) * L::STAGE + cw * L::GROUP;
     uint4* const sfrag = reinterpret_cast<uint4*>(group);
     uint4* const vfrag = reinterpret_cast<uint4*>(group + L::SFRAG);
     T* const o_stage = reinterpret_cast<T*>(group + L::SFRAG + L::VFRAG);
@@ -895,22 +899,31 @@ __device__ void fwd_wgmma(const ChunkParams p, const int* __restrict__ chunks,
         }
     }
 
+    // Two stages (the next chunk's copies run during this one), or three with WGMMA_STAGES3
+    // (two chunks ahead). Every step commits one group, empty past the end, so that the wait
+    // counts the same groups on every step.
+    const bool three = flags & WGMMA_STAGES3;
     auto info_of = [&](int c) { return c < end ? chunk_info(c) : make_int2(0, 0); };
-    int2 info = info_of(first), info1 = info_of(first + 1);
-    if (first < end) {
-        prefetch(first, 0, info);
+    int2 info = info_of(first), info1 = info_of(first + 1), info2 = info_of(first + 2);
+    if (first < end) prefetch(first, 0, info);
+    cp_async_commit();
+    if (three) {
+        if (first + 1 < end) prefetch(first + 1, 1, info1);
         cp_async_commit();
     }
-    for (int chunk = first, s = 0; chunk < end; ++chunk, s ^= 1) {
-        const int2 info2 = info_of(chunk + 2);
-        cp_async_wait_group<0>();
+    for (int chunk = first, s = 0; chunk < end; ++chunk) {
+        const int2 info3 = info_of(chunk + 3);
+        if (three) cp_async_wait_group<1>();
+        else cp_async_wait_group<0>();
         // This thread's copies, landed through the generic proxy, before wgmma reads them.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with s ^ 1
-        if (chunk + 1 < end) {
+        __syncthreads();  // this chunk's tiles are in stage s; every warp is done with the last chunk's
+        if (three) {
+            if (chunk + 2 < end) prefetch(chunk + 2, s == 0 ? 2 : s - 1, info2);
+        } else if (chunk + 1 < end) {
             prefetch(chunk + 1, s ^ 1, info1);
-            cp_async_commit();
         }
+        cp_async_commit();
         const unsigned base = smem0 + s * L::STAGE;
         const unsigned char* stage = smem + s * L::STAGE;
         const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
@@ -1045,6 +1058,8 @@ __device__ void fwd_wgmma(const ChunkParams p, const int* __restrict__ chunks,
         }
         info = info1;
         info1 = info2;
+        info2 = info3;
+        s = s + 1 == (three ? 3 : 2) ? 0 : s + 1;
     }
 
     if (!active || !state_wg || !(unit_flags & UNIT_LAST)) return;

@@ -40,6 +40,9 @@ const LOCAL_PASS: i32 = 1 << 9;
 /// chunk.cuh's PREP_FFMA bit: the prep's inverse block products on the CUDA cores instead of
 /// 3xTF32 MMAs (an A/B switch while both exist: `GDN_CUDA_PREP_FFMA=1`).
 const PREP_FFMA: i32 = 1 << 10;
+/// chunked.cu's WGMMA_STAGES3: the wgmma main pass copies two chunks ahead (three stages)
+/// instead of one (an A/B switch: `GDN_FWD_WGMMA_STAGES=3`).
+const WGMMA_STAGES3: i32 = 1 << 11;
 /// The unit flags of chunked.cu and chunk_bwd_chain.cuh: the unit starts / ends its sequence.
 const UNIT_FIRST: i32 = 1;
 const UNIT_LAST: i32 = 2;
@@ -221,13 +224,13 @@ fn roles_smem(bv: usize) -> usize {
 /// chunked.cu's WgmmaLayout (`fwd_wgmma`, V-block 64): per stage k and q (128B-swizzled, 128
 /// keys), T·diag(β) and P (swizzled), V's padded block and the decays, rounded up to 1024
 /// bytes; two stages, the four column groups' fragments and o staging tiles, and 1024 bytes
-/// of slack for aligning the stages.
-fn wgmma_smem() -> usize {
+/// of slack for aligning the stages; `stages` 2 or 3 (WGMMA_STAGES3).
+fn wgmma_smem(stages: usize) -> usize {
     let c = CHUNK;
     let half = c * 128;
     let stage = (6 * half + 2 * c * (64 + 8) + 4 * 2 * c).div_ceil(1024) * 1024;
     let group = 16 * 32 * (MAX_CHUNKED_KEY_DIM / 16) + 16 * 32 * (c / 16) + 2 * c * LDO;
-    2 * stage + 4 * group + 1024
+    stages * stage + 4 * group + 1024
 }
 
 pub(crate) fn max_shared_optin(ctx: &Context) -> Result<usize> {
@@ -471,6 +474,8 @@ pub struct ChunkPlan {
     split_state: bool,
     /// The prep's inverse on the CUDA cores (PREP_FFMA, `GDN_CUDA_PREP_FFMA=1`).
     prep_ffma: bool,
+    /// The wgmma main pass with three stages (WGMMA_STAGES3, `GDN_FWD_WGMMA_STAGES=3`).
+    wgmma_stages3: bool,
     /// The main pass by `gdn_chunk_fwd{32,64}r_*` (a state warp and an output warp per 16
     /// columns) where the V-block is 32 or 64 ([`PlanOptions::roles`]).
     roles: bool,
@@ -635,6 +640,7 @@ impl ChunkPlan {
             normalized,
             split_state: false,
             prep_ffma: std::env::var("GDN_CUDA_PREP_FFMA").is_ok_and(|v| v.trim() == "1"),
+            wgmma_stages3: std::env::var("GDN_FWD_WGMMA_STAGES").is_ok_and(|v| v.trim() == "3"),
             roles: options.roles.unwrap_or(AUTO_ROLES),
             wgmma: options
                 .wgmma
@@ -796,7 +802,8 @@ pub fn launch_chunked_passes(
     let params = ChunkParams {
         flags: params.flags
             | if plan.split_state { SPLIT_STATE } else { 0 }
-            | if plan.prep_ffma { PREP_FFMA } else { 0 },
+            | if plan.prep_ffma { PREP_FFMA } else { 0 }
+            | if plan.wgmma_stages3 { WGMMA_STAGES3 } else { 0 },
         ..params
     };
     let suffix = match dtype {
@@ -885,7 +892,7 @@ pub fn launch_chunked_passes(
             format!("gdn_chunk_fwd{bv}_{suffix}")
         };
         let smem = if wgmma {
-            wgmma_smem()
+            wgmma_smem(if plan.wgmma_stages3 { 3 } else { 2 })
         } else if roles {
             roles_smem(bv)
         } else {
