@@ -557,10 +557,13 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
         value_block,
         roles: Some(roles),
         wgmma: Some(false),
+        wgmma_stages: None,
     };
-    // The roles' main pass on warpgroup MMAs (sm_90a only; elsewhere the plan says no).
-    let wgmma = |segments, value_block| PlanOptions {
+    // The roles' main pass on warpgroup MMAs (sm_90a only; elsewhere the plan says no), with
+    // two and with three stages.
+    let wgmma = |segments, value_block, stages| PlanOptions {
         wgmma: Some(true),
+        wgmma_stages: Some(stages),
         ..variant(segments, value_block, true)
     };
     let variants = [
@@ -575,8 +578,10 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
         variant(Segments::Off, Some(64), true),
         variant(Segments::Chunks(1), Some(32), true),
         variant(Segments::Chunks(2), Some(64), true),
-        wgmma(Segments::Off, Some(64)),
-        wgmma(Segments::Chunks(2), Some(64)),
+        wgmma(Segments::Off, Some(64), 3),
+        wgmma(Segments::Chunks(2), Some(64), 3),
+        wgmma(Segments::Off, Some(64), 2),
+        wgmma(Segments::Chunks(3), Some(64), 2),
     ];
     let mut failures = Vec::new();
     let mut segmented_runs = 0;
@@ -593,6 +598,9 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 if let Some(bv) = options.value_block {
                     assert_eq!(plan.value_block(), bv);
                     assert_eq!(plan.roles(), options.roles == Some(true) && bv <= 64);
+                }
+                if let Some(n) = options.wgmma_stages {
+                    assert_eq!(plan.wgmma_stages(), n);
                 }
                 let hopper = ctx.target() == Target::Sm90a;
                 assert_eq!(
@@ -628,11 +636,12 @@ fn every_value_block_and_segment_length_matches_the_oracle() {
                 };
                 let arithmetic = arithmetic_of(ForwardPath::Chunked, dtype);
                 let what = format!(
-                    "forward (Chunked, {:?}, V-block {}, roles {}, wgmma {})",
+                    "forward (Chunked, {:?}, V-block {}, roles {}, wgmma {} stages {})",
                     options.segments,
                     plan.value_block(),
                     plan.roles(),
-                    plan.wgmma()
+                    plan.wgmma(),
+                    plan.wgmma_stages()
                 );
                 if let Err(e) = check(
                     &what,

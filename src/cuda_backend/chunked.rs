@@ -41,7 +41,7 @@ const LOCAL_PASS: i32 = 1 << 9;
 /// 3xTF32 MMAs (an A/B switch while both exist: `GDN_CUDA_PREP_FFMA=1`).
 const PREP_FFMA: i32 = 1 << 10;
 /// chunked.cu's WGMMA_STAGES3: the wgmma main pass copies two chunks ahead (three stages)
-/// instead of one (an A/B switch: `GDN_FWD_WGMMA_STAGES=3`).
+/// instead of one ([`PlanOptions::wgmma_stages`]).
 const WGMMA_STAGES3: i32 = 1 << 11;
 /// The unit flags of chunked.cu and chunk_bwd_chain.cuh: the unit starts / ends its sequence.
 const UNIT_FIRST: i32 = 1;
@@ -58,6 +58,14 @@ const AUTO_ROLES: bool = true;
 /// rounds, bf16: 16/64 × 1x32768 1.589–1.591 ms against 1.730–1.735 with mma.sync, 2/8 ×
 /// 4096x8 0.232–0.234 against 0.243–0.248 (BENCHMARKS.md).
 pub const AUTO_WGMMA: bool = true;
+
+/// The automatic [`PlanOptions::wgmma_stages`] where its shared memory fits (else 2): on an
+/// H100, 2026-12-05, fresh processes, two rounds, bf16: 16/64 × 1x32768 1.545–1.551 ms against
+/// 1.586–1.608 with two stages, 2/8 × 4096x8 0.225–0.231 against 0.230–0.234 (BENCHMARKS.md).
+pub const AUTO_WGMMA_STAGES: usize = 3;
+
+/// The wgmma main pass's stage counts ([`PlanOptions::wgmma_stages`]).
+pub const WGMMA_STAGES: [usize; 2] = [2, 3];
 
 /// The shortest segment the automatic choice cuts (in chunks of 64 tokens): shorter ones
 /// spend more on the local pass and the combine than they gain (2/8 × 32768 bf16 on the
@@ -96,6 +104,11 @@ pub struct PlanOptions {
     /// device is sm_90a, the V-block 64 and the roles on; `None`: [`AUTO_WGMMA`] where K =
     /// 128, else off. Elsewhere the mma.sync kernels run whatever this says.
     pub wgmma: Option<bool>,
+    /// The wgmma main pass's pipeline depth, one of [`WGMMA_STAGES`]: 2 copies the next chunk's
+    /// tiles during this one, 3 two chunks ahead (≈ 58 KiB more shared memory); `None`:
+    /// [`AUTO_WGMMA_STAGES`] where the device's shared memory fits it, else 2. An error where
+    /// the forced count does not fit; without the wgmma pass it changes nothing.
+    pub wgmma_stages: Option<usize>,
 }
 
 /// Which kernel a forward call runs.
@@ -224,7 +237,7 @@ fn roles_smem(bv: usize) -> usize {
 /// chunked.cu's WgmmaLayout (`fwd_wgmma`, V-block 64): per stage k and q (128B-swizzled, 128
 /// keys), T·diag(β) and P (swizzled), V's padded block and the decays, rounded up to 1024
 /// bytes; two stages, the four column groups' fragments and o staging tiles, and 1024 bytes
-/// of slack for aligning the stages; `stages` 2 or 3 (WGMMA_STAGES3).
+/// of slack for aligning the stages; `stages` 2 or 3 (WGMMA_STAGES3, [`WGMMA_STAGES`]).
 fn wgmma_smem(stages: usize) -> usize {
     let c = CHUNK;
     let half = c * 128;
@@ -474,8 +487,8 @@ pub struct ChunkPlan {
     split_state: bool,
     /// The prep's inverse on the CUDA cores (PREP_FFMA, `GDN_CUDA_PREP_FFMA=1`).
     prep_ffma: bool,
-    /// The wgmma main pass with three stages (WGMMA_STAGES3, `GDN_FWD_WGMMA_STAGES=3`).
-    wgmma_stages3: bool,
+    /// The wgmma main pass's stages, one of [`WGMMA_STAGES`] (3: WGMMA_STAGES3).
+    wgmma_stages: usize,
     /// The main pass by `gdn_chunk_fwd{32,64}r_*` (a state warp and an output warp per 16
     /// columns) where the V-block is 32 or 64 ([`PlanOptions::roles`]).
     roles: bool,
@@ -582,6 +595,25 @@ impl ChunkPlan {
             }
         };
 
+        let wgmma_stages = match options.wgmma_stages {
+            None => WGMMA_STAGES
+                .into_iter()
+                .rev()
+                .filter(|&n| n <= AUTO_WGMMA_STAGES)
+                .find(|&n| wgmma_smem(n) <= limits.smem_per_block)
+                .unwrap_or(WGMMA_STAGES[0]),
+            Some(n) => {
+                if !WGMMA_STAGES.contains(&n) || wgmma_smem(n) > limits.smem_per_block {
+                    return Err(Error::value(
+                        "wgmma_stages",
+                        format!("one of {WGMMA_STAGES:?} that this device's shared memory fits"),
+                        n,
+                    ));
+                }
+                n
+            }
+        };
+
         if table.is_empty() {
             table.push(0);
         }
@@ -640,7 +672,7 @@ impl ChunkPlan {
             normalized,
             split_state: false,
             prep_ffma: std::env::var("GDN_CUDA_PREP_FFMA").is_ok_and(|v| v.trim() == "1"),
-            wgmma_stages3: std::env::var("GDN_FWD_WGMMA_STAGES").is_ok_and(|v| v.trim() == "3"),
+            wgmma_stages,
             roles: options.roles.unwrap_or(AUTO_ROLES),
             wgmma: options
                 .wgmma
@@ -723,6 +755,12 @@ impl ChunkPlan {
         self.wgmma && self.roles() && self.value_block == 64
     }
 
+    /// The wgmma main pass's stages ([`PlanOptions::wgmma_stages`]; meaningful where
+    /// [`Self::wgmma`]).
+    pub fn wgmma_stages(&self) -> usize {
+        self.wgmma_stages
+    }
+
     /// The V-block width of the sequential pass.
     pub fn value_block(&self) -> usize {
         self.value_block
@@ -803,7 +841,11 @@ pub fn launch_chunked_passes(
         flags: params.flags
             | if plan.split_state { SPLIT_STATE } else { 0 }
             | if plan.prep_ffma { PREP_FFMA } else { 0 }
-            | if plan.wgmma_stages3 { WGMMA_STAGES3 } else { 0 },
+            | if plan.wgmma_stages == 3 {
+                WGMMA_STAGES3
+            } else {
+                0
+            },
         ..params
     };
     let suffix = match dtype {
@@ -892,7 +934,7 @@ pub fn launch_chunked_passes(
             format!("gdn_chunk_fwd{bv}_{suffix}")
         };
         let smem = if wgmma {
-            wgmma_smem(if plan.wgmma_stages3 { 3 } else { 2 })
+            wgmma_smem(plan.wgmma_stages)
         } else if roles {
             roles_smem(bv)
         } else {

@@ -31,7 +31,8 @@ fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
 /// The chunked plan's overrides for experiments: `GDN_SEGMENT_CHUNKS` (n ≥ 1: cut every
 /// sequence longer than n chunks), `GDN_V_BLOCK` (32, 64 or 128), `GDN_FWD_ROLES` (1: split
 /// roles at V-blocks 32 and 64, 0: warp pairs) and `GDN_FWD_WGMMA` (1: the roles' main pass on
-/// warpgroup MMAs where the device is sm_90a and the V-block 64, 0: mma.sync), as
+/// warpgroup MMAs where the device is sm_90a and the V-block 64, 0: mma.sync) and
+/// `GDN_FWD_WGMMA_STAGES` (2 or 3: the wgmma pass's pipeline depth), as
 /// docs/configuration.md says; unset: the plan's own choices. The correctness gate runs the
 /// plan's own choices.
 fn plan_options() -> Result<PlanOptions> {
@@ -54,6 +55,7 @@ fn plan_options() -> Result<PlanOptions> {
         value_block: read("GDN_V_BLOCK")?,
         roles: read("GDN_FWD_ROLES")?.map(|r| r == 1),
         wgmma: read("GDN_FWD_WGMMA")?.map(|r| r == 1),
+        wgmma_stages: read("GDN_FWD_WGMMA_STAGES")?,
     })
 }
 
@@ -211,11 +213,11 @@ fn time_on(
                     "cuda chunked tensor-core forward, V-block {}{}, {segments}, parallel passes {parallel_ms:.4} ms",
                     plan.value_block(),
                     if plan.wgmma() {
-                        " (split roles, wgmma)"
+                        format!(" (split roles, wgmma, {} stages)", plan.wgmma_stages())
                     } else if plan.roles() {
-                        " (split roles)"
+                        " (split roles)".into()
                     } else {
-                        ""
+                        String::new()
                     },
                 );
                 Box::new(move || cuda_backend::launch_chunked(ctx, p, &plan, &inputs, &outputs))
