@@ -433,10 +433,18 @@ fn auto_segment_chunks(
 }
 
 /// The automatic V-block: the smallest whose grid is resident at once (more, shorter blocks
-/// for a latency-bound scan: warp pairs at 32 and 64), else the largest (fewest copies of the
-/// shared tiles and of the pairs' duplicated X and v' work: 16/64 heads × 4096x8 on the H200
-/// took 2.46 ms at 128 against 3.13 at 64 with pairs).
-fn auto_value_block(limits: &DeviceLimits, problem: &Problem, units: usize) -> Option<usize> {
+/// for a latency-bound scan: warp pairs at 32 and 64), else 64 where the wgmma main pass runs
+/// and no sequence is cut (`wgmma_whole`: on the H200, 2026-12-06, bf16, 16/64 × 4096x8 1.55
+/// ms at 64 against 1.62 at 128, 16/32 × 4096x8 0.831 against 0.868; with segments, cut for
+/// 128-wide blocks, 64 lost: 16/32 × 1x32768 1.69 against 1.49), else the largest (fewest
+/// copies of the shared tiles and of the pairs' duplicated X and v' work: 16/64 heads × 4096x8
+/// on the H200 took 2.46 ms at 128 against 3.13 at 64 with pairs).
+fn auto_value_block(
+    limits: &DeviceLimits,
+    problem: &Problem,
+    units: usize,
+    wgmma_whole: bool,
+) -> Option<usize> {
     let p = problem;
     let fits: Vec<usize> = VALUE_BLOCKS
         .into_iter()
@@ -447,6 +455,10 @@ fn auto_value_block(limits: &DeviceLimits, problem: &Problem, units: usize) -> O
         .find(|&bv| {
             let blocks = p.value_dim.div_ceil(bv) * p.heads_v * units;
             blocks <= limits.resident(fwd_smem(bv, false))
+        })
+        .or_else(|| {
+            let wgmma_fits = wgmma_smem(WGMMA_STAGES[0]) <= limits.smem_per_block;
+            (wgmma_whole && wgmma_fits && fits.contains(&64)).then_some(64)
         })
         .or(fits.last().copied())
 }
@@ -581,8 +593,14 @@ impl ChunkPlan {
         } = UnitTable::cut(&seq_chunks, segment_chunks, "segments")?;
         let segmented = segment_chunks.is_some();
 
+        let wgmma = options
+            .wgmma
+            .unwrap_or(AUTO_WGMMA && p.key_dim == MAX_CHUNKED_KEY_DIM)
+            && ctx.target() == Target::Sm90a;
+        let roles = options.roles.unwrap_or(AUTO_ROLES);
         let value_block = match options.value_block {
-            None => auto_value_block(&limits, p, num_units).unwrap_or(VALUE_BLOCKS[0]),
+            None => auto_value_block(&limits, p, num_units, wgmma && roles && !segmented)
+                .unwrap_or(VALUE_BLOCKS[0]),
             Some(bv) => {
                 if !VALUE_BLOCKS.contains(&bv) || fwd_smem(bv, false) > limits.smem_per_block {
                     return Err(Error::value(
@@ -673,11 +691,8 @@ impl ChunkPlan {
             split_state: false,
             prep_ffma: std::env::var("GDN_CUDA_PREP_FFMA").is_ok_and(|v| v.trim() == "1"),
             wgmma_stages,
-            roles: options.roles.unwrap_or(AUTO_ROLES),
-            wgmma: options
-                .wgmma
-                .unwrap_or(AUTO_WGMMA && p.key_dim == MAX_CHUNKED_KEY_DIM)
-                && ctx.target() == Target::Sm90a,
+            roles,
+            wgmma,
         })
     }
 
