@@ -783,6 +783,14 @@ struct WgmmaLayout {
 // Option bit of the wgmma main pass (src/cuda_backend/chunked.rs WGMMA_STAGES3): three stages.
 constexpr int WGMMA_STAGES3 = 1 << 11;
 
+// Which of a stage's tiles the state warpgroup copies (the output warpgroup copies the rest):
+// 0 none, 1 k, 2 k and q, 3 k, q and P. The copies' issue was half of the output warpgroup's
+// time with all of them there, while the state warpgroup waited at the block barrier
+// (BENCHMARKS.md, 2026-12-06); a define for A/B runs (GDN_CUDA_DEFINES).
+#if !defined(GDN_WGMMA_STATE_COPIES)
+#define GDN_WGMMA_STATE_COPIES 2
+#endif
+
 // One copier's share of a 64-row tile of 16-bit elements, VECS 16-byte vectors per row, into
 // the 128B-swizzled layout: vector x of row r at (x / 8)·HALF + r·128 + ((x % 8) ^ (r % 8))·16.
 // Rows per pass are a multiple of 8, so r % 8 (and the swizzle) is the same on every pass.
@@ -851,9 +859,10 @@ __device__ void fwd_wgmma(const ChunkParams p, const int* __restrict__ chunks,
     const size_t qk_stride = (size_t)H * K;
     const int v_vecs = (min(BV, V - col0) + 7) / 8;
     auto chunk_info = [&](int c) { return reinterpret_cast<const int2*>(chunks)[c]; };
-    // The output warpgroup copies the tiles.
+    // Both warpgroups copy tiles (GDN_WGMMA_STATE_COPIES says which), each thread by its index
+    // in its warpgroup.
     constexpr int COPIERS = 32 * COL_WARPS;
-    const int ct = state_wg ? 0 : (int)threadIdx.x - COPIERS;
+    const int ct = (int)threadIdx.x % COPIERS;
     const SwizzledRows<COPIERS, MAX_K / 8> kq_share(ct);
     const SwizzledRows<COPIERS, C / 8> cc_share(ct);
     const TileRows<COPIERS, BV / 8, L::LDV> v_share(ct);
@@ -862,19 +871,21 @@ __device__ void fwd_wgmma(const ChunkParams p, const int* __restrict__ chunks,
     const T* const v_thread = v + (size_t)hv * V + col0 + (size_t)v_share.row * v_stride + 8 * v_share.vec;
     const size_t cc_off = (size_t)hv * C * C + cc_share.row * C + 8 * cc_share.vec;
     const size_t cc_chunk = (size_t)HV * C * C;
+    // This warpgroup's copies of chunk `chunk` into stage s.
+    constexpr int SC = GDN_WGMMA_STATE_COPIES;
     auto prefetch = [&](int chunk, int s, int2 info) {
-        if (state_wg) return;
         const unsigned base = smem0 + s * L::STAGE;
         const int start = info.x, len = info.y;
         const size_t kq_at = (size_t)start * qk_stride + kq_off, cc_at = (size_t)chunk * cc_chunk + cc_off;
-        kq_share.copy<false>(base + L::K_OFF, k + kq_at, k, qk_stride, len, K / 8);
+        if ((SC >= 1) == state_wg) kq_share.copy<false>(base + L::K_OFF, k + kq_at, k, qk_stride, len, K / 8);
+        if ((SC >= 2) == state_wg) kq_share.copy<false>(base + L::Q_OFF, q + kq_at, q, qk_stride, len, K / 8);
+        if ((SC >= 3) == state_wg) cc_share.copy<true>(base + L::P_OFF, ws_p + cc_at, ws_p, C, C, C / 8);
+        if (state_wg) return;
         v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_stride, len, v_vecs);
         cc_share.copy<true>(base + L::A_OFF, ws_a + cc_at, ws_a, C, C, C / 8);
         if (ct < 2 * C / 4) {
             cp_async16_zfill(base + L::F_OFF + 16 * ct, ws_f + ((size_t)chunk * HV + hv) * 2 * C + 4 * ct, true);
         }
-        kq_share.copy<false>(base + L::Q_OFF, q + kq_at, q, qk_stride, len, K / 8);
-        cc_share.copy<true>(base + L::P_OFF, ws_p + cc_at, ws_p, C, C, C / 8);
     };
 
     // The state (state warpgroup): sacc[j] holds Sᵀ rows (columns c0 + g, c0 + g + 8) × K
@@ -918,12 +929,17 @@ __device__ void fwd_wgmma(const ChunkParams p, const int* __restrict__ chunks,
         // This thread's copies, landed through the generic proxy, before wgmma reads them.
         asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
         __syncthreads();  // this chunk's tiles are in stage s; every warp is done with the last chunk's
-        if (three) {
-            if (chunk + 2 < end) prefetch(chunk + 2, s == 0 ? 2 : s - 1, info2);
-        } else if (chunk + 1 < end) {
-            prefetch(chunk + 1, s ^ 1, info1);
-        }
-        cp_async_commit();
+        // The next copies (one group per step, also where empty): the output warpgroup's now,
+        // the state warpgroup's while its first product runs.
+        auto prefetch_ahead = [&]() {
+            if (three) {
+                if (chunk + 2 < end) prefetch(chunk + 2, s == 0 ? 2 : s - 1, info2);
+            } else if (chunk + 1 < end) {
+                prefetch(chunk + 1, s ^ 1, info1);
+            }
+            cp_async_commit();
+        };
+        if (!state_wg) prefetch_ahead();
         const unsigned base = smem0 + s * L::STAGE;
         const unsigned char* stage = smem + s * L::STAGE;
         const float* gam = reinterpret_cast<const float*>(stage + L::F_OFF);  // γ_i
@@ -960,6 +976,7 @@ __device__ void fwd_wgmma(const ChunkParams p, const int* __restrict__ chunks,
                 else Mma::template m64n64<0, 1>(xacc, sa[kb], kt_desc + kmajor_step(kb));
             }
             wgmma::commit();
+            prefetch_ahead();
             // Vᵀ in the accumulators' layout while Sᵀ·Kᵀ runs.
             unsigned vf[C / 16][4];
 #pragma unroll
