@@ -405,28 +405,35 @@ impl DeviceLimits {
 
 /// The automatic segment length. Exact transitions: only when 32-wide V-blocks give at most
 /// one block per SM (one warp per scheduler: 16/32 heads × 1×32768 bf16 on the H200, exact,
-/// 2.283 ms whole, 1.901 ms in 4 segments at V-block 128; × 1×8192 0.589 → 0.555); with the gate-driven window (whose local pass is a warm-up
-/// per pair): whenever 128-wide V-blocks leave some SM idle (16/64 heads × 1×32768 bf16 on
-/// the H200: 3.14 ms whole, 2.44 ms in 2 windowed segments at V-block 128). Then about one
-/// wave of the main pass at V-block 128 (2/8 × 32768: segments of 32 chunks, 0.604 ms exact
-/// and 0.362 ms windowed, against 0.757 and 0.427 at 64 chunks).
+/// 2.283 ms whole, 1.901 ms in 4 segments at V-block 128; × 1×8192 0.589 → 0.555), then about
+/// one wave of the main pass at V-block 128 (2/8 × 32768: segments of 32 chunks, 0.604 ms
+/// against 0.757 at 64 chunks). With the gate-driven window (whose local pass is a warm-up per
+/// pair) the segments aim at one wave of the main pass itself: of the wgmma pass at V-block 64
+/// where it runs (`wgmma_main`; H100, 2026-12-06, bf16: 2/8 × 1×32768 0.250 ms in segments of
+/// 64 chunks against 0.273 in 32 at V-block 128; 16/32 × 1×32768 0.841–0.865 in 2 segments
+/// against 0.907 in 4 at 128), else at V-block 128 (2/8: 0.362 ms windowed in segments of 32
+/// against 0.427 at 64 on the H200, 2026-12-01), cutting only where those blocks leave some SM
+/// idle.
 fn auto_segment_chunks(
     limits: &DeviceLimits,
     problem: &Problem,
     seq_chunks: &[usize],
     windowed: bool,
+    wgmma_main: bool,
 ) -> Option<usize> {
     let p = problem;
     let n_seq = seq_chunks.len();
+    let main_block = if windowed && wgmma_main { 64 } else { 128 };
+    let blocks_per_unit = p.heads_v * p.value_dim.div_ceil(main_block);
     let idle = if windowed {
-        p.heads_v * n_seq * p.value_dim.div_ceil(128) < limits.sms
+        blocks_per_unit * n_seq < limits.sms
     } else {
         p.heads_v * n_seq * p.value_dim.div_ceil(32) <= limits.sms
     };
     if !idle {
         return None;
     }
-    let units = (limits.sms / (p.heads_v * p.value_dim.div_ceil(128))).max(1);
+    let units = (limits.sms / blocks_per_unit).max(1);
     let total: usize = seq_chunks.iter().sum();
     let n = total.div_ceil(units).max(MIN_SEGMENT_CHUNKS);
     seq_chunks.iter().any(|&c| c > n).then_some(n)
@@ -434,16 +441,17 @@ fn auto_segment_chunks(
 
 /// The automatic V-block: the smallest whose grid is resident at once (more, shorter blocks
 /// for a latency-bound scan: warp pairs at 32 and 64), else 64 where the wgmma main pass runs
-/// and no sequence is cut (`wgmma_whole`: on the H200, 2026-12-06, bf16, 16/64 × 4096x8 1.55
-/// ms at 64 against 1.62 at 128, 16/32 × 4096x8 0.831 against 0.868; with segments, cut for
-/// 128-wide blocks, 64 lost: 16/32 × 1x32768 1.69 against 1.49), else the largest (fewest
+/// and no sequence is cut, or the window cut them for it (`wgmma_64`: on the H200,
+/// 2026-12-06, bf16, 16/64 × 4096x8 1.55 ms at 64 against 1.62 at 128, 16/32 × 4096x8 0.831
+/// against 0.868; with exact segments, cut for 128-wide blocks, 64 lost: 16/32 × 1x32768 1.69
+/// against 1.49), else the largest (fewest
 /// copies of the shared tiles and of the pairs' duplicated X and v' work: 16/64 heads × 4096x8
 /// on the H200 took 2.46 ms at 128 against 3.13 at 64 with pairs).
 fn auto_value_block(
     limits: &DeviceLimits,
     problem: &Problem,
     units: usize,
-    wgmma_whole: bool,
+    wgmma_64: bool,
 ) -> Option<usize> {
     let p = problem;
     let fits: Vec<usize> = VALUE_BLOCKS
@@ -456,10 +464,7 @@ fn auto_value_block(
             let blocks = p.value_dim.div_ceil(bv) * p.heads_v * units;
             blocks <= limits.resident(fwd_smem(bv, false))
         })
-        .or_else(|| {
-            let wgmma_fits = wgmma_smem(WGMMA_STAGES[0]) <= limits.smem_per_block;
-            (wgmma_whole && wgmma_fits && fits.contains(&64)).then_some(64)
-        })
+        .or_else(|| (wgmma_64 && fits.contains(&64)).then_some(64))
         .or(fits.last().copied())
 }
 
@@ -577,10 +582,21 @@ impl ChunkPlan {
         let num_chunks = table.len() / 2;
         to_i32("chunks", num_chunks)?;
 
+        let wgmma = options
+            .wgmma
+            .unwrap_or(AUTO_WGMMA && p.key_dim == MAX_CHUNKED_KEY_DIM)
+            && ctx.target() == Target::Sm90a;
+        let roles = options.roles.unwrap_or(AUTO_ROLES);
+        // Whether the automatic V-block may be 64 for the wgmma main pass.
+        let wgmma_main = wgmma
+            && roles
+            && options.value_block.is_none_or(|bv| bv == 64)
+            && wgmma_smem(WGMMA_STAGES[0]) <= limits.smem_per_block
+            && fwd_smem(64, false) <= limits.smem_per_block;
         let combine_fits = combine_smem(p.key_dim) <= limits.smem_per_block;
         let segment_chunks = resolve_segments(
             options.segments,
-            || auto_segment_chunks(&limits, p, &seq_chunks, window.is_some()),
+            || auto_segment_chunks(&limits, p, &seq_chunks, window.is_some(), wgmma_main),
             combine_fits,
             p.key_dim,
             "segments",
@@ -593,14 +609,16 @@ impl ChunkPlan {
         } = UnitTable::cut(&seq_chunks, segment_chunks, "segments")?;
         let segmented = segment_chunks.is_some();
 
-        let wgmma = options
-            .wgmma
-            .unwrap_or(AUTO_WGMMA && p.key_dim == MAX_CHUNKED_KEY_DIM)
-            && ctx.target() == Target::Sm90a;
-        let roles = options.roles.unwrap_or(AUTO_ROLES);
         let value_block = match options.value_block {
-            None => auto_value_block(&limits, p, num_units, wgmma && roles && !segmented)
-                .unwrap_or(VALUE_BLOCKS[0]),
+            // Exact segments are cut for 128-wide blocks (64 lost there); windowed ones for
+            // the wgmma pass where it runs (auto_segment_chunks).
+            None => auto_value_block(
+                &limits,
+                p,
+                num_units,
+                wgmma_main && (!segmented || window.is_some()),
+            )
+            .unwrap_or(VALUE_BLOCKS[0]),
             Some(bv) => {
                 if !VALUE_BLOCKS.contains(&bv) || fwd_smem(bv, false) > limits.smem_per_block {
                     return Err(Error::value(
@@ -1096,8 +1114,9 @@ mod tests {
         let shape = |heads: (usize, usize), b: usize, t: usize| {
             Problem::new(b, t, heads.0, heads.1, 128, 128, None, d).unwrap()
         };
-        let auto =
-            |p: &Problem, windowed: bool| auto_segment_chunks(&h200(), p, &chunks_of(p), windowed);
+        let auto = |p: &Problem, windowed: bool| {
+            auto_segment_chunks(&h200(), p, &chunks_of(p), windowed, false)
+        };
         // 2/8 × 32768: 16 segments of 32 chunks, exact or windowed; × 8192: the minimum, 16.
         let few = shape((2, 8), 1, 32768);
         assert_eq!(auto(&few, false), Some(32));
@@ -1119,6 +1138,34 @@ mod tests {
         assert_eq!(auto(&shape((2, 8), 8, 4096), false), None);
         // Sequences no longer than a segment are never cut.
         assert_eq!(auto(&shape((2, 8), 1, 1024), false), None);
+    }
+
+    #[test]
+    fn windowed_segments_aim_at_one_wave_of_the_wgmma_pass() {
+        let d = Options::default();
+        let shape = |heads: (usize, usize), b: usize, t: usize| {
+            Problem::new(b, t, heads.0, heads.1, 128, 128, None, d).unwrap()
+        };
+        let limits = h200();
+        // (segment length, V-block) as the plan picks them with the wgmma main pass.
+        let pick = |p: &Problem, windowed: bool| {
+            let chunks = chunks_of(p);
+            let n = auto_segment_chunks(&limits, p, &chunks, windowed, true);
+            let units = UnitTable::cut(&chunks, n, "segments").unwrap().num_units;
+            let wgmma_64 = n.is_none() || windowed;
+            (n, auto_value_block(&limits, p, units, wgmma_64))
+        };
+        // 2/8 × 32768: 8 windowed segments of 64 chunks, 128 blocks at V-block 64; exact
+        // segments stay cut for V-block 128.
+        assert_eq!(pick(&shape((2, 8), 1, 32768), true), (Some(64), Some(64)));
+        assert_eq!(pick(&shape((2, 8), 1, 32768), false), (Some(32), Some(128)));
+        // 16/32 × 32768: two windowed segments; 16/64 × 32768 already fills a wave whole.
+        assert_eq!(
+            pick(&shape((16, 32), 1, 32768), true),
+            (Some(256), Some(64))
+        );
+        assert_eq!(pick(&shape((16, 64), 1, 32768), true), (None, Some(64)));
+        assert_eq!(pick(&shape((16, 64), 8, 4096), false), (None, Some(64)));
     }
 
     #[test]
