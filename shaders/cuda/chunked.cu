@@ -791,6 +791,17 @@ constexpr int WGMMA_STAGES3 = 1 << 11;
 #define GDN_WGMMA_STATE_COPIES 2
 #endif
 
+// Full tiles (every row and vector valid, most chunks) copied without the per-copy bounds
+// predicates and source selects: the copies' issue was a quarter of the pass's stall samples
+// (BENCHMARKS.md, 2026-12-06); 0 for A/B runs (GDN_CUDA_DEFINES).
+#if !defined(GDN_WGMMA_FULL_COPIES)
+#define GDN_WGMMA_FULL_COPIES 1
+#endif
+
+__device__ __forceinline__ void cp_async16_at(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
 // One copier's share of a 64-row tile of 16-bit elements, VECS 16-byte vectors per row, into
 // the 128B-swizzled layout: vector x of row r at (x / 8)·HALF + r·128 + ((x % 8) ^ (r % 8))·16.
 // Rows per pass are a multiple of 8, so r % 8 (and the swizzle) is the same on every pass.
@@ -809,6 +820,20 @@ template <int NTHREADS, int VECS> struct SwizzledRows {
     __device__ __forceinline__ void copy(unsigned tile, const E* src, const E* any, size_t stride, int len,
                                          int valid_vecs) const {
         const size_t step = (size_t)STEP * stride;
+        if (GDN_WGMMA_FULL_COPIES && len == C && valid_vecs == VECS) {
+            const E* at = src;
+#pragma unroll
+            for (int u = 0; u < PER; ++u, at += step) {
+                const unsigned d = tile + dst + 128 * STEP * u;
+                if (!LOWER) {
+                    cp_async16_at(d, at);
+                } else {
+                    const bool ok = vec / 2 <= (row + STEP * u) / 16;
+                    cp_async16_zfill(d, ok ? at : any, ok);
+                }
+            }
+            return;
+        }
 #pragma unroll
         for (int u = 0; u < PER; ++u) {
             const int r = row + STEP * u;
@@ -881,7 +906,16 @@ __device__ void fwd_wgmma(const ChunkParams p, const int* __restrict__ chunks,
         if ((SC >= 2) == state_wg) kq_share.copy<false>(base + L::Q_OFF, q + kq_at, q, qk_stride, len, K / 8);
         if ((SC >= 3) == state_wg) cc_share.copy<true>(base + L::P_OFF, ws_p + cc_at, ws_p, C, C, C / 8);
         if (state_wg) return;
-        v_share.copy(base + L::V_OFF, v_thread + (size_t)start * v_stride, v, v_stride, len, v_vecs);
+        const T* const v_at = v_thread + (size_t)start * v_stride;
+        if (GDN_WGMMA_FULL_COPIES && len == C && v_vecs == BV / 8) {
+            constexpr int V_STEP = decltype(v_share)::STEP;
+#pragma unroll
+            for (int u = 0; u < decltype(v_share)::PER; ++u) {
+                cp_async16_at(base + L::V_OFF + v_share.dst + 2 * V_STEP * L::LDV * u, v_at + (size_t)u * V_STEP * v_stride);
+            }
+        } else {
+            v_share.copy(base + L::V_OFF, v_at, v, v_stride, len, v_vecs);
+        }
         cc_share.copy<true>(base + L::A_OFF, ws_a + cc_at, ws_a, C, C, C / 8);
         if (ct < 2 * C / 4) {
             cp_async16_zfill(base + L::F_OFF + 16 * ct, ws_f + ((size_t)chunk * HV + hv) * 2 * C + 4 * ct, true);
