@@ -786,7 +786,7 @@ constexpr int WGMMA_STAGES3 = 1 << 11;
 // Which of a stage's tiles the state warpgroup copies (the output warpgroup copies the rest):
 // 0 none, 1 k, 2 k and q, 3 k, q and P. The copies' issue was half of the output warpgroup's
 // time with all of them there, while the state warpgroup waited at the block barrier; with
-// the full-tile copies 3 was as fast as 2 or faster (BENCHMARKS.md, 2026-12-06). A define for
+// the full-tile copies 3 and 2 were within noise (BENCHMARKS.md, 2026-12-06). A define for
 // A/B runs (GDN_CUDA_DEFINES).
 #if !defined(GDN_WGMMA_STATE_COPIES)
 #define GDN_WGMMA_STATE_COPIES 3
